@@ -1,0 +1,213 @@
+package sched
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+)
+
+// Policy picks the prefill endpoint for a request. It returns an index into
+// s.Endpoints of an endpoint whose role can prefill, or -1 when none can.
+type Policy interface {
+	Name() string
+	Pick(req *Request, s *Snapshot) int
+}
+
+// Options configures policies. Zero values take the documented defaults.
+type Options struct {
+	// Seed drives random choices and tie-breaks; runs are deterministic
+	// for a seed.
+	Seed uint64
+
+	// SGLang cache-aware router (defaults abs 64, rel 1.5, threshold 0.3).
+	SGLangBalanceAbs float64
+	SGLangBalanceRel float64
+	SGLangCacheThreshold float64
+
+	// llm-d token-aware: affinity threshold (0.80), TTFT gate penalty in
+	// seconds (1.0) and the token-load scorer's threshold in tokens
+	// (defaults to 2 s of the endpoint's prefill speed).
+	LLMDAffinity     float64
+	LLMDTTFTPenalty  float64
+	LLMDTokenLoadCap float64
+	// LLMDDecodeBound selects the decode-bound variant (active-request
+	// scorer instead of the token-load scorer).
+	LLMDDecodeBound bool
+
+	// llm-d weighted blend weights (defaults prefix 3, queue 2, KV 2, LRU 1).
+	BlendPrefix, BlendQueue, BlendKV, BlendLRU float64
+
+	// Dynamo KV router: overlap weight (1.0) and softmax temperature (0 =
+	// argmin).
+	DynamoPrefillScale float64
+	DynamoTemperature  float64
+
+	// TTFTSLO is the default TTFT target (seconds), used by policies that
+	// measure cheapness against the SLO (kvgate).
+	TTFTSLO float64
+}
+
+func (o Options) withDefaults() Options {
+	def := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.SGLangBalanceAbs, 64)
+	def(&o.SGLangBalanceRel, 1.5)
+	def(&o.SGLangCacheThreshold, 0.3)
+	def(&o.LLMDAffinity, 0.80)
+	def(&o.LLMDTTFTPenalty, 1.0)
+	def(&o.BlendPrefix, 3)
+	def(&o.BlendQueue, 2)
+	def(&o.BlendKV, 2)
+	def(&o.BlendLRU, 1)
+	def(&o.DynamoPrefillScale, 1.0)
+	def(&o.TTFTSLO, 2.0)
+	return o
+}
+
+type constructor func(o Options, rng *rand.Rand) Policy
+
+func registry() map[string]constructor {
+	return map[string]constructor{
+		"random":              func(o Options, r *rand.Rand) Policy { return &randomPolicy{rng: r} },
+		"round-robin":         func(o Options, r *rand.Rand) Policy { return &roundRobin{} },
+		"least-queue":         func(o Options, r *rand.Rand) Policy { return leastQueue{} },
+		"cache-only":          func(o Options, r *rand.Rand) Policy { return cacheOnly{} },
+		"predicted-ttft":      func(o Options, r *rand.Rand) Policy { return predictedTTFT{} },
+		"sglang-cache-aware":  func(o Options, r *rand.Rand) Policy { return &sglangCacheAware{o: o} },
+		"llmd-token-aware":    func(o Options, r *rand.Rand) Policy { return &llmdTokenAware{o: o, rng: r} },
+		"llmd-weighted-blend": func(o Options, r *rand.Rand) Policy { return &llmdBlend{o: o, rng: r} },
+		"dynamo-kv":           func(o Options, r *rand.Rand) Policy { return &dynamoKV{o: o, rng: r} },
+		"kvgate":              func(o Options, r *rand.Rand) Policy { return newKVGate(o) },
+	}
+}
+
+// Names lists the policy names, kvgate's own last.
+func Names() []string {
+	var names []string
+	for n := range registry() {
+		if n != "kvgate" {
+			names = append(names, n)
+		}
+	}
+	order := map[string]int{"random": 0, "round-robin": 1, "least-queue": 2, "cache-only": 3, "predicted-ttft": 4}
+	sort.Slice(names, func(i, j int) bool {
+		oi, iok := order[names[i]]
+		oj, jok := order[names[j]]
+		switch {
+		case iok && jok:
+			return oi < oj
+		case iok != jok:
+			return iok
+		}
+		return names[i] < names[j]
+	})
+	return append(names, "kvgate")
+}
+
+// New builds the named policy.
+func New(name string, o Options) (Policy, error) {
+	c, ok := registry()[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (known: %s)", name, strings.Join(Names(), ", "))
+	}
+	o = o.withDefaults()
+	rng := rand.New(rand.NewPCG(o.Seed, 0x6b7667617465))
+	return c(o, rng), nil
+}
+
+// tieBetter reports whether endpoint i should replace the current best b
+// under the secondary order the seed's policies use for ties: the endpoint
+// whose queue empties (or emptied) first, then the lower index.
+func tieBetter(s *Snapshot, i, b int) bool {
+	return s.Endpoints[i].FreeAt < s.Endpoints[b].FreeAt
+}
+
+// lowestIndex never replaces the current best: ties go to the lower index.
+func lowestIndex(*Snapshot, int, int) bool { return false }
+
+type randomPolicy struct{ rng *rand.Rand }
+
+func (randomPolicy) Name() string { return "random" }
+func (p *randomPolicy) Pick(_ *Request, s *Snapshot) int {
+	n := 0
+	for i := range s.Endpoints {
+		if s.Endpoints[i].Role.CanPrefill() {
+			n++
+		}
+	}
+	if n == 0 {
+		return -1
+	}
+	k := p.rng.IntN(n)
+	for i := range s.Endpoints {
+		if s.Endpoints[i].Role.CanPrefill() {
+			if k == 0 {
+				return i
+			}
+			k--
+		}
+	}
+	return -1
+}
+
+type roundRobin struct{ next int }
+
+func (*roundRobin) Name() string { return "round-robin" }
+func (p *roundRobin) Pick(_ *Request, s *Snapshot) int {
+	n := len(s.Endpoints)
+	for k := 0; k < n; k++ {
+		i := (p.next + k) % n
+		if s.Endpoints[i].Role.CanPrefill() {
+			p.next = i + 1
+			return i
+		}
+	}
+	return -1
+}
+
+// argBest returns the prefill-capable endpoint minimising key, ties broken
+// by tieBetter.
+func argBest(s *Snapshot, key func(e *Endpoint) float64, tie func(s *Snapshot, i, b int) bool) int {
+	best, bk := -1, 0.0
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if !e.Role.CanPrefill() {
+			continue
+		}
+		k := key(e)
+		if best < 0 || k < bk || (k == bk && tie(s, i, best)) {
+			best, bk = i, k
+		}
+	}
+	return best
+}
+
+// leastQueue sends each request to the endpoint whose queue empties first.
+type leastQueue struct{}
+
+func (leastQueue) Name() string { return "least-queue" }
+func (leastQueue) Pick(_ *Request, s *Snapshot) int {
+	return argBest(s, func(e *Endpoint) float64 { return e.FreeAt }, lowestIndex)
+}
+
+// cacheOnly takes the longest cached prefix, ties to the endpoint whose
+// queue empties first.
+type cacheOnly struct{}
+
+func (cacheOnly) Name() string { return "cache-only" }
+func (cacheOnly) Pick(_ *Request, s *Snapshot) int {
+	return argBest(s, func(e *Endpoint) float64 { return -float64(e.CachedTokens) }, tieBetter)
+}
+
+// predictedTTFT minimises queue wait + uncached tokens / prefill speed, ties
+// to the lowest index as in the seed's program.
+type predictedTTFT struct{}
+
+func (predictedTTFT) Name() string { return "predicted-ttft" }
+func (predictedTTFT) Pick(req *Request, s *Snapshot) int {
+	return argBest(s, func(e *Endpoint) float64 { return PredictTTFT(req, e) }, lowestIndex)
+}

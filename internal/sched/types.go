@@ -1,0 +1,165 @@
+// Package sched is kvgate's scheduling core: the request and fleet-snapshot
+// types, the routing policies (kvgate's own and the anchors': random,
+// round-robin, least-queue, cache-only, predicted-ttft, sglang-cache-aware,
+// llmd-token-aware, llmd-weighted-blend, dynamo-kv), decode choice and
+// admission (early rejection).
+//
+// A policy never reads a clock or a socket: it sees a Request and a Snapshot
+// and returns a choice. The live gateway and the discrete-event simulator call
+// the same code through Scheduler.Decide. A Policy is used by one goroutine
+// at a time; callers that decide concurrently serialise around it (a decision
+// costs microseconds).
+package sched
+
+// Role is what an endpoint does: prefill and decode (aggregated), only
+// prefill, or only decode.
+type Role uint8
+
+const (
+	RoleBoth Role = iota
+	RolePrefill
+	RoleDecode
+)
+
+func (r Role) String() string {
+	switch r {
+	case RolePrefill:
+		return "prefill"
+	case RoleDecode:
+		return "decode"
+	default:
+		return "both"
+	}
+}
+
+// ParseRole parses "both", "prefill" or "decode".
+func ParseRole(s string) (Role, bool) {
+	switch s {
+	case "both", "":
+		return RoleBoth, true
+	case "prefill":
+		return RolePrefill, true
+	case "decode":
+		return RoleDecode, true
+	}
+	return 0, false
+}
+
+// CanPrefill reports whether the role computes prompts.
+func (r Role) CanPrefill() bool { return r != RoleDecode }
+
+// CanDecode reports whether the role generates tokens.
+func (r Role) CanDecode() bool { return r != RolePrefill }
+
+// SLO holds a request's latency targets in seconds; 0 means none.
+type SLO struct {
+	TTFT float64
+	TPOT float64
+}
+
+// Request is what the scheduler knows of one request.
+type Request struct {
+	ID string
+	// Arrival is when the request reached the scheduler (clock seconds).
+	Arrival float64
+	// PromptTokens is the prompt length in tokens.
+	PromptTokens int
+	// PromptBlocks is the number of full blocks of the prompt.
+	PromptBlocks int
+	// OutputTokens is the expected output length (max_tokens or a
+	// prediction).
+	OutputTokens int
+	SLO          SLO
+	// Priority: higher is more important; 0 is the default class.
+	Priority int
+}
+
+// Endpoint is one instance as seen for one request.
+type Endpoint struct {
+	Name string
+	Role Role
+	// PrefillSpeed is the instance's prompt tokens per second (learned or
+	// configured).
+	PrefillSpeed float64
+	// CachedTokens is the longest prefix of this request held by the
+	// instance (from the KV index), in tokens.
+	CachedTokens int
+	// QueueWait is the predicted time before a new prefill could start here
+	// (seconds of queued and running prefill work).
+	QueueWait float64
+	// FreeAt is when the endpoint's prefill queue runs (or ran) empty, in
+	// clock seconds: Now+QueueWait when busy, the last completion when idle.
+	// It orders idle endpoints by how long they have been idle.
+	FreeAt float64
+	// InflightUncached is the sum of uncached prompt tokens of requests sent
+	// here and not yet past their prefill (llm-d's token load).
+	InflightUncached int
+	// InflightRequests counts requests sent here and not finished.
+	InflightRequests int
+	// ActivePrefillBlocks and ActiveDecodeBlocks are Dynamo's load terms:
+	// blocks still to prefill, and distinct blocks held by the sequences in
+	// flight (a prefix shared by several counts once).
+	ActivePrefillBlocks int
+	ActiveDecodeBlocks  int
+	// DecodeStreams is the number of sequences decoding here.
+	DecodeStreams int
+	// KVUsage is the fraction of KV blocks in use (0..1).
+	KVUsage float64
+	// KVFreeTokens is how many more tokens of KV fit.
+	KVFreeTokens int
+	// DecodeTPOT is the predicted time per output token if one more stream
+	// joined (seconds); 0 if unknown.
+	DecodeTPOT float64
+	// LastPicked is when this endpoint was last chosen (clock seconds), for
+	// LRU-style scorers; negative if never.
+	LastPicked float64
+}
+
+// Snapshot is the fleet as seen for one request. Endpoints are in a stable
+// order; choices are indices into it.
+type Snapshot struct {
+	Now       float64
+	BlockSize int
+	Endpoints []Endpoint
+}
+
+// Uncached is the number of prompt tokens endpoint e would compute.
+func Uncached(req *Request, e *Endpoint) int {
+	u := req.PromptTokens - e.CachedTokens
+	if u < 0 {
+		return 0
+	}
+	return u
+}
+
+// PredictTTFT is queue wait plus the time to compute the uncached part.
+func PredictTTFT(req *Request, e *Endpoint) float64 {
+	if e.PrefillSpeed <= 0 {
+		return e.QueueWait
+	}
+	return e.QueueWait + float64(Uncached(req, e))/e.PrefillSpeed
+}
+
+// Choice is a policy's answer: indices of the prefill and decode endpoints.
+// Decode is -1 when the prefill endpoint also decodes (aggregated serving)
+// or when no decode pool is modelled.
+type Choice struct {
+	Prefill int
+	Decode  int
+}
+
+// Decision is the scheduler's full answer for one request.
+type Decision struct {
+	Admit   bool
+	Prefill int
+	Decode  int
+	// Reason explains a rejection ("" when admitted).
+	Reason string
+	// PredictedTTFT is the prediction for the chosen prefill endpoint.
+	PredictedTTFT float64
+	// PredictedTPOT is the prediction for the chosen decode endpoint (0 if
+	// none).
+	PredictedTPOT float64
+	// CachedTokens is the chosen endpoint's cached prefix.
+	CachedTokens int
+}

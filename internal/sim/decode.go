@@ -1,0 +1,173 @@
+package sim
+
+import (
+	"container/heap"
+
+	"github.com/kvgate/kvgate/internal/perfmodel"
+)
+
+// decodeInst is one decode instance under continuous batching: every step
+// produces one token for each running stream and lasts
+// perfmodel.DecodeStepTime(batch, context). Streams join at step
+// boundaries once their whole sequence's KV fits; otherwise they wait in
+// FIFO order.
+type decodeInst struct {
+	kvCap, kvUsed int
+	step          int64
+	running       bool
+	batch, ctx    int
+	streams       streamHeap
+	pending       []int // joined, start with the next step
+	pendingCtx    int
+	waiting       []int // no KV room yet
+	firstStep     []int // streams whose first token ends the current step
+}
+
+type stream struct {
+	finishStep int64
+	req        int
+}
+
+type streamHeap []stream
+
+func (h streamHeap) Len() int           { return len(h) }
+func (h streamHeap) Less(i, j int) bool { return h[i].finishStep < h[j].finishStep }
+func (h streamHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *streamHeap) Push(x any)        { *h = append(*h, x.(stream)) }
+func (h *streamHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+type event struct {
+	at   float64
+	seq  int64
+	inst int
+	req  int // >= 0: a join; -1: a step ends
+}
+
+type eventHeap []event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// decodePool runs the decode instances on one event queue.
+type decodePool struct {
+	model perfmodel.Model
+	inst  []decodeInst
+	ev    eventHeap
+	seq   int64
+	// Per request: tokens to produce, prompt length, first-token and finish
+	// times.
+	out, prompt   []int
+	first, finish []float64
+}
+
+func newDecodePool(n, kvTokens int, m perfmodel.Model, requests int) *decodePool {
+	p := &decodePool{model: m, inst: make([]decodeInst, n),
+		out: make([]int, requests), prompt: make([]int, requests),
+		first: make([]float64, requests), finish: make([]float64, requests)}
+	for i := range p.inst {
+		p.inst[i].kvCap = kvTokens
+	}
+	return p
+}
+
+func (p *decodePool) push(at float64, inst, req int) {
+	p.seq++
+	heap.Push(&p.ev, event{at: at, seq: p.seq, inst: inst, req: req})
+}
+
+// join schedules request r (prompt, out tokens) to reach instance d at time at.
+func (p *decodePool) join(at float64, d, r, prompt, out int) {
+	p.prompt[r], p.out[r] = prompt, max(out, 1)
+	p.push(at, d, r)
+}
+
+func (p *decodePool) need(r int) int { return p.prompt[r] + p.out[r] }
+
+// advance processes every event up to and including time t.
+func (p *decodePool) advance(t float64) {
+	for len(p.ev) > 0 && p.ev[0].at <= t {
+		e := heap.Pop(&p.ev).(event)
+		d := &p.inst[e.inst]
+		if e.req >= 0 {
+			if len(d.waiting) == 0 && d.kvUsed+p.need(e.req) <= d.kvCap {
+				d.kvUsed += p.need(e.req)
+				d.pending = append(d.pending, e.req)
+				d.pendingCtx += p.prompt[e.req]
+				if !d.running {
+					p.startStep(e.at, e.inst)
+				}
+			} else {
+				d.waiting = append(d.waiting, e.req)
+			}
+			continue
+		}
+		p.endStep(e.at, e.inst)
+	}
+}
+
+func (p *decodePool) startStep(at float64, i int) {
+	d := &p.inst[i]
+	d.firstStep = d.firstStep[:0]
+	for _, r := range d.pending {
+		heap.Push(&d.streams, stream{finishStep: d.step + int64(p.out[r]) - 1, req: r})
+		d.batch++
+		d.ctx += p.prompt[r]
+		d.firstStep = append(d.firstStep, r)
+	}
+	d.pending, d.pendingCtx = d.pending[:0], 0
+	d.running = true
+	p.push(at+p.model.DecodeStepTime(d.batch, d.ctx), i, -1)
+}
+
+func (p *decodePool) endStep(at float64, i int) {
+	d := &p.inst[i]
+	for _, r := range d.firstStep {
+		p.first[r] = at
+	}
+	d.ctx += d.batch
+	for len(d.streams) > 0 && d.streams[0].finishStep <= d.step {
+		s := heap.Pop(&d.streams).(stream)
+		p.finish[s.req] = at
+		d.batch--
+		d.ctx -= p.prompt[s.req] + p.out[s.req]
+		d.kvUsed -= p.need(s.req)
+	}
+	for len(d.waiting) > 0 && d.kvUsed+p.need(d.waiting[0]) <= d.kvCap {
+		r := d.waiting[0]
+		d.waiting = d.waiting[1:]
+		d.kvUsed += p.need(r)
+		d.pending = append(d.pending, r)
+		d.pendingCtx += p.prompt[r]
+	}
+	d.step++
+	if d.batch > 0 || len(d.pending) > 0 {
+		p.startStep(at, i)
+		return
+	}
+	d.running = false
+}
+
+// drain runs every remaining event.
+func (p *decodePool) drain() {
+	for len(p.ev) > 0 {
+		p.advance(p.ev[0].at)
+	}
+}

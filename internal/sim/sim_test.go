@@ -1,0 +1,241 @@
+package sim
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/perfmodel"
+	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/kvgate/kvgate/internal/workload"
+)
+
+func seedConfig() Config {
+	return Config{Prefill: 8, Model: perfmodel.Default(), CacheTokens: 3000 * 64, SLO: sched.SLO{TTFT: 2}}
+}
+
+func chat(t testing.TB, rate float64, seed uint64) *workload.Trace {
+	t.Helper()
+	c := workload.SeedChat(rate)
+	c.Seed = seed
+	tr, err := workload.Chat(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func run(t testing.TB, cfg Config, tr *workload.Trace, policy string, reject bool) Result {
+	t.Helper()
+	p, err := sched.New(policy, sched.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(cfg, tr, &sched.Scheduler{Policy: p, EarlyReject: reject})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestLRU(t *testing.T) {
+	c := newLRU(3)
+	for _, k := range []uint64{1, 2, 3} {
+		if _, ev := c.touch(k); ev {
+			t.Fatal("no eviction below capacity")
+		}
+	}
+	c.touch(1) // order now 1,3,2 (most recent first)
+	if k, ev := c.touch(4); !ev || k != 2 {
+		t.Fatalf("want 2 evicted, got %d %v", k, ev)
+	}
+	if k, ev := c.touch(5); !ev || k != 3 {
+		t.Fatalf("want 3 evicted, got %d %v", k, ev)
+	}
+	if !c.has(1) || !c.has(4) || !c.has(5) || c.has(2) || c.len() != 3 {
+		t.Fatal("wrong contents")
+	}
+	zero := newLRU(0)
+	if _, ev := zero.touch(1); ev || zero.has(1) {
+		t.Fatal("a zero-capacity cache holds nothing")
+	}
+}
+
+// TestFleetCacheMaskMatchesWalk checks the holder-mask walk against the
+// per-instance walk used for fleets over 64 instances.
+func TestFleetCacheMaskMatchesWalk(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	masked := newFleetCache(5, 20)
+	walked := newFleetCache(5, 20)
+	walked.holders = nil
+	chains := make([][]uint64, 6)
+	for i := range chains {
+		for j := range 12 {
+			chains[i] = append(chains[i], uint64(i*100+j+1))
+		}
+	}
+	a, b := make([]int, 5), make([]int, 5)
+	for step := range 2000 {
+		ch := chains[rng.IntN(len(chains))]
+		keys := ch[:1+rng.IntN(len(ch))]
+		masked.match(keys, a)
+		walked.match(keys, b)
+		for i := range a {
+			if a[i] != b[i] {
+				t.Fatalf("step %d instance %d: mask %d walk %d", step, i, a[i], b[i])
+			}
+		}
+		inst := rng.IntN(5)
+		masked.insert(inst, keys)
+		walked.insert(inst, keys)
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	tr := chat(t, 70, 3)
+	for _, p := range []string{"random", "llmd-token-aware", "kvgate"} {
+		a, b := run(t, seedConfig(), tr, p, true), run(t, seedConfig(), tr, p, true)
+		if a != b {
+			t.Errorf("%s: two runs differ:\n%+v\n%+v", p, a, b)
+		}
+	}
+}
+
+// TestSeedReproduction checks the seed chapter's table: hit rate and
+// attainment within 3 points for the seed's own policies. cache-only at
+// 70 req/s moves between 85 % and 92 % with the random stream in the seed's
+// own program, so it is held to that band widened by 3 points.
+func TestSeedReproduction(t *testing.T) {
+	type want struct {
+		rate            float64
+		policy          string
+		reject          bool
+		hit, attain, lo float64
+	}
+	seed := []want{
+		{40, "random", false, 0.535, 0.995, 0},
+		{40, "least-queue", false, 0.533, 1.0, 0},
+		{40, "cache-only", false, 0.909, 1.0, 0},
+		{40, "predicted-ttft", false, 0.844, 1.0, 0},
+		{70, "random", false, 0.389, 0.440, 0},
+		{70, "least-queue", false, 0.391, 0.471, 0},
+		{70, "cache-only", false, 0.817, 0.853, 0.92},
+		{70, "predicted-ttft", false, 0.758, 0.864, 0},
+		{70, "predicted-ttft", true, 0.786, 0.979, 0},
+	}
+	traces := map[float64]*workload.Trace{40: chat(t, 40, 0), 70: chat(t, 70, 0)}
+	for _, w := range seed {
+		r := run(t, seedConfig(), traces[w.rate], w.policy, w.reject)
+		if math.Abs(r.HitRate-w.hit) > 0.03 {
+			t.Errorf("%v %s reject=%v: hit %.3f, seed %.3f", w.rate, w.policy, w.reject, r.HitRate, w.hit)
+		}
+		lo, hi := w.attain-0.03, w.attain+0.03
+		if w.lo > 0 {
+			hi = w.lo + 0.03
+		}
+		if r.Attainment < lo || r.Attainment > hi {
+			t.Errorf("%v %s reject=%v: attainment %.3f outside [%.3f, %.3f]", w.rate, w.policy, w.reject, r.Attainment, lo, hi)
+		}
+	}
+}
+
+// TestAnchorsMatchReference holds the anchors' policies to the reference
+// results (shared/reference-results.md) within 4 points of attainment.
+func TestAnchorsMatchReference(t *testing.T) {
+	traces := map[float64]*workload.Trace{40: chat(t, 40, 0), 70: chat(t, 70, 0)}
+	refs := []struct {
+		rate   float64
+		policy string
+		reject bool
+		attain float64
+	}{
+		{40, "sglang-cache-aware", false, 0.953},
+		{70, "sglang-cache-aware", false, 0.869},
+		{70, "sglang-cache-aware", true, 0.972},
+		{40, "llmd-token-aware", false, 1.0},
+		{70, "llmd-token-aware", false, 0.900},
+		{70, "llmd-token-aware", true, 0.986},
+	}
+	for _, ref := range refs {
+		r := run(t, seedConfig(), traces[ref.rate], ref.policy, ref.reject)
+		if math.Abs(r.Attainment-ref.attain) > 0.04 {
+			t.Errorf("%v %s reject=%v: attainment %.3f, reference %.3f", ref.rate, ref.policy, ref.reject, r.Attainment, ref.attain)
+		}
+	}
+}
+
+func TestDecodePoolTiming(t *testing.T) {
+	m := perfmodel.Default()
+	tr := &workload.Trace{Name: "one", BlockSize: 64, Duration: 1, Requests: []workload.Request{
+		{Arrival: 0, PromptTokens: 2000, OutputTokens: 11, Keys: make([]uint64, 31)},
+	}}
+	for i := range tr.Requests[0].Keys {
+		tr.Requests[0].Keys[i] = uint64(i + 1)
+	}
+	cfg := Config{Prefill: 1, Decode: 1, Model: m, CacheTokens: 64000, DecodeKVTokens: 100000, SLO: sched.SLO{TTFT: 2, TPOT: 0.05}}
+	r := run(t, cfg, tr, "least-queue", true)
+	prefill := m.PrefillTime(2000) + m.TransferTime(2000)
+	first := m.DecodeStepTime(1, 2000)
+	if math.Abs(r.TTFTP50-(prefill+first)) > 1e-9 {
+		t.Errorf("TTFT %v, want %v", r.TTFTP50, prefill+first)
+	}
+	// Ten more steps, context growing by one token per step.
+	var rest float64
+	for k := 1; k <= 10; k++ {
+		rest += m.DecodeStepTime(1, 2000+k)
+	}
+	if math.Abs(r.TPOTP50-rest/10) > 1e-9 {
+		t.Errorf("TPOT %v, want %v", r.TPOTP50, rest/10)
+	}
+	if r.Attainment != 1 {
+		t.Errorf("attainment %v", r.Attainment)
+	}
+}
+
+// TestDecodeSaturation: a decode pool too small for the load misses TPOT
+// or waits for KV, and a larger pool fixes it.
+func TestDecodeSaturation(t *testing.T) {
+	c := workload.SeedChat(20)
+	c.Duration = 30
+	tr, err := workload.Chat(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Prefill: 4, Decode: 1, Model: perfmodel.Default(), CacheTokens: 3000 * 64, DecodeKVTokens: 400_000,
+		SLO: sched.SLO{TTFT: 2, TPOT: 0.03}}
+	small := run(t, cfg, tr, "predicted-ttft", false)
+	cfg.Decode = 6
+	big := run(t, cfg, tr, "predicted-ttft", false)
+	if !(small.Attainment < 0.5 && big.Attainment > 0.95) {
+		t.Errorf("1 decode instance: %.3f (TPOT p50 %.4f); 6: %.3f (TPOT p50 %.4f)", small.Attainment, small.TPOTP50, big.Attainment, big.TPOTP50)
+	}
+	if small.TPOTP50 <= big.TPOTP50 {
+		t.Errorf("TPOT must grow with batch: %v vs %v", small.TPOTP50, big.TPOTP50)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	tr := chat(t, 5, 0)
+	p, _ := sched.New("random", sched.Options{})
+	for _, c := range []Config{{}, {Prefill: 1, Decode: 1, Model: perfmodel.Default()}, {Prefill: 1}} {
+		if _, err := Run(c, tr, &sched.Scheduler{Policy: p}); err == nil {
+			t.Errorf("config %+v: want an error", c)
+		}
+	}
+}
+
+func BenchmarkSeedScenario70(b *testing.B) {
+	tr := chat(b, 70, 0)
+	for _, pol := range []string{"predicted-ttft", "llmd-token-aware", "kvgate"} {
+		b.Run(pol, func(b *testing.B) {
+			p, _ := sched.New(pol, sched.Options{Seed: 1})
+			sc := &sched.Scheduler{Policy: p, EarlyReject: true}
+			for b.Loop() {
+				if _, err := Run(seedConfig(), tr, sc); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(tr.Requests))*float64(b.N)/b.Elapsed().Seconds(), "sim-req/s")
+		})
+	}
+}
