@@ -1,0 +1,688 @@
+// Package kvindex is kvgate's global prefix index: which endpoint holds
+// which block of which prompt prefix, on which tier (GPU, CPU, storage) and
+// in which KV-cache group.
+//
+// Keys are kvgate's own chained block keys (package tokens) for one router
+// block size, fixed per Index. Entries come from two sources:
+//
+//   - precise entries, written by the KV-event subscriber (package
+//     kvevents) from what engines report: Store, Remove, ClearEndpoint;
+//   - approximate entries, written by the router for what it sent where
+//     (Routed); they expire after a TTL and fill in for engines that publish
+//     no events and for the gap between routing a request and seeing its
+//     events. A precise Remove or ClearEndpoint also drops them.
+//
+// # Lookup
+//
+//	matches := idx.Lookup(model, keys, matches[:0])
+//
+// walks the request's keys once and fills one Match per endpoint serving
+// the model (in endpoint-slot order, the same order as Endpoints(model)):
+// the longest usable prefix in blocks and tokens, the part of it held on
+// GPU, the slowest tier that prefix needs and whether approximate entries
+// were used. Pass the previous result's slice back to make Lookup
+// allocation-free. The walk stops as soon as no endpoint matches any more.
+//
+// # Layout and concurrency
+//
+// Endpoints get small integer ids (EndpointID) with a name table; inside a
+// model each endpoint has a slot, and 64 slots form a page. For every
+// (model, KV-cache group, page, tier) there is one table mapping a block
+// key to a 64-bit set of endpoints; approximate entries have their own
+// table per page holding two TTL generations. A table is an open-addressing
+// hash table sharded by the key's top bits. Writers (one goroutine per
+// engine stream, any number of them) take the shard's mutex; readers take
+// no lock at all: every slot word is read atomically and the key is
+// re-checked after the payload, and a rehash publishes a new array through
+// an atomic pointer. A lookup therefore costs about one probe per block and
+// per non-empty tier, never blocks and never contends with writers.
+//
+// # Memory
+//
+// A precise slot is 16 bytes and tables stay between 3/8 and 3/4 full, so
+// one (block, endpoint) entry costs at most ~43 bytes when a block has a
+// single holder and proportionally less when several endpoints hold it.
+// Config.MaxKeys bounds the keys per table; beyond it a shard evicts about
+// 1/16 of its entries (random eviction: keys are hashes).
+//
+// # Hybrid models
+//
+// Keys are stored per KV-cache group. Group 0 and every group learned as
+// full attention must hold the whole prefix. A sliding-window group needs
+// only the blocks covering its last window before the end of the prefix,
+// and a state group (mamba) only the block at the end; the prefix is cut
+// back to the longest length at which every group is satisfied, as vLLM's
+// hybrid cache coordinator does. Approximate entries count for all groups.
+package kvindex
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/tokens"
+)
+
+// EndpointID is a small integer naming one (endpoint, model) pair.
+type EndpointID uint16
+
+// Config configures an Index. Zero fields take defaults.
+type Config struct {
+	// BlockSize is the router block size in tokens the keys are made for
+	// (default 16).
+	BlockSize int
+	// MaxKeys bounds the keys of each table (per model, group, page of 64
+	// endpoints and tier); default 4 Mi.
+	MaxKeys int
+	// Shards is the number of shards per table (power of two, default 32).
+	Shards int
+	// ApproxTTL is how long an approximate entry lives: between ApproxTTL
+	// and twice that after the last Routed call for it (default 2 min).
+	ApproxTTL time.Duration
+	// Now is the clock (default time.Now); the simulator passes its own.
+	Now func() time.Time
+}
+
+// Match is one endpoint's result of a Lookup.
+type Match struct {
+	Endpoint EndpointID
+	// Blocks is the longest usable prefix in router blocks, on any tier;
+	// Tokens = Blocks × block size.
+	Blocks int
+	Tokens int
+	// GPUBlocks is the part of that prefix held on GPU (or approximately).
+	GPUBlocks int
+	// Tier is the slowest tier the prefix of Blocks needs (TierNone when
+	// Blocks is 0).
+	Tier Tier
+	// Approx reports that approximate (routed, unconfirmed) entries were
+	// used.
+	Approx bool
+}
+
+// Index is the global prefix index. Create it with New.
+type Index struct {
+	cfg Config
+
+	mu     sync.Mutex // registry writes
+	byName map[string]EndpointID
+	eps    atomic.Pointer[[]*endpoint] // by EndpointID
+	models atomic.Pointer[map[string]*model]
+}
+
+type endpoint struct {
+	id     EndpointID
+	name   string
+	model  *model
+	slot   int
+	blocks [4]atomic.Int64 // precise (block, group) entries by Tier
+}
+
+type model struct {
+	name string
+	mu   sync.Mutex // view writes
+	view atomic.Pointer[view]
+}
+
+// view is an immutable snapshot of a model's endpoints, groups and tables.
+type view struct {
+	eps    []*endpoint // by slot
+	groups []group     // by group index
+}
+
+type group struct {
+	kind   GroupKind
+	window int // tokens, sliding-window groups
+	pages  []*page
+}
+
+// page holds the tables of 64 endpoint slots of one group.
+type page struct {
+	tier   [4]*table // by Tier; index 0 unused
+	approx *table    // group 0 only
+}
+
+// New returns an empty Index.
+func New(cfg Config) *Index {
+	if cfg.BlockSize <= 0 {
+		cfg.BlockSize = 16
+	}
+	if cfg.MaxKeys <= 0 {
+		cfg.MaxKeys = 4 << 20
+	}
+	if cfg.Shards <= 0 {
+		cfg.Shards = 32
+	}
+	if cfg.ApproxTTL <= 0 {
+		cfg.ApproxTTL = 2 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	x := &Index{cfg: cfg, byName: map[string]EndpointID{}}
+	x.eps.Store(&[]*endpoint{})
+	x.models.Store(&map[string]*model{})
+	return x
+}
+
+// BlockSize is the router block size of the keys.
+func (x *Index) BlockSize() int { return x.cfg.BlockSize }
+
+// MaxEndpoints is the most endpoints an Index can name.
+const MaxEndpoints = 1 << 16
+
+// AddEndpoint registers the endpoint name serving model and returns its id;
+// it is idempotent. Names are usually "host:port".
+func (x *Index) AddEndpoint(name, modelName string) (EndpointID, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	key := name + "\x00" + modelName
+	if id, ok := x.byName[key]; ok {
+		return id, nil
+	}
+	old := *x.eps.Load()
+	if len(old) >= MaxEndpoints {
+		return 0, fmt.Errorf("kvindex: more than %d endpoints", MaxEndpoints)
+	}
+	models := *x.models.Load()
+	m := models[modelName]
+	if m == nil {
+		m = &model{name: modelName}
+		m.view.Store(&view{groups: []group{{kind: GroupFullAttention}}})
+		nm := make(map[string]*model, len(models)+1)
+		for k, v := range models {
+			nm[k] = v
+		}
+		nm[modelName] = m
+		x.models.Store(&nm)
+	}
+	e := &endpoint{id: EndpointID(len(old)), name: name, model: m}
+	m.mu.Lock()
+	v := m.view.Load()
+	nv := &view{eps: append(v.eps[:len(v.eps):len(v.eps)], e), groups: v.groups}
+	e.slot = len(v.eps)
+	x.ensurePages(m, nv)
+	m.view.Store(nv)
+	m.mu.Unlock()
+	ne := append(old[:len(old):len(old)], e)
+	x.eps.Store(&ne)
+	x.byName[key] = e.id
+	return e.id, nil
+}
+
+// ensurePages gives every group of nv a page for every 64 slots, copying
+// the slices it changes. Caller holds m.mu.
+func (x *Index) ensurePages(m *model, nv *view) {
+	want := (len(nv.eps) + 63) / 64
+	groups := make([]group, len(nv.groups))
+	copy(groups, nv.groups)
+	for gi := range groups {
+		g := &groups[gi]
+		if len(g.pages) >= want {
+			continue
+		}
+		pages := make([]*page, len(g.pages), want)
+		copy(pages, g.pages)
+		for p := len(pages); p < want; p++ {
+			pages = append(pages, x.newPage(m, p, gi == 0))
+		}
+		g.pages = pages
+	}
+	nv.groups = groups
+}
+
+func (x *Index) newPage(m *model, p int, withApprox bool) *page {
+	pg := &page{}
+	for t := TierGPU; t <= TierStorage; t++ {
+		tier := t
+		pg.tier[t] = newTable(preciseStride, x.cfg.Shards, x.cfg.MaxKeys, func(b uint64) {
+			v := m.view.Load()
+			for ; b != 0; b &= b - 1 {
+				if s := p*64 + bits.TrailingZeros64(b); s < len(v.eps) {
+					v.eps[s].blocks[tier].Add(-1)
+				}
+			}
+		})
+	}
+	if withApprox {
+		pg.approx = newTable(approxStride, x.cfg.Shards, x.cfg.MaxKeys, nil)
+	}
+	return pg
+}
+
+// Endpoint returns the name and model of id.
+func (x *Index) Endpoint(id EndpointID) (name, modelName string, ok bool) {
+	eps := *x.eps.Load()
+	if int(id) >= len(eps) {
+		return "", "", false
+	}
+	e := eps[id]
+	return e.name, e.model.name, true
+}
+
+// Endpoints returns the ids serving model in slot order: the order of the
+// Matches of Lookup.
+func (x *Index) Endpoints(modelName string) []EndpointID {
+	m := (*x.models.Load())[modelName]
+	if m == nil {
+		return nil
+	}
+	v := m.view.Load()
+	ids := make([]EndpointID, len(v.eps))
+	for i, e := range v.eps {
+		ids[i] = e.id
+	}
+	return ids
+}
+
+// Models returns the models with registered endpoints.
+func (x *Index) Models() []string {
+	ms := *x.models.Load()
+	out := make([]string, 0, len(ms))
+	for k := range ms {
+		out = append(out, k)
+	}
+	return out
+}
+
+func (x *Index) endpoint(id EndpointID) *endpoint {
+	eps := *x.eps.Load()
+	if int(id) >= len(eps) {
+		return nil
+	}
+	return eps[id]
+}
+
+// SetGroup records the kind of a model's KV-cache group (learned from
+// BlockStored events); window is the sliding window in tokens.
+func (x *Index) SetGroup(modelName string, groupIdx int, kind GroupKind, window int) {
+	m := (*x.models.Load())[modelName]
+	if m == nil || groupIdx < 0 || groupIdx >= maxGroups {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v := m.view.Load()
+	if groupIdx < len(v.groups) && v.groups[groupIdx].kind == kind && v.groups[groupIdx].window == window {
+		return
+	}
+	x.setGroupLocked(m, v, groupIdx, kind, window)
+}
+
+// maxGroups bounds the KV-cache groups per model.
+const maxGroups = 16
+
+func (x *Index) setGroupLocked(m *model, v *view, groupIdx int, kind GroupKind, window int) *view {
+	nv := &view{eps: v.eps, groups: make([]group, len(v.groups), groupIdx+1)}
+	copy(nv.groups, v.groups)
+	for len(nv.groups) <= groupIdx {
+		nv.groups = append(nv.groups, group{kind: GroupFullAttention})
+	}
+	if groupIdx > 0 || kind != GroupFullAttention || window != 0 {
+		nv.groups[groupIdx].kind = kind
+		nv.groups[groupIdx].window = window
+	}
+	x.ensurePages(m, nv)
+	m.view.Store(nv)
+	return nv
+}
+
+// pageFor returns e's page of group g, creating the group when new.
+func (x *Index) pageFor(e *endpoint, g int) *page {
+	v := e.model.view.Load()
+	if g < len(v.groups) {
+		if p := e.slot / 64; p < len(v.groups[g].pages) {
+			return v.groups[g].pages[p]
+		}
+	}
+	if g < 0 || g >= maxGroups {
+		return nil
+	}
+	m := e.model
+	m.mu.Lock()
+	v = m.view.Load()
+	if g >= len(v.groups) {
+		v = x.setGroupLocked(m, v, g, GroupFullAttention, 0)
+	}
+	m.mu.Unlock()
+	return v.groups[g].pages[e.slot/64]
+}
+
+// Store records that endpoint ep holds keys in KV-cache group g on tier t.
+func (x *Index) Store(ep EndpointID, g int, t Tier, keys []tokens.BlockKey) {
+	e := x.endpoint(ep)
+	if e == nil || t < TierGPU || t > TierStorage {
+		return
+	}
+	pg := x.pageFor(e, g)
+	if pg == nil {
+		return
+	}
+	bit := uint64(1) << (e.slot % 64)
+	tb := pg.tier[t]
+	var added int64
+	for _, k := range keys {
+		if tb.setBit(norm(k), bit) {
+			added++
+		}
+	}
+	e.blocks[t].Add(added)
+}
+
+// Remove records that ep no longer holds keys in group g on tier t. It
+// also drops ep's approximate entries for those keys.
+func (x *Index) Remove(ep EndpointID, g int, t Tier, keys []tokens.BlockKey) {
+	e := x.endpoint(ep)
+	if e == nil || t < TierGPU || t > TierStorage {
+		return
+	}
+	pg := x.pageFor(e, g)
+	if pg == nil {
+		return
+	}
+	bit := uint64(1) << (e.slot % 64)
+	tb := pg.tier[t]
+	var removed int64
+	var ap *table
+	if g0 := x.pageFor(e, 0); g0 != nil && g0.approx.n.Load() > 0 {
+		ap = g0.approx
+	}
+	for _, k := range keys {
+		k = norm(k)
+		if tb.clearBit(k, bit) {
+			removed++
+		}
+		if ap != nil {
+			ap.clearApprox(k, bit)
+		}
+	}
+	e.blocks[t].Add(-removed)
+}
+
+// ClearEndpoint drops everything ep holds, precise and approximate (the
+// engine restarted or cleared its cache).
+func (x *Index) ClearEndpoint(ep EndpointID) {
+	e := x.endpoint(ep)
+	if e == nil {
+		return
+	}
+	v := e.model.view.Load()
+	bit := uint64(1) << (e.slot % 64)
+	p := e.slot / 64
+	for _, g := range v.groups {
+		if p >= len(g.pages) {
+			continue
+		}
+		pg := g.pages[p]
+		for t := TierGPU; t <= TierStorage; t++ {
+			n := pg.tier[t].clearBitAll(bit)
+			e.blocks[t].Add(-int64(n))
+		}
+		if pg.approx != nil {
+			pg.approx.clearBitAll(bit)
+		}
+	}
+}
+
+func (x *Index) gen() uint64 {
+	return uint64(x.cfg.Now().UnixNano()) / uint64(x.cfg.ApproxTTL)
+}
+
+// Routed records approximately that the router sent a request with keys to
+// ep, so ep will soon hold them on GPU.
+func (x *Index) Routed(ep EndpointID, keys []tokens.BlockKey) {
+	e := x.endpoint(ep)
+	if e == nil {
+		return
+	}
+	pg := x.pageFor(e, 0)
+	bit := uint64(1) << (e.slot % 64)
+	g := x.gen()
+	for _, k := range keys {
+		pg.approx.setApprox(norm(k), bit, g)
+	}
+}
+
+// Lookup fills dst (reset to length 0 and grown as needed) with one Match
+// per endpoint of model, in slot order, for the request's chained keys.
+func (x *Index) Lookup(modelName string, keys []tokens.BlockKey, dst []Match) []Match {
+	dst = dst[:0]
+	m := (*x.models.Load())[modelName]
+	if m == nil {
+		return dst
+	}
+	v := m.view.Load()
+	n := len(v.eps)
+	if cap(dst) < n {
+		dst = make([]Match, n)
+	} else {
+		dst = dst[:n]
+	}
+	for i, e := range v.eps {
+		dst[i] = Match{Endpoint: e.id}
+	}
+	if len(keys) == 0 || n == 0 {
+		return dst
+	}
+	g := x.gen()
+	for p := 0; p*64 < n; p++ {
+		x.walkPage(v, p, keys, g, dst[p*64:min(n, p*64+64)])
+	}
+	bs := x.cfg.BlockSize
+	for i := range dst {
+		dst[i].Tokens = dst[i].Blocks * bs
+	}
+	return dst
+}
+
+// presence is one key's endpoint bits per tier on one page.
+type presence struct{ gpu, cpu, sto, approx uint64 }
+
+type pageReader struct {
+	gpu, cpu, sto, approx *table // nil when empty at the start of the lookup
+}
+
+func readerOf(pg *page) pageReader {
+	r := pageReader{gpu: pg.tier[TierGPU]}
+	if pg.tier[TierCPU].n.Load() > 0 {
+		r.cpu = pg.tier[TierCPU]
+	}
+	if pg.tier[TierStorage].n.Load() > 0 {
+		r.sto = pg.tier[TierStorage]
+	}
+	if pg.approx != nil && pg.approx.n.Load() > 0 {
+		r.approx = pg.approx
+	}
+	return r
+}
+
+func (r *pageReader) read(k, g uint64) presence {
+	var p presence
+	p.gpu = r.gpu.get(k)
+	if r.cpu != nil {
+		p.cpu = r.cpu.get(k)
+	}
+	if r.sto != nil {
+		p.sto = r.sto.get(k)
+	}
+	if r.approx != nil {
+		p.approx = r.approx.getApprox(k, g)
+	}
+	return p
+}
+
+func (p presence) any() uint64 { return p.gpu | p.cpu | p.sto | p.approx }
+
+// walkPage computes the matches of one page of 64 endpoint slots.
+func (x *Index) walkPage(v *view, p int, keys []tokens.BlockKey, g uint64, out []Match) {
+	cnt := len(out)
+	all := uint64(1)<<cnt - 1
+	if cnt == 64 {
+		all = ^uint64(0)
+	}
+	r0 := readerOf(v.groups[0].pages[p])
+	// Further full-attention groups must hold the whole prefix too; others
+	// are checked afterwards.
+	var fa []pageReader
+	var win []int
+	for gi := 1; gi < len(v.groups); gi++ {
+		if v.groups[gi].kind == GroupFullAttention {
+			fa = append(fa, readerOf(v.groups[gi].pages[p]))
+		} else {
+			win = append(win, gi)
+		}
+	}
+	var blocks, gpuBlocks [64]int32
+	nk := int32(len(keys))
+	for i := 0; i < cnt; i++ {
+		blocks[i], gpuBlocks[i] = nk, nk
+	}
+	alive, gpuAlive := all, all
+	var needCPU, needSto, usedApprox uint64
+	for i, k := range keys {
+		k = norm(k)
+		pr := r0.read(k, g)
+		fast := pr.gpu | pr.approx
+		present := fast | pr.cpu | pr.sto
+		for j := range fa {
+			present &= fa[j].read(k, g).any() | pr.approx
+		}
+		na := alive & present
+		for d := alive &^ na; d != 0; d &= d - 1 {
+			blocks[bits.TrailingZeros64(d)] = int32(i)
+		}
+		ng := gpuAlive & fast & present
+		for d := gpuAlive &^ ng; d != 0; d &= d - 1 {
+			gpuBlocks[bits.TrailingZeros64(d)] = int32(i)
+		}
+		alive, gpuAlive = na, ng
+		if alive == 0 {
+			break
+		}
+		needCPU |= alive &^ fast & pr.cpu
+		needSto |= alive &^ (fast | pr.cpu) & pr.sto
+		usedApprox |= alive &^ (pr.gpu | pr.cpu | pr.sto) & pr.approx
+	}
+	for _, gi := range win {
+		x.cutToWindow(v.groups[gi], p, keys, g, &blocks, cnt, r0)
+	}
+	for i := 0; i < cnt; i++ {
+		b := int(blocks[i])
+		m := &out[i]
+		m.Blocks = b
+		m.GPUBlocks = min(int(gpuBlocks[i]), b)
+		if b == 0 {
+			continue
+		}
+		bit := uint64(1) << i
+		// Tier flags were gathered over the full-attention prefix; a
+		// shorter windowed prefix may need less, which we ignore.
+		switch {
+		case needSto&bit != 0:
+			m.Tier = TierStorage
+		case needCPU&bit != 0:
+			m.Tier = TierCPU
+		default:
+			m.Tier = TierGPU
+		}
+		m.Approx = usedApprox&bit != 0
+	}
+}
+
+// cutToWindow shortens each endpoint's prefix to the longest length at which
+// the windowed group gr holds the blocks it needs: the last ceil((window-1)
+// / blockSize) blocks (at least 1) before the end of the prefix, or all of
+// them when the prefix is shorter.
+func (x *Index) cutToWindow(gr group, p int, keys []tokens.BlockKey, g uint64, blocks *[64]int32, cnt int, r0 pageReader) {
+	need := 1
+	if gr.kind == GroupSlidingWindow && gr.window > 1 {
+		need = (gr.window - 1 + x.cfg.BlockSize - 1) / x.cfg.BlockSize
+	}
+	rd := readerOf(gr.pages[p])
+	maxB := int32(0)
+	for i := 0; i < cnt; i++ {
+		maxB = max(maxB, blocks[i])
+	}
+	if maxB == 0 {
+		return
+	}
+	have := make([]uint64, maxB)
+	for i := range have {
+		k := norm(keys[i])
+		have[i] = rd.read(k, g).any()
+		if r0.approx != nil {
+			have[i] |= r0.approx.getApprox(k, g)
+		}
+	}
+	for e := 0; e < cnt; e++ {
+		end := int(blocks[e])
+		bit := uint64(1) << e
+		run := 0
+		for i := end - 1; i >= 0 && run < need; i-- {
+			if have[i]&bit != 0 {
+				run++
+			} else {
+				end, run = i, 0
+			}
+		}
+		blocks[e] = int32(end)
+	}
+}
+
+// EndpointStats is one endpoint's view in the index.
+type EndpointStats struct {
+	ID            EndpointID `json:"id"`
+	Endpoint      string     `json:"endpoint"`
+	Model         string     `json:"model"`
+	GPUBlocks     int64      `json:"gpu_blocks"`
+	CPUBlocks     int64      `json:"cpu_blocks"`
+	StorageBlocks int64      `json:"storage_blocks"`
+}
+
+// Stats returns per-endpoint block counts (precise entries, all groups).
+func (x *Index) Stats() []EndpointStats {
+	eps := *x.eps.Load()
+	out := make([]EndpointStats, len(eps))
+	for i, e := range eps {
+		out[i] = EndpointStats{
+			ID: e.id, Endpoint: e.name, Model: e.model.name,
+			GPUBlocks:     e.blocks[TierGPU].Load(),
+			CPUBlocks:     e.blocks[TierCPU].Load(),
+			StorageBlocks: e.blocks[TierStorage].Load(),
+		}
+	}
+	return out
+}
+
+// MemStats is the memory held by the index's tables.
+type MemStats struct {
+	Keys    int64 `json:"keys"`    // live (group, key) entries over all tables
+	Bytes   int64 `json:"bytes"`   // bytes of slot arrays
+	Evicted int64 `json:"evicted"` // entries evicted for the memory bound
+	Approx  int64 `json:"approx"`  // approximate entries (some may be expired)
+}
+
+// Mem reports table sizes.
+func (x *Index) Mem() MemStats {
+	var s MemStats
+	for _, m := range *x.models.Load() {
+		v := m.view.Load()
+		for _, g := range v.groups {
+			for _, pg := range g.pages {
+				for t := TierGPU; t <= TierStorage; t++ {
+					s.Keys += pg.tier[t].n.Load()
+					s.Bytes += pg.tier[t].memBytes()
+					s.Evicted += pg.tier[t].evicted.Load()
+				}
+				if pg.approx != nil {
+					s.Approx += pg.approx.n.Load()
+					s.Bytes += pg.approx.memBytes()
+					s.Evicted += pg.approx.evicted.Load()
+				}
+			}
+		}
+	}
+	return s
+}
