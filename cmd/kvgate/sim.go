@@ -262,11 +262,9 @@ func runJobs(ctx context.Context, cfg sim.Config, jobs []simJob) ([]sim.Result, 
 			defer wg.Done()
 			for i := range next {
 				j := jobs[i]
+				// Cache capacity is in tokens, so it stays the same
+				// whatever the trace's block size.
 				c := cfg
-				if j.trace.BlockSize != 0 && j.trace.BlockSize != cfg.CacheTokens {
-					// Cache capacity stays the same in tokens whatever
-					// the trace's block size.
-				}
 				pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1, TTFTSLO: cfg.SLO.TTFT})
 				if err != nil {
 					errs[i] = err

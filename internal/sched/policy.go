@@ -43,6 +43,15 @@ type Options struct {
 	DynamoPrefillScale float64
 	DynamoTemperature  float64
 
+	// kvgate: KVGateGain scales the price of compute with the fleet's
+	// queue wait relative to the SLO (default 8); KVGateFit is the fraction
+	// of the SLO a predicted TTFT must fit in to compete (default 1).
+	KVGateGain float64
+	KVGateFit  float64
+	// KVGateShed scales the price used by kvgate's admission (0 = plain
+	// TTFT rule).
+	KVGateShed float64
+
 	// TTFTSLO is the default TTFT target (seconds), used by policies that
 	// measure cheapness against the SLO (kvgate).
 	TTFTSLO float64
@@ -65,6 +74,9 @@ func (o Options) withDefaults() Options {
 	def(&o.BlendLRU, 1)
 	def(&o.DynamoPrefillScale, 1.0)
 	def(&o.TTFTSLO, 2.0)
+	def(&o.KVGateGain, 8)
+	def(&o.KVGateFit, 1)
+	def(&o.KVGateShed, 0.05)
 	return o
 }
 
