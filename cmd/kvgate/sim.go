@@ -20,7 +20,7 @@ import (
 )
 
 type simFlags struct {
-	scenario, workloadName, policies, rates, earlyReject, format, trace string
+	scenario, workloadName, policies, rates, earlyReject, format, trace     string
 	instances, decodeInstances, systems, sessions, systemTokens, turnTokens int
 	outputTokens, blockSize, cacheBlocks, decodeKVTokens, seeds             int
 	duration, sloTTFT, sloTPOT, prefillSpeed, timeScale                     float64

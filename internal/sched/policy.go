@@ -21,8 +21,8 @@ type Options struct {
 	Seed uint64
 
 	// SGLang cache-aware router (defaults abs 64, rel 1.5, threshold 0.3).
-	SGLangBalanceAbs float64
-	SGLangBalanceRel float64
+	SGLangBalanceAbs     float64
+	SGLangBalanceRel     float64
 	SGLangCacheThreshold float64
 
 	// llm-d token-aware: affinity threshold (0.80), TTFT gate penalty in

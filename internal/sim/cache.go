@@ -135,7 +135,6 @@ func (f *fleetCache) match(keys []uint64, matched []int) {
 	}
 }
 
-
 // insert touches keys in order on instance i, as the seed's model does when
 // a request is dispatched.
 func (f *fleetCache) insert(i int, keys []uint64) {
