@@ -23,7 +23,8 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"sim": {"simulate a fleet under a workload and compare routing policies", runSim},
+		"sim":    {"simulate a fleet under a workload and compare routing policies", runSim},
+		"engine": {"run a vLLM-compatible engine emulator (HTTP API, metrics, KV events)", runEngine},
 	}
 }
 

@@ -1,0 +1,86 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Finish reasons as the OpenAI API reports them.
+const (
+	finishLength = "length"
+	finishStop   = "stop"
+	finishAbort  = "abort"
+)
+
+// request is one generation request inside the engine. The fields above mu
+// are set before submission and then only read; the scheduler-owned block
+// is touched only by the scheduler goroutine; out is shared with the HTTP
+// handler under mu.
+type request struct {
+	id        string
+	arrival   time.Time
+	tokens    []uint32 // prompt followed by the outputs so far
+	promptLen int
+	maxTokens int
+	// naturalEnd: the request ends by "EOS" after maxTokens (finish_reason
+	// stop) rather than by hitting max_tokens (length).
+	naturalEnd bool
+	seed       uint32
+	extra      []byte // cache salt, mixed into block hashes
+	stream     bool
+
+	// remotePrefill (decode side): the prompt's KV comes from a prefill
+	// engine; remoteDecode (prefill side): keep the blocks for a decode
+	// engine after answering.
+	remotePrefill *remotePrefill
+	remoteDecode  bool
+
+	// Scheduler-owned.
+	hashes       []uint64 // chained hashes of the full blocks of tokens
+	blocks       []int32
+	numComputed  int // tokens whose KV is in blocks
+	storedBlocks int // leading blocks already in the prefix cache
+	generated    int
+	queried      bool // prefix cache hit recorded
+	kvLoaded     bool // prompt KV received from a remote prefill
+	transferred  bool // KV transfer started
+	readyAt      time.Time
+	scheduledAt  time.Time
+	firstTokenAt time.Time
+	lastTokenAt  time.Time
+
+	aborted atomic.Bool
+	notify  chan struct{} // capacity 1: coalesced "something changed"
+
+	mu  sync.Mutex
+	out requestOutput
+}
+
+// requestOutput is what the HTTP handler reads.
+type requestOutput struct {
+	generated    int
+	cachedTokens int
+	done         bool
+	finishReason string
+	kvParams     *kvTransferResponse
+}
+
+func (r *request) snapshot() requestOutput {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.out
+}
+
+func (r *request) signal() {
+	select {
+	case r.notify <- struct{}{}:
+	default:
+	}
+}
+
+// decoding reports whether a step of n tokens for r is a decode step (one
+// token after the prompt is in KV) rather than prefill work.
+func (r *request) decoding(n int) bool {
+	return n == 1 && (r.generated > 0 || r.kvLoaded)
+}

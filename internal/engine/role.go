@@ -1,0 +1,125 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// errSwitching rejects new work while the engine changes role.
+var errSwitching = errors.New("engine is switching role; not admitting new requests")
+
+// admit returns the role that serves a new request, or errSwitching.
+func (e *Engine) admit() (Role, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.roleState != stateServing {
+		return "", errSwitching
+	}
+	return e.role, nil
+}
+
+// RoleStatus is the answer of GET /admin/role.
+type RoleStatus struct {
+	Role       Role   `json:"role"`
+	State      string `json:"state"`
+	TargetRole Role   `json:"target_role,omitempty"`
+	InFlight   int    `json:"in_flight"`
+}
+
+// RoleStatus reports the role and any switch in progress.
+func (e *Engine) RoleStatus() RoleStatus {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := RoleStatus{Role: e.role, State: e.roleState, InFlight: int(e.sched.inflight.Load())}
+	if e.roleState != stateServing {
+		st.TargetRole = e.targetRole
+	}
+	return st
+}
+
+// SwitchRole starts a role change: stop admitting, drain the requests in
+// flight, wait the warm-up delay, then serve as to. It returns at once; the
+// switch runs in the background (see RoleStatus).
+func (e *Engine) SwitchRole(to Role) error {
+	if _, err := ParseRole(string(to)); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.started {
+		return errors.New("engine not started")
+	}
+	if e.roleState != stateServing {
+		return fmt.Errorf("a switch to %s is already in progress", e.targetRole)
+	}
+	if e.role == to {
+		return nil
+	}
+	e.roleState, e.targetRole = stateDraining, to
+	e.log.Info("role switch: draining", "from", e.role, "to", to)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.runSwitch(e.ctx, to)
+	}()
+	return nil
+}
+
+func (e *Engine) runSwitch(ctx context.Context, to Role) {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for e.sched.inflight.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+	e.mu.Lock()
+	e.roleState = stateWarming
+	e.mu.Unlock()
+	warm := time.NewTimer(e.cfg.real(e.cfg.RoleSwitchWarmup.Seconds()))
+	defer warm.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-warm.C:
+	}
+	e.mu.Lock()
+	e.role, e.roleState, e.targetRole = to, stateServing, ""
+	e.mu.Unlock()
+	e.log.Info("role switch: serving", "role", to)
+}
+
+func (e *Engine) handleGetRole(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, e.RoleStatus())
+}
+
+func (e *Engine) handleSetRole(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Role string `json:"role"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		return
+	}
+	to, err := ParseRole(body.Role)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err := e.SwitchRole(to); err != nil {
+		writeErrorType(w, http.StatusConflict, "ConflictError", err.Error())
+		return
+	}
+	st := e.RoleStatus()
+	code := http.StatusAccepted
+	if st.State == stateServing {
+		code = http.StatusOK
+	}
+	writeJSON(w, code, st)
+}

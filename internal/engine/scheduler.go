@@ -1,0 +1,544 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/engine/kvpub"
+	"github.com/kvgate/kvgate/internal/tokens"
+)
+
+// catchUpSlack is how late a step may end (timer overshoot, GC) and still
+// have the next step start at the modelled end of the previous one rather
+// than at the wall clock, so that small delays do not accumulate.
+const catchUpSlack = 5 * time.Millisecond
+
+// scheduler is the continuous-batching loop of one engine: one goroutine
+// that plans a step (vLLM v1 style: running requests first, then waiting
+// ones, sharing one token budget), sleeps for the step's modelled duration
+// and then commits its results. Other goroutines talk to it only through
+// the inbox.
+type scheduler struct {
+	cfg     Config
+	log     *slog.Logger
+	pool    *blockPool
+	hasher  *tokens.Hasher
+	metrics *metrics
+	pub     *kvpub.Publisher // nil without KV events
+	onHold  func(*request) *kvTransferResponse
+	// onTransfer is called when a remote prefill's KV has arrived.
+	onTransfer func(*request)
+
+	inboxMu  sync.Mutex
+	inbox    []*request
+	aborts   []*request
+	commands []func()
+	wake     chan struct{}
+
+	inflight atomic.Int64 // submitted and not yet finished
+
+	waiting      []*request
+	running      []*request
+	transferring []*request
+	holds        map[string]*hold
+	lastEnd      time.Time
+	timer        *time.Timer
+}
+
+// hold keeps the blocks of a request answered for remote decode.
+type hold struct {
+	blocks  []int32
+	expires time.Time
+}
+
+type stepItem struct {
+	r *request
+	n int
+}
+
+type plan struct {
+	items         []stepItem
+	prefillTokens int
+	decodes       int
+	decodeContext int
+}
+
+func newScheduler(cfg Config, lg *slog.Logger, m *metrics, pub *kvpub.Publisher) *scheduler {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &scheduler{
+		cfg:     cfg,
+		log:     lg,
+		pool:    newBlockPool(cfg.NumGPUBlocks, cfg.BlockSize),
+		hasher:  tokens.NewHasher(cfg.BlockSize),
+		metrics: m,
+		pub:     pub,
+		wake:    make(chan struct{}, 1),
+		holds:   make(map[string]*hold),
+		timer:   t,
+	}
+}
+
+func (s *scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// submit hands a request to the scheduler.
+func (s *scheduler) submit(r *request) {
+	s.inflight.Add(1)
+	s.inboxMu.Lock()
+	s.inbox = append(s.inbox, r)
+	s.inboxMu.Unlock()
+	s.poke()
+}
+
+// abort cancels a request (client gone); its blocks are freed at the next
+// step boundary.
+func (s *scheduler) abort(r *request) {
+	if r.aborted.Swap(true) {
+		return
+	}
+	s.inboxMu.Lock()
+	s.aborts = append(s.aborts, r)
+	s.inboxMu.Unlock()
+	s.poke()
+}
+
+// do runs f on the scheduler goroutine between steps and waits for it.
+func (s *scheduler) do(ctx context.Context, f func()) error {
+	done := make(chan struct{})
+	s.inboxMu.Lock()
+	s.commands = append(s.commands, func() { f(); close(done) })
+	s.inboxMu.Unlock()
+	s.poke()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *scheduler) run(ctx context.Context) {
+	defer s.timer.Stop()
+	for {
+		now := time.Now()
+		s.drainInbox()
+		s.expire(now)
+		p := s.schedule(now)
+		s.updateGauges()
+		if len(p.items) == 0 {
+			s.publish(now)
+			s.lastEnd = time.Time{}
+			if !s.sleep(ctx, s.nextDeadline()) {
+				return
+			}
+			continue
+		}
+		start := now
+		if !s.lastEnd.IsZero() && now.Sub(s.lastEnd) < catchUpSlack {
+			start = s.lastEnd
+		}
+		end := start.Add(s.cfg.real(s.stepTime(p)))
+		if !s.sleepUntil(ctx, end) {
+			return
+		}
+		s.commit(p, end)
+		s.lastEnd = end
+		s.publish(end)
+	}
+}
+
+// sleep waits for a poke, the deadline (if not zero) or ctx.
+func (s *scheduler) sleep(ctx context.Context, deadline time.Time) bool {
+	var tc <-chan time.Time
+	if !deadline.IsZero() {
+		s.timer.Reset(time.Until(deadline))
+		tc = s.timer.C
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-s.wake:
+	case <-tc:
+	}
+	if tc != nil {
+		s.timer.Stop()
+	}
+	return true
+}
+
+// sleepUntil waits for the end of a step, ignoring pokes.
+func (s *scheduler) sleepUntil(ctx context.Context, end time.Time) bool {
+	d := time.Until(end)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	s.timer.Reset(d)
+	select {
+	case <-ctx.Done():
+		s.timer.Stop()
+		return false
+	case <-s.timer.C:
+		return true
+	}
+}
+
+// nextDeadline is the earliest transfer completion or hold expiry.
+func (s *scheduler) nextDeadline() time.Time {
+	var t time.Time
+	for _, r := range s.transferring {
+		if t.IsZero() || r.readyAt.Before(t) {
+			t = r.readyAt
+		}
+	}
+	for _, h := range s.holds {
+		if t.IsZero() || h.expires.Before(t) {
+			t = h.expires
+		}
+	}
+	return t
+}
+
+func (s *scheduler) drainInbox() {
+	s.inboxMu.Lock()
+	in, ab, cmds := s.inbox, s.aborts, s.commands
+	s.inbox, s.aborts, s.commands = nil, nil, nil
+	s.inboxMu.Unlock()
+	s.waiting = append(s.waiting, in...)
+	for _, f := range cmds {
+		f()
+	}
+	for _, r := range ab {
+		s.remove(r)
+	}
+}
+
+// remove drops an aborted request wherever it is.
+func (s *scheduler) remove(r *request) {
+	found := false
+	for _, q := range []*[]*request{&s.waiting, &s.running, &s.transferring} {
+		if i := slices.Index(*q, r); i >= 0 {
+			*q = slices.Delete(*q, i, i+1)
+			found = true
+			break
+		}
+	}
+	if !found {
+		return // already finished
+	}
+	s.pool.release(r.blocks)
+	r.blocks = nil
+	s.inflight.Add(-1)
+	s.metrics.finished(finishAbort)
+	r.mu.Lock()
+	r.out.done, r.out.finishReason = true, finishAbort
+	r.mu.Unlock()
+	r.signal()
+}
+
+// expire moves finished KV transfers to the head of the waiting queue and
+// frees expired holds.
+func (s *scheduler) expire(now time.Time) {
+	if len(s.transferring) > 0 {
+		var ready []*request
+		s.transferring = slices.DeleteFunc(s.transferring, func(r *request) bool {
+			if r.readyAt.After(now) {
+				return false
+			}
+			ready = append(ready, r)
+			return true
+		})
+		for _, r := range ready {
+			r.numComputed = r.promptLen - 1
+			r.kvLoaded = true
+			s.storeFull(r)
+			if s.onTransfer != nil {
+				s.onTransfer(r)
+			}
+		}
+		s.waiting = append(ready, s.waiting...)
+	}
+	for id, h := range s.holds {
+		if !h.expires.After(now) {
+			s.pool.release(h.blocks)
+			delete(s.holds, id)
+		}
+	}
+}
+
+// releaseHold frees the blocks kept for a remote decode of request id.
+func (s *scheduler) releaseHold(id string) bool {
+	h, ok := s.holds[id]
+	if ok {
+		s.pool.release(h.blocks)
+		delete(s.holds, id)
+	}
+	return ok
+}
+
+func (s *scheduler) blocksFor(tokens int) int {
+	return (tokens + s.cfg.BlockSize - 1) / s.cfg.BlockSize
+}
+
+// ensureHashes extends r.hashes over every full block of r.tokens.
+func (s *scheduler) ensureHashes(r *request) {
+	full := len(r.tokens) / s.cfg.BlockSize
+	if len(r.hashes) >= full {
+		return
+	}
+	parent := tokens.RootKey
+	if len(r.hashes) > 0 {
+		parent = r.hashes[len(r.hashes)-1]
+	}
+	from := len(r.hashes) * s.cfg.BlockSize
+	r.hashes = s.hasher.AppendKeys(r.hashes, parent, r.tokens[from:full*s.cfg.BlockSize], r.extra)
+}
+
+// preempt frees a running request's blocks and sends it back to the head
+// of the waiting queue to be recomputed (vLLM's recompute preemption).
+func (s *scheduler) preempt(r *request) {
+	s.pool.release(r.blocks)
+	r.blocks = r.blocks[:0]
+	r.numComputed, r.storedBlocks, r.kvLoaded = 0, 0, false
+	s.waiting = append([]*request{r}, s.waiting...)
+	s.metrics.preemptions.Inc()
+}
+
+// schedule plans one step.
+func (s *scheduler) schedule(now time.Time) plan {
+	var p plan
+	budget := s.cfg.MaxNumBatchedTokens
+	preempted := false
+	for i := 0; i < len(s.running) && budget > 0; i++ {
+		r := s.running[i]
+		n := min(len(r.tokens)-r.numComputed, budget)
+		if n <= 0 {
+			continue
+		}
+		need := s.blocksFor(r.numComputed+n) - len(r.blocks)
+		ok := true
+		for need > s.pool.numFree {
+			victim := s.running[len(s.running)-1]
+			s.running = s.running[:len(s.running)-1]
+			s.preempt(victim)
+			preempted = true
+			if victim == r {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			break
+		}
+		r.blocks, _ = s.pool.allocate(r.blocks, need)
+		p.add(r, n)
+		budget -= n
+	}
+	for !preempted && len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs {
+		r := s.waiting[0]
+		if r.remotePrefill != nil && !r.transferred {
+			if !s.startTransfer(r, now) {
+				break
+			}
+			s.waiting = s.waiting[1:]
+			continue
+		}
+		if len(r.blocks) == 0 {
+			s.ensureHashes(r)
+			maxHit := (len(r.tokens) - 1) / s.cfg.BlockSize
+			hit, hitFree := s.pool.lookup(r.hashes, maxHit)
+			n := min(len(r.tokens)-hit*s.cfg.BlockSize, budget)
+			need := s.blocksFor(hit*s.cfg.BlockSize+n) - hit
+			if need > s.pool.numFree-hitFree {
+				break
+			}
+			r.blocks = s.pool.acquireCached(r.blocks, r.hashes[:hit])
+			r.blocks, _ = s.pool.allocate(r.blocks, need)
+			r.numComputed, r.storedBlocks = hit*s.cfg.BlockSize, hit
+			s.recordHit(r, hit*s.cfg.BlockSize)
+			p.add(r, n)
+			budget -= n
+		} else {
+			// KV already in place (received from a remote prefill).
+			n := min(len(r.tokens)-r.numComputed, budget)
+			need := s.blocksFor(r.numComputed+n) - len(r.blocks)
+			if need > s.pool.numFree {
+				break
+			}
+			r.blocks, _ = s.pool.allocate(r.blocks, need)
+			p.add(r, n)
+			budget -= n
+		}
+		if r.scheduledAt.IsZero() {
+			r.scheduledAt = now
+		}
+		s.waiting = s.waiting[1:]
+		s.running = append(s.running, r)
+	}
+	return p
+}
+
+func (p *plan) add(r *request, n int) {
+	p.items = append(p.items, stepItem{r, n})
+	if r.decoding(n) {
+		p.decodes++
+		p.decodeContext += r.numComputed + 1
+	} else {
+		p.prefillTokens += n
+	}
+}
+
+// stepTime is the modelled duration of a step: the prefill work of its
+// chunks plus one decode step over its decoding sequences.
+func (s *scheduler) stepTime(p plan) float64 {
+	return s.cfg.Perf.PrefillTime(p.prefillTokens) + s.cfg.Perf.DecodeStepTime(p.decodes, p.decodeContext)
+}
+
+// recordHit counts prefix-cache queries and hits once per request.
+func (s *scheduler) recordHit(r *request, hitTokens int) {
+	if r.queried {
+		return
+	}
+	r.queried = true
+	s.metrics.cacheQueries.Add(float64(r.promptLen))
+	s.metrics.cacheHits.Add(float64(hitTokens))
+	r.mu.Lock()
+	r.out.cachedTokens = hitTokens
+	r.mu.Unlock()
+}
+
+// startTransfer allocates blocks for a remote-prefilled prompt and starts
+// the modelled KV transfer of its uncached part. It reports false when the
+// KV cache has no room yet.
+func (s *scheduler) startTransfer(r *request, now time.Time) bool {
+	s.ensureHashes(r)
+	maxHit := (r.promptLen - 1) / s.cfg.BlockSize
+	hit, hitFree := s.pool.lookup(r.hashes, maxHit)
+	need := s.blocksFor(r.promptLen) - hit
+	if need > s.pool.numFree-hitFree {
+		return false
+	}
+	r.blocks = s.pool.acquireCached(r.blocks, r.hashes[:hit])
+	r.blocks, _ = s.pool.allocate(r.blocks, need)
+	r.numComputed, r.storedBlocks = hit*s.cfg.BlockSize, hit
+	s.recordHit(r, hit*s.cfg.BlockSize)
+	r.transferred = true
+	r.scheduledAt = now
+	r.readyAt = now.Add(s.cfg.real(s.cfg.Perf.TransferTime(r.promptLen - hit*s.cfg.BlockSize)))
+	s.transferring = append(s.transferring, r)
+	return true
+}
+
+// storeFull registers r's newly computed full blocks in the prefix cache.
+func (s *scheduler) storeFull(r *request) {
+	full := r.numComputed / s.cfg.BlockSize
+	if full <= r.storedBlocks {
+		return
+	}
+	s.ensureHashes(r)
+	var parent *uint64
+	if r.storedBlocks > 0 {
+		h := r.hashes[r.storedBlocks-1]
+		parent = &h
+	}
+	bs := s.cfg.BlockSize
+	s.pool.store(r.blocks[r.storedBlocks:full], r.hashes[r.storedBlocks:full], parent, r.tokens[r.storedBlocks*bs:full*bs])
+	r.storedBlocks = full
+}
+
+// commit applies a finished step: computed tokens, cached blocks, sampled
+// tokens, finished requests.
+func (s *scheduler) commit(p plan, end time.Time) {
+	generated := 0
+	finishedAny := false
+	for _, it := range p.items {
+		r := it.r
+		r.numComputed += it.n
+		s.storeFull(r)
+		if r.numComputed < len(r.tokens) {
+			continue // more prefill chunks to go
+		}
+		// The step sampled one token.
+		r.tokens = append(r.tokens, fillerIDs[fillerIndex(r.seed, r.generated)])
+		r.generated++
+		generated++
+		if r.generated == 1 {
+			r.firstTokenAt = end
+			s.metrics.promptTokens.Add(float64(r.promptLen))
+			s.metrics.ttft.Observe(s.cfg.modelled(end.Sub(r.arrival)))
+			s.metrics.queueTime.Observe(s.cfg.modelled(r.scheduledAt.Sub(r.arrival)))
+			s.metrics.prefillTime.Observe(s.cfg.modelled(end.Sub(r.scheduledAt)))
+		} else {
+			itl := s.cfg.modelled(end.Sub(r.lastTokenAt))
+			s.metrics.itl.Observe(itl)
+			s.metrics.tpot.Observe(itl)
+		}
+		r.lastTokenAt = end
+		done := r.generated >= r.maxTokens
+		var kv *kvTransferResponse
+		if done {
+			finishedAny = true
+			s.inflight.Add(-1)
+			if r.remoteDecode && s.onHold != nil {
+				s.releaseHold(r.id) // a reused request id replaces its hold
+				s.holds[r.id] = &hold{blocks: r.blocks, expires: end.Add(s.cfg.real(s.cfg.KVHoldTimeout.Seconds()))}
+				kv = s.onHold(r)
+			} else {
+				s.pool.release(r.blocks)
+			}
+			r.blocks = nil
+			reason := finishLength
+			if r.naturalEnd {
+				reason = finishStop
+			}
+			s.metrics.finished(reason)
+			s.metrics.e2e.Observe(s.cfg.modelled(end.Sub(r.arrival)))
+			s.metrics.decodeTime.Observe(s.cfg.modelled(end.Sub(r.firstTokenAt)))
+			r.mu.Lock()
+			r.out.generated, r.out.done, r.out.finishReason, r.out.kvParams = r.generated, true, reason, kv
+			r.mu.Unlock()
+			r.signal()
+			continue
+		}
+		r.mu.Lock()
+		r.out.generated = r.generated
+		r.mu.Unlock()
+		if r.stream {
+			r.signal()
+		}
+	}
+	if generated > 0 {
+		s.metrics.generationTokens.Add(float64(generated))
+	}
+	if finishedAny {
+		s.running = slices.DeleteFunc(s.running, func(r *request) bool { return r.generated >= r.maxTokens })
+	}
+}
+
+// publish sends the KV events recorded since the last batch as one batch.
+func (s *scheduler) publish(at time.Time) {
+	ev := s.pool.takeEvents()
+	if s.pub == nil || len(ev) == 0 {
+		return
+	}
+	if err := s.pub.Publish(float64(at.UnixNano())/1e9, ev); err != nil {
+		s.log.Warn("publish kv events", "err", err)
+	}
+}
+
+func (s *scheduler) updateGauges() {
+	waiting := len(s.waiting) + len(s.transferring)
+	s.metrics.running.Set(float64(len(s.running)))
+	s.metrics.waiting.Set(float64(waiting))
+	u := s.pool.usage()
+	s.metrics.kvUsage.Set(u)
+	s.metrics.gpuUsage.Set(u)
+}
