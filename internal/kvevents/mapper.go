@@ -1,0 +1,256 @@
+package kvevents
+
+import (
+	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/tokens"
+)
+
+// Sink receives what the events mean in kvgate's own block keys.
+// *kvindex.Index implements it.
+type Sink interface {
+	Store(ep kvindex.EndpointID, group int, t kvindex.Tier, keys []tokens.BlockKey)
+	Remove(ep kvindex.EndpointID, group int, t kvindex.Tier, keys []tokens.BlockKey)
+	ClearEndpoint(ep kvindex.EndpointID)
+	SetGroup(model string, group int, kind kvindex.GroupKind, window int)
+}
+
+// mapper translates one engine's block hashes to router block keys. It is
+// the engine→router key map: for every engine block it remembers the router
+// state at the block's end, computed from the BlockStored token ids and the
+// parent's state, so that engine hash algorithms and block sizes never
+// matter.
+//
+// Block sizes. Let E be the engine block size and R the router's. For
+// every engine block the mapper keeps the key of the last complete router
+// block ending at or before the block's end (last) and the tokens after
+// that boundary (tail, fewer than R). Storing a block appends its tokens to
+// the parent's tail and emits a router key for every R tokens completed;
+// those keys are the block's own. So with E = R each engine block is one
+// router block; with E = 64, R = 16 one engine block emits 4 router keys;
+// with E = 16, R = 64 every 4th engine block emits one key, and the 3
+// blocks before it, which contributed tokens to it, record it as "spilled"
+// so that removing any of them removes the router block too. Sizes that do
+// not divide each other work the same way. A trailing partial router block
+// is never indexed (engines cache only full blocks; the router keys only
+// full router blocks).
+//
+// A mapper belongs to one goroutine.
+type mapper struct {
+	ep       kvindex.EndpointID
+	model    string
+	routerBS int
+	hasher   *tokens.Hasher
+	nodes    map[uint64]node
+	maxNodes int
+	sink     Sink
+	groups   uint32 // groups whose kind was reported to the sink
+	keys     []tokens.BlockKey
+	buf      []uint32
+	st       *EngineStats
+}
+
+type node struct {
+	last  tokens.BlockKey // router key of the last complete router block at or before the end
+	owned tokens.BlockKey // first router key completed inside this block (0: none)
+	held  uint64          // bit group*3+tier-1 for every (group, tier) holding the block
+	ext   *nodeExt        // nil when engine and router block sizes are equal
+}
+
+type nodeExt struct {
+	more      []tokens.BlockKey // further router keys completed inside the block
+	tail      []uint32          // tokens after last's boundary
+	spill     []tokens.BlockKey // router blocks completed later that include tokens of this block
+	parent    uint64
+	hasParent bool
+}
+
+func newMapper(ep kvindex.EndpointID, model string, routerBS, maxNodes int, sink Sink, st *EngineStats) *mapper {
+	return &mapper{
+		ep: ep, model: model, routerBS: routerBS, hasher: tokens.NewHasher(routerBS),
+		nodes: make(map[uint64]node), maxNodes: maxNodes, sink: sink, st: st,
+	}
+}
+
+func heldBit(group int, t kvindex.Tier) uint64 {
+	return 1 << (uint(group)*3 + uint(t) - 1)
+}
+
+// reset drops everything the engine held (restart, AllBlocksCleared).
+func (m *mapper) reset() {
+	m.nodes = make(map[uint64]node)
+	m.sink.ClearEndpoint(m.ep)
+}
+
+// apply applies one decoded batch.
+func (m *mapper) apply(b *Batch) {
+	for i := range b.Events {
+		e := &b.Events[i]
+		m.st.events.Add(1)
+		switch e.Kind {
+		case KindBlockStored:
+			m.stored(e)
+		case KindBlockRemoved:
+			m.removed(e)
+		case KindAllBlocksCleared:
+			m.st.clears.Add(1)
+			m.reset()
+		default:
+			m.st.unknownEvents.Add(1)
+		}
+	}
+}
+
+func (m *mapper) stored(e *Event) {
+	n, ebs := len(e.BlockHashes), e.BlockSize
+	if n == 0 {
+		return
+	}
+	if ebs <= 0 || len(e.TokenIDs) != n*ebs {
+		m.st.badEvents.Add(1)
+		return
+	}
+	if e.HasGroupKind && m.groups&(1<<uint(e.Group)) == 0 {
+		m.groups |= 1 << uint(e.Group)
+		m.sink.SetGroup(m.model, e.Group, e.GroupKind, e.Window)
+	}
+	last := tokens.RootKey
+	var tail []uint32
+	parent, hasParent := e.Parent, e.HasParent
+	if hasParent {
+		p, ok := m.nodes[parent]
+		if !ok {
+			// The parent was stored before we listened, or its event was
+			// lost for good: these blocks cannot be placed in the chain.
+			m.st.orphans.Add(int64(n))
+			return
+		}
+		last = p.last
+		if p.ext != nil {
+			tail = p.ext.tail
+		}
+	}
+	if len(m.nodes)+n > m.maxNodes {
+		m.shrink()
+	}
+	extra := tokens.LoRAExtra(e.LoRAName)
+	bit := heldBit(e.Group, e.Medium)
+	keys := m.keys[:0]
+	rbs := m.routerBS
+	for j, h := range e.BlockHashes {
+		blk := e.TokenIDs[j*ebs : (j+1)*ebs]
+		if old, ok := m.nodes[h]; ok {
+			// Known block (another tier or group, or a duplicate): same
+			// router keys; just note who holds it.
+			old.held |= bit
+			m.nodes[h] = old
+			keys = appendOwned(keys, old)
+			last = old.last
+			tail = nil
+			if old.ext != nil {
+				tail = old.ext.tail
+			}
+			parent, hasParent = h, true
+			continue
+		}
+		nd := node{held: bit}
+		if ebs == rbs && len(tail) == 0 {
+			k := m.hasher.Key(last, blk, extra)
+			nd.last, nd.owned = k, k
+			keys = append(keys, k)
+			last = k
+		} else {
+			buf := append(append(m.buf[:0], tail...), blk...)
+			first := len(keys)
+			off := 0
+			for ; off+rbs <= len(buf); off += rbs {
+				last = m.hasher.Key(last, buf[off:off+rbs], extra)
+				keys = append(keys, last)
+			}
+			m.buf = buf
+			ext := &nodeExt{parent: parent, hasParent: hasParent}
+			if rest := buf[off:]; len(rest) > 0 {
+				ext.tail = append([]uint32(nil), rest...)
+			}
+			if own := keys[first:]; len(own) > 0 {
+				nd.owned = own[0]
+				if len(own) > 1 {
+					ext.more = append([]tokens.BlockKey(nil), own[1:]...)
+				}
+				if len(tail) > 0 {
+					m.spill(parent, hasParent, own[0])
+				}
+			}
+			nd.last = last
+			nd.ext = ext
+			tail = ext.tail
+		}
+		m.nodes[h] = nd
+		parent, hasParent = h, true
+	}
+	m.keys = keys
+	m.st.storedBlocks.Add(int64(n))
+	m.sink.Store(m.ep, e.Group, e.Medium, keys)
+}
+
+// spill records router key k in every ancestor whose tail contributed to
+// it: walking up from parent while the blocks end inside k's span.
+func (m *mapper) spill(parent uint64, hasParent bool, k tokens.BlockKey) {
+	for steps := 0; hasParent && steps < 1<<16; steps++ {
+		p, ok := m.nodes[parent]
+		if !ok || p.ext == nil || len(p.ext.tail) == 0 {
+			return
+		}
+		p.ext.spill = append(p.ext.spill, k)
+		parent, hasParent = p.ext.parent, p.ext.hasParent
+	}
+}
+
+func appendOwned(keys []tokens.BlockKey, nd node) []tokens.BlockKey {
+	if nd.owned != 0 {
+		keys = append(keys, nd.owned)
+	}
+	if nd.ext != nil {
+		keys = append(keys, nd.ext.more...)
+	}
+	return keys
+}
+
+func (m *mapper) removed(e *Event) {
+	bit := heldBit(e.Group, e.Medium)
+	keys := m.keys[:0]
+	for _, h := range e.BlockHashes {
+		nd, ok := m.nodes[h]
+		if !ok {
+			m.st.unknownRemoves.Add(1)
+			continue
+		}
+		keys = appendOwned(keys, nd)
+		if nd.ext != nil {
+			keys = append(keys, nd.ext.spill...)
+		}
+		if nd.held &^= bit; nd.held == 0 {
+			delete(m.nodes, h)
+		} else {
+			m.nodes[h] = nd
+		}
+	}
+	m.keys = keys
+	m.st.removedBlocks.Add(int64(len(e.BlockHashes)))
+	if len(keys) > 0 {
+		m.sink.Remove(m.ep, e.Group, e.Medium, keys)
+	}
+}
+
+// shrink forgets about 1/16 of the map (Go's map iteration order is
+// random), keeping the engine→router map bounded. Index entries of the
+// forgotten blocks stay until the index evicts them.
+func (m *mapper) shrink() {
+	drop := len(m.nodes)/16 + 1
+	m.st.mapEvicted.Add(int64(drop))
+	for h := range m.nodes {
+		delete(m.nodes, h)
+		if drop--; drop == 0 {
+			break
+		}
+	}
+}
