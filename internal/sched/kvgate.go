@@ -66,6 +66,11 @@ func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
 		ttft := e.QueueWait + compute
 		fits := ttft <= p.o.KVGateFit*slo
 		cost := ttft + lambda*compute
+		if !fits {
+			// A request that misses its SLO everywhere is already lost;
+			// place it where it costs the fleet least compute.
+			cost = compute
+		}
 		switch {
 		case best < 0, fits && !bestFits, fits == bestFits && (cost < bestCost || (cost == bestCost && tieBetter(s, i, best))):
 			best, bestCost, bestFits = i, cost, fits

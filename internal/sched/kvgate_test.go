@@ -1,0 +1,91 @@
+package sched
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func TestKVGateChoices(t *testing.T) {
+	tests := []struct {
+		name string
+		snap *Snapshot
+		want int
+	}{
+		// Idle fleet: λ = 0, the lowest predicted TTFT wins.
+		{"idle fleet: lowest predicted TTFT", fleet(Endpoint{CachedTokens: 3200}, Endpoint{CachedTokens: 6400}), 1},
+		// Light load (mean queue 0.05 s → λ = 0.2): a: 0.1 + 1.2·0.32 = 0.484;
+		// b: 0 + 1.2·0.576 = 0.69. Affinity wins although b is idle.
+		{"light load keeps affinity while cheap", fleet(Endpoint{CachedTokens: 3200, QueueWait: 0.1}, Endpoint{CachedTokens: 640}), 0},
+		// Same TTFT ordering as predicted-ttft when compute is equal.
+		{"equal compute: shorter queue", fleet(Endpoint{CachedTokens: 640, QueueWait: 0.4}, Endpoint{CachedTokens: 640, QueueWait: 0.2}), 1},
+		// Loaded fleet (mean queue 1.0 s → λ = 4): a: 1.5 + 5·0.0 = 1.5;
+		// b: 0.5 + 5·0.32 = 2.1. predicted-ttft would take b (0.82 < 1.5).
+		{"loaded fleet pays for compute", fleet(Endpoint{CachedTokens: 6400, QueueWait: 1.5}, Endpoint{CachedTokens: 3200, QueueWait: 0.5}), 0},
+		// The cached endpoint misses the SLO (2.1 s): only b fits.
+		{"infeasible affinity is dropped", fleet(Endpoint{CachedTokens: 6400, QueueWait: 2.1}, Endpoint{CachedTokens: 3200, QueueWait: 0.5}), 1},
+		// Nothing fits: the request is lost anyway; least compute wins.
+		{"nothing fits: least compute", fleet(Endpoint{CachedTokens: 6400, QueueWait: 5}, Endpoint{CachedTokens: 0, QueueWait: 2.5}), 0},
+		{"decode endpoints are not candidates", fleet(Endpoint{Role: RoleDecode, CachedTokens: 6400}, Endpoint{QueueWait: 0.3}), 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustNew(t, "kvgate", Options{})
+			if got := p.Pick(req(6400), tt.snap); got != tt.want {
+				t.Errorf("picked %d, want %d", got, tt.want)
+			}
+		})
+	}
+	// The loaded-fleet case really differs from predicted-ttft.
+	if got := mustNew(t, "predicted-ttft", Options{}).Pick(req(6400), tests[3].snap); got != 1 {
+		t.Fatalf("predicted-ttft picked %d; the test no longer separates the policies", got)
+	}
+}
+
+func TestKVGateAdmission(t *testing.T) {
+	sc := Scheduler{Policy: mustNew(t, "kvgate", Options{}), EarlyReject: true}
+	// Loaded fleet: mean queue 1.5 s → λ = 8·1.5/2 = 6, shedding price
+	// 0.05·6 = 0.3. b fits the SLO by TTFT (0.8 + 1.0 = 1.8 s) but its
+	// priced cost 0.8 + 1.3·1.0 = 2.1 s does not: shed.
+	s := fleet(Endpoint{QueueWait: 2.2, PrefillSpeed: 10000}, Endpoint{QueueWait: 0.8, PrefillSpeed: 10000}, Endpoint{QueueWait: 0, PrefillSpeed: 10000, Role: RoleDecode})
+	s.Endpoints[2].QueueWait = 0
+	r := &Request{PromptTokens: 10000, PromptBlocks: 156, SLO: SLO{TTFT: 2}}
+	d := sc.Decide(r, s)
+	if d.Admit || !strings.Contains(d.Reason, "shed") {
+		t.Fatalf("want the expensive request shed, got %+v", d)
+	}
+	cheap := &Request{PromptTokens: 2000, PromptBlocks: 31, SLO: SLO{TTFT: 2}}
+	if d := sc.Decide(cheap, s); !d.Admit {
+		t.Fatalf("a cheap request is admitted, got %+v", d)
+	}
+	sc.EarlyReject = false
+	if d := sc.Decide(r, s); !d.Admit {
+		t.Fatalf("without early rejection everything is admitted, got %+v", d)
+	}
+}
+
+// benchFleet is 64 endpoints with random queues and prefix matches.
+func benchFleet(n int) (*Request, *Snapshot) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	eps := make([]Endpoint, n)
+	for i := range eps {
+		eps[i] = Endpoint{Name: fmt.Sprint(i), PrefillSpeed: 20000, CachedTokens: 64 * rng.IntN(100),
+			QueueWait: rng.Float64(), InflightUncached: rng.IntN(40000), InflightRequests: rng.IntN(50)}
+	}
+	return &Request{PromptTokens: 6400, PromptBlocks: 100, SLO: SLO{TTFT: 2}}, &Snapshot{BlockSize: 64, Endpoints: eps}
+}
+
+// BenchmarkDecision64 compares kvgate's decision cost with llm-d's
+// token-aware policy (the baseline) over 64 endpoints.
+func BenchmarkDecision64(b *testing.B) {
+	r, s := benchFleet(64)
+	for _, name := range []string{"llmd-token-aware", "kvgate", "predicted-ttft", "sglang-cache-aware", "dynamo-kv"} {
+		b.Run(name, func(b *testing.B) {
+			sc := Scheduler{Policy: mustNew(&testing.T{}, name, Options{}), EarlyReject: true}
+			for b.Loop() {
+				sc.Decide(r, s)
+			}
+		})
+	}
+}
