@@ -239,3 +239,28 @@ func BenchmarkSeedScenario70(b *testing.B) {
 		})
 	}
 }
+
+// TestKVGateLeads pins issue 3's acceptance on the seed scenario (seed 0):
+// at 70 req/s with early rejection ≥ 99.0 % attainment with ≤ 1.0 %
+// rejected; without rejection above every other policy; at 40 req/s a p99
+// TTFT no worse than the best other policy.
+func TestKVGateLeads(t *testing.T) {
+	tr40, tr70 := chat(t, 40, 0), chat(t, 70, 0)
+	kv := run(t, seedConfig(), tr70, "kvgate", true)
+	if kv.Attainment < 0.99 || kv.Rejected > 0.01 {
+		t.Errorf("kvgate with early rejection: attainment %.3f, rejected %.3f", kv.Attainment, kv.Rejected)
+	}
+	kvNo := run(t, seedConfig(), tr70, "kvgate", false)
+	kv40 := run(t, seedConfig(), tr40, "kvgate", false)
+	for _, p := range sched.Names() {
+		if p == "kvgate" {
+			continue
+		}
+		if o := run(t, seedConfig(), tr70, p, false); o.Attainment >= kvNo.Attainment {
+			t.Errorf("70 req/s: %s attains %.3f, kvgate %.3f", p, o.Attainment, kvNo.Attainment)
+		}
+		if o := run(t, seedConfig(), tr40, p, false); o.TTFTP99 < kv40.TTFTP99 {
+			t.Errorf("40 req/s: %s p99 %.3f below kvgate's %.3f", p, o.TTFTP99, kv40.TTFTP99)
+		}
+	}
+}
