@@ -73,7 +73,7 @@ func TestMapperBlockSizes(t *testing.T) {
 		wantNodesLeft int
 	}{
 		{"equal 16/16", 16, 16, 128, 8, 100 + 5, 5, 7},
-		{"engine 16 router 64", 16, 64, 192, 3, 100 + 5, 1, 11},      // block 5 (tokens 80..95) is inside router block 1
+		{"engine 16 router 64", 16, 64, 192, 3, 100 + 5, 1, 11}, // block 5 (tokens 80..95) is inside router block 1
 		{"engine 16 router 64, last of block", 16, 64, 192, 3, 100 + 3, 0, 11},
 		{"engine 64 router 16", 64, 16, 192, 12, 100 + 1, 4, 2},
 		{"engine 16 router 24", 16, 24, 96, 4, 100 + 1, 0, 5}, // block 1 (16..31) completes router block 0 and starts 1

@@ -18,7 +18,7 @@ type EngineStats struct {
 	unknownEvents, badEvents, orphans, unknownRemoves       atomic.Int64
 	mapEvicted, gaps, replays, replayedBatches, unrecovered atomic.Int64
 	replayFailures, restarts, malformed, duplicates         atomic.Int64
-	lastSeq                                                 atomic.Int64
+	lastSeq, connects                                       atomic.Int64
 	mapSize                                                 atomic.Int64
 }
 
@@ -30,6 +30,7 @@ type EngineSnapshot struct {
 	Events          string `json:"events,omitempty"`
 	Replay          string `json:"replay,omitempty"`
 	LastSeq         int64  `json:"last_seq"` // -1 before the first batch
+	Connects        int64  `json:"connects"` // successful dials of its PUB (per-engine mode)
 	Batches         int64  `json:"batches"`
 	EventsSeen      int64  `json:"events_seen"`
 	StoredBlocks    int64  `json:"stored_blocks"`
@@ -53,7 +54,7 @@ type EngineSnapshot struct {
 
 func (s *EngineStats) snapshot() EngineSnapshot {
 	return EngineSnapshot{
-		LastSeq: s.lastSeq.Load(), Batches: s.batches.Load(), EventsSeen: s.events.Load(),
+		LastSeq: s.lastSeq.Load(), Connects: s.connects.Load(), Batches: s.batches.Load(), EventsSeen: s.events.Load(),
 		StoredBlocks: s.storedBlocks.Load(), RemovedBlocks: s.removedBlocks.Load(), Clears: s.clears.Load(),
 		Gaps: s.gaps.Load(), Replays: s.replays.Load(), ReplayedBatches: s.replayedBatches.Load(),
 		ReplayFailures: s.replayFailures.Load(), Unrecovered: s.unrecovered.Load(), Duplicates: s.duplicates.Load(),
@@ -197,7 +198,7 @@ func (s *stream) recover(ctx context.Context, from uint64) bool {
 	return covered
 }
 
-// replayClient is a DEALER connected to an engine's replay ROUTER.
+// replayClient asks an engine's replay ROUTER for missed batches.
 type replayClient struct {
 	endpoint string
 	timeout  time.Duration
@@ -252,11 +253,12 @@ func (c *replayClient) close() {
 // the end marker. Replies are ["", topic, seq, payload] (newer vLLM) or
 // ["", seq, payload] (older).
 func (c *replayClient) request(ctx context.Context, from uint64, fn func(seq uint64, payload []byte)) error {
-	if c.sock == nil {
-		if err := c.connect(ctx); err != nil {
-			return err
-		}
+	// A fresh DEALER per request: replays are rare, and a connection to a
+	// ROUTER that has since restarted would otherwise linger.
+	if err := c.connect(ctx); err != nil {
+		return err
 	}
+	defer c.close()
 	var start [8]byte
 	binary.BigEndian.PutUint64(start[:], from)
 	if err := c.sock.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {

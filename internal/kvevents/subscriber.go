@@ -191,6 +191,7 @@ func (s *Subscriber) runDial(ctx context.Context, st *stream) {
 			continue
 		}
 		s.log.Info("kv events: subscribed", "endpoint", st.cfg.Name, "events", st.cfg.Events)
+		st.st.connects.Add(1)
 		backoff = 100 * time.Millisecond
 		for {
 			msg, err := sock.Recv()
