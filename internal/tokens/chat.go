@@ -1,0 +1,116 @@
+package tokens
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Message is one chat message (OpenAI shape). Content may be a string or a
+// list of parts; only text parts are rendered.
+type Message struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// Text returns the message's text: the string content, or its text parts
+// joined with newlines.
+func (m Message) Text() string {
+	c := m.Content
+	if len(c) == 0 || string(c) == "null" {
+		return ""
+	}
+	var s string
+	if err := json.Unmarshal(c, &s); err == nil {
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(c, &parts); err == nil {
+		var b strings.Builder
+		for i, p := range parts {
+			if p.Type != "" && p.Type != "text" {
+				continue
+			}
+			if i > 0 && b.Len() > 0 {
+				b.WriteByte('\n')
+			}
+			b.WriteString(p.Text)
+		}
+		return b.String()
+	}
+	return string(c)
+}
+
+// TextMessage builds a Message with string content.
+func TextMessage(role, text string) Message {
+	c, _ := json.Marshal(text)
+	return Message{Role: role, Content: c}
+}
+
+// Template renders a conversation to prompt text as a sequence of segments:
+// Prefix (once), one segment per message, then the generation prompt. The
+// prompt is their concatenation; segments are what the tokenizer caches, so
+// every message is tokenized once per conversation however long it grows.
+// Templates put special tokens at message boundaries, so tokenizing
+// segments separately gives the same ids as tokenizing the whole prompt.
+type Template struct {
+	Name string
+	// Prefix opens the prompt (e.g. a BOS token), may be empty.
+	Prefix string
+	// Message is a format with %[1]s = role and %[2]s = text.
+	Message string
+	// Generation opens the assistant's turn.
+	Generation string
+}
+
+// Built-in templates.
+var builtinTemplates = map[string]Template{
+	"chatml": {Name: "chatml", Message: "<|im_start|>%[1]s\n%[2]s<|im_end|>\n", Generation: "<|im_start|>assistant\n"},
+	"llama3": {Name: "llama3", Prefix: "<|begin_of_text|>", Message: "<|start_header_id|>%[1]s<|end_header_id|>\n\n%[2]s<|eot_id|>",
+		Generation: "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+	"plain": {Name: "plain", Message: "%[1]s: %[2]s\n\n", Generation: "assistant: "},
+}
+
+// DefaultTemplate is used when a model names none.
+const DefaultTemplate = "chatml"
+
+// LookupTemplate returns a built-in template by name ("" = default).
+func LookupTemplate(name string) (Template, error) {
+	if name == "" {
+		name = DefaultTemplate
+	}
+	t, ok := builtinTemplates[strings.ToLower(name)]
+	if !ok {
+		names := make([]string, 0, len(builtinTemplates))
+		for n := range builtinTemplates {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return Template{}, fmt.Errorf("tokens: unknown chat template %q (have %s)", name, strings.Join(names, ", "))
+	}
+	return t, nil
+}
+
+// Segments renders msgs to segments (see Template).
+func (t Template) Segments(msgs []Message) []string {
+	segs := make([]string, 0, len(msgs)+2)
+	if t.Prefix != "" {
+		segs = append(segs, t.Prefix)
+	}
+	for _, m := range msgs {
+		segs = append(segs, fmt.Sprintf(t.Message, m.Role, m.Text()))
+	}
+	if t.Generation != "" {
+		segs = append(segs, t.Generation)
+	}
+	return segs
+}
+
+// Render returns the whole prompt text.
+func (t Template) Render(msgs []Message) string {
+	return strings.Join(t.Segments(msgs), "")
+}

@@ -1,0 +1,182 @@
+package tokens
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sync/atomic"
+	"testing"
+)
+
+// fakeEngine serves vLLM's /tokenize with one token per byte.
+func fakeEngine(t *testing.T, calls *atomic.Int64) *httptest.Server {
+	t.Helper()
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/tokenize" || r.Method != http.MethodPost {
+			http.NotFound(w, r)
+			return
+		}
+		calls.Add(1)
+		var req tokenizeRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Model != "m" {
+			http.Error(w, `{"error":"bad request"}`, http.StatusBadRequest)
+			return
+		}
+		text := ""
+		if req.Prompt != nil {
+			text = *req.Prompt
+		} else {
+			text = "ENGINE:" + builtinTemplates["chatml"].Render(req.Messages)
+		}
+		ids := make([]int64, len(text))
+		for i := range text {
+			ids[i] = int64(text[i])
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": ids, "count": len(ids), "max_model_len": 8192})
+	}))
+}
+
+func bytesOf(s string) []uint32 {
+	out := make([]uint32, len(s))
+	for i := range s {
+		out[i] = uint32(s[i])
+	}
+	return out
+}
+
+func TestEngineSourceAndSegmentCache(t *testing.T) {
+	var calls atomic.Int64
+	srv := fakeEngine(t, &calls)
+	defer srv.Close()
+	ctx := context.Background()
+	tmpl, _ := LookupTemplate("")
+	tok := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, tmpl, NewCache(0), false)
+
+	conv := []Message{TextMessage("system", "be brief"), TextMessage("user", "hi")}
+	ids, err := tok.Chat(ctx, conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := bytesOf(tmpl.Render(conv)); !reflect.DeepEqual(ids, want) {
+		t.Fatalf("chat ids %v, want %v", ids, want)
+	}
+	first := calls.Load() // system, user, generation prompt
+	if first != 3 {
+		t.Errorf("%d calls, want 3", first)
+	}
+	// The conversation grows by two messages: only those are tokenized.
+	conv = append(conv, TextMessage("assistant", "hello"), TextMessage("user", "more"))
+	if _, err := tok.Chat(ctx, conv); err != nil {
+		t.Fatal(err)
+	}
+	if got := calls.Load() - first; got != 2 {
+		t.Errorf("growing conversation: %d new calls, want 2", got)
+	}
+	// Prompts are cached whole.
+	for i := 0; i < 3; i++ {
+		if p, err := tok.Prompt(ctx, "abc"); err != nil || !reflect.DeepEqual(p, bytesOf("abc")) {
+			t.Fatalf("prompt: %v %v", p, err)
+		}
+	}
+	if got := calls.Load() - first; got != 3 {
+		t.Errorf("prompt cache: %d calls", got)
+	}
+	// Exact chat goes through the engine's template, cached per conversation.
+	ex := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, tmpl, NewCache(0), true)
+	before := calls.Load()
+	a, _ := ex.Chat(ctx, conv)
+	b, _ := ex.Chat(ctx, conv)
+	if calls.Load()-before != 1 || !reflect.DeepEqual(a, b) || string(rune(a[0])) != "E" {
+		t.Errorf("exact chat: %d calls, ids %v", calls.Load()-before, a[:5])
+	}
+	// Errors are reported, not cached.
+	bad := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "other"}, tmpl, NewCache(0), false)
+	if _, err := bad.Prompt(ctx, "x"); err == nil {
+		t.Error("no error for a 400")
+	}
+}
+
+func TestEstimateSource(t *testing.T) {
+	ctx := context.Background()
+	s := EstimateSource{BytesPerToken: 4}
+	a, _ := s.Tokenize(ctx, "hello world, this is a prompt")
+	b, _ := s.Tokenize(ctx, "hello world, this is a different prompt")
+	if len(a) != 8 {
+		t.Errorf("%d pseudo-tokens for 29 bytes", len(a))
+	}
+	if !reflect.DeepEqual(a[:5], b[:5]) || reflect.DeepEqual(a[5:], b[5:8]) {
+		t.Errorf("prefix property broken: %v vs %v", a, b)
+	}
+}
+
+func TestLocalSource(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "vocab.txt")
+	if err := os.WriteFile(plain, []byte("<unk>\nhello\n\\s\nworld\nhell\n<0x21>\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := LoadLocal(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := ls.Tokenize(ctx, "hello world!?")
+	// hello, space, world, "!" via <0x21>, "?" via fallback (maxID 5 + 1 + 0x3f)
+	if want := []uint32{1, 2, 3, 5, 6 + '?'}; !reflect.DeepEqual(got, want) {
+		t.Errorf("plain vocab: %v, want %v", got, want)
+	}
+
+	hf := filepath.Join(dir, "tokenizer.json")
+	j := `{"model":{"type":"BPE","vocab":{"Ġ":0,"Ġthe":1,"the":2,"Ġcat":3,"c":4,"a":5,"t":6,"!":7}},
+	       "added_tokens":[{"id":100,"content":"<|im_start|>"}]}`
+	if err := os.WriteFile(hf, []byte(j), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bl, err := LoadLocal(hf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ = bl.Tokenize(ctx, "the cat cat!")
+	if want := []uint32{2, 3, 3, 7}; !reflect.DeepEqual(got, want) {
+		t.Errorf("byte-level vocab: %v, want %v", got, want)
+	}
+	if _, err := ParseLocal([]byte(`{"model":{}}`)); err == nil {
+		t.Error("no error for a vocabulary-less tokenizer.json")
+	}
+}
+
+func TestSpecsAndSet(t *testing.T) {
+	sp, err := ParseSpec("model=m,source=estimate,bytes_per_token=3,template=llama3")
+	if err != nil || sp.Model != "m" || sp.BytesPerToken != 3 || sp.Template != "llama3" {
+		t.Fatalf("%+v %v", sp, err)
+	}
+	for _, bad := range []string{"model", "source=engine,foo=1", "bytes_per_token=x"} {
+		if _, err := ParseSpec(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+	if _, err := NewSet([]Spec{{Model: "m", Source: "engine"}}, nil, nil); err == nil {
+		t.Error("engine without url accepted")
+	}
+	if _, err := NewSet([]Spec{{Model: "m", Template: "nope"}}, nil, nil); err == nil {
+		t.Error("unknown template accepted")
+	}
+	set, err := NewSet([]Spec{sp}, NewCache(0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, _ := set.For("m").Prompt(ctx, "abcdef")
+	b, _ := set.For("other").Prompt(ctx, "abcdef")
+	if len(a) != 2 || len(b) != 2 { // 3 and 4 bytes per token
+		t.Errorf("per-model sources: %d %d", len(a), len(b))
+	}
+	msgs := []Message{{Role: "user", Content: json.RawMessage(`[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]`)}}
+	if got := msgs[0].Text(); got != "a\nb" {
+		t.Errorf("parts: %q", got)
+	}
+}
