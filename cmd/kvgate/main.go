@@ -23,8 +23,9 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"sim":    {"simulate a fleet under a workload and compare routing policies", runSim},
-		"engine": {"run a vLLM-compatible engine emulator (HTTP API, metrics, KV events)", runEngine},
+		"sim":     {"simulate a fleet under a workload and compare routing policies", runSim},
+		"engine":  {"run a vLLM-compatible engine emulator (HTTP API, metrics, KV events)", runEngine},
+		"kvindex": {"run the KV-event subscriber, global prefix index and its admin API", runKVIndex},
 	}
 }
 
