@@ -1,0 +1,113 @@
+package kvindex
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/tokens"
+)
+
+func TestAdminAPI(t *testing.T) {
+	x := New(Config{BlockSize: 4})
+	a := mustAdd(t, x, "127.0.0.1:8001", "m")
+	mustAdd(t, x, "127.0.0.1:8002", "m")
+	set, err := tokens.NewSet([]tokens.Spec{{Source: "estimate", BytesPerToken: 1}}, tokens.NewCache(0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm := &Admin{Index: x, Tokens: set, Events: func() []EndpointEvents {
+		return []EndpointEvents{{Endpoint: "127.0.0.1:8001", Model: "m", Stats: map[string]int{"gaps": 2}}}
+	}}
+	srv := httptest.NewServer(adm.Handler())
+	defer srv.Close()
+
+	ids := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	x.Store(a, 0, TierGPU, tokens.NewHasher(4).Keys(ids, nil))
+
+	post := func(path, body string) (int, map[string]any) {
+		t.Helper()
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, out
+	}
+
+	code, out := post("/admin/kv/lookup", `{"model":"m","token_ids":[1,2,3,4,5,6,7,8,9,10]}`)
+	if code != 200 || out["block_size"].(float64) != 4 {
+		t.Fatalf("%d %v", code, out)
+	}
+	eps := out["endpoints"].([]any)
+	first := eps[0].(map[string]any)
+	if first["endpoint"] != "127.0.0.1:8001" || first["matched_tokens"].(float64) != 8 || first["tier"] != "gpu" {
+		t.Errorf("lookup: %v", out)
+	}
+	if second := eps[1].(map[string]any); second["matched_tokens"].(float64) != 0 || second["tier"] != "none" {
+		t.Errorf("second endpoint: %v", second)
+	}
+
+	// Prompt through the tokenizer, then an approximate entry.
+	code, out = post("/admin/kv/routed", `{"model":"m","endpoint":"127.0.0.1:8002","prompt":"abcdefghij"}`)
+	if code != 200 || out["blocks"].(float64) != 2 {
+		t.Fatalf("routed: %d %v", code, out)
+	}
+	code, out = post("/admin/kv/lookup", `{"model":"m","prompt":"abcdefghijkl"}`)
+	first = out["endpoints"].([]any)[0].(map[string]any)
+	if code != 200 || first["endpoint"] != "127.0.0.1:8002" || first["matched_tokens"].(float64) != 8 || first["approx"] != true {
+		t.Errorf("approx lookup: %d %v", code, out)
+	}
+
+	bad := []struct {
+		path, body string
+		code       int
+	}{
+		{"/admin/kv/lookup", `{`, 400},
+		{"/admin/kv/lookup", `{"token_ids":[1]}`, 400},
+		{"/admin/kv/lookup", `{"model":"m"}`, 400},
+		{"/admin/kv/lookup", `{"model":"m","token_ids":[1],"prompt":"x"}`, 400},
+		{"/admin/kv/lookup", `{"model":"m","token_ids":[-1]}`, 400},
+		{"/admin/kv/lookup", `{"model":"nope","token_ids":[1]}`, 404},
+		{"/admin/kv/routed", `{"model":"m","token_ids":[1]}`, 400},
+	}
+	for _, b := range bad {
+		code, out := post(b.path, b.body)
+		if code != b.code || out["error"] == nil {
+			t.Errorf("%s %s: %d %v, want %d with an error", b.path, b.body, code, out, b.code)
+		}
+	}
+	resp, err := http.Get(srv.URL + "/admin/kv/lookup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("GET lookup: %d", resp.StatusCode)
+	}
+
+	resp, err = http.Get(srv.URL + "/admin/kv/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Endpoints []struct {
+			Endpoint  string         `json:"endpoint"`
+			GPUBlocks int            `json:"gpu_blocks"`
+			Events    map[string]int `json:"events"`
+		} `json:"endpoints"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Endpoints) != 2 || st.Endpoints[0].GPUBlocks != 2 || st.Endpoints[0].Events["gaps"] != 2 {
+		t.Errorf("stats: %+v", st)
+	}
+}
