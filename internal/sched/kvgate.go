@@ -1,9 +1,6 @@
 package sched
 
-import (
-	"fmt"
-	"math"
-)
+import "math"
 
 // kvgatePolicy is kvgate's own policy (see docs/policies.md).
 //
@@ -17,10 +14,14 @@ import (
 // from how full the fleet's queues are measured against the SLO: idle fleet
 // λ ≈ 0 (minimise TTFT), fleet queues near the SLO λ large (save compute:
 // keep affinity). Only endpoints whose predicted TTFT fits the SLO compete
-// when any does.
+// when any does; a request that fits nowhere goes down the longest queue.
 type kvgatePolicy struct {
 	o Options
 }
+
+// lostComputeWeight orders lost requests' endpoints of equal queue by
+// compute without letting compute outweigh a queue difference.
+const lostComputeWeight = 1e-6
 
 func newKVGate(o Options) *kvgatePolicy { return &kvgatePolicy{o: o} }
 
@@ -67,9 +68,12 @@ func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
 		fits := ttft <= p.o.KVGateFit*slo
 		cost := ttft + lambda*compute
 		if !fits {
-			// A request that misses its SLO everywhere is already lost;
-			// place it where it costs the fleet least compute.
-			cost = compute
+			// The request misses its SLO wherever it goes: it is lost.
+			// Send it down the longest queue (least compute among
+			// equals), an endpoint already written off, instead of
+			// into a short queue where it would push requests that can
+			// still make their SLO past it.
+			cost = -e.QueueWait + lostComputeWeight*compute
 		}
 		switch {
 		case best < 0, fits && !bestFits, fits == bestFits && (cost < bestCost || (cost == bestCost && tieBetter(s, i, best))):
@@ -77,28 +81,4 @@ func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
 		}
 	}
 	return best
-}
-
-// Admit rejects a request whose predicted TTFT exceeds the SLO and, under
-// pressure, one whose priced cost q + (1+λ)·compute exceeds it: when the
-// fleet is short of compute, an expensive request (long uncached part)
-// is shed before the cheap ones it would push past their SLO.
-func (p *kvgatePolicy) Admit(req *Request, s *Snapshot, i int) (bool, string) {
-	slo := p.slo(req)
-	e := &s.Endpoints[i]
-	compute := 0.0
-	if e.PrefillSpeed > 0 {
-		compute = float64(Uncached(req, e)) / e.PrefillSpeed
-	}
-	ttft := e.QueueWait + compute
-	if ttft > slo {
-		return false, fmt.Sprintf("predicted TTFT %.3fs exceeds SLO %.3fs", ttft, slo)
-	}
-	if p.o.KVGateShed > 0 {
-		lambda := p.price(req, s) * p.o.KVGateShed
-		if c := e.QueueWait + (1+lambda)*compute; c > slo {
-			return false, fmt.Sprintf("shed under load: priced cost %.3fs (compute %.3fs at price %.2f) exceeds SLO %.3fs", c, compute, lambda, slo)
-		}
-	}
-	return true, ""
 }

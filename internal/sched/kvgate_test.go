@@ -3,7 +3,6 @@ package sched
 import (
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 )
 
@@ -25,8 +24,11 @@ func TestKVGateChoices(t *testing.T) {
 		{"loaded fleet pays for compute", fleet(Endpoint{CachedTokens: 6400, QueueWait: 1.5}, Endpoint{CachedTokens: 3200, QueueWait: 0.5}), 0},
 		// The cached endpoint misses the SLO (2.1 s): only b fits.
 		{"infeasible affinity is dropped", fleet(Endpoint{CachedTokens: 6400, QueueWait: 2.1}, Endpoint{CachedTokens: 3200, QueueWait: 0.5}), 1},
-		// Nothing fits: the request is lost anyway; least compute wins.
-		{"nothing fits: least compute", fleet(Endpoint{CachedTokens: 6400, QueueWait: 5}, Endpoint{CachedTokens: 0, QueueWait: 2.5}), 0},
+		// Nothing fits: the request is lost anyway; it goes down the
+		// longest queue, sparing the short one for requests that can
+		// still make it.
+		{"nothing fits: longest queue", fleet(Endpoint{CachedTokens: 0, QueueWait: 2.5}, Endpoint{CachedTokens: 6400, QueueWait: 5}, Endpoint{QueueWait: 2.1}), 1},
+		{"nothing fits, equal queues: least compute", fleet(Endpoint{CachedTokens: 0, QueueWait: 5}, Endpoint{CachedTokens: 3200, QueueWait: 5}), 1},
 		{"decode endpoints are not candidates", fleet(Endpoint{Role: RoleDecode, CachedTokens: 6400}, Endpoint{QueueWait: 0.3}), 1},
 	}
 	for _, tt := range tests {
@@ -40,28 +42,6 @@ func TestKVGateChoices(t *testing.T) {
 	// The loaded-fleet case really differs from predicted-ttft.
 	if got := mustNew(t, "predicted-ttft", Options{}).Pick(req(6400), tests[3].snap); got != 1 {
 		t.Fatalf("predicted-ttft picked %d; the test no longer separates the policies", got)
-	}
-}
-
-func TestKVGateAdmission(t *testing.T) {
-	sc := Scheduler{Policy: mustNew(t, "kvgate", Options{}), EarlyReject: true}
-	// Loaded fleet: mean queue 1.5 s → λ = 8·1.5/2 = 6, shedding price
-	// 0.05·6 = 0.3. b fits the SLO by TTFT (0.8 + 1.0 = 1.8 s) but its
-	// priced cost 0.8 + 1.3·1.0 = 2.1 s does not: shed.
-	s := fleet(Endpoint{QueueWait: 2.2, PrefillSpeed: 10000}, Endpoint{QueueWait: 0.8, PrefillSpeed: 10000}, Endpoint{QueueWait: 0, PrefillSpeed: 10000, Role: RoleDecode})
-	s.Endpoints[2].QueueWait = 0
-	r := &Request{PromptTokens: 10000, PromptBlocks: 156, SLO: SLO{TTFT: 2}}
-	d := sc.Decide(r, s)
-	if d.Admit || !strings.Contains(d.Reason, "shed") {
-		t.Fatalf("want the expensive request shed, got %+v", d)
-	}
-	cheap := &Request{PromptTokens: 2000, PromptBlocks: 31, SLO: SLO{TTFT: 2}}
-	if d := sc.Decide(cheap, s); !d.Admit {
-		t.Fatalf("a cheap request is admitted, got %+v", d)
-	}
-	sc.EarlyReject = false
-	if d := sc.Decide(r, s); !d.Admit {
-		t.Fatalf("without early rejection everything is admitted, got %+v", d)
 	}
 }
 

@@ -48,9 +48,6 @@ type Options struct {
 	// of the SLO a predicted TTFT must fit in to compete (default 1).
 	KVGateGain float64
 	KVGateFit  float64
-	// KVGateShed scales the price used by kvgate's admission (0 = plain
-	// TTFT rule).
-	KVGateShed float64
 
 	// TTFTSLO is the default TTFT target (seconds), used by policies that
 	// measure cheapness against the SLO (kvgate).
@@ -76,7 +73,6 @@ func (o Options) withDefaults() Options {
 	def(&o.TTFTSLO, 2.0)
 	def(&o.KVGateGain, 8)
 	def(&o.KVGateFit, 1)
-	def(&o.KVGateShed, 0.05)
 	return o
 }
 

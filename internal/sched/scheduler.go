@@ -40,12 +40,7 @@ func (sc *Scheduler) Decide(req *Request, s *Snapshot) Decision {
 	if !sc.EarlyReject {
 		return d
 	}
-	if a, ok := sc.Policy.(Admitter); ok {
-		if admit, reason := a.Admit(req, s, p); !admit {
-			d.Admit, d.Reason = false, reason
-			return d
-		}
-	} else if req.SLO.TTFT > 0 && d.PredictedTTFT > req.SLO.TTFT {
+	if req.SLO.TTFT > 0 && d.PredictedTTFT > req.SLO.TTFT {
 		d.Admit = false
 		d.Reason = fmt.Sprintf("predicted TTFT %.3fs exceeds SLO %.3fs", d.PredictedTTFT, req.SLO.TTFT)
 		return d
@@ -63,13 +58,6 @@ func (sc *Scheduler) Decide(req *Request, s *Snapshot) Decision {
 		}
 	}
 	return d
-}
-
-// Admitter is implemented by policies that bring their own prefill-side
-// early-rejection rule; the scheduler uses it instead of the plain
-// "predicted TTFT > SLO" rule when early rejection is on.
-type Admitter interface {
-	Admit(req *Request, s *Snapshot, prefill int) (admit bool, reason string)
 }
 
 // PickDecode chooses the decode endpoint as Mooncake's Conductor does: among
