@@ -31,6 +31,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", cfg.NumGPUBlocks, "KV cache capacity in blocks")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
 	fs.IntVar(&cfg.MaxModelLen, "max-model-len", cfg.MaxModelLen, "maximum prompt + output tokens of a request")
+	fs.IntVar(&cfg.StreamInterval, "stream-interval", cfg.StreamInterval, "stream output in chunks of this many tokens (vLLM's --stream-interval)")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "run this many times faster than real time (modelled durations are divided by it)")
 	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "bind a ZMQ PUB socket for KV events here, e.g. tcp://*:5557")
 	fs.StringVar(&cfg.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER replay socket here, e.g. tcp://*:5558")

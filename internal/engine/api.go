@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 )
 
 // maxBodyBytes bounds request bodies.
@@ -138,6 +139,9 @@ func promptTokens(raw json.RawMessage) ([]uint32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, errBad("prompt is required")
 	}
+	if s, ok := plainJSONString(raw); ok {
+		return Tokenize(s), nil
+	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		return Tokenize(s), nil
@@ -195,4 +199,23 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		"tokens":        toks,
 		"token_strs":    nil,
 	})
+}
+
+// plainJSONString returns the contents of a JSON string literal without
+// escapes or control characters (the common case for prompts) without a
+// second pass of the JSON decoder.
+func plainJSONString(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	body := raw[1 : len(raw)-1]
+	for _, c := range body {
+		if c == '\\' || c == '"' || c < 0x20 {
+			return "", false
+		}
+	}
+	if !utf8.Valid(body) {
+		return "", false
+	}
+	return string(body), true
 }

@@ -334,26 +334,26 @@ func TestMetricsMoveWithLoad(t *testing.T) {
 		return metricValue(t, e, "vllm:num_requests_running") == 0 && metricValue(t, e, "vllm:kv_cache_usage_perc") == 0
 	})
 	checks := map[string]float64{
-		"vllm:generation_tokens_total":               400,
-		"vllm:prompt_tokens_total":                   800,
-		"vllm:prefix_cache_queries_total":            800,
-		"vllm:time_to_first_token_seconds_count":     4,
-		"vllm:e2e_request_latency_seconds_count":     4,
-		"vllm:inter_token_latency_seconds_count":     396,
-		`vllm:request_success_total`:                 4, // first label set printed is "abort"? checked below
-		"vllm:request_queue_time_seconds_count":      4,
-		"vllm:request_decode_time_seconds_count":     4,
-		"vllm:request_prefill_time_seconds_count":    4,
-		"vllm:time_per_output_token_seconds_count":   396,
-		"vllm:num_preemptions_total":                 0,
-		"vllm:prefix_cache_hits_total":               0,
-		"vllm:num_requests_waiting":                  0,
-		"vllm:kv_cache_usage_perc":                   0,
-		"vllm:gpu_cache_usage_perc":                  0,
-		"vllm:time_to_first_token_seconds_bucket":    0, // smallest bucket (1 ms) stays empty
-		"vllm:e2e_request_latency_seconds_sum":       -1,
-		"vllm:time_to_first_token_seconds_sum":       -1,
-		"vllm:inter_token_latency_seconds_sum":       -1,
+		"vllm:generation_tokens_total":             400,
+		"vllm:prompt_tokens_total":                 800,
+		"vllm:prefix_cache_queries_total":          800,
+		"vllm:time_to_first_token_seconds_count":   4,
+		"vllm:e2e_request_latency_seconds_count":   4,
+		"vllm:inter_token_latency_seconds_count":   396,
+		`vllm:request_success_total`:               4, // first label set printed is "abort"? checked below
+		"vllm:request_queue_time_seconds_count":    4,
+		"vllm:request_decode_time_seconds_count":   4,
+		"vllm:request_prefill_time_seconds_count":  4,
+		"vllm:time_per_output_token_seconds_count": 396,
+		"vllm:num_preemptions_total":               0,
+		"vllm:prefix_cache_hits_total":             0,
+		"vllm:num_requests_waiting":                0,
+		"vllm:kv_cache_usage_perc":                 0,
+		"vllm:gpu_cache_usage_perc":                0,
+		"vllm:time_to_first_token_seconds_bucket":  0, // smallest bucket (1 ms) stays empty
+		"vllm:e2e_request_latency_seconds_sum":     -1,
+		"vllm:time_to_first_token_seconds_sum":     -1,
+		"vllm:inter_token_latency_seconds_sum":     -1,
 		"vllm:request_success_total{engine=\"0\",finished_reason=\"length\",model_name=\"test-model\"}": 4,
 	}
 	for name, want := range checks {

@@ -61,6 +61,9 @@ type Config struct {
 	BlockSize int
 	// MaxModelLen bounds prompt + output tokens of one request.
 	MaxModelLen int
+	// StreamInterval sends streamed tokens in chunks of this many tokens
+	// (vLLM's --stream-interval); 1 sends every token at once.
+	StreamInterval int
 	// TimeScale > 1 runs faster than real time: every modelled duration is
 	// divided by it. Reported latencies (metrics) are in modelled seconds.
 	TimeScale float64
@@ -106,6 +109,7 @@ func DefaultConfig() Config {
 		BlockSize:           16,
 		MaxModelLen:         32768,
 		TimeScale:           1,
+		StreamInterval:      1,
 		KVEventsFormat:      kvpub.FormatArray,
 		KVEventsBufferSteps: kvpub.DefaultBufferSteps,
 		RoleSwitchWarmup:    10 * time.Second,
@@ -139,6 +143,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxModelLen <= 0 {
 		errs = append(errs, errors.New("max-model-len must be > 0"))
+	}
+	if c.StreamInterval < 0 {
+		errs = append(errs, errors.New("stream-interval must be >= 1"))
 	}
 	if !(c.TimeScale > 0) {
 		errs = append(errs, errors.New("time-scale must be > 0"))

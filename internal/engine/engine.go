@@ -53,6 +53,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Role == "" {
 		cfg.Role = RoleBoth
 	}
+	if cfg.StreamInterval == 0 {
+		cfg.StreamInterval = 1
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}

@@ -511,7 +511,7 @@ func (s *scheduler) commit(p plan, end time.Time) {
 		r.mu.Lock()
 		r.out.generated = r.generated
 		r.mu.Unlock()
-		if r.stream {
+		if r.stream && (r.generated == 1 || r.generated%s.cfg.StreamInterval == 0) {
 			r.signal()
 		}
 	}

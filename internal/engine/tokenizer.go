@@ -35,10 +35,31 @@ func tokenID(piece string) uint32 {
 
 func isWordRune(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) || r == '_' }
 
+// asciiClass classifies ASCII bytes: 0 other, 1 space, 2 word.
+var asciiClass = func() (c [utf8.RuneSelf]uint8) {
+	for b := range c {
+		switch r := rune(b); {
+		case unicode.IsSpace(r):
+			c[b] = 1
+		case isWordRune(r):
+			c[b] = 2
+		}
+	}
+	return c
+}()
+
 // appendTokens appends the token ids of text to dst.
 func appendTokens(dst []uint32, text string) []uint32 {
 	i := 0
 	for i < len(text) {
+		if c := text[i]; c < utf8.RuneSelf && asciiClass[c] != 2 {
+			// Fast path for ASCII space and punctuation.
+			if asciiClass[c] == 0 {
+				dst = append(dst, tokenID(text[i:i+1]))
+			}
+			i++
+			continue
+		}
 		r, size := utf8.DecodeRuneInString(text[i:])
 		switch {
 		case unicode.IsSpace(r):
@@ -46,6 +67,13 @@ func appendTokens(dst []uint32, text string) []uint32 {
 		case isWordRune(r):
 			j := i + size
 			for j < len(text) {
+				if c := text[j]; c < utf8.RuneSelf {
+					if asciiClass[c] != 2 {
+						break
+					}
+					j++
+					continue
+				}
 				r2, s2 := utf8.DecodeRuneInString(text[j:])
 				if !isWordRune(r2) {
 					break
@@ -75,7 +103,7 @@ func appendTokens(dst []uint32, text string) []uint32 {
 }
 
 // Tokenize returns the token ids of text under the emulator's tokenizer.
-func Tokenize(text string) []uint32 { return appendTokens(nil, text) }
+func Tokenize(text string) []uint32 { return appendTokens(make([]uint32, 0, len(text)/4+1), text) }
 
 // ChatMessage is one message of a chat request, its content already
 // flattened to text.
