@@ -143,9 +143,10 @@ func (e *Engine) Start(ctx context.Context) error {
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	cancel, pub := e.cancel, e.pub
+	e.cancel = nil
 	e.mu.Unlock()
 	if cancel == nil {
-		return nil
+		return nil // never started or already closed
 	}
 	cancel()
 	e.wg.Wait()
@@ -155,7 +156,9 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// Handler is the engine's HTTP API (also served by Start's listener).
+// Handler is the engine's HTTP API (also served by Start's listener), for
+// mounting in another server. Requests are only served once Start runs the
+// scheduler.
 func (e *Engine) Handler() http.Handler { return e.mux }
 
 // Addr is the listening host:port (after Start).
