@@ -399,7 +399,7 @@ func (p *plan) add(r *request, n int) {
 // stepTime is the modelled duration of a step: the prefill work of its
 // chunks plus one decode step over its decoding sequences.
 func (s *scheduler) stepTime(p plan) float64 {
-	return s.cfg.Perf.PrefillTime(p.prefillTokens) + s.cfg.Perf.DecodeStepTime(p.decodes, p.decodeContext)
+	return s.cfg.Perf.StepTime(p.prefillTokens, p.decodes, p.decodeContext)
 }
 
 // recordHit counts prefix-cache queries and hits once per request.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/perfmodel"
+	"github.com/kvgate/kvgate/internal/sim"
 )
 
 func median(xs []float64) float64 {
@@ -26,99 +26,10 @@ func median(xs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-// predictEngine is a reference discrete-event model of one engine, written
-// independently of the scheduler from the perf model alone: FCFS, one step
-// at a time, running sequences first (prefill chunks or one decode token)
-// then new arrivals, within a token budget; a step lasts PrefillTime(prefill
-// tokens) + DecodeStepTime(decoding sequences, their context). No cache hits
-// and ample KV. It returns each request's TTFT and TPOT in modelled seconds.
-func predictEngine(m perfmodel.Model, budget int, arrivals []float64, prompt, output int) (ttft, tpot []float64) {
-	type req struct {
-		at          float64
-		pre, out    int
-		first, last float64
-	}
-	order := make([]int, len(arrivals))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return int(math.Copysign(1, arrivals[a]-arrivals[b])) })
-	reqs := make([]req, len(arrivals))
-	for i, at := range arrivals {
-		reqs[i] = req{at: at, pre: prompt}
-	}
-	var waiting, running []*req
-	t, next, done := 0.0, 0, 0
-	for done < len(reqs) {
-		for next < len(order) && reqs[order[next]].at <= t {
-			waiting = append(waiting, &reqs[order[next]])
-			next++
-		}
-		if len(running) == 0 && len(waiting) == 0 {
-			t = reqs[order[next]].at
-			continue
-		}
-		left := budget
-		prefill, decodes, ctx := 0, 0, 0
-		type item struct {
-			r *req
-			n int
-		}
-		var items []item
-		for _, r := range running {
-			if left == 0 {
-				break
-			}
-			if r.pre > 0 {
-				n := min(r.pre, left)
-				items = append(items, item{r, n})
-				prefill += n
-				left -= n
-			} else {
-				items = append(items, item{r, 1})
-				decodes++
-				ctx += prompt + r.out
-				left--
-			}
-		}
-		for len(waiting) > 0 && left > 0 {
-			r := waiting[0]
-			waiting = waiting[1:]
-			running = append(running, r)
-			n := min(r.pre, left)
-			items = append(items, item{r, n})
-			prefill += n
-			left -= n
-		}
-		t += m.PrefillTime(prefill) + m.DecodeStepTime(decodes, ctx)
-		for _, it := range items {
-			r := it.r
-			if r.pre > 0 {
-				r.pre -= it.n
-				if r.pre == 0 {
-					r.out, r.first, r.last = 1, t, t
-				}
-			} else {
-				r.out++
-				r.last = t
-			}
-			if r.pre == 0 && r.out == output {
-				done++
-			}
-		}
-		running = slices.DeleteFunc(running, func(r *req) bool { return r.pre == 0 && r.out == output })
-	}
-	for _, r := range reqs {
-		ttft = append(ttft, r.first-r.at)
-		tpot = append(tpot, (r.last-r.first)/float64(output-1))
-	}
-	return ttft, tpot
-}
-
 // TestTimingMatchesPerfModel drives one engine with a seeded Poisson load
 // over HTTP and checks that the TTFT and TPOT a streaming client measures
-// agree at median within 10% with the perf-model prediction for the same
-// arrival times (queueing included, from predictEngine).
+// agree at median within 10% with the simulator's prediction for the same
+// arrival times (internal/sim.SimulateEngine, queueing included).
 func TestTimingMatchesPerfModel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing test")
@@ -174,7 +85,18 @@ func TestTimingMatchesPerfModel(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	predTTFT, predTPOT := predictEngine(m, e.cfg.MaxNumBatchedTokens, arrivals, promptLen, outputLen)
+	offered := make([]sim.EngineRequest, requests)
+	for i, at := range arrivals {
+		offered[i] = sim.EngineRequest{Arrival: at, Uncached: promptLen, Context: promptLen, Output: outputLen}
+	}
+	pred, err := sim.SimulateEngine(sim.EngineConfig{Model: m, MaxBatchedTokens: e.cfg.MaxNumBatchedTokens, MaxSeqs: e.cfg.MaxNumSeqs}, offered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	predTTFT, predTPOT := make([]float64, requests), make([]float64, requests)
+	for i, l := range pred {
+		predTTFT[i], predTPOT[i] = l.TTFT, l.TPOT
+	}
 	gotTTFT, gotTPOT := median(ttfts), median(tpots)
 	wantTTFT, wantTPOT := median(predTTFT), median(predTPOT)
 	errTTFT := (gotTTFT - wantTTFT) / wantTTFT
@@ -187,15 +109,3 @@ func TestTimingMatchesPerfModel(t *testing.T) {
 	}
 }
 
-func TestPredictEngineIdle(t *testing.T) {
-	m := perfmodel.Default()
-	ttft, tpot := predictEngine(m, 8192, []float64{0, 100}, 4000, 11)
-	for i := range ttft {
-		if math.Abs(ttft[i]-m.PrefillTime(4000)) > 1e-9 {
-			t.Errorf("ttft %v", ttft[i])
-		}
-		if w := (m.DecodeStepTime(1, 4001) + m.DecodeStepTime(1, 4010)) / 2; math.Abs(tpot[i]-w) > 1e-7 {
-			t.Errorf("tpot %v want %v", tpot[i], w)
-		}
-	}
-}

@@ -77,6 +77,15 @@ func (m Model) DecodeStepTime(batch int, contextTokens int) float64 {
 	return m.DecodeStepBase + m.DecodeStepPerSeq*float64(batch) + m.DecodeStepPerKContext*float64(contextTokens)/1000
 }
 
+// StepTime is the duration of one continuous-batching step that computes
+// prefillTokens prompt tokens (chunks of prefills) and one token for each of
+// decodes decoding sequences whose contexts add up to decodeContext: the
+// engine emulator runs its steps for exactly this long, and the simulator
+// predicts with it.
+func (m Model) StepTime(prefillTokens, decodes, decodeContext int) float64 {
+	return m.PrefillTime(prefillTokens) + m.DecodeStepTime(decodes, decodeContext)
+}
+
 // TransferTime is the time to move the KV cache of tokens prompt tokens
 // between instances.
 func (m Model) TransferTime(tokens int) float64 {
