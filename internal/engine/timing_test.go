@@ -108,4 +108,3 @@ func TestTimingMatchesPerfModel(t *testing.T) {
 			ttfts, predTTFT, tpots, predTPOT)
 	}
 }
-
