@@ -186,6 +186,9 @@ type dynamoKV struct {
 }
 
 func (*dynamoKV) Name() string { return "dynamo-kv" }
+
+// Signals: Dynamo's cost reads the active block counts.
+func (*dynamoKV) Signals() Signals { return SignalActiveBlocks }
 func (p *dynamoKV) Pick(req *Request, s *Snapshot) int {
 	bs := max(s.BlockSize, 1)
 	p.costs = p.costs[:0]

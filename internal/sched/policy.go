@@ -93,6 +93,30 @@ func registry() map[string]constructor {
 	}
 }
 
+// Signals names snapshot fields that cost their producer work to fill; a
+// producer (the simulator, the gateway) may leave them zero unless the
+// policy asks for them.
+type Signals uint32
+
+const (
+	// SignalActiveBlocks: Endpoint.ActivePrefillBlocks and
+	// ActiveDecodeBlocks (distinct blocks of in-flight sequences).
+	SignalActiveBlocks Signals = 1 << iota
+)
+
+// SignalUser is implemented by policies that read costly signals.
+type SignalUser interface {
+	Signals() Signals
+}
+
+// Needs returns the costly signals a policy reads.
+func Needs(p Policy) Signals {
+	if u, ok := p.(SignalUser); ok {
+		return u.Signals()
+	}
+	return 0
+}
+
 // Names lists the policy names, kvgate's own last.
 func Names() []string {
 	var names []string

@@ -82,11 +82,15 @@ type prefillInst struct {
 	ublocks    int
 	lastPicked float64
 	// active counts in-flight sequences per block: its size is the number
-	// of distinct blocks the instance holds for them.
+	// of distinct blocks the instance holds for them. nil unless the
+	// policy reads active blocks (sched.SignalActiveBlocks).
 	active map[uint64]int32
 }
 
 func (p *prefillInst) hold(keys []uint64) {
+	if p.active == nil {
+		return
+	}
 	for _, k := range keys {
 		p.active[k]++
 	}
@@ -98,6 +102,9 @@ func (p *prefillInst) drain(t float64) {
 		p.uncached -= f.uncached
 		p.ublocks -= f.ublks
 		for _, k := range f.keys {
+			if p.active == nil {
+				break
+			}
 			if c := p.active[k]; c <= 1 {
 				delete(p.active, k)
 			} else {
@@ -123,7 +130,9 @@ func Run(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (Result, error) {
 	pre := make([]prefillInst, n)
 	for i := range pre {
 		pre[i].lastPicked = -1
-		pre[i].active = make(map[uint64]int32)
+		if sched.Needs(sc.Policy)&sched.SignalActiveBlocks != 0 {
+			pre[i].active = make(map[uint64]int32)
+		}
 	}
 	var dec *decodePool
 	if cfg.Decode > 0 {
@@ -156,7 +165,7 @@ func Run(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (Result, error) {
 			dec.advance(t)
 		}
 		cache.match(r.Keys, matched)
-		req := sched.Request{ID: fmt.Sprint(ri), Arrival: t, PromptTokens: r.PromptTokens, PromptBlocks: len(r.Keys),
+		req := sched.Request{Arrival: t, PromptTokens: r.PromptTokens, PromptBlocks: len(r.Keys),
 			OutputTokens: r.OutputTokens, SLO: cfg.SLO}
 		snap.Now = t
 		for i := range pre {
