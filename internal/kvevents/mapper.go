@@ -40,7 +40,7 @@ type mapper struct {
 	model    string
 	routerBS int
 	hasher   *tokens.Hasher
-	nodes    map[uint64]node
+	nodes    *nodeTable
 	maxNodes int
 	sink     Sink
 	groups   uint32 // groups whose kind was reported to the sink
@@ -53,7 +53,7 @@ type node struct {
 	last  tokens.BlockKey // router key of the last complete router block at or before the end
 	owned tokens.BlockKey // first router key completed inside this block (0: none)
 	held  uint64          // bit group*3+tier-1 for every (group, tier) holding the block
-	ext   *nodeExt        // nil when engine and router block sizes are equal
+	ext   int32           // 1 + index of its nodeExt; 0 (none) when block sizes are equal
 }
 
 type nodeExt struct {
@@ -67,7 +67,7 @@ type nodeExt struct {
 func newMapper(ep kvindex.EndpointID, model string, routerBS, maxNodes int, sink Sink, st *EngineStats) *mapper {
 	return &mapper{
 		ep: ep, model: model, routerBS: routerBS, hasher: tokens.NewHasher(routerBS),
-		nodes: make(map[uint64]node), maxNodes: maxNodes, sink: sink, st: st,
+		nodes: newNodeTable(), maxNodes: maxNodes, sink: sink, st: st,
 	}
 }
 
@@ -77,7 +77,7 @@ func heldBit(group int, t kvindex.Tier) uint64 {
 
 // reset drops everything the engine held (restart, AllBlocksCleared).
 func (m *mapper) reset() {
-	m.nodes = make(map[uint64]node)
+	m.nodes.reset()
 	m.sink.ClearEndpoint(m.ep)
 }
 
@@ -117,7 +117,7 @@ func (m *mapper) stored(e *Event) {
 	var tail []uint32
 	parent, hasParent := e.Parent, e.HasParent
 	if hasParent {
-		p, ok := m.nodes[parent]
+		p, ok := m.nodes.get(parent)
 		if !ok {
 			// The parent was stored before we listened, or its event was
 			// lost for good: these blocks cannot be placed in the chain.
@@ -125,11 +125,11 @@ func (m *mapper) stored(e *Event) {
 			return
 		}
 		last = p.last
-		if p.ext != nil {
-			tail = p.ext.tail
+		if x := m.nodes.extOf(p); x != nil {
+			tail = x.tail
 		}
 	}
-	if len(m.nodes)+n > m.maxNodes {
+	if m.nodes.len()+n > m.maxNodes {
 		m.shrink()
 	}
 	extra := tokens.LoRAExtra(e.LoRAName)
@@ -138,21 +138,20 @@ func (m *mapper) stored(e *Event) {
 	rbs := m.routerBS
 	for j, h := range e.BlockHashes {
 		blk := e.TokenIDs[j*ebs : (j+1)*ebs]
-		if old, ok := m.nodes[h]; ok {
+		nd, fresh := m.nodes.upsert(h)
+		if !fresh {
 			// Known block (another tier or group, or a duplicate): same
 			// router keys; just note who holds it.
-			old.held |= bit
-			m.nodes[h] = old
-			keys = appendOwned(keys, old)
-			last = old.last
-			tail = nil
-			if old.ext != nil {
-				tail = old.ext.tail
+			nd.held |= bit
+			keys = m.appendOwned(keys, nd)
+			last, tail = nd.last, nil
+			if x := m.nodes.extOf(nd); x != nil {
+				tail = x.tail
 			}
 			parent, hasParent = h, true
 			continue
 		}
-		nd := node{held: bit}
+		nd.held = bit
 		if ebs == rbs && len(tail) == 0 {
 			k := m.hasher.Key(last, blk, extra)
 			nd.last, nd.owned = k, k
@@ -167,24 +166,23 @@ func (m *mapper) stored(e *Event) {
 				keys = append(keys, last)
 			}
 			m.buf = buf
-			ext := &nodeExt{parent: parent, hasParent: hasParent}
+			x := m.nodes.ext(nd)
+			x.parent, x.hasParent = parent, hasParent
 			if rest := buf[off:]; len(rest) > 0 {
-				ext.tail = append([]uint32(nil), rest...)
+				x.tail = append([]uint32(nil), rest...)
 			}
 			if own := keys[first:]; len(own) > 0 {
 				nd.owned = own[0]
 				if len(own) > 1 {
-					ext.more = append([]tokens.BlockKey(nil), own[1:]...)
+					x.more = append([]tokens.BlockKey(nil), own[1:]...)
 				}
 				if len(tail) > 0 {
 					m.spill(parent, hasParent, own[0])
 				}
 			}
 			nd.last = last
-			nd.ext = ext
-			tail = ext.tail
+			tail = x.tail
 		}
-		m.nodes[h] = nd
 		parent, hasParent = h, true
 	}
 	m.keys = keys
@@ -196,21 +194,25 @@ func (m *mapper) stored(e *Event) {
 // it: walking up from parent while the blocks end inside k's span.
 func (m *mapper) spill(parent uint64, hasParent bool, k tokens.BlockKey) {
 	for steps := 0; hasParent && steps < 1<<16; steps++ {
-		p, ok := m.nodes[parent]
-		if !ok || p.ext == nil || len(p.ext.tail) == 0 {
+		p, ok := m.nodes.get(parent)
+		if !ok {
 			return
 		}
-		p.ext.spill = append(p.ext.spill, k)
-		parent, hasParent = p.ext.parent, p.ext.hasParent
+		x := m.nodes.extOf(p)
+		if x == nil || len(x.tail) == 0 {
+			return
+		}
+		x.spill = append(x.spill, k)
+		parent, hasParent = x.parent, x.hasParent
 	}
 }
 
-func appendOwned(keys []tokens.BlockKey, nd node) []tokens.BlockKey {
+func (m *mapper) appendOwned(keys []tokens.BlockKey, nd *node) []tokens.BlockKey {
 	if nd.owned != 0 {
 		keys = append(keys, nd.owned)
 	}
-	if nd.ext != nil {
-		keys = append(keys, nd.ext.more...)
+	if x := m.nodes.extOf(nd); x != nil {
+		keys = append(keys, x.more...)
 	}
 	return keys
 }
@@ -219,19 +221,17 @@ func (m *mapper) removed(e *Event) {
 	bit := heldBit(e.Group, e.Medium)
 	keys := m.keys[:0]
 	for _, h := range e.BlockHashes {
-		nd, ok := m.nodes[h]
+		nd, ok := m.nodes.get(h)
 		if !ok {
 			m.st.unknownRemoves.Add(1)
 			continue
 		}
-		keys = appendOwned(keys, nd)
-		if nd.ext != nil {
-			keys = append(keys, nd.ext.spill...)
+		keys = m.appendOwned(keys, nd)
+		if x := m.nodes.extOf(nd); x != nil {
+			keys = append(keys, x.spill...)
 		}
 		if nd.held &^= bit; nd.held == 0 {
-			delete(m.nodes, h)
-		} else {
-			m.nodes[h] = nd
+			m.nodes.delete(h)
 		}
 	}
 	m.keys = keys
@@ -241,16 +241,8 @@ func (m *mapper) removed(e *Event) {
 	}
 }
 
-// shrink forgets about 1/16 of the map (Go's map iteration order is
-// random), keeping the engine→router map bounded. Index entries of the
+// shrink forgets about 1/16 of the map (random eviction), keeping the engine→router map bounded. Index entries of the
 // forgotten blocks stay until the index evicts them.
 func (m *mapper) shrink() {
-	drop := len(m.nodes)/16 + 1
-	m.st.mapEvicted.Add(int64(drop))
-	for h := range m.nodes {
-		delete(m.nodes, h)
-		if drop--; drop == 0 {
-			break
-		}
-	}
+	m.st.mapEvicted.Add(int64(m.nodes.evict(m.nodes.len()/16 + 1)))
 }

@@ -93,8 +93,8 @@ func TestMapperBlockSizes(t *testing.T) {
 			if got := f.matched(toks[:tc.stored], nil); got != tc.wantAfterRm {
 				t.Errorf("after removing %d: %d router blocks, want %d", tc.remove, got, tc.wantAfterRm)
 			}
-			if len(f.m.nodes) != tc.wantNodesLeft {
-				t.Errorf("%d nodes left, want %d", len(f.m.nodes), tc.wantNodesLeft)
+			if f.m.nodes.len() != tc.wantNodesLeft {
+				t.Errorf("%d nodes left, want %d", f.m.nodes.len(), tc.wantNodesLeft)
 			}
 		})
 	}
@@ -145,8 +145,8 @@ func TestMapperOrphansLoRAGroupsClear(t *testing.T) {
 		t.Errorf("bad events %d", f.st.badEvents.Load())
 	}
 	f.apply(Event{Kind: KindAllBlocksCleared})
-	if f.matched(b, nil) != 0 || len(f.m.nodes) != 0 || f.idx.Stats()[0].CPUBlocks != 0 {
-		t.Errorf("after clear: %d, %d nodes", f.matched(b, nil), len(f.m.nodes))
+	if f.matched(b, nil) != 0 || f.m.nodes.len() != 0 || f.idx.Stats()[0].CPUBlocks != 0 {
+		t.Errorf("after clear: %d, %d nodes", f.matched(b, nil), f.m.nodes.len())
 	}
 }
 
@@ -156,7 +156,7 @@ func TestMapperBounded(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		f.apply(storedEvent(seqTokens(64, uint32(10+i)), 16, uint64(1000*i), nil))
 	}
-	if len(f.m.nodes) > 100 || f.st.mapEvicted.Load() == 0 {
-		t.Errorf("map not bounded: %d nodes, %d evicted", len(f.m.nodes), f.st.mapEvicted.Load())
+	if f.m.nodes.len() > 100 || f.st.mapEvicted.Load() == 0 {
+		t.Errorf("map not bounded: %d nodes, %d evicted", f.m.nodes.len(), f.st.mapEvicted.Load())
 	}
 }

@@ -161,7 +161,7 @@ func (s *stream) apply(seq uint64, payload []byte) {
 	}
 	s.st.batches.Add(1)
 	s.m.apply(&s.batch)
-	s.st.mapSize.Store(int64(len(s.m.nodes)))
+	s.st.mapSize.Store(int64(s.m.nodes.len()))
 }
 
 func (s *stream) malformed(err error) {

@@ -1,0 +1,158 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"sync"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/tokens"
+)
+
+// benchPayloads builds n batches, each one BlockStored of 16 blocks of 16
+// tokens (a 256-token prompt), hashes as 32-byte strings like newer vLLM.
+func benchPayloads(b *testing.B, n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		hashes := make([]any, 16)
+		for j := range hashes {
+			h := make([]byte, 32)
+			binary.BigEndian.PutUint64(h[24:], uint64(i)<<8|uint64(j)+1)
+			hashes[j] = h
+		}
+		ids := make([]any, 256)
+		for j := range ids {
+			ids[j] = uint32(i*256+j) % 150000
+		}
+		p, err := msgpack.Marshal([]any{1.0, []any{[]any{"BlockStored", hashes, nil, ids, 16, nil, "GPU", nil}}, 0})
+		if err != nil {
+			b.Fatal(err)
+		}
+		out[i] = p
+	}
+	return out
+}
+
+const benchBatches = 4096 // 65 536 blocks per cycle
+
+// BenchmarkIngest measures decode + engine→router mapping + index insert
+// per batch of 16 BlockStored blocks, on one goroutine.
+func BenchmarkIngest(b *testing.B) {
+	payloads := benchPayloads(b, benchBatches)
+	idx := kvindex.New(kvindex.Config{BlockSize: 16})
+	id, _ := idx.AddEndpoint("e", "m")
+	st := &EngineStats{}
+	m := newMapper(id, "m", 16, 1<<22, idx, st)
+	var batch Batch
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := i % benchBatches
+		if k == 0 && i > 0 {
+			b.StopTimer()
+			m.reset() // keep the working set at one cycle, as an engine's cache would
+			b.StartTimer()
+		}
+		if err := Decode(payloads[k], &batch); err != nil {
+			b.Fatal(err)
+		}
+		m.apply(&batch)
+	}
+	b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
+}
+
+// naiveIndex is the baseline: generic msgpack decoding into interfaces, a
+// map of sets of endpoint names, one mutex.
+type naiveIndex struct {
+	mu     sync.Mutex
+	blocks map[uint64]map[string]struct{}
+	eng    map[uint64]uint64 // engine hash → router key
+}
+
+func (n *naiveIndex) ingest(h *tokens.Hasher, payload []byte, ep string) error {
+	var v []any
+	if err := msgpack.Unmarshal(payload, &v); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, ev := range v[1].([]any) {
+		e := ev.([]any)
+		if e[0].(string) != "BlockStored" {
+			continue
+		}
+		parent := tokens.RootKey
+		toks := e[3].([]any)
+		ids := make([]uint32, len(toks))
+		for i, t := range toks {
+			switch x := t.(type) {
+			case uint32:
+				ids[i] = x
+			case int64:
+				ids[i] = uint32(x)
+			case uint64:
+				ids[i] = uint32(x)
+			case int8:
+				ids[i] = uint32(x)
+			case uint8:
+				ids[i] = uint32(x)
+			case int16:
+				ids[i] = uint32(x)
+			case uint16:
+				ids[i] = uint32(x)
+			case int32:
+				ids[i] = uint32(x)
+			}
+		}
+		for j, hh := range e[1].([]any) {
+			hb := hh.([]byte)
+			eh := binary.BigEndian.Uint64(hb[len(hb)-8:])
+			k := h.Key(parent, ids[j*16:(j+1)*16], nil)
+			n.eng[eh] = k
+			s := n.blocks[k]
+			if s == nil {
+				s = map[string]struct{}{}
+				n.blocks[k] = s
+			}
+			s[ep] = struct{}{}
+			parent = k
+		}
+	}
+	return nil
+}
+
+func BenchmarkIngestNaive(b *testing.B) {
+	payloads := benchPayloads(b, benchBatches)
+	n := &naiveIndex{blocks: map[uint64]map[string]struct{}{}, eng: map[uint64]uint64{}}
+	h := tokens.NewHasher(16)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := i % benchBatches
+		if k == 0 && i > 0 {
+			b.StopTimer()
+			n.blocks, n.eng = map[uint64]map[string]struct{}{}, map[uint64]uint64{}
+			b.StartTimer()
+		}
+		if err := n.ingest(h, payloads[k], "127.0.0.1:8001"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
+}
+
+// BenchmarkDecode is the decoder alone.
+func BenchmarkDecode(b *testing.B) {
+	payloads := benchPayloads(b, 64)
+	var batch Batch
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := Decode(payloads[i%64], &batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
+}
