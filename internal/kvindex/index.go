@@ -541,7 +541,25 @@ func (x *Index) walkPage(v *view, p int, keys []tokens.BlockKey, g uint64, out [
 	}
 	alive, gpuAlive := all, all
 	var needCPU, needSto, usedApprox uint64
-	for i, k := range keys {
+	start := 0
+	if r0.cpu == nil && r0.sto == nil && r0.approx == nil && len(fa) == 0 {
+		// Common case: GPU entries only. GPU prefix = prefix.
+		gpu := r0.gpu
+		for i, k := range keys {
+			na := alive & gpu.get(norm(k))
+			for d := alive &^ na; d != 0; d &= d - 1 {
+				e := bits.TrailingZeros64(d)
+				blocks[e], gpuBlocks[e] = int32(i), int32(i)
+			}
+			alive = na
+			if alive == 0 {
+				break
+			}
+		}
+		start = len(keys)
+	}
+	for i := start; i < len(keys); i++ {
+		k := keys[i]
 		k = norm(k)
 		pr := r0.read(k, g)
 		fast := pr.gpu | pr.approx
