@@ -281,6 +281,11 @@ func runJobs(ctx context.Context, cfg sim.Config, jobs []simJob) ([]sim.Result, 
 		}()
 	}
 	for i := range jobs {
+		if ctx.Err() != nil {
+			close(next)
+			wg.Wait()
+			return nil, ctx.Err()
+		}
 		select {
 		case next <- i:
 		case <-ctx.Done():

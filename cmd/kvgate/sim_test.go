@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func runCmd(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func TestHelpListsCommands(t *testing.T) {
+	out, _, code := runCmd(t, "--help")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, c := range []string{"sim", "engine", "kvindex", "seed-routing"} {
+		if !strings.Contains(out, c) {
+			t.Errorf("help does not mention %q:\n%s", c, out)
+		}
+	}
+	if _, errOut, code := runCmd(t, "nope"); code != 2 || !strings.Contains(errOut, "unknown command") {
+		t.Errorf("unknown command: exit %d, %q", code, errOut)
+	}
+}
+
+// TestSimJSONShape runs a small chat simulation and checks the JSON the
+// issue specifies: one run per (rate, policy, early_reject) with exactly
+// these fields.
+func TestSimJSONShape(t *testing.T) {
+	out, errOut, code := runCmd(t, "sim", "--rates", "20,30", "--duration", "10", "--policies", "predicted-ttft,kvgate", "--format", "json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		Runs []map[string]any `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("%v in %s", err, out)
+	}
+	if len(doc.Runs) != 2*2*2 {
+		t.Fatalf("%d runs, want 8", len(doc.Runs))
+	}
+	for _, r := range doc.Runs {
+		for _, k := range []string{"policy", "early_reject", "rate", "requests", "hit_rate", "ttft_p50", "ttft_p99", "attainment", "rejected", "goodput"} {
+			if _, ok := r[k]; !ok {
+				t.Errorf("run %v lacks %q", r, k)
+			}
+		}
+		if _, ok := r["tpot_p50"]; ok {
+			t.Errorf("tpot fields appear only when decode is modelled: %v", r)
+		}
+	}
+	if doc.Runs[0]["rate"].(float64) != 20 || doc.Runs[len(doc.Runs)-1]["rate"].(float64) != 30 {
+		t.Errorf("rates out of order: %v", doc.Runs)
+	}
+}
+
+func TestSimTableAndSeeds(t *testing.T) {
+	out, errOut, code := runCmd(t, "sim", "--rates", "20", "--duration", "5", "--policies", "kvgate", "--early-reject", "on", "--seeds", "2")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "seed") || !strings.Contains(lines[1], "kvgate") {
+		t.Fatalf("want a header and one row per seed:\n%s", out)
+	}
+}
+
+func TestSimDecodeAndWorkloads(t *testing.T) {
+	for _, args := range [][]string{
+		{"--workload", "long-documents", "--rates", "2"},
+		{"--workload", "agents", "--rates", "5"},
+		{"--decode-instances", "2", "--slo-tpot", "0.05", "--rates", "10"},
+	} {
+		a := append([]string{"sim", "--duration", "5", "--policies", "kvgate", "--early-reject", "off", "--format", "json"}, args...)
+		out, errOut, code := runCmd(t, a...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errOut)
+		}
+		if !strings.Contains(out, `"attainment"`) {
+			t.Errorf("%v: no runs in %s", args, out)
+		}
+	}
+}
+
+func TestSimBadInput(t *testing.T) {
+	tests := []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--scenario", "nope"}, "unknown scenario"},
+		{[]string{"--policies", "fastest"}, "unknown policy"},
+		{[]string{"--rates", "ten"}, "bad rate"},
+		{[]string{"--rates", "-5"}, "bad rate"},
+		{[]string{"--early-reject", "maybe"}, "--early-reject"},
+		{[]string{"--format", "xml"}, "unknown format"},
+		{[]string{"--workload", "video"}, "unknown workload"},
+		{[]string{"--instances", "0"}, "prefill instance"},
+		{[]string{"--trace", "/nonexistent/trace.jsonl"}, "no such file"},
+		{[]string{"--seeds", "0"}, "--seeds"},
+		{[]string{"extra"}, "unexpected arguments"},
+	}
+	for _, tt := range tests {
+		_, errOut, code := runCmd(t, append([]string{"sim", "--duration", "2"}, tt.args...)...)
+		if code == 0 || !strings.Contains(errOut, tt.msg) {
+			t.Errorf("%v: exit %d, stderr %q; want an error mentioning %q", tt.args, code, errOut, tt.msg)
+		}
+	}
+}
+
+func TestSimCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errb bytes.Buffer
+	if err := runSim(ctx, []string{"--rates", "10", "--duration", "5"}, &out, &errb); err == nil {
+		t.Error("a cancelled simulation must return an error")
+	}
+}
