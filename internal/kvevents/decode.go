@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -369,18 +370,32 @@ func decodeHashes(r *reader, e *Event) error {
 	if err != nil {
 		return err
 	}
-	hs := e.BlockHashes[:0]
+	hs := e.BlockHashes
 	if cap(hs) < n {
-		hs = make([]uint64, 0, n)
+		hs = make([]uint64, n)
 	}
-	for j := 0; j < n; j++ {
+	hs = hs[:n]
+	e.BlockHashes = hs
+	for j := range hs {
+		// Fast paths: bin 8 with ≥ 8 bytes (vLLM's 32-byte hashes) and
+		// uint64 (older vLLM's integer hashes).
+		if b := r.b[r.i:]; len(b) >= 10 {
+			if c, l := b[0], int(b[1]); c == 0xc4 && l >= 8 && l+2 <= len(b) {
+				hs[j] = binary.BigEndian.Uint64(b[l-6 : l+2])
+				r.i += l + 2
+				continue
+			} else if c == 0xcf {
+				hs[j] = binary.BigEndian.Uint64(b[1:9])
+				r.i += 9
+				continue
+			}
+		}
 		h, err := r.hash()
 		if err != nil {
 			return err
 		}
-		hs = append(hs, h)
+		hs[j] = h
 	}
-	e.BlockHashes = hs
 	return nil
 }
 
@@ -389,31 +404,38 @@ func decodeTokens(r *reader, e *Event) error {
 	if err != nil {
 		return err
 	}
-	ts := e.TokenIDs[:0]
+	ts := e.TokenIDs
 	if cap(ts) < n {
-		ts = make([]uint32, 0, n)
+		ts = make([]uint32, n)
 	}
+	ts = ts[:n]
+	e.TokenIDs = ts
 	b := r.b
-	for j := 0; j < n; j++ {
-		// Fast path: positive fixint and uint8/uint16/uint32.
-		if r.i < len(b) {
-			c := b[r.i]
-			if c <= 0x7f {
-				ts = append(ts, uint32(c))
-				r.i++
+	i := r.i
+	for j := range ts {
+		// Fast path: positive fixint and uint8/16/32 with 5 bytes left.
+		if i+5 <= len(b) {
+			w := b[i : i+5 : i+5]
+			switch c := w[0]; {
+			case c <= 0x7f:
+				ts[j] = uint32(c)
+				i++
 				continue
-			}
-			if c == 0xcd && r.i+3 <= len(b) {
-				ts = append(ts, uint32(b[r.i+1])<<8|uint32(b[r.i+2]))
-				r.i += 3
+			case c == 0xcd:
+				ts[j] = uint32(binary.BigEndian.Uint16(w[1:3]))
+				i += 3
 				continue
-			}
-			if c == 0xce && r.i+5 <= len(b) {
-				ts = append(ts, uint32(b[r.i+1])<<24|uint32(b[r.i+2])<<16|uint32(b[r.i+3])<<8|uint32(b[r.i+4]))
-				r.i += 5
+			case c == 0xce:
+				ts[j] = binary.BigEndian.Uint32(w[1:5])
+				i += 5
+				continue
+			case c == 0xcc:
+				ts[j] = uint32(w[1])
+				i += 2
 				continue
 			}
 		}
+		r.i = i
 		v, neg, err := r.intRaw()
 		if err != nil {
 			return err
@@ -421,8 +443,9 @@ func decodeTokens(r *reader, e *Event) error {
 		if neg || v > 0xffffffff {
 			return fmt.Errorf("token id %d out of range", int64(v))
 		}
-		ts = append(ts, uint32(v))
+		ts[j] = uint32(v)
+		i = r.i
 	}
-	e.TokenIDs = ts
+	r.i = i
 	return nil
 }

@@ -14,6 +14,12 @@ type Sink interface {
 	SetGroup(model string, group int, kind kvindex.GroupKind, window int)
 }
 
+// prefetcher is implemented by sinks that can warm the cache for keys
+// about to be stored (*kvindex.Index does).
+type prefetcher interface {
+	Prefetch(ep kvindex.EndpointID, group int, t kvindex.Tier, keys []tokens.BlockKey)
+}
+
 // mapper translates one engine's block hashes to router block keys. It is
 // the engine→router key map: for every engine block it remembers the router
 // state at the block's end, computed from the BlockStored token ids and the
@@ -43,7 +49,9 @@ type mapper struct {
 	nodes    *nodeTable
 	maxNodes int
 	sink     Sink
-	groups   uint32 // groups whose kind was reported to the sink
+	pf       prefetcher // sink's, or nil
+	noFast   bool       // tests: never take storedEqual
+	groups   uint32     // groups whose kind was reported to the sink
 	keys     []tokens.BlockKey
 	buf      []uint32
 	st       *EngineStats
@@ -65,9 +73,10 @@ type nodeExt struct {
 }
 
 func newMapper(ep kvindex.EndpointID, model string, routerBS, maxNodes int, sink Sink, st *EngineStats) *mapper {
+	pf, _ := sink.(prefetcher)
 	return &mapper{
 		ep: ep, model: model, routerBS: routerBS, hasher: tokens.NewHasher(routerBS),
-		nodes: newNodeTable(), maxNodes: maxNodes, sink: sink, st: st,
+		nodes: newNodeTable(), maxNodes: maxNodes, sink: sink, pf: pf, st: st,
 	}
 }
 
@@ -113,6 +122,14 @@ func (m *mapper) stored(e *Event) {
 		m.groups |= 1 << uint(e.Group)
 		m.sink.SetGroup(m.model, e.Group, e.GroupKind, e.Window)
 	}
+	if m.nodes.len()+n > m.maxNodes {
+		m.shrink()
+	}
+	m.nodes.reserve(n)
+	if e.HasParent {
+		m.nodes.prefetch1(e.Parent)
+	}
+	m.nodes.prefetch(e.BlockHashes)
 	last := tokens.RootKey
 	var tail []uint32
 	parent, hasParent := e.Parent, e.HasParent
@@ -129,14 +146,26 @@ func (m *mapper) stored(e *Event) {
 			tail = x.tail
 		}
 	}
-	if m.nodes.len()+n > m.maxNodes {
-		m.shrink()
-	}
 	extra := tokens.LoRAExtra(e.LoRAName)
 	bit := heldBit(e.Group, e.Medium)
 	keys := m.keys[:0]
 	rbs := m.routerBS
-	for j, h := range e.BlockHashes {
+	start := 0
+	if ebs == rbs && len(tail) == 0 && !m.noFast {
+		keys, start = m.storedEqual(e, last, extra, bit)
+		if start < n {
+			// A known block that does not continue our chain: finish
+			// with the general loop from there.
+			nd, _ := m.nodes.get(e.BlockHashes[start-1])
+			last, tail = nd.last, nil
+			if x := m.nodes.extOf(nd); x != nil {
+				tail = x.tail
+			}
+			parent, hasParent = e.BlockHashes[start-1], true
+		}
+	}
+	for j := start; j < n; j++ {
+		h := e.BlockHashes[j]
 		blk := e.TokenIDs[j*ebs : (j+1)*ebs]
 		nd, fresh := m.nodes.upsert(h)
 		if !fresh {
@@ -188,6 +217,41 @@ func (m *mapper) stored(e *Event) {
 	m.keys = keys
 	m.st.storedBlocks.Add(int64(n))
 	m.sink.Store(m.ep, e.Group, e.Medium, keys)
+}
+
+// storedEqual is stored's fast path for engine block size = router block
+// size and a parent without a partial router block (always so when the
+// sizes are equal): one router key per block. It computes every block's
+// key first, assuming the blocks are new (the common case), and asks the
+// sink to prefetch their index slots, then fills the nodes, whose slots
+// stored prefetched; the cache misses of both tables thus overlap the
+// hashing instead of following each other. A block already known is kept
+// as it is (its keys are the same when the chain is); if its keys are not
+// the ones computed (an engine hash reused under another parent, or a
+// block stored earlier with a partial tail), it returns the keys of the
+// blocks before it and its index + 1, and stored goes on from there.
+func (m *mapper) storedEqual(e *Event, last tokens.BlockKey, extra []byte, bit uint64) ([]tokens.BlockKey, int) {
+	ebs := e.BlockSize
+	keys := m.keys[:0]
+	for j := range e.BlockHashes {
+		last = m.hasher.Key(last, e.TokenIDs[j*ebs:(j+1)*ebs], extra)
+		keys = append(keys, last)
+	}
+	if m.pf != nil {
+		m.pf.Prefetch(m.ep, e.Group, e.Medium, keys)
+	}
+	for j, h := range e.BlockHashes {
+		nd, fresh := m.nodes.upsert(h)
+		if fresh {
+			nd.held, nd.last, nd.owned = bit, keys[j], keys[j]
+			continue
+		}
+		nd.held |= bit
+		if nd.ext != 0 || nd.last != keys[j] || nd.owned != keys[j] {
+			return m.appendOwned(keys[:j], nd), j + 1
+		}
+	}
+	return keys, len(e.BlockHashes)
 }
 
 // spill records router key k in every ancestor whose tail contributed to

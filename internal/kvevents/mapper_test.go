@@ -1,6 +1,8 @@
 package kvevents
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/kvindex"
@@ -158,5 +160,73 @@ func TestMapperBounded(t *testing.T) {
 	}
 	if f.m.nodes.len() > 100 || f.st.mapEvicted.Load() == 0 {
 		t.Errorf("map not bounded: %d nodes, %d evicted", f.m.nodes.len(), f.st.mapEvicted.Load())
+	}
+}
+
+// recordSink records every call as text.
+type recordSink struct{ calls []string }
+
+func (r *recordSink) Store(ep kvindex.EndpointID, g int, t kvindex.Tier, keys []tokens.BlockKey) {
+	r.calls = append(r.calls, fmt.Sprint("store", g, t, keys))
+}
+func (r *recordSink) Remove(ep kvindex.EndpointID, g int, t kvindex.Tier, keys []tokens.BlockKey) {
+	r.calls = append(r.calls, fmt.Sprint("remove", g, t, keys))
+}
+func (r *recordSink) ClearEndpoint(ep kvindex.EndpointID) { r.calls = append(r.calls, "clear") }
+func (r *recordSink) SetGroup(model string, g int, k kvindex.GroupKind, w int) {
+	r.calls = append(r.calls, fmt.Sprint("group", g, k, w))
+}
+
+// TestStoredEqualMatchesGeneralPath drives two mappers, one with the
+// equal-size fast path and one without, through random stores (chains,
+// duplicates, engine hashes reused under other parents, other tiers,
+// unequal engine block sizes mixed in), removals and clears, and requires
+// the same calls to the sink.
+func TestStoredEqualMatchesGeneralPath(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	fast, slow := &recordSink{}, &recordSink{}
+	mf := newMapper(0, "m", 16, 1<<20, fast, &EngineStats{})
+	ms := newMapper(0, "m", 16, 1<<20, slow, &EngineStats{})
+	ms.noFast = true
+	var known []uint64
+	for op := 0; op < 3000; op++ {
+		var e Event
+		switch x := r.IntN(20); {
+		case x < 14:
+			n := 1 + r.IntN(6)
+			ebs := 16
+			if x == 13 {
+				ebs = []int{8, 24, 32}[r.IntN(3)]
+			}
+			e = Event{Kind: KindBlockStored, BlockSize: ebs, Medium: kvindex.Tier(1 + r.IntN(3))}
+			if len(known) > 0 && r.IntN(4) != 0 {
+				e.Parent, e.HasParent = known[r.IntN(len(known))], true
+			}
+			for i := 0; i < n; i++ {
+				h := uint64(r.IntN(400))
+				if len(known) > 0 && r.IntN(5) == 0 {
+					h = known[r.IntN(len(known))] // reused hash
+				}
+				e.BlockHashes = append(e.BlockHashes, h)
+				known = append(known, h)
+			}
+			e.TokenIDs = seqTokens(n*ebs, uint32(r.IntN(50)))
+		case x < 19 && len(known) > 0:
+			e = removedEvent(known[r.IntN(len(known))], known[r.IntN(len(known))])
+			e.Medium = kvindex.Tier(1 + r.IntN(3))
+		default:
+			e = Event{Kind: KindAllBlocksCleared}
+			known = known[:0]
+		}
+		mf.apply(&Batch{Events: []Event{e}})
+		ms.apply(&Batch{Events: []Event{e}})
+	}
+	if len(fast.calls) != len(slow.calls) {
+		t.Fatalf("%d calls with the fast path, %d without", len(fast.calls), len(slow.calls))
+	}
+	for i := range fast.calls {
+		if fast.calls[i] != slow.calls[i] {
+			t.Fatalf("call %d: fast %s, general %s", i, fast.calls[i], slow.calls[i])
+		}
 	}
 }

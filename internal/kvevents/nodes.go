@@ -1,6 +1,11 @@
 package kvevents
 
-import "math/bits"
+import (
+	"math/bits"
+	"unsafe"
+
+	"github.com/kvgate/kvgate/internal/kvindex/prefetch"
+)
 
 // nodeTable is the engine→router map: an open-addressing hash table
 // (linear probing, backward-shift deletion) from engine block hash to node,
@@ -63,6 +68,14 @@ func (t *nodeTable) slot(h uint64) (int, bool) {
 
 func (t *nodeTable) len() int { return t.n }
 
+// prefetch asks for the home slot of every hash in hs, so that the cache
+// misses of a batch overlap each other and the work done before the probes.
+func (t *nodeTable) prefetch(hs []uint64) {
+	for _, h := range hs {
+		t.prefetch1(h)
+	}
+}
+
 // get returns the node of engine hash h.
 func (t *nodeTable) get(h uint64) (*node, bool) {
 	i, ok := t.slot(nodeHash(h))
@@ -85,6 +98,17 @@ func (t *nodeTable) upsert(h uint64) (nd *node, fresh bool) {
 		t.n++
 	}
 	return &t.slots[i].node, !ok
+}
+
+func (t *nodeTable) prefetch1(h uint64) {
+	prefetch.Line(unsafe.Pointer(&t.slots[t.home(nodeHash(h))]))
+}
+
+// reserve grows the table so that n more entries fit without growing.
+func (t *nodeTable) reserve(n int) {
+	for (t.n+n)*4 > len(t.slots)*3 {
+		t.grow()
+	}
 }
 
 func (t *nodeTable) grow() {

@@ -361,14 +361,25 @@ func (x *Index) Store(ep EndpointID, g int, t Tier, keys []tokens.BlockKey) {
 		return
 	}
 	bit := uint64(1) << (e.slot % 64)
-	tb := pg.tier[t]
-	var added int64
-	for _, k := range keys {
-		if tb.setBit(norm(k), bit) {
-			added++
-		}
+	e.blocks[t].Add(pg.tier[t].setBits(keys, bit))
+}
+
+// Prefetch asks the CPU for the slots that Store(ep, g, t, keys) will
+// touch, without changing anything. A writer that computes keys before
+// storing them (the KV-event mapper) calls it early so that the cache
+// misses overlap with its other work.
+func (x *Index) Prefetch(ep EndpointID, g int, t Tier, keys []tokens.BlockKey) {
+	e := x.endpoint(ep)
+	if e == nil || t < TierGPU || t > TierStorage {
+		return
 	}
-	e.blocks[t].Add(added)
+	v := e.model.view.Load()
+	if g < 0 || g >= len(v.groups) {
+		return
+	}
+	if p := e.slot / 64; p < len(v.groups[g].pages) {
+		v.groups[g].pages[p].tier[t].prefetch(keys)
+	}
 }
 
 // Remove records that ep no longer holds keys in group g on tier t. It

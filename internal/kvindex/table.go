@@ -4,6 +4,9 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"unsafe"
+
+	"github.com/kvgate/kvgate/internal/kvindex/prefetch"
 )
 
 // Reserved key values inside a table. Block keys 0 and 1 are remapped by
@@ -181,21 +184,21 @@ func (t *table) find(a *slots, k uint64) (idx int, found bool) {
 }
 
 // insertSlot makes room for one new key in s and returns the word index at
-// which to write it. Caller holds s.mu and has checked k is absent.
-func (t *table) insertSlot(s *shard, k uint64, g uint64) int {
+// which to write it; i is where find said it would go. Caller holds s.mu, has checked k is absent, and adds
+// the key to t.n.
+func (t *table) insertSlot(s *shard, k, g uint64, i int) int {
 	if s.live >= t.maxLive {
-		t.evict(s, g)
+		t.evict(s, g) // only turns entries into tombstones: i stays valid
 	}
 	a := s.arr.Load()
 	if (s.used+1)*4 > a.capacity()*3 {
 		a = t.rehash(s, g)
+		i, _ = t.find(a, k)
 	}
-	i, _ := t.find(a, k)
 	if a.w[i].Load() == emptyKey {
 		s.used++
 	}
 	s.live++
-	t.n.Add(1)
 	return i
 }
 
@@ -203,24 +206,97 @@ func (t *table) insertSlot(s *shard, k uint64, g uint64) int {
 func (t *table) setBit(k, bit uint64) bool {
 	s := t.shardOf(k)
 	s.mu.Lock()
+	added, inserted := t.setBitLocked(s, k, bit)
+	s.mu.Unlock()
+	if inserted {
+		t.n.Add(1)
+	}
+	return added
+}
+
+// prefetchChunk is how many keys setBits loads ahead of writing them.
+const prefetchChunk = 32
+
+// prefetch asks for the home slots of keys.
+func (t *table) prefetch(keys []uint64) {
+	for _, k := range keys {
+		k = norm(k)
+		a := t.shardOf(k).arr.Load()
+		prefetch.Line(unsafe.Pointer(&a.w[(k&a.mask)*uint64(t.stride)]))
+	}
+}
+
+// setBits sets bit in the precise entries of keys and returns how many
+// bits were new. Per chunk of keys it first prefetches every key's home
+// slot, so that the cache misses of the chunk overlap
+// instead of being serialised by the mutexes and atomic stores (full
+// fences on amd64) that follow; it then sorts the chunk by shard and takes
+// each shard's mutex once for all its keys. The key count is published
+// once at the end.
+func (t *table) setBits(keys []uint64, bit uint64) int64 {
+	var added, inserted int64
+	var ks [prefetchChunk]uint64
+	var sh [prefetchChunk]uint32
+	for len(keys) > 0 {
+		n := min(len(keys), prefetchChunk)
+		for i, k := range keys[:n] {
+			k = norm(k)
+			si := t.shardIndex(k)
+			a := t.shards[si].arr.Load()
+			prefetch.Line(unsafe.Pointer(&a.w[(k&a.mask)*preciseStride]))
+			j := i
+			for ; j > 0 && sh[j-1] > si; j-- {
+				ks[j], sh[j] = ks[j-1], sh[j-1]
+			}
+			ks[j], sh[j] = k, si
+		}
+		keys = keys[n:]
+		for i := 0; i < n; {
+			si := sh[i]
+			s := &t.shards[si]
+			s.mu.Lock()
+			for ; i < n && sh[i] == si; i++ {
+				a, ins := t.setBitLocked(s, ks[i], bit)
+				if a {
+					added++
+				}
+				if ins {
+					inserted++
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+	t.n.Add(inserted)
+	return added
+}
+
+func (t *table) shardIndex(k uint64) uint32 {
+	if t.shift >= 64 {
+		return 0
+	}
+	return uint32(k >> t.shift)
+}
+
+// setBitLocked sets bit in k's precise entry in s; it reports whether the
+// bit was new and whether the key was inserted (the caller adds inserted
+// keys to t.n). Caller holds s.mu.
+func (t *table) setBitLocked(s *shard, k, bit uint64) (added, inserted bool) {
 	a := s.arr.Load()
 	i, found := t.find(a, k)
 	if found {
 		old := a.w[i+1].Load()
 		if old&bit != 0 {
-			s.mu.Unlock()
-			return false
+			return false, false
 		}
 		a.w[i+1].Store(old | bit)
-		s.mu.Unlock()
-		return true
+		return true, false
 	}
-	i = t.insertSlot(s, k, 0)
+	i = t.insertSlot(s, k, 0, i)
 	a = s.arr.Load()
 	a.w[i+1].Store(bit)
 	a.w[i].Store(k)
-	s.mu.Unlock()
-	return true
+	return true, true
 }
 
 // clearBit clears bit in k's precise entry; it reports whether it was set.
@@ -273,13 +349,14 @@ func (t *table) setApprox(k, bit, g uint64) {
 		s.mu.Unlock()
 		return
 	}
-	i = t.insertSlot(s, k, g)
+	i = t.insertSlot(s, k, g, i)
 	a = s.arr.Load()
 	a.w[i+1].Store(g)
 	a.w[i+2].Store(bit)
 	a.w[i+3].Store(0)
 	a.w[i].Store(k)
 	s.mu.Unlock()
+	t.n.Add(1)
 }
 
 // clearApprox clears bit from k's approximate entry.
