@@ -198,3 +198,36 @@ func TestNamesComplete(t *testing.T) {
 		t.Error("kvgate's own policy should come last")
 	}
 }
+
+type fakeForecast struct{ free, calls int }
+
+func (f *fakeForecast) ForecastDecode(e int, at float64, req *Request) (int, float64) {
+	f.calls++
+	return f.free, 0.02
+}
+
+// TestDecodeForecast: decode room is judged when the prefill ends.
+func TestDecodeForecast(t *testing.T) {
+	r := req(6400)
+	r.OutputTokens = 500
+	r.SLO.TPOT = 0.05
+	full := func() *Snapshot {
+		return fleet(Endpoint{Role: RolePrefill, QueueWait: 1}, Endpoint{Role: RoleDecode, KVFreeTokens: 10, DecodeTPOT: 0.02})
+	}
+	sc := Scheduler{Policy: mustNew(t, "least-queue", Options{}), EarlyReject: true}
+	if d := sc.Decide(r, full()); d.Admit {
+		t.Fatalf("a full decode endpoint must reject without a forecast: %+v", d)
+	}
+	s := full()
+	f := &fakeForecast{free: 100000}
+	s.Forecast = f
+	if d := sc.Decide(r, s); !d.Admit || d.Decode != 1 || f.calls != 1 {
+		t.Fatalf("room at the end of the prefill admits: %+v (calls %d)", d, f.calls)
+	}
+	s = full()
+	s.Endpoints[1].KVFreeTokens = 100000
+	s.Forecast = &fakeForecast{free: 0}
+	if d := sc.Decide(r, s); d.Admit {
+		t.Fatalf("no room at the end of the prefill rejects: %+v", d)
+	}
+}

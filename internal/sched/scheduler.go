@@ -15,7 +15,9 @@ type Scheduler struct {
 }
 
 // Decide routes one request. Decisions with Admit false carry a reason; the
-// indices may still be set to show where the request would have gone.
+// indices may still be set to show where the request would have gone. With
+// a Snapshot.Forecast, Decide overwrites the decode endpoints' KVFreeTokens
+// and DecodeTPOT with their forecasts for the end of the prefill.
 func (sc *Scheduler) Decide(req *Request, s *Snapshot) Decision {
 	p := sc.Policy.Pick(req, s)
 	if p < 0 || p >= len(s.Endpoints) || !s.Endpoints[p].Role.CanPrefill() {
@@ -30,6 +32,16 @@ func (sc *Scheduler) Decide(req *Request, s *Snapshot) Decision {
 		CachedTokens:  pe.CachedTokens,
 	}
 	if pe.Role == RolePrefill {
+		if s.Forecast != nil {
+			// Mooncake's Conductor judges decode when the prefill ends:
+			// refresh the decode endpoints' room and TPOT for that time.
+			at := s.Now + d.PredictedTTFT
+			for i := range s.Endpoints {
+				if e := &s.Endpoints[i]; e.Role == RoleDecode {
+					e.KVFreeTokens, e.DecodeTPOT = s.Forecast.ForecastDecode(i, at, req)
+				}
+			}
+		}
 		d.Decode = PickDecode(req, s)
 		if d.Decode < 0 {
 			d.Admit, d.Reason = false, "no decode endpoint"

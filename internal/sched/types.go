@@ -121,6 +121,17 @@ type Snapshot struct {
 	Now       float64
 	BlockSize int
 	Endpoints []Endpoint
+	// Forecast, when set, predicts decode endpoints' state at a future
+	// time; the scheduler uses it to judge decode room and TPOT when the
+	// request's prefill will finish rather than now.
+	Forecast DecodeForecaster
+}
+
+// DecodeForecaster predicts a decode endpoint's state at a future clock
+// time: the KV tokens free then and the TPOT the request would see if it
+// joined then.
+type DecodeForecaster interface {
+	ForecastDecode(endpoint int, at float64, req *Request) (kvFreeTokens int, tpot float64)
 }
 
 // Uncached is the number of prompt tokens endpoint e would compute.

@@ -171,3 +171,33 @@ func (p *decodePool) drain() {
 		p.advance(p.ev[0].at)
 	}
 }
+
+// forecast predicts instance i's free KV tokens at time at (now <= at) and
+// the TPOT a stream joining then would see: streams whose remaining tokens
+// fit in the steps until then (at the current step time) will have
+// finished, queued streams will have joined if they fit.
+func (p *decodePool) forecast(i int, now, at float64, prompt int) (kvFree int, tpot float64) {
+	d := &p.inst[i]
+	batch, ctx, used := d.batch+len(d.pending), d.ctx+d.pendingCtx, d.kvUsed
+	if batch > 0 && at > now {
+		steps := int64((at - now) / p.model.DecodeStepTime(batch, ctx))
+		for _, s := range d.streams {
+			if s.finishStep-d.step < steps {
+				batch--
+				// Its context now: prompt + tokens made so far.
+				ctx -= p.prompt[s.req] + p.out[s.req] - int(s.finishStep-d.step+1)
+				used -= p.need(s.req)
+			}
+		}
+		ctx += batch * int(steps)
+	}
+	for _, r := range d.waiting {
+		if used+p.need(r) > d.kvCap {
+			break
+		}
+		used += p.need(r)
+		batch++
+		ctx += p.prompt[r]
+	}
+	return d.kvCap - used, p.model.DecodeStepTime(batch+1, max(ctx, 0)+prompt)
+}

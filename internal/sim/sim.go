@@ -152,6 +152,11 @@ func Run(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (Result, error) {
 			snap.Endpoints[i].Role = sched.RoleDecode
 		}
 	}
+	var fc *decodeForecast
+	if dec != nil {
+		fc = &decodeForecast{pool: dec, first: n}
+		snap.Forecast = fc
+	}
 	matched := make([]int, n)
 	prefillDone := make([]float64, len(tr.Requests))
 	admitted := make([]bool, len(tr.Requests))
@@ -168,6 +173,9 @@ func Run(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (Result, error) {
 		req := sched.Request{Arrival: t, PromptTokens: r.PromptTokens, PromptBlocks: len(r.Keys),
 			OutputTokens: r.OutputTokens, SLO: cfg.SLO}
 		snap.Now = t
+		if fc != nil {
+			fc.now = t
+		}
 		for i := range pre {
 			p := &pre[i]
 			p.drain(t)
@@ -232,6 +240,18 @@ func Run(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (Result, error) {
 		dec.drain()
 	}
 	return summarise(cfg, tr, sc, admitted, prefillDone, dec, hitTok, totTok, rejected), nil
+}
+
+// decodeForecast lets the scheduler ask the decode pool about the end of a
+// request's prefill (sched.DecodeForecaster).
+type decodeForecast struct {
+	pool  *decodePool
+	first int // index of the first decode endpoint in the snapshot
+	now   float64
+}
+
+func (f *decodeForecast) ForecastDecode(e int, at float64, req *sched.Request) (int, float64) {
+	return f.pool.forecast(e-f.first, f.now, at, req.PromptTokens)
 }
 
 func summarise(cfg Config, tr *workload.Trace, sc *sched.Scheduler, admitted []bool, prefillDone []float64,

@@ -264,3 +264,27 @@ func TestKVGateLeads(t *testing.T) {
 		}
 	}
 }
+
+func TestDecodeForecastFreesFinishingStreams(t *testing.T) {
+	m := perfmodel.Default()
+	p := newDecodePool(1, 10000, m, 2)
+	p.join(0, 0, 0, 4000, 3) // needs 4003 tokens, finishes after 3 steps
+	p.advance(0)             // joins and starts its first step
+	step := m.DecodeStepTime(1, 4000)
+	if free, _ := p.forecast(0, 0, 0.5*step, 100); free != 10000-4003 {
+		t.Fatalf("half a step ahead nothing finishes: free %d", free)
+	}
+	free, tpot := p.forecast(0, 0, 3.5*step, 100)
+	if free != 10000 {
+		t.Fatalf("after 3 steps the stream is done: free %d", free)
+	}
+	if want := m.DecodeStepTime(1, 100); math.Abs(tpot-want) > 1e-12 {
+		t.Fatalf("alone again: tpot %v want %v", tpot, want)
+	}
+	// A stream waiting for room joins in the forecast once room frees.
+	p.join(0, 0, 1, 7000, 10)
+	p.advance(0)
+	if free, _ := p.forecast(0, 0, 3.5*step, 100); free != 10000-7010 {
+		t.Fatalf("the waiting stream takes the freed room: free %d", free)
+	}
+}
