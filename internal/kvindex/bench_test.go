@@ -104,6 +104,63 @@ func BenchmarkLookup(b *testing.B) {
 	}
 }
 
+// addMixed adds to benchFleet's index what a running gateway has besides
+// GPU entries. Approximate entries: every 4th endpoint was routed the
+// prompt up to 300 blocks past what it holds, and 5 000 unrelated blocks.
+// With tiers, CPU and storage entries too: endpoints e%4 == 1 hold the 200
+// blocks after their GPU prefix on CPU and e%4 == 2 the 200 after it on
+// storage, each with 20 000 unrelated blocks on that tier.
+func addMixed(x *Index, prompt []tokens.BlockKey, tiers bool) {
+	for e := 0; e < benchEndpoints; e++ {
+		id := EndpointID(e)
+		held := benchPrompt * (e + 1) / benchEndpoints
+		if e%16 == 15 {
+			held = benchPrompt
+		}
+		switch {
+		case e%4 == 0:
+			x.Routed(id, prompt[:min(benchPrompt, held+300)])
+			x.Routed(id, chain(5000, uint32(1000+e)))
+		case tiers && e%4 == 1:
+			x.Store(id, 0, TierCPU, prompt[held:min(benchPrompt, held+200)])
+			x.Store(id, 0, TierCPU, chain(benchOther, uint32(2000+e)))
+		case tiers && e%4 == 2:
+			x.Store(id, 0, TierStorage, prompt[held:min(benchPrompt, held+200)])
+			x.Store(id, 0, TierStorage, chain(benchOther, uint32(3000+e)))
+		}
+	}
+	runtime.GC()
+}
+
+// BenchmarkLookupMixed is BenchmarkLookup once approximate entries exist
+// (gpu+approx, the common case of a gateway routing with events) and once
+// CPU and storage entries exist as well (all).
+func BenchmarkLookupMixed(b *testing.B) {
+	for _, tiers := range []bool{false, true} {
+		name := "gpu+approx"
+		if tiers {
+			name = "gpu+cpu+storage+approx"
+		}
+		b.Run(name, func(b *testing.B) {
+			x, _, prompt := benchFleet(b, false)
+			addMixed(x, prompt, tiers)
+			var ms []Match
+			ms = x.Lookup("m", prompt, ms)
+			if ms[0].Blocks != benchPrompt/64+300 || !ms[0].Approx || ms[63].Blocks != benchPrompt {
+				b.Fatalf("bad fleet: %+v %+v", ms[0], ms[63])
+			}
+			if tiers && (ms[1].Tier != TierCPU || ms[2].Tier != TierStorage || ms[1].GPUBlocks != 2*benchPrompt/64) {
+				b.Fatalf("bad fleet: %+v %+v", ms[1], ms[2])
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				ms = x.Lookup("m", prompt, ms)
+			}
+		})
+	}
+}
+
 func BenchmarkLookupNaive(b *testing.B) {
 	_, n, prompt := benchFleet(b, true)
 	if got := n.lookup(prompt); got["10.0.0.63:8000"] != benchPrompt {

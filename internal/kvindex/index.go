@@ -553,20 +553,14 @@ func (x *Index) walkPage(v *view, p int, keys []tokens.BlockKey, g uint64, out [
 	alive, gpuAlive := all, all
 	var needCPU, needSto, usedApprox uint64
 	start := 0
-	if r0.cpu == nil && r0.sto == nil && r0.approx == nil && len(fa) == 0 {
-		// Common case: GPU entries only. GPU prefix = prefix.
-		gpu := r0.gpu
-		for i, k := range keys {
-			na := alive & gpu.get(norm(k))
-			for d := alive &^ na; d != 0; d &= d - 1 {
-				e := bits.TrailingZeros64(d)
-				blocks[e], gpuBlocks[e] = int32(i), int32(i)
-			}
-			alive = na
-			if alive == 0 {
-				break
-			}
-		}
+	switch {
+	case len(fa) == 0 && r0.cpu == nil && r0.sto == nil:
+		// GPU and maybe approximate entries (walk.go).
+		usedApprox = walkGPUApprox(r0.gpu, r0.approx, keys, g, &blocks, all)
+		gpuBlocks = blocks
+		start = len(keys)
+	case len(fa) == 0:
+		needCPU, needSto, usedApprox = walkFlat(&r0, keys, g, &blocks, &gpuBlocks, all)
 		start = len(keys)
 	}
 	for i := start; i < len(keys); i++ {

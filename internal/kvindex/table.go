@@ -50,11 +50,12 @@ func (a *slots) capacity() int { return int(a.mask) + 1 }
 // its own writer mutex and array.
 type table struct {
 	stride  int
-	shift   uint // shard = key >> shift
+	shift1  uint // shard = key>>1>>(shift1&63): key's top log2(shards) bits, without a branch for one shard
 	maxLive int  // per shard; beyond it entries are evicted
 	maxCap  int  // per shard slot capacity bound
 	n       atomic.Int64
 	evicted atomic.Int64
+	eps     atomic.Uint64     // every bit ever set in the table (lookups skip tables without theirs)
 	onEvict func(bits uint64) // precise tables: per-endpoint counters
 	shards  []shard
 }
@@ -62,10 +63,10 @@ type table struct {
 type shard struct {
 	mu   sync.Mutex
 	arr  atomic.Pointer[slots]
-	live int // live entries (under mu)
-	used int // live + tombstones (under mu)
-	hand int // eviction clock hand, in slots (under mu)
-	_    [16]byte
+	live int      // live entries (under mu)
+	used int      // live + tombstones (under mu)
+	hand int      // eviction clock hand, in slots (under mu)
+	_    [24]byte // 64 bytes: own cache line, and indexing is a shift
 }
 
 const minShardCap = 8
@@ -83,7 +84,7 @@ func newTable(stride, shards, maxLive int, onEvict func(uint64)) *table {
 	maxCap := 1 << bits.Len(uint(per*5/3))
 	t := &table{
 		stride:  stride,
-		shift:   uint(64 - bits.TrailingZeros(uint(shards))),
+		shift1:  uint(63 - bits.TrailingZeros(uint(shards))),
 		maxLive: per,
 		maxCap:  maxCap,
 		onEvict: onEvict,
@@ -100,15 +101,29 @@ func newTable(stride, shards, maxLive int, onEvict func(uint64)) *table {
 }
 
 func (t *table) shardOf(k uint64) *shard {
-	if t.shift >= 64 {
-		return &t.shards[0]
-	}
-	return &t.shards[k>>t.shift]
+	return &t.shards[t.shardIndex(k)]
 }
 
 // get returns the bits of key k (normalised), or 0. Lock-free.
-func (t *table) get(k uint64) uint64 {
-	a := t.shardOf(k).arr.Load()
+func (t *table) get(k uint64) uint64 { return probe(t.shardOf(k).arr.Load(), k) }
+
+// probe returns the bits of k in a: the home slot inline (the lookup walk
+// calls it once per key and table), longer probe sequences in getFrom.
+func probe(a *slots, k uint64) uint64 {
+	i := (k & a.mask) * preciseStride
+	w := a.w[i : i+2 : i+2]
+	if kk := w[0].Load(); kk == k {
+		if b := w[1].Load(); w[0].Load() == k {
+			return b
+		}
+		return 0
+	} else if kk == emptyKey {
+		return 0
+	}
+	return getFrom(a, k)
+}
+
+func getFrom(a *slots, k uint64) uint64 {
 	w := a.w
 	m := a.mask
 	for p := k & m; ; p = (p + 1) & m {
@@ -202,8 +217,16 @@ func (t *table) insertSlot(s *shard, k, g uint64, i int) int {
 	return i
 }
 
+// markEndpoint records bit in t.eps before any entry with it is written.
+func (t *table) markEndpoint(bit uint64) {
+	if t.eps.Load()&bit == 0 {
+		t.eps.Or(bit)
+	}
+}
+
 // setBit sets bit in k's precise entry; it reports whether the bit was new.
 func (t *table) setBit(k, bit uint64) bool {
+	t.markEndpoint(bit)
 	s := t.shardOf(k)
 	s.mu.Lock()
 	added, inserted := t.setBitLocked(s, k, bit)
@@ -216,6 +239,12 @@ func (t *table) setBit(k, bit uint64) bool {
 
 // prefetchChunk is how many keys setBits loads ahead of writing them.
 const prefetchChunk = 32
+
+// prefetchKey asks for the home slot of k (normalised).
+func (t *table) prefetchKey(k uint64) {
+	a := t.shardOf(k).arr.Load()
+	prefetch.Line(unsafe.Pointer(&a.w[(k&a.mask)*uint64(t.stride)]))
+}
 
 // prefetch asks for the home slots of keys.
 func (t *table) prefetch(keys []uint64) {
@@ -234,6 +263,7 @@ func (t *table) prefetch(keys []uint64) {
 // each shard's mutex once for all its keys. The key count is published
 // once at the end.
 func (t *table) setBits(keys []uint64, bit uint64) int64 {
+	t.markEndpoint(bit)
 	var added, inserted int64
 	var ks [prefetchChunk]uint64
 	var sh [prefetchChunk]uint32
@@ -272,10 +302,7 @@ func (t *table) setBits(keys []uint64, bit uint64) int64 {
 }
 
 func (t *table) shardIndex(k uint64) uint32 {
-	if t.shift >= 64 {
-		return 0
-	}
-	return uint32(k >> t.shift)
+	return uint32(k >> 1 >> (t.shift1 & 63))
 }
 
 // setBitLocked sets bit in k's precise entry in s; it reports whether the
@@ -328,6 +355,7 @@ func (t *table) clearBit(k, bit uint64) bool {
 
 // setApprox marks bit as routed to k at generation g.
 func (t *table) setApprox(k, bit, g uint64) {
+	t.markEndpoint(bit)
 	s := t.shardOf(k)
 	s.mu.Lock()
 	a := s.arr.Load()

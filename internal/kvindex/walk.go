@@ -1,0 +1,198 @@
+package kvindex
+
+import (
+	"math/bits"
+
+	"github.com/kvgate/kvgate/internal/tokens"
+)
+
+// The lookup walks of a page of a model without further full-attention
+// groups (every non-hybrid model): walkPage's general loop made cheap for
+// the common cases. Both check each table's home slot inline (a call per
+// probe costs as much as the probe), and probe the approximate, CPU and
+// storage tables only for keys some still-matching endpoint does not hold
+// on GPU, and only when such an endpoint has ever had an entry in that
+// table: their bits matter only for those endpoints. So a mostly-GPU fleet
+// pays about one probe per key, and approximate or offloaded entries cost
+// more probes only where they extend a prefix beyond the GPU entries.
+
+// walkGPUApprox is the walk when the page has GPU entries and at most
+// approximate ones (ap may be nil): the common case of a gateway that
+// routes (approximate entries) and hears events (GPU entries). There the
+// GPU prefix is the prefix and the tier is always GPU, so it tracks one
+// alive set and only whether approximate entries were used. Few live
+// values keep the loop in registers.
+func walkGPUApprox(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64]int32, all uint64) (usedApprox uint64) {
+	var apMask uint64
+	if ap != nil {
+		apMask = ap.eps.Load()
+	}
+	alive := all
+	for i, k := range keys {
+		k = norm(k)
+		// gpu.get(k), inlined by hand and without calls (a call makes the
+		// compiler spill the loop's values on every iteration).
+		var gb uint64
+		a := gpu.shards[k>>1>>(gpu.shift1&63)].arr.Load()
+		for p := k & a.mask; ; p = (p + 1) & a.mask {
+			w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
+			kk := w[0].Load()
+			if kk == k {
+				gb = w[1].Load()
+				if w[0].Load() != k {
+					gb = 0
+				}
+				break
+			}
+			if kk == emptyKey {
+				break
+			}
+		}
+		rem := alive &^ gb
+		if rem == 0 {
+			continue
+		}
+		if rem&apMask != 0 {
+			// ap.getApprox(k, g), likewise.
+			var ab uint64
+			a := ap.shards[k>>1>>(ap.shift1&63)].arr.Load()
+			for p := k & a.mask; ; p = (p + 1) & a.mask {
+				w := a.w[p*approxStride : p*approxStride+4 : p*approxStride+4]
+				kk := w[0].Load()
+				if kk == k {
+					gen, cur, prev := w[1].Load(), w[2].Load(), w[3].Load()
+					if w[0].Load() == k {
+						ab = approxBits(gen, cur, prev, g)
+					}
+					break
+				}
+				if kk == emptyKey {
+					break
+				}
+			}
+			gb |= ab
+			usedApprox |= rem & ab
+		}
+		na := alive & gb
+		for d := alive &^ na; d != 0; d &= d - 1 {
+			blocks[bits.TrailingZeros64(d)] = int32(i)
+		}
+		alive = na
+		if alive == 0 {
+			break
+		}
+	}
+	return usedApprox
+}
+
+// walkFlat is the walk when CPU or storage entries exist too; its probes are
+// inlined by hand in the same way. It fills
+// blocks and gpuBlocks for the endpoints of all and returns walkPage's
+// tier and approximation bits.
+func walkFlat(r *pageReader, keys []tokens.BlockKey, g uint64, blocks, gpuBlocks *[64]int32, all uint64) (needCPU, needSto, usedApprox uint64) {
+	gpu := r.gpu
+	var apMask, cpuMask, stoMask uint64
+	if r.approx != nil {
+		apMask = r.approx.eps.Load()
+	}
+	if r.cpu != nil {
+		cpuMask = r.cpu.eps.Load()
+	}
+	if r.sto != nil {
+		stoMask = r.sto.eps.Load()
+	}
+	alive, gpuAlive := all, all
+	for i, k := range keys {
+		k = norm(k)
+		var gb uint64
+		a := gpu.shards[k>>1>>(gpu.shift1&63)].arr.Load()
+		for p := k & a.mask; ; p = (p + 1) & a.mask {
+			w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
+			kk := w[0].Load()
+			if kk == k {
+				gb = w[1].Load()
+				if w[0].Load() != k {
+					gb = 0
+				}
+				break
+			}
+			if kk == emptyKey {
+				break
+			}
+		}
+		rem := alive &^ gb
+		if rem == 0 {
+			continue // every alive endpoint holds k on GPU: nothing changes
+		}
+		var ab, cb, sb uint64
+		if rem&apMask != 0 {
+			a := r.approx.shards[k>>1>>(r.approx.shift1&63)].arr.Load()
+			for p := k & a.mask; ; p = (p + 1) & a.mask {
+				w := a.w[p*approxStride : p*approxStride+4 : p*approxStride+4]
+				kk := w[0].Load()
+				if kk == k {
+					gen, cur, prev := w[1].Load(), w[2].Load(), w[3].Load()
+					if w[0].Load() == k {
+						ab = approxBits(gen, cur, prev, g)
+					}
+					break
+				}
+				if kk == emptyKey {
+					break
+				}
+			}
+		}
+		if rem&cpuMask != 0 {
+			a := r.cpu.shards[k>>1>>(r.cpu.shift1&63)].arr.Load()
+			for p := k & a.mask; ; p = (p + 1) & a.mask {
+				w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
+				kk := w[0].Load()
+				if kk == k {
+					cb = w[1].Load()
+					if w[0].Load() != k {
+						cb = 0
+					}
+					break
+				}
+				if kk == emptyKey {
+					break
+				}
+			}
+		}
+		if rem&stoMask != 0 {
+			a := r.sto.shards[k>>1>>(r.sto.shift1&63)].arr.Load()
+			for p := k & a.mask; ; p = (p + 1) & a.mask {
+				w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
+				kk := w[0].Load()
+				if kk == k {
+					sb = w[1].Load()
+					if w[0].Load() != k {
+						sb = 0
+					}
+					break
+				}
+				if kk == emptyKey {
+					break
+				}
+			}
+		}
+		fast := gb | ab
+		present := fast | cb | sb
+		na := alive & present
+		for d := alive &^ na; d != 0; d &= d - 1 {
+			blocks[bits.TrailingZeros64(d)] = int32(i)
+		}
+		ng := gpuAlive & fast
+		for d := gpuAlive &^ ng; d != 0; d &= d - 1 {
+			gpuBlocks[bits.TrailingZeros64(d)] = int32(i)
+		}
+		alive, gpuAlive = na, ng
+		if alive == 0 {
+			break
+		}
+		needCPU |= na &^ fast & cb
+		needSto |= na &^ (fast | cb) & sb
+		usedApprox |= na &^ (gb | cb | sb) & ab
+	}
+	return needCPU, needSto, usedApprox
+}
