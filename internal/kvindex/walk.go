@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"math/bits"
+	"sync/atomic"
 
 	"github.com/kvgate/kvgate/internal/tokens"
 )
@@ -27,6 +28,92 @@ func walkGPUApprox(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64
 	if ap != nil {
 		apMask = ap.eps.Load()
 	}
+	if len(gpu.shards) > maxSnap || (ap != nil && len(ap.shards) > maxSnap) {
+		return walkGPUApproxLoad(gpu, ap, keys, g, blocks, all, apMask)
+	}
+	// Snapshot every shard's array (slice and mask) once: the walk then
+	// goes from a key to its slot without loading the shard's pointer and
+	// following it. Arrays replaced by a rehash during the walk are read
+	// as they were, like a walk that started a moment earlier.
+	var gs, as [maxSnap]arrSnap
+	gsh, ash := gpu.shift1&63, uint(0)
+	for i := range gpu.shards {
+		a := gpu.shards[i].arr.Load()
+		gs[i] = arrSnap{a.w, a.mask}
+	}
+	if ap != nil {
+		ash = ap.shift1 & 63
+		for i := range ap.shards {
+			a := ap.shards[i].arr.Load()
+			as[i] = arrSnap{a.w, a.mask}
+		}
+	}
+	alive := all
+	for i, k := range keys {
+		k = norm(k)
+		var gb uint64
+		a := &gs[(k>>1>>gsh)&(maxSnap-1)]
+		for p := k & a.mask; ; p = (p + 1) & a.mask {
+			w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
+			kk := w[0].Load()
+			if kk == k {
+				gb = w[1].Load()
+				if w[0].Load() != k {
+					gb = 0
+				}
+				break
+			}
+			if kk == emptyKey {
+				break
+			}
+		}
+		rem := alive &^ gb
+		if rem == 0 {
+			continue
+		}
+		if rem&apMask != 0 {
+			var ab uint64
+			a := &as[(k>>1>>ash)&(maxSnap-1)]
+			for p := k & a.mask; ; p = (p + 1) & a.mask {
+				w := a.w[p*approxStride : p*approxStride+4 : p*approxStride+4]
+				kk := w[0].Load()
+				if kk == k {
+					gen, cur, prev := w[1].Load(), w[2].Load(), w[3].Load()
+					if w[0].Load() == k {
+						ab = approxBits(gen, cur, prev, g)
+					}
+					break
+				}
+				if kk == emptyKey {
+					break
+				}
+			}
+			gb |= ab
+			usedApprox |= rem & ab
+		}
+		na := alive & gb
+		for d := alive &^ na; d != 0; d &= d - 1 {
+			blocks[bits.TrailingZeros64(d)] = int32(i)
+		}
+		alive = na
+		if alive == 0 {
+			break
+		}
+	}
+	return usedApprox
+}
+
+// maxSnap is the most shards per table whose arrays a walk snapshots.
+const maxSnap = 64
+
+type arrSnap struct {
+	w    []atomic.Uint64
+	mask uint64
+}
+
+// walkGPUApproxLoad is walkGPUApprox for tables with more than maxSnap
+// shards: each probe loads the shard's array.
+func walkGPUApproxLoad(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64]int32, all, apMask uint64) (usedApprox uint64) {
 	alive := all
 	for i, k := range keys {
 		k = norm(k)
