@@ -34,8 +34,9 @@
 // engine stream, any number of them) take the shard's mutex; readers take
 // no lock at all: every slot word is read atomically and the key is
 // re-checked after the payload, and a rehash publishes a new array through
-// an atomic pointer. A lookup therefore costs about one probe per block and
-// per non-empty tier, never blocks and never contends with writers.
+// an atomic pointer. A lookup therefore costs about one probe per block,
+// plus one per other tier where an endpoint still matching lacks the block
+// on GPU (walk.go), never blocks and never contends with writers.
 //
 // # Memory
 //
