@@ -141,8 +141,8 @@ type group struct {
 
 // page holds the tables of 64 endpoint slots of one group.
 type page struct {
-	tier   [4]*table // by Tier; index 0 unused
-	approx *table    // group 0 only
+	prec   *table // precise entries of every tier (slot keys are tkeys)
+	approx *table // group 0 only
 }
 
 // New returns an empty Index.
@@ -236,17 +236,14 @@ func (x *Index) ensurePages(m *model, nv *view) {
 
 func (x *Index) newPage(m *model, p int, withApprox bool) *page {
 	pg := &page{}
-	for t := TierGPU; t <= TierStorage; t++ {
-		tier := t
-		pg.tier[t] = newTable(preciseStride, x.cfg.Shards, x.cfg.MaxKeys, func(b uint64) {
-			v := m.view.Load()
-			for ; b != 0; b &= b - 1 {
-				if s := p*64 + bits.TrailingZeros64(b); s < len(v.eps) {
-					v.eps[s].blocks[tier].Add(-1)
-				}
+	pg.prec = newTable(preciseStride, x.cfg.Shards, x.cfg.MaxKeys, func(tier Tier, b uint64) {
+		v := m.view.Load()
+		for ; b != 0; b &= b - 1 {
+			if s := p*64 + bits.TrailingZeros64(b); s < len(v.eps) {
+				v.eps[s].blocks[tier].Add(-1)
 			}
-		})
-	}
+		}
+	})
 	if withApprox {
 		pg.approx = newTable(approxStride, x.cfg.Shards, x.cfg.MaxKeys, nil)
 	}
@@ -362,7 +359,7 @@ func (x *Index) Store(ep EndpointID, g int, t Tier, keys []tokens.BlockKey) {
 		return
 	}
 	bit := uint64(1) << (e.slot % 64)
-	e.blocks[t].Add(pg.tier[t].setBits(keys, bit))
+	e.blocks[t].Add(pg.prec.setBits(keys, t, bit))
 }
 
 // Prefetch asks the CPU for the slots that Store(ep, g, t, keys) will
@@ -379,7 +376,7 @@ func (x *Index) Prefetch(ep EndpointID, g int, t Tier, keys []tokens.BlockKey) {
 		return
 	}
 	if p := e.slot / 64; p < len(v.groups[g].pages) {
-		v.groups[g].pages[p].tier[t].prefetch(keys)
+		v.groups[g].pages[p].prec.prefetch(keys, t)
 	}
 }
 
@@ -395,19 +392,18 @@ func (x *Index) Remove(ep EndpointID, g int, t Tier, keys []tokens.BlockKey) {
 		return
 	}
 	bit := uint64(1) << (e.slot % 64)
-	tb := pg.tier[t]
+	tb := pg.prec
 	var removed int64
 	var ap *table
 	if g0 := x.pageFor(e, 0); g0 != nil && g0.approx.n.Load() > 0 {
 		ap = g0.approx
 	}
 	for _, k := range keys {
-		k = norm(k)
-		if tb.clearBit(k, bit) {
+		if tb.clearBit(tkey(k, t), bit) {
 			removed++
 		}
 		if ap != nil {
-			ap.clearApprox(k, bit)
+			ap.clearApprox(tbase(k), bit)
 		}
 	}
 	e.blocks[t].Add(-removed)
@@ -428,9 +424,9 @@ func (x *Index) ClearEndpoint(ep EndpointID) {
 			continue
 		}
 		pg := g.pages[p]
+		n := pg.prec.clearBitAll(bit)
 		for t := TierGPU; t <= TierStorage; t++ {
-			n := pg.tier[t].clearBitAll(bit)
-			e.blocks[t].Add(-int64(n))
+			e.blocks[t].Add(-int64(n[t]))
 		}
 		if pg.approx != nil {
 			pg.approx.clearBitAll(bit)
@@ -453,7 +449,7 @@ func (x *Index) Routed(ep EndpointID, keys []tokens.BlockKey) {
 	bit := uint64(1) << (e.slot % 64)
 	g := x.gen()
 	for _, k := range keys {
-		pg.approx.setApprox(norm(k), bit, g)
+		pg.approx.setApprox(tbase(k), bit, g)
 	}
 }
 
@@ -493,34 +489,27 @@ func (x *Index) Lookup(modelName string, keys []tokens.BlockKey, dst []Match) []
 type presence struct{ gpu, cpu, sto, approx uint64 }
 
 type pageReader struct {
-	gpu, cpu, sto, approx *table // nil when empty at the start of the lookup
+	prec     *table
+	cpu, sto bool   // prec had CPU, storage entries at the start of the lookup
+	approx   *table // nil when empty at the start of the lookup
 }
 
 func readerOf(pg *page) pageReader {
-	r := pageReader{gpu: pg.tier[TierGPU]}
-	if pg.tier[TierCPU].n.Load() > 0 {
-		r.cpu = pg.tier[TierCPU]
-	}
-	if pg.tier[TierStorage].n.Load() > 0 {
-		r.sto = pg.tier[TierStorage]
-	}
+	r := pageReader{prec: pg.prec}
+	r.cpu = pg.prec.nt[TierCPU].Load() > 0
+	r.sto = pg.prec.nt[TierStorage].Load() > 0
 	if pg.approx != nil && pg.approx.n.Load() > 0 {
 		r.approx = pg.approx
 	}
 	return r
 }
 
+// read returns the bits of block key k.
 func (r *pageReader) read(k, g uint64) presence {
-	var p presence
-	p.gpu = r.gpu.get(k)
-	if r.cpu != nil {
-		p.cpu = r.cpu.get(k)
-	}
-	if r.sto != nil {
-		p.sto = r.sto.get(k)
-	}
+	tb := r.prec.getTiers(tbase(k))
+	p := presence{gpu: tb[TierGPU], cpu: tb[TierCPU], sto: tb[TierStorage]}
 	if r.approx != nil {
-		p.approx = r.approx.getApprox(k, g)
+		p.approx = r.approx.getApprox(tbase(k), g)
 	}
 	return p
 }
@@ -555,18 +544,19 @@ func (x *Index) walkPage(v *view, p int, keys []tokens.BlockKey, g uint64, out [
 	var needCPU, needSto, usedApprox uint64
 	start := 0
 	switch {
-	case len(fa) == 0 && r0.cpu == nil && r0.sto == nil:
+	case len(fa) == 0 && !r0.cpu && !r0.sto:
 		// GPU and maybe approximate entries (walk.go).
-		usedApprox = walkGPUApprox(r0.gpu, r0.approx, keys, g, &blocks, all)
+		usedApprox = walkGPUApprox(r0.prec, r0.approx, keys, g, &blocks, all)
 		gpuBlocks = blocks
 		start = len(keys)
-	case len(fa) == 0:
+	case len(fa) == 0 && len(r0.prec.shards) <= maxSnap:
+		// Every tier (walk.go); more shards than it snapshots take the
+		// general loop below.
 		needCPU, needSto, usedApprox = walkFlat(&r0, keys, g, &blocks, &gpuBlocks, all)
 		start = len(keys)
 	}
 	for i := start; i < len(keys); i++ {
 		k := keys[i]
-		k = norm(k)
 		pr := r0.read(k, g)
 		fast := pr.gpu | pr.approx
 		present := fast | pr.cpu | pr.sto
@@ -634,10 +624,10 @@ func (x *Index) cutToWindow(gr group, p int, keys []tokens.BlockKey, g uint64, b
 	}
 	have := make([]uint64, maxB)
 	for i := range have {
-		k := norm(keys[i])
+		k := keys[i]
 		have[i] = rd.read(k, g).any()
 		if r0.approx != nil {
-			have[i] |= r0.approx.getApprox(k, g)
+			have[i] |= r0.approx.getApprox(tbase(k), g)
 		}
 	}
 	for e := 0; e < cnt; e++ {
@@ -695,11 +685,9 @@ func (x *Index) Mem() MemStats {
 		v := m.view.Load()
 		for _, g := range v.groups {
 			for _, pg := range g.pages {
-				for t := TierGPU; t <= TierStorage; t++ {
-					s.Keys += pg.tier[t].n.Load()
-					s.Bytes += pg.tier[t].memBytes()
-					s.Evicted += pg.tier[t].evicted.Load()
-				}
+				s.Keys += pg.prec.n.Load()
+				s.Bytes += pg.prec.memBytes()
+				s.Evicted += pg.prec.evicted.Load()
 				if pg.approx != nil {
 					s.Approx += pg.approx.n.Load()
 					s.Bytes += pg.approx.memBytes()

@@ -9,19 +9,30 @@ import (
 	"github.com/kvgate/kvgate/internal/kvindex/prefetch"
 )
 
-// Reserved key values inside a table. Block keys 0 and 1 are remapped by
-// norm (a 2^-63 chance of aliasing, which only costs a wrong prefix guess).
+// Reserved key values inside a table; no tkey or tbase is either.
 const (
 	emptyKey = 0
 	tombKey  = 1
 )
 
-func norm(k uint64) uint64 {
-	if k < 2 {
-		return k + 2
-	}
-	return k
-}
+// Precise entries of all three tiers share one table per (model, group,
+// page): the slot key is the block key with its low three bits replaced by
+// 0b1tt, tt the tier (tkey; never emptyKey or tombKey), and a slot's home
+// is chosen from the bits above them (home), so a block's GPU, CPU and
+// storage entries start their probe at the same slot and lie in one run of
+// the linear-probing array, normally in one cache line. One probe then
+// answers every tier (walkFlat). Block keys differing only in their low
+// three bits alias (a 2^-61 chance, which only costs a wrong prefix
+// guess).
+func tkey(k uint64, t Tier) uint64 { return tbase(k) | uint64(t) }
+
+// tbase is tkey without the tier: what every tier's slot key of k starts
+// with (its low two bits are 0).
+func tbase(k uint64) uint64 { return k&^7 | 4 }
+
+// home is the first slot of key k (a tkey, or a tbase in an approximate
+// table) in an array with the given mask.
+func home(k, mask uint64) uint64 { return (k >> 3) & mask }
 
 // Slot layouts. A precise slot is [key, endpoint bits]; an approximate slot
 // is [key, generation, bits set in that generation, bits of the one before].
@@ -44,34 +55,46 @@ func newSlots(capacity, stride int) *slots {
 
 func (a *slots) capacity() int { return int(a.mask) + 1 }
 
-// table maps block keys to a 64-bit endpoint bitset: one page of 64
-// endpoints of one model, one KV-cache group, one tier (or the
-// approximate entries). It is sharded by the key's top bits; each shard has
-// its own writer mutex and array.
+// table maps keys to a 64-bit endpoint bitset for one page of 64
+// endpoints of one model and one KV-cache group: either the precise entries
+// of all tiers (slot keys are tkeys) or the approximate entries. It is
+// sharded by the key's top bits; each shard has its own writer mutex and
+// array. Per tier ("tag": the tier of a precise slot key, 0 for every
+// approximate one) it counts entries and bounds them.
 type table struct {
 	stride  int
 	shift1  uint // shard = key>>1>>(shift1&63): key's top log2(shards) bits, without a branch for one shard
-	maxLive int  // per shard; beyond it entries are evicted
+	maxLive int  // per shard and tag; beyond it entries of that tag are evicted
 	maxCap  int  // per shard slot capacity bound
 	n       atomic.Int64
+	nt      [4]atomic.Int64 // entries by tag
 	evicted atomic.Int64
-	eps     atomic.Uint64     // every bit ever set in the table (lookups skip tables without theirs)
-	onEvict func(bits uint64) // precise tables: per-endpoint counters
+	eps     [4]atomic.Uint64          // by tag, every bit ever set (lookups skip tiers without theirs)
+	onEvict func(t Tier, bits uint64) // precise tables: per-endpoint counters
 	shards  []shard
 }
 
 type shard struct {
-	mu   sync.Mutex
-	arr  atomic.Pointer[slots]
-	live int      // live entries (under mu)
-	used int      // live + tombstones (under mu)
-	hand int      // eviction clock hand, in slots (under mu)
-	_    [24]byte // 64 bytes: own cache line, and indexing is a shift
+	mu    sync.Mutex
+	arr   atomic.Pointer[slots]
+	live  int      // live entries (under mu)
+	used  int      // live + tombstones (under mu)
+	hand  int      // eviction clock hand, in slots (under mu)
+	liveT [4]int32 // live entries by tag (under mu)
+	_     [8]byte  // 64 bytes: own cache line, and indexing is a shift
+}
+
+// tag is the tier of a precise slot key, 0 in an approximate table.
+func (t *table) tag(k uint64) int {
+	if t.stride == preciseStride {
+		return int(k & 3)
+	}
+	return 0
 }
 
 const minShardCap = 8
 
-func newTable(stride, shards, maxLive int, onEvict func(uint64)) *table {
+func newTable(stride, shards, maxLive int, onEvict func(Tier, uint64)) *table {
 	if shards < 1 {
 		shards = 1
 	}
@@ -80,8 +103,13 @@ func newTable(stride, shards, maxLive int, onEvict func(uint64)) *table {
 	if per < 4 {
 		per = 4
 	}
-	// Keep the load factor at or under 0.6 when a shard is full.
-	maxCap := 1 << bits.Len(uint(per*5/3))
+	// Keep the load factor at or under 0.6 when a shard is full (all
+	// three tiers of a precise table).
+	tags := 1
+	if stride == preciseStride {
+		tags = 3
+	}
+	maxCap := 1 << bits.Len(uint(tags*per*5/3))
 	t := &table{
 		stride:  stride,
 		shift1:  uint(63 - bits.TrailingZeros(uint(shards))),
@@ -104,40 +132,25 @@ func (t *table) shardOf(k uint64) *shard {
 	return &t.shards[t.shardIndex(k)]
 }
 
-// get returns the bits of key k (normalised), or 0. Lock-free.
-func (t *table) get(k uint64) uint64 { return probe(t.shardOf(k).arr.Load(), k) }
-
-// probe returns the bits of k in a: the home slot inline (the lookup walk
-// calls it once per key and table), longer probe sequences in getFrom.
-func probe(a *slots, k uint64) uint64 {
-	i := (k & a.mask) * preciseStride
-	w := a.w[i : i+2 : i+2]
-	if kk := w[0].Load(); kk == k {
-		if b := w[1].Load(); w[0].Load() == k {
-			return b
-		}
-		return 0
-	} else if kk == emptyKey {
-		return 0
-	}
-	return getFrom(a, k)
-}
-
-func getFrom(a *slots, k uint64) uint64 {
+// getTiers returns the GPU, CPU and storage bits of the block whose tkeys
+// start with base (tbase). Lock-free: every word is loaded atomically and
+// the slot key re-checked after the payload.
+func (t *table) getTiers(base uint64) (tb [4]uint64) {
+	a := t.shardOf(base).arr.Load()
 	w := a.w
 	m := a.mask
-	for p := k & m; ; p = (p + 1) & m {
+	for p := home(base, m); ; p = (p + 1) & m {
 		i := p * preciseStride
 		kk := w[i].Load()
-		if kk == k {
+		if kk&^3 == base {
 			b := w[i+1].Load()
-			if w[i].Load() != k {
-				return 0
+			if w[i].Load() == kk {
+				tb[kk&3] = b
 			}
-			return b
+			continue
 		}
 		if kk == emptyKey {
-			return 0
+			return tb
 		}
 	}
 }
@@ -147,7 +160,7 @@ func (t *table) getApprox(k, g uint64) uint64 {
 	a := t.shardOf(k).arr.Load()
 	w := a.w
 	m := a.mask
-	for p := k & m; ; p = (p + 1) & m {
+	for p := home(k, m); ; p = (p + 1) & m {
 		i := p * approxStride
 		kk := w[i].Load()
 		if kk == k {
@@ -180,7 +193,7 @@ func (t *table) find(a *slots, k uint64) (idx int, found bool) {
 	m := a.mask
 	st := uint64(t.stride)
 	ins := -1
-	for p := k & m; ; p = (p + 1) & m {
+	for p := home(k, m); ; p = (p + 1) & m {
 		i := p * st
 		kk := a.w[i].Load()
 		if kk == k {
@@ -202,8 +215,9 @@ func (t *table) find(a *slots, k uint64) (idx int, found bool) {
 // which to write it; i is where find said it would go. Caller holds s.mu, has checked k is absent, and adds
 // the key to t.n.
 func (t *table) insertSlot(s *shard, k, g uint64, i int) int {
-	if s.live >= t.maxLive {
-		t.evict(s, g) // only turns entries into tombstones: i stays valid
+	tag := t.tag(k)
+	if int(s.liveT[tag]) >= t.maxLive {
+		t.evict(s, g, tag) // only turns entries into tombstones: i stays valid
 	}
 	a := s.arr.Load()
 	if (s.used+1)*4 > a.capacity()*3 {
@@ -214,44 +228,28 @@ func (t *table) insertSlot(s *shard, k, g uint64, i int) int {
 		s.used++
 	}
 	s.live++
+	s.liveT[tag]++
 	return i
 }
 
-// markEndpoint records bit in t.eps before any entry with it is written.
-func (t *table) markEndpoint(bit uint64) {
-	if t.eps.Load()&bit == 0 {
-		t.eps.Or(bit)
+// markEndpoint records bit in t.eps[tag] before any entry with it is
+// written.
+func (t *table) markEndpoint(tag int, bit uint64) {
+	if t.eps[tag].Load()&bit == 0 {
+		t.eps[tag].Or(bit)
 	}
-}
-
-// setBit sets bit in k's precise entry; it reports whether the bit was new.
-func (t *table) setBit(k, bit uint64) bool {
-	t.markEndpoint(bit)
-	s := t.shardOf(k)
-	s.mu.Lock()
-	added, inserted := t.setBitLocked(s, k, bit)
-	s.mu.Unlock()
-	if inserted {
-		t.n.Add(1)
-	}
-	return added
 }
 
 // prefetchChunk is how many keys setBits loads ahead of writing them.
 const prefetchChunk = 32
 
-// prefetchKey asks for the home slot of k (normalised).
-func (t *table) prefetchKey(k uint64) {
-	a := t.shardOf(k).arr.Load()
-	prefetch.Line(unsafe.Pointer(&a.w[(k&a.mask)*uint64(t.stride)]))
-}
-
-// prefetch asks for the home slots of keys.
-func (t *table) prefetch(keys []uint64) {
+// prefetch asks for the home slots of keys' tier entries (a precise
+// table).
+func (t *table) prefetch(keys []uint64, tier Tier) {
 	for _, k := range keys {
-		k = norm(k)
+		k = tkey(k, tier)
 		a := t.shardOf(k).arr.Load()
-		prefetch.Line(unsafe.Pointer(&a.w[(k&a.mask)*uint64(t.stride)]))
+		prefetch.Line(unsafe.Pointer(&a.w[home(k, a.mask)*preciseStride]))
 	}
 }
 
@@ -262,18 +260,18 @@ func (t *table) prefetch(keys []uint64) {
 // fences on amd64) that follow; it then sorts the chunk by shard and takes
 // each shard's mutex once for all its keys. The key count is published
 // once at the end.
-func (t *table) setBits(keys []uint64, bit uint64) int64 {
-	t.markEndpoint(bit)
+func (t *table) setBits(keys []uint64, tier Tier, bit uint64) int64 {
+	t.markEndpoint(int(tier), bit)
 	var added, inserted int64
 	var ks [prefetchChunk]uint64
 	var sh [prefetchChunk]uint32
 	for len(keys) > 0 {
 		n := min(len(keys), prefetchChunk)
 		for i, k := range keys[:n] {
-			k = norm(k)
+			k = tkey(k, tier)
 			si := t.shardIndex(k)
 			a := t.shards[si].arr.Load()
-			prefetch.Line(unsafe.Pointer(&a.w[(k&a.mask)*preciseStride]))
+			prefetch.Line(unsafe.Pointer(&a.w[home(k, a.mask)*preciseStride]))
 			j := i
 			for ; j > 0 && sh[j-1] > si; j-- {
 				ks[j], sh[j] = ks[j-1], sh[j-1]
@@ -298,6 +296,7 @@ func (t *table) setBits(keys []uint64, bit uint64) int64 {
 		}
 	}
 	t.n.Add(inserted)
+	t.nt[tier].Add(inserted)
 	return added
 }
 
@@ -305,7 +304,7 @@ func (t *table) shardIndex(k uint64) uint32 {
 	return uint32(k >> 1 >> (t.shift1 & 63))
 }
 
-// setBitLocked sets bit in k's precise entry in s; it reports whether the
+// setBitLocked sets bit in the precise entry of k (a tkey) in s; it reports whether the
 // bit was new and whether the key was inserted (the caller adds inserted
 // keys to t.n). Caller holds s.mu.
 func (t *table) setBitLocked(s *shard, k, bit uint64) (added, inserted bool) {
@@ -326,7 +325,8 @@ func (t *table) setBitLocked(s *shard, k, bit uint64) (added, inserted bool) {
 	return true, true
 }
 
-// clearBit clears bit in k's precise entry; it reports whether it was set.
+// clearBit clears bit in the precise entry of k (a tkey); it reports
+// whether it was set.
 func (t *table) clearBit(k, bit uint64) bool {
 	s := t.shardOf(k)
 	s.mu.Lock()
@@ -347,7 +347,9 @@ func (t *table) clearBit(k, bit uint64) bool {
 		a.w[i].Store(tombKey)
 		a.w[i+1].Store(0)
 		s.live--
+		s.liveT[k&3]--
 		t.n.Add(-1)
+		t.nt[k&3].Add(-1)
 	}
 	s.mu.Unlock()
 	return true
@@ -355,7 +357,7 @@ func (t *table) clearBit(k, bit uint64) bool {
 
 // setApprox marks bit as routed to k at generation g.
 func (t *table) setApprox(k, bit, g uint64) {
-	t.markEndpoint(bit)
+	t.markEndpoint(0, bit)
 	s := t.shardOf(k)
 	s.mu.Lock()
 	a := s.arr.Load()
@@ -385,6 +387,7 @@ func (t *table) setApprox(k, bit, g uint64) {
 	a.w[i].Store(k)
 	s.mu.Unlock()
 	t.n.Add(1)
+	t.nt[0].Add(1)
 }
 
 // clearApprox clears bit from k's approximate entry.
@@ -400,7 +403,9 @@ func (t *table) clearApprox(k, bit uint64) {
 			a.w[i+2].Store(0)
 			a.w[i+3].Store(0)
 			s.live--
+			s.liveT[0]--
 			t.n.Add(-1)
+			t.nt[0].Add(-1)
 		} else {
 			a.w[i+2].Store(cur)
 			a.w[i+3].Store(prev)
@@ -420,9 +425,8 @@ func (t *table) payload(a *slots, i int, g uint64) uint64 {
 }
 
 // clearBitAll removes bit from every entry (an endpoint restarted or
-// cleared its cache). It returns how many entries held the bit.
-func (t *table) clearBitAll(bit uint64) int {
-	n := 0
+// cleared its cache). It returns how many entries held the bit, by tag.
+func (t *table) clearBitAll(bit uint64) (n [4]int) {
 	for si := range t.shards {
 		s := &t.shards[si]
 		s.mu.Lock()
@@ -449,14 +453,17 @@ func (t *table) clearBitAll(bit uint64) int {
 				a.w[i+3].Store(prev &^ bit)
 				rest = (cur | prev) &^ bit
 			}
-			n++
+			tag := t.tag(k)
+			n[tag]++
 			if rest == 0 {
 				for j := 1; j < t.stride; j++ {
 					a.w[i+j].Store(0)
 				}
 				a.w[i].Store(tombKey)
 				s.live--
+				s.liveT[tag]--
 				t.n.Add(-1)
+				t.nt[tag].Add(-1)
 			}
 		}
 		s.mu.Unlock()
@@ -464,34 +471,36 @@ func (t *table) clearBitAll(bit uint64) int {
 	return n
 }
 
-// evict frees about 1/16 of a full shard: expired approximate entries and
-// otherwise whatever the clock hand passes (keys are hashes, so this is
-// random eviction). Caller holds s.mu.
-func (t *table) evict(s *shard, g uint64) {
+// evict frees about 1/16 of the entries of a shard's tag when it is full:
+// whatever entries of that tag the clock hand passes (keys are hashes, so
+// this is random eviction). Caller holds s.mu.
+func (t *table) evict(s *shard, g uint64, tag int) {
 	a := s.arr.Load()
-	target := t.maxLive - t.maxLive/16 - 1
+	target := int32(t.maxLive - t.maxLive/16 - 1)
 	if target < 0 {
 		target = 0
 	}
 	c := a.capacity()
-	for scanned := 0; s.live > target && scanned < 2*c; scanned++ {
+	for scanned := 0; s.liveT[tag] > target && scanned < 2*c; scanned++ {
 		p := s.hand % c
 		s.hand = p + 1
 		i := p * t.stride
 		k := a.w[i].Load()
-		if k == emptyKey || k == tombKey {
+		if k == emptyKey || k == tombKey || t.tag(k) != tag {
 			continue
 		}
 		b := t.payload(a, i, g)
 		if t.stride == preciseStride && t.onEvict != nil {
-			t.onEvict(b)
+			t.onEvict(Tier(tag), b)
 		}
 		a.w[i].Store(tombKey)
 		for j := 1; j < t.stride; j++ {
 			a.w[i+j].Store(0)
 		}
 		s.live--
+		s.liveT[tag]--
 		t.n.Add(-1)
+		t.nt[tag].Add(-1)
 		t.evicted.Add(1)
 	}
 }
@@ -508,6 +517,7 @@ func (t *table) rehash(s *shard, g uint64) *slots {
 	}
 	na := newSlots(c, t.stride)
 	live := 0
+	var liveT [4]int32
 	for i := 0; i < len(old.w); i += t.stride {
 		k := old.w[i].Load()
 		if k == emptyKey || k == tombKey {
@@ -515,8 +525,10 @@ func (t *table) rehash(s *shard, g uint64) *slots {
 		}
 		if t.stride == approxStride && t.payload(old, i, g) == 0 {
 			t.n.Add(-1)
+			t.nt[0].Add(-1)
 			continue
 		}
+		liveT[t.tag(k)]++
 		j, _ := t.find(na, k)
 		for w := 1; w < t.stride; w++ {
 			na.w[j+w].Store(old.w[i+w].Load())
@@ -524,7 +536,7 @@ func (t *table) rehash(s *shard, g uint64) *slots {
 		na.w[j].Store(k)
 		live++
 	}
-	s.live, s.used = live, live
+	s.live, s.used, s.liveT = live, live, liveT
 	s.arr.Store(na)
 	return na
 }

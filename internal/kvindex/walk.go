@@ -26,7 +26,7 @@ import (
 func walkGPUApprox(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64]int32, all uint64) (usedApprox uint64) {
 	var apMask uint64
 	if ap != nil {
-		apMask = ap.eps.Load()
+		apMask = ap.eps[0].Load()
 	}
 	if len(gpu.shards) > maxSnap || (ap != nil && len(ap.shards) > maxSnap) {
 		return walkGPUApproxLoad(gpu, ap, keys, g, blocks, all, apMask)
@@ -50,10 +50,10 @@ func walkGPUApprox(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64
 	}
 	alive := all
 	for i, k := range keys {
-		k = norm(k)
+		k = tkey(k, TierGPU)
 		var gb uint64
 		a := &gs[(k>>1>>gsh)&(maxSnap-1)]
-		for p := k & a.mask; ; p = (p + 1) & a.mask {
+		for p := home(k, a.mask); ; p = (p + 1) & a.mask {
 			w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
 			kk := w[0].Load()
 			if kk == k {
@@ -73,8 +73,9 @@ func walkGPUApprox(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64
 		}
 		if rem&apMask != 0 {
 			var ab uint64
+			k := k &^ 3 // tbase: the approximate table's key
 			a := &as[(k>>1>>ash)&(maxSnap-1)]
-			for p := k & a.mask; ; p = (p + 1) & a.mask {
+			for p := home(k, a.mask); ; p = (p + 1) & a.mask {
 				w := a.w[p*approxStride : p*approxStride+4 : p*approxStride+4]
 				kk := w[0].Load()
 				if kk == k {
@@ -116,12 +117,12 @@ type arrSnap struct {
 func walkGPUApproxLoad(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64]int32, all, apMask uint64) (usedApprox uint64) {
 	alive := all
 	for i, k := range keys {
-		k = norm(k)
-		// gpu.get(k), inlined by hand and without calls (a call makes the
-		// compiler spill the loop's values on every iteration).
+		k = tkey(k, TierGPU)
+		// The GPU probe, inlined by hand and without calls (a call makes
+		// the compiler spill the loop's values on every iteration).
 		var gb uint64
 		a := gpu.shards[k>>1>>(gpu.shift1&63)].arr.Load()
-		for p := k & a.mask; ; p = (p + 1) & a.mask {
+		for p := home(k, a.mask); ; p = (p + 1) & a.mask {
 			w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
 			kk := w[0].Load()
 			if kk == k {
@@ -142,8 +143,9 @@ func walkGPUApproxLoad(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks 
 		if rem&apMask != 0 {
 			// ap.getApprox(k, g), likewise.
 			var ab uint64
+			k := k &^ 3
 			a := ap.shards[k>>1>>(ap.shift1&63)].arr.Load()
-			for p := k & a.mask; ; p = (p + 1) & a.mask {
+			for p := home(k, a.mask); ; p = (p + 1) & a.mask {
 				w := a.w[p*approxStride : p*approxStride+4 : p*approxStride+4]
 				kk := w[0].Load()
 				if kk == k {
@@ -173,88 +175,71 @@ func walkGPUApproxLoad(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks 
 }
 
 // walkFlat is the walk when CPU or storage entries exist too; its probes are
-// inlined by hand in the same way. It fills
-// blocks and gpuBlocks for the endpoints of all and returns walkPage's
-// tier and approximation bits.
+// inlined by hand in the same way. Since all tiers of a block lie in one
+// probe run of the precise table (tkey), one probe per key gives the GPU,
+// CPU and storage bits; only the approximate table is a second one. It
+// fills blocks and gpuBlocks for the endpoints of all and returns
+// walkPage's tier and approximation bits.
 func walkFlat(r *pageReader, keys []tokens.BlockKey, g uint64, blocks, gpuBlocks *[64]int32, all uint64) (needCPU, needSto, usedApprox uint64) {
-	gpu := r.gpu
-	var apMask, cpuMask, stoMask uint64
+	prec := r.prec
+	var apMask uint64
 	if r.approx != nil {
-		apMask = r.approx.eps.Load()
+		apMask = r.approx.eps[0].Load()
 	}
-	if r.cpu != nil {
-		cpuMask = r.cpu.eps.Load()
+	// Tiers with entries: the probe stops once it has seen that many.
+	want := 1
+	if r.cpu {
+		want++
 	}
-	if r.sto != nil {
-		stoMask = r.sto.eps.Load()
+	if r.sto {
+		want++
+	}
+	var ps [maxSnap]arrSnap
+	psh := prec.shift1 & 63
+	for i := range prec.shards {
+		a := prec.shards[i].arr.Load()
+		ps[i] = arrSnap{a.w, a.mask}
 	}
 	alive, gpuAlive := all, all
-	for i, k := range keys {
-		k = norm(k)
-		var gb uint64
-		a := gpu.shards[k>>1>>(gpu.shift1&63)].arr.Load()
-		for p := k & a.mask; ; p = (p + 1) & a.mask {
+	for i, bk := range keys {
+		base := tbase(bk)
+		var tb [4]uint64
+		a := &ps[(base>>1>>psh)&(maxSnap-1)]
+		left := want
+		for p := home(base, a.mask); ; p = (p + 1) & a.mask {
 			w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
 			kk := w[0].Load()
-			if kk == k {
-				gb = w[1].Load()
-				if w[0].Load() != k {
-					gb = 0
+			if kk&^3 == base {
+				b := w[1].Load()
+				if w[0].Load() != kk {
+					b = 0
 				}
-				break
+				tb[kk&3] = b
+				if left--; left == 0 {
+					break
+				}
+				continue
 			}
 			if kk == emptyKey {
 				break
 			}
 		}
+		gb, cb, sb := tb[TierGPU], tb[TierCPU], tb[TierStorage]
 		rem := alive &^ gb
 		if rem == 0 {
 			continue // every alive endpoint holds k on GPU: nothing changes
 		}
-		var ab, cb, sb uint64
+		var ab uint64
 		if rem&apMask != 0 {
+			k := base
 			a := r.approx.shards[k>>1>>(r.approx.shift1&63)].arr.Load()
-			for p := k & a.mask; ; p = (p + 1) & a.mask {
+			for p := home(k, a.mask); ; p = (p + 1) & a.mask {
 				w := a.w[p*approxStride : p*approxStride+4 : p*approxStride+4]
 				kk := w[0].Load()
 				if kk == k {
 					gen, cur, prev := w[1].Load(), w[2].Load(), w[3].Load()
 					if w[0].Load() == k {
 						ab = approxBits(gen, cur, prev, g)
-					}
-					break
-				}
-				if kk == emptyKey {
-					break
-				}
-			}
-		}
-		if rem&cpuMask != 0 {
-			a := r.cpu.shards[k>>1>>(r.cpu.shift1&63)].arr.Load()
-			for p := k & a.mask; ; p = (p + 1) & a.mask {
-				w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
-				kk := w[0].Load()
-				if kk == k {
-					cb = w[1].Load()
-					if w[0].Load() != k {
-						cb = 0
-					}
-					break
-				}
-				if kk == emptyKey {
-					break
-				}
-			}
-		}
-		if rem&stoMask != 0 {
-			a := r.sto.shards[k>>1>>(r.sto.shift1&63)].arr.Load()
-			for p := k & a.mask; ; p = (p + 1) & a.mask {
-				w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
-				kk := w[0].Load()
-				if kk == k {
-					sb = w[1].Load()
-					if w[0].Load() != k {
-						sb = 0
 					}
 					break
 				}
