@@ -27,9 +27,11 @@
 //
 // Endpoints get small integer ids (EndpointID) with a name table; inside a
 // model each endpoint has a slot, and 64 slots form a page. For every
-// (model, KV-cache group, page, tier) there is one table mapping a block
-// key to a 64-bit set of endpoints; approximate entries have their own
-// table per page holding two TTL generations. A table is an open-addressing
+// (model, KV-cache group, page) there is one precise table mapping a
+// (block key, tier) to a 64-bit set of endpoints, the tiers of a block
+// sharing a home slot (tkey in table.go), so one probe answers all tiers;
+// approximate entries have their own table per page holding two TTL
+// generations. A table is an open-addressing
 // hash table sharded by the key's top bits. Writers (one goroutine per
 // engine stream, any number of them) take the shard's mutex; readers take
 // no lock at all: every slot word is read atomically and the key is
@@ -43,8 +45,9 @@
 // A precise slot is 16 bytes and tables stay between 3/8 and 3/4 full, so
 // one (block, endpoint) entry costs at most ~43 bytes when a block has a
 // single holder and proportionally less when several endpoints hold it.
-// Config.MaxKeys bounds the keys per table; beyond it a shard evicts about
-// 1/16 of its entries (random eviction: keys are hashes).
+// Config.MaxKeys bounds the keys per table and tier; beyond it a shard
+// evicts about 1/16 of that tier's entries (random eviction: keys are
+// hashes).
 //
 // # Hybrid models
 //
@@ -74,8 +77,9 @@ type Config struct {
 	// BlockSize is the router block size in tokens the keys are made for
 	// (default 16).
 	BlockSize int
-	// MaxKeys bounds the keys of each table (per model, group, page of 64
-	// endpoints and tier); default 4 Mi.
+	// MaxKeys bounds the keys per model, group, page of 64 endpoints and
+	// tier (the tiers share a table but are bounded separately); default
+	// 4 Mi.
 	MaxKeys int
 	// Shards is the number of shards per table (power of two, default 32).
 	Shards int
