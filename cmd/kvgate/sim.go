@@ -47,7 +47,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&f.outputTokens, "output-tokens", 500, "chat: output tokens per request")
 	fs.Float64Var(&f.duration, "duration", 120, "seconds of arrivals")
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed (workload and policies)")
-	fs.IntVar(&f.seeds, "seeds", 1, "run seeds seed, seed+1, ... seed+N-1 and report each")
+	fs.IntVar(&f.seeds, "seeds", 1, "run generated workloads with seeds seed … seed+N-1 and report each (a trace is replayed once)")
 	fs.Float64Var(&f.sloTTFT, "slo-ttft", 2, "TTFT SLO in seconds")
 	fs.Float64Var(&f.sloTPOT, "slo-tpot", 0, "TPOT SLO in seconds (0: none; needs --decode-instances)")
 	fs.Float64Var(&f.prefillSpeed, "prefill-speed", 20000, "prompt tokens per second per prefill instance")
@@ -195,7 +195,6 @@ func buildTraces(f *simFlags) ([]namedTrace, error) {
 			if err != nil {
 				return nil, err
 			}
-			f.blockSize = tr.BlockSize
 			return []namedTrace{{trace: tr, rate: round(float64(len(tr.Requests))/tr.Duration, 2), seed: seed}}, nil
 		}
 		var rates []float64
