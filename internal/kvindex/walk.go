@@ -48,6 +48,10 @@ func walkGPUApprox(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64
 			as[i] = arrSnap{a.w, a.mask}
 		}
 	}
+	if ap == nil {
+		walkGPUSnap(&gs, gsh, keys, blocks, all)
+		return 0
+	}
 	alive := all
 	for i, k := range keys {
 		k = tkey(k, TierGPU)
@@ -102,6 +106,44 @@ func walkGPUApprox(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64
 		}
 	}
 	return usedApprox
+}
+
+// walkGPUSnap is walkGPUApprox when the page has GPU entries only: one
+// exact probe per key over its snapshot. A loop of its own, without the
+// approximate probe's values, has fewer live values (GPU-only lookups
+// measured 0–10 % faster than with the shared loop).
+func walkGPUSnap(gs *[maxSnap]arrSnap, gsh uint, keys []tokens.BlockKey, blocks *[64]int32, all uint64) {
+	alive := all
+	for i, k := range keys {
+		k = tkey(k, TierGPU)
+		var gb uint64
+		a := &gs[(k>>1>>gsh)&(maxSnap-1)]
+		for p := home(k, a.mask); ; p = (p + 1) & a.mask {
+			w := a.w[p*preciseStride : p*preciseStride+2 : p*preciseStride+2]
+			kk := w[0].Load()
+			if kk == k {
+				gb = w[1].Load()
+				if w[0].Load() != k {
+					gb = 0
+				}
+				break
+			}
+			if kk == emptyKey {
+				break
+			}
+		}
+		na := alive & gb
+		if na == alive {
+			continue
+		}
+		for d := alive &^ na; d != 0; d &= d - 1 {
+			blocks[bits.TrailingZeros64(d)] = int32(i)
+		}
+		alive = na
+		if alive == 0 {
+			break
+		}
+	}
 }
 
 // maxSnap is the most shards per table whose arrays a walk snapshots.
