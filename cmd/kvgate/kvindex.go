@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/kvspec"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -30,15 +31,7 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 // replay=tcp://127.0.0.1:5558,model=m".
 func parseEngineFlag(s string) (kvevents.EngineConfig, error) {
 	var ec kvevents.EngineConfig
-	for _, kv := range strings.Split(s, ",") {
-		kv = strings.TrimSpace(kv)
-		if kv == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return ec, fmt.Errorf("--engine %q: %q is not key=value", s, kv)
-		}
+	err := kvspec.Each(s, func(k, v string) error {
 		switch k {
 		case "name":
 			ec.Name = v
@@ -49,8 +42,12 @@ func parseEngineFlag(s string) (kvevents.EngineConfig, error) {
 		case "replay":
 			ec.Replay = v
 		default:
-			return ec, fmt.Errorf("--engine %q: unknown key %q (name, model, events, replay)", s, k)
+			return fmt.Errorf("unknown key %q (name, model, events, replay)", k)
 		}
+		return nil
+	})
+	if err != nil {
+		return ec, fmt.Errorf("--engine %q: %w", s, err)
 	}
 	if ec.Name == "" || ec.Model == "" {
 		return ec, fmt.Errorf("--engine %q: name= and model= are required", s)

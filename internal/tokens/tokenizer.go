@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvgate/kvgate/internal/kvspec"
 )
 
 // Tokenizer turns one model's requests into token ids: a Source, a chat
@@ -169,15 +170,7 @@ type Spec struct {
 // takes bytes_per_token=N, source=local takes file=PATH).
 func ParseSpec(s string) (Spec, error) {
 	var sp Spec
-	for _, kv := range strings.Split(s, ",") {
-		kv = strings.TrimSpace(kv)
-		if kv == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return sp, fmt.Errorf("tokens: spec %q: %q is not key=value", s, kv)
-		}
+	err := kvspec.Each(s, func(k, v string) error {
 		switch k {
 		case "model":
 			sp.Model = v
@@ -192,18 +185,22 @@ func ParseSpec(s string) (Spec, error) {
 		case "bytes_per_token":
 			n, err := strconv.Atoi(v)
 			if err != nil || n <= 0 {
-				return sp, fmt.Errorf("tokens: spec %q: bad bytes_per_token %q", s, v)
+				return fmt.Errorf("bad bytes_per_token %q", v)
 			}
 			sp.BytesPerToken = n
 		case "exact_chat":
 			b, err := strconv.ParseBool(v)
 			if err != nil {
-				return sp, fmt.Errorf("tokens: spec %q: bad exact_chat %q", s, v)
+				return fmt.Errorf("bad exact_chat %q", v)
 			}
 			sp.ExactChat = b
 		default:
-			return sp, fmt.Errorf("tokens: spec %q: unknown key %q", s, k)
+			return fmt.Errorf("unknown key %q", k)
 		}
+		return nil
+	})
+	if err != nil {
+		return sp, fmt.Errorf("tokens: spec %q: %w", s, err)
 	}
 	return sp, nil
 }
