@@ -264,12 +264,12 @@ func runJobs(ctx context.Context, cfg sim.Config, jobs []simJob) ([]sim.Result, 
 				// Cache capacity is in tokens, so it stays the same
 				// whatever the trace's block size.
 				c := cfg
-				pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1, TTFTSLO: cfg.SLO.TTFT})
+				pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1})
 				if err != nil {
 					errs[i] = err
 					continue
 				}
-				res, err := sim.Run(c, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
+				res, err := sim.Run(ctx, c, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
 				if err != nil {
 					errs[i] = fmt.Errorf("%s: %w", j.policy, err)
 					continue

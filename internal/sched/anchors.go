@@ -1,9 +1,6 @@
 package sched
 
-import (
-	"math"
-	"math/rand/v2"
-)
+import "math"
 
 // sglangCacheAware is SGLang router's cache-aware policy. Load is the number
 // of in-flight requests. When the pool is imbalanced (max-min > abs and
@@ -20,9 +17,6 @@ func (p *sglangCacheAware) Pick(req *Request, s *Snapshot) int {
 	least, bestMatch := -1, -1
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() {
-			continue
-		}
 		l := e.InflightRequests
 		if l < minL {
 			minL, least = l, i
@@ -55,8 +49,7 @@ func (p *sglangCacheAware) Pick(req *Request, s *Snapshot) int {
 // decode-bound variant) then picks the highest score, ties at random.
 type llmdTokenAware struct {
 	o   Options
-	rng *rand.Rand
-	buf []int
+	rng *lockedRand
 }
 
 func (*llmdTokenAware) Name() string { return "llmd-token-aware" }
@@ -68,7 +61,9 @@ func estTTFT(e *Endpoint) float64 {
 	return float64(e.InflightUncached) / e.PrefillSpeed
 }
 
-func (p *llmdTokenAware) Pick(req *Request, s *Snapshot) int {
+// filter reports whether the affinity filter applies, and which endpoints
+// it keeps.
+func (p *llmdTokenAware) filter(req *Request, s *Snapshot) (bool, func(*Endpoint) bool) {
 	bestSticky, bestOther := math.Inf(1), math.Inf(1)
 	nSticky := 0
 	sticky := func(e *Endpoint) bool {
@@ -79,9 +74,6 @@ func (p *llmdTokenAware) Pick(req *Request, s *Snapshot) int {
 	}
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() {
-			continue
-		}
 		t := estTTFT(e)
 		if sticky(e) {
 			nSticky++
@@ -90,24 +82,33 @@ func (p *llmdTokenAware) Pick(req *Request, s *Snapshot) int {
 			bestOther = min(bestOther, t)
 		}
 	}
-	useFilter := nSticky > 0 && !(bestSticky-bestOther > p.o.LLMDTTFTPenalty)
+	return nSticky > 0 && !(bestSticky-bestOther > p.o.LLMDTTFTPenalty), sticky
+}
+
+// score is the token-load scorer (or, decode-bound, the active-request
+// scorer): higher is better.
+func (p *llmdTokenAware) score(req *Request, e *Endpoint) float64 {
+	if p.o.LLMDDecodeBound {
+		return -float64(e.InflightRequests)
+	}
+	capTokens := p.o.LLMDTokenLoadCap
+	if capTokens <= 0 {
+		capTokens = 2 * e.PrefillSpeed
+	}
+	return 1 - math.Min(1, float64(e.InflightUncached+Uncached(req, e))/capTokens)
+}
+
+func (p *llmdTokenAware) Pick(req *Request, s *Snapshot) int {
+	useFilter, sticky := p.filter(req, s)
 	best, bestScore := -1, math.Inf(-1)
-	ties := p.buf[:0]
+	var tieBuf [64]int
+	ties := tieBuf[:0]
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() || (useFilter && !sticky(e)) {
+		if useFilter && !sticky(e) {
 			continue
 		}
-		var score float64
-		if p.o.LLMDDecodeBound {
-			score = -float64(e.InflightRequests)
-		} else {
-			capTokens := p.o.LLMDTokenLoadCap
-			if capTokens <= 0 {
-				capTokens = 2 * e.PrefillSpeed
-			}
-			score = 1 - math.Min(1, float64(e.InflightUncached+Uncached(req, e))/capTokens)
-		}
+		score := p.score(req, e)
 		switch {
 		case best < 0 || score > bestScore:
 			best, bestScore = i, score
@@ -116,7 +117,6 @@ func (p *llmdTokenAware) Pick(req *Request, s *Snapshot) int {
 			ties = append(ties, i)
 		}
 	}
-	p.buf = ties
 	if len(ties) > 1 {
 		return ties[p.rng.IntN(len(ties))]
 	}
@@ -128,7 +128,7 @@ func (p *llmdTokenAware) Pick(req *Request, s *Snapshot) int {
 // fraction and an LRU score (time since last picked, normalised).
 type llmdBlend struct {
 	o   Options
-	rng *rand.Rand
+	rng *lockedRand
 }
 
 func (*llmdBlend) Name() string { return "llmd-weighted-blend" }
@@ -137,18 +137,12 @@ func (p *llmdBlend) Pick(req *Request, s *Snapshot) int {
 	oldest, newest := math.Inf(1), math.Inf(-1)
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() {
-			continue
-		}
 		minQ, maxQ = min(minQ, e.InflightRequests), max(maxQ, e.InflightRequests)
 		oldest, newest = min(oldest, e.LastPicked), max(newest, e.LastPicked)
 	}
 	best, bestScore, nTies := -1, math.Inf(-1), 0
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() {
-			continue
-		}
 		prefix := 0.0
 		if req.PromptTokens > 0 {
 			prefix = float64(e.CachedTokens) / float64(req.PromptTokens)
@@ -180,9 +174,8 @@ func (p *llmdBlend) Pick(req *Request, s *Snapshot) int {
 // blocks; the lowest cost wins (ties at random), or with a temperature > 0 a
 // softmax sample over the normalised negative costs.
 type dynamoKV struct {
-	o     Options
-	rng   *rand.Rand
-	costs []float64
+	o   Options
+	rng *lockedRand
 }
 
 func (*dynamoKV) Name() string { return "dynamo-kv" }
@@ -190,20 +183,14 @@ func (*dynamoKV) Name() string { return "dynamo-kv" }
 // Signals: Dynamo's cost reads the active block counts.
 func (*dynamoKV) Signals() Signals { return SignalActiveBlocks }
 func (p *dynamoKV) Pick(req *Request, s *Snapshot) int {
-	bs := max(s.BlockSize, 1)
-	p.costs = p.costs[:0]
+	var costBuf [64]float64
+	costs := costBuf[:0]
 	best, bestCost, nTies := -1, math.Inf(1), 0
 	minC, maxC := math.Inf(1), math.Inf(-1)
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() {
-			p.costs = append(p.costs, math.NaN())
-			continue
-		}
-		overlap := e.CachedTokens / bs
-		prefill := math.Max(float64(e.ActivePrefillBlocks+req.PromptBlocks-overlap), 0)
-		c := p.o.DynamoPrefillScale*prefill + float64(e.ActiveDecodeBlocks+req.PromptBlocks)
-		p.costs = append(p.costs, c)
+		c := p.cost(req, s, e)
+		costs = append(costs, c)
 		minC, maxC = min(minC, c), max(maxC, c)
 		switch {
 		case best < 0 || c < bestCost:
@@ -221,11 +208,8 @@ func (p *dynamoKV) Pick(req *Request, s *Snapshot) int {
 	// Softmax over normalised logits -cost, as Dynamo samples when its
 	// temperature is positive.
 	var sum float64
-	w := make([]float64, len(p.costs))
-	for i, c := range p.costs {
-		if math.IsNaN(c) {
-			continue
-		}
+	w := make([]float64, len(costs))
+	for i, c := range costs {
 		w[i] = math.Exp(-((c - minC) / (maxC - minC)) / p.o.DynamoTemperature)
 		sum += w[i]
 	}
@@ -237,4 +221,33 @@ func (p *dynamoKV) Pick(req *Request, s *Snapshot) int {
 		r -= x
 	}
 	return best
+}
+
+// Costs implements CostReporter: Dynamo's cost.
+func (p *dynamoKV) Costs(req *Request, s *Snapshot, dst []float64) []float64 {
+	for i := range s.Endpoints {
+		dst = append(dst, p.cost(req, s, &s.Endpoints[i]))
+	}
+	return dst
+}
+
+func (p *dynamoKV) cost(req *Request, s *Snapshot, e *Endpoint) float64 {
+	overlap := e.CachedTokens / max(s.BlockSize, 1)
+	prefill := math.Max(float64(e.ActivePrefillBlocks+req.PromptBlocks-overlap), 0)
+	return p.o.DynamoPrefillScale*prefill + float64(e.ActiveDecodeBlocks+req.PromptBlocks)
+}
+
+// Costs implements CostReporter: 1 − the token-load score, +Inf for
+// endpoints the affinity filter drops.
+func (p *llmdTokenAware) Costs(req *Request, s *Snapshot, dst []float64) []float64 {
+	useFilter, sticky := p.filter(req, s)
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if useFilter && !sticky(e) {
+			dst = append(dst, math.Inf(1))
+			continue
+		}
+		dst = append(dst, -p.score(req, e))
+	}
+	return dst
 }

@@ -27,54 +27,66 @@ func newKVGate(o Options) *kvgatePolicy { return &kvgatePolicy{o: o} }
 
 func (*kvgatePolicy) Name() string { return "kvgate" }
 
-func (p *kvgatePolicy) slo(req *Request) float64 {
-	if req.SLO.TTFT > 0 {
-		return req.SLO.TTFT
-	}
-	return p.o.TTFTSLO
-}
-
-// price is λ: the fleet's mean queue wait as a fraction of the SLO, scaled.
+// price is λ: the fleet's mean queue wait as a fraction of the SLO, scaled
+// (0 for a request without a TTFT SLO: it minimises its TTFT).
 func (p *kvgatePolicy) price(req *Request, s *Snapshot) float64 {
-	var sum float64
-	n := 0
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if e.Role.CanPrefill() {
-			sum += e.QueueWait
-			n++
-		}
-	}
-	if n == 0 {
+	if len(s.Endpoints) == 0 || req.SLO.TTFT <= 0 {
 		return 0
 	}
-	return p.o.KVGateGain * sum / float64(n) / p.slo(req)
+	var sum float64
+	for i := range s.Endpoints {
+		sum += s.Endpoints[i].QueueWait
+	}
+	return p.o.KVGateGain * sum / float64(len(s.Endpoints)) / req.SLO.TTFT
+}
+
+// cost is endpoint e's cost for req at compute price lambda, and whether
+// its predicted TTFT fits the SLO.
+func (p *kvgatePolicy) cost(req *Request, e *Endpoint, lambda float64) (cost float64, fits bool) {
+	compute := 0.0
+	if e.PrefillSpeed > 0 {
+		compute = float64(Uncached(req, e)) / e.PrefillSpeed
+	}
+	ttft := e.QueueWait + compute
+	fits = req.SLO.TTFT <= 0 || ttft <= p.o.KVGateFit*req.SLO.TTFT
+	if !fits {
+		// The request misses its SLO wherever it goes: it is lost.
+		// Send it down the longest queue (least compute among equals),
+		// an endpoint already written off, instead of into a short queue
+		// where it would push requests that can still make their SLO
+		// past it.
+		return -e.QueueWait + lostComputeWeight*compute, false
+	}
+	return ttft + lambda*compute, true
+}
+
+// Costs implements CostReporter: endpoints whose TTFT fits the SLO cost
+// their kvgate cost; the others, when any fits, +Inf.
+func (p *kvgatePolicy) Costs(req *Request, s *Snapshot, dst []float64) []float64 {
+	lambda := p.price(req, s)
+	anyFits := false
+	for i := range s.Endpoints {
+		c, fits := p.cost(req, &s.Endpoints[i], lambda)
+		if fits {
+			anyFits = true
+		}
+		dst = append(dst, c)
+	}
+	if anyFits {
+		for i := range s.Endpoints {
+			if _, fits := p.cost(req, &s.Endpoints[i], lambda); !fits {
+				dst[i] = math.Inf(1)
+			}
+		}
+	}
+	return dst
 }
 
 func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
-	slo := p.slo(req)
 	lambda := p.price(req, s)
 	best, bestCost, bestFits := -1, math.Inf(1), false
 	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() {
-			continue
-		}
-		compute := 0.0
-		if e.PrefillSpeed > 0 {
-			compute = float64(Uncached(req, e)) / e.PrefillSpeed
-		}
-		ttft := e.QueueWait + compute
-		fits := ttft <= p.o.KVGateFit*slo
-		cost := ttft + lambda*compute
-		if !fits {
-			// The request misses its SLO wherever it goes: it is lost.
-			// Send it down the longest queue (least compute among
-			// equals), an endpoint already written off, instead of
-			// into a short queue where it would push requests that can
-			// still make their SLO past it.
-			cost = -e.QueueWait + lostComputeWeight*compute
-		}
+		cost, fits := p.cost(req, &s.Endpoints[i], lambda)
 		switch {
 		case best < 0, fits && !bestFits, fits == bestFits && (cost < bestCost || (cost == bestCost && tieBetter(s, i, best))):
 			best, bestCost, bestFits = i, cost, fits

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
 )
 
 func TestKVGateChoices(t *testing.T) {
@@ -13,28 +15,28 @@ func TestKVGateChoices(t *testing.T) {
 		want int
 	}{
 		// Idle fleet: λ = 0, the lowest predicted TTFT wins.
-		{"idle fleet: lowest predicted TTFT", fleet(Endpoint{CachedTokens: 3200}, Endpoint{CachedTokens: 6400}), 1},
+		{"idle fleet: lowest predicted TTFT", snapOf(Endpoint{CachedTokens: 3200}, Endpoint{CachedTokens: 6400}), 1},
 		// Light load (mean queue 0.05 s → λ = 0.2): a: 0.1 + 1.2·0.32 = 0.484;
 		// b: 0 + 1.2·0.576 = 0.69. Affinity wins although b is idle.
-		{"light load keeps affinity while cheap", fleet(Endpoint{CachedTokens: 3200, QueueWait: 0.1}, Endpoint{CachedTokens: 640}), 0},
+		{"light load keeps affinity while cheap", snapOf(Endpoint{CachedTokens: 3200, QueueWait: 0.1}, Endpoint{CachedTokens: 640}), 0},
 		// Same TTFT ordering as predicted-ttft when compute is equal.
-		{"equal compute: shorter queue", fleet(Endpoint{CachedTokens: 640, QueueWait: 0.4}, Endpoint{CachedTokens: 640, QueueWait: 0.2}), 1},
+		{"equal compute: shorter queue", snapOf(Endpoint{CachedTokens: 640, QueueWait: 0.4}, Endpoint{CachedTokens: 640, QueueWait: 0.2}), 1},
 		// Loaded fleet (mean queue 1.0 s → λ = 4): a: 1.5 + 5·0.0 = 1.5;
 		// b: 0.5 + 5·0.32 = 2.1. predicted-ttft would take b (0.82 < 1.5).
-		{"loaded fleet pays for compute", fleet(Endpoint{CachedTokens: 6400, QueueWait: 1.5}, Endpoint{CachedTokens: 3200, QueueWait: 0.5}), 0},
+		{"loaded fleet pays for compute", snapOf(Endpoint{CachedTokens: 6400, QueueWait: 1.5}, Endpoint{CachedTokens: 3200, QueueWait: 0.5}), 0},
 		// The cached endpoint misses the SLO (2.1 s): only b fits.
-		{"infeasible affinity is dropped", fleet(Endpoint{CachedTokens: 6400, QueueWait: 2.1}, Endpoint{CachedTokens: 3200, QueueWait: 0.5}), 1},
+		{"infeasible affinity is dropped", snapOf(Endpoint{CachedTokens: 6400, QueueWait: 2.1}, Endpoint{CachedTokens: 3200, QueueWait: 0.5}), 1},
 		// Nothing fits: the request is lost anyway; it goes down the
 		// longest queue, sparing the short one for requests that can
 		// still make it.
-		{"nothing fits: longest queue", fleet(Endpoint{CachedTokens: 0, QueueWait: 2.5}, Endpoint{CachedTokens: 6400, QueueWait: 5}, Endpoint{QueueWait: 2.1}), 1},
-		{"nothing fits, equal queues: least compute", fleet(Endpoint{CachedTokens: 0, QueueWait: 5}, Endpoint{CachedTokens: 3200, QueueWait: 5}), 1},
-		{"decode endpoints are not candidates", fleet(Endpoint{Role: RoleDecode, CachedTokens: 6400}, Endpoint{QueueWait: 0.3}), 1},
+		{"nothing fits: longest queue", snapOf(Endpoint{CachedTokens: 0, QueueWait: 2.5}, Endpoint{CachedTokens: 6400, QueueWait: 5}, Endpoint{QueueWait: 2.1}), 1},
+		{"nothing fits, equal queues: least compute", snapOf(Endpoint{CachedTokens: 0, QueueWait: 5}, Endpoint{CachedTokens: 3200, QueueWait: 5}), 1},
+		{"decode endpoints are not candidates", snapOf(Endpoint{Role: fleet.RoleDecode, CachedTokens: 6400}, Endpoint{QueueWait: 0.3}), 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := mustNew(t, "kvgate", Options{})
-			if got := p.Pick(req(6400), tt.snap); got != tt.want {
+			if got := pick(p, req(6400), tt.snap); got != tt.want {
 				t.Errorf("picked %d, want %d", got, tt.want)
 			}
 		})

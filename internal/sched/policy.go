@@ -2,16 +2,50 @@ package sched
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
-// Policy picks the prefill endpoint for a request. It returns an index into
-// s.Endpoints of an endpoint whose role can prefill, or -1 when none can.
+// Policy picks the prefill endpoint for a request. The Scheduler passes
+// only candidates (endpoints whose role can compute the prompt) and a
+// request whose SLO has its defaults filled in; Pick returns an index into
+// s.Endpoints, or -1 when it will not choose. Pick must not write to the
+// request or the snapshot, and must be safe for concurrent use: policies
+// with state (a round-robin cursor, a random source) guard it themselves.
 type Policy interface {
 	Name() string
 	Pick(req *Request, s *Snapshot) int
+}
+
+// CostReporter is a Policy that can say what each candidate cost it, to
+// explain a decision: dst is reused and returned with one cost per
+// endpoint of s (lower is better; +Inf: ruled out).
+type CostReporter interface {
+	Costs(req *Request, s *Snapshot, dst []float64) []float64
+}
+
+var nan = math.NaN()
+
+// lockedRand is a random source safe for concurrent use.
+type lockedRand struct {
+	mu  sync.Mutex
+	rng *rand.Rand
+}
+
+func (r *lockedRand) IntN(n int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rng.IntN(n)
+}
+
+func (r *lockedRand) Float64() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rng.Float64()
 }
 
 // Options configures policies. Zero values take the documented defaults.
@@ -48,10 +82,6 @@ type Options struct {
 	// of the SLO a predicted TTFT must fit in to compete (default 1).
 	KVGateGain float64
 	KVGateFit  float64
-
-	// TTFTSLO is the default TTFT target (seconds), used by policies that
-	// measure cheapness against the SLO (kvgate).
-	TTFTSLO float64
 }
 
 func (o Options) withDefaults() Options {
@@ -70,26 +100,25 @@ func (o Options) withDefaults() Options {
 	def(&o.BlendKV, 2)
 	def(&o.BlendLRU, 1)
 	def(&o.DynamoPrefillScale, 1.0)
-	def(&o.TTFTSLO, 2.0)
 	def(&o.KVGateGain, 8)
 	def(&o.KVGateFit, 1)
 	return o
 }
 
-type constructor func(o Options, rng *rand.Rand) Policy
+type constructor func(o Options, rng *lockedRand) Policy
 
 func registry() map[string]constructor {
 	return map[string]constructor{
-		"random":              func(o Options, r *rand.Rand) Policy { return &randomPolicy{rng: r} },
-		"round-robin":         func(o Options, r *rand.Rand) Policy { return &roundRobin{} },
-		"least-queue":         func(o Options, r *rand.Rand) Policy { return leastQueue{} },
-		"cache-only":          func(o Options, r *rand.Rand) Policy { return cacheOnly{} },
-		"predicted-ttft":      func(o Options, r *rand.Rand) Policy { return predictedTTFT{} },
-		"sglang-cache-aware":  func(o Options, r *rand.Rand) Policy { return &sglangCacheAware{o: o} },
-		"llmd-token-aware":    func(o Options, r *rand.Rand) Policy { return &llmdTokenAware{o: o, rng: r} },
-		"llmd-weighted-blend": func(o Options, r *rand.Rand) Policy { return &llmdBlend{o: o, rng: r} },
-		"dynamo-kv":           func(o Options, r *rand.Rand) Policy { return &dynamoKV{o: o, rng: r} },
-		"kvgate":              func(o Options, r *rand.Rand) Policy { return newKVGate(o) },
+		"random":              func(o Options, r *lockedRand) Policy { return &randomPolicy{rng: r} },
+		"round-robin":         func(o Options, r *lockedRand) Policy { return &roundRobin{} },
+		"least-queue":         func(o Options, r *lockedRand) Policy { return leastQueue{} },
+		"cache-only":          func(o Options, r *lockedRand) Policy { return cacheOnly{} },
+		"predicted-ttft":      func(o Options, r *lockedRand) Policy { return predictedTTFT{} },
+		"sglang-cache-aware":  func(o Options, r *lockedRand) Policy { return &sglangCacheAware{o: o} },
+		"llmd-token-aware":    func(o Options, r *lockedRand) Policy { return &llmdTokenAware{o: o, rng: r} },
+		"llmd-weighted-blend": func(o Options, r *lockedRand) Policy { return &llmdBlend{o: o, rng: r} },
+		"dynamo-kv":           func(o Options, r *lockedRand) Policy { return &dynamoKV{o: o, rng: r} },
+		"kvgate":              func(o Options, r *lockedRand) Policy { return newKVGate(o) },
 	}
 }
 
@@ -147,7 +176,7 @@ func New(name string, o Options) (Policy, error) {
 		return nil, fmt.Errorf("unknown policy %q (known: %s)", name, strings.Join(Names(), ", "))
 	}
 	o = o.withDefaults()
-	rng := rand.New(rand.NewPCG(o.Seed, 0x6b7667617465))
+	rng := &lockedRand{rng: rand.New(rand.NewPCG(o.Seed, 0x6b7667617465))}
 	return c(o, rng), nil
 }
 
@@ -161,56 +190,33 @@ func tieBetter(s *Snapshot, i, b int) bool {
 // lowestIndex never replaces the current best: ties go to the lower index.
 func lowestIndex(*Snapshot, int, int) bool { return false }
 
-type randomPolicy struct{ rng *rand.Rand }
+type randomPolicy struct{ rng *lockedRand }
 
 func (randomPolicy) Name() string { return "random" }
 func (p *randomPolicy) Pick(_ *Request, s *Snapshot) int {
-	n := 0
-	for i := range s.Endpoints {
-		if s.Endpoints[i].Role.CanPrefill() {
-			n++
-		}
-	}
-	if n == 0 {
+	if len(s.Endpoints) == 0 {
 		return -1
 	}
-	k := p.rng.IntN(n)
-	for i := range s.Endpoints {
-		if s.Endpoints[i].Role.CanPrefill() {
-			if k == 0 {
-				return i
-			}
-			k--
-		}
-	}
-	return -1
+	return p.rng.IntN(len(s.Endpoints))
 }
 
-type roundRobin struct{ next int }
+type roundRobin struct{ next atomic.Uint64 }
 
 func (*roundRobin) Name() string { return "round-robin" }
 func (p *roundRobin) Pick(_ *Request, s *Snapshot) int {
-	n := len(s.Endpoints)
-	for k := 0; k < n; k++ {
-		i := (p.next + k) % n
-		if s.Endpoints[i].Role.CanPrefill() {
-			p.next = i + 1
-			return i
-		}
+	n := uint64(len(s.Endpoints))
+	if n == 0 {
+		return -1
 	}
-	return -1
+	return int((p.next.Add(1) - 1) % n)
 }
 
-// argBest returns the prefill-capable endpoint minimising key, ties broken
+// argBest returns the endpoint minimising key, ties broken
 // by tieBetter.
 func argBest(s *Snapshot, key func(e *Endpoint) float64, tie func(s *Snapshot, i, b int) bool) int {
 	best, bk := -1, 0.0
 	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() {
-			continue
-		}
-		k := key(e)
+		k := key(&s.Endpoints[i])
 		if best < 0 || k < bk || (k == bk && tie(s, i, best)) {
 			best, bk = i, k
 		}
@@ -242,4 +248,20 @@ type predictedTTFT struct{}
 func (predictedTTFT) Name() string { return "predicted-ttft" }
 func (predictedTTFT) Pick(req *Request, s *Snapshot) int {
 	return argBest(s, func(e *Endpoint) float64 { return PredictTTFT(req, e) }, lowestIndex)
+}
+
+// Costs implements CostReporter: the predicted TTFT.
+func (predictedTTFT) Costs(req *Request, s *Snapshot, dst []float64) []float64 {
+	for i := range s.Endpoints {
+		dst = append(dst, PredictTTFT(req, &s.Endpoints[i]))
+	}
+	return dst
+}
+
+// Costs implements CostReporter: the uncached tokens.
+func (cacheOnly) Costs(req *Request, s *Snapshot, dst []float64) []float64 {
+	for i := range s.Endpoints {
+		dst = append(dst, float64(Uncached(req, &s.Endpoints[i])))
+	}
+	return dst
 }

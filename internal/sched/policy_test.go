@@ -4,11 +4,19 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
 )
 
-// fleet builds a snapshot of prefill-capable endpoints at 10 000 tokens/s
+// pick runs a policy through the Scheduler, which hands it only the
+// candidates, and returns the chosen endpoint's index in s.
+func pick(p Policy, r *Request, s *Snapshot) int {
+	return (&Scheduler{Policy: p}).Decide(r, s).Prefill
+}
+
+// snapOf builds a snapshot of prefill-capable endpoints at 10 000 tokens/s
 // with block size 64.
-func fleet(eps ...Endpoint) *Snapshot {
+func snapOf(eps ...Endpoint) *Snapshot {
 	for i := range eps {
 		if eps[i].PrefillSpeed == 0 {
 			eps[i].PrefillSpeed = 10000
@@ -43,51 +51,51 @@ func TestPolicyChoices(t *testing.T) {
 		want   int
 	}{
 		{"least-queue takes the queue that empties first", "least-queue", Options{}, req(6400),
-			fleet(Endpoint{FreeAt: 5, QueueWait: 1}, Endpoint{FreeAt: 3}, Endpoint{FreeAt: 4}), 1},
+			snapOf(Endpoint{FreeAt: 5, QueueWait: 1}, Endpoint{FreeAt: 3}, Endpoint{FreeAt: 4}), 1},
 		{"least-queue skips decode-only endpoints", "least-queue", Options{}, req(6400),
-			fleet(Endpoint{FreeAt: 5}, Endpoint{Role: RoleDecode}), 0},
+			snapOf(Endpoint{FreeAt: 5}, Endpoint{Role: fleet.RoleDecode}), 0},
 		{"cache-only takes the longest prefix even behind a long queue", "cache-only", Options{}, req(6400),
-			fleet(Endpoint{CachedTokens: 640}, Endpoint{CachedTokens: 6400, QueueWait: 30, FreeAt: 30}), 1},
+			snapOf(Endpoint{CachedTokens: 640}, Endpoint{CachedTokens: 6400, QueueWait: 30, FreeAt: 30}), 1},
 		{"cache-only breaks ties by the queue", "cache-only", Options{}, req(6400),
-			fleet(Endpoint{CachedTokens: 640, FreeAt: 2}, Endpoint{CachedTokens: 640, FreeAt: 1}), 1},
+			snapOf(Endpoint{CachedTokens: 640, FreeAt: 2}, Endpoint{CachedTokens: 640, FreeAt: 1}), 1},
 		{"predicted-ttft trades hits for queue", "predicted-ttft", Options{}, req(6400),
 			// a: 0.3 s queue + 0 s compute; b: idle, 0.576 s compute.
-			fleet(Endpoint{CachedTokens: 6400, QueueWait: 0.3}, Endpoint{CachedTokens: 640}), 0},
+			snapOf(Endpoint{CachedTokens: 6400, QueueWait: 0.3}, Endpoint{CachedTokens: 640}), 0},
 		{"predicted-ttft leaves a hot endpoint", "predicted-ttft", Options{}, req(6400),
-			fleet(Endpoint{CachedTokens: 6400, QueueWait: 0.7}, Endpoint{CachedTokens: 640}), 1},
+			snapOf(Endpoint{CachedTokens: 6400, QueueWait: 0.7}, Endpoint{CachedTokens: 640}), 1},
 		{"sglang balanced: best prefix over threshold", "sglang-cache-aware", Options{}, req(6400),
-			fleet(Endpoint{InflightRequests: 3}, Endpoint{CachedTokens: 3200, InflightRequests: 10}), 1},
+			snapOf(Endpoint{InflightRequests: 3}, Endpoint{CachedTokens: 3200, InflightRequests: 10}), 1},
 		{"sglang balanced: low match rate goes to least loaded", "sglang-cache-aware", Options{}, req(6400),
-			fleet(Endpoint{InflightRequests: 3}, Endpoint{CachedTokens: 640, InflightRequests: 10}), 0},
+			snapOf(Endpoint{InflightRequests: 3}, Endpoint{CachedTokens: 640, InflightRequests: 10}), 0},
 		{"sglang imbalanced (abs and rel exceeded): shortest queue", "sglang-cache-aware", Options{}, req(6400),
-			fleet(Endpoint{InflightRequests: 10}, Endpoint{CachedTokens: 6400, InflightRequests: 100}), 0},
+			snapOf(Endpoint{InflightRequests: 10}, Endpoint{CachedTokens: 6400, InflightRequests: 100}), 0},
 		{"sglang gap over abs but under rel stays cache-aware", "sglang-cache-aware", Options{}, req(6400),
-			fleet(Endpoint{InflightRequests: 200}, Endpoint{CachedTokens: 6400, InflightRequests: 280}), 1},
+			snapOf(Endpoint{InflightRequests: 200}, Endpoint{CachedTokens: 6400, InflightRequests: 280}), 1},
 		{"llm-d affinity keeps the sticky endpoint while the gate is closed", "llmd-token-aware", Options{}, req(6400),
 			// sticky: 9000 in-flight uncached tokens = 0.9 s; other idle: gap 0.9 s < 1 s penalty.
-			fleet(Endpoint{CachedTokens: 6400, InflightUncached: 9000}, Endpoint{}), 0},
+			snapOf(Endpoint{CachedTokens: 6400, InflightUncached: 9000}, Endpoint{}), 0},
 		{"llm-d gate opens past the penalty", "llmd-token-aware", Options{}, req(6400),
-			fleet(Endpoint{CachedTokens: 6400, InflightUncached: 11000}, Endpoint{}), 1},
+			snapOf(Endpoint{CachedTokens: 6400, InflightUncached: 11000}, Endpoint{}), 1},
 		{"llm-d token load among sticky endpoints", "llmd-token-aware", Options{}, req(6400),
-			fleet(Endpoint{CachedTokens: 6400, InflightUncached: 5000}, Endpoint{CachedTokens: 5760, InflightUncached: 1000}, Endpoint{}), 1},
+			snapOf(Endpoint{CachedTokens: 6400, InflightUncached: 5000}, Endpoint{CachedTokens: 5760, InflightUncached: 1000}, Endpoint{}), 1},
 		{"llm-d below affinity threshold scores everyone by token load", "llmd-token-aware", Options{}, req(6400),
-			fleet(Endpoint{CachedTokens: 3200, InflightUncached: 5000}, Endpoint{InflightUncached: 0}), 1},
+			snapOf(Endpoint{CachedTokens: 3200, InflightUncached: 5000}, Endpoint{InflightUncached: 0}), 1},
 		{"llm-d decode-bound variant scores active requests", "llmd-token-aware", Options{LLMDDecodeBound: true}, req(6400),
-			fleet(Endpoint{InflightRequests: 5, InflightUncached: 0}, Endpoint{InflightRequests: 2, InflightUncached: 9000}), 1},
+			snapOf(Endpoint{InflightRequests: 5, InflightUncached: 0}, Endpoint{InflightRequests: 2, InflightUncached: 9000}), 1},
 		{"dynamo overlap credit beats a small load", "dynamo-kv", Options{}, req(6400),
 			// a: 1*(10+100-100)+50+100 = 160; b: 1*(0+100-10)+0+100 = 190.
-			fleet(Endpoint{CachedTokens: 6400, ActivePrefillBlocks: 10, ActiveDecodeBlocks: 50}, Endpoint{CachedTokens: 640}), 0},
+			snapOf(Endpoint{CachedTokens: 6400, ActivePrefillBlocks: 10, ActiveDecodeBlocks: 50}, Endpoint{CachedTokens: 640}), 0},
 		{"dynamo load outweighs overlap", "dynamo-kv", Options{}, req(6400),
-			fleet(Endpoint{CachedTokens: 6400, ActivePrefillBlocks: 10, ActiveDecodeBlocks: 150}, Endpoint{CachedTokens: 640}), 1},
+			snapOf(Endpoint{CachedTokens: 6400, ActivePrefillBlocks: 10, ActiveDecodeBlocks: 150}, Endpoint{CachedTokens: 640}), 1},
 		{"blend prefers the cached endpoint at equal load", "llmd-weighted-blend", Options{}, req(6400),
-			fleet(Endpoint{InflightRequests: 2}, Endpoint{CachedTokens: 6400, InflightRequests: 2}), 1},
+			snapOf(Endpoint{InflightRequests: 2}, Endpoint{CachedTokens: 6400, InflightRequests: 2}), 1},
 		{"blend's queue score overrides a weak match", "llmd-weighted-blend", Options{}, req(6400),
-			fleet(Endpoint{InflightRequests: 0}, Endpoint{CachedTokens: 640, InflightRequests: 20}), 0},
+			snapOf(Endpoint{InflightRequests: 0}, Endpoint{CachedTokens: 640, InflightRequests: 20}), 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := mustNew(t, tt.policy, tt.opts)
-			if got := p.Pick(tt.req, tt.snap); got != tt.want {
+			if got := pick(p, tt.req, tt.snap); got != tt.want {
 				t.Errorf("%s picked %d, want %d", tt.policy, got, tt.want)
 			}
 		})
@@ -95,11 +103,11 @@ func TestPolicyChoices(t *testing.T) {
 }
 
 func TestRoundRobinAndRandom(t *testing.T) {
-	s := fleet(Endpoint{}, Endpoint{Role: RoleDecode}, Endpoint{}, Endpoint{})
+	s := snapOf(Endpoint{}, Endpoint{Role: fleet.RoleDecode}, Endpoint{}, Endpoint{})
 	rr := mustNew(t, "round-robin", Options{})
 	var got []int
 	for range 6 {
-		got = append(got, rr.Pick(req(64), s))
+		got = append(got, pick(rr, req(64), s))
 	}
 	want := []int{0, 2, 3, 0, 2, 3}
 	for i := range want {
@@ -110,7 +118,7 @@ func TestRoundRobinAndRandom(t *testing.T) {
 	rnd := mustNew(t, "random", Options{Seed: 7})
 	seen := map[int]int{}
 	for range 3000 {
-		seen[rnd.Pick(req(64), s)]++
+		seen[pick(rnd, req(64), s)]++
 	}
 	if seen[1] != 0 || len(seen) != 3 {
 		t.Fatalf("random must pick every prefill endpoint and never the decode one: %v", seen)
@@ -123,9 +131,9 @@ func TestRoundRobinAndRandom(t *testing.T) {
 }
 
 func TestNoCandidates(t *testing.T) {
-	s := fleet(Endpoint{Role: RoleDecode})
+	s := snapOf(Endpoint{Role: fleet.RoleDecode})
 	for _, n := range Names() {
-		if got := mustNew(t, n, Options{}).Pick(req(640), s); got != -1 {
+		if got := pick(mustNew(t, n, Options{}), req(640), s); got != -1 {
 			t.Errorf("%s picked %d from a fleet without prefill endpoints", n, got)
 		}
 	}
@@ -143,7 +151,7 @@ func TestUnknownPolicy(t *testing.T) {
 }
 
 func TestEarlyRejection(t *testing.T) {
-	s := fleet(Endpoint{QueueWait: 1.9, CachedTokens: 0}, Endpoint{QueueWait: 2.5, CachedTokens: 6400})
+	s := snapOf(Endpoint{QueueWait: 1.9, CachedTokens: 0}, Endpoint{QueueWait: 2.5, CachedTokens: 6400})
 	sc := Scheduler{Policy: mustNew(t, "predicted-ttft", Options{}), EarlyReject: true}
 	d := sc.Decide(req(6400), s) // a: 1.9 + 0.64 = 2.54 s; b: 2.5 s; both > 2 s
 	if d.Admit || !strings.Contains(d.Reason, "TTFT") {
@@ -153,7 +161,7 @@ func TestEarlyRejection(t *testing.T) {
 	if d := sc.Decide(req(6400), s); !d.Admit || d.Prefill != 1 || d.PredictedTTFT != 2.5 {
 		t.Fatalf("without early rejection the request is admitted to b, got %+v", d)
 	}
-	ok := fleet(Endpoint{QueueWait: 0.5})
+	ok := snapOf(Endpoint{QueueWait: 0.5})
 	sc.EarlyReject = true
 	if d := sc.Decide(req(6400), ok); !d.Admit || math.Abs(d.PredictedTTFT-1.14) > 1e-9 {
 		t.Fatalf("want admission with predicted TTFT 1.14, got %+v", d)
@@ -161,11 +169,11 @@ func TestEarlyRejection(t *testing.T) {
 }
 
 func TestDecodeChoiceAndAdmission(t *testing.T) {
-	s := fleet(
-		Endpoint{Role: RolePrefill},
-		Endpoint{Role: RoleDecode, KVFreeTokens: 100, DecodeTPOT: 0.01},
-		Endpoint{Role: RoleDecode, KVFreeTokens: 100000, DecodeTPOT: 0.04, DecodeStreams: 9},
-		Endpoint{Role: RoleDecode, KVFreeTokens: 100000, DecodeTPOT: 0.03, DecodeStreams: 12},
+	s := snapOf(
+		Endpoint{Role: fleet.RolePrefill},
+		Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 100, DecodeTPOT: 0.01},
+		Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 100000, DecodeTPOT: 0.04, DecodeStreams: 9},
+		Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 100000, DecodeTPOT: 0.03, DecodeStreams: 12},
 	)
 	r := req(6400)
 	r.OutputTokens = 500
@@ -179,7 +187,7 @@ func TestDecodeChoiceAndAdmission(t *testing.T) {
 	if d := sc.Decide(r, s); d.Admit || !strings.Contains(d.Reason, "TPOT") {
 		t.Fatalf("want a TPOT rejection, got %+v", d)
 	}
-	full := fleet(Endpoint{Role: RolePrefill}, Endpoint{Role: RoleDecode, KVFreeTokens: 10})
+	full := snapOf(Endpoint{Role: fleet.RolePrefill}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 10})
 	if d := sc.Decide(r, full); d.Admit || !strings.Contains(d.Reason, "KV") {
 		t.Fatalf("want a KV-room rejection, got %+v", d)
 	}
@@ -212,7 +220,7 @@ func TestDecodeForecast(t *testing.T) {
 	r.OutputTokens = 500
 	r.SLO.TPOT = 0.05
 	full := func() *Snapshot {
-		return fleet(Endpoint{Role: RolePrefill, QueueWait: 1}, Endpoint{Role: RoleDecode, KVFreeTokens: 10, DecodeTPOT: 0.02})
+		return snapOf(Endpoint{Role: fleet.RolePrefill, QueueWait: 1}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 10, DecodeTPOT: 0.02})
 	}
 	sc := Scheduler{Policy: mustNew(t, "least-queue", Options{}), EarlyReject: true}
 	if d := sc.Decide(r, full()); d.Admit {

@@ -1,10 +1,21 @@
 package sched
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
 
-// Scheduler turns a policy's pick into a decision: it chooses the decode
-// endpoint when the fleet is disaggregated and applies admission (early
-// rejection) when enabled.
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// Scheduler turns a policy's pick into a decision: it gives the policy only
+// the endpoints that can compute the prompt, chooses the decode endpoint
+// when the fleet is disaggregated, and applies admission (early rejection)
+// when enabled.
+//
+// Decide never writes to the request or the snapshot it is given, and a
+// Scheduler may be used by many goroutines at once (the policies are safe
+// for concurrent use), so a gateway can decide several requests on one
+// shared snapshot.
 type Scheduler struct {
 	Policy Policy
 	// EarlyReject rejects a request whose predicted TTFT on the chosen
@@ -12,96 +23,221 @@ type Scheduler struct {
 	// has no KV room or would exceed its TPOT SLO, before any compute is
 	// spent.
 	EarlyReject bool
+	// DefaultSLO fills the SLO fields a request leaves at 0. It is the one
+	// place a default SLO is applied: policies and admission read the
+	// request's SLO, and Decision.SLO carries the SLO the request was
+	// judged by, which is the one its outcome must be measured against.
+	DefaultSLO SLO
+	// Explain asks for Decision.Costs (per-endpoint costs, for policies
+	// that report them).
+	Explain bool
+
+	scratch sync.Pool // *view
+}
+
+// view is one decision's working copy of the candidates.
+type view struct {
+	snap  Snapshot
+	index []int // snap.Endpoints[k] is the caller's endpoint index[k]
+	costs []float64
+}
+
+// WithDefaults returns the request's SLO with the scheduler's defaults
+// filled in.
+func (sc *Scheduler) WithDefaults(s SLO) SLO {
+	if s.TTFT <= 0 {
+		s.TTFT = sc.DefaultSLO.TTFT
+	}
+	if s.TPOT <= 0 {
+		s.TPOT = sc.DefaultSLO.TPOT
+	}
+	return s
 }
 
 // Decide routes one request. Decisions with Admit false carry a reason; the
-// indices may still be set to show where the request would have gone. With
-// a Snapshot.Forecast, Decide overwrites the decode endpoints' KVFreeTokens
-// and DecodeTPOT with their forecasts for the end of the prefill.
-func (sc *Scheduler) Decide(req *Request, s *Snapshot) Decision {
-	p := sc.Policy.Pick(req, s)
-	if p < 0 || p >= len(s.Endpoints) || !s.Endpoints[p].Role.CanPrefill() {
-		return Decision{Prefill: -1, Decode: -1, Reason: "no endpoint can serve the prompt"}
+// indices may still be set to show where the request would have gone.
+// With a Snapshot.Forecast, the decode side is judged on its forecast for
+// the end of the prefill.
+func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
+	req := *in
+	req.SLO = sc.WithDefaults(req.SLO)
+	v, _ := sc.scratch.Get().(*view)
+	if v == nil {
+		v = &view{}
+	}
+	defer sc.scratch.Put(v)
+	cand := candidates(s, v, func(r fleet.Role) bool { return r.CanPrefill() })
+	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO}
+	p := -1
+	if len(cand.Endpoints) > 0 {
+		p = sc.Policy.Pick(&req, cand)
+	}
+	if p < 0 || p >= len(cand.Endpoints) {
+		d.Reason = "no endpoint can serve the prompt"
+		return d
+	}
+	if sc.Explain {
+		d.Costs = sc.costs(&req, s, cand, v)
+	}
+	if v.index != nil {
+		p = v.index[p]
 	}
 	pe := &s.Endpoints[p]
-	d := Decision{
-		Admit:         true,
-		Prefill:       p,
-		Decode:        -1,
-		PredictedTTFT: PredictTTFT(req, pe),
-		CachedTokens:  pe.CachedTokens,
-	}
-	if pe.Role == RolePrefill {
-		if s.Forecast != nil {
-			// Mooncake's Conductor judges decode when the prefill ends:
-			// refresh the decode endpoints' room and TPOT for that time.
-			at := s.Now + d.PredictedTTFT
-			for i := range s.Endpoints {
-				if e := &s.Endpoints[i]; e.Role == RoleDecode {
-					e.KVFreeTokens, e.DecodeTPOT = s.Forecast.ForecastDecode(i, at, req)
-				}
-			}
-		}
-		d.Decode = PickDecode(req, s)
+	d.Admit, d.Prefill = true, p
+	d.PredictedTTFT = PredictTTFT(&req, pe)
+	d.CachedTokens = pe.CachedTokens
+	if pe.Role == fleet.RolePrefill {
+		var de DecodeView
+		d.Decode, de = PickDecode(&req, s, s.Now+d.PredictedTTFT)
 		if d.Decode < 0 {
 			d.Admit, d.Reason = false, "no decode endpoint"
 			return d
 		}
-		d.PredictedTPOT = s.Endpoints[d.Decode].DecodeTPOT
-	}
-	if !sc.EarlyReject {
-		return d
-	}
-	if req.SLO.TTFT > 0 && d.PredictedTTFT > req.SLO.TTFT {
-		d.Admit = false
-		d.Reason = fmt.Sprintf("predicted TTFT %.3fs exceeds SLO %.3fs", d.PredictedTTFT, req.SLO.TTFT)
-		return d
-	}
-	if d.Decode >= 0 {
-		de := &s.Endpoints[d.Decode]
-		if de.KVFreeTokens < req.PromptTokens+req.OutputTokens {
-			d.Admit, d.Reason = false, "no KV room on any decode endpoint"
+		d.PredictedTPOT = de.TPOT
+		if !sc.EarlyReject {
 			return d
 		}
-		if req.SLO.TPOT > 0 && de.DecodeTPOT > req.SLO.TPOT {
-			d.Admit = false
-			d.Reason = fmt.Sprintf("predicted TPOT %.4fs exceeds SLO %.4fs", de.DecodeTPOT, req.SLO.TPOT)
+		if sc.rejectTTFT(&req, &d) {
 			return d
 		}
+		sc.admitDecode(&req, de, &d)
+		return d
+	}
+	if sc.EarlyReject {
+		sc.rejectTTFT(&req, &d)
 	}
 	return d
 }
 
-// PickDecode chooses the decode endpoint as Mooncake's Conductor does: among
-// decode endpoints with KV room for the whole sequence, the lowest predicted
-// TPOT, ties by fewer streams; if none has room, the one with the most free
-// KV (admission may still reject it). -1 if there is no decode endpoint.
-func PickDecode(req *Request, s *Snapshot) int {
-	need := req.PromptTokens + req.OutputTokens
-	best, roomy := -1, false
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if e.Role != RoleDecode {
-			continue
-		}
-		fits := e.KVFreeTokens >= need
-		if best < 0 {
-			best, roomy = i, fits
-			continue
-		}
-		b := &s.Endpoints[best]
-		switch {
-		case fits && !roomy:
-			best, roomy = i, true
-		case fits == roomy && fits:
-			if e.DecodeTPOT < b.DecodeTPOT || (e.DecodeTPOT == b.DecodeTPOT && e.DecodeStreams < b.DecodeStreams) {
-				best = i
-			}
-		case fits == roomy:
-			if e.KVFreeTokens > b.KVFreeTokens {
-				best = i
-			}
+func (sc *Scheduler) rejectTTFT(req *Request, d *Decision) bool {
+	if req.SLO.TTFT > 0 && d.PredictedTTFT > req.SLO.TTFT {
+		d.Admit = false
+		d.Reason = fmt.Sprintf("predicted TTFT %.3fs exceeds SLO %.3fs", d.PredictedTTFT, req.SLO.TTFT)
+		return true
+	}
+	return false
+}
+
+func (sc *Scheduler) admitDecode(req *Request, de DecodeView, d *Decision) {
+	if need, ok := addInts(req.PromptTokens, req.OutputTokens); !ok || de.KVFreeTokens < need {
+		d.Admit, d.Reason = false, "no KV room on any decode endpoint"
+		return
+	}
+	if req.SLO.TPOT > 0 && de.TPOT > req.SLO.TPOT {
+		d.Admit = false
+		d.Reason = fmt.Sprintf("predicted TPOT %.4fs exceeds SLO %.4fs", de.TPOT, req.SLO.TPOT)
+	}
+}
+
+// costs maps a CostReporter's per-candidate costs back onto the caller's
+// endpoint indices (NaN for endpoints that were not candidates).
+func (sc *Scheduler) costs(req *Request, s, cand *Snapshot, v *view) []float64 {
+	cr, ok := sc.Policy.(CostReporter)
+	if !ok {
+		return nil
+	}
+	v.costs = cr.Costs(req, cand, v.costs[:0])
+	out := make([]float64, len(s.Endpoints))
+	if v.index == nil {
+		copy(out, v.costs)
+		return out
+	}
+	for i := range out {
+		out[i] = nan
+	}
+	for k, i := range v.index {
+		if k < len(v.costs) {
+			out[i] = v.costs[k]
 		}
 	}
-	return best
+	return out
+}
+
+// candidates returns s itself when every endpoint passes keep (no copy),
+// else a view holding copies of the endpoints that do, with v.index
+// mapping back.
+func candidates(s *Snapshot, v *view, keep func(fleet.Role) bool) *Snapshot {
+	all := true
+	for i := range s.Endpoints {
+		if !keep(s.Endpoints[i].Role) {
+			all = false
+			break
+		}
+	}
+	v.index = v.index[:0]
+	if all {
+		v.index = nil
+		return s
+	}
+	v.snap = Snapshot{Now: s.Now, BlockSize: s.BlockSize, Forecast: s.Forecast, Endpoints: v.snap.Endpoints[:0]}
+	for i := range s.Endpoints {
+		if keep(s.Endpoints[i].Role) {
+			v.snap.Endpoints = append(v.snap.Endpoints, s.Endpoints[i])
+			v.index = append(v.index, i)
+		}
+	}
+	if v.index == nil {
+		v.index = []int{}
+	}
+	return &v.snap
+}
+
+// addInts adds two non-negative counts, reporting overflow.
+func addInts(a, b int) (int, bool) {
+	if a < 0 || b < 0 || a > int(^uint(0)>>1)-b {
+		return 0, false
+	}
+	return a + b, true
+}
+
+// DecodeView is a decode endpoint's state as the decision sees it: now, or
+// forecast for the end of the prefill.
+type DecodeView struct {
+	KVFreeTokens int
+	TPOT         float64
+	Streams      int
+}
+
+func decodeView(s *Snapshot, i int, at float64, req *Request) DecodeView {
+	e := &s.Endpoints[i]
+	dv := DecodeView{KVFreeTokens: e.KVFreeTokens, TPOT: e.DecodeTPOT, Streams: e.DecodeStreams}
+	if s.Forecast != nil {
+		// Mooncake's Conductor judges decode when the prefill ends.
+		dv.KVFreeTokens, dv.TPOT = s.Forecast.ForecastDecode(i, at, req)
+	}
+	return dv
+}
+
+// PickDecode chooses the decode endpoint as Mooncake's Conductor does: among
+// decode endpoints with KV room for the whole sequence (at time at, when a
+// Forecast is set), the lowest predicted TPOT, ties by fewer streams; if none
+// has room, the one with the most free KV (admission may still reject it).
+// It returns -1 if there is no decode endpoint.
+func PickDecode(req *Request, s *Snapshot, at float64) (int, DecodeView) {
+	need, ok := addInts(req.PromptTokens, req.OutputTokens)
+	if !ok {
+		need = int(^uint(0) >> 1)
+	}
+	best, roomy := -1, false
+	var b DecodeView
+	for i := range s.Endpoints {
+		if s.Endpoints[i].Role != fleet.RoleDecode {
+			continue
+		}
+		e := decodeView(s, i, at, req)
+		fits := e.KVFreeTokens >= need
+		better := false
+		switch {
+		case best < 0, fits && !roomy:
+			better = true
+		case fits == roomy && fits:
+			better = e.TPOT < b.TPOT || (e.TPOT == b.TPOT && e.Streams < b.Streams)
+		case fits == roomy:
+			better = e.KVFreeTokens > b.KVFreeTokens
+		}
+		if better {
+			best, roomy, b = i, fits, e
+		}
+	}
+	return best, b
 }

@@ -11,45 +11,7 @@
 // costs microseconds).
 package sched
 
-// Role is what an endpoint does: prefill and decode (aggregated), only
-// prefill, or only decode.
-type Role uint8
-
-const (
-	RoleBoth Role = iota
-	RolePrefill
-	RoleDecode
-)
-
-func (r Role) String() string {
-	switch r {
-	case RolePrefill:
-		return "prefill"
-	case RoleDecode:
-		return "decode"
-	default:
-		return "both"
-	}
-}
-
-// ParseRole parses "both", "prefill" or "decode".
-func ParseRole(s string) (Role, bool) {
-	switch s {
-	case "both", "":
-		return RoleBoth, true
-	case "prefill":
-		return RolePrefill, true
-	case "decode":
-		return RoleDecode, true
-	}
-	return 0, false
-}
-
-// CanPrefill reports whether the role computes prompts.
-func (r Role) CanPrefill() bool { return r != RoleDecode }
-
-// CanDecode reports whether the role generates tokens.
-func (r Role) CanDecode() bool { return r != RolePrefill }
+import "github.com/kvgate/kvgate/internal/fleet"
 
 // SLO holds a request's latency targets in seconds; 0 means none.
 type SLO struct {
@@ -77,7 +39,7 @@ type Request struct {
 // Endpoint is one instance as seen for one request.
 type Endpoint struct {
 	Name string
-	Role Role
+	Role fleet.Role
 	// PrefillSpeed is the instance's prompt tokens per second (learned or
 	// configured).
 	PrefillSpeed float64
@@ -116,7 +78,7 @@ type Endpoint struct {
 }
 
 // Snapshot is the fleet as seen for one request. Endpoints are in a stable
-// order; choices are indices into it.
+// order; choices are indices into it. Deciding never writes to a snapshot.
 type Snapshot struct {
 	Now       float64
 	BlockSize int
@@ -173,4 +135,10 @@ type Decision struct {
 	PredictedTPOT float64
 	// CachedTokens is the chosen endpoint's cached prefix.
 	CachedTokens int
+	// SLO is the SLO the request was judged by: its own, with the
+	// scheduler's defaults filled in.
+	SLO SLO
+	// Costs, when the scheduler explains and the policy reports costs,
+	// holds each endpoint's cost (lower is better; NaN: not a candidate).
+	Costs []float64
 }

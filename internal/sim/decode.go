@@ -2,6 +2,8 @@ package sim
 
 import (
 	"container/heap"
+	"context"
+	"math"
 
 	"github.com/kvgate/kvgate/internal/perfmodel"
 )
@@ -76,14 +78,21 @@ type decodePool struct {
 	// times.
 	out, prompt   []int
 	first, finish []float64
+	// never[r]: request r's sequence exceeds the instance's whole KV
+	// capacity; it is dropped at its join instead of blocking the
+	// instance's waiting queue forever.
+	never []bool
 }
 
 func newDecodePool(n, kvTokens int, m perfmodel.Model, requests int) *decodePool {
 	p := &decodePool{model: m, inst: make([]decodeInst, n),
 		out: make([]int, requests), prompt: make([]int, requests),
-		first: make([]float64, requests), finish: make([]float64, requests)}
+		first: make([]float64, requests), finish: make([]float64, requests), never: make([]bool, requests)}
 	for i := range p.inst {
 		p.inst[i].kvCap = kvTokens
+	}
+	for i := range p.first {
+		p.first[i] = -1 // not yet
 	}
 	return p
 }
@@ -99,7 +108,16 @@ func (p *decodePool) join(at float64, d, r, prompt, out int) {
 	p.push(at, d, r)
 }
 
-func (p *decodePool) need(r int) int { return p.prompt[r] + p.out[r] }
+// need is request r's KV footprint; it saturates rather than overflow.
+func (p *decodePool) need(r int) int {
+	if p.prompt[r] > math.MaxInt-p.out[r] {
+		return math.MaxInt
+	}
+	return p.prompt[r] + p.out[r]
+}
+
+// served reports whether request r produced its first token.
+func (p *decodePool) served(r int) bool { return !p.never[r] && p.first[r] >= 0 }
 
 // advance processes every event up to and including time t.
 func (p *decodePool) advance(t float64) {
@@ -107,6 +125,10 @@ func (p *decodePool) advance(t float64) {
 		e := heap.Pop(&p.ev).(event)
 		d := &p.inst[e.inst]
 		if e.req >= 0 {
+			if p.need(e.req) > d.kvCap {
+				p.never[e.req] = true
+				continue
+			}
 			if len(d.waiting) == 0 && d.kvUsed+p.need(e.req) <= d.kvCap {
 				d.kvUsed += p.need(e.req)
 				d.pending = append(d.pending, e.req)
@@ -165,11 +187,15 @@ func (p *decodePool) endStep(at float64, i int) {
 	d.running = false
 }
 
-// drain runs every remaining event.
-func (p *decodePool) drain() {
-	for len(p.ev) > 0 {
+// drain runs every remaining event, checking ctx now and then.
+func (p *decodePool) drain(ctx context.Context) error {
+	for i := 0; len(p.ev) > 0; i++ {
+		if i&4095 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
 		p.advance(p.ev[0].at)
 	}
+	return nil
 }
 
 // forecast predicts instance i's free KV tokens at time at (now <= at) and

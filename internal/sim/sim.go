@@ -13,8 +13,12 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"slices"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/load"
 
 	"github.com/kvgate/kvgate/internal/perfmodel"
 	"github.com/kvgate/kvgate/internal/sched"
@@ -52,7 +56,8 @@ func (c Config) validate(tr *workload.Trace) error {
 	return tr.Validate()
 }
 
-// Result summarises one run. Attainment counts rejected requests as misses.
+// Result summarises one run. Attainment counts rejected and unserved
+// requests as misses; latencies are over served requests only.
 type Result struct {
 	Policy      string  `json:"policy"`
 	EarlyReject bool    `json:"early_reject"`
@@ -63,183 +68,161 @@ type Result struct {
 	TTFTP99     float64 `json:"ttft_p99"`
 	Attainment  float64 `json:"attainment"`
 	Rejected    float64 `json:"rejected"`
-	Goodput     float64 `json:"goodput"`
-	TPOTP50     float64 `json:"tpot_p50,omitempty"`
-	TPOTP99     float64 `json:"tpot_p99,omitempty"`
+	// Unserved is the share of admitted requests that were never served
+	// (a sequence longer than any decode instance's KV): misses.
+	Unserved float64 `json:"unserved,omitempty"`
+	Goodput  float64 `json:"goodput"`
+	TPOTP50  float64 `json:"tpot_p50,omitempty"`
+	TPOTP99  float64 `json:"tpot_p99,omitempty"`
 }
 
-type inflight struct {
-	done            float64
-	uncached, ublks int
-	keys            []uint64
-}
-
-type prefillInst struct {
-	busy       float64
-	q          []inflight
-	head       int
-	uncached   int
-	ublocks    int
-	lastPicked float64
-	// active counts in-flight sequences per block: its size is the number
-	// of distinct blocks the instance holds for them. nil unless the
-	// policy reads active blocks (sched.SignalActiveBlocks).
-	active map[uint64]int32
-}
-
-func (p *prefillInst) hold(keys []uint64) {
-	if p.active == nil {
-		return
-	}
-	for _, k := range keys {
-		p.active[k]++
-	}
-}
-
-func (p *prefillInst) drain(t float64) {
-	for p.head < len(p.q) && p.q[p.head].done <= t {
-		f := p.q[p.head]
-		p.uncached -= f.uncached
-		p.ublocks -= f.ublks
-		for _, k := range f.keys {
-			if p.active == nil {
-				break
-			}
-			if c := p.active[k]; c <= 1 {
-				delete(p.active, k)
-			} else {
-				p.active[k] = c - 1
-			}
-		}
-		p.head++
-	}
-	if p.head > 1024 && p.head*2 > len(p.q) {
-		p.q = append(p.q[:0], p.q[p.head:]...)
-		p.head = 0
-	}
-}
-
-// Run simulates the trace on the fleet under the scheduler.
-func Run(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (Result, error) {
+// Run simulates the trace on the fleet under the scheduler. Each request
+// carries cfg.SLO as its own SLO. It stops with ctx's error when ctx is
+// cancelled.
+func Run(ctx context.Context, cfg Config, tr *workload.Trace, sc *sched.Scheduler) (Result, error) {
 	if err := cfg.validate(tr); err != nil {
 		return Result{}, err
 	}
-	bs := tr.BlockSize
-	n := cfg.Prefill
-	cache := newFleetCache(n, cfg.CacheTokens/bs)
-	pre := make([]prefillInst, n)
-	for i := range pre {
-		pre[i].lastPicked = -1
-		if sched.Needs(sc.Policy)&sched.SignalActiveBlocks != 0 {
-			pre[i].active = make(map[uint64]int32)
-		}
-	}
-	var dec *decodePool
-	if cfg.Decode > 0 {
-		dec = newDecodePool(cfg.Decode, cfg.DecodeKVTokens, cfg.Model, len(tr.Requests))
-	}
-	role := sched.RoleBoth
-	if cfg.Decode > 0 {
-		role = sched.RolePrefill
-	}
-	snap := &sched.Snapshot{BlockSize: bs, Endpoints: make([]sched.Endpoint, n+cfg.Decode)}
-	for i := range snap.Endpoints {
-		snap.Endpoints[i].Name = fmt.Sprintf("p%d", i)
-		snap.Endpoints[i].Role = role
-		snap.Endpoints[i].PrefillSpeed = cfg.Model.PrefillTokensPerSec
-		if i >= n {
-			snap.Endpoints[i].Name = fmt.Sprintf("d%d", i-n)
-			snap.Endpoints[i].Role = sched.RoleDecode
-		}
-	}
-	var fc *decodeForecast
-	if dec != nil {
-		fc = &decodeForecast{pool: dec, first: n}
-		snap.Forecast = fc
-	}
-	matched := make([]int, n)
-	prefillDone := make([]float64, len(tr.Requests))
-	admitted := make([]bool, len(tr.Requests))
-	var hitTok, totTok int64
-	rejected := 0
-
+	r := newRun(cfg, tr, sc)
 	for ri := range tr.Requests {
-		r := &tr.Requests[ri]
-		t := r.Arrival
-		if dec != nil {
-			dec.advance(t)
+		if ri&1023 == 0 && ctx.Err() != nil {
+			return Result{}, fmt.Errorf("sim: stopped after %d of %d requests: %w", ri, len(tr.Requests), ctx.Err())
 		}
-		cache.match(r.Keys, matched)
-		req := sched.Request{Arrival: t, PromptTokens: r.PromptTokens, PromptBlocks: len(r.Keys),
-			OutputTokens: r.OutputTokens, SLO: cfg.SLO}
-		snap.Now = t
-		if fc != nil {
-			fc.now = t
-		}
-		for i := range pre {
-			p := &pre[i]
-			p.drain(t)
-			e := &snap.Endpoints[i]
-			e.CachedTokens = min(matched[i]*bs, r.PromptTokens)
-			e.QueueWait = max(p.busy-t, 0)
-			e.FreeAt = p.busy
-			e.InflightUncached = p.uncached
-			e.InflightRequests = len(p.q) - p.head
-			e.ActivePrefillBlocks = p.ublocks
-			e.ActiveDecodeBlocks = len(p.active)
-			if cap := cache.inst[i].cap; cap > 0 {
-				e.KVUsage = float64(cache.inst[i].len()) / float64(cap)
-				e.KVFreeTokens = (cap - cache.inst[i].len()) * bs
-			}
-			e.LastPicked = p.lastPicked
-		}
-		if dec != nil {
-			for j := range dec.inst {
-				d := &dec.inst[j]
-				e := &snap.Endpoints[n+j]
-				e.DecodeStreams = d.batch + len(d.pending) + len(d.waiting)
-				e.KVFreeTokens = d.kvCap - d.kvUsed
-				e.KVUsage = float64(d.kvUsed) / float64(d.kvCap)
-				e.DecodeTPOT = cfg.Model.DecodeStepTime(d.batch+len(d.pending)+1, d.ctx+d.pendingCtx+r.PromptTokens)
-			}
-		}
-		dcs := sc.Decide(&req, snap)
-		if !dcs.Admit {
-			rejected++
-			continue
-		}
-		if dcs.Prefill < 0 || dcs.Prefill >= n {
-			return Result{}, fmt.Errorf("sim: policy %s chose prefill endpoint %d of %d", sc.Policy.Name(), dcs.Prefill, n)
-		}
-		i := dcs.Prefill
-		p := &pre[i]
-		hit := snap.Endpoints[i].CachedTokens
-		unc := r.PromptTokens - hit
-		start := max(p.busy, t)
-		p.busy = start + cfg.Model.PrefillTime(unc)
-		ublk := len(r.Keys) - matched[i]
-		p.q = append(p.q, inflight{done: p.busy, uncached: unc, ublks: ublk, keys: r.Keys})
-		p.uncached += unc
-		p.hold(r.Keys)
-		p.ublocks += ublk
-		p.lastPicked = t
-		cache.insert(i, r.Keys)
-		hitTok += int64(hit)
-		totTok += int64(r.PromptTokens)
-		admitted[ri] = true
-		prefillDone[ri] = p.busy
-		if dec != nil {
-			d := dcs.Decode - n
-			if d < 0 || d >= cfg.Decode {
-				return Result{}, fmt.Errorf("sim: no decode endpoint chosen for request %d", ri)
-			}
-			dec.join(p.busy+cfg.Model.TransferTime(r.PromptTokens), d, ri, r.PromptTokens, r.OutputTokens)
+		if err := r.step(ri); err != nil {
+			return Result{}, err
 		}
 	}
-	if dec != nil {
-		dec.drain()
+	if r.dec != nil {
+		if err := r.dec.drain(ctx); err != nil {
+			return Result{}, fmt.Errorf("sim: decode: %w", err)
+		}
 	}
-	return summarise(cfg, tr, sc, admitted, prefillDone, dec, hitTok, totTok, rejected), nil
+	return r.summarise(), nil
+}
+
+// run is one simulation's state.
+type run struct {
+	cfg   Config
+	tr    *workload.Trace
+	sc    *sched.Scheduler
+	n     int // prefill instances; decode instances follow them
+	cache *fleetCache
+	load  *load.Fleet
+	eps   []*load.Endpoint
+	dec   *decodePool
+	fc    *decodeForecast
+	snap  sched.Snapshot
+
+	matched []int
+	// Per request: admitted, end of prefill, the SLO it was judged by.
+	admitted    []bool
+	prefillDone []float64
+	slo         []sched.SLO
+	hitTok      int64
+	totTok      int64
+	rejected    int
+}
+
+func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) *run {
+	n := cfg.Prefill
+	r := &run{cfg: cfg, tr: tr, sc: sc, n: n,
+		cache:       newFleetCache(n, cfg.CacheTokens/tr.BlockSize),
+		matched:     make([]int, n+cfg.Decode),
+		admitted:    make([]bool, len(tr.Requests)),
+		prefillDone: make([]float64, len(tr.Requests)),
+		slo:         make([]sched.SLO, len(tr.Requests)),
+	}
+	role := fleet.RoleBoth
+	if cfg.Decode > 0 {
+		role = fleet.RolePrefill
+		r.dec = newDecodePool(cfg.Decode, cfg.DecodeKVTokens, cfg.Model, len(tr.Requests))
+		r.fc = &decodeForecast{pool: r.dec, first: n}
+		r.snap.Forecast = r.fc
+	}
+	infos := make([]load.Info, n+cfg.Decode)
+	for i := range infos {
+		infos[i] = load.Info{Name: fmt.Sprintf("p%d", i), Role: role, PrefillSpeed: cfg.Model.PrefillTokensPerSec}
+		if i >= n {
+			infos[i] = load.Info{Name: fmt.Sprintf("d%d", i-n), Role: fleet.RoleDecode}
+		}
+	}
+	r.load = load.New(infos, sched.Needs(sc.Policy)&sched.SignalActiveBlocks != 0)
+	r.snap.BlockSize = tr.BlockSize
+	return r
+}
+
+// CachedBlocks implements load.PrefixCache over the prefill instances'
+// caches; decode instances hold no prefixes for new requests.
+func (r *run) CachedBlocks(keys []uint64, matched []int) {
+	r.cache.match(keys, matched[:r.n])
+	clear(matched[r.n:])
+}
+
+// step routes request ri at its arrival.
+func (r *run) step(ri int) error {
+	q := &r.tr.Requests[ri]
+	t := q.Arrival
+	if r.dec != nil {
+		r.dec.advance(t)
+		r.fc.now = t
+	}
+	r.load.Expire(t)
+	r.eps = r.load.Snapshot(t, q.PromptTokens, q.Keys, r, r.matched, &r.snap)
+	r.fillCapacity(q.PromptTokens)
+	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
+		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO}
+	d := r.sc.Decide(&req, &r.snap)
+	r.slo[ri] = d.SLO
+	if !d.Admit {
+		r.rejected++
+		return nil
+	}
+	if d.Prefill < 0 || d.Prefill >= r.n {
+		return fmt.Errorf("sim: policy %s chose prefill endpoint %d of %d", r.sc.Policy.Name(), d.Prefill, r.n)
+	}
+	i := d.Prefill
+	hit := r.snap.Endpoints[i].CachedTokens
+	unc := q.PromptTokens - hit
+	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, UncachedBlocks: len(q.Keys) - r.matched[i],
+		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc)})
+	done := r.load.PredictedPrefillEnd(fl)
+	r.cache.insert(i, q.Keys)
+	r.hitTok += int64(hit)
+	r.totTok += int64(q.PromptTokens)
+	r.admitted[ri] = true
+	r.prefillDone[ri] = done
+	if r.dec != nil {
+		dj := d.Decode - r.n
+		if dj < 0 || dj >= r.cfg.Decode {
+			return fmt.Errorf("sim: no decode endpoint chosen for request %d", ri)
+		}
+		r.dec.join(done+r.cfg.Model.TransferTime(q.PromptTokens), dj, ri, q.PromptTokens, q.OutputTokens)
+	}
+	return nil
+}
+
+// fillCapacity sets the snapshot's KV fields: prefix-cache occupancy on
+// prefill instances, the decode pool's state on decode instances.
+func (r *run) fillCapacity(prompt int) {
+	bs := r.tr.BlockSize
+	for i := 0; i < r.n; i++ {
+		if c := r.cache.inst[i]; c.cap > 0 {
+			e := &r.snap.Endpoints[i]
+			e.KVUsage = float64(c.len()) / float64(c.cap)
+			e.KVFreeTokens = (c.cap - c.len()) * bs
+		}
+	}
+	if r.dec == nil {
+		return
+	}
+	for j := range r.dec.inst {
+		d := &r.dec.inst[j]
+		e := &r.snap.Endpoints[r.n+j]
+		e.DecodeStreams = d.batch + len(d.pending) + len(d.waiting)
+		e.KVFreeTokens = d.kvCap - d.kvUsed
+		e.KVUsage = float64(d.kvUsed) / float64(d.kvCap)
+		e.DecodeTPOT = r.cfg.Model.DecodeStepTime(d.batch+len(d.pending)+1, d.ctx+d.pendingCtx+prompt)
+	}
 }
 
 // decodeForecast lets the scheduler ask the decode pool about the end of a
@@ -254,43 +237,51 @@ func (f *decodeForecast) ForecastDecode(e int, at float64, req *sched.Request) (
 	return f.pool.forecast(e-f.first, f.now, at, req.PromptTokens)
 }
 
-func summarise(cfg Config, tr *workload.Trace, sc *sched.Scheduler, admitted []bool, prefillDone []float64,
-	dec *decodePool, hitTok, totTok int64, rejected int) Result {
+func (r *run) summarise() Result {
 	var ttfts, tpots []float64
-	good := 0
-	for ri, ok := range admitted {
+	good, unserved := 0, 0
+	dec := r.dec
+	for ri, ok := range r.admitted {
 		if !ok {
 			continue
 		}
-		r := &tr.Requests[ri]
-		ttft := prefillDone[ri] - r.Arrival
+		q := &r.tr.Requests[ri]
+		slo := r.slo[ri]
+		ttft := r.prefillDone[ri] - q.Arrival
 		tpot := 0.0
 		if dec != nil {
-			ttft = dec.first[ri] - r.Arrival
+			if !dec.served(ri) {
+				// Admitted but never decoded (its sequence can never
+				// fit a decode instance): a miss, and no latency.
+				unserved++
+				continue
+			}
+			ttft = dec.first[ri] - q.Arrival
 			if o := dec.out[ri]; o > 1 {
 				tpot = (dec.finish[ri] - dec.first[ri]) / float64(o-1)
 			}
 			tpots = append(tpots, tpot)
 		}
 		ttfts = append(ttfts, ttft)
-		if (cfg.SLO.TTFT <= 0 || ttft <= cfg.SLO.TTFT) && (dec == nil || cfg.SLO.TPOT <= 0 || tpot <= cfg.SLO.TPOT) {
+		if (slo.TTFT <= 0 || ttft <= slo.TTFT) && (dec == nil || slo.TPOT <= 0 || tpot <= slo.TPOT) {
 			good++
 		}
 	}
-	total := len(tr.Requests)
-	res := Result{Policy: sc.Policy.Name(), EarlyReject: sc.EarlyReject, Requests: total}
-	if tr.Duration > 0 {
-		res.Rate = float64(total) / tr.Duration
-		res.Goodput = float64(good) / tr.Duration
+	total := len(r.tr.Requests)
+	res := Result{Policy: r.sc.Policy.Name(), EarlyReject: r.sc.EarlyReject, Requests: total}
+	if r.tr.Duration > 0 {
+		res.Rate = float64(total) / r.tr.Duration
+		res.Goodput = float64(good) / r.tr.Duration
 	}
-	if totTok > 0 {
-		res.HitRate = float64(hitTok) / float64(totTok)
+	if r.totTok > 0 {
+		res.HitRate = float64(r.hitTok) / float64(r.totTok)
 	}
 	res.TTFTP50, res.TTFTP99 = percentiles(ttfts)
 	res.TPOTP50, res.TPOTP99 = percentiles(tpots)
 	if total > 0 {
 		res.Attainment = float64(good) / float64(total)
-		res.Rejected = float64(rejected) / float64(total)
+		res.Rejected = float64(r.rejected) / float64(total)
+		res.Unserved = float64(unserved) / float64(total)
 	}
 	return res
 }

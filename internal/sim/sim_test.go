@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -25,13 +26,13 @@ func chat(t testing.TB, rate float64, seed uint64) *workload.Trace {
 	return tr
 }
 
-func run(t testing.TB, cfg Config, tr *workload.Trace, policy string, reject bool) Result {
+func runPolicy(t testing.TB, cfg Config, tr *workload.Trace, policy string, reject bool) Result {
 	t.Helper()
 	p, err := sched.New(policy, sched.Options{Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := Run(cfg, tr, &sched.Scheduler{Policy: p, EarlyReject: reject})
+	r, err := Run(context.Background(), cfg, tr, &sched.Scheduler{Policy: p, EarlyReject: reject})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestFleetCacheMaskMatchesWalk(t *testing.T) {
 func TestDeterministic(t *testing.T) {
 	tr := chat(t, 70, 3)
 	for _, p := range []string{"random", "llmd-token-aware", "kvgate"} {
-		a, b := run(t, seedConfig(), tr, p, true), run(t, seedConfig(), tr, p, true)
+		a, b := runPolicy(t, seedConfig(), tr, p, true), runPolicy(t, seedConfig(), tr, p, true)
 		if a != b {
 			t.Errorf("%s: two runs differ:\n%+v\n%+v", p, a, b)
 		}
@@ -125,7 +126,7 @@ func TestSeedReproduction(t *testing.T) {
 	}
 	traces := map[float64]*workload.Trace{40: chat(t, 40, 0), 70: chat(t, 70, 0)}
 	for _, w := range seed {
-		r := run(t, seedConfig(), traces[w.rate], w.policy, w.reject)
+		r := runPolicy(t, seedConfig(), traces[w.rate], w.policy, w.reject)
 		if math.Abs(r.HitRate-w.hit) > 0.03 {
 			t.Errorf("%v %s reject=%v: hit %.3f, seed %.3f", w.rate, w.policy, w.reject, r.HitRate, w.hit)
 		}
@@ -157,7 +158,7 @@ func TestAnchorsMatchReference(t *testing.T) {
 		{70, "llmd-token-aware", true, 0.986},
 	}
 	for _, ref := range refs {
-		r := run(t, seedConfig(), traces[ref.rate], ref.policy, ref.reject)
+		r := runPolicy(t, seedConfig(), traces[ref.rate], ref.policy, ref.reject)
 		if math.Abs(r.Attainment-ref.attain) > 0.04 {
 			t.Errorf("%v %s reject=%v: attainment %.3f, reference %.3f", ref.rate, ref.policy, ref.reject, r.Attainment, ref.attain)
 		}
@@ -173,7 +174,7 @@ func TestDecodePoolTiming(t *testing.T) {
 		tr.Requests[0].Keys[i] = uint64(i + 1)
 	}
 	cfg := Config{Prefill: 1, Decode: 1, Model: m, CacheTokens: 64000, DecodeKVTokens: 100000, SLO: sched.SLO{TTFT: 2, TPOT: 0.05}}
-	r := run(t, cfg, tr, "least-queue", true)
+	r := runPolicy(t, cfg, tr, "least-queue", true)
 	prefill := m.PrefillTime(2000) + m.TransferTime(2000)
 	first := m.DecodeStepTime(1, 2000)
 	if math.Abs(r.TTFTP50-(prefill+first)) > 1e-9 {
@@ -203,9 +204,9 @@ func TestDecodeSaturation(t *testing.T) {
 	}
 	cfg := Config{Prefill: 4, Decode: 1, Model: perfmodel.Default(), CacheTokens: 3000 * 64, DecodeKVTokens: 400_000,
 		SLO: sched.SLO{TTFT: 2, TPOT: 0.03}}
-	small := run(t, cfg, tr, "predicted-ttft", false)
+	small := runPolicy(t, cfg, tr, "predicted-ttft", false)
 	cfg.Decode = 6
-	big := run(t, cfg, tr, "predicted-ttft", false)
+	big := runPolicy(t, cfg, tr, "predicted-ttft", false)
 	if !(small.Attainment < 0.5 && big.Attainment > 0.95) {
 		t.Errorf("1 decode instance: %.3f (TPOT p50 %.4f); 6: %.3f (TPOT p50 %.4f)", small.Attainment, small.TPOTP50, big.Attainment, big.TPOTP50)
 	}
@@ -218,7 +219,7 @@ func TestConfigErrors(t *testing.T) {
 	tr := chat(t, 5, 0)
 	p, _ := sched.New("random", sched.Options{})
 	for _, c := range []Config{{}, {Prefill: 1, Decode: 1, Model: perfmodel.Default()}, {Prefill: 1}} {
-		if _, err := Run(c, tr, &sched.Scheduler{Policy: p}); err == nil {
+		if _, err := Run(context.Background(), c, tr, &sched.Scheduler{Policy: p}); err == nil {
 			t.Errorf("config %+v: want an error", c)
 		}
 	}
@@ -231,7 +232,7 @@ func BenchmarkSeedScenario70(b *testing.B) {
 			p, _ := sched.New(pol, sched.Options{Seed: 1})
 			sc := &sched.Scheduler{Policy: p, EarlyReject: true}
 			for b.Loop() {
-				if _, err := Run(seedConfig(), tr, sc); err != nil {
+				if _, err := Run(context.Background(), seedConfig(), tr, sc); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -246,20 +247,20 @@ func BenchmarkSeedScenario70(b *testing.B) {
 // TTFT no worse than the best other policy.
 func TestKVGateLeads(t *testing.T) {
 	tr40, tr70 := chat(t, 40, 0), chat(t, 70, 0)
-	kv := run(t, seedConfig(), tr70, "kvgate", true)
+	kv := runPolicy(t, seedConfig(), tr70, "kvgate", true)
 	if kv.Attainment < 0.99 || kv.Rejected > 0.01 {
 		t.Errorf("kvgate with early rejection: attainment %.3f, rejected %.3f", kv.Attainment, kv.Rejected)
 	}
-	kvNo := run(t, seedConfig(), tr70, "kvgate", false)
-	kv40 := run(t, seedConfig(), tr40, "kvgate", false)
+	kvNo := runPolicy(t, seedConfig(), tr70, "kvgate", false)
+	kv40 := runPolicy(t, seedConfig(), tr40, "kvgate", false)
 	for _, p := range sched.Names() {
 		if p == "kvgate" {
 			continue
 		}
-		if o := run(t, seedConfig(), tr70, p, false); o.Attainment >= kvNo.Attainment {
+		if o := runPolicy(t, seedConfig(), tr70, p, false); o.Attainment >= kvNo.Attainment {
 			t.Errorf("70 req/s: %s attains %.3f, kvgate %.3f", p, o.Attainment, kvNo.Attainment)
 		}
-		if o := run(t, seedConfig(), tr40, p, false); o.TTFTP99 < kv40.TTFTP99 {
+		if o := runPolicy(t, seedConfig(), tr40, p, false); o.TTFTP99 < kv40.TTFTP99 {
 			t.Errorf("40 req/s: %s p99 %.3f below kvgate's %.3f", p, o.TTFTP99, kv40.TTFTP99)
 		}
 	}
@@ -286,5 +287,37 @@ func TestDecodeForecastFreesFinishingStreams(t *testing.T) {
 	p.advance(0)
 	if free, _ := p.forecast(0, 0, 3.5*step, 100); free != 10000-7010 {
 		t.Fatalf("the waiting stream takes the freed room: free %d", free)
+	}
+}
+
+// TestUnservedIsAMiss: requests whose sequence can never fit a decode
+// instance are misses with no latency (issue 14 item 8: they used to count
+// as met, with a negative TTFT).
+func TestUnservedIsAMiss(t *testing.T) {
+	tr := chat(t, 10, 0)
+	cfg := seedConfig()
+	cfg.Decode, cfg.DecodeKVTokens = 2, 100
+	r := runPolicy(t, cfg, tr, "predicted-ttft", false)
+	if r.Attainment != 0 || r.Unserved != 1 || r.TTFTP50 < 0 || r.Goodput != 0 {
+		t.Fatalf("nothing fits a decode instance: %+v", r)
+	}
+	// Some fit, some do not: the ones that fit are still served.
+	cfg.DecodeKVTokens = 5000
+	r = runPolicy(t, cfg, tr, "predicted-ttft", false)
+	if r.Unserved <= 0 || r.Unserved >= 1 || r.Attainment <= 0 || r.TTFTP50 <= 0 {
+		t.Fatalf("mixed: %+v", r)
+	}
+	if r.Attainment+r.Unserved > 1+1e-9 {
+		t.Fatalf("unserved counted as met: %+v", r)
+	}
+}
+
+func TestRunStopsWhenCancelled(t *testing.T) {
+	tr := chat(t, 70, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p, _ := sched.New("kvgate", sched.Options{})
+	if _, err := Run(ctx, seedConfig(), tr, &sched.Scheduler{Policy: p}); err == nil {
+		t.Fatal("a cancelled run must stop with an error")
 	}
 }

@@ -1,0 +1,350 @@
+// Package load is the per-endpoint in-flight accounting that both the
+// gateway and the simulator use to fill a scheduling snapshot: which
+// requests each endpoint has been sent and not finished, the uncached
+// prompt tokens still to prefill, the predicted time its prefill queue
+// empties, the blocks its in-flight sequences hold (Dynamo's load terms)
+// and its decode streams.
+//
+// The meaning of every sched.Endpoint load field is defined here, once:
+//
+//   - QueueWait: predicted seconds before a new prefill could start, from
+//     the predicted prefill times of the requests routed and not yet past
+//     their prefill (FIFO; corrected when a prefill ends earlier or later
+//     than predicted).
+//   - FreeAt: when the prefill queue empties (or emptied).
+//   - InflightUncached, ActivePrefillBlocks: uncached tokens and blocks of
+//     requests routed and not yet past their prefill (released at the first
+//     token).
+//   - InflightRequests: requests routed here and not finished.
+//   - ActiveDecodeBlocks: distinct blocks of the sequences in flight here.
+//   - DecodeStreams: sequences decoding here.
+//
+// Time is whatever clock the caller passes (seconds): the simulator's or
+// the wall clock's. A Fleet is safe for concurrent use.
+package load
+
+import (
+	"math"
+	"sync"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// PrefixCache reports how much of a request each endpoint holds: it sets
+// matched[i] to the number of leading blocks of keys endpoint i (in
+// snapshot order) holds. The simulator's per-instance caches and the
+// gateway's KV index both implement it.
+type PrefixCache interface {
+	CachedBlocks(keys []uint64, matched []int)
+}
+
+// Info is what a Fleet knows of an endpoint before any request.
+type Info struct {
+	Name         string
+	Role         fleet.Role
+	PrefillSpeed float64 // prompt tokens per second
+}
+
+// Endpoint is one endpoint's in-flight state. Its fields are guarded by
+// the Fleet's lock.
+type Endpoint struct {
+	info Info
+
+	busy       float64 // predicted time the prefill queue empties
+	queue      []*Flight
+	head       int
+	uncached   int
+	ublocks    int
+	requests   int
+	streams    int
+	lastPicked float64
+	// active counts in-flight sequences per block; nil unless the fleet
+	// tracks active blocks.
+	active map[uint64]int32
+	gone   bool // removed from the fleet; flights still drain
+}
+
+// Info returns the endpoint's configuration.
+func (e *Endpoint) Info() Info { return e.info }
+
+// Flight is one request's footprint: its prefill on one endpoint and,
+// when disaggregated, its decode stream on another.
+type Flight struct {
+	prefill, decode *Endpoint
+	uncached        int
+	ublocks         int
+	keys            []uint64
+	done            float64 // predicted end of the prefill
+	prefilled       bool
+	finished        bool
+}
+
+// Work describes a request being routed.
+type Work struct {
+	Uncached       int      // prompt tokens to compute
+	UncachedBlocks int      // blocks to compute
+	Keys           []uint64 // the prompt's block keys (held while in flight)
+	PrefillSeconds float64  // predicted compute time of the uncached part
+}
+
+// Fleet is the set of endpoints a snapshot shows, in a stable order.
+type Fleet struct {
+	mu          sync.Mutex
+	eps         []*Endpoint
+	byName      map[string]*Endpoint
+	trackActive bool
+}
+
+// New returns a fleet of the given endpoints. With trackActive it keeps the
+// distinct blocks of in-flight sequences (sched.SignalActiveBlocks), which
+// costs a map update per block.
+func New(infos []Info, trackActive bool) *Fleet {
+	f := &Fleet{byName: map[string]*Endpoint{}, trackActive: trackActive}
+	f.Set(infos)
+	return f
+}
+
+// Set replaces the fleet's membership: endpoints named in infos are kept
+// (with their in-flight state, and their info updated) or added, the rest
+// leave the snapshot. Requests in flight on a removed endpoint can still
+// complete; their accounting is simply dropped.
+func (f *Fleet) Set(infos []Info) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	next := make([]*Endpoint, 0, len(infos))
+	byName := make(map[string]*Endpoint, len(infos))
+	for _, in := range infos {
+		e := f.byName[in.Name]
+		if e == nil {
+			e = &Endpoint{lastPicked: -1}
+			if f.trackActive {
+				e.active = map[uint64]int32{}
+			}
+		}
+		e.info, e.gone = in, false
+		next = append(next, e)
+		byName[in.Name] = e
+	}
+	for name, e := range f.byName {
+		if byName[name] == nil {
+			e.gone = true
+		}
+	}
+	f.eps, f.byName = next, byName
+}
+
+// Len returns the number of endpoints.
+func (f *Fleet) Len() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.eps)
+}
+
+// Snapshot fills dst with the fleet at time now for a request of
+// promptTokens tokens whose block keys are keys: identity and load fields
+// for every endpoint, and CachedTokens from pc (nil: nothing cached).
+// matched is scratch of at least the fleet's size (nil: allocated). It
+// returns the endpoints in snapshot order, for Route.
+func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc PrefixCache, matched []int, dst *sched.Snapshot) []*Endpoint {
+	f.mu.Lock()
+	eps := f.eps
+	if cap(dst.Endpoints) < len(eps) {
+		dst.Endpoints = make([]sched.Endpoint, len(eps))
+	}
+	dst.Endpoints = dst.Endpoints[:len(eps)]
+	dst.Now = now
+	for i, e := range eps {
+		e.fill(now, &dst.Endpoints[i])
+	}
+	f.mu.Unlock()
+	if pc == nil {
+		return eps
+	}
+	if len(matched) < len(eps) {
+		matched = make([]int, len(eps))
+	}
+	pc.CachedBlocks(keys, matched[:len(eps)])
+	bs := max(dst.BlockSize, 1)
+	for i := range eps {
+		dst.Endpoints[i].CachedTokens = min(satMul(matched[i], bs), promptTokens)
+	}
+	return eps
+}
+
+func satMul(a, b int) int {
+	if a > 0 && b > math.MaxInt/a {
+		return math.MaxInt
+	}
+	return a * b
+}
+
+func (e *Endpoint) fill(now float64, d *sched.Endpoint) {
+	*d = sched.Endpoint{
+		Name:                e.info.Name,
+		Role:                e.info.Role,
+		PrefillSpeed:        e.info.PrefillSpeed,
+		QueueWait:           max(e.busy-now, 0),
+		FreeAt:              e.busy,
+		InflightUncached:    e.uncached,
+		InflightRequests:    e.requests,
+		ActivePrefillBlocks: e.ublocks,
+		ActiveDecodeBlocks:  len(e.active),
+		DecodeStreams:       e.streams,
+		LastPicked:          e.lastPicked,
+	}
+}
+
+// Route records that a request was sent to e for its prefill at time now
+// and returns its flight.
+func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
+	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	start := max(e.busy, now)
+	e.busy = start + max(w.PrefillSeconds, 0)
+	fl.done = e.busy
+	e.queue = append(e.queue, fl)
+	e.uncached += fl.uncached
+	e.ublocks += fl.ublocks
+	e.requests++
+	e.lastPicked = now
+	if e.active != nil {
+		for _, k := range w.Keys {
+			e.active[k]++
+		}
+	}
+	return fl
+}
+
+// Decode records that the flight's sequence decodes on d (disaggregated
+// serving); the prefill endpoint's request then ends at the prefill.
+func (f *Fleet) Decode(fl *Flight, d *Endpoint) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl.finished || fl.decode != nil || d == nil {
+		return
+	}
+	fl.decode = d
+	d.streams++
+	d.requests++
+}
+
+// PredictedPrefillEnd returns when the flight's prefill is predicted to
+// end.
+func (f *Fleet) PredictedPrefillEnd(fl *Flight) float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fl.done
+}
+
+// PrefillDone records that the flight's prefill ended at time at (its
+// first token, or the prefill leg's response). Calling it again, or after
+// Finish, does nothing.
+func (f *Fleet) PrefillDone(fl *Flight, at float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.prefillDone(fl, at)
+}
+
+func (f *Fleet) prefillDone(fl *Flight, at float64) {
+	if fl.prefilled {
+		return
+	}
+	fl.prefilled = true
+	e := fl.prefill
+	e.uncached -= fl.uncached
+	e.ublocks -= fl.ublocks
+	head := e.head < len(e.queue) && e.queue[e.head] == fl
+	if head {
+		e.queue[e.head] = nil
+		e.head++
+	} else {
+		for i := e.head; i < len(e.queue); i++ {
+			if e.queue[i] == fl {
+				copy(e.queue[i:], e.queue[i+1:])
+				e.queue[len(e.queue)-1] = nil
+				e.queue = e.queue[:len(e.queue)-1]
+				break
+			}
+		}
+	}
+	switch {
+	case e.head == len(e.queue):
+		// Idle: the queue emptied at the end of this prefill.
+		e.busy = at
+		e.queue, e.head = e.queue[:0], 0
+	case head && at != fl.done:
+		// The head ended earlier or later than predicted: the rest of
+		// the queue moves with it.
+		d := at - fl.done
+		e.busy += d
+		for _, q := range e.queue[e.head:] {
+			q.done += d
+		}
+	}
+	if e.head > 1024 && e.head*2 > len(e.queue) {
+		n := copy(e.queue, e.queue[e.head:])
+		clear(e.queue[n:])
+		e.queue, e.head = e.queue[:n], 0
+	}
+	if fl.decode != nil {
+		// Disaggregated: the prefill endpoint's part is over.
+		e.requests--
+		f.release(e, fl.keys)
+	}
+}
+
+// Finish records that the request ended at time at (completed, failed or
+// abandoned by its client). It releases everything the flight still holds;
+// calling it again does nothing.
+func (f *Fleet) Finish(fl *Flight, at float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl.finished {
+		return
+	}
+	f.prefillDone(fl, at)
+	fl.finished = true
+	if d := fl.decode; d != nil {
+		d.streams--
+		d.requests--
+		return
+	}
+	fl.prefill.requests--
+	f.release(fl.prefill, fl.keys)
+}
+
+func (f *Fleet) release(e *Endpoint, keys []uint64) {
+	if e.active == nil {
+		return
+	}
+	for _, k := range keys {
+		if c := e.active[k]; c <= 1 {
+			delete(e.active, k)
+		} else {
+			e.active[k] = c - 1
+		}
+	}
+}
+
+// Expire finishes, at their predicted times, the flights of every endpoint
+// whose predicted prefill end is at or before now: the simulator's engines
+// run exactly as predicted, and a prefill instance's part of a request is
+// over when its prefill is.
+func (f *Fleet) Expire(now float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.eps {
+		for e.head < len(e.queue) && e.queue[e.head].done <= now {
+			fl := e.queue[e.head]
+			at := fl.done
+			f.prefillDone(fl, at)
+			if fl.decode == nil {
+				fl.finished = true
+				e.requests--
+				f.release(e, fl.keys)
+			}
+		}
+	}
+}

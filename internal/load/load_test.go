@@ -1,0 +1,143 @@
+package load
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+type fixedCache []int
+
+func (c fixedCache) CachedBlocks(_ []uint64, matched []int) { copy(matched, c) }
+
+func snap(f *Fleet, now float64, prompt int, pc PrefixCache) (*sched.Snapshot, []*Endpoint) {
+	s := &sched.Snapshot{BlockSize: 16}
+	eps := f.Snapshot(now, prompt, nil, pc, nil, s)
+	return s, eps
+}
+
+func TestQueueAccounting(t *testing.T) {
+	f := New([]Info{{Name: "a", PrefillSpeed: 1000}, {Name: "b", PrefillSpeed: 1000}}, true)
+	s, eps := snap(f, 0, 100, fixedCache{2, 0})
+	if s.Endpoints[0].CachedTokens != 32 || s.Endpoints[1].CachedTokens != 0 {
+		t.Fatalf("cached tokens %d %d", s.Endpoints[0].CachedTokens, s.Endpoints[1].CachedTokens)
+	}
+	a := eps[0]
+	f1 := f.Route(a, 0, Work{Uncached: 1000, UncachedBlocks: 62, Keys: []uint64{1, 2, 3}, PrefillSeconds: 1})
+	f2 := f.Route(a, 0.5, Work{Uncached: 500, UncachedBlocks: 31, Keys: []uint64{1, 2, 4}, PrefillSeconds: 0.5})
+	s, _ = snap(f, 0.5, 100, nil)
+	e := s.Endpoints[0]
+	want := sched.Endpoint{Name: "a", PrefillSpeed: 1000, QueueWait: 1.0, FreeAt: 1.5, InflightUncached: 1500,
+		InflightRequests: 2, ActivePrefillBlocks: 93, ActiveDecodeBlocks: 4, LastPicked: 0.5}
+	if e != want {
+		t.Fatalf("after two routes:\n got %+v\nwant %+v", e, want)
+	}
+	// The first prefill ends 0.2 s late: the second moves with it.
+	f.PrefillDone(f1, 1.2)
+	s, _ = snap(f, 1.2, 100, nil)
+	if e := s.Endpoints[0]; e.QueueWait != 0.5 || e.InflightUncached != 500 || e.InflightRequests != 2 || e.ActivePrefillBlocks != 31 {
+		t.Fatalf("after the first prefill: %+v", e)
+	}
+	if got := f.PredictedPrefillEnd(f2); got != 1.7 {
+		t.Fatalf("second prefill predicted at %v, want 1.7", got)
+	}
+	f.Finish(f1, 2)
+	f.Finish(f1, 2) // twice: no effect
+	f.Finish(f2, 1.6)
+	s, _ = snap(f, 3, 100, nil)
+	if e := s.Endpoints[0]; e.QueueWait != 0 || e.FreeAt != 1.6 || e.InflightRequests != 0 || e.InflightUncached != 0 || e.ActiveDecodeBlocks != 0 {
+		t.Fatalf("after both finish: %+v", e)
+	}
+}
+
+func TestDisaggregatedFlight(t *testing.T) {
+	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1000}, {Name: "d", Role: fleet.RoleDecode}}, false)
+	_, eps := snap(f, 0, 10, nil)
+	fl := f.Route(eps[0], 0, Work{Uncached: 10, PrefillSeconds: 0.01})
+	f.Decode(fl, eps[1])
+	s, _ := snap(f, 0, 10, nil)
+	if s.Endpoints[0].InflightRequests != 1 || s.Endpoints[1].DecodeStreams != 1 || s.Endpoints[1].InflightRequests != 1 {
+		t.Fatalf("routed: %+v", s.Endpoints)
+	}
+	f.PrefillDone(fl, 0.01)
+	s, _ = snap(f, 0.01, 10, nil)
+	if s.Endpoints[0].InflightRequests != 0 || s.Endpoints[1].DecodeStreams != 1 {
+		t.Fatalf("prefilled: %+v", s.Endpoints)
+	}
+	f.Finish(fl, 1)
+	s, _ = snap(f, 1, 10, nil)
+	if s.Endpoints[1].DecodeStreams != 0 || s.Endpoints[1].InflightRequests != 0 {
+		t.Fatalf("finished: %+v", s.Endpoints)
+	}
+}
+
+func TestExpireRetiresPredictedPrefills(t *testing.T) {
+	f := New([]Info{{Name: "a", PrefillSpeed: 1000}}, false)
+	_, eps := snap(f, 0, 0, nil)
+	f.Route(eps[0], 0, Work{Uncached: 100, PrefillSeconds: 1})
+	f.Route(eps[0], 0, Work{Uncached: 100, PrefillSeconds: 1})
+	f.Expire(1.5)
+	s, _ := snap(f, 1.5, 0, nil)
+	if e := s.Endpoints[0]; e.InflightRequests != 1 || e.QueueWait != 0.5 || e.InflightUncached != 100 {
+		t.Fatalf("%+v", e)
+	}
+	f.Expire(2)
+	s, _ = snap(f, 2, 0, nil)
+	if e := s.Endpoints[0]; e.InflightRequests != 0 || e.FreeAt != 2 {
+		t.Fatalf("%+v", e)
+	}
+}
+
+func TestSetKeepsStateAndDropsRemoved(t *testing.T) {
+	f := New([]Info{{Name: "a"}, {Name: "b"}}, false)
+	_, eps := snap(f, 0, 0, nil)
+	fl := f.Route(eps[1], 0, Work{Uncached: 5, PrefillSeconds: 1})
+	f.Set([]Info{{Name: "b", PrefillSpeed: 7}, {Name: "c"}})
+	s, eps2 := snap(f, 0, 0, nil)
+	if len(s.Endpoints) != 2 || s.Endpoints[0].Name != "b" || s.Endpoints[0].InflightRequests != 1 || s.Endpoints[0].PrefillSpeed != 7 {
+		t.Fatalf("%+v", s.Endpoints)
+	}
+	if eps2[0] != eps[1] {
+		t.Fatal("b must keep its tracker")
+	}
+	f.Finish(fl, 1)
+	// A flight on a removed endpoint finishes without touching the fleet.
+	fl2 := f.Route(eps[0], 0, Work{Uncached: 5, PrefillSeconds: 1})
+	f.Set([]Info{{Name: "c"}})
+	f.Finish(fl2, 2)
+	if f.Len() != 1 {
+		t.Fatal(f.Len())
+	}
+}
+
+// TestConcurrentUse runs routes, completions and snapshots from many
+// goroutines (go test -race) and checks that nothing leaks.
+func TestConcurrentUse(t *testing.T) {
+	f := New([]Info{{Name: "a", PrefillSpeed: 1000}, {Name: "b", PrefillSpeed: 1000}}, true)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var s sched.Snapshot
+			for i := range 500 {
+				eps := f.Snapshot(float64(i), 100, nil, nil, nil, &s)
+				fl := f.Route(eps[(g+i)%2], float64(i), Work{Uncached: 10, UncachedBlocks: 1, Keys: []uint64{uint64(i % 7)}, PrefillSeconds: 0.01})
+				if i%3 == 0 {
+					f.PrefillDone(fl, float64(i)+0.01)
+				}
+				f.Finish(fl, float64(i)+0.02)
+			}
+		}()
+	}
+	wg.Wait()
+	var s sched.Snapshot
+	f.Snapshot(1e6, 0, nil, nil, nil, &s)
+	for _, e := range s.Endpoints {
+		if e.InflightRequests != 0 || e.InflightUncached != 0 || e.ActivePrefillBlocks != 0 || e.ActiveDecodeBlocks != 0 || e.QueueWait != 0 {
+			t.Fatalf("leak: %+v", e)
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package sched
+
+import (
+	"math"
+	"reflect"
+	"sync"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+type constForecast struct{ free int }
+
+func (c constForecast) ForecastDecode(int, float64, *Request) (int, float64) { return c.free, 0.02 }
+
+// TestDecideDoesNotWrite: a snapshot (with decode endpoints and a
+// forecast) and a request are the same after Decide as before.
+func TestDecideDoesNotWrite(t *testing.T) {
+	for _, name := range Names() {
+		s := snapOf(Endpoint{Role: fleet.RolePrefill, QueueWait: 0.1}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 5},
+			Endpoint{Role: fleet.RolePrefill, CachedTokens: 640}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 7})
+		s.Forecast = constForecast{free: 1 << 20}
+		before := *s
+		before.Endpoints = append([]Endpoint(nil), s.Endpoints...)
+		r := &Request{PromptTokens: 6400, PromptBlocks: 100}
+		rb := *r
+		sc := Scheduler{Policy: mustNew(t, name, Options{}), EarlyReject: true, DefaultSLO: SLO{TTFT: 2}, Explain: true}
+		d := sc.Decide(r, s)
+		if !reflect.DeepEqual(before.Endpoints, s.Endpoints) || *r != rb {
+			t.Fatalf("%s: Decide wrote to its input", name)
+		}
+		if !d.Admit || s.Endpoints[d.Prefill].Role != fleet.RolePrefill || s.Endpoints[d.Decode].Role != fleet.RoleDecode {
+			t.Fatalf("%s: %+v", name, d)
+		}
+		if d.SLO.TTFT != 2 {
+			t.Fatalf("%s: default SLO not applied: %+v", name, d.SLO)
+		}
+	}
+}
+
+func TestDefaultSLOFillsOnlyMissingFields(t *testing.T) {
+	sc := Scheduler{DefaultSLO: SLO{TTFT: 2, TPOT: 0.05}}
+	if got := sc.WithDefaults(SLO{TTFT: 10}); got != (SLO{TTFT: 10, TPOT: 0.05}) {
+		t.Fatal(got)
+	}
+	// The request's own SLO decides admission, not the default.
+	s := snapOf(Endpoint{QueueWait: 3})
+	sc = Scheduler{Policy: mustNew(t, "predicted-ttft", Options{}), EarlyReject: true, DefaultSLO: SLO{TTFT: 2}}
+	if d := sc.Decide(&Request{PromptTokens: 64, SLO: SLO{TTFT: 5}}, s); !d.Admit {
+		t.Fatalf("5 s SLO, 3 s wait: %+v", d)
+	}
+	if d := sc.Decide(&Request{PromptTokens: 64}, s); d.Admit {
+		t.Fatalf("default 2 s SLO, 3 s wait: %+v", d)
+	}
+}
+
+func TestCostsExplainTheChoice(t *testing.T) {
+	s := snapOf(Endpoint{Role: fleet.RoleDecode}, Endpoint{CachedTokens: 6400, QueueWait: 0.3}, Endpoint{CachedTokens: 640})
+	for _, name := range []string{"predicted-ttft", "kvgate", "cache-only", "dynamo-kv", "llmd-token-aware"} {
+		sc := Scheduler{Policy: mustNew(t, name, Options{}), Explain: true, DefaultSLO: SLO{TTFT: 2}}
+		d := sc.Decide(req(6400), s)
+		if len(d.Costs) != 3 || !math.IsNaN(d.Costs[0]) {
+			t.Fatalf("%s: costs %v (decode endpoint must be NaN)", name, d.Costs)
+		}
+		best := 1
+		if d.Costs[2] < d.Costs[1] {
+			best = 2
+		}
+		if d.Prefill != best {
+			t.Errorf("%s: picked %d but costs %v", name, d.Prefill, d.Costs)
+		}
+	}
+}
+
+// TestConcurrentDecide runs every policy from several goroutines on one
+// shared snapshot (go test -race finds unguarded policy state).
+func TestConcurrentDecide(t *testing.T) {
+	r, s := benchFleet(16)
+	for _, name := range Names() {
+		sc := &Scheduler{Policy: mustNew(t, name, Options{DynamoTemperature: 0.5}), EarlyReject: true}
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 200 {
+					if d := sc.Decide(r, s); d.Prefill < 0 {
+						t.Errorf("%s: no choice", name)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+}
