@@ -3,6 +3,7 @@ package tokens
 import (
 	"container/list"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -21,6 +22,9 @@ type Tokenizer struct {
 	tmpl  Template
 	exact bool // chat via the engine's own template (MessagesSource)
 	cache *Cache
+	// ns separates this tokenizer's entries in a shared cache: two models
+	// with different tokenizers must never get each other's ids.
+	ns uint64
 }
 
 // NewTokenizer combines a source, a template and a cache (nil: no cache).
@@ -28,9 +32,12 @@ type Tokenizer struct {
 // engine, which applies its real chat template (exact ids, one call per
 // distinct conversation); otherwise they are rendered with tmpl and
 // tokenized per message segment.
-func NewTokenizer(src Source, tmpl Template, cache *Cache, exactChat bool) *Tokenizer {
+//
+// namespace identifies the tokenizer in a shared cache (use a distinct one
+// per distinct tokenizer: NewSet uses the model and the whole spec).
+func NewTokenizer(src Source, tmpl Template, cache *Cache, exactChat bool, namespace string) *Tokenizer {
 	_, ok := src.(MessagesSource)
-	return &Tokenizer{src: src, tmpl: tmpl, cache: cache, exact: exactChat && ok}
+	return &Tokenizer{src: src, tmpl: tmpl, cache: cache, exact: exactChat && ok, ns: xxhash.Sum64String(namespace)}
 }
 
 // Prompt tokenizes a completion prompt.
@@ -76,7 +83,10 @@ func (t *Tokenizer) cached(ctx context.Context, kind byte, text string, f func(c
 		return f(ctx, text)
 	}
 	d := xxhash.New()
-	_, _ = d.Write([]byte{kind})
+	var ns [9]byte
+	binary.LittleEndian.PutUint64(ns[:8], t.ns)
+	ns[8] = kind
+	_, _ = d.Write(ns[:])
 	_, _ = d.WriteString(text)
 	key := d.Sum64()
 	if ids, ok := t.cache.get(key); ok {
@@ -263,7 +273,8 @@ func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
 	default:
 		return nil, fmt.Errorf("tokens: model %q: unknown source %q (estimate, engine, local)", sp.Model, sp.Source)
 	}
-	return NewTokenizer(src, tmpl, cache, sp.ExactChat), nil
+	ns := fmt.Sprintf("%q|%q|%q|%q|%d|%q|%v", sp.Model, sp.Source, sp.URL, sp.File, sp.BytesPerToken, sp.Template, sp.ExactChat)
+	return NewTokenizer(src, tmpl, cache, sp.ExactChat, ns), nil
 }
 
 // For returns the tokenizer of model.

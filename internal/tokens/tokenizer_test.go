@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"testing"
 )
@@ -54,7 +55,7 @@ func TestEngineSourceAndSegmentCache(t *testing.T) {
 	defer srv.Close()
 	ctx := context.Background()
 	tmpl, _ := LookupTemplate("")
-	tok := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, tmpl, NewCache(0), false)
+	tok := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, tmpl, NewCache(0), false, "m")
 
 	conv := []Message{TextMessage("system", "be brief"), TextMessage("user", "hi")}
 	ids, err := tok.Chat(ctx, conv)
@@ -86,7 +87,7 @@ func TestEngineSourceAndSegmentCache(t *testing.T) {
 		t.Errorf("prompt cache: %d calls", got)
 	}
 	// Exact chat goes through the engine's template, cached per conversation.
-	ex := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, tmpl, NewCache(0), true)
+	ex := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, tmpl, NewCache(0), true, "m-exact")
 	before := calls.Load()
 	a, _ := ex.Chat(ctx, conv)
 	b, _ := ex.Chat(ctx, conv)
@@ -94,7 +95,7 @@ func TestEngineSourceAndSegmentCache(t *testing.T) {
 		t.Errorf("exact chat: %d calls, ids %v", calls.Load()-before, a[:5])
 	}
 	// Errors are reported, not cached.
-	bad := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "other"}, tmpl, NewCache(0), false)
+	bad := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "other"}, tmpl, NewCache(0), false, "other")
 	if _, err := bad.Prompt(ctx, "x"); err == nil {
 		t.Error("no error for a 400")
 	}
@@ -178,5 +179,50 @@ func TestSpecsAndSet(t *testing.T) {
 	msgs := []Message{{Role: "user", Content: json.RawMessage(`[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]`)}}
 	if got := msgs[0].Text(); got != "a\nb" {
 		t.Errorf("parts: %q", got)
+	}
+}
+
+// TestSharedCacheKeepsModelsApart: two models with different tokenizers
+// share one cache and must never get each other's ids.
+func TestSharedCacheKeepsModelsApart(t *testing.T) {
+	cache := NewCache(0)
+	set, err := NewSet([]Spec{{Model: "a", BytesPerToken: 4}, {Model: "b", BytesPerToken: 2}}, cache, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := "the same text for both models"
+	a, _ := set.For("a").Prompt(context.Background(), text)
+	b, _ := set.For("b").Prompt(context.Background(), text)
+	if len(a) == len(b) {
+		t.Fatalf("model b got model a's ids from the shared cache: %d and %d tokens", len(a), len(b))
+	}
+}
+
+func TestPrepare(t *testing.T) {
+	set, err := NewSet(nil, NewCache(0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	text := strings.Repeat("abcd", 40) // 40 estimate tokens
+	p, err := set.Prepare(ctx, "m", Input{Prompt: &text}, 16)
+	if err != nil || len(p.Tokens) != 40 || len(p.Keys) != 2 {
+		t.Fatalf("%d tokens %d keys %v", len(p.Tokens), len(p.Keys), err)
+	}
+	ids, err := set.Prepare(ctx, "m", Input{TokenIDs: p.Tokens}, 16)
+	if err != nil || ids.Keys[1] != p.Keys[1] {
+		t.Fatal("token ids and the prompt they came from must give the same keys", err)
+	}
+	lora, _ := set.Prepare(ctx, "m", Input{TokenIDs: p.Tokens, LoRA: "x"}, 16)
+	if lora.Keys[0] == p.Keys[0] {
+		t.Fatal("a LoRA adapter must change the keys")
+	}
+	for _, in := range []Input{{}, {Prompt: &text, TokenIDs: []uint32{1}}} {
+		if _, err := set.Prepare(ctx, "m", in, 16); err != ErrNoInput {
+			t.Errorf("%+v: %v", in, err)
+		}
+	}
+	if _, err := set.Prepare(ctx, "m", Input{Prompt: &text}, 0); err == nil {
+		t.Error("block size 0 accepted")
 	}
 }
