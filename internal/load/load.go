@@ -348,3 +348,7 @@ func (f *Fleet) Expire(now float64) {
 		}
 	}
 }
+
+// NeedsActive reports whether a policy reads the active-block counts, so a
+// Fleet for it should track them.
+func NeedsActive(p sched.Policy) bool { return sched.Needs(p)&sched.SignalActiveBlocks != 0 }

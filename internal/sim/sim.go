@@ -146,7 +146,7 @@ func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) *run {
 			infos[i] = load.Info{Name: fmt.Sprintf("d%d", i-n), Role: fleet.RoleDecode}
 		}
 	}
-	r.load = load.New(infos, sched.Needs(sc.Policy)&sched.SignalActiveBlocks != 0)
+	r.load = load.New(infos, load.NeedsActive(sc.Policy))
 	r.snap.BlockSize = tr.BlockSize
 	return r
 }

@@ -1,0 +1,218 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/kvgate/kvgate/internal/tokens"
+)
+
+// Config is everything the gateway needs; `kvgate serve` fills it from
+// flags or from a YAML file (docs/serve.md documents every field).
+type Config struct {
+	Listen string `yaml:"listen"`
+	Admin  string `yaml:"admin"`
+
+	Endpoints  []fleet.Endpoint `yaml:"endpoints"`
+	Tokenizers []string         `yaml:"tokenizers"` // tokens.ParseSpec form
+
+	Policy      string  `yaml:"policy"`
+	EarlyReject *bool   `yaml:"early_reject"`
+	SLOTTFT     float64 `yaml:"slo_ttft"` // seconds; the default class's TTFT target
+	SLOTPOT     float64 `yaml:"slo_tpot"` // seconds; the default class's TPOT target
+	// Classes are SLO classes chosen per request by the ClassHeader
+	// header; without one a request gets DefaultClass.
+	Classes      []Class `yaml:"classes"`
+	DefaultClass string  `yaml:"default_class"`
+	ClassHeader  string  `yaml:"class_header"`
+
+	// BlockSize is the router's block size in tokens.
+	BlockSize int `yaml:"block_size"`
+	// PrefillSpeed is the prompt tokens per second assumed for endpoints
+	// that do not declare their own.
+	PrefillSpeed float64 `yaml:"prefill_speed"`
+	// LocalPrefillTokens: in a P/D fleet, a request whose uncached part on
+	// the chosen decode endpoint is at most this many tokens is served by
+	// that endpoint alone (conditional disaggregation); 0 disables.
+	LocalPrefillTokens int `yaml:"local_prefill_tokens"`
+
+	// BindEvents, when set, binds a ZMQ SUB that engines dial (central
+	// mode).
+	BindEvents string `yaml:"bind_events"`
+
+	MaxBodyBytes    int64         `yaml:"max_body_bytes"`
+	UpstreamTimeout time.Duration `yaml:"upstream_timeout"` // whole request; 0: none
+	ConnectTimeout  time.Duration `yaml:"connect_timeout"`
+	// MaxInflight bounds requests being proxied at once; beyond it the
+	// gateway answers 429 at once.
+	MaxInflight int `yaml:"max_inflight"`
+	// LogPrompts logs request bodies at debug level (off by default).
+	LogPrompts bool `yaml:"log_prompts"`
+}
+
+// Class is an SLO class.
+type Class struct {
+	Name string `yaml:"name"`
+	// Priority: higher is more important. While a class is being
+	// rejected, every class of lower or equal priority is rejected too,
+	// so no lower class is admitted while a higher one is turned away.
+	Priority int `yaml:"priority"`
+	// TTFT is the base TTFT target in seconds (0: none, never rejected
+	// for TTFT); TTFTPerKToken adds seconds per 1 000 prompt tokens, so a
+	// long prompt is not held to a short prompt's target.
+	TTFT          float64 `yaml:"ttft"`
+	TTFTPerKToken float64 `yaml:"ttft_per_1k_tokens"`
+	TPOT          float64 `yaml:"tpot"`
+}
+
+// Limits on configuration numbers.
+const (
+	maxSLOSeconds    = 3600
+	maxBlockSize     = 4096
+	maxBodyCap       = 1 << 30
+	maxInflightCap   = 1 << 20
+	maxLocalPrefill  = 1 << 24
+	defaultBodyBytes = 32 << 20
+)
+
+// Defaults fills unset fields.
+func (c *Config) Defaults() {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8000"
+	}
+	if c.Admin == "" {
+		c.Admin = "127.0.0.1:8090"
+	}
+	if c.Policy == "" {
+		c.Policy = "kvgate"
+	}
+	if c.EarlyReject == nil {
+		on := true
+		c.EarlyReject = &on
+	}
+	if c.SLOTTFT == 0 {
+		c.SLOTTFT = 2
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = tokens.DefaultBlockSize
+	}
+	if c.PrefillSpeed == 0 {
+		c.PrefillSpeed = 20000
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = defaultBodyBytes
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 2 * time.Second
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = 10000
+	}
+	if c.ClassHeader == "" {
+		c.ClassHeader = "X-Kvgate-Class"
+	}
+	if len(c.Classes) == 0 {
+		c.Classes = []Class{{Name: "standard", Priority: 1, TTFT: c.SLOTTFT, TPOT: c.SLOTPOT}}
+	}
+	if c.DefaultClass == "" {
+		c.DefaultClass = c.Classes[0].Name
+		for _, cl := range c.Classes {
+			if cl.Name == "standard" {
+				c.DefaultClass = cl.Name
+			}
+		}
+	}
+}
+
+func finiteIn(name string, v, lo, hi float64) error {
+	if math.IsNaN(v) || v < lo || v > hi {
+		return fmt.Errorf("%s must be in [%g, %g], got %v", name, lo, hi, v)
+	}
+	return nil
+}
+
+// Validate checks every field; errors name the field.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if _, err := sched.New(c.Policy, sched.Options{}); err != nil {
+		add(fmt.Errorf("policy: %w", err))
+	}
+	add(finiteIn("slo_ttft", c.SLOTTFT, 0, maxSLOSeconds))
+	add(finiteIn("slo_tpot", c.SLOTPOT, 0, maxSLOSeconds))
+	add(finiteIn("prefill_speed", c.PrefillSpeed, 1, fleet.MaxPrefillSpeed))
+	if c.BlockSize < 1 || c.BlockSize > maxBlockSize {
+		add(fmt.Errorf("block_size must be in [1, %d], got %d", maxBlockSize, c.BlockSize))
+	}
+	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > maxBodyCap {
+		add(fmt.Errorf("max_body_bytes must be in [1024, %d], got %d", maxBodyCap, c.MaxBodyBytes))
+	}
+	if c.MaxInflight < 1 || c.MaxInflight > maxInflightCap {
+		add(fmt.Errorf("max_inflight must be in [1, %d], got %d", maxInflightCap, c.MaxInflight))
+	}
+	if c.LocalPrefillTokens < 0 || c.LocalPrefillTokens > maxLocalPrefill {
+		add(fmt.Errorf("local_prefill_tokens must be in [0, %d], got %d", maxLocalPrefill, c.LocalPrefillTokens))
+	}
+	if c.UpstreamTimeout < 0 || c.ConnectTimeout < 0 || c.ConnectTimeout > time.Hour || c.UpstreamTimeout > 24*time.Hour {
+		add(errors.New("upstream_timeout must be in [0, 24h] and connect_timeout in [0, 1h]"))
+	}
+	eps, err := fleet.Validate(c.Endpoints)
+	if err != nil {
+		add(err)
+	} else {
+		c.Endpoints = eps
+	}
+	for i, s := range c.Tokenizers {
+		if _, err := tokens.ParseSpec(s); err != nil {
+			add(fmt.Errorf("tokenizers[%d]: %w", i, err))
+		}
+	}
+	add(c.validateClasses())
+	return errors.Join(errs...)
+}
+
+func (c *Config) validateClasses() error {
+	seen := map[string]bool{}
+	for i, cl := range c.Classes {
+		if cl.Name == "" || len(cl.Name) > 64 || strings.ContainsAny(cl.Name, " \t\r\n,") {
+			return fmt.Errorf("classes[%d].name %q must be 1-64 characters without spaces or commas", i, cl.Name)
+		}
+		if seen[cl.Name] {
+			return fmt.Errorf("classes[%d].name %q is used twice", i, cl.Name)
+		}
+		seen[cl.Name] = true
+		if cl.Priority < -1000 || cl.Priority > 1000 {
+			return fmt.Errorf("classes[%d].priority must be in [-1000, 1000], got %d", i, cl.Priority)
+		}
+		for _, f := range []struct {
+			n string
+			v float64
+		}{{"ttft", cl.TTFT}, {"ttft_per_1k_tokens", cl.TTFTPerKToken}, {"tpot", cl.TPOT}} {
+			if err := finiteIn(fmt.Sprintf("classes[%d].%s", i, f.n), f.v, 0, maxSLOSeconds); err != nil {
+				return err
+			}
+		}
+	}
+	if !seen[c.DefaultClass] {
+		return fmt.Errorf("default_class %q is not one of the classes", c.DefaultClass)
+	}
+	return nil
+}
+
+// slo returns the class's SLO for a prompt of n tokens.
+func (cl *Class) slo(n int) sched.SLO {
+	s := sched.SLO{TTFT: cl.TTFT, TPOT: cl.TPOT}
+	if s.TTFT > 0 && cl.TTFTPerKToken > 0 {
+		s.TTFT += cl.TTFTPerKToken * float64(n) / 1000
+	}
+	return s
+}

@@ -1,0 +1,299 @@
+// Package gateway is kvgate's serving path: an OpenAI-compatible HTTP
+// proxy in front of a fleet of engines (vLLM, SGLang, kvgate's emulator)
+// that, for every request, computes its block keys, looks up which engines
+// hold its prefix in the KV index, builds a fleet snapshot with the same
+// code as the simulator (internal/load), lets the scheduler (internal/sched,
+// the simulator's policies) choose the prefill and decode endpoints or
+// reject the request before any compute is spent, and proxies it —
+// aggregated, or as vLLM's two-leg prefill/decode flow.
+//
+// The request path reads top to bottom: parse (openai) → tokens and block
+// keys (tokens.Set.Prepare) → snapshot (load.Fleet + kvindex) → policy and
+// admission (sched.Scheduler) → proxy → feedback (in-flight accounting,
+// approximate index entries, observed latencies).
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/kvevents"
+	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/kvgate/kvgate/internal/tokens"
+)
+
+// Health tells the gateway which endpoints may take traffic and hears what
+// the proxy sees (internal/health implements it). Without one every
+// endpoint is taken as healthy.
+type Health interface {
+	Healthy(name string) bool
+	ReportFailure(name string, err error)
+	ReportSuccess(name string)
+}
+
+// EngineState is what the gateway knows of an engine from its own metrics
+// (internal/enginemetrics); ok is false when unknown or stale.
+type EngineState interface {
+	KVFree(name string) (freeTokens int, usage float64, ok bool)
+}
+
+// Options are a Gateway's collaborators; zero values are fine.
+type Options struct {
+	Logger *slog.Logger
+	// Now is the clock (default time.Now).
+	Now    func() time.Time
+	Health Health
+	Engine EngineState
+	// Transport overrides the upstream transport (tests).
+	Transport http.RoundTripper
+}
+
+// Gateway routes and proxies requests. Create with New, start the KV-event
+// subscriber with Run, serve Handler and AdminHandler.
+type Gateway struct {
+	cfg    Config
+	log    *slog.Logger
+	now    func() time.Time
+	start  time.Time
+	health Health
+	engine EngineState
+
+	sched  *sched.Scheduler
+	policy string
+	toks   *tokens.Set
+	idx    *kvindex.Index
+	sub    *kvevents.Subscriber
+	client *http.Client
+	met    *metrics
+	shed   shedder
+
+	mu      sync.RWMutex
+	members map[string]*member
+	models  map[string]*modelFleet
+
+	inflight atomic.Int64
+	reqSeq   atomic.Uint64
+}
+
+// member is one endpoint the gateway knows.
+type member struct {
+	ep   fleet.Endpoint
+	kvID kvindex.EndpointID
+	obs  observed
+}
+
+// modelFleet is the endpoints serving one model that may take traffic now,
+// in the order of the load fleet's snapshots.
+type modelFleet struct {
+	name    string
+	load    *load.Fleet
+	members []*member
+}
+
+// New builds a gateway from a validated config.
+func New(cfg Config, o Options) (*Gateway, error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	pol, err := sched.New(cfg.Policy, sched.Options{})
+	if err != nil {
+		return nil, err
+	}
+	var specs []tokens.Spec
+	for _, s := range cfg.Tokenizers {
+		sp, err := tokens.ParseSpec(s)
+		if err != nil {
+			return nil, err
+		}
+		specs = append(specs, sp)
+	}
+	toks, err := tokens.NewSet(specs, tokens.NewCache(0), &http.Client{Timeout: 30 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{
+		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, engine: o.Engine,
+		sched:   &sched.Scheduler{Policy: pol, EarlyReject: *cfg.EarlyReject, Explain: true},
+		policy:  cfg.Policy,
+		toks:    toks,
+		idx:     kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),
+		members: map[string]*member{},
+		models:  map[string]*modelFleet{},
+	}
+	g.start = g.now()
+	g.client = &http.Client{Transport: o.Transport}
+	if g.client.Transport == nil {
+		g.client.Transport = newTransport(cfg.ConnectTimeout)
+	}
+	g.met = newMetrics(g)
+	var evs []kvevents.EngineConfig
+	for _, e := range cfg.Endpoints {
+		if e.Events != "" {
+			evs = append(evs, kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay})
+		}
+	}
+	if len(evs) > 0 || cfg.BindEvents != "" {
+		g.sub, err = kvevents.New(kvevents.Config{Engines: evs, BindEvents: cfg.BindEvents, Logger: o.Logger}, g.idx)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := g.SetEndpoints(cfg.Endpoints); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// newTransport is tuned for many concurrent streams to a few engines.
+func newTransport(connect time.Duration) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          4096,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 0, // prefill of a long prompt may take long
+		ForceAttemptHTTP2:     false,
+		DisableCompression:    true,
+	}
+}
+
+// Run runs the KV-event subscriber and the membership refresh until ctx
+// ends.
+func (g *Gateway) Run(ctx context.Context) error {
+	errc := make(chan error, 1)
+	if g.sub != nil {
+		go func() { errc <- g.sub.Run(ctx) }()
+	}
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			if err != nil {
+				return fmt.Errorf("kv events: %w", err)
+			}
+			errc = nil
+		case <-t.C:
+			g.refresh()
+		}
+	}
+}
+
+// clock is the fleet's time: seconds since the gateway started.
+func (g *Gateway) clock() float64 { return g.now().Sub(g.start).Seconds() }
+
+// SetEndpoints replaces the fleet (discovery calls it): new endpoints are
+// registered in the index, removed ones leave the snapshot at once and
+// their requests in flight finish where they are.
+func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
+	eps, err := fleet.Validate(eps)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	next := make(map[string]*member, len(eps))
+	for _, e := range eps {
+		m := g.members[e.Name]
+		if m == nil || m.ep.Model != e.Model {
+			id, err := g.idx.AddEndpoint(e.Name, e.Model)
+			if err != nil {
+				g.mu.Unlock()
+				return fmt.Errorf("endpoint %s: %w", e.Name, err)
+			}
+			m = &member{kvID: id}
+		}
+		m.ep = e
+		next[e.Name] = m
+	}
+	g.members = next
+	g.mu.Unlock()
+	g.refresh()
+	return nil
+}
+
+// refresh recomputes each model's eligible endpoints (discovered and
+// healthy) and hands them to its load fleet.
+func (g *Gateway) refresh() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	byModel := map[string][]*member{}
+	for _, m := range g.members {
+		if g.health == nil || g.health.Healthy(m.ep.Name) {
+			byModel[m.ep.Model] = append(byModel[m.ep.Model], m)
+		}
+	}
+	for name := range g.models {
+		if _, ok := byModel[name]; !ok {
+			byModel[name] = nil // keep the fleet (in-flight state), empty
+		}
+	}
+	for name, ms := range byModel {
+		sort.Slice(ms, func(i, j int) bool { return ms[i].ep.Name < ms[j].ep.Name })
+		infos := make([]load.Info, len(ms))
+		for i, m := range ms {
+			speed := m.ep.PrefillSpeed
+			if speed == 0 {
+				speed = g.cfg.PrefillSpeed
+			}
+			infos[i] = load.Info{Name: m.ep.Name, Role: m.ep.Role, PrefillSpeed: speed}
+		}
+		mf := g.models[name]
+		if mf == nil {
+			mf = &modelFleet{name: name, load: load.New(nil, load.NeedsActive(g.sched.Policy))}
+			g.models[name] = mf
+		}
+		if sameMembers(mf.members, ms) {
+			continue
+		}
+		mf.load.Set(infos)
+		mf.members = ms
+	}
+}
+
+func sameMembers(a, b []*member) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] || a[i].ep != b[i].ep {
+			return false
+		}
+	}
+	return true
+}
+
+// Models lists the models the fleet serves.
+func (g *Gateway) Models() []string {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, m := range g.members {
+		if !seen[m.ep.Model] {
+			seen[m.ep.Model] = true
+			out = append(out, m.ep.Model)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

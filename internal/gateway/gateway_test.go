@@ -1,0 +1,399 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+const testModel = "gw-model"
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// startEngine starts an in-process emulator with KV events on loopback.
+func startEngine(t *testing.T, role engine.Role, mut func(*engine.Config)) *engine.Engine {
+	t.Helper()
+	cfg := engine.DefaultConfig()
+	cfg.Model, cfg.Port, cfg.Role = testModel, 0, role
+	cfg.TimeScale = 50
+	cfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
+	cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:0"
+	cfg.Logger = quiet()
+	if mut != nil {
+		mut(&cfg)
+	}
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func endpointOf(e *engine.Engine, role fleet.Role) fleet.Endpoint {
+	return fleet.Endpoint{Name: e.Addr(), URL: e.URL(), Model: testModel, Role: role,
+		Events: e.KVEventsEndpoint(), Replay: e.KVEventsReplayEndpoint(), PrefillSpeed: 20000 * 50}
+}
+
+// startGateway runs a gateway over eps and returns its client and admin
+// URLs.
+func startGateway(t *testing.T, cfg Config, o Options) (*Gateway, string, string) {
+	t.Helper()
+	if o.Logger == nil {
+		o.Logger = quiet()
+	}
+	g, err := New(cfg, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Run(ctx) }()
+	srv := httptest.NewServer(g.Handler())
+	adm := httptest.NewServer(g.AdminHandler())
+	t.Cleanup(func() {
+		srv.Close()
+		adm.Close()
+		cancel()
+		<-done
+	})
+	return g, srv.URL, adm.URL
+}
+
+type result struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func post(t *testing.T, url string, body string, hdr map[string]string) result {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return result{resp.StatusCode, resp.Header, string(b)}
+}
+
+func completion(prompt string, stream bool, maxTokens int) string {
+	b, _ := json.Marshal(map[string]any{"model": testModel, "prompt": prompt, "max_tokens": maxTokens, "stream": stream})
+	return string(b)
+}
+
+// prefix is a long shared prefix (well over a few blocks at any block size).
+func prefix(tag string) string {
+	var b strings.Builder
+	for i := 0; i < 300; i++ {
+		fmt.Fprintf(&b, "%s word%d ", tag, i)
+	}
+	return b.String()
+}
+
+func TestAggregatedStreamingAndAffinity(t *testing.T) {
+	e1 := startEngine(t, engine.RoleBoth, nil)
+	e2 := startEngine(t, engine.RoleBoth, nil)
+	cfg := Config{
+		Endpoints:  []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)},
+		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e1.URL()},
+		BlockSize:  32, // the engines use 16: the key map bridges them
+		Policy:     "kvgate",
+	}
+	_, url, admin := startGateway(t, cfg, Options{})
+	// Non-streaming.
+	r := post(t, url+"/v1/completions", completion(prefix("alpha")+" first question", false, 4), nil)
+	if r.status != 200 || !strings.Contains(r.body, `"choices"`) {
+		t.Fatalf("non-streaming: %d %s", r.status, r.body)
+	}
+	home := r.header.Get(hdrPrefill)
+	for _, h := range []string{hdrPrefill, hdrDecode, hdrCached, hdrPredicted, hdrReason} {
+		if r.header.Get(h) == "" {
+			t.Errorf("missing response header %s", h)
+		}
+	}
+	// Wait until the engine's KV events reached the index.
+	waitFor(t, func() bool {
+		var st struct {
+			Endpoints []EndpointState `json:"endpoints"`
+		}
+		getJSON(t, admin+"/admin/endpoints", &st)
+		for _, e := range st.Endpoints {
+			if e.Name == home && e.KVBlocks > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	// The same conversation prefix lands where its blocks are, streamed.
+	for i := 0; i < 4; i++ {
+		r = post(t, url+"/v1/completions", completion(prefix("alpha")+fmt.Sprintf(" question %d", i), true, 8), nil)
+		if r.status != 200 || !strings.Contains(r.body, "data: [DONE]") {
+			t.Fatalf("streaming: %d %s", r.status, r.body)
+		}
+		if got := r.header.Get(hdrPrefill); got != home {
+			t.Fatalf("turn %d went to %s, its prefix is on %s (reason %q)", i, got, home, r.header.Get(hdrReason))
+		}
+		if r.header.Get(hdrCached) == "0" {
+			t.Fatalf("turn %d: no cached tokens reported", i)
+		}
+	}
+	// Chat through the gateway.
+	chat := `{"model":"` + testModel + `","messages":[{"role":"user","content":"hello there"}],"max_tokens":3}`
+	if r = post(t, url+"/v1/chat/completions", chat, nil); r.status != 200 {
+		t.Fatalf("chat: %d %s", r.status, r.body)
+	}
+	var models struct {
+		Data []struct{ ID string } `json:"data"`
+	}
+	getJSON(t, url+"/v1/models", &models)
+	if len(models.Data) != 1 || models.Data[0].ID != testModel {
+		t.Fatalf("models: %+v", models)
+	}
+	metrics := get(t, admin+"/metrics")
+	for _, m := range []string{`kvgate_requests_total{class="standard",outcome="ok",policy="kvgate"} 6`, "kvgate_decision_seconds_bucket", "kvgate_prefix_hit_tokens_total", "kvgate_endpoint_inflight_requests"} {
+		if !strings.Contains(metrics, m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
+	}
+}
+
+func TestStreamingIsNotBuffered(t *testing.T) {
+	// An upstream that sends one SSE event, then waits for the test to
+	// see it through the gateway before finishing.
+	seen := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"first\":true}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-seen:
+		case <-time.After(10 * time.Second):
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel}}}
+	_, url, _ := startGateway(t, cfg, Options{})
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(completion("hi", true, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.Contains(line, "first") {
+		t.Fatalf("first event not passed through before the stream ended: %q %v", line, err)
+	}
+	close(seen)
+}
+
+func TestPrefillDecodeTwoLegs(t *testing.T) {
+	p := startEngine(t, engine.RolePrefill, nil)
+	d := startEngine(t, engine.RoleDecode, nil)
+	cfg := Config{
+		Endpoints:  []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)},
+		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + p.URL()},
+	}
+	_, url, _ := startGateway(t, cfg, Options{})
+	for _, stream := range []bool{false, true} {
+		r := post(t, url+"/v1/completions", completion(prefix("pd"), stream, 6), nil)
+		if r.status != 200 {
+			t.Fatalf("stream=%v: %d %s", stream, r.status, r.body)
+		}
+		if r.header.Get(hdrPrefill) != p.Addr() || r.header.Get(hdrDecode) != d.Addr() {
+			t.Fatalf("legs: prefill %s decode %s", r.header.Get(hdrPrefill), r.header.Get(hdrDecode))
+		}
+		if stream && !strings.Contains(r.body, "[DONE]") {
+			t.Fatalf("stream: %s", r.body)
+		}
+	}
+}
+
+// capture is an upstream that records what it was sent.
+type capture struct {
+	mu     sync.Mutex
+	bodies []string
+	hdrs   []http.Header
+}
+
+func (c *capture) server(t *testing.T) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		c.mu.Lock()
+		c.bodies = append(c.bodies, string(b))
+		c.hdrs = append(c.hdrs, r.Header.Clone())
+		c.mu.Unlock()
+		fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func TestClientInputIsCheckedAndSanitised(t *testing.T) {
+	c := &capture{}
+	up := c.server(t)
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel}}, MaxBodyBytes: 4096}
+	_, url, _ := startGateway(t, cfg, Options{})
+	body := `{"model":"` + testModel + `","prompt":"hi","max_tokens":2,"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.9.9.9","remote_port":1,"remote_engine_id":"x","remote_block_ids":[1]}}`
+	r := post(t, url+"/v1/completions", body, map[string]string{"X-Kvgate-Prefill-Endpoint": "evil", "X-Prefiller-Host-Port": "10.9.9.9:1"})
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	c.mu.Lock()
+	sent, hdr := c.bodies[0], c.hdrs[0]
+	c.mu.Unlock()
+	if strings.Contains(sent, "kv_transfer_params") || strings.Contains(sent, "10.9.9.9") {
+		t.Fatalf("client kv_transfer_params reached the engine: %s", sent)
+	}
+	if hdr.Get("X-Prefiller-Host-Port") != "" || hdr.Get("X-Kvgate-Prefill-Endpoint") != "" {
+		t.Fatalf("internal headers reached the engine: %v", hdr)
+	}
+	for _, tt := range []struct {
+		body   string
+		status int
+		want   string
+	}{
+		{`{"model":`, 400, "invalid JSON"},
+		{`{"model":"` + testModel + `","prompt":"a"} trailing`, 400, ""},
+		{`{"model":"nope","prompt":"a"}`, 404, "does not exist"},
+		{`{"model":"` + testModel + `","prompt":"` + strings.Repeat("x", 5000) + `"}`, 413, "larger than"},
+		{`{"model":"` + testModel + `","prompt":"a","max_tokens":0}`, 400, "max_tokens"},
+		{`{"model":"` + testModel + `","prompt":""}`, 400, "empty"},
+	} {
+		r := post(t, url+"/v1/completions", tt.body, nil)
+		if r.status != tt.status || !strings.Contains(r.body, tt.want) || !strings.Contains(r.body, `"error"`) {
+			t.Errorf("%.40q: %d %s, want %d with %q", tt.body, r.status, r.body, tt.status, tt.want)
+		}
+	}
+	if r := post(t, url+"/v1/completions", completion("a", false, 1), map[string]string{"X-Kvgate-Class": "gold"}); r.status != 400 || !strings.Contains(r.body, "unknown SLO class") {
+		t.Errorf("unknown class: %d %s", r.status, r.body)
+	}
+}
+
+func TestRejectionUnderOverloadSparesHigherPriority(t *testing.T) {
+	c := &capture{}
+	up := c.server(t)
+	cfg := Config{
+		Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}},
+		Classes: []Class{
+			{Name: "interactive", Priority: 2, TTFT: 60},
+			{Name: "standard", Priority: 1, TTFT: 0.5},
+		},
+	}
+	_, url, _ := startGateway(t, cfg, Options{})
+	long := strings.Repeat("word ", 4000) // ~5000 estimate tokens: 5 s at 1000 tok/s
+	r := post(t, url+"/v1/completions", completion(long, false, 2), nil)
+	if r.status != 429 || r.header.Get("Retry-After") == "" || !strings.Contains(r.body, "rejected before any compute") {
+		t.Fatalf("standard class, 5 s predicted against 0.5 s: %d %v %s", r.status, r.header, r.body)
+	}
+	r = post(t, url+"/v1/completions", completion(long, false, 2), map[string]string{"X-Kvgate-Class": "interactive"})
+	if r.status != 200 {
+		t.Fatalf("interactive class must pass: %d %s", r.status, r.body)
+	}
+	c.mu.Lock()
+	n := len(c.bodies)
+	c.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("the rejected request reached the engine: %d requests upstream", n)
+	}
+}
+
+func TestEngineDownRetriesElsewhere(t *testing.T) {
+	e1 := startEngine(t, engine.RoleBoth, nil)
+	e2 := startEngine(t, engine.RoleBoth, nil)
+	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)}, Policy: "round-robin"}
+	g, url, admin := startGateway(t, cfg, Options{})
+	e1.Close()
+	for i := 0; i < 6; i++ {
+		r := post(t, url+"/v1/completions", completion(fmt.Sprintf("question %d", i), i%2 == 0, 3), nil)
+		if r.status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+		if r.header.Get(hdrPrefill) != e2.Addr() {
+			t.Fatalf("request %d served by %s", i, r.header.Get(hdrPrefill))
+		}
+	}
+	// Nothing leaks: every in-flight counter is back to zero.
+	waitFor(t, func() bool {
+		for _, st := range g.endpointStates() {
+			if st.Load.InflightRequests != 0 || st.Load.InflightUncached != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_retries_total ") || strings.Contains(m, "kvgate_retries_total 0") {
+		t.Errorf("want retries counted in /metrics")
+	}
+}
+
+func TestSetEndpointsAddsAndRemoves(t *testing.T) {
+	c1, c2 := &capture{}, &capture{}
+	u1, u2 := c1.server(t), c2.server(t)
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "a", URL: u1.URL, Model: testModel}}}
+	g, url, _ := startGateway(t, cfg, Options{})
+	if err := g.SetEndpoints([]fleet.Endpoint{{Name: "b", URL: u2.URL, Model: testModel}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := post(t, url+"/v1/completions", completion("x", false, 1), nil); r.header.Get(hdrPrefill) != "b" {
+		t.Fatalf("served by %q after a was replaced by b", r.header.Get(hdrPrefill))
+	}
+	if err := g.SetEndpoints([]fleet.Endpoint{{Name: "b", Model: testModel, URL: "ftp://x"}}); err == nil {
+		t.Fatal("a bad endpoint list must be refused")
+	}
+	if r := post(t, url+"/v1/completions", completion("x", false, 1), nil); r.status != 200 {
+		t.Fatalf("after a refused update the old list serves: %d", r.status)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 15 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(get(t, url)), v); err != nil {
+		t.Fatal(err)
+	}
+}
+

@@ -1,0 +1,125 @@
+package gateway
+
+import (
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// Handler is the client-facing API: /v1/completions, /v1/chat/completions,
+// /v1/models, /health and /ready.
+func (g *Gateway) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, false) })
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, true) })
+	mux.HandleFunc("GET /v1/models", g.handleModels)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /ready", g.handleReady)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		openai.WriteError(w, openai.NotFound("kvgate serves /v1/completions, /v1/chat/completions, /v1/models, /health and /ready; not %s", r.URL.Path))
+	})
+	return mux
+}
+
+// AdminHandler is the operator API (listen on loopback): /admin/endpoints,
+// /admin/kv/... (the index's admin API) and /metrics.
+func (g *Gateway) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /admin/endpoints", func(w http.ResponseWriter, _ *http.Request) {
+		openai.WriteJSON(w, http.StatusOK, map[string]any{"endpoints": g.endpointStates()})
+	})
+	kv := &kvindex.Admin{Index: g.idx, Tokens: g.toks}
+	if g.sub != nil {
+		kv.Events = func() []kvindex.EndpointEvents {
+			var out []kvindex.EndpointEvents
+			for _, s := range g.sub.Stats() {
+				out = append(out, kvindex.EndpointEvents{Endpoint: s.Endpoint, Model: s.Model, Stats: s})
+			}
+			return out
+		}
+	}
+	mux.Handle("/admin/kv/", kv.Handler())
+	mux.Handle("GET /metrics", g.met.handler())
+	return mux
+}
+
+func (g *Gateway) handleModels(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, m := range g.Models() {
+		out.Data = append(out.Data, model{ID: m, Object: "model", Created: g.start.Unix(), OwnedBy: "kvgate"})
+	}
+	openai.WriteJSON(w, http.StatusOK, out)
+}
+
+// handleReady is 200 when every model has at least one endpoint that can
+// take traffic.
+func (g *Gateway) handleReady(w http.ResponseWriter, _ *http.Request) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if len(g.members) == 0 {
+		openai.WriteError(w, openai.Unavailable(time.Second, "no endpoints"))
+		return
+	}
+	for name, mf := range g.models {
+		if len(mf.members) == 0 {
+			openai.WriteError(w, openai.Unavailable(time.Second, "no healthy endpoint for model %q", name))
+			return
+		}
+	}
+	openai.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// EndpointState is one endpoint's live state in /admin/endpoints.
+type EndpointState struct {
+	Name     string       `json:"name"`
+	URL      string       `json:"url"`
+	Model    string       `json:"model"`
+	Role     fleet.Role   `json:"role"`
+	Eligible bool         `json:"eligible"` // in the snapshot: discovered and healthy
+	Load     endpointLoad `json:"load"`
+	KVBlocks int64        `json:"kv_index_gpu_blocks"`
+	TPOT     float64      `json:"observed_tpot_seconds"`
+}
+
+func (g *Gateway) endpointStates() []EndpointState {
+	blocks := map[kvindex.EndpointID]int64{}
+	for _, s := range g.idx.Stats() {
+		blocks[s.ID] = s.GPUBlocks
+	}
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	now := g.clock()
+	var out []EndpointState
+	seen := map[string]bool{}
+	for _, mf := range g.models {
+		var snap sched.Snapshot
+		mf.load.Snapshot(now, 0, nil, nil, nil, &snap)
+		for i, m := range mf.members {
+			seen[m.ep.Name] = true
+			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
+				Eligible: true, Load: loadOf(&snap.Endpoints[i]), KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
+		}
+	}
+	for _, m := range g.members {
+		if !seen[m.ep.Name] {
+			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
+				KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

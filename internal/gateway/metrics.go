@@ -1,0 +1,102 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"net/http"
+
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// metrics are kvgate's own Prometheus metrics, on a registry of the
+// gateway's (no global state).
+type metrics struct {
+	reg          *prometheus.Registry
+	requests     *prometheus.CounterVec
+	rejections   *prometheus.CounterVec
+	decision     prometheus.Histogram
+	ttft         *prometheus.HistogramVec
+	promptTokens prometheus.Counter
+	hitTokens    prometheus.Counter
+	retries      prometheus.Counter
+}
+
+func newMetrics(g *Gateway) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_requests_total",
+			Help: "Requests by outcome (ok, rejected, bad_request, unavailable, upstream_error, broken_stream, client_gone, overloaded), SLO class and policy."},
+			[]string{"outcome", "class", "policy"}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_rejections_total",
+			Help: "Requests rejected before any compute (429), by SLO class."}, []string{"class"}),
+		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvgate_decision_seconds",
+			Help:    "Time to decide one request (snapshot, policy, admission).",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 20)}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvgate_ttft_seconds",
+			Help:    "Time to first byte of streamed answers as the gateway sees it, by SLO class.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"class"}),
+		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_prompt_tokens_total",
+			Help: "Prompt tokens of routed requests."}),
+		hitTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_prefix_hit_tokens_total",
+			Help: "Prompt tokens the chosen endpoint held in its prefix cache, per the index."}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_retries_total",
+			Help: "Requests retried on another endpoint after a failure before any byte."}),
+	}
+	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&fleetCollector{g: g})
+	return m
+}
+
+func (m *metrics) outcome(outcome, class, policy string) {
+	m.requests.WithLabelValues(outcome, class, policy).Inc()
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// fleetCollector exports per-endpoint load at scrape time.
+type fleetCollector struct{ g *Gateway }
+
+var (
+	descInflight = prometheus.NewDesc("kvgate_endpoint_inflight_requests", "Requests routed to the endpoint and not finished.", []string{"endpoint", "model"}, nil)
+	descUncached = prometheus.NewDesc("kvgate_endpoint_inflight_uncached_tokens", "Uncached prompt tokens routed to the endpoint and not yet past their prefill.", []string{"endpoint", "model"}, nil)
+	descWait     = prometheus.NewDesc("kvgate_endpoint_predicted_queue_seconds", "Predicted prefill queue wait.", []string{"endpoint", "model"}, nil)
+	descLag      = prometheus.NewDesc("kvgate_kv_events_last_seq", "Last KV-event sequence number applied per engine.", []string{"endpoint", "model"}, nil)
+	descGaps     = prometheus.NewDesc("kvgate_kv_events_gaps_total", "KV-event sequence gaps per engine.", []string{"endpoint", "model"}, nil)
+)
+
+func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descLag, descGaps} {
+		ch <- d
+	}
+}
+
+func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range c.g.endpointStates() {
+		ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(st.Load.InflightRequests), st.Name, st.Model)
+		ch <- prometheus.MustNewConstMetric(descUncached, prometheus.GaugeValue, float64(st.Load.InflightUncached), st.Name, st.Model)
+		ch <- prometheus.MustNewConstMetric(descWait, prometheus.GaugeValue, st.Load.QueueWait, st.Name, st.Model)
+	}
+	if c.g.sub != nil {
+		for _, s := range c.g.sub.Stats() {
+			ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(s.LastSeq), s.Endpoint, s.Model)
+			ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(s.Gaps), s.Endpoint, s.Model)
+		}
+	}
+}
+
+// endpointLoad is the load part of /admin/endpoints.
+type endpointLoad struct {
+	QueueWait        float64 `json:"predicted_queue_seconds"`
+	InflightRequests int     `json:"inflight_requests"`
+	InflightUncached int     `json:"inflight_uncached_tokens"`
+	DecodeStreams    int     `json:"decode_streams"`
+}
+
+func loadOf(e *sched.Endpoint) endpointLoad {
+	return endpointLoad{QueueWait: e.QueueWait, InflightRequests: e.InflightRequests,
+		InflightUncached: e.InflightUncached, DecodeStreams: e.DecodeStreams}
+}

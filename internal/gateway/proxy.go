@@ -1,0 +1,329 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// Headers kvgate sets on responses; a client can never set them on the way
+// in (they are stripped with every other internal header).
+const (
+	hdrPrefill   = "X-Kvgate-Prefill-Endpoint"
+	hdrDecode    = "X-Kvgate-Decode-Endpoint"
+	hdrCached    = "X-Kvgate-Cached-Tokens"
+	hdrPredicted = "X-Kvgate-Predicted-Ttft-Ms"
+	hdrReason    = "X-Kvgate-Reason"
+)
+
+// internalHeader reports whether a client-supplied header must not reach
+// an engine: kvgate's own, and the ones routers and engines trust to route
+// P/D legs (llm-d's prefiller header, Dynamo's and SGLang's bootstrap).
+func internalHeader(name string) bool {
+	n := strings.ToLower(name)
+	return strings.HasPrefix(n, "x-kvgate-") || strings.HasPrefix(n, "x-prefiller") ||
+		strings.HasPrefix(n, "x-decoder") || strings.Contains(n, "bootstrap") || n == "x-session-token"
+}
+
+// hopHeaders are connection-level headers a proxy must not forward.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length"}
+
+func copyRequestHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		if internalHeader(k) {
+			continue
+		}
+		dst[k] = append([]string(nil), vs...)
+	}
+	for _, h := range hopHeaders {
+		dst.Del(h)
+	}
+	if c := src.Get("Connection"); c != "" {
+		for _, f := range strings.Split(c, ",") {
+			dst.Del(strings.TrimSpace(f))
+		}
+	}
+}
+
+// handle serves /v1/completions and /v1/chat/completions.
+func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, chat bool) {
+	if n := g.inflight.Add(1); n > int64(g.cfg.MaxInflight) {
+		g.inflight.Add(-1)
+		g.met.outcome("overloaded", "", g.policy)
+		openai.WriteError(w, openai.TooManyRequests(time.Second, "kvgate: more than %d requests in flight", g.cfg.MaxInflight))
+		return
+	}
+	defer g.inflight.Add(-1)
+	rt, err := g.parse(w, r, chat)
+	if err == nil {
+		err = g.prepare(r.Context(), rt)
+	}
+	if err != nil {
+		g.met.outcome("bad_request", "", g.policy)
+		openai.WriteError(w, err)
+		return
+	}
+	if g.cfg.LogPrompts {
+		g.log.Debug("request", "id", rt.id, "body", string(rt.req.Raw))
+	}
+	g.serve(w, r, rt)
+}
+
+// serve decides and proxies, retrying once on the next-best endpoint when
+// the chosen one fails before sending anything.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
+	exclude := ""
+	for attempt := 0; attempt < 2; attempt++ {
+		p, err := g.decide(rt, exclude)
+		if err != nil {
+			g.met.outcome("unavailable", rt.class.Name, g.policy)
+			openai.WriteError(w, err)
+			return
+		}
+		if err := g.admit(rt, p); err != nil {
+			g.met.outcome("rejected", rt.class.Name, g.policy)
+			g.met.rejections.WithLabelValues(rt.class.Name).Inc()
+			openai.WriteError(w, err)
+			return
+		}
+		failed, err := g.proxy(w, r, rt, p)
+		if err == nil {
+			g.met.outcome("ok", rt.class.Name, g.policy)
+			return
+		}
+		if failed == "" || attempt == 1 || r.Context().Err() != nil {
+			g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
+			if !errors.Is(err, errStreamBroken) {
+				openai.WriteError(w, err)
+			}
+			return
+		}
+		g.log.Warn("upstream failed before responding; retrying elsewhere", "id", rt.id, "endpoint", failed, "err", err)
+		g.met.retries.Inc()
+		exclude = failed
+	}
+}
+
+func outcomeOf(ctx context.Context, err error) string {
+	if ctx.Err() != nil {
+		return "client_gone"
+	}
+	if errors.Is(err, errStreamBroken) {
+		return "broken_stream"
+	}
+	return "upstream_error"
+}
+
+// admit applies the scheduler's rejection and class shedding.
+func (g *Gateway) admit(rt *routed, p *plan) error {
+	now := g.clock()
+	if !p.dec.Admit {
+		if p.dec.Prefill >= 0 { // rejected by admission, not for lack of endpoints
+			g.shed.reject(rt.class.Priority, now)
+		}
+		return g.rejectErr(rt, p.dec.Reason, p.dec.PredictedTTFT)
+	}
+	if g.sched.EarlyReject && g.shed.shedding(rt.class.Priority, now) {
+		return g.rejectErr(rt, "a class of equal or higher priority is being rejected", 0)
+	}
+	return nil
+}
+
+// errStreamBroken: the upstream failed after the client got bytes; the
+// response cannot be replaced.
+var errStreamBroken = errors.New("upstream stream broken")
+
+// upstreamError is a failure worth retrying on another endpoint.
+type upstreamError struct {
+	endpoint string
+	err      error
+}
+
+func (e *upstreamError) Error() string { return fmt.Sprintf("endpoint %s: %v", e.endpoint, e.err) }
+func (e *upstreamError) Unwrap() error { return e.err }
+
+// proxy runs the plan: aggregated, or the two NixlConnector legs. It
+// returns the endpoint to avoid on a retry ("" when a retry makes no
+// sense) with the error.
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *plan) (string, error) {
+	lf := p.mf.load
+	uncached := max(rt.promptN-p.dec.CachedTokens, 0)
+	fl := lf.Route(p.pEP, g.clock(), load.Work{Uncached: uncached,
+		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
+		Keys:           rt.prep.Keys, PrefillSeconds: prefillSeconds(uncached, p.pEP)})
+	defer func() { lf.Finish(fl, g.clock()) }()
+	g.idx.Routed(p.prefill.kvID, rt.prep.Keys)
+	g.met.promptTokens.Add(float64(rt.promptN))
+	g.met.hitTokens.Add(float64(min(p.dec.CachedTokens, rt.promptN)))
+	h := w.Header()
+	h.Set(hdrPrefill, p.prefill.ep.Name)
+	h.Set(hdrCached, strconv.Itoa(p.dec.CachedTokens))
+	h.Set(hdrPredicted, fmtMillis(p.dec.PredictedTTFT))
+	h.Set(hdrReason, p.reason)
+	h.Set("X-Request-Id", rt.id)
+	ctx := r.Context()
+	if g.cfg.UpstreamTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
+		defer cancel()
+	}
+	body := rt.req.StripKVTransferParams()
+	target := p.prefill
+	if p.decode != nil {
+		h.Set(hdrDecode, p.decode.ep.Name)
+		lf.Decode(fl, p.dEP)
+		g.idx.Routed(p.decode.kvID, rt.prep.Keys)
+		params, err := g.prefillLeg(ctx, r, rt, p)
+		if err != nil {
+			return p.prefill.ep.Name, err
+		}
+		lf.PrefillDone(fl, g.clock())
+		if body, err = rt.req.DecodeBody(params); err != nil {
+			return "", openai.Errorf(http.StatusBadGateway, "prefill endpoint %s: %v", p.prefill.ep.Name, err)
+		}
+		target = p.decode
+	} else {
+		h.Set(hdrDecode, p.prefill.ep.Name)
+		// A non-streamed answer says nothing about when its prefill
+		// ended: take the prediction, unless the answer comes first.
+		if !rt.req.Stream {
+			end := lf.PredictedPrefillEnd(fl)
+			t := time.AfterFunc(time.Duration(max(end-g.clock(), 0)*float64(time.Second)), func() { lf.PrefillDone(fl, end) })
+			defer t.Stop()
+		}
+	}
+	resp, err := g.send(ctx, r, target, rt, body)
+	if err != nil {
+		return target.ep.Name, err
+	}
+	defer resp.Body.Close()
+	return "", g.relay(w, resp, rt, target, func() { lf.PrefillDone(fl, g.clock()) })
+}
+
+// prefillSeconds is the predicted compute time of n uncached tokens on e.
+func prefillSeconds(n int, e *load.Endpoint) float64 {
+	if speed := e.Info().PrefillSpeed; speed > 0 {
+		return float64(n) / speed
+	}
+	return 0
+}
+
+// send posts body to the endpoint; a connect error or a 5xx status is an
+// *upstreamError (retryable), reported to health.
+func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *routed, body []byte) (*http.Response, error) {
+	if m.ep.URL == "" {
+		return nil, &upstreamError{m.ep.Name, errors.New("endpoint has no url")}
+	}
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, m.ep.URL+rt.path, bytes.NewReader(body))
+	if err != nil {
+		return nil, &upstreamError{m.ep.Name, err}
+	}
+	copyRequestHeaders(up.Header, r.Header)
+	up.Header.Set("Content-Type", "application/json")
+	up.Header.Set("X-Request-Id", rt.id)
+	up.ContentLength = int64(len(body))
+	resp, err := g.client.Do(up)
+	if err != nil {
+		g.reportFailure(m, err)
+		return nil, &upstreamError{m.ep.Name, err}
+	}
+	if resp.StatusCode >= 500 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		err := fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+		g.reportFailure(m, err)
+		return nil, &upstreamError{m.ep.Name, err}
+	}
+	if g.health != nil {
+		g.health.ReportSuccess(m.ep.Name)
+	}
+	return resp, nil
+}
+
+func (g *Gateway) reportFailure(m *member, err error) {
+	if g.health != nil {
+		g.health.ReportFailure(m.ep.Name, err)
+	}
+}
+
+// prefillLeg runs leg 1 on the prefill endpoint and returns the
+// kv_transfer_params its answer carries for leg 2.
+func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p *plan) ([]byte, error) {
+	resp, err := g.send(ctx, r, p.prefill, rt, rt.req.PrefillBody())
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return nil, &upstreamError{p.prefill.ep.Name, err}
+	}
+	if resp.StatusCode != http.StatusOK {
+		// The engine refused the request itself (4xx): the client's
+		// error, passed through.
+		return nil, &openai.Error{Status: resp.StatusCode, Message: fmt.Sprintf("prefill endpoint %s: %s", p.prefill.ep.Name, bytes.TrimSpace(data))}
+	}
+	params, err := openai.ResponseKVTransferParams(data)
+	if err != nil || params == nil {
+		return nil, openai.Errorf(http.StatusBadGateway, "prefill endpoint %s answered without kv_transfer_params (is it running with a KV connector?)", p.prefill.ep.Name)
+	}
+	return params, nil
+}
+
+// relay copies the upstream answer to the client as it arrives (SSE is
+// flushed chunk by chunk), calls firstByte when the first body bytes come,
+// and records what it observed.
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func()) error {
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = append([]string(nil), vs...)
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	buf := make([]byte, 32<<10)
+	first := true
+	var firstAt time.Time
+	chunks := 0
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if first {
+				first = false
+				firstAt = g.now()
+				firstByte()
+				if resp.StatusCode == http.StatusOK && rt.req.Stream {
+					g.met.ttft.WithLabelValues(rt.class.Name).Observe(firstAt.Sub(rt.arrival).Seconds())
+				}
+			}
+			chunks++
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return fmt.Errorf("%w: client: %v", errStreamBroken, werr)
+			}
+			_ = rc.Flush()
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", errStreamBroken, m.ep.Name, err)
+		}
+	}
+	if rt.req.Stream && chunks > 2 && resp.StatusCode == http.StatusOK {
+		m.obs.addTPOT(g.now().Sub(firstAt).Seconds() / float64(chunks-1))
+	}
+	return nil
+}

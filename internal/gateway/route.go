@@ -1,0 +1,276 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/kvgate/kvgate/internal/tokens"
+)
+
+// defaultOutputTokens is the output length assumed for a request that
+// sets no limit (for decode KV room and in-flight accounting).
+const defaultOutputTokens = 256
+
+// maxOutputTokens caps the output length kvgate plans for.
+const maxOutputTokens = 1 << 24
+
+// routed is one request on its way through the gateway.
+type routed struct {
+	id      string
+	path    string
+	chat    bool
+	req     *openai.Request
+	class   *Class
+	prep    tokens.Prepared
+	promptN int
+	outN    int
+	arrival time.Time
+}
+
+// plan is a decision turned into endpoints.
+type plan struct {
+	dec     sched.Decision
+	mf      *modelFleet
+	prefill *member
+	decode  *member // nil: aggregated on prefill
+	pEP     *load.Endpoint
+	dEP     *load.Endpoint
+	reason  string
+}
+
+// parse reads and parses a completion or chat request.
+func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, chat bool) (*routed, error) {
+	if r.Method != http.MethodPost {
+		return nil, openai.Errorf(http.StatusMethodNotAllowed, "use POST")
+	}
+	body, err := readBody(w, r, g.cfg.MaxBodyBytes)
+	if err != nil {
+		return nil, err
+	}
+	var req *openai.Request
+	if chat {
+		req, err = openai.ParseChat(body)
+	} else {
+		req, err = openai.ParseCompletion(body)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if req.Model == "" {
+		return nil, openai.BadRequest("model is required").WithParam("model")
+	}
+	rt := &routed{path: r.URL.Path, chat: chat, req: req, arrival: g.now()}
+	rt.id = r.Header.Get("X-Request-Id")
+	if rt.id == "" || len(rt.id) > 128 {
+		rt.id = fmt.Sprintf("kvgate-%x-%d", g.start.UnixNano(), g.reqSeq.Add(1))
+	}
+	if rt.class, err = g.classOf(r); err != nil {
+		return nil, err
+	}
+	rt.outN = defaultOutputTokens
+	if lim := req.OutputLimit(chat); lim != nil {
+		if *lim < 1 {
+			return nil, openai.BadRequest("max_tokens must be at least 1, got %d", *lim).WithParam("max_tokens")
+		}
+		rt.outN = int(min(*lim, maxOutputTokens))
+	}
+	return rt, nil
+}
+
+// classOf picks the request's SLO class from its header.
+func (g *Gateway) classOf(r *http.Request) (*Class, error) {
+	name := r.Header.Get(g.cfg.ClassHeader)
+	if name == "" {
+		name = g.cfg.DefaultClass
+	}
+	for i := range g.cfg.Classes {
+		if g.cfg.Classes[i].Name == name {
+			return &g.cfg.Classes[i], nil
+		}
+	}
+	names := make([]string, len(g.cfg.Classes))
+	for i, c := range g.cfg.Classes {
+		names[i] = c.Name
+	}
+	return nil, openai.BadRequest("unknown SLO class %q in %s (known: %s)", name, g.cfg.ClassHeader, strings.Join(names, ", "))
+}
+
+// prepare computes the request's tokens and block keys.
+func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
+	in := tokens.Input{}
+	req := rt.req
+	switch {
+	case rt.chat:
+		msgs := make([]tokens.Message, len(req.Messages))
+		for i, m := range req.Messages {
+			text, err := m.Content.Text()
+			if err != nil {
+				return openai.BadRequest("messages[%d].content: %v", i, err).WithParam("messages")
+			}
+			msgs[i] = tokens.TextMessage(m.Role, text)
+		}
+		in.Messages = msgs
+	case req.Prompt.Kind == openai.PromptText || req.Prompt.Kind == openai.PromptTexts:
+		// A batch is routed as one request by its first prompt (the
+		// engine serves the batch together); its size counts them all.
+		in.Prompt = &req.Prompt.Texts[0]
+	default:
+		in.TokenIDs = req.Prompt.Tokens[0]
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	p, err := g.toks.Prepare(ctx, req.Model, in, g.cfg.BlockSize)
+	if err != nil {
+		return openai.Errorf(http.StatusBadGateway, "tokenizer for model %q: %v", req.Model, err)
+	}
+	rt.prep = p
+	rt.promptN = len(p.Tokens)
+	for i := 1; i < req.Prompt.Len(); i++ {
+		if req.Prompt.Kind == openai.PromptTokenLists {
+			rt.promptN += len(req.Prompt.Tokens[i])
+		} else {
+			rt.promptN += len(req.Prompt.Texts[i]) / 4
+		}
+	}
+	return nil
+}
+
+// indexCache adapts the KV index to load.PrefixCache for one model's
+// snapshot order.
+type indexCache struct {
+	idx     *kvindex.Index
+	model   string
+	members []*member
+	buf     []kvindex.Match
+}
+
+func (c *indexCache) CachedBlocks(keys []uint64, matched []int) {
+	c.buf = c.idx.Lookup(c.model, keys, c.buf[:0])
+	clear(matched)
+	for _, m := range c.buf {
+		for i, mb := range c.members {
+			if mb.kvID == m.Endpoint && i < len(matched) {
+				matched[i] = m.Blocks
+			}
+		}
+	}
+}
+
+// decide builds the snapshot and asks the scheduler; exclude names
+// endpoints a retry must avoid.
+func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
+	g.mu.RLock()
+	mf := g.models[rt.req.Model]
+	g.mu.RUnlock()
+	if mf == nil {
+		return nil, openai.NotFound("The model `%s` does not exist.", rt.req.Model).WithParam("model")
+	}
+	g.mu.RLock()
+	members := mf.members
+	snap := sched.Snapshot{BlockSize: g.cfg.BlockSize}
+	ic := &indexCache{idx: g.idx, model: mf.name, members: members}
+	eps := mf.load.Snapshot(g.clock(), rt.promptN, rt.prep.Keys, ic, nil, &snap)
+	g.mu.RUnlock()
+	if len(eps) != len(members) {
+		return nil, openai.Unavailable(time.Second, "the fleet of model %q is changing; retry", rt.req.Model)
+	}
+	g.fillEngineState(members, &snap)
+	if exclude != "" {
+		members, eps = dropEndpoint(exclude, members, eps, &snap)
+	}
+	if len(snap.Endpoints) == 0 {
+		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
+	}
+	sreq := sched.Request{ID: rt.id, Arrival: snap.Now, PromptTokens: rt.promptN, PromptBlocks: len(rt.prep.Keys),
+		OutputTokens: rt.outN, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority}
+	start := time.Now()
+	d := g.sched.Decide(&sreq, &snap)
+	g.met.decision.Observe(time.Since(start).Seconds())
+	p := &plan{dec: d, mf: mf}
+	if d.Prefill >= 0 {
+		p.prefill, p.pEP = members[d.Prefill], eps[d.Prefill]
+	}
+	if d.Decode >= 0 {
+		p.decode, p.dEP = members[d.Decode], eps[d.Decode]
+		if g.cfg.LocalPrefillTokens > 0 && rt.promptN-snap.Endpoints[d.Decode].CachedTokens <= g.cfg.LocalPrefillTokens {
+			// Conditional disaggregation: the decode endpoint computes
+			// the short uncached part itself.
+			p.prefill, p.pEP, p.decode, p.dEP = p.decode, p.dEP, nil, nil
+			p.dec.CachedTokens = snap.Endpoints[d.Decode].CachedTokens
+		}
+	}
+	p.reason = g.explain(&snap, &d, rt.promptN)
+	return p, nil
+}
+
+// dropEndpoint removes the named endpoint from a snapshot (a retry).
+func dropEndpoint(name string, members []*member, eps []*load.Endpoint, s *sched.Snapshot) ([]*member, []*load.Endpoint) {
+	for i, m := range members {
+		if m.ep.Name != name {
+			continue
+		}
+		ms := append(append([]*member(nil), members[:i]...), members[i+1:]...)
+		es := append(append([]*load.Endpoint(nil), eps[:i]...), eps[i+1:]...)
+		s.Endpoints = append(s.Endpoints[:i:i], s.Endpoints[i+1:]...)
+		return ms, es
+	}
+	return members, eps
+}
+
+// fillEngineState adds what the engines' metrics and observed latencies
+// say: KV room and usage, and decode TPOT.
+func (g *Gateway) fillEngineState(members []*member, s *sched.Snapshot) {
+	for i, m := range members {
+		e := &s.Endpoints[i]
+		e.KVFreeTokens = math.MaxInt32 // unknown: do not reject for room
+		if g.engine != nil {
+			if free, usage, ok := g.engine.KVFree(m.ep.Name); ok {
+				e.KVFreeTokens, e.KVUsage = free, usage
+			}
+		}
+		e.DecodeTPOT = m.obs.tpot()
+	}
+}
+
+// explain is the policy's reason, for the response headers.
+func (g *Gateway) explain(s *sched.Snapshot, d *sched.Decision, promptN int) string {
+	if !d.Admit {
+		return d.Reason
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %s cached %d of %d tokens, predicted TTFT %.0f ms", g.policy, s.Endpoints[d.Prefill].Name,
+		d.CachedTokens, promptN, d.PredictedTTFT*1000)
+	if d.Costs != nil {
+		second, sc := -1, math.Inf(1)
+		for i, c := range d.Costs {
+			if i != d.Prefill && !math.IsNaN(c) && c < sc {
+				second, sc = i, c
+			}
+		}
+		if second >= 0 {
+			fmt.Fprintf(&b, "; cost %.4g vs next best %s %.4g", d.Costs[d.Prefill], s.Endpoints[second].Name, sc)
+		}
+	}
+	return b.String()
+}
+
+// reject answers 429 with a Retry-After.
+func (g *Gateway) rejectErr(rt *routed, reason string, predicted float64) *openai.Error {
+	retry := time.Second
+	if slo := rt.class.slo(rt.promptN).TTFT; predicted > slo && slo > 0 {
+		retry = time.Duration(min(predicted-slo, 60) * float64(time.Second))
+	}
+	retry = max(retry, time.Second)
+	return openai.TooManyRequests(retry, "kvgate: request rejected before any compute (class %s): %s", rt.class.Name, reason)
+}
+
+func fmtMillis(s float64) string { return strconv.FormatFloat(s*1000, 'f', 1, 64) }

@@ -1,0 +1,95 @@
+package gateway
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// readBody reads the request body up to limit bytes; a larger body is a
+// 413.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, openai.TooLarge(limit)
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var mb *http.MaxBytesError
+	if errors.As(err, &mb) {
+		return nil, openai.TooLarge(limit)
+	}
+	if err != nil {
+		return nil, openai.BadRequest("reading the request body: %v", err)
+	}
+	return b, nil
+}
+
+// observed is what the gateway measured of an endpoint: an exponentially
+// weighted mean of the time per output token of its streams.
+type observed struct {
+	mu      sync.Mutex
+	tpotAvg float64
+	n       int
+}
+
+const tpotWeight = 0.1
+
+func (o *observed) addTPOT(v float64) {
+	if v <= 0 || v > 60 {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == 0 {
+		o.tpotAvg = v
+	} else {
+		o.tpotAvg += tpotWeight * (v - o.tpotAvg)
+	}
+	o.n++
+}
+
+// tpot is the observed TPOT (0: unknown).
+func (o *observed) tpot() float64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.tpotAvg
+}
+
+// shedder keeps class priorities apart: when a request of priority p is
+// rejected, every request of priority <= p is rejected for shedWindow
+// seconds, so no lower class is admitted while a higher one is turned
+// away.
+type shedder struct {
+	mu    sync.Mutex
+	until map[int]float64 // priority → clock time its shedding ends
+}
+
+const shedWindow = 1.0
+
+func (s *shedder) reject(prio int, now float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.until == nil {
+		s.until = map[int]float64{}
+	}
+	s.until[prio] = now + shedWindow
+}
+
+// shedding reports whether a request of priority prio must be rejected
+// because one of priority >= prio was rejected recently.
+func (s *shedder) shedding(prio int, now float64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p, t := range s.until {
+		if t <= now {
+			delete(s.until, p)
+			continue
+		}
+		if p >= prio {
+			return true
+		}
+	}
+	return false
+}
