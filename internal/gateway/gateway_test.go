@@ -396,4 +396,3 @@ func getJSON(t *testing.T, url string, v any) {
 		t.Fatal(err)
 	}
 }
-
