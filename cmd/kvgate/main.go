@@ -26,6 +26,7 @@ func commands() map[string]command {
 		"sim":     {"simulate a fleet under a workload and compare routing policies", runSim},
 		"engine":  {"run a vLLM-compatible engine emulator (HTTP API, metrics, KV events)", runEngine},
 		"kvindex": {"run the KV-event subscriber, global prefix index and its admin API", runKVIndex},
+		"serve":   {"run the gateway: route and proxy OpenAI requests to a fleet of engines", runServe},
 	}
 }
 

@@ -1,11 +1,15 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"time"
+
+	"gopkg.in/yaml.v3"
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/sched"
@@ -216,3 +220,20 @@ func (cl *Class) slo(n int) sched.SLO {
 	}
 	return s
 }
+
+// ParseConfig parses a YAML config (docs/serve.md); unknown fields are
+// errors. It does not fill defaults or validate: New and Reload do.
+func ParseConfig(data []byte) (Config, error) {
+	var c Config
+	if len(data) > maxConfigBytes {
+		return c, fmt.Errorf("config is %d bytes; at most %d", len(data), maxConfigBytes)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("config: %w", err)
+	}
+	return c, nil
+}
+
+const maxConfigBytes = 4 << 20

@@ -68,7 +68,7 @@ type Gateway struct {
 	health Health
 	engine EngineState
 
-	sched  *sched.Scheduler
+	sched  atomic.Pointer[sched.Scheduler] // replaced whole on reload
 	policy string
 	toks   *tokens.Set
 	idx    *kvindex.Index
@@ -80,6 +80,8 @@ type Gateway struct {
 	mu      sync.RWMutex
 	members map[string]*member
 	models  map[string]*modelFleet
+
+	classes atomic.Pointer[classSet]
 
 	inflight atomic.Int64
 	reqSeq   atomic.Uint64
@@ -130,14 +132,15 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g := &Gateway{
 		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, engine: o.Engine,
-		sched:   &sched.Scheduler{Policy: pol, EarlyReject: *cfg.EarlyReject, Explain: true},
 		policy:  cfg.Policy,
 		toks:    toks,
 		idx:     kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),
 		members: map[string]*member{},
 		models:  map[string]*modelFleet{},
 	}
+	g.sched.Store(&sched.Scheduler{Policy: pol, EarlyReject: *cfg.EarlyReject, Explain: true})
 	g.start = g.now()
+	g.classes.Store(newClassSet(&cfg))
 	g.client = &http.Client{Transport: o.Transport}
 	if g.client.Transport == nil {
 		g.client.Transport = newTransport(cfg.ConnectTimeout)
@@ -259,7 +262,7 @@ func (g *Gateway) refresh() {
 		}
 		mf := g.models[name]
 		if mf == nil {
-			mf = &modelFleet{name: name, load: load.New(nil, load.NeedsActive(g.sched.Policy))}
+			mf = &modelFleet{name: name, load: load.New(nil, load.NeedsActive(g.sched.Load().Policy))}
 			g.models[name] = mf
 		}
 		if sameMembers(mf.members, ms) {

@@ -88,20 +88,21 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, chat bool) (*rou
 
 // classOf picks the request's SLO class from its header.
 func (g *Gateway) classOf(r *http.Request) (*Class, error) {
-	name := r.Header.Get(g.cfg.ClassHeader)
+	cs := g.classes.Load()
+	name := r.Header.Get(cs.header)
 	if name == "" {
-		name = g.cfg.DefaultClass
+		name = cs.def
 	}
-	for i := range g.cfg.Classes {
-		if g.cfg.Classes[i].Name == name {
-			return &g.cfg.Classes[i], nil
+	for i := range cs.classes {
+		if cs.classes[i].Name == name {
+			return &cs.classes[i], nil
 		}
 	}
-	names := make([]string, len(g.cfg.Classes))
-	for i, c := range g.cfg.Classes {
+	names := make([]string, len(cs.classes))
+	for i, c := range cs.classes {
 		names[i] = c.Name
 	}
-	return nil, openai.BadRequest("unknown SLO class %q in %s (known: %s)", name, g.cfg.ClassHeader, strings.Join(names, ", "))
+	return nil, openai.BadRequest("unknown SLO class %q in %s (known: %s)", name, cs.header, strings.Join(names, ", "))
 }
 
 // prepare computes the request's tokens and block keys.
@@ -193,7 +194,7 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	sreq := sched.Request{ID: rt.id, Arrival: snap.Now, PromptTokens: rt.promptN, PromptBlocks: len(rt.prep.Keys),
 		OutputTokens: rt.outN, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority}
 	start := time.Now()
-	d := g.sched.Decide(&sreq, &snap)
+	d := g.sched.Load().Decide(&sreq, &snap)
 	g.met.decision.Observe(time.Since(start).Seconds())
 	p := &plan{dec: d, mf: mf}
 	if d.Prefill >= 0 {

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// serveFlags are kvgate serve's flags; any flag given on the command line
+// overrides the same field of --config.
+type serveFlags struct {
+	config, logLevel string
+	engines, toks    listFlag
+	set              map[string]bool
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f serveFlags
+	var c gateway.Config
+	early := true
+	fs.StringVar(&f.config, "config", "", "YAML config file (docs/serve.md); flags given too override its fields; SIGHUP reloads it")
+	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8000", "client API address (OpenAI-compatible)")
+	fs.StringVar(&c.Admin, "admin", "127.0.0.1:8090", "admin API and /metrics address (keep it private)")
+	fs.Var(&f.engines, "engine", "an engine: name=N,url=http://HOST:PORT,model=M,role=both|prefill|decode[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT][,prefill_speed=TOK_PER_S] (repeatable)")
+	fs.Var(&f.toks, "tokenizer", "tokenizer spec as for kvgate kvindex: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=T][,exact_chat=true] (repeatable)")
+	fs.StringVar(&c.Policy, "policy", "kvgate", "routing policy: "+joinNames())
+	fs.Float64Var(&c.SLOTTFT, "slo-ttft", 2, "TTFT SLO of the default class, seconds [0, 3600]")
+	fs.Float64Var(&c.SLOTPOT, "slo-tpot", 0, "TPOT SLO of the default class, seconds [0, 3600] (0: none)")
+	fs.BoolVar(&early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
+	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
+	fs.IntVar(&c.BlockSize, "block-size", 16, "router block size in tokens [1, 4096]")
+	fs.Float64Var(&c.PrefillSpeed, "prefill-speed", 20000, "prompt tokens/s assumed for endpoints without prefill_speed")
+	fs.IntVar(&c.LocalPrefillTokens, "local-prefill-tokens", 0, "P/D: serve on the decode endpoint alone when at most this many prompt tokens are uncached there (0: always disaggregate)")
+	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body; larger gets 413 [1024, 1 GiB]")
+	fs.IntVar(&c.MaxInflight, "max-inflight", 10000, "requests proxied at once; more get 429 [1, 1048576]")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&c.LogPrompts, "log-prompts", false, "log request bodies at debug level (prompts are not logged by default)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: kvgate serve [flags]\n\nRuns the gateway: an OpenAI-compatible proxy that routes each request to the\nprefill and decode engines predicted to serve it fastest, rejecting early what\ncannot meet its SLO. Endpoints come from --engine flags or --config.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	c.EarlyReject = &early
+	cfg, err := f.load(c)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	g, err := gateway.New(cfg, gateway.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	return serveGateway(ctx, g, cfg, &f, c, stdout, log)
+}
+
+func joinNames() string {
+	s := ""
+	for i, n := range sched.Names() {
+		if i > 0 {
+			s += ", "
+		}
+		s += n
+	}
+	return s
+}
+
+// load builds the config: the file (if any), then the flags given.
+func (f *serveFlags) load(flags gateway.Config) (gateway.Config, error) {
+	var c gateway.Config
+	if f.config != "" {
+		data, err := os.ReadFile(f.config)
+		if err != nil {
+			return c, fmt.Errorf("--config: %w", err)
+		}
+		if c, err = gateway.ParseConfig(data); err != nil {
+			return c, fmt.Errorf("--config %s: %w", f.config, err)
+		}
+	}
+	over := map[string]func(){
+		"listen": func() { c.Listen = flags.Listen }, "admin": func() { c.Admin = flags.Admin },
+		"policy": func() { c.Policy = flags.Policy }, "slo-ttft": func() { c.SLOTTFT = flags.SLOTTFT },
+		"slo-tpot": func() { c.SLOTPOT = flags.SLOTPOT }, "early-reject": func() { c.EarlyReject = flags.EarlyReject },
+		"bind-events": func() { c.BindEvents = flags.BindEvents }, "block-size": func() { c.BlockSize = flags.BlockSize },
+		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
+		"max-body-bytes": func() { c.MaxBodyBytes = flags.MaxBodyBytes }, "max-inflight": func() { c.MaxInflight = flags.MaxInflight },
+		"log-prompts": func() { c.LogPrompts = flags.LogPrompts },
+	}
+	for name, apply := range over {
+		if f.set[name] || f.config == "" {
+			apply()
+		}
+	}
+	for _, s := range f.engines {
+		e, err := fleet.ParseSpec(s)
+		if err != nil {
+			return c, fmt.Errorf("--engine: %w", err)
+		}
+		c.Endpoints = append(c.Endpoints, e)
+	}
+	c.Tokenizers = append(c.Tokenizers, f.toks...)
+	if len(c.Endpoints) == 0 {
+		return c, errors.New("no endpoints: give --engine (repeatable) or endpoints: in --config")
+	}
+	c.Defaults()
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// serveGateway listens, serves until ctx ends, and reloads the config
+// file on SIGHUP.
+func serveGateway(ctx context.Context, g *gateway.Gateway, cfg gateway.Config, f *serveFlags, flags gateway.Config, stdout io.Writer, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	aln, err := net.Listen("tcp", cfg.Admin)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("admin: %w", err)
+	}
+	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	adm := &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	go func() { errc <- g.Run(ctx) }()
+	go func() { errc <- fmt.Errorf("serve: %w", srv.Serve(ln)) }()
+	go func() { errc <- fmt.Errorf("admin: %w", adm.Serve(aln)) }()
+	fmt.Fprintf(stdout, "kvgate serve: OpenAI API on http://%s, admin on http://%s, %d endpoint(s), policy %s\n",
+		ln.Addr(), aln.Addr(), len(cfg.Endpoints), cfg.Policy)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-errc:
+			runErr = err
+			break loop
+		case <-hup:
+			reload(g, f, flags, log)
+		}
+	}
+	cancel()
+	sctx, done := context.WithTimeout(context.Background(), 5*time.Second)
+	defer done()
+	_ = srv.Shutdown(sctx)
+	_ = adm.Shutdown(sctx)
+	if errors.Is(runErr, http.ErrServerClosed) {
+		runErr = nil
+	}
+	return runErr
+}
+
+func reload(g *gateway.Gateway, f *serveFlags, flags gateway.Config, log *slog.Logger) {
+	if f.config == "" {
+		log.Warn("SIGHUP: no --config to reload")
+		return
+	}
+	next, err := f.load(flags)
+	if err == nil {
+		var restart []string
+		restart, err = g.Reload(next)
+		if len(restart) > 0 {
+			log.Warn("config reloaded; these fields need a restart and keep their running values", "fields", restart)
+		}
+	}
+	if err != nil {
+		log.Error("config reload refused; the running config is kept", "err", err)
+		return
+	}
+	log.Info("config reloaded", "file", f.config)
+}

@@ -1,0 +1,52 @@
+package gateway
+
+import (
+	"fmt"
+	"reflect"
+
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// classSet is the reloadable part of the SLO configuration.
+type classSet struct {
+	classes []Class
+	def     string
+	header  string
+}
+
+func newClassSet(c *Config) *classSet {
+	return &classSet{classes: append([]Class(nil), c.Classes...), def: c.DefaultClass, header: c.ClassHeader}
+}
+
+// Reload applies a new configuration: endpoints, SLO classes, the default
+// class and early rejection take effect at once; fields that need a
+// restart (listen and admin addresses, policy, block size, tokenizers,
+// central KV events) are reported and left as they run. A config that does
+// not validate changes nothing.
+func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
+	next.Defaults()
+	if err := next.Validate(); err != nil {
+		return nil, fmt.Errorf("reload refused, the running config is kept: %w", err)
+	}
+	if err := g.SetEndpoints(next.Endpoints); err != nil {
+		return nil, fmt.Errorf("reload refused, the running config is kept: %w", err)
+	}
+	g.classes.Store(newClassSet(&next))
+	old := g.sched.Load()
+	g.sched.Store(&sched.Scheduler{Policy: old.Policy, EarlyReject: *next.EarlyReject, Explain: old.Explain})
+	cur := g.cfg
+	for _, f := range []struct {
+		name string
+		a, b any
+	}{
+		{"listen", cur.Listen, next.Listen}, {"admin", cur.Admin, next.Admin}, {"policy", cur.Policy, next.Policy},
+		{"block_size", cur.BlockSize, next.BlockSize}, {"tokenizers", cur.Tokenizers, next.Tokenizers},
+		{"bind_events", cur.BindEvents, next.BindEvents}, {"max_body_bytes", cur.MaxBodyBytes, next.MaxBodyBytes},
+		{"max_inflight", cur.MaxInflight, next.MaxInflight}, {"prefill_speed", cur.PrefillSpeed, next.PrefillSpeed},
+	} {
+		if !reflect.DeepEqual(f.a, f.b) {
+			needRestart = append(needRestart, f.name)
+		}
+	}
+	return needRestart, nil
+}
