@@ -38,6 +38,14 @@ type Config struct {
 	// DecodeKVTokens is each decode instance's KV capacity in tokens.
 	DecodeKVTokens int
 	SLO            sched.SLO
+	// EventLag is how late (seconds) the router hears of blocks an
+	// instance stores, as a gateway hears KV events; 0 models a router
+	// that knows every cache exactly (the seed chapter's model).
+	EventLag float64
+	// ApproxTTL, with EventLag > 0, is how long the router's own routing
+	// decisions count as approximate cache entries (kvindex's
+	// approximate tier); 0: none.
+	ApproxTTL float64
 }
 
 func (c Config) validate(tr *workload.Trace) error {
@@ -46,6 +54,9 @@ func (c Config) validate(tr *workload.Trace) error {
 	}
 	if c.Decode < 0 || c.CacheTokens < 0 {
 		return fmt.Errorf("sim: instance counts and cache size must be >= 0")
+	}
+	if !(c.EventLag >= 0 && c.EventLag <= 3600) || !(c.ApproxTTL >= 0 && c.ApproxTTL <= 86400) {
+		return fmt.Errorf("sim: event lag must be in [0, 3600] s and approximate TTL in [0, 86400] s")
 	}
 	if c.Decode > 0 && c.DecodeKVTokens <= 0 {
 		return fmt.Errorf("sim: decode instances need a KV capacity > 0")
@@ -106,7 +117,8 @@ type run struct {
 	tr    *workload.Trace
 	sc    *sched.Scheduler
 	n     int // prefill instances; decode instances follow them
-	cache *fleetCache
+	cache *fleetCache // the engines' true caches
+	view  *routerView // what the router knows of them; nil: cache itself
 	load  *load.Fleet
 	eps   []*load.Endpoint
 	dec   *decodePool
@@ -114,6 +126,7 @@ type run struct {
 	snap  sched.Snapshot
 
 	matched []int
+	trueHit []int // per prefill instance, when the view is not the truth
 	// Per request: admitted, end of prefill, the SLO it was judged by.
 	admitted    []bool
 	prefillDone []float64
@@ -131,6 +144,10 @@ func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) *run {
 		admitted:    make([]bool, len(tr.Requests)),
 		prefillDone: make([]float64, len(tr.Requests)),
 		slo:         make([]sched.SLO, len(tr.Requests)),
+	}
+	if cfg.EventLag > 0 {
+		r.view = newRouterView(n, cfg.CacheTokens/tr.BlockSize, cfg.EventLag, cfg.ApproxTTL)
+		r.trueHit = make([]int, n)
 	}
 	role := fleet.RoleBoth
 	if cfg.Decode > 0 {
@@ -151,10 +168,15 @@ func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) *run {
 	return r
 }
 
-// CachedBlocks implements load.PrefixCache over the prefill instances'
-// caches; decode instances hold no prefixes for new requests.
+// CachedBlocks implements load.PrefixCache: what the router knows of the
+// prefill instances' caches; decode instances hold no prefixes for new
+// requests.
 func (r *run) CachedBlocks(keys []uint64, matched []int) {
-	r.cache.match(keys, matched[:r.n])
+	if r.view != nil {
+		r.view.match(r.snap.Now, keys, matched[:r.n])
+	} else {
+		r.cache.match(keys, matched[:r.n])
+	}
 	clear(matched[r.n:])
 }
 
@@ -167,6 +189,10 @@ func (r *run) step(ri int) error {
 		r.fc.now = t
 	}
 	r.load.Expire(t)
+	if r.view != nil {
+		r.view.advance(t)
+	}
+	r.snap.Now = t
 	r.eps = r.load.Snapshot(t, q.PromptTokens, q.Keys, r, r.matched, &r.snap)
 	r.fillCapacity(q.PromptTokens)
 	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
@@ -181,9 +207,17 @@ func (r *run) step(ri int) error {
 		return fmt.Errorf("sim: policy %s chose prefill endpoint %d of %d", r.sc.Policy.Name(), d.Prefill, r.n)
 	}
 	i := d.Prefill
-	hit := r.snap.Endpoints[i].CachedTokens
+	hit, hitBlocks := r.snap.Endpoints[i].CachedTokens, r.matched[i]
+	if r.view != nil {
+		// The engine computes what its true cache lacks, whatever the
+		// router believed.
+		r.cache.match(q.Keys, r.trueHit)
+		hitBlocks = r.trueHit[i]
+		hit = min(hitBlocks*r.tr.BlockSize, q.PromptTokens)
+		r.view.stored(t, i, q.Keys)
+	}
 	unc := q.PromptTokens - hit
-	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, UncachedBlocks: len(q.Keys) - r.matched[i],
+	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, UncachedBlocks: len(q.Keys) - hitBlocks,
 		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc)})
 	done := r.load.PredictedPrefillEnd(fl)
 	r.cache.insert(i, q.Keys)

@@ -321,3 +321,27 @@ func TestRunStopsWhenCancelled(t *testing.T) {
 		t.Fatal("a cancelled run must stop with an error")
 	}
 }
+
+// TestEventLagAndApproximateEntries: a router that hears of cached blocks
+// late finds fewer hits than one that knows the caches; its own routing
+// decisions as approximate entries win most of them back.
+func TestEventLagAndApproximateEntries(t *testing.T) {
+	tr := chat(t, 40, 0)
+	exact := runPolicy(t, seedConfig(), tr, "cache-only", false)
+	cfg := seedConfig()
+	cfg.EventLag = 30
+	late := runPolicy(t, cfg, tr, "cache-only", false)
+	cfg.ApproxTTL = 120
+	approx := runPolicy(t, cfg, tr, "cache-only", false)
+	if !(late.HitRate < exact.HitRate-0.02) {
+		t.Errorf("30 s event lag should cost hits: exact %.3f, late %.3f", exact.HitRate, late.HitRate)
+	}
+	if !(approx.HitRate > late.HitRate+0.01) {
+		t.Errorf("approximate entries should win hits back: late %.3f, with approximate %.3f", late.HitRate, approx.HitRate)
+	}
+	cfg.EventLag = -1
+	p, _ := sched.New("random", sched.Options{})
+	if _, err := Run(context.Background(), cfg, tr, &sched.Scheduler{Policy: p}); err == nil {
+		t.Error("negative lag accepted")
+	}
+}
