@@ -46,6 +46,9 @@ type Config struct {
 	// decisions count as approximate cache entries (kvindex's
 	// approximate tier); 0: none.
 	ApproxTTL float64
+	// OnDecision, when set, is called with every request's index and
+	// decision (tests compare the simulator's choices with the gateway's).
+	OnDecision func(request int, d sched.Decision)
 }
 
 func (c Config) validate(tr *workload.Trace) error {
@@ -198,6 +201,9 @@ func (r *run) step(ri int) error {
 	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
 		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO}
 	d := r.sc.Decide(&req, &r.snap)
+	if r.cfg.OnDecision != nil {
+		r.cfg.OnDecision(ri, d)
+	}
 	r.slo[ri] = d.SLO
 	if !d.Admit {
 		r.rejected++
