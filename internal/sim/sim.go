@@ -119,7 +119,7 @@ type run struct {
 	cfg   Config
 	tr    *workload.Trace
 	sc    *sched.Scheduler
-	n     int // prefill instances; decode instances follow them
+	n     int         // prefill instances; decode instances follow them
 	cache *fleetCache // the engines' true caches
 	view  *routerView // what the router knows of them; nil: cache itself
 	load  *load.Fleet
