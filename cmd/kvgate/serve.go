@@ -102,6 +102,16 @@ func (f *serveFlags) load(flags gateway.Config) (gateway.Config, error) {
 			return c, fmt.Errorf("--config %s: %w", f.config, err)
 		}
 	}
+	// 0 means "the default" in the file; given as a flag it is an error.
+	for _, z := range []struct {
+		name string
+		v    float64
+	}{{"block-size", float64(flags.BlockSize)}, {"prefill-speed", flags.PrefillSpeed},
+		{"max-body-bytes", float64(flags.MaxBodyBytes)}, {"max-inflight", float64(flags.MaxInflight)}, {"slo-ttft", flags.SLOTTFT}} {
+		if f.set[z.name] && !(z.v > 0) {
+			return c, fmt.Errorf("--%s must be > 0, got %v (see kvgate serve -h for its range)", z.name, z.v)
+		}
+	}
 	over := map[string]func(){
 		"listen": func() { c.Listen = flags.Listen }, "admin": func() { c.Admin = flags.Admin },
 		"policy": func() { c.Policy = flags.Policy }, "slo-ttft": func() { c.SLOTTFT = flags.SLOTTFT },
