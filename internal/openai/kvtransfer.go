@@ -1,0 +1,208 @@
+package openai
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+)
+
+// KVTransferParams are vLLM's NixlConnector kv_transfer_params.
+//
+// In a leg-1 request (to a prefill engine) DoRemoteDecode is true and the
+// remote fields are null. The prefill engine answers with top-level
+// kv_transfer_params whose DoRemotePrefill is true and whose remote fields
+// say where the KV is; a leg-2 request (to a decode engine) carries those.
+type KVTransferParams struct {
+	DoRemoteDecode  bool   `json:"do_remote_decode"`
+	DoRemotePrefill bool   `json:"do_remote_prefill"`
+	RemoteEngineID  string `json:"remote_engine_id"`
+	RemoteBlockIDs  []int  `json:"remote_block_ids"`
+	RemoteHost      string `json:"remote_host"`
+	RemotePort      int    `json:"remote_port"`
+	RemoteRequestID string `json:"remote_request_id,omitempty"`
+	TPSize          int    `json:"tp_size,omitempty"`
+}
+
+// Bounds on kv_transfer_params values.
+const (
+	maxBlockID = math.MaxInt32
+	maxTPSize  = 1 << 16
+)
+
+// leg1KVTransferParams is what a prefill engine receives (DESIGN.md).
+const leg1KVTransferParams = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
+
+// ParseKVTransferParams validates raw kv_transfer_params. Empty or null
+// raw gives nil. With do_remote_prefill true, remote_engine_id,
+// remote_host (non-empty strings), remote_port (1..65535) and
+// remote_block_ids (integers in [0, 2^31)) are required. Errors are 400s.
+func ParseKVTransferParams(raw json.RawMessage) (*KVTransferParams, error) {
+	raw = json.RawMessage(strings.TrimSpace(string(raw)))
+	if len(raw) == 0 || isNull(raw) {
+		return nil, nil
+	}
+	notObject := BadRequest("kv_transfer_params must be a JSON object").WithParam("kv_transfer_params")
+	if !json.Valid(raw) {
+		return nil, notObject
+	}
+	ms, err := objectMembers(raw, "kv_transfer_params")
+	if err != nil {
+		return nil, notObject
+	}
+	val := func(k string) []byte {
+		if m := find(ms, k); m != nil && !isNull(raw[m.v0:m.v1]) {
+			return raw[m.v0:m.v1]
+		}
+		return nil
+	}
+	p := &KVTransferParams{}
+	for _, f := range []struct {
+		key string
+		dst *bool
+	}{{"do_remote_decode", &p.DoRemoteDecode}, {"do_remote_prefill", &p.DoRemotePrefill}} {
+		if v := val(f.key); v != nil {
+			if *f.dst, err = parseBool("kv_transfer_params."+f.key, v); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if p.DoRemoteDecode && p.DoRemotePrefill {
+		return nil, BadRequest("kv_transfer_params: do_remote_decode and do_remote_prefill cannot both be true").WithParam("kv_transfer_params")
+	}
+	if !p.DoRemotePrefill {
+		return p, nil
+	}
+	var missing, bad []string
+	check := func(key string, parse func([]byte) bool) {
+		switch v := val(key); {
+		case v == nil:
+			missing = append(missing, key)
+		case !parse(v):
+			bad = append(bad, key)
+		}
+	}
+	check("remote_engine_id", func(v []byte) bool { return nonEmptyString(v, &p.RemoteEngineID) })
+	check("remote_host", func(v []byte) bool { return nonEmptyString(v, &p.RemoteHost) })
+	check("remote_port", func(v []byte) bool { return intIn(v, 1, 65535, &p.RemotePort) })
+	check("remote_block_ids", func(v []byte) bool { return blockIDs(v, &p.RemoteBlockIDs) })
+	if v := val("remote_request_id"); v != nil && !nonEmptyString(v, &p.RemoteRequestID) {
+		bad = append(bad, "remote_request_id")
+	}
+	if v := val("tp_size"); v != nil && !intIn(v, 1, maxTPSize, &p.TPSize) {
+		bad = append(bad, "tp_size")
+	}
+	if len(missing)+len(bad) > 0 {
+		var parts []string
+		if len(missing) > 0 {
+			parts = append(parts, "missing "+strings.Join(missing, ", "))
+		}
+		if len(bad) > 0 {
+			parts = append(parts, "malformed "+strings.Join(bad, ", ")+
+				" (remote_engine_id, remote_host and remote_request_id are non-empty strings, remote_port a port number, remote_block_ids a list of block ids, tp_size a positive integer)")
+		}
+		return nil, BadRequest("kv_transfer_params with do_remote_prefill=true: %s", strings.Join(parts, "; ")).WithParam("kv_transfer_params")
+	}
+	return p, nil
+}
+
+func nonEmptyString(v []byte, dst *string) bool {
+	if v[0] != '"' {
+		return false
+	}
+	s, err := unquote(v)
+	*dst = s
+	return err == nil && s != ""
+}
+
+func intIn(v []byte, lo, hi int64, dst *int) bool {
+	n, err := parseInt("", v)
+	if err != nil || n == nil || *n < lo || *n > hi {
+		return false
+	}
+	*dst = int(*n)
+	return true
+}
+
+func blockIDs(v []byte, dst *[]int) bool {
+	ids, err := tokenIDs(v, "remote_block_ids", "kv_transfer_params")
+	if err != nil {
+		return false
+	}
+	out := make([]int, len(ids))
+	for i, id := range ids {
+		if id > maxBlockID {
+			return false
+		}
+		out[i] = int(id)
+	}
+	*dst = out
+	return true
+}
+
+// StripKVTransferParams returns the body without kv_transfer_params.
+//
+// A gateway must call it (or build the legs with PrefillBody and
+// DecodeBody, which replace them) on every client request: leg 2 of the
+// P/D flow makes a decode engine connect to remote_host:remote_port and
+// POST there, so client-supplied kv_transfer_params would let any client
+// aim an engine at any address, and a forged do_remote_decode would make a
+// prefill engine hold KV blocks for nobody. kv_transfer_params are only
+// ever built by the gateway from its own prefill engine's answer.
+func (r *Request) StripKVTransferParams() []byte {
+	if !r.Has("kv_transfer_params") {
+		return r.Raw
+	}
+	return r.Rewrite(Edit{Key: "kv_transfer_params"})
+}
+
+// PrefillBody is the body of leg 1, to the prefill engine (DESIGN.md,
+// NixlConnector): the client's body with stream=false, stream_options
+// removed, max_tokens=1 (and max_completion_tokens=1 when present),
+// min_tokens removed and kv_transfer_params asking for a remote decode.
+func (r *Request) PrefillBody() []byte {
+	edits := []Edit{
+		{Key: "stream", Value: json.RawMessage("false")},
+		{Key: "stream_options"},
+		{Key: "max_tokens", Value: json.RawMessage("1")},
+		{Key: "min_tokens"},
+		{Key: "kv_transfer_params", Value: json.RawMessage(leg1KVTransferParams)},
+	}
+	if r.Has("max_completion_tokens") {
+		edits = append(edits, Edit{Key: "max_completion_tokens", Value: json.RawMessage("1")})
+	}
+	return r.Rewrite(edits...)
+}
+
+// DecodeBody is the body of leg 2, to the decode engine: the client's
+// body (streaming allowed) with kv_transfer_params set to params, the
+// top-level kv_transfer_params of the prefill engine's answer (see
+// ResponseKVTransferParams), which must ask for a remote prefill.
+func (r *Request) DecodeBody(params json.RawMessage) ([]byte, error) {
+	p, err := ParseKVTransferParams(params)
+	if err != nil {
+		return nil, fmt.Errorf("prefill answer: %w", err)
+	}
+	if p == nil || !p.DoRemotePrefill {
+		return nil, fmt.Errorf("prefill answer: kv_transfer_params do not ask for a remote prefill")
+	}
+	return r.Rewrite(Edit{Key: "kv_transfer_params", Value: params}), nil
+}
+
+// ResponseKVTransferParams returns the top-level kv_transfer_params of a
+// (non-streamed) completion or chat completion response; nil when absent
+// or null.
+func ResponseKVTransferParams(body []byte) (json.RawMessage, error) {
+	if !json.Valid(body) {
+		return nil, fmt.Errorf("response is not valid JSON")
+	}
+	ms, err := objectMembers(body, "response")
+	if err != nil {
+		return nil, err
+	}
+	m := find(ms, "kv_transfer_params")
+	if m == nil || isNull(body[m.v0:m.v1]) {
+		return nil, nil
+	}
+	return json.RawMessage(body[m.v0:m.v1]), nil
+}

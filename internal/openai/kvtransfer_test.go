@@ -1,0 +1,145 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseKVTransferParams(t *testing.T) {
+	full := `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"p","remote_host":"10.0.0.1","remote_port":8001,"remote_block_ids":[3,4],"remote_request_id":"r","tp_size":1}`
+	p, err := ParseKVTransferParams(json.RawMessage(full))
+	want := &KVTransferParams{DoRemotePrefill: true, RemoteEngineID: "p", RemoteHost: "10.0.0.1", RemotePort: 8001, RemoteBlockIDs: []int{3, 4}, RemoteRequestID: "r", TPSize: 1}
+	if err != nil || !reflect.DeepEqual(p, want) {
+		t.Fatalf("got %+v %v", p, err)
+	}
+	if p, err := ParseKVTransferParams(json.RawMessage(leg1KVTransferParams)); err != nil || !p.DoRemoteDecode || p.DoRemotePrefill {
+		t.Errorf("leg 1 params: %+v %v", p, err)
+	}
+	for _, raw := range []string{"", " null "} {
+		if p, err := ParseKVTransferParams(json.RawMessage(raw)); p != nil || err != nil {
+			t.Errorf("%q: %+v %v", raw, p, err)
+		}
+	}
+	bad := []struct{ raw, msg string }{
+		{`3`, "JSON object"},
+		{`{"a":1} x`, "JSON object"},
+		{`{"do_remote_decode":"yes"}`, "boolean"},
+		{`{"do_remote_prefill":true,"do_remote_decode":true}`, "both"},
+		{`{"do_remote_prefill":true}`, "missing remote_engine_id, remote_host, remote_port, remote_block_ids"},
+		{`{"do_remote_prefill":true,"remote_engine_id":"","remote_host":"h","remote_port":1,"remote_block_ids":[]}`, "malformed remote_engine_id"},
+		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":65536,"remote_block_ids":[]}`, "malformed remote_port"},
+		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":[2147483648]}`, "malformed remote_block_ids"},
+		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":"x"}`, "malformed remote_block_ids"},
+		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":[],"tp_size":0}`, "malformed tp_size"},
+	}
+	for _, b := range bad {
+		_, err := ParseKVTransferParams(json.RawMessage(b.raw))
+		var e *Error
+		if !errors.As(err, &e) || e.Status != 400 || !strings.Contains(e.Message, b.msg) {
+			t.Errorf("%s: %v, want a 400 containing %q", b.raw, err, b.msg)
+		}
+	}
+}
+
+func TestPrefillDecodeBodies(t *testing.T) {
+	client := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},` +
+		`"max_tokens":50,"max_completion_tokens":40,"min_tokens":10,"temperature":0.2,` +
+		`"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"evil","remote_host":"169.254.169.254","remote_port":80,"remote_block_ids":[]}}`
+	r, err := ParseChat([]byte(client))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leg1 := string(r.PrefillBody())
+	wantLeg1 := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":false,"max_tokens":1,"max_completion_tokens":1,"temperature":0.2,"kv_transfer_params":` + leg1KVTransferParams + `}`
+	if leg1 != wantLeg1 {
+		t.Errorf("leg 1:\n got %s\nwant %s", leg1, wantLeg1)
+	}
+	// Without max_tokens and max_completion_tokens: max_tokens is added,
+	// max_completion_tokens is not.
+	r2, _ := ParseCompletion([]byte(`{"prompt":"x"}`))
+	if got := string(r2.PrefillBody()); got != `{"prompt":"x","stream":false,"max_tokens":1,"kv_transfer_params":`+leg1KVTransferParams+`}` {
+		t.Errorf("leg 1 without limits: %s", got)
+	}
+
+	answer := `{"id":"cmpl-1","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"p","remote_block_ids":[1,2],"remote_host":"10.0.0.2","remote_port":8100,"remote_request_id":"cmpl-1","tp_size":1}}`
+	kv, err := ResponseKVTransferParams([]byte(answer))
+	if err != nil || kv == nil {
+		t.Fatalf("response params: %s %v", kv, err)
+	}
+	leg2, err := r.DecodeBody(kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want2 := strings.Replace(client, client[strings.Index(client, `"kv_transfer_params":`):len(client)-1], `"kv_transfer_params":`+string(kv), 1)
+	if string(leg2) != want2 {
+		t.Errorf("leg 2:\n got %s\nwant %s", leg2, want2)
+	}
+	if _, err := r.DecodeBody(json.RawMessage(leg1KVTransferParams)); err == nil {
+		t.Error("leg 2 accepted params that ask for a remote decode")
+	}
+	if _, err := r.DecodeBody(json.RawMessage(`{"do_remote_prefill":true}`)); err == nil {
+		t.Error("leg 2 accepted incomplete params")
+	}
+	if kv, err := ResponseKVTransferParams([]byte(`{"id":"x","kv_transfer_params":null}`)); kv != nil || err != nil {
+		t.Errorf("null params: %s %v", kv, err)
+	}
+	if _, err := ResponseKVTransferParams([]byte(`{"id":`)); err == nil {
+		t.Error("invalid response accepted")
+	}
+
+	stripped, _ := ParseRequest(r.StripKVTransferParams())
+	if stripped.Has("kv_transfer_params") || !stripped.Stream || *stripped.MaxTokens != 50 {
+		t.Errorf("stripped: %s", stripped.Raw)
+	}
+	plain, _ := ParseRequest([]byte(`{"prompt":"x"}`))
+	if got := plain.StripKVTransferParams(); &got[0] != &plain.Raw[0] {
+		t.Error("strip copied a body without kv_transfer_params")
+	}
+}
+
+func TestWriteError(t *testing.T) {
+	tests := []struct {
+		err    error
+		status int
+		typ    string
+		retry  string
+		param  bool
+	}{
+		{BadRequest("bad %d", 1).WithParam("prompt"), 400, "BadRequestError", "", true},
+		{NotFound("no"), 404, "NotFoundError", "", false},
+		{TooLarge(10), 413, "RequestTooLargeError", "", false},
+		{&http.MaxBytesError{Limit: 7}, 413, "RequestTooLargeError", "", false},
+		{TooManyRequests(1500*time.Millisecond, "slow down"), 429, "RateLimitError", "2", false},
+		{Unavailable(time.Second, "busy"), 503, "ServiceUnavailableError", "1", false},
+		{Unavailable(0, "busy"), 503, "ServiceUnavailableError", "", false},
+		{Internal("oops"), 500, "InternalServerError", "", false},
+		{errors.New("plain"), 500, "InternalServerError", "", false},
+		{Errorf(409, "conflict"), 409, "ConflictError", "", false},
+	}
+	for _, tt := range tests {
+		w := httptest.NewRecorder()
+		WriteError(w, tt.err)
+		var body ErrorBody
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+			t.Fatal(err)
+		}
+		if w.Code != tt.status || body.Error.Code != tt.status || body.Error.Type != tt.typ ||
+			w.Header().Get("Retry-After") != tt.retry || (body.Error.Param != nil) != tt.param ||
+			w.Header().Get("Content-Type") != "application/json" || body.Error.Message == "" {
+			t.Errorf("%v: %d %s %+v retry %q", tt.err, w.Code, w.Body, body.Error, w.Header().Get("Retry-After"))
+		}
+	}
+	var raw map[string]map[string]any
+	w := httptest.NewRecorder()
+	WriteError(w, NotFound("x"))
+	json.Unmarshal(w.Body.Bytes(), &raw)
+	if v, ok := raw["error"]["param"]; !ok || v != nil {
+		t.Errorf("param must be present and null: %s", w.Body)
+	}
+}

@@ -1,0 +1,287 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"unicode/utf8"
+)
+
+// member is one top-level member of a JSON object: its key (unescaped) and
+// where its key token starts and its value starts and ends in the body.
+type member struct {
+	key            string
+	k0, v0, v1, e1 int // e1: end of the member including a following comma, or v1
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the string literal starting at b[i]
+// ('"'). b is valid JSON.
+func skipString(b []byte, i int) int {
+	i++
+	for {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return len(b)
+		}
+		i += j
+		// Count the backslashes before the quote: odd means escaped.
+		k := i - 1
+		for k >= 0 && b[k] == '\\' {
+			k--
+		}
+		i++
+		if (i-2-k)%2 == 0 {
+			return i
+		}
+	}
+}
+
+// skipValue returns the index after the value starting at b[i]. b is
+// valid JSON.
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return i
+	}
+	for i < len(b) {
+		switch b[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
+		i++
+	}
+	return i
+}
+
+// unquote returns the contents of the JSON string literal s.
+func unquote(s []byte) (string, error) {
+	if v, ok := plainString(s); ok {
+		return v, nil
+	}
+	var v string
+	err := json.Unmarshal(s, &v)
+	return v, err
+}
+
+// plainString returns the contents of a JSON string literal without
+// escapes or control characters (the common case) without running the
+// JSON decoder. Invalid UTF-8 takes the decoder's path, which replaces it.
+func plainString(s []byte) (string, bool) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return "", false
+	}
+	body := s[1 : len(s)-1]
+	ascii := true
+	for _, c := range body {
+		if c == '\\' || c == '"' || c < 0x20 {
+			return "", false
+		}
+		if c >= utf8.RuneSelf {
+			ascii = false
+		}
+	}
+	if !ascii && !utf8.Valid(body) {
+		return "", false
+	}
+	return string(body), true
+}
+
+// objectMembers lists the top-level members of the JSON object b, which
+// must be valid JSON. It rejects a non-object and duplicate keys.
+func objectMembers(b []byte, what string) ([]member, error) {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return nil, BadRequest("%s must be a JSON object", what)
+	}
+	var ms []member
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return ms, nil
+	}
+	for i < len(b) {
+		k0 := i
+		k1 := skipString(b, i)
+		key, err := unquote(b[k0:k1])
+		if err != nil {
+			return nil, BadRequest("%s: bad key: %v", what, err)
+		}
+		i = skipSpace(b, k1)
+		i = skipSpace(b, i+1) // ':'
+		v0 := i
+		v1 := skipValue(b, i)
+		i = skipSpace(b, v1)
+		m := member{key: key, k0: k0, v0: v0, v1: v1, e1: v1}
+		for _, o := range ms {
+			if o.key == key {
+				return nil, BadRequest("%s has the key %q twice", what, key).WithParam(key)
+			}
+		}
+		if i < len(b) && b[i] == ',' {
+			m.e1 = i + 1
+			ms = append(ms, m)
+			i = skipSpace(b, i+1)
+			continue
+		}
+		ms = append(ms, m)
+		break
+	}
+	return ms, nil
+}
+
+// find returns the member with key, or nil.
+func find(ms []member, key string) *member {
+	for i := range ms {
+		if ms[i].key == key {
+			return &ms[i]
+		}
+	}
+	return nil
+}
+
+func isNull(v []byte) bool { return string(v) == "null" }
+
+// parseInt reads an integer field: an integer literal, or a number with no
+// fractional part within int64 (as pydantic accepts 1.0).
+func parseInt(key string, v []byte) (*int64, error) {
+	if isNull(v) {
+		return nil, nil
+	}
+	if len(v) == 0 || !(v[0] == '-' || v[0] >= '0' && v[0] <= '9') {
+		return nil, BadRequest("%s must be an integer", key).WithParam(key)
+	}
+	if n, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+		return &n, nil
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
+		return nil, BadRequest("%s must be an integer in the 64-bit range, got %s", key, v).WithParam(key)
+	}
+	n := int64(f)
+	return &n, nil
+}
+
+func parseBool(key string, v []byte) (bool, error) {
+	switch string(v) {
+	case "true":
+		return true, nil
+	case "false", "null":
+		return false, nil
+	}
+	return false, BadRequest("%s must be a boolean", key).WithParam(key)
+}
+
+func parseOptBool(key string, v []byte) (*bool, error) {
+	if isNull(v) {
+		return nil, nil
+	}
+	b, err := parseBool(key, v)
+	return &b, err
+}
+
+func parseString(key string, v []byte) (string, error) {
+	if isNull(v) {
+		return "", nil
+	}
+	if len(v) == 0 || v[0] != '"' {
+		return "", BadRequest("%s must be a string", key).WithParam(key)
+	}
+	s, err := unquote(v)
+	if err != nil {
+		return "", BadRequest("%s: %v", key, err).WithParam(key)
+	}
+	return s, nil
+}
+
+// ParseTokenIDs reads a JSON array of token ids (integers in [0, 2^32)) as
+// uint32, allocating only the result. what names the field in errors.
+func ParseTokenIDs(v []byte, what string) ([]uint32, error) {
+	if !json.Valid(v) {
+		return nil, BadRequest("%s must be a list of token ids", what).WithParam(what)
+	}
+	return tokenIDs(v, what, what)
+}
+
+// tokenIDs is ParseTokenIDs for input known to be valid JSON; param is the
+// request field named in errors.
+func tokenIDs(v []byte, what, param string) ([]uint32, error) {
+	i := skipSpace(v, 0)
+	if i >= len(v) || v[i] != '[' {
+		return nil, BadRequest("%s must be a list of token ids", what).WithParam(param)
+	}
+	// A token id takes at least two bytes ("1,"): size the result once.
+	ids := make([]uint32, 0, (len(v)-i)/2+1)
+	i = skipSpace(v, i+1)
+	if i < len(v) && v[i] == ']' {
+		return ids, nil
+	}
+	for i < len(v) {
+		j := skipValue(v, i)
+		num := v[i:j]
+		id, ok := tokenID(num)
+		if !ok {
+			return nil, BadRequest("%s[%d]: token ids must be integers in [0, 2^32), got %s", what, len(ids), clip(num)).WithParam(param)
+		}
+		ids = append(ids, id)
+		i = skipSpace(v, j)
+		if i < len(v) && v[i] == ',' {
+			i = skipSpace(v, i+1)
+			continue
+		}
+		break
+	}
+	return ids, nil
+}
+
+func tokenID(num []byte) (uint32, bool) {
+	if len(num) == 0 || len(num) > 10 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range num {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	if n > math.MaxUint32 {
+		return 0, false
+	}
+	return uint32(n), true
+}
+
+// clip shortens a value quoted in an error message.
+func clip(v []byte) string {
+	if len(v) > 40 {
+		return fmt.Sprintf("%s...", v[:40])
+	}
+	return string(v)
+}
