@@ -76,14 +76,14 @@ func (l *BodyLimiter) Read(w http.ResponseWriter, r *http.Request) (body []byte,
 		// slot for the rest.
 		buf, err = readUpTo(rd, make([]byte, 0, 512), l.large+1)
 		if err != nil || int64(len(buf)) <= l.large {
-			return l.result(r, buf, release, err)
+			return l.result(w, r, buf, release, err)
 		}
 		if release, err = l.acquire(r); err != nil {
 			return nil, func() {}, err
 		}
 	}
 	buf, err = readUpTo(rd, buf, l.max+1)
-	return l.result(r, buf, release, err)
+	return l.result(w, r, buf, release, err)
 }
 
 // drainBytes is how much of a body beyond the cap is read and dropped
@@ -91,14 +91,21 @@ func (l *BodyLimiter) Read(w http.ResponseWriter, r *http.Request) (body []byte,
 // answer instead of a connection reset. Larger bodies are cut.
 const drainBytes = 1 << 20
 
-func drain(body io.Reader) { _, _ = io.CopyN(io.Discard, body, drainBytes) }
+// drain reads and drops up to drainBytes of body and reports whether it
+// reached the end.
+func drain(body io.Reader) bool {
+	n, err := io.CopyN(io.Discard, body, drainBytes+1)
+	return n <= drainBytes && err == io.EOF
+}
 
-func (l *BodyLimiter) result(r *http.Request, buf []byte, release func(), err error) ([]byte, func(), error) {
+func (l *BodyLimiter) result(w http.ResponseWriter, r *http.Request, buf []byte, release func(), err error) ([]byte, func(), error) {
 	if err != nil {
 		release()
 		var mb *http.MaxBytesError
-		if errors.As(err, &mb) {
-			drain(r.Body)
+		if errors.As(err, &mb) && !drain(r.Body) {
+			// net/http closes the connection after a MaxBytesReader
+			// error only when it sees its own ResponseWriter; say it.
+			w.Header().Set("Connection", "close")
 		}
 		return nil, func() {}, readError(err)
 	}

@@ -74,7 +74,14 @@ func TestBodyLimits(t *testing.T) {
 
 	// One large body holds the only slot: another large one waits, then
 	// gets 503 with Retry-After; a small one passes.
-	go post(strings.NewReader("hold" + strings.Repeat("a", 200)))
+	holder := make(chan error, 1)
+	go func() {
+		resp, err := client.Post(url, "application/json", strings.NewReader("hold"+strings.Repeat("a", 200)))
+		if err == nil {
+			resp.Body.Close()
+		}
+		holder <- err
+	}()
 	<-held
 	resp, err := client.Post(url, "application/json", strings.NewReader(strings.Repeat("b", 300)))
 	if err != nil {
@@ -88,6 +95,9 @@ func TestBodyLimits(t *testing.T) {
 		t.Errorf("small body while the slot is held: %d", status)
 	}
 	close(release)
+	if err := <-holder; err != nil {
+		t.Errorf("holder: %v", err)
+	}
 	if status, out := post(strings.NewReader(strings.Repeat("c", 300))); status != 200 || !strings.Contains(out, "300") {
 		t.Errorf("large body after release: %d %q", status, out)
 	}
