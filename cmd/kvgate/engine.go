@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
+	"github.com/kvgate/kvgate/internal/httpserve"
 )
 
 // runEngine runs one emulated vLLM engine until ctx ends.
@@ -42,6 +43,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.DurationVar(&cfg.KVHoldTimeout, "kv-hold-timeout", cfg.KVHoldTimeout, "how long a prefill engine keeps KV for a remote decode (modelled time)")
 	fs.StringVar(&cfg.EngineID, "engine-id", "", "engine id in kv_transfer_params (default from the address)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	httpserve.AddFlags(fs, &cfg.HTTP) // --max-body-bytes 0: derived from --max-model-len
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/kvspec"
@@ -101,6 +102,9 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	maxKeys := fs.Int("max-keys", 4<<20, "bound on keys per index table (model × group × 64 endpoints × tier)")
 	replayTimeout := fs.Duration("replay-timeout", 2*time.Second, "wait for each replay reply")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	httpCfg := httpserve.Config{MaxBodyBytes: kvindex.DefaultMaxBodyBytes}
+	httpserve.AddFlags(fs, &httpCfg)
+	maxRouted := fs.Int("max-routed-endpoints", kvindex.DefaultMaxRoutedEndpoints, "most endpoints registered for POST /admin/kv/routed to add one")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate kvindex [flags]\n\nRuns the KV-event subscriber, the global prefix index and its admin API\n(POST /admin/kv/lookup, POST /admin/kv/routed, GET /admin/kv/stats).\n\nFlags:")
 		fs.PrintDefaults()
@@ -181,12 +185,20 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 				"tokenizer_cache":          map[string]any{"hits": h, "misses": m, "tokens": n},
 			}
 		},
+		Bodies:             httpCfg.BodyLimiter(kvindex.DefaultMaxBodyBytes),
+		MaxRoutedEndpoints: *maxRouted,
+	}
+	if err := adm.Validate(); err != nil {
+		return err
+	}
+	srv, err := httpserve.New(httpCfg, adm.Handler())
+	if err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", *admin)
 	if err != nil {
 		return fmt.Errorf("--admin: %w", err)
 	}
-	srv := &http.Server{Handler: adm.Handler(), ReadHeaderTimeout: 10 * time.Second}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

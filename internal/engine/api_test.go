@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 func TestCompletionNonStreaming(t *testing.T) {
@@ -187,16 +189,39 @@ func TestErrors(t *testing.T) {
 		{"kv params bad block ids", "/v1/completions", `{"prompt":"x","kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":"x"}}`, 400, "remote_block_ids"},
 		{"kv params both", "/v1/completions", `{"prompt":"x","kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":true}}`, 400, "both"},
 		{"tokenize bad", "/tokenize", `{"prompt":5}`, 400, "prompt must be"},
+		// Issue 14 items 3 and 13: client numbers, token ids, strict JSON.
+		{"max_tokens 2^63-1", "/v1/completions", `{"prompt":"x","max_tokens":9223372036854775807}`, 400, "maximum context length is 100 tokens. However, you requested 9223372036854775807 tokens"},
+		{"max_completion_tokens 2^63-1", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":9223372036854775807}`, 400, "maximum context length"},
+		{"max_tokens 2^63", "/v1/completions", `{"prompt":"x","max_tokens":9223372036854775808}`, 400, "max_tokens"},
+		{"min_tokens 2^63-1", "/v1/completions", `{"prompt":"x","min_tokens":9223372036854775807}`, 400, "min_tokens"},
+		{"min_tokens 2^63-1 ignore_eos", "/v1/completions", `{"prompt":"x","min_tokens":9223372036854775807,"ignore_eos":true}`, 400, "min_tokens"},
+		{"negative min_tokens", "/v1/completions", `{"prompt":"x","min_tokens":-1}`, 400, "min_tokens must be at least 0"},
+		{"token id out of vocabulary", "/v1/completions", `{"prompt":[1,150100]}`, 400, "Token id 150100 is out of vocabulary"},
+		{"negative token id", "/v1/completions", `{"prompt":[5,-1]}`, 400, "prompt[1]"},
+		{"token id over 2^32", "/v1/completions", `{"prompt":[[4294967296]]}`, 400, "prompt[0][0]"},
+		{"empty token array", "/v1/completions", `{"prompt":[]}`, 400, "prompt must not be empty"},
+		{"empty token list", "/v1/completions", `{"prompt":[[]]}`, 400, "prompt[0] must not be empty"},
+		{"white space prompt", "/v1/completions", `{"prompt":"   "}`, 400, "no tokens"},
+		{"trailing garbage", "/v1/completions", `{"prompt":"x"} x`, 400, "invalid JSON"},
+		{"duplicate key", "/v1/completions", `{"prompt":"x","max_tokens":1,"max_tokens":500}`, 400, "twice"},
+		{"role trailing garbage", "/admin/role", `{"role":"both"} x`, 400, "invalid JSON"},
+		{"role second object", "/admin/role", `{"role":"both"}{"role":"decode"}`, 400, "invalid JSON"},
+		{"release trailing garbage", "/internal/kv/release", `{"request_id":"a"} 1`, 400, "invalid JSON"},
+		{"tokenize empty ids", "/tokenize", `{"prompt":[]}`, 400, "must not be empty"},
+		{"tokenize out of vocabulary", "/tokenize", `{"prompt":[4000000000]}`, 400, "out of vocabulary"},
 		{"no route", "/v1/embeddings", `{}`, 404, "no route"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			resp, err := http.Post(e.URL()+tt.path, "application/json", strings.NewReader(tt.body))
+			// The timeout is a hang guard: before the fix, max_tokens
+			// 2^63-1 was accepted and never answered.
+			client := &http.Client{Timeout: 30 * time.Second}
+			resp, err := client.Post(e.URL()+tt.path, "application/json", strings.NewReader(tt.body))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer resp.Body.Close()
-			var ae apiError
+			var ae openai.ErrorBody
 			if err := json.NewDecoder(resp.Body).Decode(&ae); err != nil {
 				t.Fatal(err)
 			}

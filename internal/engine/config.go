@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
+	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 )
 
@@ -89,6 +90,11 @@ type Config struct {
 	// EngineID names the engine in kv_transfer_params; default derived from
 	// the address.
 	EngineID string
+
+	// HTTP is the HTTP server's protection (timeouts, connection limit,
+	// body caps); zero fields take httpserve's defaults, and a zero
+	// MaxBodyBytes is derived from MaxModelLen.
+	HTTP httpserve.Config
 
 	// Logger receives logs; nil means slog.Default().
 	Logger *slog.Logger

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
+	"github.com/kvgate/kvgate/internal/httpserve"
 )
 
 // Engine is one emulated vLLM instance.
@@ -22,6 +23,7 @@ type Engine struct {
 	metrics *metrics
 	sched   *scheduler
 	mux     *http.ServeMux
+	bodies  *httpserve.BodyLimiter
 	client  *http.Client
 	reqSeq  atomic.Uint64
 	ctx     context.Context // set by Start
@@ -33,7 +35,7 @@ type Engine struct {
 	targetRole Role
 	started    bool
 	pub        *kvpub.Publisher
-	srv        *http.Server
+	srv        *httpserve.Server
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
 }
@@ -56,7 +58,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.StreamInterval == 0 {
 		cfg.StreamInterval = 1
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(cfg.Validate(), cfg.HTTP.Validate()); err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
 	lg := cfg.Logger
@@ -68,6 +70,7 @@ func New(cfg Config) (*Engine, error) {
 		log:       lg.With("engine", cfg.Model),
 		metrics:   newMetrics(cfg),
 		client:    &http.Client{Timeout: 10 * time.Second},
+		bodies:    cfg.HTTP.BodyLimiter(defaultBodyCap(cfg.MaxModelLen)),
 		role:      cfg.Role,
 		roleState: stateServing,
 		ctx:       context.Background(),
@@ -86,6 +89,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	defer e.mu.Unlock()
 	if e.started {
 		return errors.New("engine already started")
+	}
+	srv, err := httpserve.New(e.cfg.HTTP, e.mux)
+	if err != nil {
+		return fmt.Errorf("engine http: %w", err)
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(e.cfg.Host, strconv.Itoa(e.cfg.Port)))
 	if err != nil {
@@ -118,7 +125,8 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.sched.pub = pub
 	}
 	e.ctx, e.cancel, e.started = ctx, cancel, true
-	e.srv = &http.Server{Handler: e.mux, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	srv.HTTP.BaseContext = func(net.Listener) context.Context { return ctx }
+	e.srv = srv
 	e.wg.Add(3)
 	go func() {
 		defer e.wg.Done()
@@ -157,8 +165,9 @@ func (e *Engine) Close() error {
 }
 
 // Handler is the engine's HTTP API (also served by Start's listener), for
-// mounting in another server. Requests are only served once Start runs the
-// scheduler.
+// mounting in another server, which should give it httpserve's
+// protections (httpserve.Deadlines at least). Requests are only served
+// once Start runs the scheduler.
 func (e *Engine) Handler() http.Handler { return e.mux }
 
 // Addr is the listening host:port (after Start).

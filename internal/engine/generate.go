@@ -3,10 +3,13 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
@@ -27,86 +30,115 @@ func naturalLength(prompt []uint32) int {
 	return 16 + int(h%241)
 }
 
-// buildRequest validates a generation request and turns it into an engine
-// request.
-func (e *Engine) buildRequest(r *http.Request, chat bool, role Role) (*request, *genRequest, error) {
-	var req genRequest
-	if err := decodeBody(r, &req); err != nil {
+// buildRequest validates a generation request body and turns it into an
+// engine request.
+func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role Role) (*request, *openai.Request, error) {
+	parse := openai.ParseCompletion
+	if chat {
+		parse = openai.ParseChat
+	}
+	req, err := parse(body)
+	if err != nil {
 		return nil, nil, err
 	}
 	if err := e.checkModel(req.Model); err != nil {
 		return nil, nil, err
 	}
-	var toks []uint32
-	if chat {
-		if req.Messages == nil {
-			return nil, nil, errBad("messages is required")
-		}
-		text, err := chatPrompt(req.Messages, req.AddGenerationPrompt)
-		if err != nil {
-			return nil, nil, err
-		}
-		toks = Tokenize(text)
-	} else {
-		var err error
-		if toks, err = promptTokens(req.Prompt); err != nil {
-			return nil, nil, err
-		}
+	toks, err := requestTokens(req)
+	if err != nil {
+		return nil, nil, err
 	}
 	if len(toks) == 0 {
-		return nil, nil, errBad("the prompt is empty")
+		return nil, nil, openai.BadRequest("prompt must not be empty: it has no tokens").WithParam("prompt")
 	}
 	if req.N != nil && *req.N != 1 {
-		return nil, nil, errBad("n=%d is not supported; only n=1", *req.N)
+		return nil, nil, openai.BadRequest("n=%d is not supported; only n=1", *req.N).WithParam("n")
 	}
-	mode, rp, err := parseKVTransferParams(req.KVTransferParams)
+	kv, err := openai.ParseKVTransferParams(req.KVTransferParams)
 	if err != nil {
-		return nil, nil, errBad("%v", err)
+		return nil, nil, err
 	}
+	remoteDecode := kv != nil && kv.DoRemoteDecode
 	switch {
-	case mode == kvRemoteDecode && role == RoleDecode:
-		return nil, nil, errBad("kv_transfer_params.do_remote_decode=true needs a prefill engine; this engine's role is decode")
-	case mode == kvRemotePrefill && role == RolePrefill:
-		return nil, nil, errBad("kv_transfer_params.do_remote_prefill=true needs a decode engine; this engine's role is prefill")
+	case remoteDecode && role == RoleDecode:
+		return nil, nil, openai.BadRequest("kv_transfer_params.do_remote_decode=true needs a prefill engine; this engine's role is decode")
+	case kv != nil && kv.DoRemotePrefill && role == RolePrefill:
+		return nil, nil, openai.BadRequest("kv_transfer_params.do_remote_prefill=true needs a decode engine; this engine's role is prefill")
 	}
+	maxTokens, natural, err := e.outputLength(req, chat, toks, remoteDecode)
+	if err != nil {
+		return nil, nil, err
+	}
+	rq := e.newRequest(r, req, chat, toks, maxTokens)
+	rq.naturalEnd = natural
+	rq.remoteDecode = remoteDecode
+	if kv != nil && kv.DoRemotePrefill {
+		rq.remotePrefill = &remotePrefill{
+			engineID: kv.RemoteEngineID, host: kv.RemoteHost, port: kv.RemotePort,
+			blockIDs: kv.RemoteBlockIDs, requestID: kv.RemoteRequestID,
+		}
+	}
+	return rq, req, nil
+}
 
-	p := len(toks)
-	mt := req.MaxTokens
-	if chat && req.MaxCompletionTokens != nil {
-		mt = req.MaxCompletionTokens
+// satAdd is a + b for non-negative a and b, saturating instead of
+// overflowing (for messages only: checks never add client numbers).
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
 	}
-	var maxTokens int
-	natural := false
+	return a + b
+}
+
+// outputLength decides how many tokens the request may generate and
+// checks that prompt and output fit the model and the KV cache. Client
+// numbers are compared, never added: max_tokens may be 2^63-1.
+func (e *Engine) outputLength(req *openai.Request, chat bool, toks []uint32, remoteDecode bool) (maxTokens int64, natural bool, err error) {
+	p, limit := int64(len(toks)), int64(e.cfg.MaxModelLen)
+	if req.MinTokens != nil && *req.MinTokens < 0 {
+		return 0, false, openai.BadRequest("min_tokens must be at least 0, got %d", *req.MinTokens).WithParam("min_tokens")
+	}
+	room := limit - p // tokens left for the output; negative when the prompt alone is too long
+	mt := req.OutputLimit(chat)
 	switch {
-	case mode == kvRemoteDecode:
+	case remoteDecode:
 		maxTokens = 1 // the prefill leg samples one token, as vLLM does
 	case mt != nil:
 		if *mt < 1 {
-			return nil, nil, errBad("max_tokens must be at least 1, got %d", *mt)
+			return 0, false, openai.BadRequest("max_tokens must be at least 1, got %d", *mt).WithParam("max_tokens")
 		}
 		maxTokens = *mt
 		if req.MinTokens != nil && *req.MinTokens > maxTokens {
-			return nil, nil, errBad("min_tokens (%d) must be less than or equal to max_tokens (%d)", *req.MinTokens, maxTokens)
+			return 0, false, openai.BadRequest("min_tokens (%d) must be less than or equal to max_tokens (%d)", *req.MinTokens, maxTokens).WithParam("min_tokens")
 		}
+	case req.MinTokens != nil && *req.MinTokens > room:
+		// max_tokens defaults to what the model has room for.
+		return 0, false, openai.BadRequest("min_tokens (%d) must be less than or equal to max_tokens (%d, the room left by the prompt)", *req.MinTokens, max(room, 0)).WithParam("min_tokens")
 	case req.IgnoreEOS:
-		maxTokens = e.cfg.MaxModelLen - p
+		maxTokens = room
 	default:
 		natural = true
-		maxTokens = naturalLength(toks)
+		maxTokens = int64(naturalLength(toks))
 		if req.MinTokens != nil && *req.MinTokens > maxTokens {
 			maxTokens = *req.MinTokens
 		}
-		maxTokens = min(maxTokens, e.cfg.MaxModelLen-p)
+		maxTokens = min(maxTokens, room)
 	}
-	if p+maxTokens > e.cfg.MaxModelLen || maxTokens < 1 {
-		return nil, nil, errBad("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion). Please reduce the length of the prompt or completion.",
-			e.cfg.MaxModelLen, p+maxTokens, p, maxTokens)
+	if maxTokens > room || maxTokens < 1 {
+		return 0, false, openai.BadRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion). Please reduce the length of the prompt or completion.",
+			limit, satAdd(p, max(maxTokens, 0)), p, max(maxTokens, 0))
 	}
-	if need := (p + maxTokens + e.cfg.BlockSize - 1) / e.cfg.BlockSize; need > e.cfg.NumGPUBlocks {
-		return nil, nil, errBad("request needs %d KV blocks (%d prompt + %d output tokens) but the engine has %d blocks of %d tokens",
-			need, p, maxTokens, e.cfg.NumGPUBlocks, e.cfg.BlockSize)
+	// p + maxTokens <= MaxModelLen from here on.
+	bs := int64(e.cfg.BlockSize)
+	if total := p + maxTokens; (total+bs-1)/bs > int64(e.cfg.NumGPUBlocks) {
+		return 0, false, openai.BadRequest("request needs %d KV blocks (%d prompt + %d output tokens) but the engine has %d blocks of %d tokens",
+			(total+bs-1)/bs, p, maxTokens, e.cfg.NumGPUBlocks, e.cfg.BlockSize)
 	}
+	return maxTokens, natural, nil
+}
 
+// newRequest builds the engine request of a validated generation request.
+func (e *Engine) newRequest(r *http.Request, req *openai.Request, chat bool, toks []uint32, maxTokens int64) *request {
 	base := r.Header.Get("X-Request-Id")
 	if base == "" {
 		base = fmt.Sprintf("%016x", uint64(time.Now().UnixNano())^e.reqSeq.Add(1)<<48)
@@ -116,33 +148,37 @@ func (e *Engine) buildRequest(r *http.Request, chat bool, role Role) (*request, 
 		prefix = "chatcmpl-"
 	}
 	rq := &request{
-		id:            prefix + base,
-		arrival:       time.Now(),
-		tokens:        toks,
-		promptLen:     p,
-		maxTokens:     maxTokens,
-		naturalEnd:    natural,
-		seed:          toks[p-1],
-		stream:        req.Stream,
-		remotePrefill: rp,
-		remoteDecode:  mode == kvRemoteDecode,
-		notify:        make(chan struct{}, 1),
+		id:        prefix + base,
+		arrival:   time.Now(),
+		tokens:    toks,
+		promptLen: len(toks),
+		maxTokens: int(maxTokens),
+		seed:      toks[len(toks)-1],
+		stream:    req.Stream,
+		notify:    make(chan struct{}, 1),
 	}
 	if req.CacheSalt != "" {
 		rq.extra = []byte(req.CacheSalt)
 	}
-	return rq, &req, nil
+	return rq
 }
 
 func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, chat bool) {
 	role, err := e.admit()
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err.Error())
+		openai.WriteError(w, openai.Unavailable(time.Second, "%v", err))
 		return
 	}
-	rq, req, err := e.buildRequest(r, chat, role)
+	body, release, err := e.readBody(w, r)
 	if err != nil {
-		writeErr(w, err)
+		release()
+		openai.WriteError(w, err)
+		return
+	}
+	rq, req, err := e.buildRequest(r, body, chat, role)
+	release() // the body is now tokens; its large-body slot is free
+	if err != nil {
+		openai.WriteError(w, err)
 		return
 	}
 	if h := r.Header.Get("X-Request-Id"); h != "" {
@@ -150,7 +186,7 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 	}
 	// Re-check after parsing: a role switch may have started meanwhile.
 	if _, err := e.admit(); err != nil {
-		writeError(w, http.StatusServiceUnavailable, err.Error())
+		openai.WriteError(w, openai.Unavailable(time.Second, "%v", err))
 		return
 	}
 	e.sched.submit(rq)
@@ -170,7 +206,7 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 			if out.finishReason == finishAbort {
 				return
 			}
-			writeJSON(w, http.StatusOK, resp.full(out))
+			openai.WriteJSON(w, http.StatusOK, resp.full(out))
 			return
 		}
 	}
@@ -287,17 +323,8 @@ func (s *responder) tokenChunk(b []byte, i int, reason string) []byte {
 	return append(b, `,"stop_reason":null}]}`+"\n\n"...)
 }
 
-type usage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	TotalTokens         int `json:"total_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	PromptTokensDetails struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-}
-
-func (s *responder) usage(out requestOutput) usage {
-	u := usage{PromptTokens: s.rq.promptLen, CompletionTokens: out.generated, TotalTokens: s.rq.promptLen + out.generated}
+func (s *responder) usage(out requestOutput) openai.Usage {
+	u := openai.Usage{PromptTokens: s.rq.promptLen, CompletionTokens: out.generated, TotalTokens: s.rq.promptLen + out.generated}
 	u.PromptTokensDetails.CachedTokens = out.cachedTokens
 	return u
 }
@@ -318,50 +345,19 @@ func (s *responder) text(n int) string {
 
 // full is the non-streaming answer.
 func (s *responder) full(out requestOutput) any {
-	u := s.usage(out)
 	if s.chat {
-		type message struct {
-			Role      string `json:"role"`
-			Content   string `json:"content"`
-			ToolCalls []any  `json:"tool_calls"`
+		return openai.ChatCompletion{
+			ID: s.id, Object: "chat.completion", Created: s.created, Model: s.model,
+			Choices: []openai.ChatChoice{{
+				Message:      openai.ChatAnswerText{Role: "assistant", Content: s.text(out.generated), ToolCalls: []any{}},
+				FinishReason: out.finishReason,
+			}},
+			Usage: s.usage(out), KVTransferParams: out.kvParams,
 		}
-		type choice struct {
-			Index        int     `json:"index"`
-			Message      message `json:"message"`
-			Logprobs     any     `json:"logprobs"`
-			FinishReason string  `json:"finish_reason"`
-			StopReason   any     `json:"stop_reason"`
-		}
-		return struct {
-			ID               string              `json:"id"`
-			Object           string              `json:"object"`
-			Created          int64               `json:"created"`
-			Model            string              `json:"model"`
-			Choices          []choice            `json:"choices"`
-			Usage            usage               `json:"usage"`
-			PromptLogprobs   any                 `json:"prompt_logprobs"`
-			KVTransferParams *kvTransferResponse `json:"kv_transfer_params"`
-		}{s.id, "chat.completion", s.created, s.model,
-			[]choice{{Message: message{Role: "assistant", Content: s.text(out.generated), ToolCalls: []any{}}, FinishReason: out.finishReason}},
-			u, nil, out.kvParams}
 	}
-	type choice struct {
-		Index          int    `json:"index"`
-		Text           string `json:"text"`
-		Logprobs       any    `json:"logprobs"`
-		FinishReason   string `json:"finish_reason"`
-		StopReason     any    `json:"stop_reason"`
-		PromptLogprobs any    `json:"prompt_logprobs"`
+	return openai.Completion{
+		ID: s.id, Object: "text_completion", Created: s.created, Model: s.model,
+		Choices: []openai.CompletionChoice{{Text: s.text(out.generated), FinishReason: out.finishReason}},
+		Usage:   s.usage(out), KVTransferParams: out.kvParams,
 	}
-	return struct {
-		ID               string              `json:"id"`
-		Object           string              `json:"object"`
-		Created          int64               `json:"created"`
-		Model            string              `json:"model"`
-		Choices          []choice            `json:"choices"`
-		Usage            usage               `json:"usage"`
-		KVTransferParams *kvTransferResponse `json:"kv_transfer_params"`
-	}{s.id, "text_completion", s.created, s.model,
-		[]choice{{Text: s.text(out.generated), FinishReason: out.finishReason}},
-		u, out.kvParams}
 }

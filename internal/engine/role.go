@@ -2,11 +2,12 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // errSwitching rejects new work while the engine changes role.
@@ -96,24 +97,24 @@ func (e *Engine) runSwitch(ctx context.Context, to Role) {
 }
 
 func (e *Engine) handleGetRole(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, e.RoleStatus())
+	openai.WriteJSON(w, http.StatusOK, e.RoleStatus())
 }
 
 func (e *Engine) handleSetRole(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Role string `json:"role"`
 	}
-	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+	if err := e.decodeObject(w, r, &body); err != nil {
+		openai.WriteError(w, err)
 		return
 	}
 	to, err := ParseRole(body.Role)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		openai.WriteError(w, openai.BadRequest("%v", err).WithParam("role"))
 		return
 	}
 	if err := e.SwitchRole(to); err != nil {
-		writeErrorType(w, http.StatusConflict, "ConflictError", err.Error())
+		openai.WriteError(w, openai.Errorf(http.StatusConflict, "%v", err))
 		return
 	}
 	st := e.RoleStatus()
@@ -121,5 +122,5 @@ func (e *Engine) handleSetRole(w http.ResponseWriter, r *http.Request) {
 	if st.State == stateServing {
 		code = http.StatusOK
 	}
-	writeJSON(w, code, st)
+	openai.WriteJSON(w, code, st)
 }

@@ -44,15 +44,6 @@ func TestTokenizer(t *testing.T) {
 	}
 }
 
-func TestPlainJSONString(t *testing.T) {
-	for raw, want := range map[string]bool{`"abc def"`: true, `"a\"b"`: false, `"a\nb"`: false, `5`: false, `"é"`: true} {
-		s, ok := plainJSONString([]byte(raw))
-		if ok != want || (ok && `"`+s+`"` != raw) {
-			t.Errorf("%s: %q %v", raw, s, ok)
-		}
-	}
-}
-
 func BenchmarkTokenize(b *testing.B) {
 	text := strings.Repeat("The quick brown fox, jumps over the lazy dog. ", 500)
 	b.SetBytes(int64(len(text)))

@@ -109,6 +109,30 @@ func (m *mapper) apply(b *Batch) {
 	}
 }
 
+// chunkBlocks is the most blocks of one event stored at once: the map's
+// bound is enforced before each chunk, so an event of any size keeps the
+// map within maxNodes, and the key buffers stay small.
+const chunkBlocks = 4096
+
+// chain is where a BlockStored event stands in the engine's block chain:
+// the router key of the last complete router block, the tokens after it
+// and the engine block before the next one.
+type chain struct {
+	last      tokens.BlockKey
+	tail      []uint32
+	parent    uint64
+	hasParent bool
+}
+
+// after moves the chain past known node nd of engine hash h.
+func (m *mapper) after(c *chain, h uint64, nd *node) {
+	c.last, c.tail = nd.last, nil
+	if x := m.nodes.extOf(nd); x != nil {
+		c.tail = x.tail
+	}
+	c.parent, c.hasParent = h, true
+}
+
 func (m *mapper) stored(e *Event) {
 	n, ebs := len(e.BlockHashes), e.BlockSize
 	if n == 0 {
@@ -122,49 +146,53 @@ func (m *mapper) stored(e *Event) {
 		m.groups |= 1 << uint(e.Group)
 		m.sink.SetGroup(m.model, e.Group, e.GroupKind, e.Window)
 	}
-	if m.nodes.len()+n > m.maxNodes {
-		m.shrink()
-	}
-	m.nodes.reserve(n)
+	c := chain{last: tokens.RootKey}
 	if e.HasParent {
-		m.nodes.prefetch1(e.Parent)
-	}
-	m.nodes.prefetch(e.BlockHashes)
-	last := tokens.RootKey
-	var tail []uint32
-	parent, hasParent := e.Parent, e.HasParent
-	if hasParent {
-		p, ok := m.nodes.get(parent)
+		p, ok := m.nodes.get(e.Parent)
 		if !ok {
 			// The parent was stored before we listened, or its event was
 			// lost for good: these blocks cannot be placed in the chain.
 			m.st.orphans.Add(int64(n))
 			return
 		}
-		last = p.last
-		if x := m.nodes.extOf(p); x != nil {
-			tail = x.tail
-		}
+		m.after(&c, e.Parent, p)
 	}
 	extra := tokens.LoRAExtra(e.LoRAName)
 	bit := heldBit(e.Group, e.Medium)
+	step := max(1, min(chunkBlocks, m.maxNodes))
+	for lo := 0; lo < n; lo += step {
+		hi := min(n, lo+step)
+		m.makeRoom(hi - lo)
+		m.storeRange(e, lo, hi, &c, extra, bit)
+	}
+	m.st.storedBlocks.Add(int64(n))
+	m.trimBuffers()
+}
+
+// storeRange stores blocks [lo, hi) of e, continuing chain c, and sends
+// their router keys to the sink.
+func (m *mapper) storeRange(e *Event, lo, hi int, c *chain, extra []byte, bit uint64) {
+	ebs, rbs := e.BlockSize, m.routerBS
+	m.nodes.reserve(hi - lo)
+	if c.hasParent {
+		m.nodes.prefetch1(c.parent)
+	}
+	m.nodes.prefetch(e.BlockHashes[lo:hi])
 	keys := m.keys[:0]
-	rbs := m.routerBS
-	start := 0
-	if ebs == rbs && len(tail) == 0 && !m.noFast {
-		keys, start = m.storedEqual(e, last, extra, bit)
-		if start < n {
+	start := lo
+	if ebs == rbs && len(c.tail) == 0 && !m.noFast {
+		keys, start = m.storedEqual(e, lo, hi, c.last, extra, bit)
+		if start < hi {
 			// A known block that does not continue our chain: finish
 			// with the general loop from there.
 			nd, _ := m.nodes.get(e.BlockHashes[start-1])
-			last, tail = nd.last, nil
-			if x := m.nodes.extOf(nd); x != nil {
-				tail = x.tail
-			}
-			parent, hasParent = e.BlockHashes[start-1], true
+			m.after(c, e.BlockHashes[start-1], nd)
+		} else {
+			c.last, c.tail = keys[len(keys)-1], nil
+			c.parent, c.hasParent = e.BlockHashes[hi-1], true
 		}
 	}
-	for j := start; j < n; j++ {
+	for j := start; j < hi; j++ {
 		h := e.BlockHashes[j]
 		blk := e.TokenIDs[j*ebs : (j+1)*ebs]
 		nd, fresh := m.nodes.upsert(h)
@@ -173,30 +201,26 @@ func (m *mapper) stored(e *Event) {
 			// router keys; just note who holds it.
 			nd.held |= bit
 			keys = m.appendOwned(keys, nd)
-			last, tail = nd.last, nil
-			if x := m.nodes.extOf(nd); x != nil {
-				tail = x.tail
-			}
-			parent, hasParent = h, true
+			m.after(c, h, nd)
 			continue
 		}
 		nd.held = bit
-		if ebs == rbs && len(tail) == 0 {
-			k := m.hasher.Key(last, blk, extra)
+		if ebs == rbs && len(c.tail) == 0 {
+			k := m.hasher.Key(c.last, blk, extra)
 			nd.last, nd.owned = k, k
 			keys = append(keys, k)
-			last = k
+			c.last = k
 		} else {
-			buf := append(append(m.buf[:0], tail...), blk...)
+			buf := append(append(m.buf[:0], c.tail...), blk...)
 			first := len(keys)
 			off := 0
 			for ; off+rbs <= len(buf); off += rbs {
-				last = m.hasher.Key(last, buf[off:off+rbs], extra)
-				keys = append(keys, last)
+				c.last = m.hasher.Key(c.last, buf[off:off+rbs], extra)
+				keys = append(keys, c.last)
 			}
 			m.buf = buf
 			x := m.nodes.ext(nd)
-			x.parent, x.hasParent = parent, hasParent
+			x.parent, x.hasParent = c.parent, c.hasParent
 			if rest := buf[off:]; len(rest) > 0 {
 				x.tail = append([]uint32(nil), rest...)
 			}
@@ -205,53 +229,54 @@ func (m *mapper) stored(e *Event) {
 				if len(own) > 1 {
 					x.more = append([]tokens.BlockKey(nil), own[1:]...)
 				}
-				if len(tail) > 0 {
-					m.spill(parent, hasParent, own[0])
+				if len(c.tail) > 0 {
+					m.spill(c.parent, c.hasParent, own[0])
 				}
 			}
-			nd.last = last
-			tail = x.tail
+			nd.last = c.last
+			c.tail = x.tail
 		}
-		parent, hasParent = h, true
+		c.parent, c.hasParent = h, true
 	}
 	m.keys = keys
-	m.st.storedBlocks.Add(int64(n))
 	m.sink.Store(m.ep, e.Group, e.Medium, keys)
 }
 
 // storedEqual is stored's fast path for engine block size = router block
 // size and a parent without a partial router block (always so when the
-// sizes are equal): one router key per block. It computes every block's
-// key first, assuming the blocks are new (the common case), and asks the
-// sink to prefetch their index slots, then fills the nodes, whose slots
-// stored prefetched; the cache misses of both tables thus overlap the
-// hashing instead of following each other. A block already known is kept
-// as it is (its keys are the same when the chain is); if its keys are not
-// the ones computed (an engine hash reused under another parent, or a
-// block stored earlier with a partial tail), it returns the keys of the
-// blocks before it and its index + 1, and stored goes on from there.
-func (m *mapper) storedEqual(e *Event, last tokens.BlockKey, extra []byte, bit uint64) ([]tokens.BlockKey, int) {
+// sizes are equal): one router key per block. It computes the key of every
+// block of [lo, hi) first, assuming the blocks are new (the common case),
+// and asks the sink to prefetch their index slots, then fills the nodes,
+// whose slots storeRange prefetched; the cache misses of both tables thus
+// overlap the hashing instead of following each other. A block already
+// known is kept as it is (its keys are the same when the chain is); if its
+// keys are not the ones computed (an engine hash reused under another
+// parent, or a block stored earlier with a partial tail), it returns the
+// keys of the blocks before it and its index + 1, and storeRange goes on
+// from there.
+func (m *mapper) storedEqual(e *Event, lo, hi int, last tokens.BlockKey, extra []byte, bit uint64) ([]tokens.BlockKey, int) {
 	ebs := e.BlockSize
 	keys := m.keys[:0]
-	for j := range e.BlockHashes {
+	for j := lo; j < hi; j++ {
 		last = m.hasher.Key(last, e.TokenIDs[j*ebs:(j+1)*ebs], extra)
 		keys = append(keys, last)
 	}
 	if m.pf != nil {
 		m.pf.Prefetch(m.ep, e.Group, e.Medium, keys)
 	}
-	for j, h := range e.BlockHashes {
-		nd, fresh := m.nodes.upsert(h)
+	for j := lo; j < hi; j++ {
+		nd, fresh := m.nodes.upsert(e.BlockHashes[j])
+		k := keys[j-lo]
 		if fresh {
-			nd.held, nd.last, nd.owned = bit, keys[j], keys[j]
+			nd.held, nd.last, nd.owned = bit, k, k
 			continue
 		}
 		nd.held |= bit
-		if nd.ext != 0 || nd.last != keys[j] || nd.owned != keys[j] {
-			return m.appendOwned(keys[:j], nd), j + 1
+		if nd.ext != 0 || nd.last != k || nd.owned != k {
+			return m.appendOwned(keys[:j-lo], nd), j + 1
 		}
 	}
-	return keys, len(e.BlockHashes)
+	return keys, hi
 }
 
 // spill records router key k in every ancestor whose tail contributed to
@@ -297,16 +322,41 @@ func (m *mapper) removed(e *Event) {
 		if nd.held &^= bit; nd.held == 0 {
 			m.nodes.delete(h)
 		}
+		if len(keys) >= chunkBlocks {
+			m.sink.Remove(m.ep, e.Group, e.Medium, keys)
+			keys = keys[:0]
+		}
 	}
 	m.keys = keys
 	m.st.removedBlocks.Add(int64(len(e.BlockHashes)))
 	if len(keys) > 0 {
 		m.sink.Remove(m.ep, e.Group, e.Medium, keys)
 	}
+	m.nodes.shrinkIfSparse()
+	m.trimBuffers()
 }
 
-// shrink forgets about 1/16 of the map (random eviction), keeping the engine→router map bounded. Index entries of the
-// forgotten blocks stay until the index evicts them.
-func (m *mapper) shrink() {
-	m.st.mapEvicted.Add(int64(m.nodes.evict(m.nodes.len()/16 + 1)))
+// makeRoom evicts so that n more blocks fit within maxNodes: at least what
+// is needed, and about 1/16 of the map so that eviction is not paid for
+// every event (random eviction: engine hashes are hashes). Index entries
+// of the forgotten blocks stay until the index evicts them.
+func (m *mapper) makeRoom(n int) {
+	over := m.nodes.len() + n - m.maxNodes
+	if over <= 0 {
+		return
+	}
+	m.st.mapEvicted.Add(int64(m.nodes.evict(max(over, m.nodes.len()/16+1))))
+}
+
+// maxBufKeep bounds the key and token buffers kept between events.
+const maxBufKeep = 1 << 16
+
+// trimBuffers drops buffers an unusual event grew.
+func (m *mapper) trimBuffers() {
+	if cap(m.keys) > maxBufKeep {
+		m.keys = nil
+	}
+	if cap(m.buf) > maxBufKeep {
+		m.buf = nil
+	}
 }

@@ -230,3 +230,115 @@ func TestStoredEqualMatchesGeneralPath(t *testing.T) {
 		}
 	}
 }
+
+// boundSink checks the map's bound at every Store: after each chunk of an
+// event, where the map is at its largest.
+type boundSink struct {
+	*kvindex.Index
+	m    *mapper
+	peak int
+}
+
+func (s *boundSink) Store(ep kvindex.EndpointID, g int, t kvindex.Tier, keys []tokens.BlockKey) {
+	s.peak = max(s.peak, s.m.nodes.len())
+	s.Index.Store(ep, g, t, keys)
+}
+
+// TestMapperBoundWithinEvent: one event with ten times more blocks than
+// the map's bound keeps the map within the bound (issue 14 item 6: 4 M
+// blocks in one event held 7.46 M entries against a 2 Mi bound), every
+// router key still reaches the index, and the chain goes on from the
+// event's last block.
+func TestMapperBoundWithinEvent(t *testing.T) {
+	const maxNodes, blocks = 1000, 10000
+	for _, sizes := range [][2]int{{16, 16}, {16, 64}, {64, 16}} {
+		ebs, rbs := sizes[0], sizes[1]
+		t.Run(fmt.Sprintf("engine %d router %d", ebs, rbs), func(t *testing.T) {
+			idx := kvindex.New(kvindex.Config{BlockSize: rbs})
+			id, _ := idx.AddEndpoint("e", "m")
+			sink := &boundSink{Index: idx}
+			st := &EngineStats{}
+			m := newMapper(id, "m", rbs, maxNodes, sink, st)
+			sink.m = m
+			toks := seqTokens(blocks*ebs+2*ebs, 7)
+			m.apply(&Batch{Events: []Event{storedEvent(toks[:blocks*ebs], ebs, 1, nil)}})
+			if sink.peak > maxNodes || m.nodes.len() > maxNodes {
+				t.Errorf("map held %d blocks at its peak, %d after; bound %d", sink.peak, m.nodes.len(), maxNodes)
+			}
+			if len(m.nodes.slots) > 2048 {
+				t.Errorf("map capacity %d slots for a bound of %d", len(m.nodes.slots), maxNodes)
+			}
+			h := tokens.NewHasher(rbs)
+			want := blocks * ebs / rbs
+			if got := idx.Lookup("m", h.Keys(toks[:blocks*ebs], nil), nil)[0].Blocks; got != want {
+				t.Errorf("index matches %d router blocks, want %d", got, want)
+			}
+			m.apply(&Batch{Events: []Event{storedEvent(toks[blocks*ebs:], ebs, 1+blocks, u64(blocks))}})
+			if st.orphans.Load() != 0 {
+				t.Errorf("the next event was orphaned")
+			}
+			if got, want := idx.Lookup("m", h.Keys(toks, nil), nil)[0].Blocks, len(toks)/rbs; got != want {
+				t.Errorf("after the next event: %d router blocks, want %d", got, want)
+			}
+		})
+	}
+}
+
+// TestMapperReleasesMemory: after a large map empties (removals or a
+// clear), its memory is given back.
+func TestMapperReleasesMemory(t *testing.T) {
+	f := newFixture(t, 16)
+	const blocks = 50000
+	toks := seqTokens(blocks*16, 3)
+	f.apply(storedEvent(toks, 16, 1, nil))
+	if n := f.m.nodes.len(); n != blocks {
+		t.Fatalf("%d nodes", n)
+	}
+	big := len(f.m.nodes.slots)
+	hashes := make([]uint64, blocks)
+	for i := range hashes {
+		hashes[i] = uint64(1 + i)
+	}
+	f.apply(removedEvent(hashes[:blocks-10]...))
+	if n := f.m.nodes.len(); n != 10 {
+		t.Fatalf("%d nodes left", n)
+	}
+	if c := len(f.m.nodes.slots); c > 64 {
+		t.Errorf("map still has %d slots for 10 blocks (had %d)", c, big)
+	}
+	if cap(f.m.keys) > maxBufKeep {
+		t.Errorf("key buffer kept %d", cap(f.m.keys))
+	}
+	// The survivors are intact.
+	if got := f.matched(toks, nil); got != 0 {
+		t.Errorf("prefix after removing its start: %d", got)
+	}
+	f.apply(removedEvent(hashes[blocks-10:]...))
+
+	// Unequal block sizes (extras) and a clear.
+	g := newFixture(t, 64)
+	g.apply(storedEvent(toks, 16, 1, nil))
+	if len(g.m.nodes.exts) == 0 {
+		t.Fatal("no extras with unequal block sizes")
+	}
+	g.apply(Event{Kind: KindAllBlocksCleared})
+	if g.m.nodes.len() != 0 || len(g.m.nodes.slots) > keepOnReset || g.m.nodes.exts != nil {
+		t.Errorf("after a clear: %d nodes, %d slots, %d extras", g.m.nodes.len(), len(g.m.nodes.slots), len(g.m.nodes.exts))
+	}
+	huge := &nodeTable{}
+	huge.init(2 * keepOnReset)
+	huge.upsert(5)
+	if huge.reset(); len(huge.slots) != minNodeCap || huge.len() != 0 {
+		t.Errorf("a large table kept %d slots after reset", len(huge.slots))
+	}
+	// Shrinking keeps entries and their extras.
+	g.apply(storedEvent(toks, 16, 1, nil))
+	g.apply(removedEvent(hashes[:blocks-100]...))
+	if n := g.m.nodes.len(); n != 100 || len(g.m.nodes.slots) > 256 || len(g.m.nodes.exts) != 100 {
+		t.Errorf("after removals: %d nodes, %d slots, %d extras", n, len(g.m.nodes.slots), len(g.m.nodes.exts))
+	}
+	g.apply(storedEvent(seqTokens(64, 9), 16, 900000, u64(uint64(blocks))))
+	if g.st.orphans.Load() != 0 {
+		t.Error("surviving block lost after the shrink")
+	}
+}

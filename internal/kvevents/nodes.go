@@ -176,11 +176,49 @@ func (t *nodeTable) extOf(nd *node) *nodeExt {
 	return &t.exts[nd.ext-1]
 }
 
-// reset empties the table, keeping its capacity.
+// keepOnReset is the most slots (40 bytes each) reset keeps for the
+// refill that usually follows a clear; a larger table is released.
+const keepOnReset = 1 << 18
+
+// reset empties the table; a large table gives its memory back.
 func (t *nodeTable) reset() {
-	clear(t.slots)
-	t.n = 0
-	t.exts, t.free = t.exts[:0], t.free[:0]
+	if len(t.slots) > keepOnReset {
+		t.init(minNodeCap)
+	} else {
+		clear(t.slots)
+		t.n = 0
+	}
+	t.exts, t.free = nil, nil
+}
+
+// shrinkIfSparse reallocates the table at half load when under 1/8 of
+// its slots are used, so that the memory of a map that grew large and
+// emptied is returned (growth happens at 3/4: the cost stays amortised).
+func (t *nodeTable) shrinkIfSparse() {
+	if len(t.slots) <= minNodeCap || t.n*8 >= len(t.slots) {
+		return
+	}
+	t.rehash(max(minNodeCap, 1<<bits.Len(uint(t.n*2))))
+}
+
+// rehash moves every entry to a new array of the given capacity and packs
+// the extras of the live entries into a new slice.
+func (t *nodeTable) rehash(capacity int) {
+	old, oldExts := t.slots, t.exts
+	t.init(capacity)
+	t.exts, t.free = nil, nil
+	for _, s := range old {
+		if s.hash == 0 {
+			continue
+		}
+		if s.ext != 0 {
+			t.exts = append(t.exts, oldExts[s.ext-1])
+			s.ext = int32(len(t.exts))
+		}
+		i, _ := t.slot(s.hash)
+		t.slots[i] = s
+		t.n++
+	}
 }
 
 // evict removes about n entries found by the clock hand (engine hashes are

@@ -1,14 +1,13 @@
 package kvindex
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"sort"
 
+	"github.com/kvgate/kvgate/internal/httpserve"
+	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -35,16 +34,49 @@ type EndpointEvents struct {
 //	                       approximate entry (what a router would do after routing)
 //	GET  /admin/kv/stats   per-endpoint block counts and event-stream counters
 //
-// Errors are JSON {"error": "..."} with a 4xx status.
+// Errors are OpenAI-style error bodies (package openai) with a 4xx or 5xx
+// status. Bodies are capped (413 beyond) and large ones processed a few at
+// a time (Bodies); /admin/kv/routed registers a new endpoint only while
+// fewer than MaxRoutedEndpoints are registered.
 type Admin struct {
 	Index  *Index
 	Tokens Tokenizers              // nil: only token_ids requests
 	Events func() []EndpointEvents // nil: no event counters
 	Extra  func() map[string]any   // optional additions to stats
+	// Bodies reads request bodies; nil means httpserve's defaults with a
+	// cap of DefaultMaxBodyBytes.
+	Bodies *httpserve.BodyLimiter
+	// MaxRoutedEndpoints: /admin/kv/routed for an endpoint not yet
+	// registered is refused (403) once this many endpoints are registered;
+	// 0 means DefaultMaxRoutedEndpoints.
+	MaxRoutedEndpoints int
+}
+
+// Defaults of the admin API's limits.
+const (
+	// DefaultMaxBodyBytes caps lookup and routed bodies: a 1 M-token
+	// prompt as token ids is about 7 MiB.
+	DefaultMaxBodyBytes = 16 << 20
+	// DefaultMaxRoutedEndpoints bounds the endpoints /admin/kv/routed may
+	// make the index register (each new model costs about 20 KB).
+	DefaultMaxRoutedEndpoints = 1024
+	// maxNameBytes bounds endpoint and model names from the wire.
+	maxNameBytes = 1024
+)
+
+// Validate checks the admin API's settings, naming their flags.
+func (a *Admin) Validate() error {
+	if a.MaxRoutedEndpoints < 0 || a.MaxRoutedEndpoints > MaxEndpoints {
+		return fmt.Errorf("--max-routed-endpoints must be in [0, %d] (0: default %d), got %d", MaxEndpoints, DefaultMaxRoutedEndpoints, a.MaxRoutedEndpoints)
+	}
+	return nil
 }
 
 // Handler returns the admin API's handler.
 func (a *Admin) Handler() http.Handler {
+	if a.Bodies == nil {
+		a.Bodies = httpserve.Config{}.BodyLimiter(DefaultMaxBodyBytes)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/admin/kv/lookup", a.lookup)
 	mux.HandleFunc("/admin/kv/routed", a.routed)
@@ -54,11 +86,20 @@ func (a *Admin) Handler() http.Handler {
 
 type lookupRequest struct {
 	Model    string           `json:"model"`
-	TokenIDs []int64          `json:"token_ids"`
+	TokenIDs *tokenIDs        `json:"token_ids"`
 	Prompt   *string          `json:"prompt"`
 	Messages []tokens.Message `json:"messages"`
 	LoRA     string           `json:"lora"`
 	Endpoint string           `json:"endpoint"` // routed only
+}
+
+// tokenIDs decodes a list of token ids straight into uint32s.
+type tokenIDs []uint32
+
+func (t *tokenIDs) UnmarshalJSON(b []byte) error {
+	ids, err := openai.ParseTokenIDs(b, "token_ids")
+	*t = ids
+	return err
 }
 
 // LookupEndpoint is one endpoint in a lookup response.
@@ -79,17 +120,6 @@ type LookupResponse struct {
 	Endpoints    []LookupEndpoint `json:"endpoints"`
 }
 
-type httpError struct {
-	code int
-	msg  string
-}
-
-func (e *httpError) Error() string { return e.msg }
-
-func badRequest(format string, args ...any) error {
-	return &httpError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
-}
-
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
@@ -98,81 +128,68 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = enc.Encode(v)
 }
 
-func writeErr(w http.ResponseWriter, err error) {
-	code := http.StatusBadGateway // the tokenizer backend failed
-	var he *httpError
-	switch {
-	case errors.As(err, &he):
-		code = he.code
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		code = http.StatusGatewayTimeout
-	}
-	writeJSON(w, code, map[string]string{"error": err.Error()})
-}
-
-// keysOf parses a lookup/routed request and computes its block keys.
-func (a *Admin) keysOf(r *http.Request) (lookupRequest, int, []tokens.BlockKey, error) {
-	var req lookupRequest
+// keysOf parses a lookup/routed request and computes its block keys. The
+// caller calls release when done with the keys (a large body's slot).
+func (a *Admin) keysOf(w http.ResponseWriter, r *http.Request) (req lookupRequest, n int, keys []tokens.BlockKey, release func(), err error) {
+	release = func() {}
 	if r.Method != http.MethodPost {
-		return req, 0, nil, &httpError{http.StatusMethodNotAllowed, "use POST"}
+		return req, 0, nil, release, openai.Errorf(http.StatusMethodNotAllowed, "use POST")
 	}
-	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<20))
-	if err := dec.Decode(&req); err != nil {
-		return req, 0, nil, badRequest("invalid JSON body: %v", err)
+	body, release, err := a.Bodies.Read(w, r)
+	if err != nil {
+		return req, 0, nil, release, err
 	}
-	if req.Model == "" {
-		return req, 0, nil, badRequest(`"model" is required`)
+	if err := openai.DecodeObject(body, &req); err != nil {
+		return req, 0, nil, release, err
+	}
+	switch {
+	case req.Model == "":
+		return req, 0, nil, release, openai.BadRequest(`"model" is required`).WithParam("model")
+	case len(req.Model) > maxNameBytes || len(req.Endpoint) > maxNameBytes:
+		return req, 0, nil, release, openai.BadRequest("model and endpoint names are limited to %d bytes", maxNameBytes)
 	}
 	given := 0
-	if req.TokenIDs != nil {
-		given++
-	}
-	if req.Prompt != nil {
-		given++
-	}
-	if req.Messages != nil {
-		given++
+	for _, ok := range []bool{req.TokenIDs != nil, req.Prompt != nil, req.Messages != nil} {
+		if ok {
+			given++
+		}
 	}
 	if given != 1 {
-		return req, 0, nil, badRequest(`give exactly one of "token_ids", "prompt" or "messages"`)
+		return req, 0, nil, release, openai.BadRequest(`give exactly one of "token_ids", "prompt" or "messages"`)
 	}
 	var ids []uint32
 	switch {
 	case req.TokenIDs != nil:
-		ids = make([]uint32, len(req.TokenIDs))
-		for i, t := range req.TokenIDs {
-			if t < 0 || t > 0xffffffff {
-				return req, 0, nil, badRequest("token_ids[%d] = %d is out of range", i, t)
-			}
-			ids[i] = uint32(t)
-		}
+		ids = *req.TokenIDs
+	case a.Tokens == nil:
+		return req, 0, nil, release, openai.BadRequest(`no tokenizer configured: send "token_ids"`)
 	default:
-		if a.Tokens == nil {
-			return req, 0, nil, badRequest(`no tokenizer configured: send "token_ids"`)
-		}
 		tk := a.Tokens.For(req.Model)
-		var err error
 		if req.Prompt != nil {
 			ids, err = tk.Prompt(r.Context(), *req.Prompt)
 		} else {
 			ids, err = tk.Chat(r.Context(), req.Messages)
 		}
 		if err != nil {
-			return req, 0, nil, fmt.Errorf("tokenize: %w", err)
+			if e := openai.AsError(err); e.Status == http.StatusGatewayTimeout {
+				return req, 0, nil, release, openai.Errorf(http.StatusGatewayTimeout, "tokenize: %v", err)
+			}
+			return req, 0, nil, release, openai.Errorf(http.StatusBadGateway, "tokenize: %v", err) // the tokenizer backend failed
 		}
 	}
 	h := tokens.NewHasher(a.Index.BlockSize())
-	return req, len(ids), h.Keys(ids, tokens.LoRAExtra(req.LoRA)), nil
+	return req, len(ids), h.Keys(ids, tokens.LoRAExtra(req.LoRA)), release, nil
 }
 
 func (a *Admin) lookup(w http.ResponseWriter, r *http.Request) {
-	req, n, keys, err := a.keysOf(r)
+	req, n, keys, release, err := a.keysOf(w, r)
+	defer release()
 	if err != nil {
-		writeErr(w, err)
+		openai.WriteError(w, err)
 		return
 	}
 	if len(a.Index.Endpoints(req.Model)) == 0 {
-		writeErr(w, &httpError{http.StatusNotFound, fmt.Sprintf("no endpoint serves model %q", req.Model)})
+		openai.WriteError(w, openai.NotFound("no endpoint serves model %q", req.Model).WithParam("model"))
 		return
 	}
 	ms := a.Index.Lookup(req.Model, keys, nil)
@@ -192,18 +209,25 @@ func (a *Admin) lookup(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Admin) routed(w http.ResponseWriter, r *http.Request) {
-	req, _, keys, err := a.keysOf(r)
+	req, _, keys, release, err := a.keysOf(w, r)
+	defer release()
 	if err != nil {
-		writeErr(w, err)
+		openai.WriteError(w, err)
 		return
 	}
 	if req.Endpoint == "" {
-		writeErr(w, badRequest(`"endpoint" is required`))
+		openai.WriteError(w, openai.BadRequest(`"endpoint" is required`).WithParam("endpoint"))
 		return
 	}
-	id, err := a.Index.AddEndpoint(req.Endpoint, req.Model)
+	limit := a.MaxRoutedEndpoints
+	if limit == 0 {
+		limit = DefaultMaxRoutedEndpoints
+	}
+	id, err := a.Index.AddEndpointLimited(req.Endpoint, req.Model, limit)
 	if err != nil {
-		writeErr(w, badRequest("%v", err))
+		e := openai.Errorf(http.StatusForbidden, "cannot register endpoint %q for model %q: %v (--max-routed-endpoints)", req.Endpoint, req.Model, err)
+		e.Type = "LimitExceededError"
+		openai.WriteError(w, e.WithParam("endpoint"))
 		return
 	}
 	a.Index.Routed(id, keys)
@@ -218,7 +242,7 @@ type StatsEndpoint struct {
 
 func (a *Admin) stats(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
-		writeErr(w, &httpError{http.StatusMethodNotAllowed, "use GET"})
+		openai.WriteError(w, openai.Errorf(http.StatusMethodNotAllowed, "use GET"))
 		return
 	}
 	ev := map[string]any{}

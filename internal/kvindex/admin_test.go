@@ -2,11 +2,15 @@ package kvindex
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvgate/kvgate/internal/httpserve"
+	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -70,6 +74,12 @@ func TestAdminAPI(t *testing.T) {
 		code       int
 	}{
 		{"/admin/kv/lookup", `{`, 400},
+		{"/admin/kv/lookup", `{"model":"m","token_ids":[1]} x`, 400},
+		{"/admin/kv/lookup", `{"model":"m","token_ids":[1]}{"model":"m"}`, 400},
+		{"/admin/kv/lookup", `[]`, 400},
+		{"/admin/kv/lookup", `{"model":"m","token_ids":[4294967296]}`, 400},
+		{"/admin/kv/lookup", `{"model":"m","token_ids":"1"}`, 400},
+		{"/admin/kv/routed", `{"model":"` + strings.Repeat("m", 2000) + `","endpoint":"e","token_ids":[1]}`, 400},
 		{"/admin/kv/lookup", `{"token_ids":[1]}`, 400},
 		{"/admin/kv/lookup", `{"model":"m"}`, 400},
 		{"/admin/kv/lookup", `{"model":"m","token_ids":[1],"prompt":"x"}`, 400},
@@ -79,8 +89,9 @@ func TestAdminAPI(t *testing.T) {
 	}
 	for _, b := range bad {
 		code, out := post(b.path, b.body)
-		if code != b.code || out["error"] == nil {
-			t.Errorf("%s %s: %d %v, want %d with an error", b.path, b.body, code, out, b.code)
+		e, _ := out["error"].(map[string]any)
+		if code != b.code || e == nil || e["message"] == "" || e["code"] != float64(b.code) || e["type"] == "" {
+			t.Errorf("%s %s: %d %v, want %d with an OpenAI error body", b.path, b.body, code, out, b.code)
 		}
 	}
 	resp, err := http.Get(srv.URL + "/admin/kv/lookup")
@@ -109,5 +120,52 @@ func TestAdminAPI(t *testing.T) {
 	}
 	if len(st.Endpoints) != 2 || st.Endpoints[0].GPUBlocks != 2 || st.Endpoints[0].Events["gaps"] != 2 {
 		t.Errorf("stats: %+v", st)
+	}
+}
+
+func postBody(t *testing.T, url, body string) (int, openai.ErrorBody) {
+	t.Helper()
+	client := &http.Client{Timeout: 30 * time.Second}
+	resp, err := client.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var eb openai.ErrorBody
+	json.NewDecoder(resp.Body).Decode(&eb)
+	return resp.StatusCode, eb
+}
+
+// TestAdminLimits: bodies over the cap get 413; /admin/kv/routed registers
+// at most MaxRoutedEndpoints endpoints and refuses more with a clear error,
+// while endpoints already known still take entries.
+func TestAdminLimits(t *testing.T) {
+	x := New(Config{BlockSize: 4})
+	mustAdd(t, x, "known:1", "m")
+	adm := &Admin{Index: x, MaxRoutedEndpoints: 3, Bodies: httpserve.NewBodyLimiter(4096, 1024, 1, 100*time.Millisecond)}
+	srv := httptest.NewServer(adm.Handler())
+	defer srv.Close()
+
+	ids := "[" + strings.Repeat("1,", 3000) + "1]"
+	if code, eb := postBody(t, srv.URL+"/admin/kv/lookup", `{"model":"m","token_ids":`+ids+`}`); code != 413 || eb.Error.Type != "RequestTooLargeError" {
+		t.Errorf("large lookup: %d %+v", code, eb.Error)
+	}
+	for i := 0; i < 2; i++ {
+		if code, eb := postBody(t, srv.URL+"/admin/kv/routed", fmt.Sprintf(`{"model":"model-%d","endpoint":"e%d:1","token_ids":[1,2,3,4]}`, i, i)); code != 200 {
+			t.Fatalf("routed %d: %d %+v", i, code, eb.Error)
+		}
+	}
+	code, eb := postBody(t, srv.URL+"/admin/kv/routed", `{"model":"model-x","endpoint":"e9:1","token_ids":[1,2,3,4]}`)
+	if code != 403 || !strings.Contains(eb.Error.Message, "--max-routed-endpoints") || !strings.Contains(eb.Error.Message, "limit is 3") {
+		t.Errorf("routed past the limit: %d %+v", code, eb.Error)
+	}
+	if n := x.NumEndpoints(); n != 3 {
+		t.Errorf("%d endpoints registered, want 3", n)
+	}
+	if code, _ := postBody(t, srv.URL+"/admin/kv/routed", `{"model":"m","endpoint":"known:1","token_ids":[1,2,3,4]}`); code != 200 {
+		t.Errorf("routed for a known endpoint at the limit: %d", code)
+	}
+	if err := (&Admin{MaxRoutedEndpoints: -1}).Validate(); err == nil || !strings.Contains(err.Error(), "--max-routed-endpoints") {
+		t.Errorf("validate: %v", err)
 	}
 }

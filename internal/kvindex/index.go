@@ -26,7 +26,11 @@
 // # Layout and concurrency
 //
 // Endpoints get small integer ids (EndpointID) with a name table; inside a
-// model each endpoint has a slot, and 64 slots form a page. For every
+// model each endpoint has a slot, and 64 slots form a page. Registering an
+// endpoint costs the same however many there are (ids live in fixed
+// chunks, slots are appended, models are in a concurrent map), and
+// RemoveEndpoint frees its id and slot for reuse, and its model's tables
+// with its last endpoint, so endpoint churn does not grow the index. For every
 // (model, KV-cache group, page) there is one precise table mapping a
 // (block key, tier) to a 64-bit set of endpoints, the tiers of a block
 // sharing a home slot (tkey in table.go), so one probe answers all tiers;
@@ -60,8 +64,10 @@
 package kvindex
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,6 +92,10 @@ type Config struct {
 	// ApproxTTL is how long an approximate entry lives: between ApproxTTL
 	// and twice that after the last Routed call for it (default 2 min).
 	ApproxTTL time.Duration
+	// MaxEndpoints bounds registered endpoints (default
+	// DefaultMaxEndpoints, at most MaxEndpoints); each new model costs
+	// about 20 KB of tables.
+	MaxEndpoints int
 	// Now is the clock (default time.Now); the simulator passes its own.
 	Now func() time.Time
 }
@@ -111,11 +121,21 @@ type Match struct {
 type Index struct {
 	cfg Config
 
-	mu     sync.Mutex // registry writes
-	byName map[string]EndpointID
-	eps    atomic.Pointer[[]*endpoint] // by EndpointID
-	models atomic.Pointer[map[string]*model]
+	mu      sync.Mutex // registry writes
+	byName  map[string]EndpointID
+	freeIDs []EndpointID // ids of removed endpoints, for reuse
+	nextID  int          // ids handed out so far
+	live    int          // registered endpoints
+	// eps maps an EndpointID to its endpoint: fixed chunks, so that
+	// registering never copies the table and readers take no lock.
+	eps    [MaxEndpoints / epChunkLen]atomic.Pointer[epChunk]
+	idsHi  atomic.Int32 // nextID, for readers
+	models sync.Map     // model name → *model
 }
+
+const epChunkLen = 256
+
+type epChunk [epChunkLen]atomic.Pointer[endpoint]
 
 type endpoint struct {
 	id     EndpointID
@@ -127,13 +147,18 @@ type endpoint struct {
 
 type model struct {
 	name string
-	mu   sync.Mutex // view writes
+	mu   sync.Mutex // view writes, free, live
 	view atomic.Pointer[view]
+	free []int // slots of removed endpoints
+	live int   // endpoints registered
 }
 
 // view is an immutable snapshot of a model's endpoints, groups and tables.
+// Its eps may share a backing array with later views that appended to it
+// (a view never reads beyond its length).
 type view struct {
-	eps    []*endpoint // by slot
+	eps    []*endpoint // by slot; nil for a removed endpoint's slot
+	holes  int         // nil entries in eps
 	groups []group     // by group index
 }
 
@@ -166,10 +191,11 @@ func New(cfg Config) *Index {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	x := &Index{cfg: cfg, byName: map[string]EndpointID{}}
-	x.eps.Store(&[]*endpoint{})
-	x.models.Store(&map[string]*model{})
-	return x
+	if cfg.MaxEndpoints <= 0 {
+		cfg.MaxEndpoints = DefaultMaxEndpoints
+	}
+	cfg.MaxEndpoints = min(cfg.MaxEndpoints, MaxEndpoints)
+	return &Index{cfg: cfg, byName: map[string]EndpointID{}}
 }
 
 // BlockSize is the router block size of the keys.
@@ -178,43 +204,117 @@ func (x *Index) BlockSize() int { return x.cfg.BlockSize }
 // MaxEndpoints is the most endpoints an Index can name.
 const MaxEndpoints = 1 << 16
 
+// DefaultMaxEndpoints is Config.MaxEndpoints's default.
+const DefaultMaxEndpoints = 4096
+
+// ErrTooManyEndpoints is returned by AddEndpoint past Config.MaxEndpoints.
+var ErrTooManyEndpoints = errors.New("kvindex: too many endpoints")
+
 // AddEndpoint registers the endpoint name serving model and returns its id;
-// it is idempotent. Names are usually "host:port".
+// it is idempotent. Names are usually "host:port". Its cost does not grow
+// with the number of endpoints or models.
 func (x *Index) AddEndpoint(name, modelName string) (EndpointID, error) {
+	return x.AddEndpointLimited(name, modelName, x.cfg.MaxEndpoints)
+}
+
+// AddEndpointLimited is AddEndpoint refusing a new endpoint when limit
+// (or Config.MaxEndpoints, if smaller) are already registered; for
+// registrations a client asks for.
+func (x *Index) AddEndpointLimited(name, modelName string, limit int) (EndpointID, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	key := name + "\x00" + modelName
 	if id, ok := x.byName[key]; ok {
 		return id, nil
 	}
-	old := *x.eps.Load()
-	if len(old) >= MaxEndpoints {
-		return 0, fmt.Errorf("kvindex: more than %d endpoints", MaxEndpoints)
+	if limit = min(limit, x.cfg.MaxEndpoints); x.live >= limit {
+		return 0, fmt.Errorf("%w: %d registered, the limit is %d", ErrTooManyEndpoints, x.live, limit)
 	}
-	models := *x.models.Load()
-	m := models[modelName]
-	if m == nil {
+	var id EndpointID
+	if k := len(x.freeIDs); k > 0 {
+		id, x.freeIDs = x.freeIDs[k-1], x.freeIDs[:k-1]
+	} else {
+		id = EndpointID(x.nextID)
+		x.nextID++
+		x.idsHi.Store(int32(x.nextID))
+	}
+	var m *model
+	if v, ok := x.models.Load(modelName); ok {
+		m = v.(*model)
+	} else {
 		m = &model{name: modelName}
 		m.view.Store(&view{groups: []group{{kind: GroupFullAttention}}})
-		nm := make(map[string]*model, len(models)+1)
-		for k, v := range models {
-			nm[k] = v
-		}
-		nm[modelName] = m
-		x.models.Store(&nm)
+		x.models.Store(modelName, m)
 	}
-	e := &endpoint{id: EndpointID(len(old)), name: name, model: m}
+	e := &endpoint{id: id, name: name, model: m}
 	m.mu.Lock()
 	v := m.view.Load()
-	nv := &view{eps: append(v.eps[:len(v.eps):len(v.eps)], e), groups: v.groups}
-	e.slot = len(v.eps)
+	nv := &view{groups: v.groups, holes: v.holes}
+	if k := len(m.free); k > 0 {
+		e.slot, m.free = m.free[k-1], m.free[:k-1]
+		nv.eps = slices.Clone(v.eps)
+		nv.eps[e.slot] = e
+		nv.holes--
+	} else {
+		e.slot = len(v.eps)
+		nv.eps = append(v.eps, e) // in place when there is room: no view reads past its length
+	}
 	x.ensurePages(m, nv)
 	m.view.Store(nv)
+	m.live++
 	m.mu.Unlock()
-	ne := append(old[:len(old):len(old)], e)
-	x.eps.Store(&ne)
-	x.byName[key] = e.id
-	return e.id, nil
+	x.setEndpoint(id, e)
+	x.byName[key] = id
+	x.live++
+	return id, nil
+}
+
+func (x *Index) setEndpoint(id EndpointID, e *endpoint) {
+	c := x.eps[id/epChunkLen].Load()
+	if c == nil {
+		c = new(epChunk)
+		x.eps[id/epChunkLen].Store(c)
+	}
+	c[id%epChunkLen].Store(e)
+}
+
+// RemoveEndpoint unregisters id: its entries, precise and approximate, are
+// dropped, and its id and slot are reused by later registrations; a model
+// whose last endpoint goes is dropped with its tables. The caller must have
+// stopped writing for id (Store, Remove, Routed) and must not use id again.
+func (x *Index) RemoveEndpoint(id EndpointID) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e := x.endpoint(id)
+	if e == nil {
+		return fmt.Errorf("kvindex: no endpoint %d", id)
+	}
+	x.ClearEndpoint(id)
+	m := e.model
+	m.mu.Lock()
+	v := m.view.Load()
+	nv := &view{eps: slices.Clone(v.eps), holes: v.holes + 1, groups: v.groups}
+	nv.eps[e.slot] = nil
+	m.view.Store(nv)
+	m.free = append(m.free, e.slot)
+	m.live--
+	empty := m.live == 0
+	m.mu.Unlock()
+	if empty {
+		x.models.CompareAndDelete(m.name, m)
+	}
+	x.eps[id/epChunkLen].Load()[id%epChunkLen].Store(nil)
+	x.freeIDs = append(x.freeIDs, id)
+	delete(x.byName, e.name+"\x00"+m.name)
+	x.live--
+	return nil
+}
+
+// NumEndpoints is the number of registered endpoints.
+func (x *Index) NumEndpoints() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.live
 }
 
 // ensurePages gives every group of nv a page for every 64 slots, copying
@@ -243,7 +343,7 @@ func (x *Index) newPage(m *model, p int, withApprox bool) *page {
 	pg.prec = newTable(preciseStride, x.cfg.Shards, x.cfg.MaxKeys, func(tier Tier, b uint64) {
 		v := m.view.Load()
 		for ; b != 0; b &= b - 1 {
-			if s := p*64 + bits.TrailingZeros64(b); s < len(v.eps) {
+			if s := p*64 + bits.TrailingZeros64(b); s < len(v.eps) && v.eps[s] != nil {
 				v.eps[s].blocks[tier].Add(-1)
 			}
 		}
@@ -256,51 +356,60 @@ func (x *Index) newPage(m *model, p int, withApprox bool) *page {
 
 // Endpoint returns the name and model of id.
 func (x *Index) Endpoint(id EndpointID) (name, modelName string, ok bool) {
-	eps := *x.eps.Load()
-	if int(id) >= len(eps) {
+	e := x.endpoint(id)
+	if e == nil {
 		return "", "", false
 	}
-	e := eps[id]
 	return e.name, e.model.name, true
+}
+
+// model returns the model named name, or nil.
+func (x *Index) model(name string) *model {
+	if v, ok := x.models.Load(name); ok {
+		return v.(*model)
+	}
+	return nil
 }
 
 // Endpoints returns the ids serving model in slot order: the order of the
 // Matches of Lookup.
 func (x *Index) Endpoints(modelName string) []EndpointID {
-	m := (*x.models.Load())[modelName]
+	m := x.model(modelName)
 	if m == nil {
 		return nil
 	}
 	v := m.view.Load()
-	ids := make([]EndpointID, len(v.eps))
-	for i, e := range v.eps {
-		ids[i] = e.id
+	ids := make([]EndpointID, 0, len(v.eps)-v.holes)
+	for _, e := range v.eps {
+		if e != nil {
+			ids = append(ids, e.id)
+		}
 	}
 	return ids
 }
 
 // Models returns the models with registered endpoints.
 func (x *Index) Models() []string {
-	ms := *x.models.Load()
-	out := make([]string, 0, len(ms))
-	for k := range ms {
-		out = append(out, k)
-	}
+	var out []string
+	x.models.Range(func(k, _ any) bool {
+		out = append(out, k.(string))
+		return true
+	})
 	return out
 }
 
 func (x *Index) endpoint(id EndpointID) *endpoint {
-	eps := *x.eps.Load()
-	if int(id) >= len(eps) {
+	c := x.eps[id/epChunkLen].Load()
+	if c == nil {
 		return nil
 	}
-	return eps[id]
+	return c[id%epChunkLen].Load()
 }
 
 // SetGroup records the kind of a model's KV-cache group (learned from
 // BlockStored events); window is the sliding window in tokens.
 func (x *Index) SetGroup(modelName string, groupIdx int, kind GroupKind, window int) {
-	m := (*x.models.Load())[modelName]
+	m := x.model(modelName)
 	if m == nil || groupIdx < 0 || groupIdx >= maxGroups {
 		return
 	}
@@ -317,7 +426,7 @@ func (x *Index) SetGroup(modelName string, groupIdx int, kind GroupKind, window 
 const maxGroups = 16
 
 func (x *Index) setGroupLocked(m *model, v *view, groupIdx int, kind GroupKind, window int) *view {
-	nv := &view{eps: v.eps, groups: make([]group, len(v.groups), groupIdx+1)}
+	nv := &view{eps: v.eps, holes: v.holes, groups: make([]group, len(v.groups), groupIdx+1)}
 	copy(nv.groups, v.groups)
 	for len(nv.groups) <= groupIdx {
 		nv.groups = append(nv.groups, group{kind: GroupFullAttention})
@@ -461,7 +570,7 @@ func (x *Index) Routed(ep EndpointID, keys []tokens.BlockKey) {
 // per endpoint of model, in slot order, for the request's chained keys.
 func (x *Index) Lookup(modelName string, keys []tokens.BlockKey, dst []Match) []Match {
 	dst = dst[:0]
-	m := (*x.models.Load())[modelName]
+	m := x.model(modelName)
 	if m == nil {
 		return dst
 	}
@@ -473,18 +582,30 @@ func (x *Index) Lookup(modelName string, keys []tokens.BlockKey, dst []Match) []
 		dst = dst[:n]
 	}
 	for i, e := range v.eps {
-		dst[i] = Match{Endpoint: e.id}
+		dst[i] = Match{}
+		if e != nil {
+			dst[i].Endpoint = e.id
+		}
 	}
-	if len(keys) == 0 || n == 0 {
-		return dst
+	if len(keys) > 0 && n > 0 {
+		g := x.gen()
+		for p := 0; p*64 < n; p++ {
+			x.walkPage(v, p, keys, g, dst[p*64:min(n, p*64+64)])
+		}
+		bs := x.cfg.BlockSize
+		for i := range dst {
+			dst[i].Tokens = dst[i].Blocks * bs
+		}
 	}
-	g := x.gen()
-	for p := 0; p*64 < n; p++ {
-		x.walkPage(v, p, keys, g, dst[p*64:min(n, p*64+64)])
-	}
-	bs := x.cfg.BlockSize
-	for i := range dst {
-		dst[i].Tokens = dst[i].Blocks * bs
+	if v.holes > 0 { // drop the slots of removed endpoints
+		j := 0
+		for i, e := range v.eps {
+			if e != nil {
+				dst[j] = dst[i]
+				j++
+			}
+		}
+		dst = dst[:j]
 	}
 	return dst
 }
@@ -661,15 +782,19 @@ type EndpointStats struct {
 
 // Stats returns per-endpoint block counts (precise entries, all groups).
 func (x *Index) Stats() []EndpointStats {
-	eps := *x.eps.Load()
-	out := make([]EndpointStats, len(eps))
-	for i, e := range eps {
-		out[i] = EndpointStats{
+	hi := int(x.idsHi.Load())
+	out := make([]EndpointStats, 0, hi)
+	for id := 0; id < hi; id++ {
+		e := x.endpoint(EndpointID(id))
+		if e == nil {
+			continue
+		}
+		out = append(out, EndpointStats{
 			ID: e.id, Endpoint: e.name, Model: e.model.name,
 			GPUBlocks:     e.blocks[TierGPU].Load(),
 			CPUBlocks:     e.blocks[TierCPU].Load(),
 			StorageBlocks: e.blocks[TierStorage].Load(),
-		}
+		})
 	}
 	return out
 }
@@ -685,8 +810,8 @@ type MemStats struct {
 // Mem reports table sizes.
 func (x *Index) Mem() MemStats {
 	var s MemStats
-	for _, m := range *x.models.Load() {
-		v := m.view.Load()
+	x.models.Range(func(_, mv any) bool {
+		v := mv.(*model).view.Load()
 		for _, g := range v.groups {
 			for _, pg := range g.pages {
 				s.Keys += pg.prec.n.Load()
@@ -699,6 +824,7 @@ func (x *Index) Mem() MemStats {
 				}
 			}
 		}
-	}
+		return true
+	})
 	return s
 }

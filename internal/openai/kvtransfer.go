@@ -43,7 +43,7 @@ func ParseKVTransferParams(raw json.RawMessage) (*KVTransferParams, error) {
 		return nil, nil
 	}
 	notObject := BadRequest("kv_transfer_params must be a JSON object").WithParam("kv_transfer_params")
-	if !json.Valid(raw) {
+	if !valid(raw) {
 		return nil, notObject
 	}
 	ms, err := objectMembers(raw, "kv_transfer_params")
@@ -193,7 +193,7 @@ func (r *Request) DecodeBody(params json.RawMessage) ([]byte, error) {
 // (non-streamed) completion or chat completion response; nil when absent
 // or null.
 func ResponseKVTransferParams(body []byte) (json.RawMessage, error) {
-	if !json.Valid(body) {
+	if !valid(body) {
 		return nil, fmt.Errorf("response is not valid JSON")
 	}
 	ms, err := objectMembers(body, "response")

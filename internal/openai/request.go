@@ -98,23 +98,27 @@ type ContentPart struct {
 
 // UnmarshalJSON accepts a string, null or a list of content parts.
 func (c *Content) UnmarshalJSON(b []byte) error {
-	*c = Content{}
+	var err error
+	*c, err = parseContent(b)
+	return err
+}
+
+// parseContent reads a message content from valid JSON.
+func parseContent(b []byte) (Content, error) {
 	switch {
 	case isNull(b):
-		return nil
+		return Content{}, nil
 	case len(b) > 0 && b[0] == '"':
 		s, err := unquote(b)
-		c.String = s
-		return err
+		return Content{String: s}, err
 	case len(b) > 0 && b[0] == '[':
 		parts := []ContentPart{}
 		if err := json.Unmarshal(b, &parts); err != nil {
-			return errors.New("content parts must be objects with a type and, for text, a text")
+			return Content{}, errors.New("content parts must be objects with a type and, for text, a text")
 		}
-		c.Parts = parts
-		return nil
+		return Content{Parts: parts}, nil
 	}
-	return errors.New("content must be a string or a list of content parts")
+	return Content{}, errors.New("content must be a string or a list of content parts")
 }
 
 // MarshalJSON writes the string or the parts.
@@ -144,13 +148,34 @@ func (c Content) Text() (string, error) {
 	return b.String(), nil
 }
 
+// DecodeObject decodes body, which must be one JSON object and nothing
+// else, into v (a pointer to a struct) with encoding/json. Errors are 400s.
+// For small bodies of admin APIs; requests use ParseRequest.
+func DecodeObject(body []byte, v any) error {
+	i := skipSpace(body, 0)
+	if i == len(body) {
+		return BadRequest("request body is empty; expected a JSON object")
+	}
+	if body[i] != '{' {
+		return BadRequest("request body must be a JSON object")
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var e *Error
+		if errors.As(err, &e) { // from a field's UnmarshalJSON
+			return e
+		}
+		return BadRequest("invalid JSON body: %v", err)
+	}
+	return nil
+}
+
 // ParseRequest parses a completion or chat request body: one JSON object,
 // nothing after it. Every error is a 400 *Error naming the field.
 func ParseRequest(body []byte) (*Request, error) {
 	if len(body) == 0 || skipSpace(body, 0) == len(body) {
 		return nil, BadRequest("request body is empty; expected a JSON object")
 	}
-	if !json.Valid(body) {
+	if !valid(body) {
 		return nil, BadRequest("invalid JSON body: %v", jsonError(body))
 	}
 	ms, err := objectMembers(body, "request body")
@@ -276,6 +301,8 @@ func parsePrompt(v []byte) (Prompt, error) {
 	return bad()
 }
 
+// parseMessages reads the messages list from valid JSON: role and
+// content of each message, keys matched exactly as at the top level.
 func parseMessages(v []byte) ([]Message, error) {
 	if isNull(v) {
 		return nil, nil
@@ -283,24 +310,43 @@ func parseMessages(v []byte) ([]Message, error) {
 	if v[0] != '[' {
 		return nil, BadRequest("messages must be a list of messages").WithParam("messages")
 	}
-	var raw []json.RawMessage
-	if err := json.Unmarshal(v, &raw); err != nil {
-		return nil, BadRequest("messages must be a list of messages").WithParam("messages")
-	}
-	msgs := make([]Message, len(raw))
-	for i, m := range raw {
-		if len(m) == 0 || m[0] != '{' {
-			return nil, BadRequest("messages[%d] must be an object", i).WithParam("messages")
+	msgs := []Message{}
+	i := skipSpace(v, 1)
+	for i < len(v) && v[i] != ']' {
+		j := skipValue(v, i)
+		k := len(msgs)
+		m, err := parseMessage(v[i:j], k)
+		if err != nil {
+			return nil, err
 		}
-		if err := json.Unmarshal(m, &msgs[i]); err != nil {
-			var ue *json.UnmarshalTypeError
-			if errors.As(err, &ue) && ue.Field == "role" {
-				return nil, BadRequest("messages[%d].role must be a string", i).WithParam("messages")
-			}
-			return nil, BadRequest("messages[%d].content: %v", i, err).WithParam("messages")
+		msgs = append(msgs, m)
+		if i = skipSpace(v, j); i < len(v) && v[i] == ',' {
+			i = skipSpace(v, i+1)
 		}
 	}
 	return msgs, nil
+}
+
+func parseMessage(b []byte, k int) (Message, error) {
+	if b[0] != '{' {
+		return Message{}, BadRequest("messages[%d] must be an object", k).WithParam("messages")
+	}
+	ms, err := objectMembers(b, fmt.Sprintf("messages[%d]", k))
+	if err != nil {
+		return Message{}, err.(*Error).WithParam("messages")
+	}
+	var m Message
+	if r := find(ms, "role"); r != nil {
+		if m.Role, err = parseString("", b[r.v0:r.v1]); err != nil {
+			return Message{}, BadRequest("messages[%d].role must be a string", k).WithParam("messages")
+		}
+	}
+	if c := find(ms, "content"); c != nil {
+		if m.Content, err = parseContent(b[c.v0:c.v1]); err != nil {
+			return Message{}, BadRequest("messages[%d].content: %v", k, err).WithParam("messages")
+		}
+	}
+	return m, nil
 }
 
 // ParseCompletion parses a /v1/completions body: ParseRequest, and the
@@ -310,13 +356,15 @@ func ParseCompletion(body []byte) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := r.Prompt.check(); err != nil {
+	if err := r.Prompt.Check(); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
-func (p Prompt) check() error {
+// Check requires a prompt that is present and not empty: no empty string,
+// no empty list, no empty list of token ids inside a list.
+func (p Prompt) Check() error {
 	empty := BadRequest("prompt must not be empty").WithParam("prompt")
 	switch p.Kind {
 	case PromptNone:

@@ -233,3 +233,83 @@ func FuzzParseRequest(f *testing.F) {
 		_, _ = ParseKVTransferParams(r.KVTransferParams)
 	})
 }
+
+func TestDecodeObject(t *testing.T) {
+	var v struct {
+		Role string `json:"role"`
+	}
+	if err := DecodeObject([]byte(` {"role":"decode"} `), &v); err != nil || v.Role != "decode" {
+		t.Errorf("%+v %v", v, err)
+	}
+	for _, b := range []string{``, ` `, `{"role":"decode"} x`, `{"role":"a"}{"role":"b"}`, `[]`, `null`, `{"role":5}`} {
+		var e *Error
+		if err := DecodeObject([]byte(b), &v); !errors.As(err, &e) || e.Status != 400 {
+			t.Errorf("%q: %v, want a 400", b, err)
+		}
+	}
+}
+
+func TestPlainString(t *testing.T) {
+	for raw, want := range map[string]bool{`"abc def"`: true, `"a\"b"`: false, `"a\nb"`: false, `5`: false, `"é"`: true, "\"\xff\"": false} {
+		s, ok := plainString([]byte(raw))
+		if ok != want || (ok && `"`+s+`"` != raw) {
+			t.Errorf("%s: %q %v", raw, s, ok)
+		}
+	}
+}
+
+// chatBody is a chat request of about 4 000 tokens of text (20 KB).
+func chatBody() []byte {
+	words := strings.Repeat("lorem ipsum dolor sit amet, ", 730)
+	b, _ := json.Marshal(map[string]any{
+		"model": "m", "max_tokens": 64, "stream": true, "stream_options": map[string]any{"include_usage": true},
+		"messages": []map[string]any{{"role": "system", "content": "You are helpful."}, {"role": "user", "content": words}},
+	})
+	return b
+}
+
+// BenchmarkParseChat parses a 20 KB chat request; the baseline is
+// encoding/json into a struct with the same fields, as the engine parsed
+// requests before.
+func BenchmarkParseChat(b *testing.B) {
+	body := chatBody()
+	b.Run("openai.ParseChat", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if _, err := ParseChat(body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("baseline-json.Unmarshal", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			var r struct {
+				Model         string `json:"model"`
+				MaxTokens     *int   `json:"max_tokens"`
+				Stream        bool   `json:"stream"`
+				StreamOptions *struct {
+					IncludeUsage bool `json:"include_usage"`
+				} `json:"stream_options"`
+				Messages []struct {
+					Role    string          `json:"role"`
+					Content json.RawMessage `json:"content"`
+				} `json:"messages"`
+			}
+			if err := json.Unmarshal(body, &r); err != nil {
+				b.Fatal(err)
+			}
+			for _, m := range r.Messages {
+				var s string
+				json.Unmarshal(m.Content, &s)
+			}
+		}
+	})
+	b.Run("PrefillBody", func(b *testing.B) {
+		r, _ := ParseChat(body)
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			r.PrefillBody()
+		}
+	})
+}
