@@ -12,6 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
@@ -49,9 +50,12 @@ type Config struct {
 	// mode).
 	BindEvents string `yaml:"bind_events"`
 
-	MaxBodyBytes    int64         `yaml:"max_body_bytes"`
-	UpstreamTimeout time.Duration `yaml:"upstream_timeout"` // whole request; 0: none
-	ConnectTimeout  time.Duration `yaml:"connect_timeout"`
+	// HTTP protects the client-facing server: timeouts, connection
+	// limit, body cap (HTTP.MaxBodyBytes, default 32 MiB) and how many
+	// large bodies are processed at once.
+	HTTP            httpserve.Config `yaml:"http"`
+	UpstreamTimeout time.Duration    `yaml:"upstream_timeout"` // whole request; 0: none
+	ConnectTimeout  time.Duration    `yaml:"connect_timeout"`
 	// MaxInflight bounds requests being proxied at once; beyond it the
 	// gateway answers 429 at once.
 	MaxInflight int `yaml:"max_inflight"`
@@ -82,6 +86,9 @@ const (
 	maxInflightCap   = 1 << 20
 	maxLocalPrefill  = 1 << 24
 	defaultBodyBytes = 32 << 20
+	// A gateway holds one connection per stream: more than an engine's
+	// admin API.
+	defaultMaxConns = 8192
 )
 
 // Defaults fills unset fields.
@@ -108,9 +115,13 @@ func (c *Config) Defaults() {
 	if c.PrefillSpeed == 0 {
 		c.PrefillSpeed = 20000
 	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = defaultBodyBytes
+	if c.HTTP.MaxBodyBytes == 0 {
+		c.HTTP.MaxBodyBytes = defaultBodyBytes
 	}
+	if c.HTTP.MaxConns == 0 {
+		c.HTTP.MaxConns = defaultMaxConns
+	}
+	c.HTTP = c.HTTP.WithDefaults()
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 2 * time.Second
 	}
@@ -157,8 +168,11 @@ func (c *Config) Validate() error {
 	if c.BlockSize < 1 || c.BlockSize > maxBlockSize {
 		add(fmt.Errorf("block_size must be in [1, %d], got %d", maxBlockSize, c.BlockSize))
 	}
-	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > maxBodyCap {
-		add(fmt.Errorf("max_body_bytes must be in [1024, %d], got %d", maxBodyCap, c.MaxBodyBytes))
+	if c.HTTP.MaxBodyBytes < 1024 || c.HTTP.MaxBodyBytes > maxBodyCap {
+		add(fmt.Errorf("http.max_body_bytes (--max-body-bytes) must be in [1024, %d], got %d", maxBodyCap, c.HTTP.MaxBodyBytes))
+	}
+	if err := c.HTTP.Validate(); err != nil {
+		add(fmt.Errorf("http: %w", err))
 	}
 	if c.MaxInflight < 1 || c.MaxInflight > maxInflightCap {
 		add(fmt.Errorf("max_inflight must be in [1, %d], got %d", maxInflightCap, c.MaxInflight))

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/load"
@@ -76,6 +77,7 @@ type Gateway struct {
 	client *http.Client
 	met    *metrics
 	shed   shedder
+	bodies *httpserve.BodyLimiter
 
 	mu      sync.RWMutex
 	members map[string]*member
@@ -146,6 +148,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.client.Transport = newTransport(cfg.ConnectTimeout)
 	}
 	g.met = newMetrics(g)
+	g.bodies = cfg.HTTP.BodyLimiter(defaultBodyBytes)
 	var evs []kvevents.EngineConfig
 	for _, e := range cfg.Endpoints {
 		if e.Events != "" {

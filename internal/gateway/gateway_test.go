@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/httpserve"
 )
 
 const testModel = "gw-model"
@@ -254,7 +255,7 @@ func (c *capture) server(t *testing.T) *httptest.Server {
 func TestClientInputIsCheckedAndSanitised(t *testing.T) {
 	c := &capture{}
 	up := c.server(t)
-	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel}}, MaxBodyBytes: 4096}
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel}}, HTTP: httpserve.Config{MaxBodyBytes: 4096}}
 	_, url, _ := startGateway(t, cfg, Options{})
 	body := `{"model":"` + testModel + `","prompt":"hi","max_tokens":2,"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.9.9.9","remote_port":1,"remote_engine_id":"x","remote_block_ids":[1]}}`
 	r := post(t, url+"/v1/completions", body, map[string]string{"X-Kvgate-Prefill-Endpoint": "evil", "X-Prefiller-Host-Port": "10.9.9.9:1"})

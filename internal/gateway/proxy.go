@@ -64,9 +64,10 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	defer g.inflight.Add(-1)
-	rt, err := g.parse(w, r, chat)
+	rt, release, err := g.parse(w, r, chat)
 	if err == nil {
 		err = g.prepare(r.Context(), rt)
+		release()
 	}
 	if err != nil {
 		g.met.outcome("bad_request", "", g.policy)

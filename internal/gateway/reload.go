@@ -41,7 +41,7 @@ func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 	}{
 		{"listen", cur.Listen, next.Listen}, {"admin", cur.Admin, next.Admin}, {"policy", cur.Policy, next.Policy},
 		{"block_size", cur.BlockSize, next.BlockSize}, {"tokenizers", cur.Tokenizers, next.Tokenizers},
-		{"bind_events", cur.BindEvents, next.BindEvents}, {"max_body_bytes", cur.MaxBodyBytes, next.MaxBodyBytes},
+		{"bind_events", cur.BindEvents, next.BindEvents}, {"http", cur.HTTP, next.HTTP},
 		{"max_inflight", cur.MaxInflight, next.MaxInflight}, {"prefill_speed", cur.PrefillSpeed, next.PrefillSpeed},
 	} {
 		if !reflect.DeepEqual(f.a, f.b) {

@@ -47,15 +47,27 @@ type plan struct {
 	reason  string
 }
 
-// parse reads and parses a completion or chat request.
-func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, chat bool) (*routed, error) {
+// parse reads and parses a completion or chat request. The body is
+// read under the body limiter (httpserve); release frees its slot once the
+// request has been turned into block keys.
+func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, chat bool) (rt *routed, release func(), err error) {
 	if r.Method != http.MethodPost {
-		return nil, openai.Errorf(http.StatusMethodNotAllowed, "use POST")
+		return nil, nil, openai.Errorf(http.StatusMethodNotAllowed, "use POST")
 	}
-	body, err := readBody(w, r, g.cfg.MaxBodyBytes)
+	body, release, err := g.bodies.Read(w, r)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	rt, err = g.parseBody(r, body, chat)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return rt, release, nil
+}
+
+func (g *Gateway) parseBody(r *http.Request, body []byte, chat bool) (*routed, error) {
+	var err error
 	var req *openai.Request
 	if chat {
 		req, err = openai.ParseChat(body)

@@ -1,30 +1,6 @@
 package gateway
 
-import (
-	"errors"
-	"io"
-	"net/http"
-	"sync"
-
-	"github.com/kvgate/kvgate/internal/openai"
-)
-
-// readBody reads the request body up to limit bytes; a larger body is a
-// 413.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	if r.ContentLength > limit {
-		return nil, openai.TooLarge(limit)
-	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	var mb *http.MaxBytesError
-	if errors.As(err, &mb) {
-		return nil, openai.TooLarge(limit)
-	}
-	if err != nil {
-		return nil, openai.BadRequest("reading the request body: %v", err)
-	}
-	return b, nil
-}
+import "sync"
 
 // observed is what the gateway measured of an endpoint: an exponentially
 // weighted mean of the time per output token of its streams.

@@ -12,36 +12,36 @@ import (
 type Config struct {
 	// ReadHeaderTimeout bounds reading a request's headers, and how long a
 	// new connection may stay silent.
-	ReadHeaderTimeout time.Duration
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	// ReadTimeout bounds reading a request's body, from the handler's
 	// start; a slower body is cut. Once the body is read the deadline is
 	// lifted, so long responses (SSE) are not affected.
-	ReadTimeout time.Duration
+	ReadTimeout time.Duration `yaml:"read_timeout"`
 	// WriteTimeout bounds each write of a response: a client that stops
 	// reading for this long is cut. It is renewed on every write, so a
 	// stream may last as long as it keeps moving.
-	WriteTimeout time.Duration
+	WriteTimeout time.Duration `yaml:"write_timeout"`
 	// IdleTimeout closes keep-alive connections idle this long.
-	IdleTimeout time.Duration
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// MaxHeaderBytes bounds request headers.
-	MaxHeaderBytes int
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// MaxConns bounds open connections. Beyond it new connections wait in
 	// the kernel's accept queue (no file descriptor is used) while idle
 	// keep-alive and silent connections are closed to make room.
-	MaxConns int
+	MaxConns int `yaml:"max_conns"`
 	// MaxBodyBytes bounds request bodies: larger ones get 413. Zero means
 	// the server's own default (the engine derives one from its model
 	// length).
-	MaxBodyBytes int64
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// LargeBodyBytes: a body above it takes one of MaxLargeBodies slots
 	// while it is read and processed; small bodies need none.
-	LargeBodyBytes int64
+	LargeBodyBytes int64 `yaml:"large_body_bytes"`
 	// MaxLargeBodies bounds large bodies processed at once, so they hold
 	// at most MaxLargeBodies × MaxBodyBytes of memory.
-	MaxLargeBodies int
+	MaxLargeBodies int `yaml:"max_large_bodies"`
 	// LargeBodyWait is how long a large body waits for a slot before the
 	// request gets 503 with Retry-After.
-	LargeBodyWait time.Duration
+	LargeBodyWait time.Duration `yaml:"large_body_wait"`
 }
 
 // Defaults are the settings every kvgate HTTP server starts from.
