@@ -268,7 +268,7 @@ func TestGeneratorRanges(t *testing.T) {
 		{func(c *ShapeConfig) { c.OSL = -1 }, "osl"},
 		{func(c *ShapeConfig) { c.Hit = 1 }, "hit must be in [0, 0.999]"},
 		{func(c *ShapeConfig) { c.Prefixes = 1 << 20 }, "prefixes"},
-		{func(c *ShapeConfig) { c.Rate, c.Duration, c.ISL, c.BlockSize = 1e4, 1000, 1 << 20, 16 }, "prompt blocks to hold"},
+		{func(c *ShapeConfig) { c.Rate, c.Duration, c.ISL, c.BlockSize = 1e4, 1000, 1<<20, 16 }, "prompt blocks to hold"},
 	}
 	for _, tt := range shape {
 		for _, gen := range []func(ShapeConfig) (*Trace, error){Docs, AgentSteps} {
@@ -309,4 +309,3 @@ func TestChatKeyArrays(t *testing.T) {
 		t.Errorf("%d requests hold %d keys in %d arrays for a final prompt of %d blocks", len(tr.Requests), total, len(arrays), final)
 	}
 }
-
