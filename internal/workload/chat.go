@@ -47,7 +47,7 @@ func (c ChatConfig) Validate() error {
 	); err != nil {
 		return fmt.Errorf("chat workload: %w", err)
 	}
-	req := ExpectedRequests(c.Rate, c.Duration)
+	req := expectedRequests(c.Rate, c.Duration)
 	bs := float64(c.BlockSize)
 	// Each system prompt's keys, a copy of them in each conversation that
 	// gets a turn, and every turn's new blocks.

@@ -45,7 +45,7 @@ func (c ShapeConfig) Validate(name string) error {
 	); err != nil {
 		return fmt.Errorf("%s workload: %w", name, err)
 	}
-	req := ExpectedRequests(c.Rate, c.Duration)
+	req := expectedRequests(c.Rate, c.Duration)
 	perReq := float64(c.ISL) / float64(c.BlockSize)
 	// Long documents: the shared prefixes and each request's own blocks.
 	// Agents: each session's context (allocated for 2×ISL) and the new

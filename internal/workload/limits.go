@@ -68,9 +68,9 @@ func ParamLimits() Limits {
 	}
 }
 
-// ExpectedRequests is the mean number of requests of a Poisson stream of
+// expectedRequests is the mean number of requests of a Poisson stream of
 // rate for duration seconds.
-func ExpectedRequests(rate, duration float64) float64 { return rate * duration }
+func expectedRequests(rate, duration float64) float64 { return rate * duration }
 
 // checkBudget reports a workload whose expected size exceeds the caps.
 func checkBudget(name string, requests, keys, tokens float64) error {
