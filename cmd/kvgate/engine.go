@@ -10,55 +10,76 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
+	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/httpserve"
+	"github.com/kvgate/kvgate/internal/perfmodel"
 )
+
+// engineFlags are the kvgate engine flags that are not Config fields.
+type engineFlags struct {
+	role, format, logLevel string
+}
+
+// newEngineFlagSet registers the engine flags on cfg (defaults from its
+// current values); every numeric flag has the range engine.Config.Validate
+// enforces.
+func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Flags) {
+	fs := flag.NewFlagSet("engine", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fl := flagrange.New(fs)
+	lim, pm := engine.ConfigLimits(), perfmodel.ModelLimits()
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "served model name")
+	fs.StringVar(&cfg.Host, "host", cfg.Host, "HTTP listen host")
+	flagrange.Var(fl, &cfg.Port, "port", lim.Port, "HTTP listen port (0 = any free port)")
+	fs.StringVar(&ef.role, "role", string(cfg.Role), "role: both, prefill or decode")
+	flagrange.Var(fl, &cfg.Perf.PrefillTokensPerSec, "prefill-speed", pm.PrefillTokensPerSec, "prefill throughput, uncached prompt tokens per second")
+	flagrange.Var(fl, &cfg.Perf.DecodeStepBase, "decode-step-base", pm.DecodeStepBase, "fixed cost of one decode step, seconds")
+	flagrange.Var(fl, &cfg.Perf.DecodeStepPerSeq, "decode-step-per-seq", pm.DecodeStepPerSeq, "decode step cost per running sequence, seconds")
+	flagrange.Var(fl, &cfg.Perf.DecodeStepPerKContext, "decode-step-per-kctx", pm.DecodeStepPerKContext, "decode step cost per 1000 context tokens in the batch, seconds")
+	flagrange.Var(fl, &cfg.Perf.KVTransferTokensPerSec, "kv-transfer-speed", pm.KVTransferTokensPerSec, "KV transfer rate from a prefill engine, tokens per second")
+	flagrange.Var(fl, &cfg.MaxNumBatchedTokens, "max-num-batched-tokens", lim.MaxNumBatchedTokens, "token budget of one step (chunked prefill)")
+	flagrange.Var(fl, &cfg.MaxNumSeqs, "max-num-seqs", lim.MaxNumSeqs, "maximum running sequences")
+	flagrange.Var(fl, &cfg.NumGPUBlocks, "num-gpu-blocks", lim.NumGPUBlocks, "KV cache capacity in blocks")
+	flagrange.Var(fl, &cfg.BlockSize, "block-size", lim.BlockSize, "tokens per KV block")
+	flagrange.Var(fl, &cfg.MaxModelLen, "max-model-len", lim.MaxModelLen, "maximum prompt + output tokens of a request")
+	flagrange.Var(fl, &cfg.StreamInterval, "stream-interval", lim.StreamInterval, "stream output in chunks of this many tokens (vLLM's --stream-interval)")
+	flagrange.Var(fl, &cfg.TimeScale, "time-scale", lim.TimeScale, "run this many times faster than real time (modelled durations are divided by it)")
+	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "bind a ZMQ PUB socket for KV events here, e.g. tcp://*:5557")
+	fs.StringVar(&cfg.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER replay socket here, e.g. tcp://*:5558")
+	fs.StringVar(&cfg.KVEventsTopic, "kv-events-topic", "", "KV events topic (default kv@<host:port>@<model>)")
+	fs.StringVar(&ef.format, "kv-events-format", cfg.KVEventsFormat.String(), "KV event encoding: array (vLLM <= 0.23) or map (newer vLLM)")
+	flagrange.Var(fl, &cfg.KVEventsBufferSteps, "kv-events-buffer-steps", lim.KVEventsBufferSteps, "event batches kept for replay")
+	flagrange.Var(fl, &cfg.RoleSwitchWarmup, "role-switch-warmup", lim.RoleSwitchWarmup, "warm-up after draining on a role switch (modelled time)")
+	flagrange.Var(fl, &cfg.KVHoldTimeout, "kv-hold-timeout", lim.KVHoldTimeout, "how long a prefill engine keeps KV for a remote decode (modelled time)")
+	fs.StringVar(&cfg.EngineID, "engine-id", "", "engine id in kv_transfer_params (default from the address)")
+	fs.StringVar(&ef.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	httpserve.AddFlags(fl, &cfg.HTTP) // --max-body-bytes 0: derived from --max-model-len
+	return fs, fl
+}
 
 // runEngine runs one emulated vLLM engine until ctx ends.
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := engine.DefaultConfig()
-	fs := flag.NewFlagSet("engine", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Model, "model", cfg.Model, "served model name")
-	fs.StringVar(&cfg.Host, "host", cfg.Host, "HTTP listen host")
-	fs.IntVar(&cfg.Port, "port", cfg.Port, "HTTP listen port (0 = any free port)")
-	role := fs.String("role", string(cfg.Role), "role: both, prefill or decode")
-	fs.Float64Var(&cfg.Perf.PrefillTokensPerSec, "prefill-speed", cfg.Perf.PrefillTokensPerSec, "prefill throughput, uncached prompt tokens per second")
-	fs.Float64Var(&cfg.Perf.DecodeStepBase, "decode-step-base", cfg.Perf.DecodeStepBase, "fixed cost of one decode step, seconds")
-	fs.Float64Var(&cfg.Perf.DecodeStepPerSeq, "decode-step-per-seq", cfg.Perf.DecodeStepPerSeq, "decode step cost per running sequence, seconds")
-	fs.Float64Var(&cfg.Perf.DecodeStepPerKContext, "decode-step-per-kctx", cfg.Perf.DecodeStepPerKContext, "decode step cost per 1000 context tokens in the batch, seconds")
-	fs.Float64Var(&cfg.Perf.KVTransferTokensPerSec, "kv-transfer-speed", cfg.Perf.KVTransferTokensPerSec, "KV transfer rate from a prefill engine, tokens per second (0 = free)")
-	fs.IntVar(&cfg.MaxNumBatchedTokens, "max-num-batched-tokens", cfg.MaxNumBatchedTokens, "token budget of one step (chunked prefill)")
-	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", cfg.MaxNumSeqs, "maximum running sequences")
-	fs.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", cfg.NumGPUBlocks, "KV cache capacity in blocks")
-	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
-	fs.IntVar(&cfg.MaxModelLen, "max-model-len", cfg.MaxModelLen, "maximum prompt + output tokens of a request")
-	fs.IntVar(&cfg.StreamInterval, "stream-interval", cfg.StreamInterval, "stream output in chunks of this many tokens (vLLM's --stream-interval)")
-	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "run this many times faster than real time (modelled durations are divided by it)")
-	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "bind a ZMQ PUB socket for KV events here, e.g. tcp://*:5557")
-	fs.StringVar(&cfg.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER replay socket here, e.g. tcp://*:5558")
-	fs.StringVar(&cfg.KVEventsTopic, "kv-events-topic", "", "KV events topic (default kv@<host:port>@<model>)")
-	format := fs.String("kv-events-format", cfg.KVEventsFormat.String(), "KV event encoding: array (vLLM <= 0.23) or map (newer vLLM)")
-	fs.IntVar(&cfg.KVEventsBufferSteps, "kv-events-buffer-steps", cfg.KVEventsBufferSteps, "event batches kept for replay")
-	fs.DurationVar(&cfg.RoleSwitchWarmup, "role-switch-warmup", cfg.RoleSwitchWarmup, "warm-up after draining on a role switch (modelled time)")
-	fs.DurationVar(&cfg.KVHoldTimeout, "kv-hold-timeout", cfg.KVHoldTimeout, "how long a prefill engine keeps KV for a remote decode (modelled time)")
-	fs.StringVar(&cfg.EngineID, "engine-id", "", "engine id in kv_transfer_params (default from the address)")
-	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	httpserve.AddFlags(fs, &cfg.HTTP) // --max-body-bytes 0: derived from --max-model-len
+	var ef engineFlags
+	fs, fl := newEngineFlagSet(&cfg, &ef, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	var err error
-	if cfg.Role, err = engine.ParseRole(*role); err != nil {
+	if err := fl.Check(); err != nil {
 		return err
 	}
-	if cfg.KVEventsFormat, err = kvpub.ParseFormat(*format); err != nil {
+	var err error
+	if cfg.Role, err = engine.ParseRole(ef.role); err != nil {
+		return err
+	}
+	if cfg.KVEventsFormat, err = kvpub.ParseFormat(ef.format); err != nil {
 		return err
 	}
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+	if err := level.UnmarshalText([]byte(ef.logLevel)); err != nil {
 		return fmt.Errorf("log level: %w", err)
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))

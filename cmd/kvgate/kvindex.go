@@ -15,6 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
@@ -88,6 +89,21 @@ func zmqEndpoint(s string) string {
 	return "tcp://" + s
 }
 
+// kvindexLimits are the ranges of kvgate kvindex's numeric flags.
+type kvindexLimits struct {
+	blockSize, maxKeys       flagrange.Range[int]
+	approxTTL, replayTimeout flagrange.Range[time.Duration]
+}
+
+func kvindexRanges() kvindexLimits {
+	return kvindexLimits{
+		blockSize:     flagrange.Range[int]{Min: 1, Max: 4096, Unit: "tokens"},
+		maxKeys:       flagrange.Range[int]{Min: 1024, Max: 1 << 26, Unit: "keys"},
+		approxTTL:     flagrange.Range[time.Duration]{Min: time.Second, Max: 24 * time.Hour},
+		replayTimeout: flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 10 * time.Minute},
+	}
+}
+
 func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("kvindex", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -96,15 +112,21 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	enginesPath := fs.String("engines", "", "YAML file listing engines (engines: [{name, model, events, replay}])")
 	bindEvents := fs.String("bind-events", "", "central mode: bind a SUB here (e.g. tcp://0.0.0.0:5557) that engines dial; engines are named by topic kv@HOST:PORT@MODEL")
 	admin := fs.String("admin", "127.0.0.1:8090", "admin HTTP address")
-	blockSize := fs.Int("block-size", 16, "router block size in tokens")
+	fl := flagrange.New(fs)
+	lim := kvindexRanges()
+	blockSize, approxTTL, maxKeys, replayTimeout := new(int), new(time.Duration), new(int), new(time.Duration)
+	*blockSize, *approxTTL, *maxKeys, *replayTimeout = 16, 2*time.Minute, 4<<20, 2*time.Second
+	flagrange.Var(fl, blockSize, "block-size", lim.blockSize, "router block size in tokens")
 	fs.Var(&tokFlags, "tokenizer", "tokenizer spec: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=chatml|llama3|plain][,bytes_per_token=N][,exact_chat=true] (repeatable; without model= it is the default)")
-	approxTTL := fs.Duration("approx-ttl", 2*time.Minute, "lifetime of approximate (routed) entries")
-	maxKeys := fs.Int("max-keys", 4<<20, "bound on keys per index table (model × group × 64 endpoints × tier)")
-	replayTimeout := fs.Duration("replay-timeout", 2*time.Second, "wait for each replay reply")
+	flagrange.Var(fl, approxTTL, "approx-ttl", lim.approxTTL, "lifetime of approximate (routed) entries")
+	flagrange.Var(fl, maxKeys, "max-keys", lim.maxKeys, "bound on keys per index table (model × group × 64 endpoints × tier)")
+	flagrange.Var(fl, replayTimeout, "replay-timeout", lim.replayTimeout, "wait for each replay reply")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	httpCfg := httpserve.Config{MaxBodyBytes: kvindex.DefaultMaxBodyBytes}
-	httpserve.AddFlags(fs, &httpCfg)
-	maxRouted := fs.Int("max-routed-endpoints", kvindex.DefaultMaxRoutedEndpoints, "most endpoints registered for POST /admin/kv/routed to add one")
+	httpserve.AddFlags(fl, &httpCfg)
+	maxRouted := new(int)
+	*maxRouted = kvindex.DefaultMaxRoutedEndpoints
+	flagrange.Var(fl, maxRouted, "max-routed-endpoints", flagrange.Range[int]{Min: 0, Max: kvindex.MaxEndpoints, Unit: "endpoints"}, "most endpoints registered for POST /admin/kv/routed to add one")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate kvindex [flags]\n\nRuns the KV-event subscriber, the global prefix index and its admin API\n(POST /admin/kv/lookup, POST /admin/kv/routed, GET /admin/kv/stats).\n\nFlags:")
 		fs.PrintDefaults()
@@ -115,8 +137,8 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if *blockSize <= 0 {
-		return fmt.Errorf("--block-size must be > 0")
+	if err := fl.Check(); err != nil {
+		return err
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {

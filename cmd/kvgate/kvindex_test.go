@@ -140,7 +140,7 @@ func TestKVIndexBadFlags(t *testing.T) {
 		want string
 	}{
 		{nil, "nothing to subscribe to"},
-		{[]string{"--engine", eng, "--block-size", "0"}, "--block-size must be > 0"},
+		{[]string{"--engine", eng, "--block-size", "0"}, "--block-size must be in [1, 4096] tokens, got 0"},
 		{[]string{"--engine", eng, "--block-size", "x"}, "invalid value"},
 		{[]string{"--engine", eng, "--log-level", "loud"}, "--log-level"},
 		{[]string{"--engine", eng, "--approx-ttl", "soon"}, "invalid value"},

@@ -11,12 +11,16 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/kvgate/kvgate/internal/tokens"
 )
 
 // serveFlags are kvgate serve's flags; any flag given on the command line
@@ -38,18 +42,24 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.Admin, "admin", "127.0.0.1:8090", "admin API and /metrics address (keep it private)")
 	fs.Var(&f.engines, "engine", "an engine: name=N,url=http://HOST:PORT,model=M,role=both|prefill|decode[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT][,prefill_speed=TOK_PER_S] (repeatable)")
 	fs.Var(&f.toks, "tokenizer", "tokenizer spec as for kvgate kvindex: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=T][,exact_chat=true] (repeatable)")
-	fs.StringVar(&c.Policy, "policy", "kvgate", "routing policy: "+joinNames())
-	fs.Float64Var(&c.SLOTTFT, "slo-ttft", 2, "TTFT SLO of the default class, seconds [0, 3600]")
-	fs.Float64Var(&c.SLOTPOT, "slo-tpot", 0, "TPOT SLO of the default class, seconds [0, 3600] (0: none)")
+	fs.StringVar(&c.Policy, "policy", "kvgate", "routing policy: "+strings.Join(sched.Names(), ", "))
 	fs.BoolVar(&early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
 	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
-	fs.IntVar(&c.BlockSize, "block-size", 16, "router block size in tokens [1, 4096]")
-	fs.Float64Var(&c.PrefillSpeed, "prefill-speed", 20000, "prompt tokens/s assumed for endpoints without prefill_speed")
-	fs.IntVar(&c.LocalPrefillTokens, "local-prefill-tokens", 0, "P/D: serve on the decode endpoint alone when at most this many prompt tokens are uncached there (0: always disaggregate)")
-	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body; larger gets 413 [1024, 1 GiB]")
-	fs.IntVar(&c.MaxInflight, "max-inflight", 10000, "requests proxied at once; more get 429 [1, 1048576]")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.LogPrompts, "log-prompts", false, "log request bodies at debug level (prompts are not logged by default)")
+	fl := flagrange.New(fs)
+	lim := gateway.ConfigLimits()
+	c.SLOTTFT, c.BlockSize, c.PrefillSpeed, c.MaxInflight, c.ConnectTimeout = 2, tokens.DefaultBlockSize, 20000, 10000, 2*time.Second
+	flagrange.Var(fl, &c.SLOTTFT, "slo-ttft", lim.SLO, "TTFT SLO of the default class")
+	flagrange.Var(fl, &c.SLOTPOT, "slo-tpot", lim.SLO, "TPOT SLO of the default class")
+	flagrange.Var(fl, &c.BlockSize, "block-size", lim.BlockSize, "router block size")
+	flagrange.Var(fl, &c.PrefillSpeed, "prefill-speed", lim.PrefillSpeed, "prompt tokens/s assumed for endpoints without prefill_speed")
+	flagrange.Var(fl, &c.LocalPrefillTokens, "local-prefill-tokens", lim.LocalPrefillTokens, "P/D: serve on the decode endpoint alone when at most this many prompt tokens are uncached there")
+	flagrange.Var(fl, &c.MaxInflight, "max-inflight", lim.MaxInflight, "requests proxied at once; more get 429")
+	flagrange.Var(fl, &c.UpstreamTimeout, "upstream-timeout", lim.UpstreamTimeout, "bound on a whole proxied request")
+	flagrange.Var(fl, &c.ConnectTimeout, "connect-timeout", lim.ConnectTimeout, "bound on connecting to an engine")
+	c.HTTP.MaxBodyBytes, c.HTTP.MaxConns = 32<<20, 8192
+	httpserve.AddFlags(fl, &c.HTTP)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate serve [flags]\n\nRuns the gateway: an OpenAI-compatible proxy that routes each request to the\nprefill and decode engines predicted to serve it fastest, rejecting early what\ncannot meet its SLO. Endpoints come from --engine flags or --config.\n\nFlags:")
 		fs.PrintDefaults()
@@ -59,6 +69,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := fl.Check(); err != nil {
+		return err
 	}
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
@@ -79,17 +92,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return serveGateway(ctx, g, cfg, &f, c, stdout, log)
 }
 
-func joinNames() string {
-	s := ""
-	for i, n := range sched.Names() {
-		if i > 0 {
-			s += ", "
-		}
-		s += n
-	}
-	return s
-}
-
 // load builds the config: the file (if any), then the flags given.
 func (f *serveFlags) load(flags gateway.Config) (gateway.Config, error) {
 	var c gateway.Config
@@ -102,24 +104,24 @@ func (f *serveFlags) load(flags gateway.Config) (gateway.Config, error) {
 			return c, fmt.Errorf("--config %s: %w", f.config, err)
 		}
 	}
-	// 0 means "the default" in the file; given as a flag it is an error.
-	for _, z := range []struct {
-		name string
-		v    float64
-	}{{"block-size", float64(flags.BlockSize)}, {"prefill-speed", flags.PrefillSpeed},
-		{"max-body-bytes", float64(flags.MaxBodyBytes)}, {"max-inflight", float64(flags.MaxInflight)}, {"slo-ttft", flags.SLOTTFT}} {
-		if f.set[z.name] && !(z.v > 0) {
-			return c, fmt.Errorf("--%s must be > 0, got %v (see kvgate serve -h for its range)", z.name, z.v)
-		}
-	}
 	over := map[string]func(){
 		"listen": func() { c.Listen = flags.Listen }, "admin": func() { c.Admin = flags.Admin },
 		"policy": func() { c.Policy = flags.Policy }, "slo-ttft": func() { c.SLOTTFT = flags.SLOTTFT },
 		"slo-tpot": func() { c.SLOTPOT = flags.SLOTPOT }, "early-reject": func() { c.EarlyReject = flags.EarlyReject },
 		"bind-events": func() { c.BindEvents = flags.BindEvents }, "block-size": func() { c.BlockSize = flags.BlockSize },
 		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
-		"max-body-bytes": func() { c.MaxBodyBytes = flags.MaxBodyBytes }, "max-inflight": func() { c.MaxInflight = flags.MaxInflight },
-		"log-prompts": func() { c.LogPrompts = flags.LogPrompts },
+		"max-inflight": func() { c.MaxInflight = flags.MaxInflight }, "log-prompts": func() { c.LogPrompts = flags.LogPrompts },
+		"upstream-timeout": func() { c.UpstreamTimeout = flags.UpstreamTimeout }, "connect-timeout": func() { c.ConnectTimeout = flags.ConnectTimeout },
+	}
+	httpFlags := map[string]func(){
+		"max-body-bytes": func() { c.HTTP.MaxBodyBytes = flags.HTTP.MaxBodyBytes }, "http-max-conns": func() { c.HTTP.MaxConns = flags.HTTP.MaxConns },
+		"http-read-header-timeout": func() { c.HTTP.ReadHeaderTimeout = flags.HTTP.ReadHeaderTimeout }, "http-read-timeout": func() { c.HTTP.ReadTimeout = flags.HTTP.ReadTimeout },
+		"http-write-timeout": func() { c.HTTP.WriteTimeout = flags.HTTP.WriteTimeout }, "http-idle-timeout": func() { c.HTTP.IdleTimeout = flags.HTTP.IdleTimeout },
+		"http-max-header-bytes": func() { c.HTTP.MaxHeaderBytes = flags.HTTP.MaxHeaderBytes }, "http-large-body-bytes": func() { c.HTTP.LargeBodyBytes = flags.HTTP.LargeBodyBytes },
+		"http-max-large-bodies": func() { c.HTTP.MaxLargeBodies = flags.HTTP.MaxLargeBodies }, "http-large-body-wait": func() { c.HTTP.LargeBodyWait = flags.HTTP.LargeBodyWait },
+	}
+	for name, apply := range httpFlags {
+		over[name] = apply
 	}
 	for name, apply := range over {
 		if f.set[name] || f.config == "" {
@@ -156,8 +158,14 @@ func serveGateway(ctx context.Context, g *gateway.Gateway, cfg gateway.Config, f
 		ln.Close()
 		return fmt.Errorf("admin: %w", err)
 	}
-	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	adm := &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	srv, err := httpserve.New(cfg.HTTP, g.Handler())
+	if err != nil {
+		return err
+	}
+	adm, err := httpserve.New(httpserve.Config{}, g.AdminHandler())
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)

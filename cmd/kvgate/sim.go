@@ -13,6 +13,7 @@ import (
 	"sync"
 	"text/tabwriter"
 
+	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/sim"
@@ -27,53 +28,112 @@ type simFlags struct {
 	seed                                                                    uint64
 }
 
-func newSimFlagSet(f *simFlags, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("kvgate sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the seed chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection)")
-	fs.StringVar(&f.workloadName, "workload", "chat", "workload: chat, long-documents, agents (ignored with --trace)")
-	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-format JSON-lines trace (512-token hash blocks) instead of a generated workload")
-	fs.Float64Var(&f.timeScale, "time-scale", 1, "multiply trace arrival times by this (0.5 = twice the rate)")
-	fs.StringVar(&f.policies, "policies", "all", "comma-separated policies, or all: "+strings.Join(sched.Names(), ", "))
-	fs.StringVar(&f.earlyReject, "early-reject", "both", "early rejection: on, off or both")
-	fs.StringVar(&f.rates, "rates", "", "comma-separated arrival rates in req/s (default: 40,70 for chat, the phase's rate for long-documents and agents)")
-	fs.IntVar(&f.instances, "instances", 8, "prefill instances")
-	fs.IntVar(&f.decodeInstances, "decode-instances", 0, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the seed)")
-	fs.IntVar(&f.decodeKVTokens, "decode-kv-tokens", 1_000_000, "KV capacity of each decode instance in tokens")
-	fs.IntVar(&f.systems, "systems", 20, "chat: system prompts")
-	fs.IntVar(&f.sessions, "sessions", 400, "chat: conversations")
-	fs.IntVar(&f.systemTokens, "system-tokens", 2048, "chat: tokens per system prompt")
-	fs.IntVar(&f.turnTokens, "turn-tokens", 300, "chat: tokens appended per turn")
-	fs.IntVar(&f.outputTokens, "output-tokens", 500, "chat: output tokens per request")
-	fs.Float64Var(&f.duration, "duration", 120, "seconds of arrivals")
-	fs.Uint64Var(&f.seed, "seed", 0, "random seed (workload and policies)")
-	fs.IntVar(&f.seeds, "seeds", 1, "run generated workloads with seeds seed … seed+N-1 and report each (a trace is replayed once)")
-	fs.Float64Var(&f.sloTTFT, "slo-ttft", 2, "TTFT SLO in seconds")
-	fs.Float64Var(&f.sloTPOT, "slo-tpot", 0, "TPOT SLO in seconds (0: none; needs --decode-instances)")
-	fs.Float64Var(&f.prefillSpeed, "prefill-speed", 20000, "prompt tokens per second per prefill instance")
-	fs.IntVar(&f.blockSize, "block-size", 64, "block size in tokens (traces use their own 512-token blocks)")
-	fs.IntVar(&f.cacheBlocks, "cache-blocks", 3000, "prefix-cache capacity per instance, in blocks of --block-size")
-	fs.StringVar(&f.format, "format", "table", "output: table or json")
-	return fs
+// simLimits are the ranges of kvgate sim's own numeric flags; the workload
+// and timing-model flags take theirs from workload.ParamLimits and
+// perfmodel.ModelLimits.
+type simLimits struct {
+	instances, decodeInstances, decodeKVTokens, cacheBlocks, seeds flagrange.Range[int]
+	sloTTFT, sloTPOT                                               flagrange.Range[float64]
 }
 
+func simRanges() simLimits {
+	return simLimits{
+		instances:       flagrange.Range[int]{Min: 1, Max: 4096},
+		decodeInstances: flagrange.Range[int]{Min: 0, Max: 4096},
+		decodeKVTokens:  flagrange.Range[int]{Min: 1, Max: 1 << 34, Unit: "tokens"},
+		cacheBlocks:     flagrange.Range[int]{Min: 1, Max: maxCacheBlocks, Unit: "blocks"},
+		seeds:           flagrange.Range[int]{Min: 1, Max: 1000},
+		sloTTFT:         flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds", Zero: "none"},
+		sloTPOT:         flagrange.Range[float64]{Min: 0.0001, Max: 3600, Unit: "seconds", Zero: "none"},
+	}
+}
+
+const (
+	// maxCacheBlocks bounds the prefix-cache blocks of the whole simulated
+	// fleet (instances × blocks per instance): the simulator allocates
+	// every instance's cache up front, about 60 bytes a block.
+	maxCacheBlocks = 1 << 23
+	// maxRates bounds the --rates list.
+	maxRates = 64
+)
+
+func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Flags) {
+	fs := flag.NewFlagSet("kvgate sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fl := flagrange.New(fs)
+	wl, pm, sl := workload.ParamLimits(), perfmodel.ModelLimits(), simRanges()
+	*f = simFlags{workloadName: "chat", timeScale: 1, policies: "all", earlyReject: "both", instances: 8,
+		decodeKVTokens: 1_000_000, systems: 20, sessions: 400, systemTokens: 2048, turnTokens: 300, outputTokens: 500,
+		duration: 120, seeds: 1, sloTTFT: 2, prefillSpeed: 20000, blockSize: 64, cacheBlocks: 3000, format: "table"}
+	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the seed chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection)")
+	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents (ignored with --trace)")
+	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-format JSON-lines trace (512-token hash blocks) instead of a generated workload")
+	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
+	fs.StringVar(&f.policies, "policies", f.policies, "comma-separated policies, or all: "+strings.Join(sched.Names(), ", "))
+	fs.StringVar(&f.earlyReject, "early-reject", f.earlyReject, "early rejection: on, off or both")
+	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents)", wl.Rate, maxRates))
+	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
+	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the seed)")
+	flagrange.Var(fl, &f.decodeKVTokens, "decode-kv-tokens", sl.decodeKVTokens, "KV capacity of each decode instance in tokens")
+	flagrange.Var(fl, &f.systems, "systems", wl.Systems, "chat: system prompts")
+	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, "chat: conversations")
+	flagrange.Var(fl, &f.systemTokens, "system-tokens", wl.SystemTokens, "chat: tokens per system prompt")
+	flagrange.Var(fl, &f.turnTokens, "turn-tokens", wl.TurnTokens, "chat: tokens appended per turn")
+	flagrange.Var(fl, &f.outputTokens, "output-tokens", wl.OutputTokens, "chat: output tokens per request")
+	flagrange.Var(fl, &f.duration, "duration", wl.Duration, "seconds of arrivals")
+	fs.Uint64Var(&f.seed, "seed", 0, "random seed (workload and policies; any uint64)")
+	flagrange.Var(fl, &f.seeds, "seeds", sl.seeds, "run generated workloads with seeds seed … seed+N-1 and report each (a trace is replayed once)")
+	flagrange.Var(fl, &f.sloTTFT, "slo-ttft", sl.sloTTFT, "TTFT SLO in seconds")
+	flagrange.Var(fl, &f.sloTPOT, "slo-tpot", sl.sloTPOT, "TPOT SLO in seconds (needs --decode-instances)")
+	flagrange.Var(fl, &f.prefillSpeed, "prefill-speed", pm.PrefillTokensPerSec, "prompt tokens per second per prefill instance")
+	flagrange.Var(fl, &f.blockSize, "block-size", wl.BlockSize, "block size in tokens (traces use their own 512-token blocks)")
+	flagrange.Var(fl, &f.cacheBlocks, "cache-blocks", sl.cacheBlocks, fmt.Sprintf("prefix-cache capacity per instance, in blocks of --block-size; instances × cache blocks at most %d", maxCacheBlocks))
+	fs.StringVar(&f.format, "format", f.format, "output: table or json")
+	return fs, fl
+}
+
+// parseRates parses the --rates list; each rate must be in range.
 func parseRates(s string) ([]float64, error) {
 	var out []float64
+	r := workload.ParamLimits().Rate
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
 		if p == "" {
 			continue
 		}
 		v, err := strconv.ParseFloat(p, 64)
-		if err != nil || !(v > 0) {
-			return nil, fmt.Errorf("bad rate %q: want a positive number", p)
+		if err != nil {
+			return nil, fmt.Errorf("bad rate %q: want a number %s", p, r)
+		}
+		if err := r.Check("--rates", v); err != nil {
+			return nil, err
 		}
 		out = append(out, v)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("no rates given")
 	}
+	if len(out) > maxRates {
+		return nil, fmt.Errorf("--rates: %d rates, at most %d", len(out), maxRates)
+	}
 	return out, nil
+}
+
+// simCacheBlocks is each instance's cache capacity in the blocks the
+// simulator counts: blocks of --block-size, or of the trace's 512 tokens.
+// Capacity is set in tokens, so it stays the same whatever the block size;
+// a capacity of less than one block is an error rather than a cache that
+// holds nothing (see docs/sim.md, "Flag ranges").
+func simCacheBlocks(f *simFlags) (int, error) {
+	if f.trace == "" {
+		return f.cacheBlocks, nil
+	}
+	n := f.cacheBlocks * f.blockSize / workload.MooncakeBlockTokens
+	if n < 1 {
+		return 0, fmt.Errorf("--cache-blocks × --block-size = %d tokens holds no %d-token trace block: give at least %d tokens",
+			f.cacheBlocks*f.blockSize, workload.MooncakeBlockTokens, workload.MooncakeBlockTokens)
+	}
+	return n, nil
 }
 
 func parsePolicies(s string) ([]string, error) {
@@ -109,12 +169,15 @@ type simOutput struct {
 
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f simFlags
-	fs := newSimFlagSet(&f, stderr)
+	fs, fl := newSimFlagSet(&f, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := fl.Check(); err != nil {
+		return err
 	}
 	switch f.scenario {
 	case "", "seed-routing":
@@ -139,11 +202,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	default:
 		return fmt.Errorf("--early-reject must be on, off or both, got %q", f.earlyReject)
 	}
-	if f.seeds < 1 {
-		return fmt.Errorf("--seeds must be >= 1")
+	cacheBlocks, err := simCacheBlocks(&f)
+	if err != nil {
+		return err
 	}
-	if f.blockSize <= 0 || f.cacheBlocks < 0 {
-		return fmt.Errorf("--block-size must be > 0 and --cache-blocks >= 0")
+	if f.instances*cacheBlocks > maxCacheBlocks {
+		return fmt.Errorf("--instances × --cache-blocks = %d cache blocks in the fleet, more than %d (the simulator allocates them up front)",
+			f.instances*cacheBlocks, maxCacheBlocks)
 	}
 	model := perfmodel.Default()
 	model.PrefillTokensPerSec = f.prefillSpeed
@@ -151,19 +216,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		CacheTokens: f.cacheBlocks * f.blockSize, DecodeKVTokens: f.decodeKVTokens,
 		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}}
 
-	traces, err := buildTraces(&f)
+	specs, err := traceSpecs(&f)
 	if err != nil {
 		return err
 	}
-	var jobs []simJob
-	for _, tr := range traces {
-		for _, p := range policies {
-			for _, rj := range rejects {
-				jobs = append(jobs, simJob{trace: tr.trace, rate: tr.rate, seed: tr.seed, policy: p, reject: rj})
-			}
-		}
-	}
-	results, err := runJobs(ctx, cfg, jobs)
+	results, jobs, err := runJobs(ctx, cfg, specs, policies, rejects)
 	if err != nil {
 		return err
 	}
@@ -175,48 +232,52 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return printTable(stdout, results, f.seeds > 1, jobs)
 }
 
-type namedTrace struct {
-	trace *workload.Trace
-	rate  float64
+// traceSpec is one workload to simulate, built only when its turn comes so
+// that at most a few are in memory at once.
+type traceSpec struct {
 	seed  uint64
+	build func() (*workload.Trace, error)
+	// rate is the generator's rate; 0 for a trace, whose rate is measured.
+	rate float64
 }
 
-func buildTraces(f *simFlags) ([]namedTrace, error) {
-	var out []namedTrace
+// traceSpecs lists the workloads the flags ask for and checks each
+// generator's parameters and expected size before anything runs.
+func traceSpecs(f *simFlags) ([]traceSpec, error) {
+	if f.trace != "" {
+		path, scale := f.trace, f.timeScale
+		return []traceSpec{{seed: f.seed, build: func() (*workload.Trace, error) {
+			fh, err := os.Open(path)
+			if err != nil {
+				return nil, err
+			}
+			defer fh.Close()
+			return workload.ReadMooncake(fh, scale)
+		}}}, nil
+	}
+	var rates []float64
+	if f.rates != "" {
+		r, err := parseRates(f.rates)
+		if err != nil {
+			return nil, err
+		}
+		rates = r
+	}
+	var out []traceSpec
 	for s := 0; s < f.seeds; s++ {
 		seed := f.seed + uint64(s)
-		if f.trace != "" {
-			fh, err := os.Open(f.trace)
-			if err != nil {
-				return nil, err
-			}
-			tr, err := workload.ReadMooncake(fh, f.timeScale)
-			fh.Close()
-			if err != nil {
-				return nil, err
-			}
-			return []namedTrace{{trace: tr, rate: round(float64(len(tr.Requests))/tr.Duration, 2), seed: seed}}, nil
-		}
-		var rates []float64
-		if f.rates != "" {
-			r, err := parseRates(f.rates)
-			if err != nil {
-				return nil, err
-			}
-			rates = r
-		}
 		switch f.workloadName {
 		case "chat":
 			if rates == nil {
 				rates = []float64{40, 70}
 			}
 			for _, rate := range rates {
-				tr, err := workload.Chat(workload.ChatConfig{Systems: f.systems, Sessions: f.sessions, SystemTokens: f.systemTokens,
-					TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, BlockSize: f.blockSize, Seed: seed})
-				if err != nil {
-					return nil, err
+				c := workload.ChatConfig{Systems: f.systems, Sessions: f.sessions, SystemTokens: f.systemTokens,
+					TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, BlockSize: f.blockSize, Seed: seed}
+				if err := c.Validate(); err != nil {
+					return nil, fmt.Errorf("--rates %g, --duration %g: %w", rate, f.duration, err)
 				}
-				out = append(out, namedTrace{tr, rate, seed})
+				out = append(out, traceSpec{seed: seed, rate: rate, build: func() (*workload.Trace, error) { return workload.Chat(c) }})
 			}
 		case "long-documents", "agents":
 			c := workload.LongDocs()
@@ -229,12 +290,12 @@ func buildTraces(f *simFlags) ([]namedTrace, error) {
 				rates = []float64{c.Rate}
 			}
 			for _, rate := range rates {
+				c := c
 				c.Rate = rate
-				tr, err := gen(c)
-				if err != nil {
-					return nil, err
+				if err := c.Validate(f.workloadName); err != nil {
+					return nil, fmt.Errorf("--rates %g, --duration %g: %w", rate, f.duration, err)
 				}
-				out = append(out, namedTrace{tr, rate, seed})
+				out = append(out, traceSpec{seed: seed, rate: rate, build: func() (*workload.Trace, error) { return gen(c) }})
 			}
 		default:
 			return nil, fmt.Errorf("unknown workload %q (chat, long-documents, agents)", f.workloadName)
@@ -248,28 +309,33 @@ func round(v float64, digits int) float64 {
 	return p
 }
 
-// runJobs runs every job, in parallel over the machine's cores, and returns
-// results in job order.
-func runJobs(ctx context.Context, cfg sim.Config, jobs []simJob) ([]sim.Result, error) {
-	results := make([]sim.Result, len(jobs))
-	errs := make([]error, len(jobs))
-	next := make(chan int)
+// runJobs builds each workload in turn and runs every (policy, early
+// rejection) pair on it, in parallel over the machine's cores; a workload is
+// released once its runs are done. Results come back in job order, with the
+// jobs.
+func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []string, rejects []bool) ([]sim.Result, []simJob, error) {
+	perTrace := len(policies) * len(rejects)
+	results := make([]sim.Result, len(specs)*perTrace)
+	errs := make([]error, len(results))
+	jobs := make([]simJob, 0, len(results))
+	type indexed struct {
+		i int
+		j simJob
+	}
+	next := make(chan indexed)
 	var wg sync.WaitGroup
 	for w := 0; w < runtime.GOMAXPROCS(0); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range next {
-				j := jobs[i]
-				// Cache capacity is in tokens, so it stays the same
-				// whatever the trace's block size.
-				c := cfg
+			for x := range next {
+				i, j := x.i, x.j
 				pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1})
 				if err != nil {
 					errs[i] = err
 					continue
 				}
-				res, err := sim.Run(ctx, c, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
+				res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
 				if err != nil {
 					errs[i] = fmt.Errorf("%s: %w", j.policy, err)
 					continue
@@ -279,28 +345,46 @@ func runJobs(ctx context.Context, cfg sim.Config, jobs []simJob) ([]sim.Result, 
 			}
 		}()
 	}
-	for i := range jobs {
+	stop := func(err error) ([]sim.Result, []simJob, error) {
+		close(next)
+		wg.Wait()
+		return nil, nil, err
+	}
+	for _, sp := range specs {
 		if ctx.Err() != nil {
-			close(next)
-			wg.Wait()
-			return nil, ctx.Err()
+			return stop(ctx.Err())
 		}
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			close(next)
-			wg.Wait()
-			return nil, ctx.Err()
+		tr, err := sp.build()
+		if err != nil {
+			return stop(err)
+		}
+		rate := sp.rate
+		if rate == 0 {
+			rate = round(float64(len(tr.Requests))/tr.Duration, 2)
+		}
+		for _, p := range policies {
+			for _, rj := range rejects {
+				j := simJob{trace: tr, rate: rate, seed: sp.seed, policy: p, reject: rj}
+				select {
+				case next <- indexed{len(jobs), j}:
+					jobs = append(jobs, j)
+				case <-ctx.Done():
+					return stop(ctx.Err())
+				}
+			}
 		}
 	}
 	close(next)
 	wg.Wait()
 	for _, e := range errs {
 		if e != nil {
-			return nil, e
+			return nil, nil, e
 		}
 	}
-	return results, nil
+	for i := range jobs {
+		jobs[i].trace = nil // let the last workload go with the results kept
+	}
+	return results, jobs, nil
 }
 
 func roundResult(r sim.Result) sim.Result {

@@ -13,9 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
+	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 )
@@ -123,7 +125,44 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports unusable settings.
+// Limits are the ranges of a Config's numbers that Validate enforces; the
+// kvgate engine flags of the same names show and check the same ranges.
+// They keep an engine within bounded memory (the block pool is allocated
+// up front: NumGPUBlocks × 24 bytes) and every modelled duration, divided by
+// TimeScale, within what a time.Duration holds.
+type Limits struct {
+	Port                flagrange.Range[int]
+	MaxNumBatchedTokens flagrange.Range[int]
+	MaxNumSeqs          flagrange.Range[int]
+	NumGPUBlocks        flagrange.Range[int]
+	BlockSize           flagrange.Range[int]
+	MaxModelLen         flagrange.Range[int]
+	StreamInterval      flagrange.Range[int]
+	KVEventsBufferSteps flagrange.Range[int]
+	TimeScale           flagrange.Range[float64]
+	RoleSwitchWarmup    flagrange.Range[time.Duration]
+	KVHoldTimeout       flagrange.Range[time.Duration]
+}
+
+// ConfigLimits returns the ranges Validate enforces.
+func ConfigLimits() Limits {
+	return Limits{
+		Port:                flagrange.Range[int]{Min: 0, Max: 65535},
+		MaxNumBatchedTokens: flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens"},
+		MaxNumSeqs:          flagrange.Range[int]{Min: 1, Max: 1 << 16, Unit: "sequences"},
+		NumGPUBlocks:        flagrange.Range[int]{Min: 1, Max: 1 << 22, Unit: "blocks"},
+		BlockSize:           flagrange.Range[int]{Min: 1, Max: 4096, Unit: "tokens"},
+		MaxModelLen:         flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens"},
+		StreamInterval:      flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "tokens", Zero: "1"},
+		KVEventsBufferSteps: flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "steps", Zero: "default 10000"},
+		TimeScale:           flagrange.Range[float64]{Min: 1e-3, Max: 1e6},
+		RoleSwitchWarmup:    flagrange.Range[time.Duration]{Min: 0, Max: time.Hour},
+		KVHoldTimeout:       flagrange.Range[time.Duration]{Min: 0, Max: 24 * time.Hour},
+	}
+}
+
+// Validate reports unusable settings, numbers outside ConfigLimits and
+// perfmodel.ModelLimits included, named as the kvgate engine flags name them.
 func (c Config) Validate() error {
 	var errs []error
 	if c.Model == "" {
@@ -135,42 +174,39 @@ func (c Config) Validate() error {
 	if err := c.Perf.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("timing model: %w", err))
 	}
-	if c.MaxNumBatchedTokens <= 0 {
-		errs = append(errs, errors.New("max-num-batched-tokens must be > 0"))
-	}
-	if c.MaxNumSeqs <= 0 {
-		errs = append(errs, errors.New("max-num-seqs must be > 0"))
-	}
-	if c.NumGPUBlocks <= 0 {
-		errs = append(errs, errors.New("num-gpu-blocks must be > 0"))
-	}
-	if c.BlockSize <= 0 {
-		errs = append(errs, errors.New("block-size must be > 0"))
-	}
-	if c.MaxModelLen <= 0 {
-		errs = append(errs, errors.New("max-model-len must be > 0"))
-	}
-	if c.StreamInterval < 0 {
-		errs = append(errs, errors.New("stream-interval must be >= 1"))
-	}
-	if !(c.TimeScale > 0) {
-		errs = append(errs, errors.New("time-scale must be > 0"))
-	}
-	if c.Port < 0 || c.Port > 65535 {
-		errs = append(errs, fmt.Errorf("port %d out of range", c.Port))
-	}
+	l := ConfigLimits()
+	errs = append(errs,
+		l.Port.Check("port", c.Port),
+		l.MaxNumBatchedTokens.Check("max-num-batched-tokens", c.MaxNumBatchedTokens),
+		l.MaxNumSeqs.Check("max-num-seqs", c.MaxNumSeqs),
+		l.NumGPUBlocks.Check("num-gpu-blocks", c.NumGPUBlocks),
+		l.BlockSize.Check("block-size", c.BlockSize),
+		l.MaxModelLen.Check("max-model-len", c.MaxModelLen),
+		l.StreamInterval.Check("stream-interval", c.StreamInterval),
+		l.KVEventsBufferSteps.Check("kv-events-buffer-steps", c.KVEventsBufferSteps),
+		l.TimeScale.Check("time-scale", c.TimeScale),
+		l.RoleSwitchWarmup.Check("role-switch-warmup", c.RoleSwitchWarmup),
+		l.KVHoldTimeout.Check("kv-hold-timeout", c.KVHoldTimeout),
+	)
 	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
 		errs = append(errs, errors.New("kv-events-replay-endpoint needs kv-events-endpoint"))
-	}
-	if c.RoleSwitchWarmup < 0 || c.KVHoldTimeout < 0 {
-		errs = append(errs, errors.New("role-switch-warmup and kv-hold-timeout must be >= 0"))
 	}
 	return errors.Join(errs...)
 }
 
-// real converts modelled seconds to wall-clock time.
+// real converts modelled seconds to wall-clock time. Validate keeps the
+// result within a time.Duration for every modelled time a valid config
+// produces; anything beyond saturates rather than wrapping negative, and a
+// negative or NaN time is 0.
 func (c Config) real(modelled float64) time.Duration {
-	return time.Duration(modelled / c.TimeScale * float64(time.Second))
+	ns := modelled / c.TimeScale * float64(time.Second)
+	switch {
+	case !(ns > 0):
+		return 0
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
 }
 
 // modelled converts wall-clock time to modelled seconds.

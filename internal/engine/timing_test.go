@@ -30,10 +30,98 @@ func median(xs []float64) float64 {
 // over HTTP and checks that the TTFT and TPOT a streaming client measures
 // agree at median within 10% with the simulator's prediction for the same
 // arrival times (internal/sim.SimulateEngine, queueing included).
+//
+// The engine runs its modelled timeline on the wall clock: a step that wakes
+// up more than catchUpSlack late restarts the timeline from the late wake-up,
+// so on a machine busy with other work the engine really is slower than the
+// model (issue 14: 1 failure in 2 full runs on a 2-core machine; median TPOT
+// +50% to +800% under load). A probe goroutine therefore sleeps like the
+// scheduler does between decode steps and adds up the lateness that would
+// have shifted the engine's timeline. A run within 10% passes (lag only
+// makes the engine slower, never faster); a run off by more fails when the
+// probe lost under maxLagShare of the run, and otherwise is not judged and
+// is repeated, at most attempts times, then skipped with every measurement
+// logged. The bound and what is measured are as before.
 func TestTimingMatchesPerfModel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing test")
 	}
+	const (
+		attempts    = 4
+		maxLagShare = 0.02
+	)
+	for a := 1; a <= attempts; a++ {
+		r := measureTiming(t)
+		if t.Failed() {
+			return
+		}
+		share := r.lag.Seconds() / r.elapsed.Seconds()
+		lag := fmt.Sprintf("probe lag %v in %v (%.1f%%)", r.lag.Round(time.Millisecond), r.elapsed.Round(time.Millisecond), 100*share)
+		switch {
+		case r.within(0.10):
+			t.Logf("%s; %s", r, lag)
+			return
+		case share <= maxLagShare:
+			t.Errorf("timing disagrees with the perf model by more than 10%% (%s; %s)\nmeasured TTFT %.3f\npredicted TTFT %.3f\nmeasured TPOT %.4f\npredicted TPOT %.4f",
+				r, lag, r.ttfts, r.predTTFT, r.tpots, r.predTPOT)
+			return
+		}
+		t.Logf("attempt %d not judged: %s, more than %.0f%%: the machine, not the engine, set the pace; %s", a, lag, 100*maxLagShare, r)
+	}
+	t.Skipf("machine too busy to judge the engine's timing in %d attempts", attempts)
+}
+
+// timingRun is one measurement: medians measured by the client and
+// predicted by the simulator, in modelled seconds.
+type timingRun struct {
+	gotTTFT, wantTTFT, gotTPOT, wantTPOT float64
+	ttfts, predTTFT, tpots, predTPOT     []float64
+	idleTTFT, idleTPOT, scale            float64
+	// lag is what the probe's wake-ups were late beyond catchUpSlack, over
+	// elapsed wall-clock time.
+	lag, elapsed time.Duration
+}
+
+func (r timingRun) String() string {
+	return fmt.Sprintf("median TTFT %.4f s vs predicted %.4f s (%+.1f%%; idle-engine %.4f); median TPOT %.5f s vs predicted %.5f s (%+.1f%%; idle-engine %.5f); time scale %v",
+		r.gotTTFT, r.wantTTFT, 100*(r.gotTTFT-r.wantTTFT)/r.wantTTFT, r.idleTTFT, r.gotTPOT, r.wantTPOT, 100*(r.gotTPOT-r.wantTPOT)/r.wantTPOT, r.idleTPOT, r.scale)
+}
+
+// within reports whether both medians are within share of the prediction.
+func (r timingRun) within(share float64) bool {
+	return math.Abs(r.gotTTFT-r.wantTTFT) <= share*r.wantTTFT && math.Abs(r.gotTPOT-r.wantTPOT) <= share*r.wantTPOT
+}
+
+// probeLag sleeps for step at a time, as the engine's scheduler does between
+// decode steps, until stop is closed, and then sends the total lateness of
+// the wake-ups that were later than catchUpSlack: by how much the machine
+// would have shifted the engine's timeline.
+func probeLag(step time.Duration, stop <-chan struct{}) <-chan time.Duration {
+	out := make(chan time.Duration, 1)
+	go func() {
+		var lag time.Duration
+		tm := time.NewTimer(step)
+		defer tm.Stop()
+		due := time.Now().Add(step)
+		for {
+			select {
+			case <-stop:
+				out <- lag
+				return
+			case <-tm.C:
+				now := time.Now()
+				if late := now.Sub(due); late >= catchUpSlack {
+					lag += late
+				}
+				due = now.Add(step)
+				tm.Reset(step)
+			}
+		}
+	}()
+	return out
+}
+
+func measureTiming(t *testing.T) timingRun {
 	const (
 		promptLen = 8000 // 0.4 s of prefill: HTTP overhead stays small
 		outputLen = 33
@@ -46,6 +134,8 @@ func TestTimingMatchesPerfModel(t *testing.T) {
 	}
 	e := startEngine(t, func(c *Config) { c.TimeScale = scale; c.NumGPUBlocks = 8192 })
 	m := e.cfg.Perf
+	stop := make(chan struct{})
+	lagc := probeLag(e.cfg.real(m.DecodeStepTime(1, promptLen)), stop)
 
 	rng := rand.New(rand.NewPCG(42, 43))
 	bodies := make([][]byte, requests)
@@ -85,6 +175,9 @@ func TestTimingMatchesPerfModel(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	elapsed := time.Since(t0)
+	close(stop)
+	lag := <-lagc
 	offered := make([]sim.EngineRequest, requests)
 	for i, at := range arrivals {
 		offered[i] = sim.EngineRequest{Arrival: at, Uncached: promptLen, Context: promptLen, Output: outputLen}
@@ -97,14 +190,8 @@ func TestTimingMatchesPerfModel(t *testing.T) {
 	for i, l := range pred {
 		predTTFT[i], predTPOT[i] = l.TTFT, l.TPOT
 	}
-	gotTTFT, gotTPOT := median(ttfts), median(tpots)
-	wantTTFT, wantTPOT := median(predTTFT), median(predTPOT)
-	errTTFT := (gotTTFT - wantTTFT) / wantTTFT
-	errTPOT := (gotTPOT - wantTPOT) / wantTPOT
-	t.Logf("median TTFT %.4f s vs predicted %.4f s (%+.1f%%; idle-engine %.4f); median TPOT %.5f s vs predicted %.5f s (%+.1f%%; idle-engine %.5f); time scale %v",
-		gotTTFT, wantTTFT, 100*errTTFT, m.PrefillTime(promptLen), gotTPOT, wantTPOT, 100*errTPOT, m.DecodeStepTime(1, promptLen+outputLen/2), scale)
-	if math.Abs(errTTFT) > 0.10 || math.Abs(errTPOT) > 0.10 {
-		t.Errorf("timing disagrees with the perf model by more than 10%%\nmeasured TTFT %.3f\npredicted TTFT %.3f\nmeasured TPOT %.4f\npredicted TPOT %.4f",
-			ttfts, predTTFT, tpots, predTPOT)
-	}
+	return timingRun{gotTTFT: median(ttfts), wantTTFT: median(predTTFT), gotTPOT: median(tpots), wantTPOT: median(predTPOT),
+		ttfts: ttfts, predTTFT: predTTFT, tpots: tpots, predTPOT: predTPOT,
+		idleTTFT: m.PrefillTime(promptLen), idleTPOT: m.DecodeStepTime(1, promptLen+outputLen/2), scale: scale,
+		lag: lag, elapsed: elapsed}
 }

@@ -11,6 +11,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/sched"
@@ -78,13 +79,34 @@ type Class struct {
 	TPOT          float64 `yaml:"tpot"`
 }
 
-// Limits on configuration numbers.
+// Limits are the ranges of a Config's numbers; Validate enforces them and
+// kvgate serve registers its flags with them.
+type Limits struct {
+	SLO                flagrange.Range[float64]
+	PrefillSpeed       flagrange.Range[float64]
+	BlockSize          flagrange.Range[int]
+	MaxBodyBytes       flagrange.Range[int64]
+	MaxInflight        flagrange.Range[int]
+	LocalPrefillTokens flagrange.Range[int]
+	UpstreamTimeout    flagrange.Range[time.Duration]
+	ConnectTimeout     flagrange.Range[time.Duration]
+}
+
+// ConfigLimits returns the ranges Validate enforces.
+func ConfigLimits() Limits {
+	return Limits{
+		SLO:                flagrange.Range[float64]{Min: 0.001, Max: 3600, Unit: "seconds", Zero: "none"},
+		PrefillSpeed:       flagrange.Range[float64]{Min: 1, Max: fleet.MaxPrefillSpeed, Unit: "tokens/s"},
+		BlockSize:          flagrange.Range[int]{Min: 1, Max: 4096, Unit: "tokens"},
+		MaxBodyBytes:       flagrange.Range[int64]{Min: 1024, Max: 1 << 30, Unit: "bytes"},
+		MaxInflight:        flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "requests"},
+		LocalPrefillTokens: flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens", Zero: "always disaggregate"},
+		UpstreamTimeout:    flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "none"},
+		ConnectTimeout:     flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour},
+	}
+}
+
 const (
-	maxSLOSeconds    = 3600
-	maxBlockSize     = 4096
-	maxBodyCap       = 1 << 30
-	maxInflightCap   = 1 << 20
-	maxLocalPrefill  = 1 << 24
 	defaultBodyBytes = 32 << 20
 	// A gateway holds one connection per stream: more than an engine's
 	// admin API.
@@ -151,9 +173,20 @@ func finiteIn(name string, v, lo, hi float64) error {
 	return nil
 }
 
-// Validate checks every field; errors name the field.
+// Validate checks every field; errors name the field (and its flag).
 func (c *Config) Validate() error {
-	var errs []error
+	l := ConfigLimits()
+	errs := []error{
+		l.SLO.Check("slo_ttft (--slo-ttft)", c.SLOTTFT),
+		l.SLO.Check("slo_tpot (--slo-tpot)", c.SLOTPOT),
+		l.PrefillSpeed.Check("prefill_speed (--prefill-speed)", c.PrefillSpeed),
+		l.BlockSize.Check("block_size (--block-size)", c.BlockSize),
+		l.MaxBodyBytes.Check("http.max_body_bytes (--max-body-bytes)", c.HTTP.MaxBodyBytes),
+		l.MaxInflight.Check("max_inflight (--max-inflight)", c.MaxInflight),
+		l.LocalPrefillTokens.Check("local_prefill_tokens (--local-prefill-tokens)", c.LocalPrefillTokens),
+		l.UpstreamTimeout.Check("upstream_timeout (--upstream-timeout)", c.UpstreamTimeout),
+		l.ConnectTimeout.Check("connect_timeout (--connect-timeout)", c.ConnectTimeout),
+	}
 	add := func(err error) {
 		if err != nil {
 			errs = append(errs, err)
@@ -162,26 +195,8 @@ func (c *Config) Validate() error {
 	if _, err := sched.New(c.Policy, sched.Options{}); err != nil {
 		add(fmt.Errorf("policy: %w", err))
 	}
-	add(finiteIn("slo_ttft", c.SLOTTFT, 0, maxSLOSeconds))
-	add(finiteIn("slo_tpot", c.SLOTPOT, 0, maxSLOSeconds))
-	add(finiteIn("prefill_speed", c.PrefillSpeed, 1, fleet.MaxPrefillSpeed))
-	if c.BlockSize < 1 || c.BlockSize > maxBlockSize {
-		add(fmt.Errorf("block_size must be in [1, %d], got %d", maxBlockSize, c.BlockSize))
-	}
-	if c.HTTP.MaxBodyBytes < 1024 || c.HTTP.MaxBodyBytes > maxBodyCap {
-		add(fmt.Errorf("http.max_body_bytes (--max-body-bytes) must be in [1024, %d], got %d", maxBodyCap, c.HTTP.MaxBodyBytes))
-	}
 	if err := c.HTTP.Validate(); err != nil {
 		add(fmt.Errorf("http: %w", err))
-	}
-	if c.MaxInflight < 1 || c.MaxInflight > maxInflightCap {
-		add(fmt.Errorf("max_inflight must be in [1, %d], got %d", maxInflightCap, c.MaxInflight))
-	}
-	if c.LocalPrefillTokens < 0 || c.LocalPrefillTokens > maxLocalPrefill {
-		add(fmt.Errorf("local_prefill_tokens must be in [0, %d], got %d", maxLocalPrefill, c.LocalPrefillTokens))
-	}
-	if c.UpstreamTimeout < 0 || c.ConnectTimeout < 0 || c.ConnectTimeout > time.Hour || c.UpstreamTimeout > 24*time.Hour {
-		add(errors.New("upstream_timeout must be in [0, 24h] and connect_timeout in [0, 1h]"))
 	}
 	eps, err := fleet.Validate(c.Endpoints)
 	if err != nil {
@@ -215,7 +230,7 @@ func (c *Config) validateClasses() error {
 			n string
 			v float64
 		}{{"ttft", cl.TTFT}, {"ttft_per_1k_tokens", cl.TTFTPerKToken}, {"tpot", cl.TPOT}} {
-			if err := finiteIn(fmt.Sprintf("classes[%d].%s", i, f.n), f.v, 0, maxSLOSeconds); err != nil {
+			if err := finiteIn(fmt.Sprintf("classes[%d].%s", i, f.n), f.v, 0, 3600); err != nil {
 				return err
 			}
 		}

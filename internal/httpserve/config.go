@@ -2,9 +2,9 @@ package httpserve
 
 import (
 	"errors"
-	"flag"
-	"fmt"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/flagrange"
 )
 
 // Config is the protection of one HTTP server. Zero fields take the
@@ -59,14 +59,26 @@ func Defaults() Config {
 	}
 }
 
-// Ranges accepted by Validate.
-const (
-	maxTimeout      = 24 * time.Hour
-	maxHeaderLimit  = 16 << 20
-	maxConnsLimit   = 1 << 20
-	maxBodyLimit    = 1 << 40
-	maxLargeBodiesN = 1 << 16
-)
+// Limits are the ranges of a Config's numbers (0 always means "the
+// default"); Validate enforces them and AddFlags registers them.
+type Limits struct {
+	Timeout     flagrange.Range[time.Duration]
+	HeaderBytes flagrange.Range[int]
+	Conns       flagrange.Range[int]
+	BodyBytes   flagrange.Range[int64]
+	LargeBodies flagrange.Range[int]
+}
+
+// ConfigLimits returns the ranges Validate enforces.
+func ConfigLimits() Limits {
+	return Limits{
+		Timeout:     flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "default"},
+		HeaderBytes: flagrange.Range[int]{Min: 1024, Max: 16 << 20, Unit: "bytes", Zero: "default"},
+		Conns:       flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "connections", Zero: "default"},
+		BodyBytes:   flagrange.Range[int64]{Min: 1, Max: 1 << 40, Unit: "bytes", Zero: "default"},
+		LargeBodies: flagrange.Range[int]{Min: 1, Max: 1 << 16, Unit: "bodies", Zero: "default"},
+	}
+}
 
 // WithDefaults returns c with its zero fields set from Defaults.
 func (c Config) WithDefaults() Config {
@@ -98,42 +110,34 @@ func (c Config) WithDefaults() Config {
 
 // Validate reports values out of range, naming the flag of each.
 func (c Config) Validate() error {
-	var errs []error
-	dur := func(flag string, v time.Duration) {
-		if v < 0 || v > maxTimeout {
-			errs = append(errs, fmt.Errorf("--%s must be in [0, %v] (0: default), got %v", flag, maxTimeout, v))
-		}
-	}
-	num := func(flag string, v, hi int64) {
-		if v < 0 || v > hi {
-			errs = append(errs, fmt.Errorf("--%s must be in [0, %d] (0: default), got %d", flag, hi, v))
-		}
-	}
-	dur("http-read-header-timeout", c.ReadHeaderTimeout)
-	dur("http-read-timeout", c.ReadTimeout)
-	dur("http-write-timeout", c.WriteTimeout)
-	dur("http-idle-timeout", c.IdleTimeout)
-	dur("http-large-body-wait", c.LargeBodyWait)
-	num("http-max-header-bytes", int64(c.MaxHeaderBytes), maxHeaderLimit)
-	num("http-max-conns", int64(c.MaxConns), maxConnsLimit)
-	num("max-body-bytes", c.MaxBodyBytes, maxBodyLimit)
-	num("http-large-body-bytes", c.LargeBodyBytes, maxBodyLimit)
-	num("http-max-large-bodies", int64(c.MaxLargeBodies), maxLargeBodiesN)
-	return errors.Join(errs...)
+	l := ConfigLimits()
+	return errors.Join(
+		l.Timeout.Check("--http-read-header-timeout", c.ReadHeaderTimeout),
+		l.Timeout.Check("--http-read-timeout", c.ReadTimeout),
+		l.Timeout.Check("--http-write-timeout", c.WriteTimeout),
+		l.Timeout.Check("--http-idle-timeout", c.IdleTimeout),
+		l.Timeout.Check("--http-large-body-wait", c.LargeBodyWait),
+		l.HeaderBytes.Check("--http-max-header-bytes", c.MaxHeaderBytes),
+		l.Conns.Check("--http-max-conns", c.MaxConns),
+		l.BodyBytes.Check("--max-body-bytes", c.MaxBodyBytes),
+		l.BodyBytes.Check("--http-large-body-bytes", c.LargeBodyBytes),
+		l.LargeBodies.Check("--http-max-large-bodies", c.MaxLargeBodies),
+	)
 }
 
-// AddFlags defines the flags of c on fs, with c's values (zero fields
-// filled from Defaults) as defaults.
-func AddFlags(fs *flag.FlagSet, c *Config) {
+// AddFlags defines the flags of c on fl, with c's values (zero fields
+// filled from Defaults) as defaults, each with its range.
+func AddFlags(fl *flagrange.Flags, c *Config) {
 	*c = c.WithDefaults()
-	fs.DurationVar(&c.ReadHeaderTimeout, "http-read-header-timeout", c.ReadHeaderTimeout, "HTTP: time to read a request's headers (and how long a new connection may stay silent)")
-	fs.DurationVar(&c.ReadTimeout, "http-read-timeout", c.ReadTimeout, "HTTP: time to read a request body; slower bodies are cut")
-	fs.DurationVar(&c.WriteTimeout, "http-write-timeout", c.WriteTimeout, "HTTP: time a response write may block on a client that does not read (renewed on every write)")
-	fs.DurationVar(&c.IdleTimeout, "http-idle-timeout", c.IdleTimeout, "HTTP: close keep-alive connections idle this long")
-	fs.IntVar(&c.MaxHeaderBytes, "http-max-header-bytes", c.MaxHeaderBytes, "HTTP: largest request header block")
-	fs.IntVar(&c.MaxConns, "http-max-conns", c.MaxConns, "HTTP: most open connections; more wait, and idle ones are closed to make room")
-	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body in bytes, larger gets 413 (0: the server's default, see docs)")
-	fs.Int64Var(&c.LargeBodyBytes, "http-large-body-bytes", c.LargeBodyBytes, "HTTP: bodies above this many bytes count against --http-max-large-bodies")
-	fs.IntVar(&c.MaxLargeBodies, "http-max-large-bodies", c.MaxLargeBodies, "HTTP: large bodies read and processed at once (memory bound: this × --max-body-bytes)")
-	fs.DurationVar(&c.LargeBodyWait, "http-large-body-wait", c.LargeBodyWait, "HTTP: how long a large body waits for its turn before 503")
+	l := ConfigLimits()
+	flagrange.Var(fl, &c.ReadHeaderTimeout, "http-read-header-timeout", l.Timeout, "HTTP: time to read a request's headers (and how long a new connection may stay silent)")
+	flagrange.Var(fl, &c.ReadTimeout, "http-read-timeout", l.Timeout, "HTTP: time to read a request body; slower bodies are cut")
+	flagrange.Var(fl, &c.WriteTimeout, "http-write-timeout", l.Timeout, "HTTP: time a response write may block on a client that does not read (renewed on every write)")
+	flagrange.Var(fl, &c.IdleTimeout, "http-idle-timeout", l.Timeout, "HTTP: close keep-alive connections idle this long")
+	flagrange.Var(fl, &c.MaxHeaderBytes, "http-max-header-bytes", l.HeaderBytes, "HTTP: largest request header block")
+	flagrange.Var(fl, &c.MaxConns, "http-max-conns", l.Conns, "HTTP: most open connections; more wait, and idle ones are closed to make room")
+	flagrange.Var(fl, &c.MaxBodyBytes, "max-body-bytes", l.BodyBytes, "largest request body, larger gets 413 (0: the server's default, see docs)")
+	flagrange.Var(fl, &c.LargeBodyBytes, "http-large-body-bytes", l.BodyBytes, "HTTP: bodies above this many bytes count against --http-max-large-bodies")
+	flagrange.Var(fl, &c.MaxLargeBodies, "http-max-large-bodies", l.LargeBodies, "HTTP: large bodies read and processed at once (memory bound: this × --max-body-bytes)")
+	flagrange.Var(fl, &c.LargeBodyWait, "http-large-body-wait", l.Timeout, "HTTP: how long a large body waits for its turn before 503")
 }

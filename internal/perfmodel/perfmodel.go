@@ -7,7 +7,8 @@ package perfmodel
 
 import (
 	"errors"
-	"fmt"
+
+	"github.com/kvgate/kvgate/internal/flagrange"
 )
 
 // Model holds the timing parameters of one engine instance. All times are in
@@ -42,20 +43,46 @@ func Default() Model {
 	}
 }
 
-// Validate reports parameters that make no physical sense.
+// MinStepTime is the shortest decode step a model may have (base + per
+// sequence), in seconds: a step of no time would let a run do unbounded work
+// in no simulated time.
+const MinStepTime = 1e-6
+
+// Limits are the ranges Validate enforces. Every time a model computes from
+// parameters in these ranges and counts that fit an int is finite.
+type Limits struct {
+	PrefillTokensPerSec    flagrange.Range[float64]
+	DecodeStepBase         flagrange.Range[float64]
+	DecodeStepPerSeq       flagrange.Range[float64]
+	DecodeStepPerKContext  flagrange.Range[float64]
+	KVTransferTokensPerSec flagrange.Range[float64]
+}
+
+// ModelLimits returns the ranges of a Model's parameters; kvgate's
+// --prefill-speed, --decode-step-* and --kv-transfer-speed flags use them.
+func ModelLimits() Limits {
+	return Limits{
+		PrefillTokensPerSec:    flagrange.Range[float64]{Min: 1, Max: 1e9, Unit: "tokens/s"},
+		DecodeStepBase:         flagrange.Range[float64]{Min: 0, Max: 60, Unit: "seconds"},
+		DecodeStepPerSeq:       flagrange.Range[float64]{Min: 0, Max: 1, Unit: "seconds"},
+		DecodeStepPerKContext:  flagrange.Range[float64]{Min: 0, Max: 1, Unit: "seconds"},
+		KVTransferTokensPerSec: flagrange.Range[float64]{Min: 1, Max: 1e12, Unit: "tokens/s", Zero: "free"},
+	}
+}
+
+// Validate reports parameters outside ModelLimits, named as kvgate's flags
+// name them, and a decode step shorter than MinStepTime.
 func (m Model) Validate() error {
-	var errs []error
-	if !(m.PrefillTokensPerSec > 0) {
-		errs = append(errs, fmt.Errorf("prefill speed must be > 0 tokens/s, got %v", m.PrefillTokensPerSec))
+	l := ModelLimits()
+	errs := []error{
+		l.PrefillTokensPerSec.Check("prefill-speed", m.PrefillTokensPerSec),
+		l.DecodeStepBase.Check("decode-step-base", m.DecodeStepBase),
+		l.DecodeStepPerSeq.Check("decode-step-per-seq", m.DecodeStepPerSeq),
+		l.DecodeStepPerKContext.Check("decode-step-per-kctx", m.DecodeStepPerKContext),
+		l.KVTransferTokensPerSec.Check("kv-transfer-speed", m.KVTransferTokensPerSec),
 	}
-	if m.DecodeStepBase < 0 || m.DecodeStepPerSeq < 0 || m.DecodeStepPerKContext < 0 {
-		errs = append(errs, errors.New("decode step costs must be >= 0"))
-	}
-	if m.DecodeStepBase+m.DecodeStepPerSeq <= 0 {
-		errs = append(errs, errors.New("a decode step must take some time: base + per-seq > 0"))
-	}
-	if m.KVTransferTokensPerSec < 0 {
-		errs = append(errs, errors.New("KV transfer speed must be >= 0"))
+	if !(m.DecodeStepBase+m.DecodeStepPerSeq >= MinStepTime) {
+		errs = append(errs, errors.New("a decode step must take some time: decode-step-base + decode-step-per-seq >= 1e-06 seconds"))
 	}
 	return errors.Join(errs...)
 }

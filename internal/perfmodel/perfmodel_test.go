@@ -2,6 +2,7 @@ package perfmodel
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -45,5 +46,35 @@ func TestValidate(t *testing.T) {
 		if m.Validate() == nil {
 			t.Errorf("case %d: want error", i)
 		}
+	}
+}
+
+// TestValidateRanges: every parameter has a finite range, NaN and Inf
+// included, and the error names the parameter as the flags do.
+func TestValidateRanges(t *testing.T) {
+	tests := []struct {
+		mutate func(*Model)
+		msg    string
+	}{
+		{func(m *Model) { m.PrefillTokensPerSec = math.NaN() }, "prefill-speed must be in [1, 1e+09] tokens/s, got NaN"},
+		{func(m *Model) { m.PrefillTokensPerSec = 1e-300 }, "prefill-speed"},
+		{func(m *Model) { m.PrefillTokensPerSec = math.Inf(1) }, "prefill-speed"},
+		{func(m *Model) { m.DecodeStepBase = 1e9 }, "decode-step-base must be in [0, 60] seconds"},
+		{func(m *Model) { m.DecodeStepPerSeq = -1 }, "decode-step-per-seq"},
+		{func(m *Model) { m.DecodeStepPerKContext = math.Inf(1) }, "decode-step-per-kctx"},
+		{func(m *Model) { m.KVTransferTokensPerSec = 1e-300 }, "kv-transfer-speed must be 0 (free) or in [1, 1e+12] tokens/s"},
+		{func(m *Model) { m.DecodeStepBase, m.DecodeStepPerSeq = 1e-300, 0 }, "decode step must take some time"},
+	}
+	for _, tt := range tests {
+		m := Default()
+		tt.mutate(&m)
+		if err := m.Validate(); err == nil || !strings.Contains(err.Error(), tt.msg) {
+			t.Errorf("got %v, want %q", err, tt.msg)
+		}
+	}
+	m := Default()
+	m.KVTransferTokensPerSec = 0
+	if err := m.Validate(); err != nil {
+		t.Errorf("0 means free transfer: %v", err)
 	}
 }

@@ -1,8 +1,10 @@
 package workload
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/kvgate/kvgate/internal/tokens"
 )
@@ -29,45 +31,65 @@ func SeedChat(rate float64) ChatConfig {
 		Rate: rate, Duration: 120, BlockSize: 64}
 }
 
-func (c ChatConfig) validate() error {
-	if c.Systems <= 0 || c.Sessions <= 0 || c.SystemTokens < 0 || c.TurnTokens <= 0 || c.OutputTokens < 0 {
-		return fmt.Errorf("chat workload: systems, sessions and turn tokens must be > 0 (got %d, %d, %d)", c.Systems, c.Sessions, c.TurnTokens)
+// Validate checks the parameters against ParamLimits and the expected size
+// of the workload against the caps.
+func (c ChatConfig) Validate() error {
+	l := ParamLimits()
+	if err := errors.Join(
+		l.Systems.Check("systems", c.Systems),
+		l.Sessions.Check("sessions", c.Sessions),
+		l.SystemTokens.Check("system-tokens", c.SystemTokens),
+		l.TurnTokens.Check("turn-tokens", c.TurnTokens),
+		l.OutputTokens.Check("output-tokens", c.OutputTokens),
+		l.Rate.Check("rate", c.Rate),
+		l.Duration.Check("duration", c.Duration),
+		l.BlockSize.Check("block-size", c.BlockSize),
+	); err != nil {
+		return fmt.Errorf("chat workload: %w", err)
 	}
-	if !(c.Rate > 0) || !(c.Duration > 0) || c.BlockSize <= 0 {
-		return fmt.Errorf("chat workload: rate, duration and block size must be > 0")
-	}
-	return nil
+	req := expectedRequests(c.Rate, c.Duration)
+	bs := float64(c.BlockSize)
+	// Each system prompt's keys, a copy of them in each conversation that
+	// gets a turn, and every turn's new blocks.
+	keys := float64(c.Systems+min(c.Sessions, int(req)+1))*float64(c.SystemTokens)/bs + req*(float64(c.TurnTokens)/bs+1)
+	tokens := float64(c.Systems)*float64(c.SystemTokens) + req*float64(c.TurnTokens)
+	return checkBudget("chat", req, keys, tokens)
 }
 
 // Chat generates the multi-turn chat workload. Token ids are random in
 // [0, 10^6) as in the seed's program; keys are computed incrementally per
-// conversation.
+// conversation, which keeps only the tokens of its last partial block. A
+// conversation that grows past MaxPromptTokens is an error.
 func Chat(c ChatConfig) (*Trace, error) {
-	if err := c.validate(); err != nil {
+	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, 0xc4a7))
 	h := tokens.NewHasher(c.BlockSize)
-	randTokens := func(n int) []uint32 {
-		t := make([]uint32, n)
-		for i := range t {
-			t[i] = uint32(rng.IntN(1_000_000))
+	randTokens := func(dst []uint32, n int) []uint32 {
+		for range n {
+			dst = append(dst, uint32(rng.IntN(1_000_000)))
 		}
-		return t
+		return dst
 	}
+	// A conversation is its keys, the tokens after its last full block and
+	// its length. Requests share the key array (read-only); the tail and
+	// the keys of a system prompt are copied on a conversation's first turn.
 	type conv struct {
-		toks []uint32
-		keys []uint64
+		keys   []uint64
+		tail   []uint32
+		tokens int
 	}
 	systems := make([]conv, c.Systems)
 	for i := range systems {
-		systems[i].toks = randTokens(c.SystemTokens)
-		systems[i].keys = h.Keys(systems[i].toks, nil)
+		toks := randTokens(nil, c.SystemTokens)
+		keys := h.Keys(toks, nil)
+		systems[i] = conv{keys: keys, tail: slices.Clone(toks[len(keys)*c.BlockSize:]), tokens: c.SystemTokens}
 	}
 	convs := make([]conv, c.Sessions)
 	for i := range convs {
 		s := systems[rng.IntN(c.Systems)]
-		convs[i] = conv{toks: s.toks[:len(s.toks):len(s.toks)], keys: s.keys[:len(s.keys):len(s.keys)]}
+		convs[i] = conv{keys: s.keys[:len(s.keys):len(s.keys)], tail: s.tail[:len(s.tail):len(s.tail)], tokens: s.tokens}
 	}
 	tr := &Trace{Name: "chat", BlockSize: c.BlockSize, Duration: c.Duration}
 	t := 0.0
@@ -75,15 +97,35 @@ func Chat(c ChatConfig) (*Trace, error) {
 		t += rng.ExpFloat64() / c.Rate
 		ci := rng.IntN(c.Sessions)
 		cv := &convs[ci]
-		cv.toks = append(cv.toks, randTokens(c.TurnTokens)...)
+		cv.tail = randTokens(cv.tail, c.TurnTokens)
+		cv.tokens += c.TurnTokens
+		if cv.tokens > MaxPromptTokens {
+			return nil, fmt.Errorf("chat workload: conversation %d grew past %d tokens at request %d: use more sessions, fewer turn tokens or a shorter duration",
+				ci, MaxPromptTokens, len(tr.Requests))
+		}
 		done := len(cv.keys)
 		parent := tokens.RootKey
 		if done > 0 {
 			parent = cv.keys[done-1]
 		}
-		cv.keys = h.AppendKeys(cv.keys, parent, cv.toks[done*c.BlockSize:], nil)
-		tr.Requests = append(tr.Requests, Request{Arrival: t, PromptTokens: len(cv.toks), OutputTokens: c.OutputTokens,
+		cv.keys = h.AppendKeys(grow(cv.keys, len(cv.tail)/c.BlockSize), parent, cv.tail, nil)
+		cv.tail = append(cv.tail[:0], cv.tail[(len(cv.keys)-done)*c.BlockSize:]...)
+		tr.Requests = append(tr.Requests, Request{Arrival: t, PromptTokens: cv.tokens, OutputTokens: c.OutputTokens,
 			Keys: cv.keys[:len(cv.keys):len(cv.keys)], Session: ci})
 	}
 	return tr, nil
+}
+
+// grow makes room for n more keys, at least doubling the capacity when it
+// must reallocate: requests keep the arrays they were given, so the arrays
+// of one conversation add up to at most twice the last one's capacity, four
+// times its final length (append's own growth for large slices, 1.25×,
+// would leave about six times).
+func grow(keys []uint64, n int) []uint64 {
+	if len(keys)+n <= cap(keys) {
+		return keys
+	}
+	out := make([]uint64, len(keys), max(2*cap(keys), len(keys)+n))
+	copy(out, keys)
+	return out
 }

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 )
@@ -23,11 +24,38 @@ type ShapeConfig struct {
 	Sessions int
 }
 
-func (c ShapeConfig) validate(name string) error {
-	if !(c.Rate > 0) || !(c.Duration > 0) || c.ISL <= 0 || c.OSL < 0 || c.BlockSize <= 0 || c.Hit < 0 || c.Hit >= 1 || c.Prefixes <= 0 {
-		return fmt.Errorf("%s workload: need rate, duration, isl, block size, prefixes > 0 and 0 <= hit < 1", name)
+// Validate checks the parameters against ParamLimits and the expected size
+// of the workload against the caps; name is "long-documents" or "agents"
+// (which also needs Sessions).
+func (c ShapeConfig) Validate(name string) error {
+	l := ParamLimits()
+	var sessions error
+	if name == "agents" {
+		sessions = l.Sessions.Check("sessions", c.Sessions)
 	}
-	return nil
+	if err := errors.Join(
+		sessions,
+		l.Rate.Check("rate", c.Rate),
+		l.Duration.Check("duration", c.Duration),
+		l.ISL.Check("isl", c.ISL),
+		l.OutputTokens.Check("osl", c.OSL),
+		l.Hit.Check("hit", c.Hit),
+		l.BlockSize.Check("block-size", c.BlockSize),
+		l.Prefixes.Check("prefixes", c.Prefixes),
+	); err != nil {
+		return fmt.Errorf("%s workload: %w", name, err)
+	}
+	req := expectedRequests(c.Rate, c.Duration)
+	perReq := float64(c.ISL) / float64(c.BlockSize)
+	// Long documents: the shared prefixes and each request's own blocks.
+	// Agents: each session's context (allocated for 2×ISL) and the new
+	// blocks of each step, about three times its share of ISL counting
+	// restarts; bounded here by 3×ISL.
+	keys := float64(c.Prefixes)*perReq + req*(perReq+1)
+	if name == "agents" {
+		keys = float64(c.Prefixes+2*c.Sessions)*perReq + req*(3*perReq+1)
+	}
+	return checkBudget(name, req, keys, 0)
 }
 
 // LongDocs returns the evening phase of the seed: 30 req/s of 16 000-token
@@ -59,7 +87,7 @@ func jitter(rng *rand.Rand, mean int) int {
 // prefixes of Hit×ISL tokens followed by a unique document, the total length
 // varying uniformly in ±50 % of ISL.
 func Docs(c ShapeConfig) (*Trace, error) {
-	if err := c.validate("long-documents"); err != nil {
+	if err := c.Validate("long-documents"); err != nil {
 		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, 0xd0c5))
@@ -84,11 +112,8 @@ func Docs(c ShapeConfig) (*Trace, error) {
 // answer) of (1-Hit)×ISL on average; a context restarts from its tool prompt
 // when it grows past 1.6×ISL, so contexts average about ISL.
 func AgentSteps(c ShapeConfig) (*Trace, error) {
-	if err := c.validate("agents"); err != nil {
+	if err := c.Validate("agents"); err != nil {
 		return nil, err
-	}
-	if c.Sessions <= 0 {
-		return nil, fmt.Errorf("agents workload: sessions must be > 0")
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, 0xa9e7))
 	newTokens := max(c.BlockSize, int((1-c.Hit)*float64(c.ISL)))

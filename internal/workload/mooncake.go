@@ -3,8 +3,11 @@ package workload
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+
+	"github.com/kvgate/kvgate/internal/flagrange"
 )
 
 // MooncakeBlockTokens is the block size of Mooncake traces' hash ids.
@@ -22,15 +25,26 @@ type mooncakeLine struct {
 // 512-token block whose equal ids are equal prefixes. timeScale multiplies
 // arrival times (0.5 compresses the trace to twice the rate). Bad lines are
 // reported with their line number; nothing is silently dropped.
+//
+// Every number has a range: timestamps in [0, MaxTimestampMs], input_length
+// in [1, MaxPromptTokens], output_length in [0, MaxOutputTokens], hash ids
+// >= 0, and a trace holds at most MaxRequests lines and MaxKeys blocks. Its
+// Duration is the span of its arrivals, at least 1 ms (1 s when all arrive
+// at once), so rates computed from it are finite.
 func ReadMooncake(r io.Reader, timeScale float64) (*Trace, error) {
-	if !(timeScale > 0) {
-		return nil, fmt.Errorf("mooncake trace: time scale must be > 0, got %v", timeScale)
+	if err := ParamLimits().TimeScale.Check("time scale", timeScale); err != nil {
+		return nil, fmt.Errorf("mooncake trace: %w", err)
 	}
+	var (
+		tsRange  = flagrange.Range[float64]{Min: 0, Max: MaxTimestampMs, Unit: "ms"}
+		inRange  = flagrange.Range[int]{Min: 1, Max: MaxPromptTokens, Unit: "tokens"}
+		outRange = flagrange.Range[int]{Min: 0, Max: MaxOutputTokens, Unit: "tokens"}
+	)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<16), 1<<26)
 	tr := &Trace{Name: "mooncake", BlockSize: MooncakeBlockTokens}
 	first := 0.0
-	line := 0
+	line, blocks := 0, 0
 	for sc.Scan() {
 		line++
 		b := sc.Bytes()
@@ -44,8 +58,15 @@ func ReadMooncake(r io.Reader, timeScale float64) (*Trace, error) {
 		if m.Timestamp == nil || m.InputLength == nil || m.OutputLength == nil {
 			return nil, fmt.Errorf("mooncake trace line %d: need timestamp, input_length and output_length", line)
 		}
-		if *m.InputLength <= 0 || *m.OutputLength < 0 || *m.Timestamp < 0 {
-			return nil, fmt.Errorf("mooncake trace line %d: lengths and timestamp must be >= 0 and input_length > 0", line)
+		if err := errors.Join(
+			tsRange.Check("timestamp", *m.Timestamp),
+			inRange.Check("input_length", *m.InputLength),
+			outRange.Check("output_length", *m.OutputLength),
+		); err != nil {
+			return nil, fmt.Errorf("mooncake trace line %d: %w", line, err)
+		}
+		if len(tr.Requests) == MaxRequests {
+			return nil, fmt.Errorf("mooncake trace line %d: more than %d requests", line, MaxRequests)
 		}
 		if len(tr.Requests) == 0 {
 			first = *m.Timestamp
@@ -54,12 +75,18 @@ func ReadMooncake(r io.Reader, timeScale float64) (*Trace, error) {
 		if n := len(tr.Requests); n > 0 && at < tr.Requests[n-1].Arrival {
 			return nil, fmt.Errorf("mooncake trace line %d: timestamp %v goes back in time", line, *m.Timestamp)
 		}
+		for _, id := range m.HashIDs {
+			if id < 0 {
+				return nil, fmt.Errorf("mooncake trace line %d: hash id %d is negative", line, id)
+			}
+		}
 		full := min(len(m.HashIDs), *m.InputLength/MooncakeBlockTokens)
+		if blocks += full; blocks > MaxKeys {
+			return nil, fmt.Errorf("mooncake trace line %d: more than %d blocks in all", line, MaxKeys)
+		}
 		keys := make([]uint64, full)
 		for i := range keys {
-			// Hash ids already identify whole prefixes; offset them so no
-			// key collides with the generators' chained keys' root.
-			keys[i] = uint64(m.HashIDs[i])<<1 | 1<<63
+			keys[i] = mooncakeKey(m.HashIDs[i])
 		}
 		tr.Requests = append(tr.Requests, Request{Arrival: at, PromptTokens: *m.InputLength, OutputTokens: *m.OutputLength, Keys: keys, Session: -1})
 	}
@@ -69,9 +96,22 @@ func ReadMooncake(r io.Reader, timeScale float64) (*Trace, error) {
 	if len(tr.Requests) == 0 {
 		return nil, fmt.Errorf("mooncake trace: no requests")
 	}
-	tr.Duration = tr.Requests[len(tr.Requests)-1].Arrival
-	if tr.Duration <= 0 {
+	switch last := tr.Requests[len(tr.Requests)-1].Arrival; {
+	case last <= 0:
 		tr.Duration = 1
+	default:
+		tr.Duration = max(last, minTraceSpan)
 	}
 	return tr, nil
 }
+
+// minTraceSpan is the shortest Duration of a trace whose arrivals are not
+// all at one instant: arrivals closer than that (or a time scale that makes
+// them so) would otherwise give rates that overflow to +Inf.
+const minTraceSpan = 1e-3
+
+// mooncakeKey maps a hash id (>= 0) to a block key. Hash ids already name
+// whole prefixes, so the key is the id itself with bit 63 set: one key per
+// id (ids differing in any bit, bit 62 included, stay apart), and never the
+// chained keys' root, whose bit 63 is clear.
+func mooncakeKey(id int64) uint64 { return uint64(id) | 1<<63 }

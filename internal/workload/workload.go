@@ -6,7 +6,10 @@
 // simulator can compute prefix-cache hits without holding token ids.
 package workload
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Request is one request of a workload.
 type Request struct {
@@ -29,20 +32,32 @@ type Trace struct {
 	Requests []Request
 }
 
-// Validate checks ordering and sizes.
+// Validate checks ordering and sizes: arrivals finite and in order, a
+// finite Duration, at most MaxRequests requests, prompts of 1 to
+// MaxPromptTokens tokens with no more full blocks than they hold, and
+// outputs of 0 to MaxOutputTokens tokens.
 func (t *Trace) Validate() error {
 	if t.BlockSize <= 0 {
 		return fmt.Errorf("workload %s: block size must be > 0", t.Name)
 	}
+	if !(t.Duration >= 0 && t.Duration <= math.MaxFloat64) {
+		return fmt.Errorf("workload %s: duration must be finite and >= 0, got %v", t.Name, t.Duration)
+	}
+	if len(t.Requests) > MaxRequests {
+		return fmt.Errorf("workload %s: %d requests, more than %d", t.Name, len(t.Requests), MaxRequests)
+	}
 	prev := 0.0
 	for i := range t.Requests {
 		r := &t.Requests[i]
-		if r.Arrival < prev {
-			return fmt.Errorf("workload %s: request %d arrives at %v before %v", t.Name, i, r.Arrival, prev)
+		if !(r.Arrival >= prev) || math.IsInf(r.Arrival, 1) {
+			return fmt.Errorf("workload %s: request %d arrives at %v, before %v or not at a finite time", t.Name, i, r.Arrival, prev)
 		}
 		prev = r.Arrival
-		if r.PromptTokens <= 0 || len(r.Keys)*t.BlockSize > r.PromptTokens {
-			return fmt.Errorf("workload %s: request %d has %d tokens and %d blocks of %d", t.Name, i, r.PromptTokens, len(r.Keys), t.BlockSize)
+		if r.PromptTokens <= 0 || r.PromptTokens > MaxPromptTokens || len(r.Keys) > r.PromptTokens/t.BlockSize {
+			return fmt.Errorf("workload %s: request %d has %d tokens (at most %d) and %d blocks of %d", t.Name, i, r.PromptTokens, MaxPromptTokens, len(r.Keys), t.BlockSize)
+		}
+		if r.OutputTokens < 0 || r.OutputTokens > MaxOutputTokens {
+			return fmt.Errorf("workload %s: request %d has %d output tokens, want 0 to %d", t.Name, i, r.OutputTokens, MaxOutputTokens)
 		}
 	}
 	return nil

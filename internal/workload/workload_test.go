@@ -3,8 +3,12 @@ package workload
 import (
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
+
+	"github.com/kvgate/kvgate/internal/tokens"
 )
 
 func TestChatMatchesSeedShape(t *testing.T) {
@@ -91,7 +95,7 @@ func TestReadMooncake(t *testing.T) {
 	bad := []struct{ name, in, msg string }{
 		{"json", `{"timestamp": 1, "input_length": `, "line 1"},
 		{"missing", `{"timestamp": 1, "output_length": 3}`, "input_length"},
-		{"negative", `{"timestamp": 1, "input_length": -3, "output_length": 3}`, "input_length > 0"},
+		{"negative", `{"timestamp": 1, "input_length": -3, "output_length": 3}`, "line 1: input_length must be in [1, 16777216] tokens, got -3"},
 		{"backwards", "{\"timestamp\": 5, \"input_length\": 3, \"output_length\": 3}\n{\"timestamp\": 1, \"input_length\": 3, \"output_length\": 3}", "line 2"},
 		{"empty", "", "no requests"},
 	}
@@ -126,12 +130,182 @@ func TestRealMooncakeTrace(t *testing.T) {
 func FuzzReadMooncake(f *testing.F) {
 	f.Add([]byte(`{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2]}`))
 	f.Add([]byte("{\"timestamp\": 1}\n{}"))
+	// Issue 14 items 9 and 11: ids apart only in high bits, huge lengths,
+	// huge and tiny timestamps, negative ids.
+	f.Add([]byte("{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [5]}\n" +
+		"{\"timestamp\": 1, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [4611686018427387909]}"))
+	f.Add([]byte(`{"timestamp": 0, "input_length": 600, "output_length": 9223372036854775807, "hash_ids": [1]}`))
+	f.Add([]byte(`{"timestamp": 0, "input_length": 9223372036854775807, "output_length": 1, "hash_ids": [1]}`))
+	f.Add([]byte(`{"timestamp": 1e308, "input_length": 600, "output_length": 1}`))
+	f.Add([]byte("{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1}\n{\"timestamp\": 1e-300, \"input_length\": 600, \"output_length\": 1}"))
+	f.Add([]byte(`{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [-1, 9223372036854775807]}`))
+	f.Add([]byte(`{"timestamp": -0, "input_length": 16777216, "output_length": 1048576, "hash_ids": [9223372036854775807]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		tr, err := ReadMooncake(strings.NewReader(string(b)), 1)
-		if err == nil {
+		for _, scale := range []float64{1, 1e-6} {
+			tr, err := ReadMooncake(strings.NewReader(string(b)), scale)
+			if err != nil {
+				continue
+			}
 			if verr := tr.Validate(); verr != nil {
 				t.Fatalf("accepted a trace that does not validate: %v", verr)
 			}
+			if rate := float64(len(tr.Requests)) / tr.Duration; !(tr.Duration > 0) || math.IsInf(rate, 0) {
+				t.Fatalf("duration %v gives rate %v", tr.Duration, rate)
+			}
+			for _, r := range tr.Requests {
+				if r.OutputTokens > MaxOutputTokens || r.PromptTokens > MaxPromptTokens {
+					t.Fatalf("lengths past the caps: %+v", r)
+				}
+			}
 		}
 	})
+}
+
+// TestMooncakeIDsStayApart (issue 14 item 9): ids that differ only in a high
+// bit (5 and 2^62+5, which a shift used to fold onto one key) are different
+// blocks, so the second request gets no cache hit from the first.
+func TestMooncakeIDsStayApart(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [5, 6]}
+{"timestamp": 1, "input_length": 1024, "output_length": 1, "hash_ids": [4611686018427387909, 6]}
+{"timestamp": 2, "input_length": 1024, "output_length": 1, "hash_ids": [9223372036854775807, 4611686018427387910]}
+{"timestamp": 3, "input_length": 1024, "output_length": 1, "hash_ids": [5, 6]}
+`
+	tr, err := ReadMooncake(strings.NewReader(in), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint64]string{}
+	ids := [][2]int64{{5, 6}, {1<<62 + 5, 6}, {1<<63 - 1, 1<<62 + 6}, {5, 6}}
+	for i, r := range tr.Requests {
+		for j, k := range r.Keys {
+			id := strconv.FormatInt(ids[i][j], 10)
+			if prev, ok := seen[k]; ok && prev != id {
+				t.Errorf("hash ids %s and %s share key %#x", prev, id, k)
+			}
+			seen[k] = id
+			if k == tokens.RootKey {
+				t.Errorf("hash id %s maps to the root key", id)
+			}
+		}
+	}
+	if tr.Requests[3].Keys[0] != tr.Requests[0].Keys[0] {
+		t.Error("equal ids must stay equal keys")
+	}
+	if tokens.RootKey>>63 != 0 {
+		t.Error("trace keys have bit 63 set; the root key must not")
+	}
+}
+
+// TestMooncakeCaps (issue 14 item 11): a length no engine would take, a
+// timestamp past the range or a negative hash id is an error naming the
+// line, instead of a simulation that never ends.
+func TestMooncakeCaps(t *testing.T) {
+	ok := `{"timestamp": 0, "input_length": 600, "output_length": 1}` + "\n"
+	bad := []struct{ name, in, msg string }{
+		{"output", ok + `{"timestamp": 1, "input_length": 600, "output_length": 9223372036854775807}`,
+			"line 2: output_length must be in [0, 1048576] tokens, got 9223372036854775807"},
+		{"input", `{"timestamp": 1, "input_length": 9223372036854775807, "output_length": 1}`,
+			"line 1: input_length must be in [1, 16777216] tokens, got 9223372036854775807"},
+		{"timestamp", `{"timestamp": 1e300, "input_length": 600, "output_length": 1}`, "line 1: timestamp must be in [0, 1e+13] ms"},
+		{"negative timestamp", `{"timestamp": -1, "input_length": 600, "output_length": 1}`, "line 1: timestamp"},
+		{"negative id", ok + ok + `{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [3, -4]}`, "line 3: hash id -4 is negative"},
+		{"id past int64", `{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [9223372036854775808]}`, "line 1"},
+	}
+	for _, b := range bad {
+		if _, err := ReadMooncake(strings.NewReader(b.in), 1); err == nil || !strings.Contains(err.Error(), b.msg) {
+			t.Errorf("%s: got %v, want %q", b.name, err, b.msg)
+		}
+	}
+	for _, scale := range []float64{1e-320, -1, math.NaN(), math.Inf(1), 1e7} {
+		if _, err := ReadMooncake(strings.NewReader(ok), scale); err == nil || !strings.Contains(err.Error(), "time scale must be in [1e-06, 1e+06]") {
+			t.Errorf("time scale %v: got %v", scale, err)
+		}
+	}
+	// Arrivals 1e-300 ms apart at the smallest time scale: the duration is
+	// floored so that the rate stays finite.
+	tr, err := ReadMooncake(strings.NewReader(ok+`{"timestamp": 1e-300, "input_length": 600, "output_length": 1}`), 1e-6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rate := float64(len(tr.Requests)) / tr.Duration; math.IsInf(rate, 0) || tr.Duration != 1e-3 {
+		t.Errorf("duration %v, rate %v", tr.Duration, rate)
+	}
+}
+
+// TestGeneratorRanges: every generator parameter has a range, and the
+// expected size of a workload is checked before generating it.
+func TestGeneratorRanges(t *testing.T) {
+	chat := []struct {
+		mutate func(*ChatConfig)
+		msg    string
+	}{
+		{func(c *ChatConfig) { c.Duration = 1e12 }, "duration must be in [0.001, 86400] seconds, got 1e+12"},
+		{func(c *ChatConfig) { c.Rate = 1e9 }, "rate must be in [0.001, 1e+06] req/s, got 1e+09"},
+		{func(c *ChatConfig) { c.Rate = math.NaN() }, "rate"},
+		{func(c *ChatConfig) { c.Sessions = 2e9 }, "sessions must be in [1, 1048576], got 2000000000"},
+		{func(c *ChatConfig) { c.Systems = 0 }, "systems"},
+		{func(c *ChatConfig) { c.SystemTokens = -1 }, "system-tokens"},
+		{func(c *ChatConfig) { c.TurnTokens = 1 << 30 }, "turn-tokens"},
+		{func(c *ChatConfig) { c.OutputTokens = 1 << 30 }, "output-tokens"},
+		{func(c *ChatConfig) { c.BlockSize = 0 }, "block-size"},
+		{func(c *ChatConfig) { c.Rate, c.Duration = 1e6, 86400 }, "8.64e+10 expected requests, more than the 10000000"},
+		{func(c *ChatConfig) { c.Rate, c.Duration, c.BlockSize, c.TurnTokens = 1e5, 100, 1, 100 }, "prompt blocks to hold"},
+		{func(c *ChatConfig) { c.Sessions, c.TurnTokens, c.BlockSize, c.Rate, c.Duration = 1, 1<<22, 4096, 10, 1 }, "grew past 16777216 tokens"},
+	}
+	for _, tt := range chat {
+		c := SeedChat(40)
+		tt.mutate(&c)
+		if _, err := Chat(c); err == nil || !strings.Contains(err.Error(), tt.msg) {
+			t.Errorf("chat: got %v, want %q", err, tt.msg)
+		}
+	}
+	shape := []struct {
+		mutate func(*ShapeConfig)
+		msg    string
+	}{
+		{func(c *ShapeConfig) { c.Duration = math.Inf(1) }, "duration"},
+		{func(c *ShapeConfig) { c.ISL = 1 << 30 }, "isl must be in [1, 4194304] tokens"},
+		{func(c *ShapeConfig) { c.OSL = -1 }, "osl"},
+		{func(c *ShapeConfig) { c.Hit = 1 }, "hit must be in [0, 0.999]"},
+		{func(c *ShapeConfig) { c.Prefixes = 1 << 20 }, "prefixes"},
+		{func(c *ShapeConfig) { c.Rate, c.Duration, c.ISL, c.BlockSize = 1e4, 1000, 1<<20, 16 }, "prompt blocks to hold"},
+	}
+	for _, tt := range shape {
+		for _, gen := range []func(ShapeConfig) (*Trace, error){Docs, AgentSteps} {
+			c := Agents()
+			tt.mutate(&c)
+			if _, err := gen(c); err == nil || !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("shape: got %v, want %q", err, tt.msg)
+			}
+		}
+	}
+	c := Agents()
+	c.Sessions = 1 << 30
+	if _, err := AgentSteps(c); err == nil || !strings.Contains(err.Error(), "agents workload: sessions must be in [1, 1048576]") {
+		t.Errorf("agents sessions: got %v", err)
+	}
+}
+
+// TestChatKeyArrays: a conversation's key arrays, which requests keep, add
+// up to at most four times its final length (the capacity doubles, so the
+// arrays before the last add up to no more than the last).
+func TestChatKeyArrays(t *testing.T) {
+	c := SeedChat(50)
+	c.Sessions, c.Systems, c.Duration, c.TurnTokens = 1, 1, 20, 100
+	tr, err := Chat(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arrays := map[*uint64]int{}
+	for _, r := range tr.Requests {
+		arrays[unsafe.SliceData(r.Keys)] = max(arrays[unsafe.SliceData(r.Keys)], cap(r.Keys))
+	}
+	total := 0
+	for _, n := range arrays {
+		total += n
+	}
+	final := len(tr.Requests[len(tr.Requests)-1].Keys)
+	if total > 4*final {
+		t.Errorf("%d requests hold %d keys in %d arrays for a final prompt of %d blocks", len(tr.Requests), total, len(arrays), final)
+	}
 }
