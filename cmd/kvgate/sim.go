@@ -25,6 +25,7 @@ type simFlags struct {
 	instances, decodeInstances, systems, sessions, systemTokens, turnTokens int
 	outputTokens, blockSize, cacheBlocks, decodeKVTokens, seeds             int
 	duration, sloTTFT, sloTPOT, prefillSpeed, timeScale                     float64
+	eventLag, approxTTL                                                     float64
 	seed                                                                    uint64
 }
 
@@ -34,6 +35,7 @@ type simFlags struct {
 type simLimits struct {
 	instances, decodeInstances, decodeKVTokens, cacheBlocks, seeds flagrange.Range[int]
 	sloTTFT, sloTPOT                                               flagrange.Range[float64]
+	eventLag, approxTTL                                            flagrange.Range[float64]
 }
 
 func simRanges() simLimits {
@@ -45,6 +47,8 @@ func simRanges() simLimits {
 		seeds:           flagrange.Range[int]{Min: 1, Max: 1000},
 		sloTTFT:         flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds", Zero: "none"},
 		sloTPOT:         flagrange.Range[float64]{Min: 0.0001, Max: 3600, Unit: "seconds", Zero: "none"},
+		eventLag:        flagrange.Range[float64]{Min: 0.000001, Max: 3600, Unit: "seconds", Zero: "the router knows every cache exactly"},
+		approxTTL:       flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds", Zero: "none"},
 	}
 }
 
@@ -85,6 +89,8 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.seeds, "seeds", sl.seeds, "run generated workloads with seeds seed … seed+N-1 and report each (a trace is replayed once)")
 	flagrange.Var(fl, &f.sloTTFT, "slo-ttft", sl.sloTTFT, "TTFT SLO in seconds")
 	flagrange.Var(fl, &f.sloTPOT, "slo-tpot", sl.sloTPOT, "TPOT SLO in seconds (needs --decode-instances)")
+	flagrange.Var(fl, &f.eventLag, "event-lag", sl.eventLag, "the router hears of cached blocks this late (KV-event lag)")
+	flagrange.Var(fl, &f.approxTTL, "approx-ttl", sl.approxTTL, "with --event-lag: the router's own routing decisions count as cached blocks for this long (kvindex's approximate entries)")
 	flagrange.Var(fl, &f.prefillSpeed, "prefill-speed", pm.PrefillTokensPerSec, "prompt tokens per second per prefill instance")
 	flagrange.Var(fl, &f.blockSize, "block-size", wl.BlockSize, "block size in tokens (traces use their own 512-token blocks)")
 	flagrange.Var(fl, &f.cacheBlocks, "cache-blocks", sl.cacheBlocks, fmt.Sprintf("prefix-cache capacity per instance, in blocks of --block-size; instances × cache blocks at most %d", maxCacheBlocks))
@@ -214,7 +220,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	model.PrefillTokensPerSec = f.prefillSpeed
 	cfg := sim.Config{Prefill: f.instances, Decode: f.decodeInstances, Model: model,
 		CacheTokens: f.cacheBlocks * f.blockSize, DecodeKVTokens: f.decodeKVTokens,
-		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}}
+		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL}
 
 	specs, err := traceSpecs(&f)
 	if err != nil {
@@ -393,6 +399,7 @@ func roundResult(r sim.Result) sim.Result {
 	r.TTFTP99 = round(r.TTFTP99, 4)
 	r.Attainment = round(r.Attainment, 4)
 	r.Rejected = round(r.Rejected, 4)
+	r.Unserved = round(r.Unserved, 4)
 	r.Goodput = round(r.Goodput, 2)
 	r.TPOTP50 = round(r.TPOTP50, 5)
 	r.TPOTP99 = round(r.TPOTP99, 5)
@@ -401,7 +408,7 @@ func roundResult(r sim.Result) sim.Result {
 
 func printTable(w io.Writer, rs []sim.Result, withSeed bool, jobs []simJob) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	head := "rate\tpolicy\treject\trequests\thit\tTTFT p50\tTTFT p99\tattain\trejected\tgoodput\t"
+	head := "rate\tpolicy\treject\trequests\thit\tTTFT p50\tTTFT p99\tattain\trejected\tunserved\tgoodput\t"
 	if withSeed {
 		head = "seed\t" + head
 	}
@@ -411,8 +418,8 @@ func printTable(w io.Writer, rs []sim.Result, withSeed bool, jobs []simJob) erro
 		if r.EarlyReject {
 			rej = "yes"
 		}
-		line := fmt.Sprintf("%g\t%s\t%s\t%d\t%.1f%%\t%.2fs\t%.2fs\t%.1f%%\t%.1f%%\t%.1f/s\t",
-			r.Rate, r.Policy, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, 100*r.Attainment, 100*r.Rejected, r.Goodput)
+		line := fmt.Sprintf("%g\t%s\t%s\t%d\t%.1f%%\t%.2fs\t%.2fs\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f/s\t",
+			r.Rate, r.Policy, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, 100*r.Attainment, 100*r.Rejected, 100*r.Unserved, r.Goodput)
 		if withSeed {
 			line = fmt.Sprintf("%d\t", jobs[i].seed) + line
 		}
