@@ -12,11 +12,36 @@ import (
 type Message struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
+	// text, when set (TextMessage), is the content as plain text: no
+	// JSON is built or parsed for it until the message is marshalled.
+	text *string
+}
+
+// MarshalJSON writes the message in OpenAI's shape.
+func (m Message) MarshalJSON() ([]byte, error) {
+	if m.text != nil {
+		return json.Marshal(struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		}{m.Role, *m.text})
+	}
+	type plain struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	c := m.Content
+	if len(c) == 0 {
+		c = json.RawMessage("null")
+	}
+	return json.Marshal(plain{m.Role, c})
 }
 
 // Text returns the message's text: the string content, or its text parts
 // joined with newlines.
 func (m Message) Text() string {
+	if m.text != nil {
+		return *m.text
+	}
 	c := m.Content
 	if len(c) == 0 || string(c) == "null" {
 		return ""
@@ -47,8 +72,7 @@ func (m Message) Text() string {
 
 // TextMessage builds a Message with string content.
 func TextMessage(role, text string) Message {
-	c, _ := json.Marshal(text)
-	return Message{Role: role, Content: c}
+	return Message{Role: role, text: &text}
 }
 
 // Template renders a conversation to prompt text as a sequence of segments:
