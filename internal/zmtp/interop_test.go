@@ -17,7 +17,7 @@ import (
 // Interop with libzmq 4.3 (pyzmq) was checked by hand once; see
 // libzmq_test.go for what it showed.
 
-func freeEndpoint(t *testing.T) string {
+func freeEndpoint(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
