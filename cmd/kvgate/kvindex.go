@@ -100,6 +100,9 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	approxTTL := fs.Duration("approx-ttl", 2*time.Minute, "lifetime of approximate (routed) entries")
 	maxKeys := fs.Int("max-keys", 4<<20, "bound on keys per index table (model × group × 64 endpoints × tier)")
 	replayTimeout := fs.Duration("replay-timeout", 2*time.Second, "wait for each replay reply")
+	replayBudget := fs.Duration("replay-budget", kvevents.DefaultReplayBudget, "longest whole replay (live events wait meanwhile), 1ms to 1h")
+	maxCentral := fs.Int("max-central-engines", kvevents.DefaultMaxCentralEngines, "central mode: most engines registered from topics, 1 to 65536")
+	maxMsg := fs.Int64("zmq-max-msg-bytes", kvevents.DefaultMaxMsgSize, "largest ZMQ message accepted from an engine, 1024 to 1073741824 bytes")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate kvindex [flags]\n\nRuns the KV-event subscriber, the global prefix index and its admin API\n(POST /admin/kv/lookup, POST /admin/kv/routed, GET /admin/kv/stats).\n\nFlags:")
@@ -113,6 +116,15 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if *blockSize <= 0 {
 		return fmt.Errorf("--block-size must be > 0")
+	}
+	if *replayBudget < time.Millisecond || *replayBudget > time.Hour {
+		return fmt.Errorf("--replay-budget %v out of range [1ms, 1h]", *replayBudget)
+	}
+	if *maxCentral < 1 || *maxCentral > 1<<16 {
+		return fmt.Errorf("--max-central-engines %d out of range [1, 65536]", *maxCentral)
+	}
+	if *maxMsg < 1<<10 || *maxMsg > 1<<30 {
+		return fmt.Errorf("--zmq-max-msg-bytes %d out of range [1024, 1073741824]", *maxMsg)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -159,7 +171,8 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	idx := kvindex.New(kvindex.Config{BlockSize: *blockSize, ApproxTTL: *approxTTL, MaxKeys: *maxKeys})
 	sub, err := kvevents.New(kvevents.Config{
 		Engines: engines, BindEvents: zmqEndpoint(*bindEvents),
-		ReplayTimeout: *replayTimeout, Logger: log,
+		ReplayTimeout: *replayTimeout, ReplayBudget: *replayBudget, MaxCentralEngines: *maxCentral,
+		MaxMsgSize: *maxMsg, Logger: log,
 	}, idx)
 	if err != nil {
 		return err
@@ -178,6 +191,8 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			h, m, n := cache.Stats()
 			return map[string]any{
 				"central_malformed_frames": sub.CentralMalformed(),
+				"central_refused_frames":   sub.CentralRefused(),
+				"central_zmq":              sub.CentralSocketStats(),
 				"tokenizer_cache":          map[string]any{"hits": h, "misses": m, "tokens": n},
 			}
 		},

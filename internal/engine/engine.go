@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Engine is one emulated vLLM instance.
@@ -116,6 +117,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		}
 		e.pub = pub
 		e.sched.pub = pub
+		e.metrics.reg.MustRegister(pub.Collector(prometheus.Labels{"model_name": e.cfg.Model, "engine": "0"}))
 	}
 	e.ctx, e.cancel, e.started = ctx, cancel, true
 	e.srv = &http.Server{Handler: e.mux, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}

@@ -185,7 +185,10 @@ func TestSeqMaxDoesNotWrap(t *testing.T) {
 	if err := p.WriteMsg([]byte(topic), seq8(3), pEmpty(t)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "restart seen", func() bool { return statsOf(sub, name).Restarts == 1 })
+	eventually(t, "restart seen", func() bool {
+		st := statsOf(sub, name)
+		return st.Restarts == 1 && *st.LastSeq == 3
+	})
 	st = statsOf(sub, name)
 	if st.Gaps != 0 || *st.LastSeq != 3 || lookup(idx, a) != 0 {
 		t.Errorf("after restart at seq 3: %+v, lookup %d", st, lookup(idx, a))
@@ -230,5 +233,74 @@ func TestEndlessReplayDoesNotStarveLive(t *testing.T) {
 	}
 	if rs.requests.Load() != 1 {
 		t.Errorf("%d replay requests", rs.requests.Load())
+	}
+}
+
+// TestReplayBounded: a replay server that repeats old batches instead of
+// ending, or that trickles, is cut off by the reply count or the time
+// budget; the live frame is applied and the unfilled gap counted.
+func TestReplayBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		every time.Duration
+		cfg   Config
+		fails int64 // replay failures (time budget) expected
+	}{
+		{"repeats", 0, Config{ReplayTimeout: time.Second, ReplayBudget: hang}, 0},
+		{"trickles", 50 * time.Millisecond, Config{ReplayTimeout: time.Second, ReplayBudget: 300 * time.Millisecond}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "127.0.0.1:9004"
+			topic := "kv@" + name + "@m"
+			// With a budget longer than the test's hang guard, only the
+			// reply count can end the "repeats" replay in time.
+			rs := startReplayServer(t, topic, func(send func(uint64, []byte) bool, start uint64) {
+				for send(0, enc(t, []any{0.5, []any{}, 0})) {
+					time.Sleep(tc.every)
+				}
+			})
+			bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+			cfg := tc.cfg
+			cfg.BindEvents = bind
+			cfg.Engines = []EngineConfig{{Name: name, Model: "m", Replay: rs.ep}}
+			sub, idx := runSub(t, cfg)
+			p := rawPub(t, bind)
+			a := seqTokens(64, 11)
+			_ = p.WriteMsg([]byte(topic), seq8(0), pEmpty(t))
+			_ = p.WriteMsg([]byte(topic), seq8(5), pStored(t, a, 1, nil)) // gap: 1..4
+			eventually(t, "live frame applied", func() bool { return lookup(idx, a) == 4 })
+			st := statsOf(sub, name)
+			if st.Gaps != 1 || st.Unrecovered != 1 || st.ReplayFailures != tc.fails || *st.LastSeq != 5 || st.Duplicates != 0 {
+				t.Errorf("stats %+v", st)
+			}
+		})
+	}
+}
+
+// TestCentralEngineLimit: central mode registers at most MaxCentralEngines
+// engines from topics; frames of further topics are refused and counted,
+// configured engines are still heard.
+func TestCentralEngineLimit(t *testing.T) {
+	bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	const configured = "127.0.0.1:9100"
+	sub, idx := runSub(t, Config{BindEvents: bind, MaxCentralEngines: 2, Engines: []EngineConfig{{Name: configured, Model: "m"}}})
+	p := rawPub(t, bind)
+	for i := range 5 {
+		_ = p.WriteMsg([]byte(fmt.Sprintf("kv@127.0.0.1:%d@m", 9200+i)), seq8(0), pEmpty(t))
+	}
+	a := seqTokens(64, 12)
+	_ = p.WriteMsg([]byte("kv@"+configured+"@m"), seq8(0), pStored(t, a, 1, nil))
+	eventually(t, "configured engine heard", func() bool { return lookup(idx, a) == 4 })
+	if n := sub.CentralRefused(); n != 3 {
+		t.Errorf("refused frames: %d, want 3", n)
+	}
+	if n := len(sub.Stats()); n != 3 {
+		t.Errorf("%d engines registered, want 1 configured + 2 from topics", n)
+	}
+	// Known topics keep working at the limit.
+	_ = p.WriteMsg([]byte("kv@127.0.0.1:9200@m"), seq8(1), pEmpty(t))
+	eventually(t, "known topic", func() bool { return statsOf(sub, "127.0.0.1:9200").Batches == 2 })
+	if n := sub.CentralRefused(); n != 3 {
+		t.Errorf("refused frames: %d, want 3", n)
 	}
 }
