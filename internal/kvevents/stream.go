@@ -17,7 +17,7 @@ type EngineStats struct {
 	batches, events, storedBlocks, removedBlocks, clears    atomic.Int64
 	unknownEvents, badEvents, orphans, unknownRemoves       atomic.Int64
 	mapEvicted, gaps, replays, replayedBatches, unrecovered atomic.Int64
-	replayFailures, restarts, malformed, duplicates         atomic.Int64
+	replayFailures, restarts, malformed                     atomic.Int64
 	connects, mapSize                                       atomic.Int64
 	lastSeq                                                 atomic.Uint64
 	started                                                 atomic.Bool
@@ -42,7 +42,6 @@ type EngineSnapshot struct {
 	ReplayedBatches int64   `json:"replayed_batches"`
 	ReplayFailures  int64   `json:"replay_failures"`
 	Unrecovered     int64   `json:"unrecovered_gaps"`
-	Duplicates      int64   `json:"duplicates"`
 	Restarts        int64   `json:"restarts"`
 	Malformed       int64   `json:"malformed_frames"`
 	BadEvents       int64   `json:"bad_events"`
@@ -60,7 +59,7 @@ func (s *EngineStats) snapshot() EngineSnapshot {
 		Connects: s.connects.Load(), Batches: s.batches.Load(), EventsSeen: s.events.Load(),
 		StoredBlocks: s.storedBlocks.Load(), RemovedBlocks: s.removedBlocks.Load(), Clears: s.clears.Load(),
 		Gaps: s.gaps.Load(), Replays: s.replays.Load(), ReplayedBatches: s.replayedBatches.Load(),
-		ReplayFailures: s.replayFailures.Load(), Unrecovered: s.unrecovered.Load(), Duplicates: s.duplicates.Load(),
+		ReplayFailures: s.replayFailures.Load(), Unrecovered: s.unrecovered.Load(),
 		Restarts: s.restarts.Load(), Malformed: s.malformed.Load(), BadEvents: s.badEvents.Load(),
 		UnknownEvents: s.unknownEvents.Load(), OrphanBlocks: s.orphans.Load(), UnknownRemoves: s.unknownRemoves.Load(),
 		MapBlocks: s.mapSize.Load(), MapEvicted: s.mapEvicted.Load(),

@@ -18,7 +18,20 @@ var (
 	ErrWriteTimeout = errors.New("zmtp: peer stopped reading")
 )
 
-const ioBufferSize = 64 << 10
+// bufferSizes are a connection's read and write buffer sizes: large on the
+// side that carries the messages, small on the side that carries only
+// subscriptions and requests.
+func (k kind) bufferSizes() (read, write int) {
+	const big, small = 64 << 10, 4 << 10
+	switch k {
+	case kindPub:
+		return small, big
+	case kindRouter:
+		return small, big
+	default: // Sub, Dealer
+		return big, small
+	}
+}
 
 // conn is one peer connection: a reader (the goroutine that runs
 // serveConn) and a writer goroutine draining out.
@@ -53,8 +66,9 @@ func newConn(s *socket, nc net.Conn, bound bool) *conn {
 		done: make(chan struct{}),
 	}
 	c.cr.nc = nc
-	c.br = bufio.NewReaderSize(&c.cr, ioBufferSize)
-	c.bw = bufio.NewWriterSize(nc, ioBufferSize)
+	rs, ws := s.kind.bufferSizes()
+	c.br = bufio.NewReaderSize(&c.cr, rs)
+	c.bw = bufio.NewWriterSize(nc, ws)
 	c.rd = msgReader{
 		br: c.br, cr: &c.cr, maxMsg: uint64(s.o.MaxMsgSize), maxFrames: s.o.MaxFrames,
 		budget: s.budget, done: c.done, wait: s.o.ReadTimeout,

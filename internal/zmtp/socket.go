@@ -262,14 +262,20 @@ func (s *socket) dialLoop(addr string) {
 	defer s.wg.Done()
 	backoff := s.o.ReconnectInterval
 	d := net.Dialer{Timeout: s.o.HandshakeTimeout}
+	failing := false // log the first failure of a series as a warning, the rest at debug level
 	for {
 		nc, err := d.DialContext(s.ctx, "tcp", addr)
 		if err == nil {
 			if c, ok := s.admit(nc, false); ok && s.serveConn(c) {
-				backoff = s.o.ReconnectInterval
+				backoff, failing = s.o.ReconnectInterval, false
 			}
 		} else if s.ctx.Err() == nil {
-			s.log.Debug("zmq: dial", "addr", addr, "err", err)
+			if !failing {
+				s.log.Warn("zmq: cannot connect, retrying", "addr", addr, "err", err)
+			} else {
+				s.log.Debug("zmq: dial", "addr", addr, "err", err)
+			}
+			failing = true
 		}
 		if !s.sleep(backoff) {
 			return
