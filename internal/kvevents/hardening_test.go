@@ -153,6 +153,16 @@ func startReplayServer(t *testing.T, topic string, serve func(send func(seq uint
 	return rs
 }
 
+// centralWithReplay runs a central-mode subscriber that knows engine name
+// with replay server rs, and dials it as a raw publisher.
+func centralWithReplay(t *testing.T, name string, rs *replayServer, cfg Config) (*Subscriber, *kvindex.Index, *zmtptest.Peer) {
+	t.Helper()
+	cfg.BindEvents = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	cfg.Engines = []EngineConfig{{Name: name, Model: "m", Replay: rs.ep}}
+	sub, idx := runSub(t, cfg)
+	return sub, idx, rawPub(t, cfg.BindEvents)
+}
+
 // TestSeqMaxDoesNotWrap: after a batch numbered 2^64-1 the stream must not
 // expect 0 next: a later small sequence number is a restart, not a gap.
 func TestSeqMaxDoesNotWrap(t *testing.T) {
@@ -161,12 +171,7 @@ func TestSeqMaxDoesNotWrap(t *testing.T) {
 	rs := startReplayServer(t, topic, func(send func(uint64, []byte) bool, _ uint64) {
 		send(endSeq, nil)
 	})
-	bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	sub, idx := runSub(t, Config{
-		BindEvents: bind, ReplayTimeout: time.Second,
-		Engines: []EngineConfig{{Name: name, Model: "m", Replay: rs.ep}},
-	})
-	p := rawPub(t, bind)
+	sub, idx, p := centralWithReplay(t, name, rs, Config{ReplayTimeout: time.Second})
 	a := seqTokens(64, 8)
 	for _, m := range []struct {
 		seq     uint64
@@ -209,12 +214,7 @@ func TestEndlessReplayDoesNotStarveLive(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	})
-	bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	sub, idx := runSub(t, Config{
-		BindEvents: bind, ReplayTimeout: time.Second,
-		Engines: []EngineConfig{{Name: name, Model: "m", Replay: rs.ep}},
-	})
-	p := rawPub(t, bind)
+	sub, idx, p := centralWithReplay(t, name, rs, Config{ReplayTimeout: time.Second})
 	// Joining late at seq 10: replay 0..9, then the live frames.
 	a := seqTokens(64, 9)
 	b := seqTokens(64, 10)
@@ -259,12 +259,7 @@ func TestReplayBounded(t *testing.T) {
 					time.Sleep(tc.every)
 				}
 			})
-			bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-			cfg := tc.cfg
-			cfg.BindEvents = bind
-			cfg.Engines = []EngineConfig{{Name: name, Model: "m", Replay: rs.ep}}
-			sub, idx := runSub(t, cfg)
-			p := rawPub(t, bind)
+			sub, idx, p := centralWithReplay(t, name, rs, tc.cfg)
 			a := seqTokens(64, 11)
 			_ = p.WriteMsg([]byte(topic), seq8(0), pEmpty(t))
 			_ = p.WriteMsg([]byte(topic), seq8(5), pStored(t, a, 1, nil)) // gap: 1..4
@@ -323,9 +318,7 @@ func TestWarmUpReplay(t *testing.T) {
 		}
 		send(endSeq, nil)
 	})
-	bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	sub, idx := runSub(t, Config{BindEvents: bind, Engines: []EngineConfig{{Name: name, Model: "m", Replay: rs.ep}}})
-	p := rawPub(t, bind)
+	sub, idx, p := centralWithReplay(t, name, rs, Config{})
 	for s := uint64(10); s <= 12; s++ {
 		_ = p.WriteMsg([]byte(topic), seq8(s), pEmpty(t))
 	}

@@ -103,21 +103,29 @@ func seqOf(f []byte) (uint64, bool) {
 
 const endSeq = ^uint64(0)
 
-// onFrames handles one live message: [topic, seq, payload] or [seq, payload].
-func (s *stream) onFrames(ctx context.Context, frames [][]byte) {
-	var seqF, payload []byte
+// splitBatch parses [topic, seq, payload] or [seq, payload].
+func splitBatch(frames [][]byte) (seq uint64, payload []byte, err error) {
+	var seqF []byte
 	switch len(frames) {
 	case 3:
 		seqF, payload = frames[1], frames[2]
 	case 2:
 		seqF, payload = frames[0], frames[1]
 	default:
-		s.malformed(fmt.Errorf("%d frames, want 3", len(frames)))
-		return
+		return 0, nil, fmt.Errorf("%d frames, want 3", len(frames))
 	}
 	seq, ok := seqOf(seqF)
 	if !ok {
-		s.malformed(fmt.Errorf("sequence frame of %d bytes, want 8", len(seqF)))
+		return 0, nil, fmt.Errorf("sequence frame of %d bytes, want 8", len(seqF))
+	}
+	return seq, payload, nil
+}
+
+// onFrames handles one live message: [topic, seq, payload] or [seq, payload].
+func (s *stream) onFrames(ctx context.Context, frames [][]byte) {
+	seq, payload, err := splitBatch(frames)
+	if err != nil {
+		s.malformed(err)
 		return
 	}
 	s.onMessage(ctx, seq, payload)
@@ -282,19 +290,9 @@ func (c *replayClient) request(ctx context.Context, from uint64, fn func(seq uin
 		if len(f) >= 3 && len(f[0]) == 0 {
 			f = f[1:]
 		}
-		var seqF, payload []byte
-		switch len(f) {
-		case 3:
-			seqF, payload = f[1], f[2]
-		case 2:
-			seqF, payload = f[0], f[1]
-		default:
-			c.log.Warn("kv events: malformed replay reply", "replay", c.endpoint, "frames", len(msg))
-			continue
-		}
-		seq, ok := seqOf(seqF)
-		if !ok {
-			c.log.Warn("kv events: malformed replay sequence", "replay", c.endpoint, "bytes", len(seqF))
+		seq, payload, err := splitBatch(f)
+		if err != nil {
+			c.log.Warn("kv events: malformed replay reply", "replay", c.endpoint, "err", err)
 			continue
 		}
 		if seq == endSeq || !fn(seq, payload) {

@@ -32,13 +32,7 @@ func ep(a fmt.Stringer) string { return "tcp://" + a.String() }
 
 func eventually(t *testing.T, what string, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(hang)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	zmtptest.Eventually(t, hang, what, f)
 }
 
 func recvT(t *testing.T, r interface {

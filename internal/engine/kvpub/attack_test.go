@@ -55,13 +55,7 @@ func bigBatch(i int) []Event {
 
 func waitFor(t *testing.T, what string, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(hang)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	zmtptest.Eventually(t, hang, what, f)
 }
 
 // rawSubscriber is a raw ZMTP 3.0 SUB subscribed to everything.

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -205,3 +206,16 @@ func (p *Peer) WaitClosed(timeout time.Duration) bool {
 
 // Close closes the connection.
 func (p *Peer) Close() error { return p.Conn.Close() }
+
+// Eventually polls f every 5 ms until it holds, failing the test after
+// timeout (a hang guard, never a speed assertion).
+func Eventually(t testing.TB, timeout time.Duration, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
