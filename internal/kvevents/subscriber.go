@@ -251,7 +251,9 @@ func (s *Subscriber) dialSocket(st *stream) (*zmtp.Sub, error) {
 			s.log.Info("kv events: subscribed", "endpoint", name, "events", ep)
 		},
 		OnDisconnect: func(_ net.Addr, err error) {
-			s.log.Info("kv events: connection lost, reconnecting", "endpoint", name, "err", err)
+			if err != nil { // nil: we are closing
+				s.log.Info("kv events: connection lost, reconnecting", "endpoint", name, "err", err)
+			}
 		},
 	})
 	if err != nil {
