@@ -121,6 +121,11 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	flagrange.Var(fl, approxTTL, "approx-ttl", lim.approxTTL, "lifetime of approximate (routed) entries")
 	flagrange.Var(fl, maxKeys, "max-keys", lim.maxKeys, "bound on keys per index table (model × group × 64 endpoints × tier)")
 	flagrange.Var(fl, replayTimeout, "replay-timeout", lim.replayTimeout, "wait for each replay reply")
+	replayBudget, maxCentral, maxMsg := new(time.Duration), new(int), new(int64)
+	*replayBudget, *maxCentral, *maxMsg = kvevents.DefaultReplayBudget, kvevents.DefaultMaxCentralEngines, kvevents.DefaultMaxMsgSize
+	flagrange.Var(fl, replayBudget, "replay-budget", flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour}, "longest whole replay (live events wait meanwhile)")
+	flagrange.Var(fl, maxCentral, "max-central-engines", flagrange.Range[int]{Min: 1, Max: 1 << 16, Unit: "engines"}, "central mode: most engines registered from topics")
+	flagrange.Var(fl, maxMsg, "zmq-max-msg-bytes", flagrange.Range[int64]{Min: 1 << 10, Max: 1 << 30, Unit: "bytes"}, "largest ZMQ message accepted from an engine")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	httpCfg := httpserve.Config{MaxBodyBytes: kvindex.DefaultMaxBodyBytes}
 	httpserve.AddFlags(fl, &httpCfg)
@@ -185,7 +190,8 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	idx := kvindex.New(kvindex.Config{BlockSize: *blockSize, ApproxTTL: *approxTTL, MaxKeys: *maxKeys})
 	sub, err := kvevents.New(kvevents.Config{
 		Engines: engines, BindEvents: zmqEndpoint(*bindEvents),
-		ReplayTimeout: *replayTimeout, Logger: log,
+		ReplayTimeout: *replayTimeout, ReplayBudget: *replayBudget, MaxCentralEngines: *maxCentral,
+		MaxMsgSize: *maxMsg, Logger: log,
 	}, idx)
 	if err != nil {
 		return err
@@ -204,6 +210,8 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			h, m, n := cache.Stats()
 			return map[string]any{
 				"central_malformed_frames": sub.CentralMalformed(),
+				"central_refused_frames":   sub.CentralRefused(),
+				"central_zmq":              sub.CentralSocketStats(),
 				"tokenizer_cache":          map[string]any{"hits": h, "misses": m, "tokens": n},
 			}
 		},

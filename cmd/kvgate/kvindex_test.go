@@ -154,6 +154,9 @@ func TestKVIndexBadFlags(t *testing.T) {
 		{[]string{"--engine", eng, "--tokenizer", "source=estimate,colour=red"}, `unknown key "colour"`},
 		{[]string{"--engine", eng, "--admin", "127.0.0.1:notaport"}, "--admin"},
 		{[]string{"--engine", eng, "stray"}, "unexpected arguments"},
+		{[]string{"--engine", eng, "--max-central-engines", "0"}, "--max-central-engines must be in"},
+		{[]string{"--engine", eng, "--zmq-max-msg-bytes", "1073741825"}, "--zmq-max-msg-bytes must be in"},
+		{[]string{"--engine", eng, "--replay-budget", "0s"}, "--replay-budget must be in"},
 		{[]string{"--no-such-flag"}, "not defined"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
 	"github.com/kvgate/kvgate/internal/httpserve"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Engine is one emulated vLLM instance.
@@ -123,6 +124,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		}
 		e.pub = pub
 		e.sched.pub = pub
+		e.metrics.reg.MustRegister(pub.Collector(prometheus.Labels{"model_name": e.cfg.Model, "engine": "0"}))
 	}
 	e.ctx, e.cancel, e.started = ctx, cancel, true
 	srv.HTTP.BaseContext = func(net.Listener) context.Context { return ctx }

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
 	"github.com/kvgate/kvgate/internal/tokens"
+	"github.com/kvgate/kvgate/internal/zmtp"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -146,7 +146,7 @@ func decodePayload(t testing.TB, seq uint64, payload []byte, format kvpub.Format
 
 // subscriber receives KV event batches from an engine.
 type subscriber struct {
-	sub   zmq4.Socket
+	sub   *zmtp.Sub
 	ch    chan decodedBatch
 	topic string
 }
@@ -154,27 +154,30 @@ type subscriber struct {
 func subscribe(t *testing.T, e *Engine, format kvpub.Format) *subscriber {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	sub := zmq4.NewSub(ctx)
-	t.Cleanup(func() { cancel(); sub.Close() })
-	if err := sub.Dial(e.KVEventsEndpoint()); err != nil {
+	sub, err := zmtp.NewSub(zmtp.Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sub.SetOption(zmq4.OptionSubscribe, e.KVEventsTopic()); err != nil {
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); sub.Close(); <-done })
+	sub.Subscribe([]byte(e.KVEventsTopic()))
+	if err := sub.Dial(e.KVEventsEndpoint()); err != nil {
 		t.Fatal(err)
 	}
 	s := &subscriber{sub: sub, ch: make(chan decodedBatch, 1024), topic: e.KVEventsTopic()}
 	ch := s.ch
 	go func() {
+		defer close(done)
 		for {
-			msg, err := sub.Recv()
+			msg, err := sub.Recv(ctx)
 			if err != nil {
 				return
 			}
-			if len(msg.Frames) != 3 || string(msg.Frames[0]) != s.topic || len(msg.Frames[1]) != 8 {
-				t.Errorf("bad frames: %d, topic %q", len(msg.Frames), msg.Frames[0])
+			if len(msg) != 3 || string(msg[0]) != s.topic || len(msg[1]) != 8 {
+				t.Errorf("bad frames: %d, topic %q", len(msg), msg[0])
 				continue
 			}
-			ch <- decodePayload(t, binary.BigEndian.Uint64(msg.Frames[1]), msg.Frames[2], format)
+			ch <- decodePayload(t, binary.BigEndian.Uint64(msg[1]), msg[2], format)
 		}
 	}()
 	// Slow joiner: poke the engine with cache resets until a batch arrives.
@@ -341,33 +344,34 @@ func TestKVEventsReplay(t *testing.T) {
 	replay := func(start uint64) []decodedBatch {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		d := zmq4.NewDealer(ctx)
+		d, err := zmtp.NewDealer(zmtp.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		defer d.Close()
 		if err := d.Dial(e.KVEventsReplayEndpoint()); err != nil {
 			t.Fatal(err)
 		}
-		var sb [8]byte
-		binary.BigEndian.PutUint64(sb[:], start)
-		if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, sb[:])); err != nil {
+		if err := d.Send(ctx, nil, binary.BigEndian.AppendUint64(nil, start)); err != nil {
 			t.Fatal(err)
 		}
 		var out []decodedBatch
 		for {
-			msg, err := d.Recv()
+			msg, err := d.Recv(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(msg.Frames) != 4 || len(msg.Frames[0]) != 0 || string(msg.Frames[1]) != e.KVEventsTopic() {
-				t.Fatalf("reply frames %q", msg.Frames)
+			if len(msg) != 4 || len(msg[0]) != 0 || string(msg[1]) != e.KVEventsTopic() {
+				t.Fatalf("reply frames %q", msg)
 			}
-			seq := binary.BigEndian.Uint64(msg.Frames[2])
+			seq := binary.BigEndian.Uint64(msg[2])
 			if seq == kvpub.EndSeq {
-				if len(msg.Frames[3]) != 0 {
+				if len(msg[3]) != 0 {
 					t.Error("end marker with payload")
 				}
 				return out
 			}
-			out = append(out, decodePayload(t, seq, msg.Frames[3], kvpub.FormatArray))
+			out = append(out, decodePayload(t, seq, msg[3], kvpub.FormatArray))
 		}
 	}
 	// The buffer keeps the last 5 batches.

@@ -82,7 +82,9 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.g.sub != nil {
 		for _, s := range c.g.sub.Stats() {
-			ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(s.LastSeq), s.Endpoint, s.Model)
+			if s.LastSeq != nil {
+				ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(*s.LastSeq), s.Endpoint, s.Model)
+			}
 			ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(s.Gaps), s.Endpoint, s.Model)
 		}
 	}

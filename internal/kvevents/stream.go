@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"github.com/kvgate/kvgate/internal/zmtp"
 )
 
 // EngineStats are one engine stream's counters; read them with Snapshot.
@@ -17,66 +17,80 @@ type EngineStats struct {
 	batches, events, storedBlocks, removedBlocks, clears    atomic.Int64
 	unknownEvents, badEvents, orphans, unknownRemoves       atomic.Int64
 	mapEvicted, gaps, replays, replayedBatches, unrecovered atomic.Int64
-	replayFailures, restarts, malformed, duplicates         atomic.Int64
-	lastSeq, connects                                       atomic.Int64
-	mapSize                                                 atomic.Int64
+	replayFailures, restarts, malformed                     atomic.Int64
+	connects, mapSize                                       atomic.Int64
+	lastSeq                                                 atomic.Uint64
+	started                                                 atomic.Bool
 }
 
 // EngineSnapshot is a copy of one engine's counters, as served by the admin
 // API.
 type EngineSnapshot struct {
-	Endpoint        string `json:"endpoint"`
-	Model           string `json:"model"`
-	Events          string `json:"events,omitempty"`
-	Replay          string `json:"replay,omitempty"`
-	LastSeq         int64  `json:"last_seq"` // -1 before the first batch
-	Connects        int64  `json:"connects"` // successful dials of its PUB (per-engine mode)
-	Batches         int64  `json:"batches"`
-	EventsSeen      int64  `json:"events_seen"`
-	StoredBlocks    int64  `json:"stored_blocks"`
-	RemovedBlocks   int64  `json:"removed_blocks"`
-	Clears          int64  `json:"clears"`
-	Gaps            int64  `json:"gaps"`
-	Replays         int64  `json:"replays"`
-	ReplayedBatches int64  `json:"replayed_batches"`
-	ReplayFailures  int64  `json:"replay_failures"`
-	Unrecovered     int64  `json:"unrecovered_gaps"`
-	Duplicates      int64  `json:"duplicates"`
-	Restarts        int64  `json:"restarts"`
-	Malformed       int64  `json:"malformed_frames"`
-	BadEvents       int64  `json:"bad_events"`
-	UnknownEvents   int64  `json:"unknown_events"`
-	OrphanBlocks    int64  `json:"orphan_blocks"`
-	UnknownRemoves  int64  `json:"unknown_removes"`
-	MapBlocks       int64  `json:"map_blocks"`
-	MapEvicted      int64  `json:"map_evicted"`
+	Endpoint        string  `json:"endpoint"`
+	Model           string  `json:"model"`
+	Events          string  `json:"events,omitempty"`
+	Replay          string  `json:"replay,omitempty"`
+	LastSeq         *uint64 `json:"last_seq"` // null before the first batch
+	Connects        int64   `json:"connects"` // handshakes with its PUB (per-engine mode)
+	Batches         int64   `json:"batches"`
+	EventsSeen      int64   `json:"events_seen"`
+	StoredBlocks    int64   `json:"stored_blocks"`
+	RemovedBlocks   int64   `json:"removed_blocks"`
+	Clears          int64   `json:"clears"`
+	Gaps            int64   `json:"gaps"`
+	Replays         int64   `json:"replays"`
+	ReplayedBatches int64   `json:"replayed_batches"`
+	ReplayFailures  int64   `json:"replay_failures"`
+	Unrecovered     int64   `json:"unrecovered_gaps"`
+	Restarts        int64   `json:"restarts"`
+	Malformed       int64   `json:"malformed_frames"`
+	BadEvents       int64   `json:"bad_events"`
+	UnknownEvents   int64   `json:"unknown_events"`
+	OrphanBlocks    int64   `json:"orphan_blocks"`
+	UnknownRemoves  int64   `json:"unknown_removes"`
+	MapBlocks       int64   `json:"map_blocks"`
+	MapEvicted      int64   `json:"map_evicted"`
+	// ZMQ is the per-engine SUB socket's counters (per-engine mode).
+	ZMQ *zmtp.Stats `json:"zmq,omitempty"`
 }
 
 func (s *EngineStats) snapshot() EngineSnapshot {
-	return EngineSnapshot{
-		LastSeq: s.lastSeq.Load(), Connects: s.connects.Load(), Batches: s.batches.Load(), EventsSeen: s.events.Load(),
+	sn := EngineSnapshot{
+		Connects: s.connects.Load(), Batches: s.batches.Load(), EventsSeen: s.events.Load(),
 		StoredBlocks: s.storedBlocks.Load(), RemovedBlocks: s.removedBlocks.Load(), Clears: s.clears.Load(),
 		Gaps: s.gaps.Load(), Replays: s.replays.Load(), ReplayedBatches: s.replayedBatches.Load(),
-		ReplayFailures: s.replayFailures.Load(), Unrecovered: s.unrecovered.Load(), Duplicates: s.duplicates.Load(),
+		ReplayFailures: s.replayFailures.Load(), Unrecovered: s.unrecovered.Load(),
 		Restarts: s.restarts.Load(), Malformed: s.malformed.Load(), BadEvents: s.badEvents.Load(),
 		UnknownEvents: s.unknownEvents.Load(), OrphanBlocks: s.orphans.Load(), UnknownRemoves: s.unknownRemoves.Load(),
 		MapBlocks: s.mapSize.Load(), MapEvicted: s.mapEvicted.Load(),
 	}
+	if s.started.Load() {
+		last := s.lastSeq.Load()
+		sn.LastSeq = &last
+	}
+	return sn
 }
 
 // stream is one engine's event stream: sequence tracking, replay and the
 // engine→router map. It belongs to one goroutine.
 type stream struct {
-	cfg       EngineConfig
-	m         *mapper
-	st        *EngineStats
-	rep       *replayClient // nil without a replay endpoint
-	log       *slog.Logger
-	batch     Batch
-	started   bool
-	next      uint64 // next expected sequence number
-	dupFloor  uint64 // after a replay, live seqs in [dupFloor, next) are duplicates
-	dupActive bool
+	cfg     EngineConfig
+	m       *mapper
+	st      *EngineStats
+	rep     replayer // nil without a replay endpoint
+	log     *slog.Logger
+	sock    atomic.Pointer[zmtp.Sub] // per-engine mode: its SUB, for Stats
+	batch   Batch
+	started bool
+	next    uint64 // next expected sequence number, unless past
+	past    bool   // 2^64-1 was applied: every sequence number is behind
+}
+
+// replayer asks an engine's replay socket for the batches from seq from on
+// and calls fn for each reply until the end marker, the time budget or fn
+// returning false.
+type replayer interface {
+	request(ctx context.Context, from uint64, fn func(seq uint64, payload []byte) bool) error
 }
 
 // seqOf parses an 8-byte big-endian sequence frame.
@@ -89,72 +103,84 @@ func seqOf(f []byte) (uint64, bool) {
 
 const endSeq = ^uint64(0)
 
-// onFrames handles one live message: [topic, seq, payload] or [seq, payload].
-func (s *stream) onFrames(ctx context.Context, frames [][]byte) {
-	var seqF, payload []byte
+// splitBatch parses [topic, seq, payload] or [seq, payload].
+func splitBatch(frames [][]byte) (seq uint64, payload []byte, err error) {
+	var seqF []byte
 	switch len(frames) {
 	case 3:
 		seqF, payload = frames[1], frames[2]
 	case 2:
 		seqF, payload = frames[0], frames[1]
 	default:
-		s.malformed(fmt.Errorf("%d frames, want 3", len(frames)))
-		return
+		return 0, nil, fmt.Errorf("%d frames, want 3", len(frames))
 	}
 	seq, ok := seqOf(seqF)
 	if !ok {
-		s.malformed(fmt.Errorf("sequence frame of %d bytes, want 8", len(seqF)))
+		return 0, nil, fmt.Errorf("sequence frame of %d bytes, want 8", len(seqF))
+	}
+	return seq, payload, nil
+}
+
+// onFrames handles one live message: [topic, seq, payload] or [seq, payload].
+func (s *stream) onFrames(ctx context.Context, frames [][]byte) {
+	seq, payload, err := splitBatch(frames)
+	if err != nil {
+		s.malformed(err)
 		return
 	}
 	s.onMessage(ctx, seq, payload)
 }
 
+// behind reports whether seq is before the next expected one.
+func (s *stream) behind(seq uint64) bool { return s.past || seq < s.next }
+
+// onMessage handles live batch seq. Missing batches before it are asked
+// from the replay socket first, up to seq and no further, so the live
+// batch is never mistaken for a duplicate.
 func (s *stream) onMessage(ctx context.Context, seq uint64, payload []byte) {
-	replayed := false
 	switch {
 	case !s.started:
-		s.started = true
-		s.next = seq
+		s.started, s.next = true, seq
 		if seq > 0 && s.rep != nil {
-			// Joining a running engine: take what its replay buffer has.
-			replayed = s.recover(ctx, 0)
+			// Joining a running engine: apply what its buffer has before seq.
+			s.recover(ctx, 0, seq, true)
 		}
-	case seq < s.next:
-		if s.dupActive && seq >= s.dupFloor {
-			s.st.duplicates.Add(1)
-			return
-		}
+	case s.behind(seq):
 		s.st.restarts.Add(1)
 		s.log.Warn("kv events: sequence went back, engine restarted; dropping its blocks",
-			"endpoint", s.cfg.Name, "seq", seq, "expected", s.next)
+			"endpoint", s.cfg.Name, "seq", seq, "expected", s.expected())
 		s.m.reset()
-		s.next, s.dupActive = seq, false
+		s.next, s.past = seq, false
 		if seq > 0 && s.rep != nil {
-			replayed = s.recover(ctx, 0)
+			s.recover(ctx, 0, seq, true)
 		}
 	case seq > s.next:
 		s.st.gaps.Add(1)
 		s.log.Info("kv events: sequence gap", "endpoint", s.cfg.Name, "expected", s.next, "got", seq, "replay", s.rep != nil)
 		if s.rep != nil {
-			replayed = s.recover(ctx, s.next)
+			s.recover(ctx, s.next, seq, false)
 		}
 	}
-	if seq < s.next {
-		s.st.duplicates.Add(1) // already applied from the replay
-		return
-	}
-	if seq > s.next && !replayed {
+	if seq > s.next {
 		s.st.unrecovered.Add(1)
 		s.log.Warn("kv events: batches lost", "endpoint", s.cfg.Name, "from", s.next, "to", seq-1)
 	}
-	s.dupActive = false
 	s.apply(seq, payload)
+}
+
+// expected is the next expected sequence number for logs.
+func (s *stream) expected() string {
+	if s.past {
+		return "2^64"
+	}
+	return fmt.Sprint(s.next)
 }
 
 // apply decodes and applies one batch with sequence number seq.
 func (s *stream) apply(seq uint64, payload []byte) {
-	s.next = seq + 1
-	s.st.lastSeq.Store(int64(seq))
+	s.next, s.past = seq+1, seq == endSeq
+	s.st.lastSeq.Store(seq)
+	s.st.started.Store(true)
 	if err := Decode(payload, &s.batch); err != nil {
 		s.malformed(fmt.Errorf("seq %d: %w", seq, err))
 		return
@@ -171,139 +197,106 @@ func (s *stream) malformed(err error) {
 	}
 }
 
-// recover asks the replay socket for every buffered batch from seq from on
-// and applies the ones not seen yet. It reports whether the replay
-// completed and covered s.next.
-func (s *stream) recover(ctx context.Context, from uint64) bool {
+// maxExtraReplies bounds the replies a replay may send beyond the batches
+// it was asked for (duplicates of what is applied already).
+const maxExtraReplies = 64
+
+// recover asks the replay socket for the batches in [from, until) and
+// applies the ones not applied yet, in order. With warm (joining, or after
+// a restart) the oldest batch the buffer still has starts the sequence;
+// otherwise batches the buffer no longer has are lost. It stops at the
+// first batch numbered until or later (live frames bring those), once
+// [from, until) is applied, after until-from replies plus a few more, or
+// when the replay client's time budget runs out. On return s.next is
+// until when everything was recovered.
+func (s *stream) recover(ctx context.Context, from, until uint64, warm bool) {
 	s.st.replays.Add(1)
-	covered := true
-	err := s.rep.request(ctx, from, func(seq uint64, payload []byte) {
-		if seq < s.next {
-			return
+	s.next = from
+	budget := until - from + maxExtraReplies
+	if budget < maxExtraReplies { // overflow
+		budget = endSeq
+	}
+	first := true
+	err := s.rep.request(ctx, from, func(seq uint64, payload []byte) bool {
+		budget--
+		if seq >= until || budget == 0 {
+			return false
 		}
-		if seq > s.next {
-			covered = false
+		if seq < s.next {
+			return true // already applied
+		}
+		if seq > s.next && !(warm && first) {
 			s.st.unrecovered.Add(1)
 			s.log.Warn("kv events: replay buffer does not reach back far enough", "endpoint", s.cfg.Name, "from", s.next, "first", seq)
 		}
+		first = false
 		s.st.replayedBatches.Add(1)
 		s.apply(seq, payload)
+		return s.next < until
 	})
-	s.dupFloor, s.dupActive = from, true
 	if err != nil {
 		s.st.replayFailures.Add(1)
 		s.log.Warn("kv events: replay failed", "endpoint", s.cfg.Name, "replay", s.cfg.Replay, "err", err)
-		return false
 	}
-	return covered
+	if warm && first {
+		s.next = until // nothing before the live batch to apply
+	}
 }
 
-// replayClient asks an engine's replay ROUTER for missed batches.
+// replayClient asks an engine's replay ROUTER for missed batches, with a
+// fresh DEALER per request (replays are rare, and a connection to a ROUTER
+// that has since restarted would otherwise linger).
 type replayClient struct {
 	endpoint string
-	timeout  time.Duration
+	timeout  time.Duration // for each reply
+	budget   time.Duration // for the whole replay
+	maxMsg   int64
 	log      *slog.Logger
-	sock     zmq4.Socket
-	cancel   context.CancelFunc
-	ch       chan recvResult
 }
 
-type recvResult struct {
-	msg zmq4.Msg
-	err error
-}
-
-var errReplayTimeout = errors.New("replay timed out")
-
-func (c *replayClient) connect(ctx context.Context) error {
-	cctx, cancel := context.WithCancel(ctx)
-	sock := zmq4.NewDealer(cctx, zmq4.WithDialerRetry(100*time.Millisecond), zmq4.WithDialerMaxRetries(3))
-	if err := sock.Dial(c.endpoint); err != nil {
-		cancel()
-		sock.Close()
-		return fmt.Errorf("dial replay %s: %w", c.endpoint, err)
-	}
-	ch := make(chan recvResult, 64)
-	go func() {
-		for {
-			msg, err := sock.Recv()
-			select {
-			case ch <- recvResult{msg, err}:
-			case <-cctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	c.sock, c.cancel, c.ch = sock, cancel, ch
-	return nil
-}
-
-func (c *replayClient) close() {
-	if c.sock != nil {
-		c.cancel()
-		c.sock.Close()
-		c.sock, c.cancel, c.ch = nil, nil, nil
-	}
-}
+var (
+	errReplayTimeout = errors.New("replay timed out")
+	errReplayBudget  = errors.New("replay took longer than its budget")
+)
 
 // request sends ["", start_seq] and calls fn for every replied batch until
-// the end marker. Replies are ["", topic, seq, payload] (newer vLLM) or
-// ["", seq, payload] (older).
-func (c *replayClient) request(ctx context.Context, from uint64, fn func(seq uint64, payload []byte)) error {
-	// A fresh DEALER per request: replays are rare, and a connection to a
-	// ROUTER that has since restarted would otherwise linger.
-	if err := c.connect(ctx); err != nil {
+// the end marker, fn returning false, or the budget. Replies are ["",
+// topic, seq, payload] (newer vLLM) or ["", seq, payload] (older).
+func (c *replayClient) request(ctx context.Context, from uint64, fn func(seq uint64, payload []byte) bool) error {
+	d, err := zmtp.NewDealer(zmtp.Options{MaxMsgSize: c.maxMsg, HandshakeTimeout: c.timeout, Logger: c.log})
+	if err != nil {
 		return err
 	}
-	defer c.close()
-	var start [8]byte
-	binary.BigEndian.PutUint64(start[:], from)
-	if err := c.sock.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
-		c.close()
+	defer d.Close()
+	if err := d.Dial(c.endpoint); err != nil {
+		return fmt.Errorf("dial replay %s: %w", c.endpoint, err)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, c.budget, errReplayBudget)
+	defer cancel()
+	if err := d.Send(ctx, []byte{}, binary.BigEndian.AppendUint64(nil, from)); err != nil {
 		return fmt.Errorf("send replay request: %w", err)
 	}
-	timer := time.NewTimer(c.timeout)
-	defer timer.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			c.close()
-			return ctx.Err()
-		case <-timer.C:
-			c.close()
-			return errReplayTimeout
-		case r := <-c.ch:
-			if r.err != nil {
-				c.close()
-				return fmt.Errorf("replay recv: %w", r.err)
+		rctx, rcancel := context.WithTimeoutCause(ctx, c.timeout, errReplayTimeout)
+		msg, err := d.Recv(rctx)
+		rcancel()
+		if err != nil {
+			if cause := context.Cause(rctx); cause != nil {
+				return cause
 			}
-			f := r.msg.Frames
-			if len(f) > 0 && len(f[0]) == 0 && len(f) >= 3 {
-				f = f[1:]
-			}
-			var seqF, payload []byte
-			switch len(f) {
-			case 3:
-				seqF, payload = f[1], f[2]
-			case 2:
-				seqF, payload = f[0], f[1]
-			default:
-				c.log.Warn("kv events: malformed replay reply", "replay", c.endpoint, "frames", len(r.msg.Frames))
-				continue
-			}
-			seq, ok := seqOf(seqF)
-			if !ok {
-				c.log.Warn("kv events: malformed replay sequence", "replay", c.endpoint, "bytes", len(seqF))
-				continue
-			}
-			if seq == endSeq {
-				return nil
-			}
-			fn(seq, payload)
-			timer.Reset(c.timeout) // Go ≥ 1.23 timers: no stale tick after Reset
+			return fmt.Errorf("replay recv: %w", err)
+		}
+		f := msg
+		if len(f) >= 3 && len(f[0]) == 0 {
+			f = f[1:]
+		}
+		seq, payload, err := splitBatch(f)
+		if err != nil {
+			c.log.Warn("kv events: malformed replay reply", "replay", c.endpoint, "err", err)
+			continue
+		}
+		if seq == endSeq || !fn(seq, payload) {
+			return nil
 		}
 	}
 }

@@ -15,7 +15,10 @@
 // sequence number: a gap is recovered from the engine's replay ROUTER (a
 // DEALER sends ["", start_seq] and applies the replies up to the end
 // marker); a sequence going back (restart) or AllBlocksCleared drops what
-// that engine held. Engine block hashes are mapped to kvgate's chained keys
+// that engine held. Replays are bounded: they stop at the live batch that
+// revealed the gap, after the number of batches missing, or after
+// Config.ReplayBudget, so a replay server cannot hold up live frames (they
+// wait in the SUB socket meanwhile). Engine block hashes are mapped to kvgate's chained keys
 // from each BlockStored's token ids and parent (see mapper), so engine hash
 // algorithms and block sizes do not matter. Malformed frames are counted
 // and logged, never fatal.
@@ -26,14 +29,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-
 	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/zmtp"
+)
+
+// Defaults of Config.
+const (
+	DefaultReplayTimeout     = 2 * time.Second
+	DefaultReplayBudget      = 10 * time.Second
+	DefaultMaxMapBlocks      = 2 << 20
+	DefaultMaxCentralEngines = 1024
+	DefaultMaxMsgSize        = zmtp.DefaultMaxMsgSize
 )
 
 // Index is what the subscriber needs from the prefix index.
@@ -59,8 +72,19 @@ type Config struct {
 	BindEvents string
 	// ReplayTimeout bounds the wait for each replay reply (default 2 s).
 	ReplayTimeout time.Duration
+	// ReplayBudget bounds one whole replay (default 10 s); live frames
+	// wait in the socket meanwhile.
+	ReplayBudget time.Duration
 	// MaxMapBlocks bounds each engine's engine→router map (default 2 Mi).
 	MaxMapBlocks int
+	// MaxCentralEngines bounds the engines central mode registers from
+	// topics it has not been configured with (default 1024); frames of
+	// further topics are refused and counted. The central SUB accepts as
+	// many connections as that plus the configured engines.
+	MaxCentralEngines int
+	// MaxMsgSize is the largest ZMQ message accepted, in bytes (default
+	// 16 MiB, at most 1 GiB); a publisher sending more is disconnected.
+	MaxMsgSize int64
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -76,17 +100,38 @@ type Subscriber struct {
 	streams []*stream          // all streams, for Stats
 	byTopic map[string]*stream // central mode, by "name@model"
 
+	central        atomic.Pointer[zmtp.Sub] // the bound SUB, for Stats
+	fromWire       int                      // engines registered from topics (central goroutine)
+	centralRefused atomic.Int64             // frames of topics past MaxCentralEngines
+
 	// centralMalformed counts central-mode frames that name no engine.
 	centralMalformed EngineStats
 }
 
 // New validates cfg and registers the configured engines in idx.
 func New(cfg Config, idx Index) (*Subscriber, error) {
-	if cfg.ReplayTimeout <= 0 {
-		cfg.ReplayTimeout = 2 * time.Second
+	switch {
+	case cfg.ReplayTimeout < 0 || cfg.ReplayBudget < 0:
+		return nil, errors.New("kvevents: negative replay timeout")
+	case cfg.MaxMapBlocks < 0 || cfg.MaxCentralEngines < 0:
+		return nil, errors.New("kvevents: negative limit")
+	case cfg.MaxMsgSize < 0 || cfg.MaxMsgSize > zmtp.MaxMsgSizeLimit:
+		return nil, fmt.Errorf("kvevents: ZMQ message size %d out of range [1, %d]", cfg.MaxMsgSize, zmtp.MaxMsgSizeLimit)
 	}
-	if cfg.MaxMapBlocks <= 0 {
-		cfg.MaxMapBlocks = 2 << 20
+	if cfg.ReplayTimeout == 0 {
+		cfg.ReplayTimeout = DefaultReplayTimeout
+	}
+	if cfg.ReplayBudget == 0 {
+		cfg.ReplayBudget = DefaultReplayBudget
+	}
+	if cfg.MaxMapBlocks == 0 {
+		cfg.MaxMapBlocks = DefaultMaxMapBlocks
+	}
+	if cfg.MaxCentralEngines == 0 {
+		cfg.MaxCentralEngines = DefaultMaxCentralEngines
+	}
+	if cfg.MaxMsgSize == 0 {
+		cfg.MaxMsgSize = DefaultMaxMsgSize
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -111,13 +156,15 @@ func (s *Subscriber) newStream(ec EngineConfig) (*stream, error) {
 		return nil, fmt.Errorf("kvevents: register %s: %w", ec.Name, err)
 	}
 	st := &EngineStats{}
-	st.lastSeq.Store(-1)
 	str := &stream{
 		cfg: ec, st: st, log: s.log,
 		m: newMapper(id, ec.Model, s.idx.BlockSize(), s.cfg.MaxMapBlocks, s.idx, st),
 	}
 	if ec.Replay != "" {
-		str.rep = &replayClient{endpoint: ec.Replay, timeout: s.cfg.ReplayTimeout, log: s.log}
+		str.rep = &replayClient{
+			endpoint: ec.Replay, timeout: s.cfg.ReplayTimeout, budget: s.cfg.ReplayBudget,
+			maxMsg: s.cfg.MaxMsgSize, log: s.log,
+		}
 	}
 	s.mu.Lock()
 	s.streams = append(s.streams, str)
@@ -126,113 +173,108 @@ func (s *Subscriber) newStream(ec EngineConfig) (*stream, error) {
 }
 
 // Run receives events until ctx is done. It returns an error only when the
-// central SUB cannot bind; connection problems are logged and retried.
+// central SUB cannot bind or an endpoint is malformed; connection problems
+// are logged and retried.
 func (s *Subscriber) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	if s.cfg.BindEvents != "" {
-		sock := zmq4.NewSub(ctx)
-		if err := sock.Listen(s.cfg.BindEvents); err != nil {
+	var socks []*zmtp.Sub
+	var loops []func()
+	defer func() {
+		for _, sock := range socks {
 			sock.Close()
+		}
+	}()
+	if s.cfg.BindEvents != "" {
+		sock, err := zmtp.NewSub(zmtp.Options{
+			MaxMsgSize: s.cfg.MaxMsgSize, MaxPeers: s.cfg.MaxCentralEngines + len(s.cfg.Engines), Logger: s.log,
+			OnDisconnect: func(remote net.Addr, err error) {
+				s.log.Debug("kv events: engine disconnected", "remote", remote.String(), "err", err)
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("kvevents: %w", err)
+		}
+		socks = append(socks, sock)
+		sock.Subscribe(nil)
+		if _, err := sock.Bind(s.cfg.BindEvents); err != nil {
 			return fmt.Errorf("kvevents: bind %s: %w", s.cfg.BindEvents, err)
 		}
-		if err := sock.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-			sock.Close()
-			return fmt.Errorf("kvevents: subscribe: %w", err)
-		}
+		s.central.Store(sock)
 		s.log.Info("kv events: listening for engines", "bind", s.cfg.BindEvents)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer sock.Close()
-			s.runCentral(ctx, sock)
-		}()
+		loops = append(loops, func() { s.runCentral(ctx, sock) })
 	}
 	s.mu.Lock()
-	dial := append([]*stream(nil), s.streams...)
+	streams := append([]*stream(nil), s.streams...)
 	s.mu.Unlock()
-	for _, st := range dial {
+	for _, st := range streams {
 		if st.cfg.Events == "" {
 			continue
 		}
+		sock, err := s.dialSocket(st)
+		if err != nil {
+			return err
+		}
+		socks = append(socks, sock)
+		loops = append(loops, func() {
+			for {
+				msg, err := sock.Recv(ctx)
+				if err != nil {
+					return
+				}
+				st.onFrames(ctx, msg)
+			}
+		})
+	}
+	var wg sync.WaitGroup
+	for _, loop := range loops {
 		wg.Add(1)
-		go func(st *stream) {
+		go func() {
 			defer wg.Done()
-			s.runDial(ctx, st)
-		}(st)
+			loop()
+		}()
 	}
 	<-ctx.Done()
-	wg.Wait()
-	for _, st := range dial {
-		if st.rep != nil {
-			st.rep.close()
-		}
+	for _, sock := range socks {
+		sock.Close()
 	}
+	wg.Wait()
 	return nil
 }
 
-// runDial keeps a SUB connected to one engine's PUB, reconnecting with
-// backoff.
-func (s *Subscriber) runDial(ctx context.Context, st *stream) {
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		sock := zmq4.NewSub(ctx, zmq4.WithDialerRetry(250*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
-		err := sock.SetOption(zmq4.OptionSubscribe, "")
-		if err == nil {
-			err = sock.Dial(st.cfg.Events)
-		}
-		if err != nil {
-			sock.Close()
-			if ctx.Err() != nil {
-				return
+// dialSocket starts a SUB dialing one engine's PUB; it reconnects with
+// backoff by itself.
+func (s *Subscriber) dialSocket(st *stream) (*zmtp.Sub, error) {
+	name, ep := st.cfg.Name, st.cfg.Events
+	sock, err := zmtp.NewSub(zmtp.Options{
+		MaxMsgSize: s.cfg.MaxMsgSize, Logger: s.log,
+		OnConnect: func(net.Addr) {
+			st.st.connects.Add(1)
+			s.log.Info("kv events: subscribed", "endpoint", name, "events", ep)
+		},
+		OnDisconnect: func(_ net.Addr, err error) {
+			if err != nil { // nil: we are closing
+				s.log.Info("kv events: connection lost, reconnecting", "endpoint", name, "err", err)
 			}
-			s.log.Warn("kv events: dial failed", "endpoint", st.cfg.Name, "events", st.cfg.Events, "err", err)
-			sleep(ctx, backoff)
-			backoff = min(2*backoff, 5*time.Second)
-			continue
-		}
-		s.log.Info("kv events: subscribed", "endpoint", st.cfg.Name, "events", st.cfg.Events)
-		st.st.connects.Add(1)
-		backoff = 100 * time.Millisecond
-		for {
-			msg, err := sock.Recv()
-			if err != nil {
-				if ctx.Err() == nil {
-					s.log.Info("kv events: connection lost, reconnecting", "endpoint", st.cfg.Name, "err", err)
-				}
-				break
-			}
-			st.onFrames(ctx, msg.Frames)
-		}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: %w", err)
+	}
+	sock.Subscribe(nil)
+	if err := sock.Dial(ep); err != nil {
 		sock.Close()
-		sleep(ctx, backoff)
+		return nil, fmt.Errorf("kvevents: engine %s: %w", name, err)
 	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
+	st.sock.Store(sock)
+	return sock, nil
 }
 
 // runCentral receives from every engine dialing the bound SUB.
-func (s *Subscriber) runCentral(ctx context.Context, sock zmq4.Socket) {
-	for ctx.Err() == nil {
-		msg, err := sock.Recv()
+func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub) {
+	for {
+		f, err := sock.Recv(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			// One engine disconnected; the socket keeps serving the rest.
-			s.log.Debug("kv events: central receive", "err", err)
-			if errors.Is(err, context.Canceled) {
-				return
-			}
-			continue
+			return
 		}
-		f := msg.Frames
 		if len(f) != 3 {
 			s.centralBad(fmt.Errorf("%d frames, want [topic, seq, payload]", len(f)))
 			continue
@@ -242,7 +284,9 @@ func (s *Subscriber) runCentral(ctx context.Context, sock zmq4.Socket) {
 			s.centralBad(err)
 			continue
 		}
-		st.onFrames(ctx, f)
+		if st != nil {
+			st.onFrames(ctx, f)
+		}
 	}
 }
 
@@ -275,7 +319,17 @@ func (s *Subscriber) streamForTopic(topic string) (*stream, error) {
 	if st := s.byTopic[key]; st != nil {
 		return st, nil
 	}
-	// An engine not in the configuration: register it (without replay).
+	// An engine not in the configuration: register it (without replay),
+	// within the limit.
+	if s.fromWire >= s.cfg.MaxCentralEngines {
+		n := s.centralRefused.Add(1)
+		if n <= 10 || n%1000 == 0 {
+			s.log.Warn("kv events: frame refused: limit of engines registered from topics reached (raise --max-central-engines or configure the engine)",
+				"topic", topic, "limit", s.cfg.MaxCentralEngines, "refused_frames", n)
+		}
+		return nil, nil
+	}
+	s.fromWire++
 	st, err := s.newStream(EngineConfig{Name: name, Model: model})
 	if err != nil {
 		return nil, err
@@ -296,6 +350,11 @@ func (s *Subscriber) Stats() []EngineSnapshot {
 	for _, st := range streams {
 		sn := st.st.snapshot()
 		sn.Endpoint, sn.Model, sn.Events, sn.Replay = st.cfg.Name, st.cfg.Model, st.cfg.Events, st.cfg.Replay
+		if sock := st.sock.Load(); sock != nil {
+			zs := sock.Stats()
+			zs.PeerStats = nil
+			sn.ZMQ = &zs
+		}
 		out = append(out, sn)
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -309,3 +368,19 @@ func (s *Subscriber) Stats() []EngineSnapshot {
 
 // CentralMalformed is the number of central-mode frames naming no engine.
 func (s *Subscriber) CentralMalformed() int64 { return s.centralMalformed.malformed.Load() }
+
+// CentralRefused is the number of central-mode frames refused because
+// their topic would register an engine past MaxCentralEngines.
+func (s *Subscriber) CentralRefused() int64 { return s.centralRefused.Load() }
+
+// CentralSocketStats are the central SUB's counters (zero before Run binds
+// it), without the per-peer list.
+func (s *Subscriber) CentralSocketStats() zmtp.Stats {
+	sock := s.central.Load()
+	if sock == nil {
+		return zmtp.Stats{}
+	}
+	st := sock.Stats()
+	st.PeerStats = nil
+	return st
+}

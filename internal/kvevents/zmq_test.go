@@ -203,7 +203,7 @@ func statsOf(sub *Subscriber, name string) EngineSnapshot {
 			return s
 		}
 	}
-	return EngineSnapshot{LastSeq: -2}
+	return EngineSnapshot{}
 }
 
 func quietLogger() *slog.Logger {
@@ -248,7 +248,7 @@ func testEndToEnd(t *testing.T, newForm bool) {
 	// (ZMQ's slow joiner); publish empty batches until one arrives.
 	eventually(t, "subscription", func() bool {
 		pub.publish(pEmpty(t), false)
-		return statsOf(sub, name).LastSeq >= 0
+		return statsOf(sub, name).LastSeq != nil
 	})
 
 	a := seqTokens(128, 1)
@@ -264,7 +264,7 @@ func testEndToEnd(t *testing.T, newForm bool) {
 	pub.publish(pStored(t, b[64:], 105, parent), false)
 	eventually(t, "dropped batch recovered by replay", func() bool { return lookup(idx, b) == 8 })
 	st := statsOf(sub, name)
-	if st.Gaps != 1 || st.Replays < 1 || st.ReplayedBatches < 2 || st.OrphanBlocks != 0 || st.Unrecovered != 0 {
+	if st.Gaps != 1 || st.Replays < 1 || st.ReplayedBatches < 1 || st.OrphanBlocks != 0 || st.Unrecovered != 0 {
 		t.Errorf("after replay: %+v", st)
 	}
 
@@ -332,7 +332,7 @@ func TestCentralMode(t *testing.T) {
 	defer pub.close()
 	eventually(t, "engine known from topic", func() bool {
 		pub.publish(pEmpty(t), false)
-		return statsOf(sub, name).LastSeq >= 0
+		return statsOf(sub, name).LastSeq != nil
 	})
 	a := seqTokens(96, 4)
 	pub.publish(pStored(t, a, 1, nil), false)

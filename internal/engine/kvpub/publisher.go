@@ -5,14 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"log/slog"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"github.com/kvgate/kvgate/internal/zmtp"
 )
 
 // EndSeq is the sequence number of the replay end marker (-1, all bits set).
@@ -20,6 +20,21 @@ const EndSeq = ^uint64(0)
 
 // DefaultBufferSteps is the replay buffer size vLLM uses by default.
 const DefaultBufferSteps = 10000
+
+// Defaults of the socket limits in Config.
+const (
+	DefaultSendQueue        = 1000
+	DefaultMaxSubscribers   = 256
+	DefaultMaxReplayClients = 64
+	DefaultWriteTimeout     = 10 * time.Second
+)
+
+// What peers may send: subscriptions to the PUB, ["", start_seq] requests
+// to the ROUTER. Anything larger is refused before it is read.
+const (
+	maxSubscriptionMsg = 64 << 10
+	maxReplayRequest   = 4 << 10
+)
 
 // Config configures a Publisher.
 type Config struct {
@@ -35,6 +50,17 @@ type Config struct {
 	// BufferSteps bounds the replay buffer (batches); 0 means
 	// DefaultBufferSteps.
 	BufferSteps int
+	// SendQueue is each subscriber's and each replay client's queue, in
+	// batches (0: DefaultSendQueue). A subscriber further behind misses
+	// batches (counted per subscriber; it can recover them by replay); a
+	// replay waits for its client.
+	SendQueue int
+	// MaxSubscribers and MaxReplayClients bound the connections each
+	// socket holds (0: DefaultMaxSubscribers, DefaultMaxReplayClients).
+	MaxSubscribers, MaxReplayClients int
+	// WriteTimeout disconnects a subscriber or replay client that accepts
+	// nothing for this long (0: DefaultWriteTimeout).
+	WriteTimeout time.Duration
 	// Logger receives errors; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -44,13 +70,22 @@ type batch struct {
 	payload []byte
 }
 
+// Stats are the publisher's socket counters.
+type Stats struct {
+	PUB         zmtp.Stats `json:"pub"`
+	Replay      zmtp.Stats `json:"replay"`
+	Replays     uint64     `json:"replays"`      // replay requests served
+	ReplaysBusy uint64     `json:"replays_busy"` // requests ignored: that client's previous replay still running
+}
+
 // Publisher sends event batches on a ZMQ PUB socket and serves replays. It
 // is safe for concurrent use.
 type Publisher struct {
 	cfg    Config
 	log    *slog.Logger
-	pub    zmq4.Socket
-	router zmq4.Socket
+	topic  []byte
+	pub    *zmtp.Pub
+	router *zmtp.Router // nil without replay
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -58,6 +93,11 @@ type Publisher struct {
 	seq  uint64
 	ring []batch // circular, len <= BufferSteps
 	head int     // index of the oldest batch when the ring is full
+
+	replayMu                sync.Mutex
+	replaying               map[string]bool // routing ids with a replay running
+	replays, replaysBusy    atomic.Uint64
+	malformedReplayRequests atomic.Uint64
 }
 
 // normalizeEndpoint maps ZMQ's wildcard host to Go's.
@@ -83,29 +123,54 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	if cfg.BufferSteps <= 0 {
 		cfg.BufferSteps = DefaultBufferSteps
 	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&cfg.SendQueue, DefaultSendQueue)
+	def(&cfg.MaxSubscribers, DefaultMaxSubscribers)
+	def(&cfg.MaxReplayClients, DefaultMaxReplayClients)
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
 	lg := cfg.Logger
 	if lg == nil {
 		lg = slog.Default()
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	quiet := zmq4.WithLogger(log.New(io.Discard, "", 0))
-	p := &Publisher{cfg: cfg, log: lg, cancel: cancel}
-	p.pub = zmq4.NewPub(ctx, quiet)
-	if err := p.pub.Listen(normalizeEndpoint(cfg.Endpoint)); err != nil {
-		cancel()
+	p := &Publisher{cfg: cfg, log: lg, topic: []byte(cfg.Topic), replaying: map[string]bool{}}
+	var err error
+	p.pub, err = zmtp.NewPub(zmtp.Options{
+		MaxMsgSize: maxSubscriptionMsg, MaxFrames: 1, MaxPeers: cfg.MaxSubscribers,
+		SendQueue: cfg.SendQueue, WriteTimeout: cfg.WriteTimeout, Logger: lg,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kvpub: %w", err)
+	}
+	addr, err := p.pub.Bind(normalizeEndpoint(cfg.Endpoint))
+	if err != nil {
 		p.pub.Close()
 		return nil, fmt.Errorf("kvpub: bind PUB %s: %w", cfg.Endpoint, err)
 	}
-	p.cfg.Endpoint = boundEndpoint(cfg.Endpoint, p.pub.Addr())
+	p.cfg.Endpoint = boundEndpoint(cfg.Endpoint, addr)
+	ctx, p.cancel = context.WithCancel(ctx)
 	if cfg.ReplayEndpoint != "" {
-		p.router = zmq4.NewRouter(ctx, quiet)
-		if err := p.router.Listen(normalizeEndpoint(cfg.ReplayEndpoint)); err != nil {
-			cancel()
+		p.router, err = zmtp.NewRouter(zmtp.Options{
+			MaxMsgSize: maxReplayRequest, MaxFrames: 4, MaxPeers: cfg.MaxReplayClients,
+			SendQueue: cfg.SendQueue, WriteTimeout: cfg.WriteTimeout, Logger: lg,
+		})
+		if err == nil {
+			addr, err = p.router.Bind(normalizeEndpoint(cfg.ReplayEndpoint))
+			if err != nil {
+				p.router.Close()
+			}
+		}
+		if err != nil {
+			p.cancel()
 			p.pub.Close()
-			p.router.Close()
 			return nil, fmt.Errorf("kvpub: bind ROUTER %s: %w", cfg.ReplayEndpoint, err)
 		}
-		p.cfg.ReplayEndpoint = boundEndpoint(cfg.ReplayEndpoint, p.router.Addr())
+		p.cfg.ReplayEndpoint = boundEndpoint(cfg.ReplayEndpoint, addr)
 		p.wg.Add(1)
 		go p.serveReplay(ctx)
 	}
@@ -144,10 +209,9 @@ func (p *Publisher) Publish(ts float64, events []Event) error {
 		p.ring[p.head] = b
 		p.head = (p.head + 1) % len(p.ring)
 	}
-	// Send under the lock so sequence numbers leave in order.
-	var seqb [8]byte
-	binary.BigEndian.PutUint64(seqb[:], seq)
-	err = p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seqb[:], payload))
+	// Send under the lock so sequence numbers leave in order. Send never
+	// blocks: a subscriber whose queue is full misses the batch.
+	err = p.pub.Send(p.topic, binary.BigEndian.AppendUint64(nil, seq), payload)
 	p.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("kvpub: send batch %d: %w", seq, err)
@@ -176,48 +240,79 @@ func (p *Publisher) buffered(start uint64) []batch {
 	return out
 }
 
+// Stats returns the socket counters.
+func (p *Publisher) Stats() Stats {
+	st := Stats{PUB: p.pub.Stats(), Replays: p.replays.Load(), ReplaysBusy: p.replaysBusy.Load()}
+	if p.router != nil {
+		st.Replay = p.router.Stats()
+	}
+	return st
+}
+
+// serveReplay answers replay requests, each in a goroutine of its own (one
+// at a time per client), so a client that does not read holds up only its
+// own replay, until the write timeout disconnects it.
 func (p *Publisher) serveReplay(ctx context.Context) {
 	defer p.wg.Done()
 	for {
-		msg, err := p.router.Recv()
+		msg, err := p.router.Recv(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			p.log.Debug("kv replay: receive", "err", err)
-			continue
+			return // closed
 		}
 		// ROUTER prepends the peer identity: [id, "", start_seq].
-		if len(msg.Frames) < 3 || len(msg.Frames[len(msg.Frames)-1]) != 8 {
-			p.log.Warn("kv replay: malformed request", "frames", len(msg.Frames))
+		if len(msg) < 3 || len(msg[len(msg)-1]) != 8 {
+			n := p.malformedReplayRequests.Add(1)
+			if n <= 10 || n%1000 == 0 {
+				p.log.Warn("kv replay: malformed request", "frames", len(msg), "count", n)
+			}
 			continue
 		}
-		id := msg.Frames[0]
-		start := binary.BigEndian.Uint64(msg.Frames[len(msg.Frames)-1])
-		topic := []byte(p.cfg.Topic)
-		for _, b := range p.buffered(start) {
-			var seqb [8]byte
-			binary.BigEndian.PutUint64(seqb[:], b.seq)
-			if err := p.router.SendMulti(zmq4.NewMsgFrom(id, nil, topic, seqb[:], b.payload)); err != nil {
-				p.log.Warn("kv replay: send", "err", err)
-				break
+		id := string(msg[0])
+		start := binary.BigEndian.Uint64(msg[len(msg)-1])
+		p.replayMu.Lock()
+		busy := p.replaying[id]
+		p.replaying[id] = true
+		p.replayMu.Unlock()
+		if busy {
+			p.replaysBusy.Add(1)
+			continue
+		}
+		p.replays.Add(1)
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.replay(ctx, msg[0], start)
+			p.replayMu.Lock()
+			delete(p.replaying, id)
+			p.replayMu.Unlock()
+		}()
+	}
+}
+
+// replay sends one client every buffered batch from start on, then the end
+// marker.
+func (p *Publisher) replay(ctx context.Context, id []byte, start uint64) {
+	for _, b := range p.buffered(start) {
+		err := p.router.Send(ctx, id, nil, p.topic, binary.BigEndian.AppendUint64(nil, b.seq), b.payload)
+		if err != nil {
+			if ctx.Err() == nil {
+				p.log.Debug("kv replay: send", "err", err)
 			}
+			return
 		}
-		var end [8]byte
-		binary.BigEndian.PutUint64(end[:], EndSeq)
-		if err := p.router.SendMulti(zmq4.NewMsgFrom(id, nil, topic, end[:], nil)); err != nil {
-			p.log.Warn("kv replay: send end marker", "err", err)
-		}
+	}
+	if err := p.router.Send(ctx, id, nil, p.topic, binary.BigEndian.AppendUint64(nil, EndSeq), nil); err != nil && ctx.Err() == nil {
+		p.log.Debug("kv replay: send end marker", "err", err)
 	}
 }
 
 // Close closes the sockets and stops the replay service.
 func (p *Publisher) Close() error {
 	p.cancel()
-	err := p.pub.Close()
+	var err error
 	if p.router != nil {
-		err = errors.Join(err, p.router.Close())
+		err = p.router.Close()
 	}
 	p.wg.Wait()
-	return err
+	return errors.Join(err, p.pub.Close())
 }
