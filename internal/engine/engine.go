@@ -213,6 +213,24 @@ func (e *Engine) KVEventsTopic() string {
 	return e.pub.Topic()
 }
 
+// KVEventsSeq is the sequence number the next KV-event batch will carry
+// (0 without KV events).
+func (e *Engine) KVEventsSeq() uint64 {
+	if e.pub == nil {
+		return 0
+	}
+	return e.pub.Seq()
+}
+
+// KVEventsStats are the KV-event sockets' counters (zero without KV
+// events).
+func (e *Engine) KVEventsStats() kvpub.Stats {
+	if e.pub == nil {
+		return kvpub.Stats{}
+	}
+	return e.pub.Stats()
+}
+
 // Role is the role the engine currently serves.
 func (e *Engine) Role() Role {
 	e.mu.Lock()

@@ -356,6 +356,89 @@ func TestRecvBuffer(t *testing.T) {
 	}
 }
 
+// TestAnnouncedFramesHoldNoBudget: peers that announce frames just under
+// the limits, together the whole receive budget, and then send one byte
+// hold budget only for the frame header, not for the size announced. On each bound socket an honest
+// peer then completes its handshake and is heard while they are still
+// connected (the read timeout, an hour here, has not cut them). Before,
+// the budget was taken by announced size, so four such peers held the
+// receive path of a socket until the read timeout.
+func TestAnnouncedFramesHoldNoBudget(t *testing.T) {
+	noLeak(t)
+	const limit = 64 << 10
+	o := Options{MaxMsgSize: limit, ReadTimeout: time.Hour}
+	sub := newSub(t, o)
+	sub.Subscribe(nil)
+	a, err := sub.Bind("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, pep := newPub(t, o)
+	r, rep := newRouter(t, o)
+	size := sub.s.o.RecvBuffer
+	for _, tc := range []struct {
+		name, ep, peerType string
+		free               func() int64
+		honest             func(t *testing.T)
+	}{
+		{"SUB", ep(a), "PUB", func() int64 { return freeOf(sub.s.budget) }, func(t *testing.T) {
+			p := handshaken(t, ep(a), "PUB", 1)
+			_ = p.WriteMsg([]byte("honest"), []byte("message"))
+			if m := recvT(t, sub); string(m[0]) != "honest" {
+				t.Fatalf("got %q", m)
+			}
+		}},
+		{"PUB", pep, "SUB", func() int64 { return freeOf(pub.s.budget) }, func(t *testing.T) {
+			p := handshaken(t, pep, "SUB", 0)
+			_ = p.WriteMsg([]byte{1})
+			remote := p.Conn.LocalAddr().String()
+			eventually(t, "honest subscription", func() bool {
+				for _, ps := range pub.Stats().PeerStats {
+					if ps.Remote == remote && ps.Subscriptions == 1 {
+						return true
+					}
+				}
+				return false
+			})
+		}},
+		{"ROUTER", rep, "DEALER", func() int64 { return freeOf(r.s.budget) }, func(t *testing.T) {
+			p := handshaken(t, rep, "DEALER", 1)
+			_ = p.WriteMsg(nil, []byte("request"))
+			if m := recvT(t, r); string(m[len(m)-1]) != "request" {
+				t.Fatalf("got %q", m)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var holders []*zmtptest.Peer
+			for left := size; left > frameOverhead; {
+				n := min(limit, left-frameOverhead)
+				q := handshaken(t, tc.ep, tc.peerType, 1)
+				_ = q.Write(append(zmtptest.FrameHeader(0, uint64(n), true), 'x'))
+				holders = append(holders, q)
+				left -= n + frameOverhead
+			}
+			// Each holds a frame's overhead; the byte it sent waits in its
+			// connection's read buffer for the rest of the frame.
+			want := size - int64(len(holders))*frameOverhead
+			eventually(t, "the holders' frames started", func() bool { return tc.free() <= want })
+			tc.honest(t)
+			eventually(t, "the honest peer's budget back", func() bool { return tc.free() == want })
+			for _, q := range holders {
+				if q.WaitClosed(50 * time.Millisecond) {
+					t.Fatal("a holder was disconnected")
+				}
+			}
+		})
+	}
+}
+
+func freeOf(b *budget) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.free
+}
+
 func TestTooManySubscriptions(t *testing.T) {
 	pub, pep := newPub(t, Options{MaxSubscriptions: 3})
 	p := handshaken(t, pep, "SUB", 1)

@@ -32,9 +32,6 @@ const (
 
 const (
 	greetingSize = 64
-	// readChunk: frame bodies up to this size are allocated at once, larger
-	// ones grow as their bytes arrive.
-	readChunk = 128 << 10
 	// frameOverhead is what a received frame costs beyond its bytes, for
 	// the receive budget.
 	frameOverhead = 64
@@ -245,13 +242,14 @@ func (r *msgReader) readMsg(dst [][]byte) (frames [][]byte, cmd bool, held int64
 			return nil, false, held, fmt.Errorf("%w: more than %d frames", ErrTooManyFrames, r.maxFrames)
 		}
 		if r.budget != nil {
-			took, err := r.take(int64(size) + frameOverhead)
+			took, err := r.take(frameOverhead)
 			if err != nil {
 				return nil, false, held, err
 			}
 			held += took
 		}
-		body, err := readBody(r.br, int(size))
+		body, took, err := r.readBody(int(size))
+		held += took
 		if err != nil {
 			return nil, false, held, err
 		}
@@ -286,29 +284,50 @@ func (r *msgReader) take(n int64) (int64, error) {
 	}
 }
 
-// readBody reads n bytes. Small bodies are allocated at once; larger ones
-// grow as their bytes arrive, so a size a peer announces but does not send
-// costs at most readChunk.
-func readBody(r io.Reader, n int) ([]byte, error) {
-	if n <= readChunk {
-		b := make([]byte, n)
-		_, err := io.ReadFull(r, b)
-		return b, err
-	}
-	b := make([]byte, 0, readChunk)
+// readBody reads an n-byte frame body. Its buffer grows only with bytes
+// that have arrived (waiting for the rest of the frame, or for a read
+// buffer full of it, then at most doubling), and each growth takes receive
+// budget first. So a size a peer announces but does not send costs neither
+// memory nor budget: a peer holds at most twice what it sent, and peers
+// that announce large frames and trickle cannot starve the others. held is
+// the budget taken, also on error.
+func (r *msgReader) readBody(n int) (body []byte, held int64, err error) {
+	b := []byte{}
 	for len(b) < n {
 		if len(b) == cap(b) {
-			nb := make([]byte, len(b), min(2*cap(b), n))
+			// Wait for the rest of the frame, or a buffer full of it.
+			if _, err := r.br.Peek(min(n-len(b), r.br.Size())); err != nil {
+				return nil, held, unexpectedEOF(err)
+			}
+			c := min(n, max(2*cap(b), len(b)+r.br.Buffered()))
+			if r.budget != nil {
+				took, err := r.take(int64(c - cap(b)))
+				held += took
+				if err != nil {
+					return nil, held, err
+				}
+			}
+			nb := make([]byte, len(b), c)
 			copy(nb, b)
 			b = nb
 		}
-		m, err := io.ReadFull(r, b[len(b):cap(b)])
+		// From the buffer, or (for large bodies) straight from the
+		// connection into the room already taken.
+		m, err := r.br.Read(b[len(b):cap(b)])
 		b = b[:len(b)+m]
-		if err != nil {
-			return nil, err
+		if err != nil && len(b) < n {
+			return nil, held, unexpectedEOF(err)
 		}
 	}
-	return b, nil
+	return b, held, nil
+}
+
+// unexpectedEOF: the connection ended inside a frame.
+func unexpectedEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // parseEndpoint turns tcp://host:port into host:port; for a bind, host *

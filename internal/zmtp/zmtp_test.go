@@ -166,7 +166,7 @@ func TestPubSubDialAndBind(t *testing.T) {
 	}
 	subscribed(t, pub, sub, []byte("kv@a"))
 	_ = pub.Send([]byte("other"), []byte("filtered out by the publisher"))
-	big := bytes.Repeat([]byte{7}, 3<<20) // frames over readChunk grow as they arrive
+	big := bytes.Repeat([]byte{7}, 3<<20) // frames grow as their bytes arrive
 	for i := range 3 {
 		_ = pub.Send([]byte("kv@a"), []byte{byte(i)}, big[:len(big)-i])
 	}

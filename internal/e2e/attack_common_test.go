@@ -1,0 +1,128 @@
+//go:build attack && linux
+
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// memBounds are an attack run's stated memory bounds, checked for every
+// phase: the peak resident memory of the whole process (attackers
+// included) during the phase, and how much the heap in use after a GC may
+// have grown across the phase (memory kept after the attack).
+type memBounds struct {
+	PeakRSS    int64
+	HeapGrowth int64
+}
+
+// attackPhase is one attack; check runs after it (and its memory
+// readings): the targets survived and serve a normal request.
+type attackPhase struct {
+	name string
+	run  func(t *testing.T)
+}
+
+// runAttackPhases runs each phase as a subtest between memory readings and
+// then check. VmHWM is reset before each phase (clear_refs 5), so the peak
+// is the phase's own.
+func runAttackPhases(t *testing.T, phases []attackPhase, b memBounds, check func(t *testing.T, when string)) {
+	var rows []string
+	for _, p := range phases {
+		t.Run(p.name, func(t *testing.T) {
+			heap0 := heapAfterGC()
+			resetPeakRSS(t)
+			p.run(t)
+			peak := procStatus(t, "VmHWM")
+			heap1 := heapAfterGC()
+			rss := procStatus(t, "VmRSS")
+			row := strings.Join([]string{p.name, mib(peak), mib(heap0), mib(heap1), mib(rss)}, " | ")
+			rows = append(rows, row)
+			t.Logf("memory: peak RSS %s (bound %s); heap in use after GC %s before, %s after (growth bound %s); RSS after GC %s",
+				mib(peak), mib(b.PeakRSS), mib(heap0), mib(heap1), mib(b.HeapGrowth), mib(rss))
+			if peak > b.PeakRSS {
+				t.Errorf("peak RSS %s above the bound of %s", mib(peak), mib(b.PeakRSS))
+			}
+			if heap1-heap0 > b.HeapGrowth {
+				t.Errorf("heap in use grew by %s across the phase, bound %s", mib(heap1-heap0), mib(b.HeapGrowth))
+			}
+			check(t, "after "+p.name)
+		})
+	}
+	t.Logf("phase | peak RSS | heap before | heap after | RSS after\n%s", strings.Join(rows, "\n"))
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// heapAfterGC is the heap in use after a full GC, with freed memory
+// returned to the system (so VmRSS then shows what is kept).
+func heapAfterGC() int64 {
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapInuse)
+}
+
+// resetPeakRSS makes VmHWM start again from the current RSS.
+func resetPeakRSS(t *testing.T) {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		t.Fatalf("reset the peak RSS: %v", err)
+	}
+}
+
+// raiseFDLimit lifts RLIMIT_NOFILE's soft limit to at least n (within the
+// hard limit) for the test.
+func raiseFDLimit(t *testing.T, n uint64) {
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if old.Cur >= n {
+		return
+	}
+	if old.Max < n {
+		t.Fatalf("RLIMIT_NOFILE hard limit %d; these attacks need %d descriptors (scripts/attack.sh raises it)", old.Max, n)
+	}
+	lim := old
+	lim.Cur = n
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) })
+}
+
+// smallRecvDialer dials with a 4 KiB receive buffer, so a peer that never
+// reads stalls its sender after little data.
+var smallRecvDialer = net.Dialer{
+	Timeout: attackHang,
+	Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	},
+}
+
+// waitUntil polls f every 10 ms until it holds; after attackHang it fails
+// the test (a hang guard, never a speed assertion).
+func waitUntil(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(attackHang)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", attackHang, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
