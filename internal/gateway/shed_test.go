@@ -1,0 +1,91 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// tokenPrompt is a completion body whose prompt is n times token id.
+func tokenPrompt(id, n int, stream bool) string {
+	ids := strings.TrimSuffix(strings.Repeat(fmt.Sprintf("%d,", id), n), ",")
+	return fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":2,"stream":%v}`, testModel, ids, stream)
+}
+
+// shedGateway runs a gateway over one upstream (1 000 prompt tokens/s, a
+// 0.5 s TTFT SLO) whose clock stands still, so the shedding window never
+// ends during the test. The upstream holds requests carrying X-Hold until
+// the client goes away, and tells held on arrival.
+func shedGateway(t *testing.T) (url string, held chan struct{}) {
+	held = make(chan struct{}, 16)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // then the server sees the client go away
+		if r.Header.Get("X-Hold") != "" {
+			held <- struct{}{}
+			<-r.Context().Done()
+			return
+		}
+		fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	t.Cleanup(up.Close)
+	now := time.Unix(1000, 0)
+	cfg := Config{
+		Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}},
+		Classes:   []Class{{Name: "standard", Priority: 1, TTFT: 0.5}},
+	}
+	_, url, _ = startGateway(t, cfg, Options{Now: func() time.Time { return now }})
+	return url, held
+}
+
+// TestOwnSizeRejectionDoesNotShedClass: a request that misses its SLO on
+// an idle endpoint by its own size is rejected, but it says nothing about
+// the fleet: the next request of its class is served. (Before, any
+// rejection shed the class, so one long prompt a second turned the whole
+// class away.)
+func TestOwnSizeRejectionDoesNotShedClass(t *testing.T) {
+	url, _ := shedGateway(t)
+	if r := post(t, url+"/v1/completions", tokenPrompt(7, 600, false), nil); r.status != 429 {
+		t.Fatalf("600 tokens at 1000 tok/s against a 0.5 s SLO: %d %s", r.status, r.body)
+	}
+	for range 3 {
+		if r := post(t, url+"/v1/completions", tokenPrompt(7, 10, false), nil); r.status != 200 {
+			t.Fatalf("a short request after a long one was rejected: %d %s", r.status, r.body)
+		}
+	}
+}
+
+// TestLoadRejectionShedsClass: a request that misses its SLO because of
+// the queue sheds its class: a short request that alone would fit is
+// turned away too while the window lasts.
+func TestLoadRejectionShedsClass(t *testing.T) {
+	url, held := shedGateway(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(tokenPrompt(7, 400, true)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Hold", "1")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-held: // 0.4 s of prefill in flight
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first request never reached the upstream")
+	}
+	if r := post(t, url+"/v1/completions", tokenPrompt(8, 400, false), nil); r.status != 429 {
+		t.Fatalf("400 tokens behind 400 in flight (0.8 s against 0.5 s): %d %s", r.status, r.body)
+	}
+	r := post(t, url+"/v1/completions", tokenPrompt(7, 10, false), nil)
+	if r.status != 429 || !strings.Contains(r.body, "being rejected") {
+		t.Fatalf("a short request while the class is shed: %d %s", r.status, r.body)
+	}
+}
