@@ -41,7 +41,14 @@ import (
 
 // gatewayBounds are the stated memory bounds of every gateway phase (the
 // whole process: gateway, two engines and the attackers).
-var gatewayBounds = memBounds{PeakRSS: 768 << 20, HeapGrowth: 64 << 20}
+var gatewayBounds = memBounds{PeakRSS: 256 << 20, HeapGrowth: 64 << 20}
+
+// hugeBodiesRSS is the peak RSS bound of the huge-bodies phase: four
+// large bodies are parsed at once (--http-max-large-bodies), and a 32 MiB
+// prompt of token ids is about 104 MiB once parsed (the body, 16 Mi token
+// ids of 4 bytes, 1 Mi block keys), which the GC lets grow to twice that
+// between collections; the test's own 96 MiB of bodies come on top.
+const hugeBodiesRSS = 1 << 30
 
 // gatewayHTTP is the gateway's protection in this test: serve's defaults
 // (32 MiB bodies) but 64 connections and 5 s / 2 s body and header
@@ -63,13 +70,13 @@ func TestGatewayAttacks(t *testing.T) {
 	gt := startGatewayTargets(t)
 	gt.check(t, "before the attacks")
 	runAttackPhases(t, []attackPhase{
-		{"slow bodies and headers", gt.attackSlow},
-		{"idle storm", gt.attackIdleStorm},
-		{"huge bodies", gt.attackHugeBodies},
-		{"huge numbers and prompts", gt.attackHugeNumbers},
-		{"client kv_transfer_params", gt.attackKVTransferParams},
-		{"client disconnects", gt.attackDisconnects},
-		{"failing engines", gt.attackFailingEngines},
+		{name: "slow bodies and headers", run: gt.attackSlow},
+		{name: "idle storm", run: gt.attackIdleStorm},
+		{name: "huge bodies", run: gt.attackHugeBodies, peakRSS: hugeBodiesRSS},
+		{name: "huge numbers and prompts", run: gt.attackHugeNumbers},
+		{name: "client kv_transfer_params", run: gt.attackKVTransferParams},
+		{name: "client disconnects", run: gt.attackDisconnects},
+		{name: "failing engines", run: gt.attackFailingEngines},
 	}, gatewayBounds, gt.check)
 }
 
@@ -131,7 +138,44 @@ func startGatewayTargets(t *testing.T) *gwTarget {
 		t.Cleanup(func() { s.srv.Close() })
 	}
 	gt.admin = "http://" + gt.admin
+	gt.primeEvents(t)
 	return gt
+}
+
+// primeEvents sends completions straight to each engine until the
+// gateway's subscriber has applied a batch from it: its subscription has
+// reached the engine (ZMQ's slow joiner), so no later event is missed.
+func (gt *gwTarget) primeEvents(t *testing.T) {
+	for _, e := range gt.engines {
+		waitUntil(t, "the gateway subscribed to "+e.Addr(), func() bool {
+			if code, _, body, err := gt.post(e.URL()+"/v1/completions", completionBody(gt.prompt(), 1, false, "")); err != nil || code != 200 {
+				t.Fatalf("priming %s: %d %v %.200s", e.Addr(), code, err, body)
+			}
+			time.Sleep(50 * time.Millisecond)
+			resp, err := gt.client.Get(gt.admin + "/admin/kv/stats")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var out struct {
+				Endpoints []struct {
+					Endpoint string `json:"endpoint"`
+					Events   struct {
+						LastSeq *uint64 `json:"last_seq"`
+					} `json:"events"`
+				} `json:"endpoints"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range out.Endpoints {
+				if s.Endpoint == e.Addr() && s.Events.LastSeq != nil {
+					return true
+				}
+			}
+			return false
+		})
+	}
 }
 
 func (gt *gwTarget) url(path string) string { return "http://" + gt.addr + path }
@@ -144,6 +188,28 @@ func (gt *gwTarget) post(url, body string) (int, http.Header, string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return resp.StatusCode, resp.Header, string(b), err
+}
+
+// metric reads an unlabelled counter from the gateway's /metrics.
+func (gt *gwTarget) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := gt.client.Get(gt.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err != nil {
+				t.Fatalf("%s: %v", sc.Text(), err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics", name)
+	return 0
 }
 
 func (gt *gwTarget) prompt() string {
@@ -609,8 +675,8 @@ func (gt *gwTarget) attackDisconnects(t *testing.T) {
 
 // attackFailingEngines: the fleet gets an engine that answers 500 to
 // everything and one whose port refuses connections, beside the two good
-// ones; 40 requests must each end with 200 or a clean 502/503 error (the
-// gateway retries once elsewhere). Then an engine that accepts and never
+// ones; 80 streamed requests from 8 clients must each end with 200 or a
+// clean 502/503 error (the gateway retries once elsewhere). Then an engine that accepts and never
 // answers: clients that give up after 2 s leave nothing in flight. Then
 // the good fleet again.
 func (gt *gwTarget) attackFailingEngines(t *testing.T) {
@@ -633,23 +699,43 @@ func (gt *gwTarget) attackFailingEngines(t *testing.T) {
 	refused := rln.Addr().String()
 	rln.Close()
 	bad := append(append([]fleet.Endpoint(nil), gt.good...),
-		fleet.Endpoint{Name: fln.Addr().String(), URL: "http://" + fln.Addr().String(), Model: model, Role: fleet.RoleBoth},
-		fleet.Endpoint{Name: refused, URL: "http://" + refused, Model: model, Role: fleet.RoleBoth})
+		fleet.Endpoint{Name: fln.Addr().String(), URL: "http://" + fln.Addr().String(), Model: model, Role: fleet.RoleBoth, PrefillSpeed: gt.good[0].PrefillSpeed},
+		fleet.Endpoint{Name: refused, URL: "http://" + refused, Model: model, Role: fleet.RoleBoth, PrefillSpeed: gt.good[0].PrefillSpeed})
 	if err := gt.gw.SetEndpoints(bad); err != nil {
 		t.Fatal(err)
 	}
+	// Concurrent clients, so that in-flight load on the good engines
+	// makes the (idle-looking) bad ones the policy's choice.
+	retries0 := gt.metric(t, "kvgate_retries_total")
+	var mu sync.Mutex
 	codes := map[int]int{}
-	for range 40 {
-		code, _, body, err := gt.post(gt.url("/v1/completions"), completionBody(gt.prompt(), 4, false, ""))
-		if err != nil || code != 200 && code != 502 && code != 503 {
-			t.Fatalf("with failing engines: %d %v %.300s", code, err, body)
-		}
-		if code != 200 && !strings.Contains(body, `"error"`) {
-			t.Errorf("an error without an error body: %d %.300s", code, body)
-		}
-		codes[code]++
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				code, _, body, err := gt.post(gt.url("/v1/completions"), completionBody(gt.prompt(), 64, true, ""))
+				if err != nil || code != 200 && code != 502 && code != 503 {
+					t.Errorf("with failing engines: %d %v %.300s", code, err, body)
+					return
+				}
+				if code != 200 && !strings.Contains(body, `"error"`) {
+					t.Errorf("an error without an error body: %d %.300s", code, body)
+				}
+				mu.Lock()
+				codes[code]++
+				mu.Unlock()
+			}
+		}()
 	}
-	t.Logf("with a 5xx engine and a refusing one: status codes %v; the 5xx engine was asked %d times", codes, fivexxHits.Load())
+	wg.Wait()
+	retries := gt.metric(t, "kvgate_retries_total") - retries0
+	t.Logf("with a 5xx engine and a refusing one: status codes %v; the 5xx engine was asked %d times; %v retries elsewhere",
+		codes, fivexxHits.Load(), retries)
+	if fivexxHits.Load() == 0 || retries == 0 {
+		t.Errorf("the failing engines were never tried (5xx asked %d times, %v retries): the phase tested nothing", fivexxHits.Load(), retries)
+	}
 	gt.idle(t, "with failing engines")
 
 	// An engine that accepts and never answers.
@@ -677,12 +763,11 @@ func (gt *gwTarget) attackFailingEngines(t *testing.T) {
 			}()
 		}
 	}()
-	hole := fleet.Endpoint{Name: hln.Addr().String(), URL: "http://" + hln.Addr().String(), Model: model, Role: fleet.RoleBoth}
+	hole := fleet.Endpoint{Name: hln.Addr().String(), URL: "http://" + hln.Addr().String(), Model: model, Role: fleet.RoleBoth, PrefillSpeed: gt.good[0].PrefillSpeed}
 	if err := gt.gw.SetEndpoints([]fleet.Endpoint{hole}); err != nil {
 		t.Fatal(err)
 	}
 	impatient := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	var wg sync.WaitGroup
 	for range 20 {
 		wg.Add(1)
 		go func() {

@@ -82,12 +82,12 @@ func TestZMQAttacks(t *testing.T) {
 	zt := startZMQTargets(t)
 	zt.check(t, "before the attacks")
 	runAttackPhases(t, []attackPhase{
-		{"huge frames", zt.attackHugeFrames},
-		{"announce and trickle", zt.attackTrickle},
-		{"garbage", zt.attackGarbage},
-		{"connection storm", zt.attackStorm},
-		{"stalled subscriber", zt.attackStalledSubscriber},
-		{"stalled replay client", zt.attackStalledReplay},
+		{name: "huge frames", run: zt.attackHugeFrames},
+		{name: "announce and trickle", run: zt.attackTrickle},
+		{name: "garbage", run: zt.attackGarbage},
+		{name: "connection storm", run: zt.attackStorm},
+		{name: "stalled subscriber", run: zt.attackStalledSubscriber},
+		{name: "stalled replay client", run: zt.attackStalledReplay},
 	}, zmqBounds, zt.check)
 }
 

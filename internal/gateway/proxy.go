@@ -105,7 +105,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		if failed == "" || attempt == 1 || r.Context().Err() != nil {
 			g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
 			if !errors.Is(err, errStreamBroken) {
-				openai.WriteError(w, err)
+				openai.WriteError(w, clientError(err))
 			}
 			return
 		}
@@ -113,6 +113,17 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		g.met.retries.Inc()
 		exclude = failed
 	}
+}
+
+// clientError is what the client is told: an engine that refused the
+// connection or answered 5xx is a 502, not an error of the gateway's own
+// (500); timeouts keep their 504.
+func clientError(err error) error {
+	var ue *upstreamError
+	if errors.As(err, &ue) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return openai.Errorf(http.StatusBadGateway, "%v", err)
+	}
+	return err
 }
 
 func outcomeOf(ctx context.Context, err error) string {
