@@ -102,6 +102,7 @@ type modelFleet struct {
 	name    string
 	load    *load.Fleet
 	members []*member
+	matcher *kvindex.Matcher // the index, in members' order
 }
 
 // New builds a gateway from a validated config.
@@ -272,7 +273,11 @@ func (g *Gateway) refresh() {
 			continue
 		}
 		mf.load.Set(infos)
-		mf.members = ms
+		ids := make([]kvindex.EndpointID, len(ms))
+		for i, m := range ms {
+			ids[i] = m.kvID
+		}
+		mf.members, mf.matcher = ms, g.idx.NewMatcher(name, ids)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/sched"
@@ -157,27 +156,6 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	return nil
 }
 
-// indexCache adapts the KV index to load.PrefixCache for one model's
-// snapshot order.
-type indexCache struct {
-	idx     *kvindex.Index
-	model   string
-	members []*member
-	buf     []kvindex.Match
-}
-
-func (c *indexCache) CachedBlocks(keys []uint64, matched []int) {
-	c.buf = c.idx.Lookup(c.model, keys, c.buf[:0])
-	clear(matched)
-	for _, m := range c.buf {
-		for i, mb := range c.members {
-			if mb.kvID == m.Endpoint && i < len(matched) {
-				matched[i] = m.Blocks
-			}
-		}
-	}
-}
-
 // decide builds the snapshot and asks the scheduler; exclude names
 // endpoints a retry must avoid.
 func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
@@ -188,10 +166,9 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 		return nil, openai.NotFound("The model `%s` does not exist.", rt.req.Model).WithParam("model")
 	}
 	g.mu.RLock()
-	members := mf.members
+	members, matcher := mf.members, mf.matcher
 	snap := sched.Snapshot{BlockSize: g.cfg.BlockSize}
-	ic := &indexCache{idx: g.idx, model: mf.name, members: members}
-	eps := mf.load.Snapshot(g.clock(), rt.promptN, rt.prep.Keys, ic, nil, &snap)
+	eps := mf.load.Snapshot(g.clock(), rt.promptN, rt.prep.Keys, matcher, nil, &snap)
 	g.mu.RUnlock()
 	if len(eps) != len(members) {
 		return nil, openai.Unavailable(time.Second, "the fleet of model %q is changing; retry", rt.req.Model)
