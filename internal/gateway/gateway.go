@@ -79,6 +79,7 @@ type Gateway struct {
 	shed   shedder
 	bodies *httpserve.BodyLimiter
 
+	setMu   sync.Mutex // one SetEndpoints at a time
 	mu      sync.RWMutex
 	members map[string]*member
 	models  map[string]*modelFleet
@@ -91,9 +92,10 @@ type Gateway struct {
 
 // member is one endpoint the gateway knows.
 type member struct {
-	ep   fleet.Endpoint
-	kvID kvindex.EndpointID
-	obs  observed
+	ep      fleet.Endpoint
+	kvID    kvindex.EndpointID
+	obs     observed
+	removed atomic.Bool // left the fleet; its index id may be reused
 }
 
 // modelFleet is the endpoints serving one model that may take traffic now,
@@ -156,11 +158,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			evs = append(evs, kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay})
 		}
 	}
-	if len(evs) > 0 || cfg.BindEvents != "" {
-		g.sub, err = kvevents.New(kvevents.Config{Engines: evs, BindEvents: cfg.BindEvents, Logger: o.Logger}, g.idx)
-		if err != nil {
-			return nil, err
-		}
+	// The subscriber runs even without engines with events: discovery may
+	// bring some.
+	g.sub, err = kvevents.New(kvevents.Config{Engines: evs, BindEvents: cfg.BindEvents, Logger: o.Logger}, g.idx)
+	if err != nil {
+		return nil, err
 	}
 	if err := g.SetEndpoints(cfg.Endpoints); err != nil {
 		return nil, err
@@ -186,9 +188,7 @@ func newTransport(connect time.Duration) *http.Transport {
 // ends.
 func (g *Gateway) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
-	if g.sub != nil {
-		go func() { errc <- g.sub.Run(ctx) }()
-	}
+	go func() { errc <- g.sub.Run(ctx) }()
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -210,31 +210,63 @@ func (g *Gateway) Run(ctx context.Context) error {
 func (g *Gateway) clock() float64 { return g.now().Sub(g.start).Seconds() }
 
 // SetEndpoints replaces the fleet (discovery calls it): new endpoints are
-// registered in the index, removed ones leave the snapshot at once and
-// their requests in flight finish where they are.
+// registered in the index and their KV events subscribed, removed ones
+// leave the snapshot at once, their event streams stop and their index
+// entries go; their requests in flight finish where they are. An invalid
+// list changes nothing.
 func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 	eps, err := fleet.Validate(eps)
 	if err != nil {
 		return err
 	}
+	g.setMu.Lock()
+	defer g.setMu.Unlock()
 	g.mu.Lock()
 	next := make(map[string]*member, len(eps))
+	var gone []*member
 	for _, e := range eps {
-		m := g.members[e.Name]
-		if m == nil || m.ep.Model != e.Model {
+		if m := g.members[e.Name]; m != nil && m.ep.Model == e.Model {
+			next[e.Name] = m
+		}
+	}
+	for name, m := range g.members {
+		if next[name] != m {
+			gone = append(gone, m)
+		}
+	}
+	g.mu.Unlock()
+	// Streams of gone engines stop before their index ids are freed, so
+	// no late event lands on a reused id.
+	var evs []kvevents.EngineConfig
+	for _, e := range eps {
+		if e.Events != "" {
+			evs = append(evs, kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay})
+		}
+	}
+	subErr := g.sub.SetEngines(evs)
+	for _, m := range gone {
+		m.removed.Store(true)
+		_ = g.idx.RemoveEndpoint(m.kvID) // absent already: nothing to free
+	}
+	for _, e := range eps {
+		m := next[e.Name]
+		if m == nil {
 			id, err := g.idx.AddEndpoint(e.Name, e.Model)
 			if err != nil {
-				g.mu.Unlock()
 				return fmt.Errorf("endpoint %s: %w", e.Name, err)
 			}
 			m = &member{kvID: id}
+			next[e.Name] = m
 		}
 		m.ep = e
-		next[e.Name] = m
 	}
+	g.mu.Lock()
 	g.members = next
 	g.mu.Unlock()
 	g.refresh()
+	if subErr != nil {
+		return fmt.Errorf("kv events: %w", subErr)
+	}
 	return nil
 }
 

@@ -361,6 +361,12 @@ func TestSetEndpointsAddsAndRemoves(t *testing.T) {
 	if r := post(t, url+"/v1/completions", completion("x", false, 1), nil); r.header.Get(hdrPrefill) != "b" {
 		t.Fatalf("served by %q after a was replaced by b", r.header.Get(hdrPrefill))
 	}
+	// Pod churn leaks nothing: a's index endpoint is gone.
+	for _, s := range g.idx.Stats() {
+		if s.Endpoint == "a" {
+			t.Fatalf("removed endpoint still in the index: %+v", s)
+		}
+	}
 	if err := g.SetEndpoints([]fleet.Endpoint{{Name: "b", Model: testModel, URL: "ftp://x"}}); err == nil {
 		t.Fatal("a bad endpoint list must be refused")
 	}

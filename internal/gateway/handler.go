@@ -34,7 +34,7 @@ func (g *Gateway) AdminHandler() http.Handler {
 		openai.WriteJSON(w, http.StatusOK, map[string]any{"endpoints": g.endpointStates()})
 	})
 	kv := &kvindex.Admin{Index: g.idx, Tokens: g.toks}
-	if g.sub != nil {
+	{
 		kv.Events = func() []kvindex.EndpointEvents {
 			var out []kvindex.EndpointEvents
 			for _, s := range g.sub.Stats() {

@@ -80,7 +80,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descUncached, prometheus.GaugeValue, float64(st.Load.InflightUncached), st.Name, st.Model)
 		ch <- prometheus.MustNewConstMetric(descWait, prometheus.GaugeValue, st.Load.QueueWait, st.Name, st.Model)
 	}
-	if c.g.sub != nil {
+	{
 		for _, s := range c.g.sub.Stats() {
 			if s.LastSeq != nil {
 				ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(*s.LastSeq), s.Endpoint, s.Model)

@@ -163,7 +163,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
 		Keys:           rt.prep.Keys, PrefillSeconds: prefillSeconds(uncached, p.pEP)})
 	defer func() { lf.Finish(fl, g.clock()) }()
-	g.idx.Routed(p.prefill.kvID, rt.prep.Keys)
+	g.routed(p.prefill, rt.prep.Keys)
 	g.met.promptTokens.Add(float64(rt.promptN))
 	g.met.hitTokens.Add(float64(min(p.dec.CachedTokens, rt.promptN)))
 	h := w.Header()
@@ -183,7 +183,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	if p.decode != nil {
 		h.Set(hdrDecode, p.decode.ep.Name)
 		lf.Decode(fl, p.dEP)
-		g.idx.Routed(p.decode.kvID, rt.prep.Keys)
+		g.routed(p.decode, rt.prep.Keys)
 		params, err := g.prefillLeg(ctx, r, rt, p)
 		if err != nil {
 			return p.prefill.ep.Name, err
@@ -209,6 +209,14 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	}
 	defer resp.Body.Close()
 	return "", g.relay(w, resp, rt, target, func() { lf.PrefillDone(fl, g.clock()) })
+}
+
+// routed records approximately that m will hold keys (its KV events
+// confirm or correct it).
+func (g *Gateway) routed(m *member, keys []uint64) {
+	if !m.removed.Load() {
+		g.idx.Routed(m.kvID, keys)
+	}
 }
 
 // prefillSeconds is the predicted compute time of n uncached tokens on e.

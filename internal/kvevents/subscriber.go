@@ -98,7 +98,11 @@ type Subscriber struct {
 
 	mu      sync.Mutex
 	streams []*stream          // all streams, for Stats
-	byTopic map[string]*stream // central mode, by "name@model"
+	byTopic map[string]*stream // configured and central, by "name@model"
+	// runCtx is Run's context while it runs (nil before): streams added
+	// by SetEngines start at once under it.
+	runCtx context.Context
+	loops  sync.WaitGroup
 
 	central        atomic.Pointer[zmtp.Sub] // the bound SUB, for Stats
 	fromWire       int                      // engines registered from topics (central goroutine)
@@ -202,28 +206,6 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		s.log.Info("kv events: listening for engines", "bind", s.cfg.BindEvents)
 		loops = append(loops, func() { s.runCentral(ctx, sock) })
 	}
-	s.mu.Lock()
-	streams := append([]*stream(nil), s.streams...)
-	s.mu.Unlock()
-	for _, st := range streams {
-		if st.cfg.Events == "" {
-			continue
-		}
-		sock, err := s.dialSocket(st)
-		if err != nil {
-			return err
-		}
-		socks = append(socks, sock)
-		loops = append(loops, func() {
-			for {
-				msg, err := sock.Recv(ctx)
-				if err != nil {
-					return
-				}
-				st.onFrames(ctx, msg)
-			}
-		})
-	}
 	var wg sync.WaitGroup
 	for _, loop := range loops {
 		wg.Add(1)
@@ -232,12 +214,122 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			loop()
 		}()
 	}
-	<-ctx.Done()
+	s.mu.Lock()
+	s.runCtx = ctx
+	streams := append([]*stream(nil), s.streams...)
+	s.mu.Unlock()
+	var startErr error
+	for _, st := range streams {
+		if err := s.startStream(ctx, st); err != nil && startErr == nil {
+			startErr = err
+		}
+	}
+	if startErr == nil {
+		<-ctx.Done()
+	}
+	s.mu.Lock()
+	s.runCtx = nil
+	all := append([]*stream(nil), s.streams...)
+	s.mu.Unlock()
+	for _, st := range all {
+		st.stop()
+	}
 	for _, sock := range socks {
 		sock.Close()
 	}
 	wg.Wait()
+	s.loops.Wait()
+	return startErr
+}
+
+// startStream dials one engine's PUB and receives from it until ctx ends
+// or the stream is stopped (SetEngines removed the engine).
+func (s *Subscriber) startStream(ctx context.Context, st *stream) error {
+	if st.cfg.Events == "" {
+		return nil
+	}
+	sock, err := s.dialSocket(st)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	st.stopMu.Lock()
+	st.stopFn = func() {
+		cancel()
+		sock.Close()
+		<-done
+	}
+	st.stopMu.Unlock()
+	s.loops.Add(1)
+	go func() {
+		defer s.loops.Done()
+		defer close(done)
+		for {
+			msg, err := sock.Recv(ctx)
+			if err != nil {
+				return
+			}
+			st.onFrames(ctx, msg)
+		}
+	}()
 	return nil
+}
+
+// SetEngines replaces the configured engines while the subscriber runs
+// (endpoint discovery): streams of engines no longer listed stop and have
+// stopped when it returns; new ones start. An engine whose sockets changed
+// restarts. Removing an engine's endpoint from the index is the caller's
+// (it registered it, and may hold approximate entries of its own there).
+// Engines registered from central-mode topics are kept.
+func (s *Subscriber) SetEngines(engines []EngineConfig) error {
+	want := make(map[string]EngineConfig, len(engines))
+	for _, ec := range engines {
+		if ec.Name == "" || ec.Model == "" {
+			return fmt.Errorf("kvevents: engine %+v needs a name and a model", ec)
+		}
+		want[ec.Name+"@"+ec.Model] = ec
+	}
+	s.mu.Lock()
+	var stopped, started []*stream
+	keep := s.streams[:0:0]
+	for _, st := range s.streams {
+		key := st.cfg.Name + "@" + st.cfg.Model
+		ec, ok := want[key]
+		if st.fromWire || (ok && ec == st.cfg) {
+			keep = append(keep, st)
+			delete(want, key)
+			continue
+		}
+		stopped = append(stopped, st)
+		delete(s.byTopic, key)
+	}
+	s.streams = keep
+	ctx := s.runCtx
+	s.mu.Unlock()
+	for _, st := range stopped {
+		st.stop()
+	}
+	var errs []error
+	for key, ec := range want {
+		st, err := s.newStream(ec)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.mu.Lock()
+		s.byTopic[key] = st
+		s.mu.Unlock()
+		started = append(started, st)
+	}
+	if ctx != nil {
+		for _, st := range started {
+			if err := s.startStream(ctx, st); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // dialSocket starts a SUB dialing one engine's PUB; it reconnects with
@@ -316,7 +408,10 @@ func (s *Subscriber) streamForTopic(topic string) (*stream, error) {
 		return nil, err
 	}
 	key := name + "@" + model
-	if st := s.byTopic[key]; st != nil {
+	s.mu.Lock()
+	st := s.byTopic[key]
+	s.mu.Unlock()
+	if st != nil {
 		return st, nil
 	}
 	// An engine not in the configuration: register it (without replay),
@@ -330,10 +425,11 @@ func (s *Subscriber) streamForTopic(topic string) (*stream, error) {
 		return nil, nil
 	}
 	s.fromWire++
-	st, err := s.newStream(EngineConfig{Name: name, Model: model})
+	st, err = s.newStream(EngineConfig{Name: name, Model: model})
 	if err != nil {
 		return nil, err
 	}
+	st.fromWire = true
 	s.log.Info("kv events: new engine from topic", "endpoint", name, "model", model)
 	s.mu.Lock()
 	s.byTopic[key] = st
