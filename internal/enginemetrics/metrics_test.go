@@ -130,18 +130,18 @@ vllm:num_requests_waiting{model_name="b"} 2
 
 func TestParseErrors(t *testing.T) {
 	for in, want := range map[string]string{
-		"":                                      "no vLLM or SGLang metrics",
-		"# only comments\nfoo 1\n":              "no vLLM or SGLang metrics",
-		"vllm:num_requests_waiting\n":           "line 1: vllm:num_requests_waiting: missing value",
-		"\nvllm:num_requests_waiting many\n":    `line 2: vllm:num_requests_waiting: value "many" is not a number`,
-		"vllm:num_requests_waiting 1 later\n":   `timestamp "later" is not an integer`,
-		`vllm:num_requests_waiting{a="b} 1`:     "unterminated value",
-		`vllm:num_requests_waiting{a="\t"} 1`:   `bad escape \t`,
-		`vllm:num_requests_waiting{a=b} 1`:      "label a: value is not quoted",
-		`vllm:num_requests_waiting{a} 1`:        "label a: missing =",
-		`vllm:num_requests_waiting{9a="b"} 1`:   "bad label name",
-		`vllm:num_requests_waiting{a="b" c} 1`:  "expected , or }",
-		`vllm:num_requests_waiting{a="b",`:      "unterminated label set",
+		"":                                                               "no vLLM or SGLang metrics",
+		"# only comments\nfoo 1\n":                                       "no vLLM or SGLang metrics",
+		"vllm:num_requests_waiting\n":                                    "line 1: vllm:num_requests_waiting: missing value",
+		"\nvllm:num_requests_waiting many\n":                             `line 2: vllm:num_requests_waiting: value "many" is not a number`,
+		"vllm:num_requests_waiting 1 later\n":                            `timestamp "later" is not an integer`,
+		`vllm:num_requests_waiting{a="b} 1`:                              "unterminated value",
+		`vllm:num_requests_waiting{a="\t"} 1`:                            `bad escape \t`,
+		`vllm:num_requests_waiting{a=b} 1`:                               "label a: value is not quoted",
+		`vllm:num_requests_waiting{a} 1`:                                 "label a: missing =",
+		`vllm:num_requests_waiting{9a="b"} 1`:                            "bad label name",
+		`vllm:num_requests_waiting{a="b" c} 1`:                           "expected , or }",
+		`vllm:num_requests_waiting{a="b",`:                               "unterminated label set",
 		"vllm:kv_cache_usage_perc " + strings.Repeat("1", maxLineLen+10): "longer than",
 	} {
 		_, err := Parse(strings.NewReader(in), "")
