@@ -9,95 +9,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/discovery/discoverytest"
 	"github.com/kvgate/kvgate/internal/fleet"
 )
 
-// hangGuard bounds every wait in these tests; it is never a speed claim.
-const hangGuard = 20 * time.Second
-
-// logSink collects log messages with their attributes as text.
-type logSink struct {
-	mu    sync.Mutex
-	lines []string
-	added chan struct{}
-}
-
-func newLogSink() *logSink { return &logSink{added: make(chan struct{}, 1)} }
-
-func (s *logSink) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	s.lines = append(s.lines, string(p))
-	s.mu.Unlock()
-	select {
-	case s.added <- struct{}{}:
-	default:
-	}
-	return len(p), nil
-}
-
-func (s *logSink) logger() *slog.Logger { return slog.New(slog.NewTextHandler(s, nil)) }
-
-// count returns how many lines contain sub.
-func (s *logSink) count(sub string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, l := range s.lines {
-		if strings.Contains(l, sub) {
-			n++
-		}
-	}
-	return n
-}
-
-// waitLog waits until n lines contain sub.
-func (s *logSink) waitLog(t *testing.T, sub string, n int) {
-	t.Helper()
-	deadline := time.After(hangGuard)
-	for s.count(sub) < n {
-		select {
-		case <-s.added:
-		case <-time.After(10 * time.Millisecond):
-		case <-deadline:
-			t.Fatalf("no log line %q (%d wanted); have:\n%s", sub, n, strings.Join(s.lines, ""))
-		}
-	}
-}
-
-// runSource runs src in the background; updates arrive on the channel.
-func runSource(t *testing.T, src Source) (<-chan []fleet.Endpoint, <-chan error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	updates := make(chan []fleet.Endpoint, 100)
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, func(eps []fleet.Endpoint) { updates <- eps }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(hangGuard):
-			t.Error("Run did not return after cancel")
-		}
-	})
-	return updates, done
-}
-
 func next(t *testing.T, updates <-chan []fleet.Endpoint) []fleet.Endpoint {
 	t.Helper()
-	select {
-	case eps := <-updates:
-		return eps
-	case <-time.After(hangGuard):
-		t.Fatal("no update")
-		return nil
-	}
+	return discoverytest.Next(t, updates)
 }
 
 func names(eps []fleet.Endpoint) string {
@@ -115,15 +36,6 @@ func wantNames(t *testing.T, updates <-chan []fleet.Endpoint, want string) []fle
 		t.Fatalf("update %q, want %q", got, want)
 	}
 	return eps
-}
-
-func noUpdate(t *testing.T, updates <-chan []fleet.Endpoint) {
-	t.Helper()
-	select {
-	case eps := <-updates:
-		t.Fatalf("unexpected update %q", names(eps))
-	default:
-	}
 }
 
 func endpointsYAML(names ...string) string {
@@ -150,19 +62,19 @@ func TestStatic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	updates, _ := runSource(t, src)
+	updates := discoverytest.Run(t, src)
 	eps := wantNames(t, updates, "h:1")
 	if eps[0].URL != "http://h:1" {
 		t.Fatalf("not normalised: %+v", eps[0])
 	}
 	eps[0].Name = "mutated" // the callee owns its copy
-	noUpdate(t, updates)
+	discoverytest.NoUpdate(t, updates)
 }
 
 func TestNotifier(t *testing.T) {
 	var got [][]fleet.Endpoint
-	sink := newLogSink()
-	n := NewNotifier("test", sink.logger(), func(eps []fleet.Endpoint) { got = append(got, eps) })
+	sink := &discoverytest.LogSink{}
+	n := NewNotifier("test", sink.Logger(), func(eps []fleet.Endpoint) { got = append(got, eps) })
 	a, b := fleet.Endpoint{Name: "a", Model: "m"}, fleet.Endpoint{Name: "b", Model: "m"}
 	b2 := b
 	b2.Role = fleet.RoleDecode
@@ -185,8 +97,8 @@ func TestNotifier(t *testing.T) {
 	if len(got) != 4 {
 		t.Fatalf("%d updates", len(got))
 	}
-	if sink.count("changed=[b]") != 1 || sink.count("removed=[a]") != 1 {
-		t.Fatalf("logs:\n%s", strings.Join(sink.lines, ""))
+	if sink.Count("changed=[b]") != 1 || sink.Count("removed=[a]") != 1 {
+		t.Fatalf("logs:\n%s", sink.String())
 	}
 	added, removed, changed := Diff([]fleet.Endpoint{a, b}, []fleet.Endpoint{b2, {Name: "c", Model: "m"}})
 	if !slices.Equal(added, []string{"c"}) || !slices.Equal(removed, []string{"a"}) || !slices.Equal(changed, []string{"b"}) {
@@ -194,9 +106,9 @@ func TestNotifier(t *testing.T) {
 	}
 }
 
-func newFileSource(t *testing.T, path string, sink *logSink) *File {
+func newFileSource(t *testing.T, path string, sink *discoverytest.LogSink) *File {
 	t.Helper()
-	f, err := NewFile(FileConfig{Path: path, Debounce: 20 * time.Millisecond, Logger: sink.logger()})
+	f, err := NewFile(FileConfig{Path: path, Debounce: 20 * time.Millisecond, Logger: sink.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,8 +119,8 @@ func TestFileChanges(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "endpoints.yaml")
 	writeFile(t, path, endpointsYAML("a", "b"))
-	sink := newLogSink()
-	updates, _ := runSource(t, newFileSource(t, path, sink))
+	sink := &discoverytest.LogSink{}
+	updates := discoverytest.Run(t, newFileSource(t, path, sink))
 	wantNames(t, updates, "a,b")
 
 	// Add, then remove, by rewriting in place.
@@ -219,13 +131,13 @@ func TestFileChanges(t *testing.T) {
 
 	// A bad write keeps the list and is logged with its error.
 	writeFile(t, path, "endpoints:\n  - {name: x, model: m, colour: red}\n")
-	sink.waitLog(t, "colour", 1)
-	noUpdate(t, updates)
+	sink.Wait(t, "colour", 1)
+	discoverytest.NoUpdate(t, updates)
 	writeFile(t, path, endpointsYAML("a", "a"))
-	sink.waitLog(t, "already used", 1)
+	sink.Wait(t, "already used", 1)
 	writeFile(t, path, "")
-	sink.waitLog(t, "empty file", 1)
-	noUpdate(t, updates)
+	sink.Wait(t, "empty file", 1)
+	discoverytest.NoUpdate(t, updates)
 	// The old content again: nothing changed for the consumer.
 	writeFile(t, path, endpointsYAML("a", "c"))
 	writeFile(t, path, endpointsYAML("c"))
@@ -244,8 +156,8 @@ func TestFileChanges(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	sink.waitLog(t, "endpoint file is missing", 1)
-	noUpdate(t, updates)
+	sink.Wait(t, "endpoint file is missing", 1)
+	discoverytest.NoUpdate(t, updates)
 	writeFile(t, path, endpointsYAML("e"))
 	wantNames(t, updates, "e")
 	// "endpoints: []" is a real empty list.
@@ -284,8 +196,8 @@ func TestFileConfigMapSwap(t *testing.T) {
 	if err := os.Symlink("..data/endpoints.yaml", path); err != nil {
 		t.Fatal(err)
 	}
-	sink := newLogSink()
-	updates, _ := runSource(t, newFileSource(t, path, sink))
+	sink := &discoverytest.LogSink{}
+	updates := discoverytest.Run(t, newFileSource(t, path, sink))
 	wantNames(t, updates, "a")
 	mk("..2026_01_01_00_01_00.2", "a", "b")
 	swap("..2026_01_01_00_01_00.2", "..2026_01_01_00_00_00.1")
@@ -304,7 +216,7 @@ func TestFileSymlinkElsewhere(t *testing.T) {
 	if err := os.Symlink(real, path); err != nil {
 		t.Fatal(err)
 	}
-	updates, _ := runSource(t, newFileSource(t, path, newLogSink()))
+	updates := discoverytest.Run(t, newFileSource(t, path, &discoverytest.LogSink{}))
 	wantNames(t, updates, "a")
 	writeFile(t, real, endpointsYAML("a", "b"))
 	wantNames(t, updates, "a,b")
@@ -319,7 +231,7 @@ func TestFileStartErrors(t *testing.T) {
 		bad:                                     "cannot unmarshal",
 		filepath.Join(dir, "nodir", "eps.yaml"): "no such file",
 	} {
-		f := newFileSource(t, path, newLogSink())
+		f := newFileSource(t, path, &discoverytest.LogSink{})
 		err := f.Run(context.Background(), func([]fleet.Endpoint) { t.Error("update from a bad start") })
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", path, err, want)

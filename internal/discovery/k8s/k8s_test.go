@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,10 +15,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kvgate/kvgate/internal/discovery/discoverytest"
 	"github.com/kvgate/kvgate/internal/fleet"
 )
-
-const hangGuard = 20 * time.Second
 
 type podOpt func(*corev1.Pod)
 
@@ -150,41 +148,22 @@ func TestFollowsPods(t *testing.T) {
 		newPod("llm", "other-app", "10.0.0.9", label("app", "web"), label(DefaultModelLabel, "m")),
 		newPod("elsewhere", "x", "10.0.1.1", label(DefaultModelLabel, "m")),
 	)
-	var logs syncBuffer
+	var logs discoverytest.LogSink
 	src, err := New(client, Config{Namespace: "llm", Selector: "app=vllm", Port: 8000, NameFromPod: true,
-		Debounce: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		Debounce: 5 * time.Millisecond, Logger: logs.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	updates := make(chan []fleet.Endpoint, 100)
-	done := make(chan error, 1)
-	go func() { done <- src.Run(runCtx, func(eps []fleet.Endpoint) { updates <- eps }) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(hangGuard):
-			t.Error("Run did not return")
-		}
-	}()
+	updates := discoverytest.Run(t, src)
 	// want waits for the next update and compares it, as name/role lines.
 	want := func(step, w string) {
 		t.Helper()
-		select {
-		case eps := <-updates:
-			var got []string
-			for _, e := range eps {
-				got = append(got, e.Name+"/"+e.Role.String())
-			}
-			if g := strings.Join(got, " "); g != w {
-				t.Fatalf("%s: got %q, want %q", step, g, w)
-			}
-		case <-time.After(hangGuard):
-			t.Fatalf("%s: no update", step)
+		var got []string
+		for _, e := range discoverytest.Next(t, updates) {
+			got = append(got, e.Name+"/"+e.Role.String())
+		}
+		if g := strings.Join(got, " "); g != w {
+			t.Fatalf("%s: got %q, want %q", step, g, w)
 		}
 	}
 	pods := client.CoreV1().Pods("llm")
@@ -229,7 +208,7 @@ func TestFollowsPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("b bad role", "a/decode c/decode")
-	if n := strings.Count(logs.String(), `unknown role \"boss\"`); n != 1 {
+	if n := logs.Count(`unknown role \"boss\"`); n != 1 {
 		t.Fatalf("bad role logged %d times:\n%s", n, logs.String())
 	}
 
@@ -259,21 +238,4 @@ func TestRunListError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "forbidden") {
 		t.Fatalf("error %v", err)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
