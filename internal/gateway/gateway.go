@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
@@ -33,28 +34,20 @@ import (
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
-// Health tells the gateway which endpoints may take traffic and hears what
-// the proxy sees (internal/health implements it). Without one every
-// endpoint is taken as healthy.
-type Health interface {
-	Healthy(name string) bool
-	ReportFailure(name string, err error)
-	ReportSuccess(name string)
-}
-
-// EngineState is what the gateway knows of an engine from its own metrics
-// (internal/enginemetrics); ok is false when unknown or stale.
-type EngineState interface {
-	KVFree(name string) (freeTokens int, usage float64, ok bool)
-}
+// metricsStaleness is how old an engine's scraped metrics may be and
+// still count.
+const metricsStaleness = 10 * time.Second
 
 // Options are a Gateway's collaborators; zero values are fine.
 type Options struct {
 	Logger *slog.Logger
 	// Now is the clock (default time.Now).
-	Now    func() time.Time
-	Health Health
-	Engine EngineState
+	Now func() time.Time
+	// Health, when set, takes failing endpoints out of the snapshot (its
+	// active checks and the proxy's failure reports) and supplies the
+	// engines' scraped metrics (KV room and usage); the gateway keeps its
+	// endpoint set current (Set).
+	Health *health.Prober
 	// Transport overrides the upstream transport (tests).
 	Transport http.RoundTripper
 }
@@ -66,8 +59,7 @@ type Gateway struct {
 	log    *slog.Logger
 	now    func() time.Time
 	start  time.Time
-	health Health
-	engine EngineState
+	health *health.Prober
 
 	sched  atomic.Pointer[sched.Scheduler] // replaced whole on reload
 	policy string
@@ -136,7 +128,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, engine: o.Engine,
+		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health,
 		policy:  cfg.Policy,
 		toks:    toks,
 		idx:     kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),
@@ -263,6 +255,9 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 	g.mu.Lock()
 	g.members = next
 	g.mu.Unlock()
+	if g.health != nil {
+		g.health.Set(eps)
+	}
 	g.refresh()
 	if subErr != nil {
 		return fmt.Errorf("kv events: %w", subErr)
@@ -277,7 +272,7 @@ func (g *Gateway) refresh() {
 	defer g.mu.Unlock()
 	byModel := map[string][]*member{}
 	for _, m := range g.members {
-		if g.health == nil || g.health.Healthy(m.ep.Name) {
+		if g.health == nil || g.health.Available(m.ep.Name) {
 			byModel[m.ep.Model] = append(byModel[m.ep.Model], m)
 		}
 	}

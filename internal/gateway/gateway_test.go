@@ -11,11 +11,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
 )
 
@@ -402,4 +404,52 @@ func getJSON(t *testing.T, url string, v any) {
 	if err := json.Unmarshal([]byte(get(t, url)), v); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestHealthTakesEndpointsOutAndBack: an endpoint whose /health fails
+// leaves the snapshot and comes back when it recovers; a dead engine the
+// proxy keeps failing on is ejected.
+func TestHealthTakesEndpointsOutAndBack(t *testing.T) {
+	var sick atomic.Bool
+	mk := func(name string, flaky bool) fleet.Endpoint {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/health" && flaky && sick.Load() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			io.Copy(io.Discard, r.Body)
+			fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+		}))
+		t.Cleanup(s.Close)
+		return fleet.Endpoint{Name: name, URL: s.URL, Model: testModel}
+	}
+	eps := []fleet.Endpoint{mk("a", true), mk("b", false)}
+	pr, err := health.New(health.Config{Interval: 20 * time.Millisecond, Timeout: time.Second, NoMetrics: true, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	g, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "round-robin"}, Options{Health: pr})
+	sick.Store(true)
+	waitFor(t, func() bool {
+		for _, st := range g.endpointStates() {
+			if st.Name == "a" {
+				return !st.Eligible
+			}
+		}
+		return false
+	})
+	for i := 0; i < 4; i++ {
+		if r := post(t, url+"/v1/completions", completion("x", false, 1), nil); r.header.Get(hdrPrefill) != "b" {
+			t.Fatalf("sick endpoint served request %d", i)
+		}
+	}
+	sick.Store(false)
+	waitFor(t, func() bool {
+		seen := map[string]bool{}
+		for i := 0; i < 4; i++ {
+			seen[post(t, url+"/v1/completions", completion("x", false, 1), nil).header.Get(hdrPrefill)] = true
+		}
+		return seen["a"] && seen["b"]
+	})
 }

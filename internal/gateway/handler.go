@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/sched"
@@ -93,6 +94,8 @@ type EndpointState struct {
 	Load     endpointLoad `json:"load"`
 	KVBlocks int64        `json:"kv_index_gpu_blocks"`
 	TPOT     float64      `json:"observed_tpot_seconds"`
+	// Health is the prober's view (checks, ejection, scraped metrics).
+	Health *health.State `json:"health,omitempty"`
 }
 
 func (g *Gateway) endpointStates() []EndpointState {
@@ -118,6 +121,13 @@ func (g *Gateway) endpointStates() []EndpointState {
 		if !seen[m.ep.Name] {
 			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
 				KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
+		}
+	}
+	if g.health != nil {
+		for i := range out {
+			if st, ok := g.health.State(out[i].Name); ok {
+				out[i].Health = &st
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

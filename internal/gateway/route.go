@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/enginemetrics"
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/sched"
@@ -219,15 +220,22 @@ func dropEndpoint(name string, members []*member, eps []*load.Endpoint, s *sched
 // fillEngineState adds what the engines' metrics and observed latencies
 // say: KV room and usage, and decode TPOT.
 func (g *Gateway) fillEngineState(members []*member, s *sched.Snapshot) {
+	now := g.now()
 	for i, m := range members {
 		e := &s.Endpoints[i]
 		e.KVFreeTokens = math.MaxInt32 // unknown: do not reject for room
-		if g.engine != nil {
-			if free, usage, ok := g.engine.KVFree(m.ep.Name); ok {
-				e.KVFreeTokens, e.KVUsage = free, usage
-			}
-		}
 		e.DecodeTPOT = m.obs.tpot()
+		if g.health == nil {
+			continue
+		}
+		mt, ok := g.health.Metrics(m.ep.Name)
+		if !ok || !mt.Fresh(now, metricsStaleness) || !mt.Has(enginemetrics.FieldKVUsage) {
+			continue
+		}
+		e.KVUsage = min(max(mt.KVUsage, 0), 1)
+		if c := mt.CapacityTokens(); c > 0 {
+			e.KVFreeTokens = int(float64(c) * (1 - e.KVUsage))
+		}
 	}
 }
 

@@ -25,40 +25,40 @@ const (
 // Config configures a Prober. Zero values take the defaults above.
 type Config struct {
 	// Interval between the probes of one endpoint, in [10ms, 1h].
-	Interval time.Duration
+	Interval time.Duration `yaml:"interval"`
 	// Timeout bounds each request of a probe (/health, then /metrics), in
 	// [1ms, 10m].
-	Timeout time.Duration
+	Timeout time.Duration `yaml:"timeout"`
 	// FailAfter consecutive failed probes take an endpoint out;
 	// RecoverAfter consecutive successful ones bring it back. Both in
 	// [1, 1000].
-	FailAfter    int
-	RecoverAfter int
+	FailAfter    int `yaml:"fail_after"`
+	RecoverAfter int `yaml:"recover_after"`
 	// HealthPath is what a probe GETs; any 2xx is healthy.
-	HealthPath string
+	HealthPath string `yaml:"health_path"`
 	// NoMetrics turns the /metrics scrape off.
-	NoMetrics bool
+	NoMetrics bool `yaml:"no_metrics"`
 	// Scraper reads /metrics; nil: one with Timeout and Client.
-	Scraper *enginemetrics.Scraper
+	Scraper *enginemetrics.Scraper `yaml:"-"`
 	// Client makes the health requests; nil: a client of its own.
-	Client *http.Client
+	Client *http.Client `yaml:"-"`
 
 	// Passive ejection, from the proxy's ReportFailure: EjectAfter
 	// consecutive failures (in [1, 1e6]; negative: never eject) eject an
 	// endpoint for EjectBase, doubled for each ejection that follows within
 	// EjectMax of the previous one ending, capped at EjectMax.
-	EjectAfter int
-	EjectBase  time.Duration // in [1ms, 24h]
-	EjectMax   time.Duration // in [EjectBase, 24h]
+	EjectAfter int           `yaml:"eject_after"`
+	EjectBase  time.Duration `yaml:"eject_base"` // in [1ms, 24h]
+	EjectMax   time.Duration `yaml:"eject_max"`  // in [EjectBase, 24h]
 	// MaxEjectedPercent bounds the share of endpoints ejected at once, in
 	// [1, 100]: an ejection that would pass it is not made (a fleet-wide
 	// failure is more likely the gateway's or the network's).
-	MaxEjectedPercent int
+	MaxEjectedPercent int `yaml:"max_ejected_percent"`
 
 	// Clock is the time source; nil: SystemClock.
-	Clock Clock
+	Clock Clock `yaml:"-"`
 	// Logger; nil: slog.Default().
-	Logger *slog.Logger
+	Logger *slog.Logger `yaml:"-"`
 }
 
 // withDefaults fills zero fields and checks ranges.
