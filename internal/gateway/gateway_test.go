@@ -453,3 +453,60 @@ func TestHealthTakesEndpointsOutAndBack(t *testing.T) {
 		return seen["a"] && seen["b"]
 	})
 }
+
+// TestClientDisconnectCancelsUpstream: a client that goes away mid-stream
+// cancels the engine's request, and nothing stays counted in flight.
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	cancelled := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	defer up.Close()
+	g, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel}}}, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(completion("x", true, 100)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufio.NewReader(resp.Body).ReadString('\n')
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the engine's request was not cancelled")
+	}
+	waitFor(t, func() bool {
+		st := g.endpointStates()
+		return g.inflight.Load() == 0 && st[0].Load.InflightRequests == 0 && st[0].Load.InflightUncached == 0
+	})
+}
+
+// TestConditionalDisaggregation: in a P/D fleet a request whose uncached
+// part on the decode endpoint is short runs there alone.
+func TestConditionalDisaggregation(t *testing.T) {
+	p := startEngine(t, engine.RolePrefill, nil)
+	d := startEngine(t, engine.RoleDecode, nil)
+	cfg := Config{
+		Endpoints:          []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)},
+		Tokenizers:         []string{"model=" + testModel + ",source=engine,url=" + p.URL()},
+		LocalPrefillTokens: 64,
+	}
+	_, url, _ := startGateway(t, cfg, Options{})
+	short := post(t, url+"/v1/completions", completion("a short prompt", false, 3), nil)
+	if short.status != 200 || short.header.Get(hdrPrefill) != d.Addr() || short.header.Get(hdrDecode) != d.Addr() {
+		t.Fatalf("short prompt: %d prefill %s decode %s: %s", short.status, short.header.Get(hdrPrefill), short.header.Get(hdrDecode), short.body)
+	}
+	long := post(t, url+"/v1/completions", completion(prefix("long"), false, 3), nil)
+	if long.status != 200 || long.header.Get(hdrPrefill) != p.Addr() || long.header.Get(hdrDecode) != d.Addr() {
+		t.Fatalf("long prompt: %d prefill %s decode %s", long.status, long.header.Get(hdrPrefill), long.header.Get(hdrDecode))
+	}
+}
