@@ -80,6 +80,7 @@ type Gateway struct {
 
 	inflight atomic.Int64
 	reqSeq   atomic.Uint64
+	bufs     sync.Pool // *[]byte: relay's 32 KiB copy buffers
 }
 
 // member is one endpoint the gateway knows.

@@ -303,7 +303,13 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
-	buf := make([]byte, 32<<10)
+	bp, _ := g.bufs.Get().(*[]byte)
+	if bp == nil {
+		b := make([]byte, 32<<10)
+		bp = &b
+	}
+	defer g.bufs.Put(bp)
+	buf := *bp
 	first := true
 	var firstAt time.Time
 	chunks := 0
