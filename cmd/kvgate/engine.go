@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
 	"github.com/kvgate/kvgate/internal/flagrange"
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 )
@@ -31,7 +33,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "served model name")
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "HTTP listen host")
 	flagrange.Var(fl, &cfg.Port, "port", lim.Port, "HTTP listen port (0 = any free port)")
-	fs.StringVar(&ef.role, "role", string(cfg.Role), "role: both, prefill or decode")
+	fs.StringVar(&ef.role, "role", cfg.Role.String(), "role: both, prefill or decode")
 	flagrange.Var(fl, &cfg.Perf.PrefillTokensPerSec, "prefill-speed", pm.PrefillTokensPerSec, "prefill throughput, uncached prompt tokens per second")
 	flagrange.Var(fl, &cfg.Perf.DecodeStepBase, "decode-step-base", pm.DecodeStepBase, "fixed cost of one decode step, seconds")
 	flagrange.Var(fl, &cfg.Perf.DecodeStepPerSeq, "decode-step-per-seq", pm.DecodeStepPerSeq, "decode step cost per running sequence, seconds")
@@ -72,8 +74,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	var err error
-	if cfg.Role, err = engine.ParseRole(ef.role); err != nil {
-		return err
+	if ef.role == "" { // fleet.ParseRole reads "" as both; the flag wants a name
+		return errors.New("--role is required (both, prefill, decode)")
+	}
+	if cfg.Role, err = fleet.ParseRole(ef.role); err != nil {
+		return fmt.Errorf("--role: %w", err)
 	}
 	if cfg.KVEventsFormat, err = kvpub.ParseFormat(ef.format); err != nil {
 		return err

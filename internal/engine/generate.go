@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
 )
 
@@ -32,7 +33,7 @@ func naturalLength(prompt []uint32) int {
 
 // buildRequest validates a generation request body and turns it into an
 // engine request.
-func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role Role) (*request, *openai.Request, error) {
+func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role fleet.Role) (*request, *openai.Request, error) {
 	parse := openai.ParseCompletion
 	if chat {
 		parse = openai.ParseChat
@@ -60,9 +61,9 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role Role
 	}
 	remoteDecode := kv != nil && kv.DoRemoteDecode
 	switch {
-	case remoteDecode && role == RoleDecode:
+	case remoteDecode && role == fleet.RoleDecode:
 		return nil, nil, openai.BadRequest("kv_transfer_params.do_remote_decode=true needs a prefill engine; this engine's role is decode")
-	case kv != nil && kv.DoRemotePrefill && role == RolePrefill:
+	case kv != nil && kv.DoRemotePrefill && role == fleet.RolePrefill:
 		return nil, nil, openai.BadRequest("kv_transfer_params.do_remote_prefill=true needs a decode engine; this engine's role is prefill")
 	}
 	maxTokens, natural, err := e.outputLength(req, chat, toks, remoteDecode)
