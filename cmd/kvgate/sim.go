@@ -197,16 +197,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	var rejects []bool
-	switch f.earlyReject {
-	case "both":
-		rejects = []bool{false, true}
-	case "on":
-		rejects = []bool{true}
-	case "off":
-		rejects = []bool{false}
-	default:
-		return fmt.Errorf("--early-reject must be on, off or both, got %q", f.earlyReject)
+	rejects, err := parseEarlyReject(f.earlyReject)
+	if err != nil {
+		return err
 	}
 	cacheBlocks, err := simCacheBlocks(&f)
 	if err != nil {
@@ -236,6 +229,20 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return enc.Encode(simOutput{Runs: results})
 	}
 	return printTable(stdout, results, f.seeds > 1, jobs)
+}
+
+// parseEarlyReject reads --early-reject: the early-rejection settings to
+// run each policy with.
+func parseEarlyReject(s string) ([]bool, error) {
+	switch s {
+	case "both":
+		return []bool{false, true}, nil
+	case "on":
+		return []bool{true}, nil
+	case "off":
+		return []bool{false}, nil
+	}
+	return nil, fmt.Errorf("--early-reject must be on, off or both, got %q", s)
 }
 
 // traceSpec is one workload to simulate, built only when its turn comes so
@@ -335,19 +342,7 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		go func() {
 			defer wg.Done()
 			for x := range next {
-				i, j := x.i, x.j
-				pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1})
-				if err != nil {
-					errs[i] = err
-					continue
-				}
-				res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
-				if err != nil {
-					errs[i] = fmt.Errorf("%s: %w", j.policy, err)
-					continue
-				}
-				res.Rate = j.rate
-				results[i] = roundResult(res)
+				results[x.i], errs[x.i] = runJob(ctx, cfg, x.j)
 			}
 		}()
 	}
@@ -391,6 +386,20 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		jobs[i].trace = nil // let the last workload go with the results kept
 	}
 	return results, jobs, nil
+}
+
+// runJob simulates one (workload, policy, early rejection) job.
+func runJob(ctx context.Context, cfg sim.Config, j simJob) (sim.Result, error) {
+	pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1})
+	if err != nil {
+		return sim.Result{}, err
+	}
+	res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
+	if err != nil {
+		return sim.Result{}, fmt.Errorf("%s: %w", j.policy, err)
+	}
+	res.Rate = j.rate
+	return roundResult(res), nil
 }
 
 func roundResult(r sim.Result) sim.Result {
