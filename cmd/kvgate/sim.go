@@ -69,7 +69,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	*f = simFlags{workloadName: "chat", timeScale: 1, policies: "all", earlyReject: "both", instances: 8,
 		decodeKVTokens: 1_000_000, systems: 20, sessions: 400, systemTokens: 2048, turnTokens: 300, outputTokens: 500,
 		duration: 120, seeds: 1, sloTTFT: 2, prefillSpeed: 20000, blockSize: 64, cacheBlocks: 3000, format: "table"}
-	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the seed chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection)")
+	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the baseline chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection)")
 	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents (ignored with --trace)")
 	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-format JSON-lines trace (512-token hash blocks) instead of a generated workload")
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
@@ -77,7 +77,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	fs.StringVar(&f.earlyReject, "early-reject", f.earlyReject, "early rejection: on, off or both")
 	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents)", wl.Rate, maxRates))
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
-	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the seed)")
+	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
 	flagrange.Var(fl, &f.decodeKVTokens, "decode-kv-tokens", sl.decodeKVTokens, "KV capacity of each decode instance in tokens")
 	flagrange.Var(fl, &f.systems, "systems", wl.Systems, "chat: system prompts")
 	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, "chat: conversations")

@@ -84,7 +84,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DefaultConfig is an engine with the seed's timing model and vLLM's
+// DefaultConfig is an engine with the baseline chapter's timing model and vLLM's
 // defaults.
 func DefaultConfig() Config {
 	return Config{
