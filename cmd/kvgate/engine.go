@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -74,11 +73,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	var err error
-	if ef.role == "" { // fleet.ParseRole reads "" as both; the flag wants a name
-		return errors.New("--role is required (both, prefill, decode)")
-	}
-	if cfg.Role, err = fleet.ParseRole(ef.role); err != nil {
-		return fmt.Errorf("--role: %w", err)
+	if cfg.Role, err = fleet.ParseRole(ef.role); err != nil || ef.role == "" { // "" is not a role here
+		return fmt.Errorf("role must be both, prefill or decode, got %q", ef.role)
 	}
 	if cfg.KVEventsFormat, err = kvpub.ParseFormat(ef.format); err != nil {
 		return err

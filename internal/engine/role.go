@@ -111,10 +111,11 @@ func checkRole(r fleet.Role) error {
 // parseRequiredRole parses a role an operator names; unlike
 // fleet.ParseRole it does not read "" as both.
 func parseRequiredRole(s string) (fleet.Role, error) {
-	if s == "" {
-		return 0, errors.New("role is required (both, prefill, decode)")
+	r, err := fleet.ParseRole(s)
+	if s == "" || err != nil {
+		return 0, fmt.Errorf("role must be both, prefill or decode, got %q", s)
 	}
-	return fleet.ParseRole(s)
+	return r, nil
 }
 
 func (e *Engine) handleGetRole(w http.ResponseWriter, _ *http.Request) {
