@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -79,11 +78,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if cfg.KVEventsFormat, err = kvpub.ParseFormat(ef.format); err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(ef.logLevel)); err != nil {
+	if cfg.Logger, err = textLogger(stderr, ef.logLevel); err != nil {
 		return fmt.Errorf("log level: %w", err)
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	e, err := engine.New(cfg)
 	if err != nil {
