@@ -69,7 +69,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	*f = simFlags{workloadName: "chat", timeScale: 1, policies: "all", earlyReject: "both", instances: 8,
 		decodeKVTokens: 1_000_000, systems: 20, sessions: 400, systemTokens: 2048, turnTokens: 300, outputTokens: 500,
 		duration: 120, seeds: 1, sloTTFT: 2, prefillSpeed: 20000, blockSize: 64, cacheBlocks: 3000, format: "table"}
-	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the seed chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection)")
+	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the baseline chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection)")
 	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents (ignored with --trace)")
 	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-format JSON-lines trace (512-token hash blocks) instead of a generated workload")
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
@@ -77,7 +77,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	fs.StringVar(&f.earlyReject, "early-reject", f.earlyReject, "early rejection: on, off or both")
 	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents)", wl.Rate, maxRates))
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
-	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the seed)")
+	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
 	flagrange.Var(fl, &f.decodeKVTokens, "decode-kv-tokens", sl.decodeKVTokens, "KV capacity of each decode instance in tokens")
 	flagrange.Var(fl, &f.systems, "systems", wl.Systems, "chat: system prompts")
 	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, "chat: conversations")
@@ -197,16 +197,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	var rejects []bool
-	switch f.earlyReject {
-	case "both":
-		rejects = []bool{false, true}
-	case "on":
-		rejects = []bool{true}
-	case "off":
-		rejects = []bool{false}
-	default:
-		return fmt.Errorf("--early-reject must be on, off or both, got %q", f.earlyReject)
+	rejects, err := parseEarlyReject(f.earlyReject)
+	if err != nil {
+		return err
 	}
 	cacheBlocks, err := simCacheBlocks(&f)
 	if err != nil {
@@ -236,6 +229,20 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return enc.Encode(simOutput{Runs: results})
 	}
 	return printTable(stdout, results, f.seeds > 1, jobs)
+}
+
+// parseEarlyReject reads --early-reject: the early-rejection settings to
+// run each policy with.
+func parseEarlyReject(s string) ([]bool, error) {
+	switch s {
+	case "both":
+		return []bool{false, true}, nil
+	case "on":
+		return []bool{true}, nil
+	case "off":
+		return []bool{false}, nil
+	}
+	return nil, fmt.Errorf("--early-reject must be on, off or both, got %q", s)
 }
 
 // traceSpec is one workload to simulate, built only when its turn comes so
@@ -335,19 +342,7 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		go func() {
 			defer wg.Done()
 			for x := range next {
-				i, j := x.i, x.j
-				pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1})
-				if err != nil {
-					errs[i] = err
-					continue
-				}
-				res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
-				if err != nil {
-					errs[i] = fmt.Errorf("%s: %w", j.policy, err)
-					continue
-				}
-				res.Rate = j.rate
-				results[i] = roundResult(res)
+				results[x.i], errs[x.i] = runJob(ctx, cfg, x.j)
 			}
 		}()
 	}
@@ -391,6 +386,20 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		jobs[i].trace = nil // let the last workload go with the results kept
 	}
 	return results, jobs, nil
+}
+
+// runJob simulates one (workload, policy, early rejection) job.
+func runJob(ctx context.Context, cfg sim.Config, j simJob) (sim.Result, error) {
+	pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1})
+	if err != nil {
+		return sim.Result{}, err
+	}
+	res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
+	if err != nil {
+		return sim.Result{}, fmt.Errorf("%s: %w", j.policy, err)
+	}
+	res.Rate = j.rate
+	return roundResult(res), nil
 }
 
 func roundResult(r sim.Result) sim.Result {

@@ -26,7 +26,7 @@ const testModel = "gw-model"
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // startEngine starts an in-process emulator with KV events on loopback.
-func startEngine(t *testing.T, role engine.Role, mut func(*engine.Config)) *engine.Engine {
+func startEngine(t *testing.T, role fleet.Role, mut func(*engine.Config)) *engine.Engine {
 	t.Helper()
 	cfg := engine.DefaultConfig()
 	cfg.Model, cfg.Port, cfg.Role = testModel, 0, role
@@ -117,8 +117,8 @@ func prefix(tag string) string {
 }
 
 func TestAggregatedStreamingAndAffinity(t *testing.T) {
-	e1 := startEngine(t, engine.RoleBoth, nil)
-	e2 := startEngine(t, engine.RoleBoth, nil)
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	e2 := startEngine(t, fleet.RoleBoth, nil)
 	cfg := Config{
 		Endpoints:  []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)},
 		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e1.URL()},
@@ -213,8 +213,8 @@ func TestStreamingIsNotBuffered(t *testing.T) {
 }
 
 func TestPrefillDecodeTwoLegs(t *testing.T) {
-	p := startEngine(t, engine.RolePrefill, nil)
-	d := startEngine(t, engine.RoleDecode, nil)
+	p := startEngine(t, fleet.RolePrefill, nil)
+	d := startEngine(t, fleet.RoleDecode, nil)
 	cfg := Config{
 		Endpoints:  []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)},
 		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + p.URL()},
@@ -324,8 +324,8 @@ func TestRejectionUnderOverloadSparesHigherPriority(t *testing.T) {
 }
 
 func TestEngineDownRetriesElsewhere(t *testing.T) {
-	e1 := startEngine(t, engine.RoleBoth, nil)
-	e2 := startEngine(t, engine.RoleBoth, nil)
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	e2 := startEngine(t, fleet.RoleBoth, nil)
 	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)}, Policy: "round-robin"}
 	g, url, admin := startGateway(t, cfg, Options{})
 	e1.Close()

@@ -188,22 +188,11 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 	}()
 	if s.cfg.BindEvents != "" {
-		sock, err := zmtp.NewSub(zmtp.Options{
-			MaxMsgSize: s.cfg.MaxMsgSize, MaxPeers: s.cfg.MaxCentralEngines + len(s.cfg.Engines), Logger: s.log,
-			OnDisconnect: func(remote net.Addr, err error) {
-				s.log.Debug("kv events: engine disconnected", "remote", remote.String(), "err", err)
-			},
-		})
+		sock, err := s.bindCentral()
 		if err != nil {
-			return fmt.Errorf("kvevents: %w", err)
+			return err
 		}
 		socks = append(socks, sock)
-		sock.Subscribe(nil)
-		if _, err := sock.Bind(s.cfg.BindEvents); err != nil {
-			return fmt.Errorf("kvevents: bind %s: %w", s.cfg.BindEvents, err)
-		}
-		s.central.Store(sock)
-		s.log.Info("kv events: listening for engines", "bind", s.cfg.BindEvents)
 		loops = append(loops, func() { s.runCentral(ctx, sock) })
 	}
 	var wg sync.WaitGroup
@@ -240,6 +229,28 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	wg.Wait()
 	s.loops.Wait()
 	return startErr
+}
+
+// bindCentral binds the central-mode SUB that engines dial, subscribed to
+// every topic.
+func (s *Subscriber) bindCentral() (*zmtp.Sub, error) {
+	sock, err := zmtp.NewSub(zmtp.Options{
+		MaxMsgSize: s.cfg.MaxMsgSize, MaxPeers: s.cfg.MaxCentralEngines + len(s.cfg.Engines), Logger: s.log,
+		OnDisconnect: func(remote net.Addr, err error) {
+			s.log.Debug("kv events: engine disconnected", "remote", remote.String(), "err", err)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: %w", err)
+	}
+	sock.Subscribe(nil)
+	if _, err := sock.Bind(s.cfg.BindEvents); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("kvevents: bind %s: %w", s.cfg.BindEvents, err)
+	}
+	s.central.Store(sock)
+	s.log.Info("kv events: listening for engines", "bind", s.cfg.BindEvents)
+	return sock, nil
 }
 
 // startStream dials one engine's PUB and receives from it until ctx ends

@@ -4,7 +4,7 @@
 // is deterministic for a given workload and seed.
 //
 // Prefill instances are FIFO servers with a per-instance LRU prefix cache
-// over blocks: a request computes only its uncached part. As in the seed
+// over blocks: a request computes only its uncached part. As in the baseline
 // chapter's model, the prefix match is taken and the request's blocks are
 // entered into the cache when the request is dispatched to the instance.
 // Decode instances, when modelled, run continuous batching with a step time
@@ -30,7 +30,7 @@ type Config struct {
 	// Prefill is the number of instances that compute prompts.
 	Prefill int
 	// Decode is the number of decode instances; 0 models prefill only and
-	// measures TTFT at the end of prefill, as the seed chapter does.
+	// measures TTFT at the end of prefill, as the baseline chapter does.
 	Decode int
 	Model  perfmodel.Model
 	// CacheTokens is each prefill instance's prefix-cache capacity in tokens.
@@ -40,7 +40,7 @@ type Config struct {
 	SLO            sched.SLO
 	// EventLag is how late (seconds) the router hears of blocks an
 	// instance stores, as a gateway hears KV events; 0 models a router
-	// that knows every cache exactly (the seed chapter's model).
+	// that knows every cache exactly (the baseline chapter's model).
 	EventLag float64
 	// ApproxTTL, with EventLag > 0, is how long the router's own routing
 	// decisions count as approximate cache entries (kvindex's
@@ -326,8 +326,8 @@ func (r *run) summarise() Result {
 	return res
 }
 
-// percentiles returns the median and 99th percentile as the seed computes
-// them: sorted[n/2] and sorted[int(n*0.99)].
+// percentiles returns the median and 99th percentile as the baseline
+// chapter computes them: sorted[n/2] and sorted[int(n*0.99)].
 func percentiles(xs []float64) (p50, p99 float64) {
 	if len(xs) == 0 {
 		return 0, 0
