@@ -125,7 +125,7 @@ func startEngines(ctx context.Context, cfg Config, spec RunSpec) ([]fleet.Endpoi
 		}
 	}
 	var eps []fleet.Endpoint
-	add := func(role engine.Role, frole fleet.Role) error {
+	add := func(role fleet.Role) error {
 		ec := engine.DefaultConfig()
 		ec.Model, ec.Port, ec.Role, ec.TimeScale = model, 0, role, cfg.TimeScale
 		ec.KVEventsEndpoint = "tcp://127.0.0.1:0"
@@ -139,21 +139,21 @@ func startEngines(ctx context.Context, cfg Config, spec RunSpec) ([]fleet.Endpoi
 			return err
 		}
 		engines = append(engines, e)
-		eps = append(eps, fleet.Endpoint{Name: e.Addr(), URL: e.URL(), Model: model, Role: frole,
+		eps = append(eps, fleet.Endpoint{Name: e.Addr(), URL: e.URL(), Model: model, Role: role,
 			Events: e.KVEventsEndpoint(), PrefillSpeed: ec.Perf.PrefillTokensPerSec})
 		return nil
 	}
-	prole, frole := engine.RoleBoth, fleet.RoleBoth
+	prole := fleet.RoleBoth
 	if spec.Decode > 0 {
-		prole, frole = engine.RolePrefill, fleet.RolePrefill
+		prole = fleet.RolePrefill
 	}
 	for i := 0; i < spec.Prefill; i++ {
-		if err := add(prole, frole); err != nil {
+		if err := add(prole); err != nil {
 			return nil, stop, err
 		}
 	}
 	for i := 0; i < spec.Decode; i++ {
-		if err := add(engine.RoleDecode, fleet.RoleDecode); err != nil {
+		if err := add(fleet.RoleDecode); err != nil {
 			return nil, stop, err
 		}
 	}

@@ -493,8 +493,8 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 // TestConditionalDisaggregation: in a P/D fleet a request whose uncached
 // part on the decode endpoint is short runs there alone.
 func TestConditionalDisaggregation(t *testing.T) {
-	p := startEngine(t, engine.RolePrefill, nil)
-	d := startEngine(t, engine.RoleDecode, nil)
+	p := startEngine(t, fleet.RolePrefill, nil)
+	d := startEngine(t, fleet.RoleDecode, nil)
 	cfg := Config{
 		Endpoints:          []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)},
 		Tokenizers:         []string{"model=" + testModel + ",source=engine,url=" + p.URL()},
