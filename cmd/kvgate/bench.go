@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/bench"
@@ -235,8 +236,9 @@ func writeReport(path, title string, runs []bench.RunResult) error {
 	return fh.Close()
 }
 
-// progressBar draws on a terminal only.
+// progressBar draws on a terminal only; safe for concurrent use.
 type progressBar struct {
+	mu    sync.Mutex
 	w     io.Writer
 	name  string
 	on    bool
@@ -254,7 +256,16 @@ func newProgressBar(w io.Writer, name string) *progressBar {
 	return p
 }
 
+// setName names what is in progress.
+func (p *progressBar) setName(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.name = name
+}
+
 func (p *progressBar) update(done, total int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if !p.on || total == 0 || (time.Since(p.last) < 100*time.Millisecond && done < total) {
 		return
 	}
@@ -265,6 +276,8 @@ func (p *progressBar) update(done, total int) {
 }
 
 func (p *progressBar) finish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.on {
 		fmt.Fprintln(p.w)
 	}

@@ -31,7 +31,7 @@ type series struct {
 	X, Y   []float64
 }
 
-const plotW, plotH, padL, padB, padT, padR = 640.0, 320.0, 60.0, 40.0, 30.0, 150.0
+const plotW, plotH, padL, padB, padT, padR = 640.0, 320.0, 60.0, 40.0, 30.0, 260.0
 
 func (p plot) svg() template.HTML {
 	var minX, maxX, maxY = math.Inf(1), math.Inf(-1), 0.0
@@ -208,7 +208,7 @@ func WriteHTML(w io.Writer, title string, runs []RunResult) error {
 
 var reportTmpl = template.Must(template.New("report").Parse(`<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{{.Title}}</title>
-<style>body{font-family:sans-serif;margin:2em;max-width:900px} pre{background:#f6f6f6;padding:1em;overflow-x:auto} svg.plot{display:block;margin:1.5em 0}</style>
+<style>body{font-family:sans-serif;margin:2em;max-width:1100px} pre{background:#f6f6f6;padding:1em;overflow-x:auto} svg.plot{display:block;margin:1.5em 0}</style>
 </head><body>
 <h1>{{.Title}}</h1>
 <pre id="summary">{{.Table}}</pre>
