@@ -149,13 +149,19 @@ func (m *mapper) stored(e *Event) {
 	c := chain{last: tokens.RootKey}
 	if e.HasParent {
 		p, ok := m.nodes.get(e.Parent)
-		if !ok {
+		switch {
+		case !ok && e.Parent == 0:
+			// Parent 0 never stored: "no parent" in the positional form
+			// of publishers that cannot send nil (llm-d-inference-sim).
+			// The blocks start a chain.
+		case !ok:
 			// The parent was stored before we listened, or its event was
 			// lost for good: these blocks cannot be placed in the chain.
 			m.st.orphans.Add(int64(n))
 			return
+		default:
+			m.after(&c, e.Parent, p)
 		}
-		m.after(&c, e.Parent, p)
 	}
 	extra := tokens.LoRAExtra(e.LoRAName)
 	bit := heldBit(e.Group, e.Medium)
