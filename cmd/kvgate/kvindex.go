@@ -110,7 +110,7 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var engineFlags, tokFlags listFlag
 	fs.Var(&engineFlags, "engine", "an engine: name=HOST:PORT,model=M[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT] (repeatable)")
 	enginesPath := fs.String("engines", "", "YAML file listing engines (engines: [{name, model, events, replay}])")
-	bindEvents := fs.String("bind-events", "", "central mode: bind a SUB here (e.g. tcp://0.0.0.0:5557) that engines dial; engines are named by topic kv@HOST:PORT@MODEL")
+	bindEvents := fs.String("bind-events", "", "central mode: bind a SUB here (e.g. tcp://0.0.0.0:5557) that engines dial; engines are named by topic kv@HOST:PORT@MODEL, or, for another topic (vLLM's default is \"\"), by the IP they dial from when one configured engine without events= has it")
 	admin := fs.String("admin", "127.0.0.1:8090", "admin HTTP address")
 	fl := flagrange.New(fs)
 	lim := kvindexRanges()
@@ -209,10 +209,11 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		Extra: func() map[string]any {
 			h, m, n := cache.Stats()
 			return map[string]any{
-				"central_malformed_frames": sub.CentralMalformed(),
-				"central_refused_frames":   sub.CentralRefused(),
-				"central_zmq":              sub.CentralSocketStats(),
-				"tokenizer_cache":          map[string]any{"hits": h, "misses": m, "tokens": n},
+				"central_malformed_frames":    sub.CentralMalformed(),
+				"central_refused_frames":      sub.CentralRefused(),
+				"central_unidentified_frames": sub.CentralUnidentified(),
+				"central_zmq":                 sub.CentralSocketStats(),
+				"tokenizer_cache":             map[string]any{"hits": h, "misses": m, "tokens": n},
 			}
 		},
 		Bodies:             httpCfg.BodyLimiter(kvindex.DefaultMaxBodyBytes),
