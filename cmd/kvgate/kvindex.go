@@ -117,7 +117,7 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	blockSize, approxTTL, maxKeys, replayTimeout := new(int), new(time.Duration), new(int), new(time.Duration)
 	*blockSize, *approxTTL, *maxKeys, *replayTimeout = 16, 2*time.Minute, 4<<20, 2*time.Second
 	flagrange.Var(fl, blockSize, "block-size", lim.blockSize, "router block size in tokens")
-	fs.Var(&tokFlags, "tokenizer", "tokenizer spec: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=chatml|llama3|plain][,bytes_per_token=N][,exact_chat=true] (repeatable; without model= it is the default)")
+	fs.Var(&tokFlags, "tokenizer", "tokenizer spec: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=chatml|llama3|plain][,bytes_per_token=N][,exact_chat=false] (repeatable; without model= it is the default; source=engine renders chats with the engine's template unless exact_chat=false)")
 	flagrange.Var(fl, approxTTL, "approx-ttl", lim.approxTTL, "lifetime of approximate (routed) entries")
 	flagrange.Var(fl, maxKeys, "max-keys", lim.maxKeys, "bound on keys per index table (model × group × 64 endpoints × tier)")
 	flagrange.Var(fl, replayTimeout, "replay-timeout", lim.replayTimeout, "wait for each replay reply")
