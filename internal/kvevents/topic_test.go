@@ -79,3 +79,24 @@ func TestCentralEmptyTopic(t *testing.T) {
 		})
 	}
 }
+
+// TestCentralEmptyTopicAfterSetEngines: a publisher refused while no
+// engine fits is identified once discovery adds the engine.
+func TestCentralEmptyTopicAfterSetEngines(t *testing.T) {
+	bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	sub, idx := runSub(t, Config{BindEvents: bind})
+	pub := startPub(t, bind, "", "", true, false)
+	defer pub.close()
+	a := seqTokens(64, 32)
+	eventually(t, "refusal counted", func() bool {
+		pub.publish(pEmpty(t), false)
+		return sub.CentralUnidentified() > 0
+	})
+	if err := sub.SetEngines([]EngineConfig{{Name: "127.0.0.1:8000", Model: "m"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "identified after SetEngines", func() bool {
+		pub.publish(pStored(t, a, 1, nil), false)
+		return lookup(idx, a) == 4
+	})
+}
