@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -35,14 +34,7 @@ func testLateJoin(t *testing.T, style kvpub.Style, format kvpub.Format) {
 	cfg.Model, cfg.Port, cfg.TimeScale, cfg.Logger = model, 0, 100, quiet()
 	cfg.KVEventsEndpoint, cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
 	cfg.KVEventsFormat, cfg.KVEventsStyle = format, style
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := startEngineCfg(t, cfg)
 
 	// Before the index exists: three prompts, each stored in its own
 	// batches.
@@ -63,19 +55,9 @@ func testLateJoin(t *testing.T, style kvpub.Style, format kvpub.Format) {
 	}
 
 	idx := kvindex.New(kvindex.Config{BlockSize: routerBS})
-	sub, err := kvevents.New(kvevents.Config{Engines: []kvevents.EngineConfig{{
+	sub := runSubscriber(t, idx, []kvevents.EngineConfig{{
 		Name: e.Addr(), Model: model, Events: e.KVEventsEndpoint(), Replay: e.KVEventsReplayEndpoint(),
-	}}, Logger: quiet()}, idx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	}})
 
 	// Live traffic until a live batch reaches the index (the SUB may join
 	// after the first ones: ZMQ's slow joiner).
