@@ -17,7 +17,7 @@ import (
 
 // engineFlags are the kvgate engine flags that are not Config fields.
 type engineFlags struct {
-	role, format, logLevel string
+	role, format, style, logLevel string
 }
 
 // newEngineFlagSet registers the engine flags on cfg (defaults from its
@@ -48,6 +48,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	fs.StringVar(&cfg.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER replay socket here, e.g. tcp://*:5558")
 	fs.StringVar(&cfg.KVEventsTopic, "kv-events-topic", "", "KV events topic (default kv@<host:port>@<model>)")
 	fs.StringVar(&ef.format, "kv-events-format", cfg.KVEventsFormat.String(), "KV event encoding: array (vLLM <= 0.23) or map (newer vLLM)")
+	fs.StringVar(&ef.style, "kv-events-style", cfg.KVEventsStyle.String(), "KV event numbering: vllm (batches from 0, nil parent at a chain start) or llmd-sim (as llm-d-inference-sim: batches from 1, parent 0 in the array form)")
 	flagrange.Var(fl, &cfg.KVEventsBufferSteps, "kv-events-buffer-steps", lim.KVEventsBufferSteps, "event batches kept for replay")
 	flagrange.Var(fl, &cfg.RoleSwitchWarmup, "role-switch-warmup", lim.RoleSwitchWarmup, "warm-up after draining on a role switch (modelled time)")
 	flagrange.Var(fl, &cfg.KVHoldTimeout, "kv-hold-timeout", lim.KVHoldTimeout, "how long a prefill engine keeps KV for a remote decode (modelled time)")
@@ -76,6 +77,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("role must be both, prefill or decode, got %q", ef.role)
 	}
 	if cfg.KVEventsFormat, err = kvpub.ParseFormat(ef.format); err != nil {
+		return err
+	}
+	if cfg.KVEventsStyle, err = kvpub.ParseStyle(ef.style); err != nil {
 		return err
 	}
 	if cfg.Logger, err = textLogger(stderr, ef.logLevel); err != nil {

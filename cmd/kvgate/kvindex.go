@@ -130,12 +130,12 @@ func newKVIndexFlagSet(o *kvindexOptions, stderr io.Writer) (*flag.FlagSet, *fla
 	fs.SetOutput(stderr)
 	fs.Var(&o.engineSpecs, "engine", "an engine: name=HOST:PORT,model=M[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT] (repeatable)")
 	fs.StringVar(&o.enginesPath, "engines", "", "YAML file listing engines (engines: [{name, model, events, replay}])")
-	fs.StringVar(&o.bindEvents, "bind-events", "", "central mode: bind a SUB here (e.g. tcp://0.0.0.0:5557) that engines dial; engines are named by topic kv@HOST:PORT@MODEL")
+	fs.StringVar(&o.bindEvents, "bind-events", "", "central mode: bind a SUB here (e.g. tcp://0.0.0.0:5557) that engines dial; engines are named by topic kv@HOST:PORT@MODEL, or, for another topic (vLLM's default is \"\"), by the IP they dial from when one configured engine without events= has it")
 	fs.StringVar(&o.admin, "admin", o.admin, "admin HTTP address")
 	fl := flagrange.New(fs)
 	lim := kvindexRanges()
 	flagrange.Var(fl, &o.blockSize, "block-size", lim.blockSize, "router block size in tokens")
-	fs.Var(&o.tokenizers, "tokenizer", "tokenizer spec: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=chatml|llama3|plain][,bytes_per_token=N][,exact_chat=true] (repeatable; without model= it is the default)")
+	fs.Var(&o.tokenizers, "tokenizer", "tokenizer spec: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=chatml|llama3|plain][,bytes_per_token=N][,exact_chat=false] (repeatable; without model= it is the default; source=engine renders chats with the engine's template unless exact_chat=false)")
 	flagrange.Var(fl, &o.approxTTL, "approx-ttl", lim.approxTTL, "lifetime of approximate (routed) entries")
 	flagrange.Var(fl, &o.maxKeys, "max-keys", lim.maxKeys, "bound on keys per index table (model × group × 64 endpoints × tier)")
 	flagrange.Var(fl, &o.replayTimeout, "replay-timeout", lim.replayTimeout, "wait for each replay reply")
@@ -230,10 +230,11 @@ func newKVIndexAdmin(o *kvindexOptions, idx *kvindex.Index, sub *kvevents.Subscr
 		Extra: func() map[string]any {
 			h, m, n := cache.Stats()
 			return map[string]any{
-				"central_malformed_frames": sub.CentralMalformed(),
-				"central_refused_frames":   sub.CentralRefused(),
-				"central_zmq":              sub.CentralSocketStats(),
-				"tokenizer_cache":          map[string]any{"hits": h, "misses": m, "tokens": n},
+				"central_malformed_frames":    sub.CentralMalformed(),
+				"central_refused_frames":      sub.CentralRefused(),
+				"central_unidentified_frames": sub.CentralUnidentified(),
+				"central_zmq":                 sub.CentralSocketStats(),
+				"tokenizer_cache":             map[string]any{"hits": h, "misses": m, "tokens": n},
 			}
 		},
 		Bodies:             o.http.BodyLimiter(kvindex.DefaultMaxBodyBytes),

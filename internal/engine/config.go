@@ -61,6 +61,9 @@ type Config struct {
 	KVEventsTopic string
 	// KVEventsFormat is array (vLLM <= 0.23) or map (newer vLLM).
 	KVEventsFormat kvpub.Format
+	// KVEventsStyle is vLLM's (default) or llm-d-inference-sim's: batches
+	// numbered from 1 and parent 0 for a chain start in the array form.
+	KVEventsStyle kvpub.Style
 	// KVEventsBufferSteps bounds the replay buffer.
 	KVEventsBufferSteps int
 

@@ -112,6 +112,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			ReplayEndpoint: e.cfg.KVEventsReplayEndpoint,
 			Topic:          topic,
 			Format:         e.cfg.KVEventsFormat,
+			Style:          e.cfg.KVEventsStyle,
 			BufferSteps:    e.cfg.KVEventsBufferSteps,
 			Logger:         e.log,
 		})

@@ -8,7 +8,12 @@
 //     configuration;
 //   - central: kvgate binds one SUB (Config.BindEvents) and engines dial it
 //     (vLLM does this when its endpoint names a host rather than *); the
-//     engine is identified by the topic "kv@<host:port>@<model>".
+//     engine is identified by the topic "kv@<host:port>@<model>". A frame
+//     whose topic is not of that form (vLLM's default topic is "") is
+//     given to the configured engine without an events endpoint whose
+//     name's host is the IP address the publisher dialed from, when
+//     exactly one is; otherwise it is refused, counted and logged with the
+//     vLLM setting that fixes it.
 //
 // Frames are [topic, seq (8 bytes big-endian), payload]; the payload is
 // decoded by Decode (both vLLM forms). Per engine the subscriber tracks the
@@ -107,6 +112,12 @@ type Subscriber struct {
 	central        atomic.Pointer[zmtp.Sub] // the bound SUB, for Stats
 	fromWire       int                      // engines registered from topics (central goroutine)
 	centralRefused atomic.Int64             // frames of topics past MaxCentralEngines
+	// centralUnidentified counts central-mode frames whose topic does not
+	// name an engine and whose connection matches no single engine.
+	centralUnidentified atomic.Int64
+	// engineGen changes whenever the configured engines change, so that
+	// the central goroutine's peer → stream cache is rebuilt.
+	engineGen atomic.Uint64
 
 	// centralMalformed counts central-mode frames that name no engine.
 	centralMalformed EngineStats
@@ -318,6 +329,7 @@ func (s *Subscriber) SetEngines(engines []EngineConfig) error {
 	s.streams = keep
 	ctx := s.runCtx
 	s.mu.Unlock()
+	defer s.engineGen.Add(1)
 	for _, st := range stopped {
 		st.stop()
 	}
@@ -373,8 +385,9 @@ func (s *Subscriber) dialSocket(st *stream) (*zmtp.Sub, error) {
 
 // runCentral receives from every engine dialing the bound SUB.
 func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub) {
+	peers := peerCache{}
 	for {
-		f, err := sock.Recv(ctx)
+		f, from, err := sock.RecvFrom(ctx)
 		if err != nil {
 			return
 		}
@@ -383,6 +396,9 @@ func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub) {
 			continue
 		}
 		st, err := s.streamForTopic(string(f[0]))
+		if errors.Is(err, errNotKVTopic) {
+			st, err = s.streamForPeer(&peers, string(f[0]), from), nil
+		}
 		if err != nil {
 			s.centralBad(err)
 			continue
@@ -393,6 +409,80 @@ func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub) {
 	}
 }
 
+// peerCache is the central goroutine's memory of which stream a
+// connection's frames without a kv@ topic go to (nil: none).
+type peerCache struct {
+	gen    uint64
+	byAddr map[string]*stream
+}
+
+// maxPeerCache bounds peerCache (reconnects bring new source ports).
+const maxPeerCache = 4096
+
+// streamForPeer identifies the publisher of a frame whose topic names no
+// engine by the connection it came from: the configured engine without an
+// events endpoint whose name's host is the peer's IP, if exactly one is.
+// Otherwise the frame is refused and counted, and the first refusal per
+// connection is logged with what to change.
+func (s *Subscriber) streamForPeer(pc *peerCache, topic string, from net.Addr) *stream {
+	if gen := s.engineGen.Load(); pc.byAddr == nil || pc.gen != gen || len(pc.byAddr) >= maxPeerCache {
+		pc.gen, pc.byAddr = gen, map[string]*stream{}
+	}
+	addr := "unknown"
+	if from != nil {
+		addr = from.String()
+	}
+	if st, ok := pc.byAddr[addr]; ok {
+		if st == nil {
+			s.unidentified(false, topic, addr, nil)
+		}
+		return st
+	}
+	var ip net.IP
+	if ta, ok := from.(*net.TCPAddr); ok {
+		ip = ta.IP
+	}
+	var match []*stream
+	s.mu.Lock()
+	for _, st := range s.streams {
+		if st.fromWire || st.cfg.Events != "" || ip == nil {
+			continue
+		}
+		if host, _, err := net.SplitHostPort(st.cfg.Name); err == nil && ip.Equal(net.ParseIP(host)) {
+			match = append(match, st)
+		}
+	}
+	s.mu.Unlock()
+	var st *stream
+	if len(match) == 1 {
+		st = match[0]
+		s.log.Info("kv events: engine identified by its connection (its topic does not name it)",
+			"endpoint", st.cfg.Name, "model", st.cfg.Model, "remote", addr, "topic", topic)
+	} else {
+		s.unidentified(true, topic, addr, match)
+	}
+	pc.byAddr[addr] = st
+	return st
+}
+
+// unidentified counts a refused frame and logs the first of each
+// connection (first) and every 1000th.
+func (s *Subscriber) unidentified(first bool, topic, addr string, match []*stream) {
+	n := s.centralUnidentified.Add(1)
+	if !first && n%1000 != 0 {
+		return
+	}
+	names := make([]string, len(match))
+	for i, st := range match {
+		names[i] = st.cfg.Name + "@" + st.cfg.Model
+	}
+	s.log.Error("kv events: frames refused: their topic does not name the engine and the connection matches "+
+		fmt.Sprint(len(match))+" configured engines; set the topic in vLLM, e.g. --kv-events-config "+
+		`'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://<kvgate>:<port>", "topic": "kv@<host:port>@<model>"}'`+
+		" (host:port of its HTTP API), or configure exactly one engine named <its IP>:<port> without events",
+		"topic", topic, "remote", addr, "candidates", names, "refused_frames", n)
+}
+
 func (s *Subscriber) centralBad(err error) {
 	n := s.centralMalformed.malformed.Add(1)
 	if n <= 10 || n%1000 == 0 {
@@ -400,11 +490,15 @@ func (s *Subscriber) centralBad(err error) {
 	}
 }
 
+// errNotKVTopic: the topic does not follow the kv@ convention at all (as
+// vLLM's default, empty, topic); the engine is looked for by connection.
+var errNotKVTopic = errors.New("topic does not start with kv@")
+
 // ParseTopic splits "kv@<host:port>@<model>" into name and model.
 func ParseTopic(topic string) (name, model string, err error) {
 	rest, ok := strings.CutPrefix(topic, "kv@")
 	if !ok {
-		return "", "", fmt.Errorf("topic %q does not start with kv@", topic)
+		return "", "", fmt.Errorf("topic %q: %w", topic, errNotKVTopic)
 	}
 	name, model, ok = strings.Cut(rest, "@")
 	if !ok || name == "" || model == "" {
@@ -479,6 +573,11 @@ func (s *Subscriber) CentralMalformed() int64 { return s.centralMalformed.malfor
 // CentralRefused is the number of central-mode frames refused because
 // their topic would register an engine past MaxCentralEngines.
 func (s *Subscriber) CentralRefused() int64 { return s.centralRefused.Load() }
+
+// CentralUnidentified is the number of central-mode frames refused because
+// their topic does not name an engine (vLLM's default topic is "") and
+// their connection's IP matches no single configured engine.
+func (s *Subscriber) CentralUnidentified() int64 { return s.centralUnidentified.Load() }
 
 // CentralSocketStats are the central SUB's counters (zero before Run binds
 // it), without the per-peer list.

@@ -91,6 +91,28 @@ func (s *EngineSource) tokenizeSegment(ctx context.Context, text string) ([]uint
 	return s.post(ctx, tokenizeRequest{Model: s.Model, Prompt: &text, AddSpecialTokens: &no})
 }
 
+// StatusError is a /tokenize answer other than 200.
+type StatusError struct {
+	URL  string
+	Code int
+	Body string // its first 200 bytes
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("tokens: tokenize at %s: status %d: %s", e.URL, e.Code, e.Body)
+}
+
+// refused reports whether the engine refused the request's form (rather
+// than failing): 400, 404, 405, 415, 422.
+func (e *StatusError) refused() bool {
+	switch e.Code {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed,
+		http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
+		return true
+	}
+	return false
+}
+
 // TokenizeMessages implements MessagesSource: the engine renders the
 // conversation with its own chat template.
 func (s *EngineSource) TokenizeMessages(ctx context.Context, msgs []Message) ([]uint32, error) {
@@ -123,8 +145,7 @@ func (s *EngineSource) post(ctx context.Context, req tokenizeRequest) ([]uint32,
 		return nil, fmt.Errorf("tokens: read tokenize response: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		snippet := string(data[:min(len(data), 200)])
-		return nil, fmt.Errorf("tokens: tokenize at %s: status %d: %s", url, resp.StatusCode, snippet)
+		return nil, &StatusError{URL: url, Code: resp.StatusCode, Body: string(data[:min(len(data), 200)])}
 	}
 	var out tokenizeResponse
 	if err := json.Unmarshal(data, &out); err != nil {

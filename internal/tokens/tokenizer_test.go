@@ -14,7 +14,7 @@ import (
 )
 
 // fakeEngine serves vLLM's /tokenize with one token per byte.
-func fakeEngine(t *testing.T, calls *atomic.Int64) *httptest.Server {
+func fakeEngine(t testing.TB, calls *atomic.Int64) *httptest.Server {
 	t.Helper()
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/tokenize" || r.Method != http.MethodPost {
