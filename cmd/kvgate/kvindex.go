@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -15,10 +16,10 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvgate/kvgate/internal/flagrange"
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
-	"github.com/kvgate/kvgate/internal/kvspec"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -28,56 +29,29 @@ type listFlag []string
 func (l *listFlag) String() string     { return strings.Join(*l, " ") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
-// parseEngineFlag parses "name=127.0.0.1:8001,events=tcp://127.0.0.1:5557,
-// replay=tcp://127.0.0.1:5558,model=m".
-func parseEngineFlag(s string) (kvevents.EngineConfig, error) {
-	var ec kvevents.EngineConfig
-	err := kvspec.Each(s, func(k, v string) error {
-		switch k {
-		case "name":
-			ec.Name = v
-		case "model":
-			ec.Model = v
-		case "events":
-			ec.Events = v
-		case "replay":
-			ec.Replay = v
-		default:
-			return fmt.Errorf("unknown key %q (name, model, events, replay)", k)
-		}
-		return nil
-	})
-	if err != nil {
-		return ec, fmt.Errorf("--engine %q: %w", s, err)
-	}
-	if ec.Name == "" || ec.Model == "" {
-		return ec, fmt.Errorf("--engine %q: name= and model= are required", s)
-	}
-	return ec, nil
-}
-
-// enginesFile is the --engines YAML file.
+// enginesFile is the --engines YAML file: fleet endpoints, under
+// "endpoints:" (as kvgate serve's files) or "engines:" (older files).
 type enginesFile struct {
-	Engines []kvevents.EngineConfig `yaml:"engines"`
+	Endpoints []fleet.Endpoint `yaml:"endpoints"`
+	Engines   []fleet.Endpoint `yaml:"engines"`
 }
 
-func loadEnginesFile(path string) ([]kvevents.EngineConfig, error) {
+func loadEnginesFile(path string) ([]fleet.Endpoint, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--engines: %w", err)
 	}
 	var f enginesFile
-	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("--engines %s: %w", path, err)
 	}
-	for i, e := range f.Engines {
-		if e.Name == "" || e.Model == "" {
-			return nil, fmt.Errorf("--engines %s: engine %d needs name and model", path, i)
-		}
+	eps, err := fleet.Validate(append(f.Endpoints, f.Engines...))
+	if err != nil {
+		return nil, fmt.Errorf("--engines %s: %w", path, err)
 	}
-	return f.Engines, nil
+	return eps, nil
 }
 
 // zmqEndpoint accepts host:port or a full ZMQ endpoint.
@@ -128,8 +102,8 @@ func newKVIndexFlagSet(o *kvindexOptions, stderr io.Writer) (*flag.FlagSet, *fla
 	}
 	fs := flag.NewFlagSet("kvindex", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Var(&o.engineSpecs, "engine", "an engine: name=HOST:PORT,model=M[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT] (repeatable)")
-	fs.StringVar(&o.enginesPath, "engines", "", "YAML file listing engines (engines: [{name, model, events, replay}])")
+	fs.Var(&o.engineSpecs, "engine", "an engine, as kvgate serve's: name=HOST:PORT,model=M[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT] (repeatable)")
+	fs.StringVar(&o.enginesPath, "engines", "", "YAML file listing engines (endpoints: [{name, model, events, replay}], as kvgate serve's files)")
 	fs.StringVar(&o.bindEvents, "bind-events", "", "central mode: bind a SUB here (e.g. tcp://0.0.0.0:5557) that engines dial; engines are named by topic kv@HOST:PORT@MODEL, or, for another topic (vLLM's default is \"\"), by the IP they dial from when one configured engine without events= has it")
 	fs.StringVar(&o.admin, "admin", o.admin, "admin HTTP address")
 	fl := flagrange.New(fs)
@@ -171,24 +145,28 @@ func parseKVIndexFlags(args []string, stderr io.Writer) (*kvindexOptions, error)
 // engines collects the engines of --engines and every --engine, with
 // their sockets normalised.
 func (o *kvindexOptions) engines() ([]kvevents.EngineConfig, error) {
-	var engines []kvevents.EngineConfig
+	var eps []fleet.Endpoint
 	if o.enginesPath != "" {
 		es, err := loadEnginesFile(o.enginesPath)
 		if err != nil {
 			return nil, err
 		}
-		engines = append(engines, es...)
+		eps = append(eps, es...)
 	}
 	for _, s := range o.engineSpecs {
-		ec, err := parseEngineFlag(s)
+		e, err := fleet.ParseSpec(s)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--engine: %w", err)
 		}
-		engines = append(engines, ec)
+		eps = append(eps, e)
 	}
-	for i := range engines {
-		engines[i].Events = zmqEndpoint(engines[i].Events)
-		engines[i].Replay = zmqEndpoint(engines[i].Replay)
+	eps, err := fleet.Validate(eps)
+	if err != nil {
+		return nil, err
+	}
+	engines := make([]kvevents.EngineConfig, len(eps))
+	for i, e := range eps {
+		engines[i] = kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay}
 	}
 	if len(engines) == 0 && o.bindEvents == "" {
 		return nil, errors.New("nothing to subscribe to: give --engine, --engines or --bind-events")
