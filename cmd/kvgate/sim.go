@@ -446,8 +446,12 @@ func roundResult(r sim.Result) sim.Result {
 	r.TPOTP99 = round(r.TPOTP99, 5)
 	r.TTFTMdAPE = round(r.TTFTMdAPE, 4)
 	r.TTFTAPEP90 = round(r.TTFTAPEP90, 4)
-	r.DriftRecovery = round(r.DriftRecovery, 1)
-	r.StaleRouting = round(r.StaleRouting, 1)
+	for _, p := range []**float64{&r.DriftRecovery, &r.StaleRouting} {
+		if *p != nil {
+			v := round(**p, 1)
+			*p = &v
+		}
+	}
 	return r
 }
 
@@ -476,7 +480,7 @@ func printTable(w io.Writer, rs []sim.Result, withSeed bool, jobs []simJob) erro
 			line = fmt.Sprintf("%d\t", jobs[i].seed) + line
 		}
 		if r.Predictor != "" {
-			line += fmt.Sprintf("%.1f%%\t%.1f%%\t%gs\t%gs\t", 100*r.TTFTMdAPE, 100*r.TTFTAPEP90, r.DriftRecovery, r.StaleRouting)
+			line += fmt.Sprintf("%.1f%%\t%.1f%%\t%s\t%s\t", 100*r.TTFTMdAPE, 100*r.TTFTAPEP90, seconds(r.DriftRecovery), seconds(r.StaleRouting))
 		}
 		fmt.Fprintln(tw, line)
 	}
@@ -506,4 +510,16 @@ func heteroScenario(fs *flag.FlagSet, f *simFlags) ([]string, error) {
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// seconds prints an optional measure in seconds ("-": not measured; a
+// negative recovery: never).
+func seconds(v *float64) string {
+	switch {
+	case v == nil:
+		return "-"
+	case *v < 0:
+		return "never"
+	}
+	return fmt.Sprintf("%gs", *v)
 }

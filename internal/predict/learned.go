@@ -170,7 +170,9 @@ type rls struct {
 	forget float64
 	theta  [nFeat]float64
 	p      [nFeat][nFeat]float64
+	p0     [nFeat]float64 // the prior's diagonal
 	pmax   [nFeat]float64
+	bias   float64 // exponentially weighted relative residual
 	n      int
 }
 
@@ -190,13 +192,32 @@ func newRLS(speed, forget float64) *rls {
 		t0 = 1024 / speed
 	}
 	r.theta[0] = t0
-	sd := [nFeat]float64{t0, t0 / 16, t0 / 16, 0.02}
+	sd := [nFeat]float64{t0, t0 / 16, t0 / 16, 0.005}
 	for i, s := range sd {
-		r.p[i][i] = s * s / noiseVar
-		r.pmax[i] = windup * r.p[i][i]
+		r.p0[i] = s * s / noiseVar
+		r.pmax[i] = windup * r.p0[i]
 	}
+	r.reset()
 	return r
 }
+
+// reset gives the fit its prior uncertainty again (keeping θ): after a
+// change of the endpoint's speed, the new data outweigh the old at once.
+func (r *rls) reset() {
+	r.p = [nFeat][nFeat]float64{}
+	for i, v := range r.p0 {
+		r.p[i][i] = v
+	}
+	r.bias = 0
+}
+
+// Change detection: when the relative residual's weighted mean (weight
+// biasWeight per sample, each residual clipped to ±0.5 so that one
+// outlier cannot trip it) drifts beyond ±biasLimit, the endpoint changed.
+const (
+	biasWeight = 0.1
+	biasLimit  = 0.15
+)
 
 // predict returns the compute seconds of x, kept within a factor of 20 of
 // the analytic prediction (a guard against a fit gone astray) and >= 0.
@@ -213,15 +234,9 @@ func (r *rls) predict(x Features) float64 {
 	return min(max(s, 0), 60)
 }
 
-// update adds one sample: x took y seconds.
-func (r *rls) update(x Features, y float64) {
-	w := 1 / r.scale(x)
-	f := features(x)
-	var phi, pphi [nFeat]float64
-	for i := range f {
-		phi[i] = f[i] * w
-	}
-	den := r.forget
+// gain returns P·φ and λ + φᵀ·P·φ.
+func (r *rls) gain(phi [nFeat]float64) (pphi [nFeat]float64, den float64) {
+	den = r.forget
 	for i := range phi {
 		var s float64
 		for j := range phi {
@@ -230,6 +245,18 @@ func (r *rls) update(x Features, y float64) {
 		pphi[i] = s
 		den += phi[i] * s
 	}
+	return pphi, den
+}
+
+// update adds one sample: x took y seconds.
+func (r *rls) update(x Features, y float64) {
+	w := 1 / r.scale(x)
+	f := features(x)
+	var phi [nFeat]float64
+	for i := range f {
+		phi[i] = f[i] * w
+	}
+	pphi, den := r.gain(phi)
 	var pred float64
 	for i := range phi {
 		pred += r.theta[i] * phi[i]
@@ -237,6 +264,10 @@ func (r *rls) update(x Features, y float64) {
 	// A relative miss beyond ±150% is clipped (a stall or a measurement
 	// glitch should move the fit, not throw it).
 	e := min(max(y*w-pred, -1.5), 1.5)
+	if r.bias += biasWeight * (min(max(e, -0.5), 0.5) - r.bias); math.Abs(r.bias) > biasLimit {
+		r.reset()
+		pphi, den = r.gain(phi)
+	}
 	inv := 1 / den
 	for i := range phi {
 		r.theta[i] += pphi[i] * inv * e

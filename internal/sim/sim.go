@@ -103,11 +103,11 @@ type Result struct {
 	// With a Truth: the router's predictor and its TTFT error (absolute
 	// percentage, median and p90) over admitted requests after warm-up;
 	// with drift, the error's recovery and the stale routing (truth.go).
-	Predictor     string  `json:"predictor,omitempty"`
-	TTFTMdAPE     float64 `json:"ttft_mdape,omitempty"`
-	TTFTAPEP90    float64 `json:"ttft_ape_p90,omitempty"`
-	DriftRecovery float64 `json:"drift_recovery_s,omitempty"`
-	StaleRouting  float64 `json:"stale_routing_s,omitempty"`
+	Predictor     string   `json:"predictor,omitempty"`
+	TTFTMdAPE     float64  `json:"ttft_mdape,omitempty"`
+	TTFTAPEP90    float64  `json:"ttft_ape_p90,omitempty"`
+	DriftRecovery *float64 `json:"drift_recovery_s,omitempty"`
+	StaleRouting  *float64 `json:"stale_routing_s,omitempty"`
 }
 
 // Run simulates the trace on the fleet under the scheduler. Each request

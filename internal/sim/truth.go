@@ -186,7 +186,8 @@ func (tr *truthRun) summarise(r *run, res *Result) {
 		res.TTFTAPEP90 = apes[min(len(apes)*9/10, len(apes)-1)]
 	}
 	if tr.t.DriftAt > 0 {
-		res.DriftRecovery, res.StaleRouting = tr.drift(r)
+		rec, stale := tr.drift(r)
+		res.DriftRecovery, res.StaleRouting = &rec, &stale
 	}
 }
 
