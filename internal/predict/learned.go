@@ -173,6 +173,7 @@ type rls struct {
 	p0     [nFeat]float64 // the prior's diagonal
 	pmax   [nFeat]float64
 	bias   float64 // exponentially weighted relative residual
+	msq    float64 // exponentially weighted squared relative residual
 	n      int
 }
 
@@ -197,26 +198,35 @@ func newRLS(speed, forget float64) *rls {
 		r.p0[i] = s * s / noiseVar
 		r.pmax[i] = windup * r.p0[i]
 	}
-	r.reset()
-	return r
-}
-
-// reset gives the fit its prior uncertainty again (keeping θ): after a
-// change of the endpoint's speed, the new data outweigh the old at once.
-func (r *rls) reset() {
-	r.p = [nFeat][nFeat]float64{}
 	for i, v := range r.p0 {
 		r.p[i][i] = v
 	}
+	return r
+}
+
+// reset gives the linear term its prior uncertainty again (keeping θ):
+// after a change of the endpoint's speed, the new data outweigh the old at
+// once. Only the linear term: a speed change scales every per-token term,
+// but the data after a change (often short prompts only) cannot tell the
+// terms apart, and freeing all of them lets the fit trade the quadratic
+// terms against the linear one into nonsense for long prompts. Zeroing the
+// row and column keeps P positive semi-definite.
+func (r *rls) reset() {
+	for j := range r.p {
+		r.p[0][j], r.p[j][0] = 0, 0
+	}
+	r.p[0][0] = r.p0[0]
 	r.bias = 0
 }
 
 // Change detection: when the relative residual's weighted mean (weight
 // biasWeight per sample, each residual clipped to ±0.5 so that one
-// outlier cannot trip it) drifts beyond ±biasLimit, the endpoint changed.
+// outlier cannot trip it) drifts beyond ±biasLimit, or beyond three times
+// its own spread on a noisy endpoint, the endpoint changed.
 const (
 	biasWeight = 0.1
 	biasLimit  = 0.15
+	msqWeight  = 0.02
 )
 
 // predict returns the compute seconds of x, kept within a factor of 20 of
@@ -264,7 +274,12 @@ func (r *rls) update(x Features, y float64) {
 	// A relative miss beyond ±150% is clipped (a stall or a measurement
 	// glitch should move the fit, not throw it).
 	e := min(max(y*w-pred, -1.5), 1.5)
-	if r.bias += biasWeight * (min(max(e, -0.5), 0.5) - r.bias); math.Abs(r.bias) > biasLimit {
+	ec := min(max(e, -0.5), 0.5)
+	r.msq += msqWeight * (ec*ec - r.msq)
+	// The bias's own spread for residuals of this size is
+	// sqrt(msq·w/(2−w)); a change is a bias well beyond it.
+	limit := max(biasLimit, 3*math.Sqrt(r.msq*biasWeight/(2-biasWeight)))
+	if r.bias += biasWeight * (ec - r.bias); math.Abs(r.bias) > limit {
 		r.reset()
 		pphi, den = r.gain(phi)
 	}

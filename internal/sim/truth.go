@@ -195,42 +195,63 @@ func (tr *truthRun) summarise(r *run, res *Result) {
 const driftBin = 5.0
 
 // drift measures, over the requests routed to the drifted instance after
-// the drift: the recovery (seconds from the drift to the start of the
-// first 5-second window from which every window's median TTFT error is
-// under 10%; -1 if never), and the stale routing (seconds from the drift
-// to the last request sent there while the router still predicted its
-// compute at under 3/4 of the truth, as before the drift).
+// the drift, in 5-second windows:
+//   - recovery: seconds from the drift to the start of the first window
+//     from which every window's median TTFT error is under 10% (-1: never);
+//   - stale routing: seconds from the drift to the last request of the
+//     last window whose median ratio of predicted to true compute time is
+//     under 3/4 (the router still believing the instance about as fast as
+//     before the drift; 0: none).
 func (tr *truthRun) drift(r *run) (recovery, stale float64) {
 	d := tr.t.DriftAt
-	bins := map[int][]float64{}
+	type bin struct {
+		ape, ratio []float64
+		last       float64
+	}
+	bins := map[int]*bin{}
 	last := 0
 	for ri, i := range tr.inst {
 		q := &r.tr.Requests[ri]
 		if i != tr.t.DriftInstance || q.Arrival < d {
 			continue
 		}
-		b := int((q.Arrival - d) / driftBin)
-		last = max(last, b)
-		if act := r.prefillDone[ri] - q.Arrival; act > 0 {
-			bins[b] = append(bins[b], math.Abs(tr.predTTFT[ri]-act)/act)
+		k := int((q.Arrival - d) / driftBin)
+		last = max(last, k)
+		b := bins[k]
+		if b == nil {
+			b = &bin{}
+			bins[k] = b
 		}
-		if tr.trueCompute[ri] > 0 && tr.predCompute[ri] < 0.75*tr.trueCompute[ri] {
-			stale = max(stale, q.Arrival-d)
+		b.last = q.Arrival - d
+		if act := r.prefillDone[ri] - q.Arrival; act > 0 {
+			b.ape = append(b.ape, math.Abs(tr.predTTFT[ri]-act)/act)
+		}
+		if tr.trueCompute[ri] > 0 {
+			b.ratio = append(b.ratio, tr.predCompute[ri]/tr.trueCompute[ri])
 		}
 	}
 	recovery = -1
-	for b := last; b >= 0; b-- {
-		xs := bins[b]
-		if len(xs) == 0 {
+	for k := last; k >= 0; k-- {
+		b := bins[k]
+		if b == nil || len(b.ape) == 0 {
 			continue
 		}
-		slices.Sort(xs)
-		if xs[len(xs)/2] >= 0.1 {
+		if median(b.ape) >= 0.1 {
 			break
 		}
-		recovery = float64(b) * driftBin
+		recovery = float64(k) * driftBin
 	}
-	return recovery, stale
+	for k := last; k >= 0; k-- {
+		if b := bins[k]; b != nil && len(b.ratio) > 0 && median(b.ratio) < 0.75 {
+			return recovery, b.last
+		}
+	}
+	return recovery, 0
+}
+
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
 }
 
 // oracle predicts with the hidden truth (noise aside): the "true speeds"
