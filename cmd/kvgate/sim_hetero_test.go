@@ -6,21 +6,30 @@ import (
 	"testing"
 )
 
+type simDoc struct {
+	Runs []map[string]any `json:"runs"`
+}
+
+// simJSON runs kvgate sim with args and --format json and decodes its
+// output.
+func simJSON(t *testing.T, args ...string) simDoc {
+	t.Helper()
+	out, errOut, code := runCmd(t, append(append([]string{"sim"}, args...), "--format", "json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc simDoc
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("%v in %s", err, out)
+	}
+	return doc
+}
+
 // TestSimHeterogeneousJSON: the heterogeneous scenario runs the kvgate
 // policy once per predictor, and each run carries the predictor, its TTFT
 // error and the drift measures.
 func TestSimHeterogeneousJSON(t *testing.T) {
-	out, errOut, code := runCmd(t, "sim", "--scenario", "heterogeneous", "--rates", "30", "--duration", "20",
-		"--early-reject", "on", "--format", "json")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut)
-	}
-	var doc struct {
-		Runs []map[string]any `json:"runs"`
-	}
-	if err := json.Unmarshal([]byte(out), &doc); err != nil {
-		t.Fatalf("%v in %s", err, out)
-	}
+	doc := simJSON(t, "--scenario", "heterogeneous", "--rates", "30", "--duration", "20", "--early-reject", "on")
 	if len(doc.Runs) != 3 {
 		t.Fatalf("%d runs, want one per predictor", len(doc.Runs))
 	}
