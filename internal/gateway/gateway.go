@@ -295,6 +295,7 @@ func (g *Gateway) refresh() {
 		mf := g.models[name]
 		if mf == nil {
 			mf = &modelFleet{name: name, load: load.New(nil, load.NeedsActive(g.sched.Load().Policy))}
+			mf.load.SetPredictor(newPredictor())
 			g.models[name] = mf
 		}
 		if sameMembers(mf.members, ms) {

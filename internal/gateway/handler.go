@@ -9,6 +9,7 @@ import (
 	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/predict"
 	"github.com/kvgate/kvgate/internal/sched"
 )
 
@@ -94,6 +95,9 @@ type EndpointState struct {
 	Load     endpointLoad `json:"load"`
 	KVBlocks int64        `json:"kv_index_gpu_blocks"`
 	TPOT     float64      `json:"observed_tpot_seconds"`
+	// Predictor is the endpoint's prefill model: learned speed and recent
+	// TTFT prediction error.
+	Predictor *predict.Stats `json:"predictor,omitempty"`
 	// Health is the prober's view (checks, ejection, scraped metrics).
 	Health *health.State `json:"health,omitempty"`
 }
@@ -115,6 +119,9 @@ func (g *Gateway) endpointStates() []EndpointState {
 			seen[m.ep.Name] = true
 			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
 				Eligible: true, Load: loadOf(&snap.Endpoints[i]), KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
+			if st, ok := mf.load.PredictorStats(m.ep.Name); ok && m.ep.Role != fleet.RoleDecode {
+				out[len(out)-1].Predictor = &st
+			}
 		}
 	}
 	for _, m := range g.members {

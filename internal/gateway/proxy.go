@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/predict"
 )
 
 // Headers kvgate sets on responses; a client can never set them on the way
@@ -159,7 +160,7 @@ func (e *upstreamError) Unwrap() error { return e.err }
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *plan) (string, error) {
 	lf := p.mf.load
 	uncached := max(rt.promptN-p.dec.CachedTokens, 0)
-	fl := lf.Route(p.pEP, g.clock(), load.Work{Uncached: uncached,
+	fl := lf.Route(p.pEP, g.clock(), load.Work{Uncached: uncached, Cached: min(p.dec.CachedTokens, rt.promptN),
 		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
 		Keys:           rt.prep.Keys, PrefillSeconds: prefillSeconds(uncached, p.pEP)})
 	defer func() { lf.Finish(fl, g.clock()) }()
@@ -188,7 +189,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		if err != nil {
 			return p.prefill.ep.Name, err
 		}
-		lf.PrefillDone(fl, g.clock())
+		lf.FirstToken(fl, g.clock()) // the prefill leg's answer: an observed prefill
 		if body, err = rt.req.DecodeBody(params); err != nil {
 			return "", openai.Errorf(http.StatusBadGateway, "prefill endpoint %s: %v", p.prefill.ep.Name, err)
 		}
@@ -208,7 +209,21 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		return target.ep.Name, err
 	}
 	defer resp.Body.Close()
-	return "", g.relay(w, resp, rt, target, func() { lf.PrefillDone(fl, g.clock()) })
+	firstByte := func() { lf.PrefillDone(fl, g.clock()) }
+	if rt.req.Stream { // the first streamed byte is an observed TTFT: the predictor learns
+		firstByte = func() { lf.FirstToken(fl, g.clock()) }
+	}
+	return "", g.relay(w, resp, rt, target, firstByte)
+}
+
+// newPredictor is each model fleet's prefill predictor: learned online
+// from observed first tokens, starting from the configured speeds.
+func newPredictor() predict.Predictor {
+	l, err := predict.NewLearned(predict.Options{})
+	if err != nil {
+		panic(err) // the default options are valid
+	}
+	return l
 }
 
 // routed records approximately that m will hold keys (its KV events
