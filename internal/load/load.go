@@ -236,8 +236,9 @@ func (f *Fleet) predictSpeeds(eps []*Endpoint, promptTokens int, ds []sched.Endp
 		if x.Uncached == 0 {
 			x.Uncached = predict.RefTokens
 		}
-		if s := e.model.Prefill(x).Seconds; s > 0 {
-			d.PrefillSpeed = float64(x.Uncached) / s
+		if est := e.model.Prefill(x); est.Seconds > 0 {
+			d.PrefillSpeed = float64(x.Uncached) / est.Seconds
+			d.PrefillSlack = est.Pessimistic / est.Seconds
 		}
 	}
 }
