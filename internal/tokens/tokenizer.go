@@ -253,6 +253,7 @@ func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
 		return nil, err
 	}
 	var src Source
+	exact := sp.ExactChat
 	switch sp.Source {
 	case "", "estimate":
 		src = EstimateSource{BytesPerToken: sp.BytesPerToken}
@@ -265,16 +266,16 @@ func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
 		if sp.File == "" {
 			return nil, fmt.Errorf("tokens: model %q: source=local needs file=", sp.Model)
 		}
-		ls, err := LoadLocal(sp.File)
+		ls, own, err := loadLocalSpec(sp, cache)
 		if err != nil {
 			return nil, err
 		}
-		src = ls
+		src, exact = ls, own
 	default:
 		return nil, fmt.Errorf("tokens: model %q: unknown source %q (estimate, engine, local)", sp.Model, sp.Source)
 	}
 	ns := fmt.Sprintf("%q|%q|%q|%q|%d|%q|%v", sp.Model, sp.Source, sp.URL, sp.File, sp.BytesPerToken, sp.Template, sp.ExactChat)
-	return NewTokenizer(src, tmpl, cache, sp.ExactChat, ns), nil
+	return NewTokenizer(src, tmpl, cache, exact, ns), nil
 }
 
 // For returns the tokenizer of model.
