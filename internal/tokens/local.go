@@ -230,7 +230,7 @@ func parseNormalizer(raw json.RawMessage) (func(string) string, error) {
 	}
 	switch c.Type {
 	case "NFC":
-		return norm.NFC.String, nil
+		return nfc, nil
 	case "NFD":
 		return norm.NFD.String, nil
 	case "NFKC":
@@ -302,9 +302,9 @@ func parsePreTokenizer(raw json.RawMessage, byteLevel *bool) (pipeline, error) {
 		}
 		switch {
 		case c.Pattern.Regex != nil && *c.Pattern.Regex == llama3Pattern:
-			return pipeline{llamaSplit{maxDigits: 3}}, nil
+			return pipeline{newLlamaSplit(3)}, nil
 		case c.Pattern.Regex != nil && *c.Pattern.Regex == qwenPattern:
-			return pipeline{llamaSplit{maxDigits: 1}}, nil
+			return pipeline{newLlamaSplit(1)}, nil
 		case c.Pattern.Regex != nil:
 			sp, err := newRegexSplit(*c.Pattern.Regex)
 			if err != nil {

@@ -2,6 +2,7 @@ package tokens
 
 import (
 	"sort"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -26,6 +27,7 @@ type addedMatcher struct {
 	byContent map[string]int // content → index in toks
 	lens      []int          // distinct content lengths, longest first
 	first     [256]bool      // first bytes of contents
+	only      int            // the one first byte of all contents, or -1
 	second    []uint64       // bitset over the first two bytes of contents of 2+ bytes
 	toks      []addedToken
 }
@@ -59,6 +61,12 @@ func newAddedMatcher(toks []addedToken) *addedMatcher {
 		return nil
 	}
 	sort.Sort(sort.Reverse(sort.IntSlice(m.lens)))
+	m.only = int(m.toks[0].Content[0])
+	for _, t := range m.toks {
+		if int(t.Content[0]) != m.only {
+			m.only = -1
+		}
+	}
 	return m
 }
 
@@ -73,6 +81,9 @@ func (m *addedMatcher) split(s string, text func(string), added func(addedToken)
 	}
 	done := 0 // s[:done] has been passed on
 	for i := 0; i < len(s); {
+		if i = m.candidate(s, i); i < 0 {
+			break
+		}
 		k, end := m.matchAt(s, i)
 		if k < 0 {
 			i++
@@ -101,11 +112,27 @@ func (m *addedMatcher) split(s string, text func(string), added func(addedToken)
 	}
 }
 
-// matchAt returns the longest added token at s[i:] (index, end) or -1.
-func (m *addedMatcher) matchAt(s string, i int) (int, int) {
-	if !m.first[s[i]] {
-		return -1, 0
+// candidate returns the first index from i on where an added token may
+// start, or -1.
+func (m *addedMatcher) candidate(s string, i int) int {
+	if m.only >= 0 {
+		j := strings.IndexByte(s[i:], byte(m.only))
+		if j < 0 {
+			return -1
+		}
+		return i + j
 	}
+	for ; i < len(s); i++ {
+		if m.first[s[i]] {
+			return i
+		}
+	}
+	return -1
+}
+
+// matchAt returns the longest added token at s[i:] (index, end) or -1;
+// s[i] is a candidate.
+func (m *addedMatcher) matchAt(s string, i int) (int, int) {
 	if i+1 < len(s) {
 		k := int(s[i])<<8 | int(s[i+1])
 		if m.second[k/64]&(1<<(k%64)) == 0 && !m.hasLen1(s[i]) {

@@ -18,7 +18,7 @@ import (
 type bpeModel struct {
 	vocab  map[string]uint32 // raw bytes → id, every token of model.vocab
 	byteID [256]uint32       // id of each single-byte token
-	merges map[uint64]uint64 // left<<32 | right → rank<<32 | merged id
+	merges pairTable         // left<<32 | right → rank<<32 | merged id
 	// bytePair is merges for two single-byte tokens (the first round of
 	// every word), indexed by left<<8 | right; noMerge when there is none.
 	bytePair []uint64
@@ -34,32 +34,34 @@ const noMerge = math.MaxUint64
 
 // smallWord is the longest word (in bytes) merged with the quadratic scan;
 // longer words use a heap so a huge word costs O(n log n).
-const smallWord = 32
+const smallWord = 64
 
 // newBPEModel builds the model from tokenizer.json's vocabulary (token
 // strings in the byte-level alphabet) and merges (pairs of such strings).
 func newBPEModel(vocab map[string]uint32, merges [][2]string, ignoreMerges bool) (*bpeModel, error) {
-	m := &bpeModel{
-		vocab:        make(map[string]uint32, len(vocab)),
-		merges:       make(map[uint64]uint64, len(merges)),
-		ignoreMerges: ignoreMerges,
-	}
+	m := &bpeModel{ignoreMerges: ignoreMerges}
 	maxID := uint32(0)
+	raws := make(map[string]uint32, len(vocab))
 	for tok, id := range vocab {
 		maxID = max(maxID, id)
 		raw, ok := byteLevelDecode(tok)
 		if !ok {
 			continue // not byte-level text (e.g. an added token's spelling): merges never produce it
 		}
-		m.vocab[raw] = id
+		raws[raw] = id
 	}
+	m.vocab = raws
 	for b := 0; b < 256; b++ {
-		id, ok := m.vocab[string([]byte{byte(b)})]
+		id, ok := raws[string([]byte{byte(b)})]
 		if !ok {
 			return nil, fmt.Errorf("tokens: byte-level vocabulary lacks the token for byte 0x%02X", b)
 		}
 		m.byteID[b] = id
 	}
+	if maxID >= 1<<31 {
+		return nil, fmt.Errorf("tokens: token id %d out of range", maxID)
+	}
+	m.merges = newPairTable(len(merges))
 	for rank, p := range merges {
 		l, lok := vocab[p[0]]
 		r, rok := vocab[p[1]]
@@ -67,26 +69,19 @@ func newBPEModel(vocab map[string]uint32, merges [][2]string, ignoreMerges bool)
 		if !lok || !rok || !nok {
 			return nil, fmt.Errorf("tokens: merge %d (%q %q) uses a token missing from the vocabulary", rank, p[0], p[1])
 		}
-		k := uint64(l)<<32 | uint64(r)
-		if _, dup := m.merges[k]; dup {
-			continue // the first (lowest) rank wins, as in tokenizers
-		}
-		m.merges[k] = uint64(rank)<<32 | uint64(n)
+		// The first (lowest) rank of a pair wins, as in tokenizers.
+		m.merges.insert(uint64(l)<<32|uint64(r), uint64(rank)<<32|uint64(n))
 	}
 	m.bytePair = make([]uint64, 1<<16)
 	for a := 0; a < 256; a++ {
 		for b := 0; b < 256; b++ {
-			v, ok := m.merges[uint64(m.byteID[a])<<32|uint64(m.byteID[b])]
-			if !ok {
-				v = noMerge
-			}
-			m.bytePair[a<<8|b] = v
+			m.bytePair[a<<8|b] = m.merges.get(uint64(m.byteID[a])<<32 | uint64(m.byteID[b]))
 		}
 	}
 	if !ignoreMerges {
 		m.direct = make([]bool, int(maxID)+1)
 		var buf []uint32
-		for raw, id := range m.vocab {
+		for raw, id := range raws {
 			buf = m.merge(raw, buf[:0])
 			m.direct[id] = len(buf) == 1 && buf[0] == id
 		}
@@ -110,10 +105,52 @@ func (m *bpeModel) word(w string, out []uint32) []uint32 {
 
 // pairMerge returns the merge of two adjacent symbols (noMerge if none).
 func (m *bpeModel) pairMerge(l, r uint32) uint64 {
-	if v, ok := m.merges[uint64(l)<<32|uint64(r)]; ok {
-		return v
+	return m.merges.get(uint64(l)<<32 | uint64(r))
+}
+
+// pairTable is an open-addressing hash table from a pair of ids to a merge,
+// with linear probing; a key of noMerge marks an empty slot (ids are below
+// 2^31, so no pair has that key). It is written once, then only read, and
+// is faster than a map for the merge loop's many lookups.
+type pairTable struct {
+	slots []uint64 // key, value, key, value, ...
+	shift uint
+	mask  uint64
+}
+
+func newPairTable(n int) pairTable {
+	bits := uint(4)
+	for 1<<bits < 2*n { // at most half full
+		bits++
 	}
-	return noMerge
+	t := pairTable{slots: make([]uint64, 2<<bits), shift: 64 - bits, mask: 1<<bits - 1}
+	for i := 0; i < len(t.slots); i += 2 {
+		t.slots[i] = noMerge
+	}
+	return t
+}
+
+func (t *pairTable) insert(k, v uint64) {
+	for i := (k * 0x9E3779B97F4A7C15) >> t.shift; ; i = (i + 1) & t.mask {
+		switch t.slots[2*i] {
+		case noMerge:
+			t.slots[2*i], t.slots[2*i+1] = k, v
+			return
+		case k:
+			return // keep the first value
+		}
+	}
+}
+
+func (t *pairTable) get(k uint64) uint64 {
+	for i := (k * 0x9E3779B97F4A7C15) >> t.shift; ; i = (i + 1) & t.mask {
+		switch t.slots[2*i] {
+		case k:
+			return t.slots[2*i+1]
+		case noMerge:
+			return noMerge
+		}
+	}
 }
 
 // merge runs the merges over w's bytes and appends the resulting ids.
@@ -160,7 +197,7 @@ func (m *bpeModel) merge(w string, out []uint32) []uint32 {
 // mergeCand is a candidate merge of the symbol at pos with its successor,
 // valid while those two symbols are still left and right.
 type mergeCand struct {
-	key                uint64 // rank<<32 | pos: the heap order
+	key             uint64 // rank<<32 | pos: the heap order
 	left, right, to uint32
 }
 
@@ -168,34 +205,34 @@ type mergeCand struct {
 // min-heap of candidate merges (stale ones are skipped when popped).
 func (m *bpeModel) mergeHeap(w string, out []uint32) []uint32 {
 	n := len(w)
-	sym := make([]uint32, n)
-	next := make([]int32, n) // -1: last; for a merged-away symbol: unused
-	prev := make([]int32, n)
-	alive := make([]bool, n)
+	// One buffer for the symbols, their links (next -2: merged away) and
+	// the heap, which never holds more than 3n candidates: n-1 at first,
+	// then at most two per merge.
+	links := make([]int32, 3*n)
+	sym, next, prev := links[:n], links[n:2*n], links[2*n:]
+	h := make([]mergeCand, 0, 3*n)
 	for i := 0; i < n; i++ {
-		sym[i] = m.byteID[w[i]]
+		sym[i] = int32(m.byteID[w[i]])
 		next[i] = int32(i + 1)
 		prev[i] = int32(i - 1)
-		alive[i] = true
 	}
 	next[n-1] = -1
-	h := make([]mergeCand, 0, n)
 	push := func(pos int32) {
 		nx := next[pos]
 		if nx < 0 {
 			return
 		}
-		v := m.pairMerge(sym[pos], sym[nx])
+		v := m.pairMerge(uint32(sym[pos]), uint32(sym[nx]))
 		if v == noMerge {
 			return
 		}
-		h = append(h, mergeCand{key: v&^(1<<32-1) | uint64(pos), left: sym[pos], right: sym[nx], to: uint32(v)})
+		h = append(h, mergeCand{key: v&^(1<<32-1) | uint64(pos), left: uint32(sym[pos]), right: uint32(sym[nx]), to: uint32(v)})
 		heapUp(h, len(h)-1)
 	}
 	for i := 0; i < n-1; i++ {
 		v := m.bytePair[int(w[i])<<8|int(w[i+1])]
 		if v != noMerge {
-			h = append(h, mergeCand{key: v&^(1<<32-1) | uint64(i), left: sym[i], right: sym[i+1], to: uint32(v)})
+			h = append(h, mergeCand{key: v&^(1<<32-1) | uint64(i), left: uint32(sym[i]), right: uint32(sym[i+1]), to: uint32(v)})
 		}
 	}
 	for i := len(h)/2 - 1; i >= 0; i-- {
@@ -210,12 +247,12 @@ func (m *bpeModel) mergeHeap(w string, out []uint32) []uint32 {
 		}
 		pos := int32(c.key & (1<<32 - 1))
 		nx := next[pos]
-		if !alive[pos] || nx < 0 || sym[pos] != c.left || sym[nx] != c.right {
-			continue
+		if nx < 0 || uint32(sym[pos]) != c.left || uint32(sym[nx]) != c.right {
+			continue // merged away, now last, or its pair changed
 		}
-		sym[pos] = c.to
-		alive[nx] = false
+		sym[pos] = int32(c.to)
 		next[pos] = next[nx]
+		next[nx] = -2
 		if next[pos] >= 0 {
 			prev[next[pos]] = pos
 		}
@@ -225,7 +262,7 @@ func (m *bpeModel) mergeHeap(w string, out []uint32) []uint32 {
 		push(pos)
 	}
 	for i := int32(0); i >= 0; i = next[i] {
-		out = append(out, sym[i])
+		out = append(out, uint32(sym[i]))
 	}
 	return out
 }

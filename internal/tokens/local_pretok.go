@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // A splitter is one pre-tokenizer step: it cuts a piece of text into
@@ -38,39 +41,109 @@ const (
 	clsNewline
 )
 
-var asciiClass = func() (c [utf8.RuneSelf]uint8) {
-	for b := 0; b < utf8.RuneSelf; b++ {
-		r := rune(b)
-		switch {
-		case r == '\r' || r == '\n':
-			c[b] = clsNewline
-		case unicode.IsSpace(r):
-			c[b] = clsSpace
-		case unicode.IsLetter(r):
-			c[b] = clsLetter
-		case unicode.IsNumber(r):
-			c[b] = clsNumber
+// runeClass classifies a rune the slow way.
+func runeClass(r rune) uint8 {
+	switch {
+	case r == '\r' || r == '\n':
+		return clsNewline
+	case unicode.IsLetter(r):
+		return clsLetter
+	case unicode.IsNumber(r):
+		return clsNumber
+	case unicode.IsSpace(r):
+		return clsSpace
+	}
+	return clsOther
+}
+
+// bmpClasses is the class of every rune of the Basic Multilingual Plane,
+// built on first use (64 KiB), for the scanner's inner loop.
+var bmpClasses = sync.OnceValue(func() *[1 << 16]uint8 {
+	var t [1 << 16]uint8
+	for r := range t {
+		t[r] = runeClass(rune(r))
+	}
+	return &t
+})
+
+// nfcStable is a bitset over the Basic Multilingual Plane of the runes
+// that NFC leaves alone whatever surrounds them: in NFC on their own,
+// canonical combining class 0, and never composing with a preceding rune.
+// A text of such runes only is in NFC. Built on first use (8 KiB).
+var nfcStable = sync.OnceValue(func() *[1 << 16 / 64]uint64 {
+	var t [1 << 16 / 64]uint64
+	for r := rune(0); r < 1<<16; r++ {
+		if r >= 0xD800 && r < 0xE000 {
+			continue // surrogates are not runes
+		}
+		s := string(r)
+		p := norm.NFC.PropertiesString(s)
+		if norm.NFC.IsNormalString(s) && p.CCC() == 0 && p.BoundaryBefore() {
+			t[r/64] |= 1 << (r % 64)
 		}
 	}
-	return c
-}()
+	return &t
+})
+
+// nfc is norm.NFC.String, run only over the islands that need it. A
+// stable rune has a normalization boundary before it, so an island runs
+// from the stable rune before an unstable one (it may compose with it) to
+// the next stable rune, and the rest of the text is copied as it is.
+func nfc(s string) string {
+	stable := nfcStable()
+	isStable := func(r rune) bool { return r < 1<<16 && stable[r/64]&(1<<(r%64)) != 0 }
+	var b strings.Builder
+	used := false   // b holds s[:done], normalized
+	done := 0       // s[:done] is in b (when used)
+	lastStart := -1 // start of the last stable rune since done, or -1
+	for i := 0; i < len(s); {
+		r, n := rune(s[i]), 1
+		if r >= utf8.RuneSelf {
+			r, n = utf8.DecodeRuneInString(s[i:])
+		}
+		if isStable(r) {
+			lastStart = i
+			i += n
+			continue
+		}
+		start := done
+		if lastStart >= 0 {
+			start = lastStart
+		}
+		end := i + n
+		for end < len(s) {
+			r2, n2 := rune(s[end]), 1
+			if r2 >= utf8.RuneSelf {
+				r2, n2 = utf8.DecodeRuneInString(s[end:])
+			}
+			if isStable(r2) {
+				break
+			}
+			end += n2
+		}
+		if !used {
+			used = true
+			b.Grow(len(s) + 8)
+		}
+		b.WriteString(s[done:start])
+		b.WriteString(norm.NFC.String(s[start:end]))
+		done, lastStart, i = end, -1, end
+	}
+	if !used {
+		return s
+	}
+	b.WriteString(s[done:])
+	return b.String()
+}
 
 // classAt returns the class and the byte length of the rune at s[i]. An
-// invalid byte is a one-byte "other".
+// invalid byte is a one-byte "other" (U+FFFD's class).
 func classAt(s string, i int) (uint8, int) {
-	if b := s[i]; b < utf8.RuneSelf {
-		return asciiClass[b], 1
+	r, n := rune(s[i]), 1
+	if r >= utf8.RuneSelf {
+		r, n = utf8.DecodeRuneInString(s[i:])
 	}
-	r, n := utf8.DecodeRuneInString(s[i:])
-	switch {
-	case unicode.IsLetter(r):
-		return clsLetter, n
-	case unicode.IsNumber(r):
-		return clsNumber, n
-	case unicode.IsSpace(r):
-		return clsSpace, n
-	}
-	return clsOther, n
+	return runeClass(r), n
 }
 
 // llamaSplit is the split on llama3Pattern (maxDigits 3) or qwenPattern
@@ -78,7 +151,26 @@ func classAt(s string, i int) (uint8, int) {
 // at each position, as a backtracking regex engine does, and the pieces
 // are the matches (the pattern matches at every position, so there are no
 // gaps).
-type llamaSplit struct{ maxDigits int }
+type llamaSplit struct {
+	maxDigits int
+	cls       *[1 << 16]uint8 // bmpClasses()
+}
+
+func newLlamaSplit(maxDigits int) llamaSplit {
+	return llamaSplit{maxDigits: maxDigits, cls: bmpClasses()}
+}
+
+// classAt is the package's classAt with the table.
+func (sp llamaSplit) classAt(s string, i int) (uint8, int) {
+	if b := s[i]; b < utf8.RuneSelf {
+		return sp.cls[b], 1
+	}
+	r, n := utf8.DecodeRuneInString(s[i:])
+	if r < 1<<16 {
+		return sp.cls[r], n
+	}
+	return runeClass(r), n
+}
 
 func (sp llamaSplit) split(s string, emit func(string)) {
 	for i := 0; i < len(s); {
@@ -90,14 +182,14 @@ func (sp llamaSplit) split(s string, emit func(string)) {
 
 // next returns the end of the match starting at s[i].
 func (sp llamaSplit) next(s string, i int) int {
-	c, n := classAt(s, i)
+	c, n := sp.classAt(s, i)
 	switch c {
 	case clsLetter: // [^\r\n\p{L}\p{N}]?\p{L}+ without the optional char
-		return runOf(s, i+n, clsLetter)
+		return sp.runOf(s, i+n, clsLetter)
 	case clsNumber: // \p{N}{1,maxDigits}
 		j := i + n
 		for k := 1; k < sp.maxDigits && j < len(s); k++ {
-			c2, n2 := classAt(s, j)
+			c2, n2 := sp.classAt(s, j)
 			if c2 != clsNumber {
 				break
 			}
@@ -105,7 +197,7 @@ func (sp llamaSplit) next(s string, i int) int {
 		}
 		return j
 	case clsNewline:
-		return spaceMatch(s, i)
+		return sp.spaceMatch(s, i)
 	}
 	// c is clsOther or clsSpace.
 	if s[i] == '\'' {
@@ -114,24 +206,24 @@ func (sp llamaSplit) next(s string, i int) int {
 		}
 	}
 	if i+n < len(s) {
-		c2, n2 := classAt(s, i+n)
+		c2, n2 := sp.classAt(s, i+n)
 		if c2 == clsLetter { // [^\r\n\p{L}\p{N}]\p{L}+
-			return runOf(s, i+n+n2, clsLetter)
+			return sp.runOf(s, i+n+n2, clsLetter)
 		}
 		if s[i] == ' ' && c2 == clsOther { // " [^\s\p{L}\p{N}]+[\r\n]*"
-			return newlines(s, runOf(s, i+n+n2, clsOther))
+			return newlines(s, sp.runOf(s, i+n+n2, clsOther))
 		}
 	}
 	if c == clsOther { // [^\s\p{L}\p{N}]+[\r\n]*
-		return newlines(s, runOf(s, i+n, clsOther))
+		return newlines(s, sp.runOf(s, i+n, clsOther))
 	}
-	return spaceMatch(s, i)
+	return sp.spaceMatch(s, i)
 }
 
 // runOf returns the end of the run of class c starting at s[j].
-func runOf(s string, j int, c uint8) int {
+func (sp llamaSplit) runOf(s string, j int, c uint8) int {
 	for j < len(s) {
-		c2, n := classAt(s, j)
+		c2, n := sp.classAt(s, j)
 		if c2 != c {
 			break
 		}
@@ -178,10 +270,10 @@ func contraction(s string, j int) int {
 // whitespace rune): up to the last newline of the whitespace run if it
 // has one; else the whole run if it ends the text or is one rune long;
 // else the run but its last rune (which a following word takes).
-func spaceMatch(s string, i int) int {
+func (sp llamaSplit) spaceMatch(s string, i int) int {
 	j, lastNL, last, runes := i, -1, i, 0
 	for j < len(s) {
-		c, n := classAt(s, j)
+		c, n := sp.classAt(s, j)
 		if c != clsSpace && c != clsNewline {
 			break
 		}

@@ -29,7 +29,7 @@ var tokrefFamilies = []string{"llama3", "qwen3", "deepseek_v3"}
 // installReference returns the node_modules directory of the reference,
 // installing it on first use. It skips the test when npm's registry cannot
 // be reached, and when node or npm is missing outside CI.
-func installReference(t *testing.T) string {
+func installReference(t testing.TB) string {
 	t.Helper()
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -149,7 +149,7 @@ func runReference(t *testing.T, modules string, req refRequest) refResponse {
 	return resp
 }
 
-func readJSON(t *testing.T, path string, v any) {
+func readJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -301,4 +301,3 @@ func firstDiff(a, b []uint32) string {
 	}
 	return fmt.Sprintf("lengths %d and %d", len(a), len(b))
 }
-
