@@ -120,7 +120,7 @@ type pairTable struct {
 
 func newPairTable(n int) pairTable {
 	bits := uint(4)
-	for 1<<bits < 2*n { // at most half full
+	for 3<<bits < 4*n { // at most 3/4 full
 		bits++
 	}
 	t := pairTable{slots: make([]uint64, 2<<bits), shift: 64 - bits, mask: 1<<bits - 1}
