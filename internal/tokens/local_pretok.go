@@ -287,12 +287,12 @@ func (sp llamaSplit) spaceMatch(s string, i int) int {
 	if lastNL >= 0 {
 		return lastNL
 	}
-	return wsLookahead(s, i, j, last, runes)
+	return wsLookahead(s, j, last, runes)
 }
 
-// wsLookahead resolves \s+(?!\S)|\s+ for the whitespace run s[i:j] whose
-// last rune starts at last.
-func wsLookahead(s string, i, j, last, runes int) int {
+// wsLookahead resolves \s+(?!\S)|\s+ for a whitespace run of runes runes
+// ending at s[j], whose last rune starts at last: the match ends there.
+func wsLookahead(s string, j, last, runes int) int {
 	if j == len(s) || runes == 1 {
 		return j
 	}
@@ -394,7 +394,7 @@ func wsRunMatch(s string, i int) int {
 		j += n
 		runes++
 	}
-	return wsLookahead(s, i, j, last, runes)
+	return wsLookahead(s, j, last, runes)
 }
 
 // topLevelAlt reports whether p[at] is a '|' outside any group or class.
@@ -493,8 +493,7 @@ func translateOniguruma(p string) (string, error) {
 					break
 				}
 			}
-		case c == '(' && strings.HasPrefix(p[i:], "(?=") || strings.HasPrefix(p[i:], "(?!") ||
-			strings.HasPrefix(p[i:], "(?<=") || strings.HasPrefix(p[i:], "(?<!") || strings.HasPrefix(p[i:], "(?>"):
+		case c == '(' && hasAnyPrefix(p[i:], "(?=", "(?!", "(?<=", "(?<!", "(?>"):
 			return "", errors.New("lookaround and atomic groups are not supported")
 		case c == '^' || c == '$':
 			return "", errors.New("anchors are not supported")
@@ -503,6 +502,15 @@ func translateOniguruma(p string) (string, error) {
 		}
 	}
 	return b.String(), nil
+}
+
+func hasAnyPrefix(s string, prefixes ...string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // prefixSpace is ByteLevel's add_prefix_space: a piece that does not start
