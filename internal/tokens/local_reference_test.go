@@ -116,10 +116,12 @@ type refResponse struct {
 	Lenml [][]uint32 `json:"lenml"`
 	HF    [][]uint32 `json:"hf"`
 	Chats []struct {
-		Text  string   `json:"text"`
-		Lenml []uint32 `json:"lenml"`
-		HF    []uint32 `json:"hf"`
-		Error string   `json:"error"`
+		Text       string   `json:"text"`
+		Lenml      []uint32 `json:"lenml"`
+		HF         []uint32 `json:"hf"`
+		Error      string   `json:"error"`
+		LenmlText  *string  `json:"lenml_text"`
+		LenmlError *string  `json:"lenml_error"`
 	} `json:"chats"`
 }
 
@@ -250,8 +252,10 @@ func TestLocalMatchesReference(t *testing.T) {
 			if !ls.HasChatTemplate() {
 				t.Fatal("no chat template loaded from tokenizer_config.json")
 			}
-			chatsSame := 0
-			defer func() { t.Logf("%s: %d/%d chats render identically", fam, chatsSame, len(chats)) }()
+			chatsSame, lenmlSame, lenmlLogged := 0, 0, false
+			defer func() {
+				t.Logf("%s: %d/%d chats render identically to @huggingface/jinja (%d also to @lenml/tokenizers' apply_chat_template)", fam, chatsSame, len(chats), lenmlSame)
+			}()
 			for i, c := range chats {
 				ref := resp.Chats[i]
 				if ref.Error != "" {
@@ -270,6 +274,16 @@ func TestLocalMatchesReference(t *testing.T) {
 				if text != ref.Text {
 					t.Errorf("chat %d rendered\n  %q\nwant\n  %q", i, text, ref.Text)
 					continue
+				}
+				switch {
+				case ref.LenmlText != nil && *ref.LenmlText != text:
+					t.Errorf("chat %d rendered\n  %q\n@lenml/tokenizers' apply_chat_template gives\n  %q", i, text, *ref.LenmlText)
+					continue
+				case ref.LenmlText != nil:
+					lenmlSame++
+				case ref.LenmlError != nil && !lenmlLogged:
+					lenmlLogged = true
+					t.Logf("%s: @lenml/tokenizers' apply_chat_template fails (%s); compared with @huggingface/jinja only", fam, clip(*ref.LenmlError))
 				}
 				chatsSame++
 				if c.AddGenerationPrompt {

