@@ -411,6 +411,10 @@ func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
 		return nil, err
 	}
 	var src Source
+	exact := sp.Source == "engine" // the engine renders its own chats by default
+	if sp.ExactChat != nil {
+		exact = *sp.ExactChat
+	}
 	switch sp.Source {
 	case "", "estimate":
 		src = EstimateSource{BytesPerToken: sp.BytesPerToken}
@@ -423,17 +427,13 @@ func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
 		if sp.File == "" {
 			return nil, fmt.Errorf("tokens: model %q: source=local needs file=", sp.Model)
 		}
-		ls, err := LoadLocal(sp.File)
+		ls, own, err := loadLocalSpec(sp, cache)
 		if err != nil {
 			return nil, err
 		}
-		src = ls
+		src, exact = ls, own // the file's own chat template, unless template= overrides
 	default:
 		return nil, fmt.Errorf("tokens: model %q: unknown source %q (estimate, engine, local)", sp.Model, sp.Source)
-	}
-	exact := sp.Source == "engine"
-	if sp.ExactChat != nil {
-		exact = *sp.ExactChat
 	}
 	ns := fmt.Sprintf("%q|%q|%q|%q|%d|%q|%v", sp.Model, sp.Source, sp.URL, sp.File, sp.BytesPerToken, sp.Template, exact)
 	return NewTokenizer(src, tmpl, cache, exact, ns), nil
