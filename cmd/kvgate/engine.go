@@ -5,19 +5,19 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
 	"github.com/kvgate/kvgate/internal/flagrange"
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 )
 
 // engineFlags are the kvgate engine flags that are not Config fields.
 type engineFlags struct {
-	role, format, logLevel string
+	role, format, style, logLevel string
 }
 
 // newEngineFlagSet registers the engine flags on cfg (defaults from its
@@ -31,7 +31,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "served model name")
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "HTTP listen host")
 	flagrange.Var(fl, &cfg.Port, "port", lim.Port, "HTTP listen port (0 = any free port)")
-	fs.StringVar(&ef.role, "role", string(cfg.Role), "role: both, prefill or decode")
+	fs.StringVar(&ef.role, "role", cfg.Role.String(), "role: both, prefill or decode")
 	flagrange.Var(fl, &cfg.Perf.PrefillTokensPerSec, "prefill-speed", pm.PrefillTokensPerSec, "prefill throughput, uncached prompt tokens per second")
 	flagrange.Var(fl, &cfg.Perf.DecodeStepBase, "decode-step-base", pm.DecodeStepBase, "fixed cost of one decode step, seconds")
 	flagrange.Var(fl, &cfg.Perf.DecodeStepPerSeq, "decode-step-per-seq", pm.DecodeStepPerSeq, "decode step cost per running sequence, seconds")
@@ -48,6 +48,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	fs.StringVar(&cfg.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER replay socket here, e.g. tcp://*:5558")
 	fs.StringVar(&cfg.KVEventsTopic, "kv-events-topic", "", "KV events topic (default kv@<host:port>@<model>)")
 	fs.StringVar(&ef.format, "kv-events-format", cfg.KVEventsFormat.String(), "KV event encoding: array (vLLM <= 0.23) or map (newer vLLM)")
+	fs.StringVar(&ef.style, "kv-events-style", cfg.KVEventsStyle.String(), "KV event numbering: vllm (batches from 0, nil parent at a chain start) or llmd-sim (as llm-d-inference-sim: batches from 1, parent 0 in the array form)")
 	flagrange.Var(fl, &cfg.KVEventsBufferSteps, "kv-events-buffer-steps", lim.KVEventsBufferSteps, "event batches kept for replay")
 	flagrange.Var(fl, &cfg.RoleSwitchWarmup, "role-switch-warmup", lim.RoleSwitchWarmup, "warm-up after draining on a role switch (modelled time)")
 	flagrange.Var(fl, &cfg.KVHoldTimeout, "kv-hold-timeout", lim.KVHoldTimeout, "how long a prefill engine keeps KV for a remote decode (modelled time)")
@@ -72,17 +73,18 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	var err error
-	if cfg.Role, err = engine.ParseRole(ef.role); err != nil {
-		return err
+	if cfg.Role, err = fleet.ParseRole(ef.role); err != nil || ef.role == "" { // "" is not a role here
+		return fmt.Errorf("role must be both, prefill or decode, got %q", ef.role)
 	}
 	if cfg.KVEventsFormat, err = kvpub.ParseFormat(ef.format); err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(ef.logLevel)); err != nil {
+	if cfg.KVEventsStyle, err = kvpub.ParseStyle(ef.style); err != nil {
+		return err
+	}
+	if cfg.Logger, err = textLogger(stderr, ef.logLevel); err != nil {
 		return fmt.Errorf("log level: %w", err)
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	e, err := engine.New(cfg)
 	if err != nil {

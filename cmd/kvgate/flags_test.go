@@ -163,6 +163,8 @@ func TestEngineFlagRanges(t *testing.T) {
 		{[]string{"--kv-events-buffer-steps", "1e9"}, "--kv-events-buffer-steps"},
 		{[]string{"--role-switch-warmup", "-1s"}, "--role-switch-warmup"},
 		{[]string{"--kv-hold-timeout", "1000h"}, "--kv-hold-timeout must be in [0s, 24h0m0s], got 1000h0m0s"},
+		{[]string{"--role", "sideways"}, `role must be both, prefill or decode, got "sideways"`},
+		{[]string{"--role", ""}, `role must be both, prefill or decode, got ""`},
 	}
 	for _, tt := range tests {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // hang guard

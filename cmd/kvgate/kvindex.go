@@ -1,12 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -16,10 +16,10 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvgate/kvgate/internal/flagrange"
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
-	"github.com/kvgate/kvgate/internal/kvspec"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -29,56 +29,29 @@ type listFlag []string
 func (l *listFlag) String() string     { return strings.Join(*l, " ") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
-// parseEngineFlag parses "name=127.0.0.1:8001,events=tcp://127.0.0.1:5557,
-// replay=tcp://127.0.0.1:5558,model=m".
-func parseEngineFlag(s string) (kvevents.EngineConfig, error) {
-	var ec kvevents.EngineConfig
-	err := kvspec.Each(s, func(k, v string) error {
-		switch k {
-		case "name":
-			ec.Name = v
-		case "model":
-			ec.Model = v
-		case "events":
-			ec.Events = v
-		case "replay":
-			ec.Replay = v
-		default:
-			return fmt.Errorf("unknown key %q (name, model, events, replay)", k)
-		}
-		return nil
-	})
-	if err != nil {
-		return ec, fmt.Errorf("--engine %q: %w", s, err)
-	}
-	if ec.Name == "" || ec.Model == "" {
-		return ec, fmt.Errorf("--engine %q: name= and model= are required", s)
-	}
-	return ec, nil
-}
-
-// enginesFile is the --engines YAML file.
+// enginesFile is the --engines YAML file: fleet endpoints, under
+// "endpoints:" (as kvgate serve's files) or "engines:" (older files).
 type enginesFile struct {
-	Engines []kvevents.EngineConfig `yaml:"engines"`
+	Endpoints []fleet.Endpoint `yaml:"endpoints"`
+	Engines   []fleet.Endpoint `yaml:"engines"`
 }
 
-func loadEnginesFile(path string) ([]kvevents.EngineConfig, error) {
+func loadEnginesFile(path string) ([]fleet.Endpoint, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--engines: %w", err)
 	}
 	var f enginesFile
-	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("--engines %s: %w", path, err)
 	}
-	for i, e := range f.Engines {
-		if e.Name == "" || e.Model == "" {
-			return nil, fmt.Errorf("--engines %s: engine %d needs name and model", path, i)
-		}
+	eps, err := fleet.Validate(append(f.Endpoints, f.Engines...))
+	if err != nil {
+		return nil, fmt.Errorf("--engines %s: %w", path, err)
 	}
-	return f.Engines, nil
+	return eps, nil
 }
 
 // zmqEndpoint accepts host:port or a full ZMQ endpoint.
@@ -104,98 +77,124 @@ func kvindexRanges() kvindexLimits {
 	}
 }
 
-func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// kvindexOptions are kvgate kvindex's flags.
+type kvindexOptions struct {
+	engineSpecs, tokenizers        listFlag
+	enginesPath, bindEvents, admin string
+	logLevel                       string
+	blockSize, maxKeys             int
+	approxTTL, replayTimeout       time.Duration
+	replayBudget                   time.Duration
+	maxCentral, maxRouted          int
+	maxMsg                         int64
+	http                           httpserve.Config
+}
+
+// newKVIndexFlagSet registers the kvindex flags on o, with their defaults
+// and ranges.
+func newKVIndexFlagSet(o *kvindexOptions, stderr io.Writer) (*flag.FlagSet, *flagrange.Flags) {
+	*o = kvindexOptions{
+		admin: "127.0.0.1:8090", logLevel: "info",
+		blockSize: 16, approxTTL: 2 * time.Minute, maxKeys: 4 << 20, replayTimeout: 2 * time.Second,
+		replayBudget: kvevents.DefaultReplayBudget, maxCentral: kvevents.DefaultMaxCentralEngines, maxMsg: kvevents.DefaultMaxMsgSize,
+		maxRouted: kvindex.DefaultMaxRoutedEndpoints,
+		http:      httpserve.Config{MaxBodyBytes: kvindex.DefaultMaxBodyBytes},
+	}
 	fs := flag.NewFlagSet("kvindex", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var engineFlags, tokFlags listFlag
-	fs.Var(&engineFlags, "engine", "an engine: name=HOST:PORT,model=M[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT] (repeatable)")
-	enginesPath := fs.String("engines", "", "YAML file listing engines (engines: [{name, model, events, replay}])")
-	bindEvents := fs.String("bind-events", "", "central mode: bind a SUB here (e.g. tcp://0.0.0.0:5557) that engines dial; engines are named by topic kv@HOST:PORT@MODEL")
-	admin := fs.String("admin", "127.0.0.1:8090", "admin HTTP address")
+	fs.Var(&o.engineSpecs, "engine", "an engine, as kvgate serve's: name=HOST:PORT,model=M[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT] (repeatable)")
+	fs.StringVar(&o.enginesPath, "engines", "", "YAML file listing engines (endpoints: [{name, model, events, replay}], as kvgate serve's files)")
+	fs.StringVar(&o.bindEvents, "bind-events", "", "central mode: bind a SUB here (e.g. tcp://0.0.0.0:5557) that engines dial; engines are named by topic kv@HOST:PORT@MODEL, or, for another topic (vLLM's default is \"\"), by the IP they dial from when one configured engine without events= has it")
+	fs.StringVar(&o.admin, "admin", o.admin, "admin HTTP address")
 	fl := flagrange.New(fs)
 	lim := kvindexRanges()
-	blockSize, approxTTL, maxKeys, replayTimeout := new(int), new(time.Duration), new(int), new(time.Duration)
-	*blockSize, *approxTTL, *maxKeys, *replayTimeout = 16, 2*time.Minute, 4<<20, 2*time.Second
-	flagrange.Var(fl, blockSize, "block-size", lim.blockSize, "router block size in tokens")
-	fs.Var(&tokFlags, "tokenizer", "tokenizer spec: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=chatml|llama3|plain][,bytes_per_token=N][,exact_chat=true] (repeatable; without model= it is the default)")
-	flagrange.Var(fl, approxTTL, "approx-ttl", lim.approxTTL, "lifetime of approximate (routed) entries")
-	flagrange.Var(fl, maxKeys, "max-keys", lim.maxKeys, "bound on keys per index table (model × group × 64 endpoints × tier)")
-	flagrange.Var(fl, replayTimeout, "replay-timeout", lim.replayTimeout, "wait for each replay reply")
-	replayBudget, maxCentral, maxMsg := new(time.Duration), new(int), new(int64)
-	*replayBudget, *maxCentral, *maxMsg = kvevents.DefaultReplayBudget, kvevents.DefaultMaxCentralEngines, kvevents.DefaultMaxMsgSize
-	flagrange.Var(fl, replayBudget, "replay-budget", flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour}, "longest whole replay (live events wait meanwhile)")
-	flagrange.Var(fl, maxCentral, "max-central-engines", flagrange.Range[int]{Min: 1, Max: 1 << 16, Unit: "engines"}, "central mode: most engines registered from topics")
-	flagrange.Var(fl, maxMsg, "zmq-max-msg-bytes", flagrange.Range[int64]{Min: 1 << 10, Max: 1 << 30, Unit: "bytes"}, "largest ZMQ message accepted from an engine")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	httpCfg := httpserve.Config{MaxBodyBytes: kvindex.DefaultMaxBodyBytes}
-	httpserve.AddFlags(fl, &httpCfg)
-	maxRouted := new(int)
-	*maxRouted = kvindex.DefaultMaxRoutedEndpoints
-	flagrange.Var(fl, maxRouted, "max-routed-endpoints", flagrange.Range[int]{Min: 0, Max: kvindex.MaxEndpoints, Unit: "endpoints"}, "most endpoints registered for POST /admin/kv/routed to add one")
+	flagrange.Var(fl, &o.blockSize, "block-size", lim.blockSize, "router block size in tokens")
+	fs.Var(&o.tokenizers, "tokenizer", "tokenizer spec: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=chatml|llama3|plain][,bytes_per_token=N][,exact_chat=false] (repeatable; without model= it is the default; source=engine renders chats with the engine's template unless exact_chat=false)")
+	flagrange.Var(fl, &o.approxTTL, "approx-ttl", lim.approxTTL, "lifetime of approximate (routed) entries")
+	flagrange.Var(fl, &o.maxKeys, "max-keys", lim.maxKeys, "bound on keys per index table (model × group × 64 endpoints × tier)")
+	flagrange.Var(fl, &o.replayTimeout, "replay-timeout", lim.replayTimeout, "wait for each replay reply")
+	flagrange.Var(fl, &o.replayBudget, "replay-budget", flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour}, "longest whole replay (live events wait meanwhile)")
+	flagrange.Var(fl, &o.maxCentral, "max-central-engines", flagrange.Range[int]{Min: 1, Max: 1 << 16, Unit: "engines"}, "central mode: most engines registered from topics")
+	flagrange.Var(fl, &o.maxMsg, "zmq-max-msg-bytes", flagrange.Range[int64]{Min: 1 << 10, Max: 1 << 30, Unit: "bytes"}, "largest ZMQ message accepted from an engine")
+	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
+	httpserve.AddFlags(fl, &o.http)
+	flagrange.Var(fl, &o.maxRouted, "max-routed-endpoints", flagrange.Range[int]{Min: 0, Max: kvindex.MaxEndpoints, Unit: "endpoints"}, "most endpoints registered for POST /admin/kv/routed to add one")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate kvindex [flags]\n\nRuns the KV-event subscriber, the global prefix index and its admin API\n(POST /admin/kv/lookup, POST /admin/kv/routed, GET /admin/kv/stats).\n\nFlags:")
 		fs.PrintDefaults()
 	}
+	return fs, fl
+}
+
+// parseKVIndexFlags parses and range-checks the kvindex command line.
+func parseKVIndexFlags(args []string, stderr io.Writer) (*kvindexOptions, error) {
+	o := new(kvindexOptions)
+	fs, fl := newKVIndexFlagSet(o, stderr)
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if err := fl.Check(); err != nil {
-		return err
+		return nil, err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	return o, nil
+}
 
-	var engines []kvevents.EngineConfig
-	if *enginesPath != "" {
-		es, err := loadEnginesFile(*enginesPath)
+// engines collects the engines of --engines and every --engine, with
+// their sockets normalised.
+func (o *kvindexOptions) engines() ([]kvevents.EngineConfig, error) {
+	var eps []fleet.Endpoint
+	if o.enginesPath != "" {
+		es, err := loadEnginesFile(o.enginesPath)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		engines = append(engines, es...)
+		eps = append(eps, es...)
 	}
-	for _, s := range engineFlags {
-		ec, err := parseEngineFlag(s)
+	for _, s := range o.engineSpecs {
+		e, err := fleet.ParseSpec(s)
 		if err != nil {
-			return err
+			return nil, fmt.Errorf("--engine: %w", err)
 		}
-		engines = append(engines, ec)
+		eps = append(eps, e)
 	}
-	for i := range engines {
-		engines[i].Events = zmqEndpoint(engines[i].Events)
-		engines[i].Replay = zmqEndpoint(engines[i].Replay)
+	eps, err := fleet.Validate(eps)
+	if err != nil {
+		return nil, err
 	}
-	if len(engines) == 0 && *bindEvents == "" {
-		return errors.New("nothing to subscribe to: give --engine, --engines or --bind-events")
+	engines := make([]kvevents.EngineConfig, len(eps))
+	for i, e := range eps {
+		engines[i] = kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay}
 	}
-	var specs []tokens.Spec
-	for _, s := range tokFlags {
+	if len(engines) == 0 && o.bindEvents == "" {
+		return nil, errors.New("nothing to subscribe to: give --engine, --engines or --bind-events")
+	}
+	return engines, nil
+}
+
+// tokenizerSet builds the --tokenizer set over a fresh cache.
+func tokenizerSet(specs []string) (*tokens.Set, *tokens.Cache, error) {
+	var parsed []tokens.Spec
+	for _, s := range specs {
 		sp, err := tokens.ParseSpec(s)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
-		specs = append(specs, sp)
+		parsed = append(parsed, sp)
 	}
 	cache := tokens.NewCache(0)
-	toks, err := tokens.NewSet(specs, cache, &http.Client{Timeout: 30 * time.Second})
+	toks, err := tokens.NewSet(parsed, cache, &http.Client{Timeout: 30 * time.Second})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
+	return toks, cache, nil
+}
 
-	idx := kvindex.New(kvindex.Config{BlockSize: *blockSize, ApproxTTL: *approxTTL, MaxKeys: *maxKeys})
-	sub, err := kvevents.New(kvevents.Config{
-		Engines: engines, BindEvents: zmqEndpoint(*bindEvents),
-		ReplayTimeout: *replayTimeout, ReplayBudget: *replayBudget, MaxCentralEngines: *maxCentral,
-		MaxMsgSize: *maxMsg, Logger: log,
-	}, idx)
-	if err != nil {
-		return err
-	}
+// newKVIndexAdmin is the admin API over the index, with the subscriber's
+// and the tokenizer cache's statistics.
+func newKVIndexAdmin(o *kvindexOptions, idx *kvindex.Index, sub *kvevents.Subscriber, toks *tokens.Set, cache *tokens.Cache) (*kvindex.Admin, error) {
 	adm := &kvindex.Admin{
 		Index:  idx,
 		Tokens: toks,
@@ -209,35 +208,76 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		Extra: func() map[string]any {
 			h, m, n := cache.Stats()
 			return map[string]any{
-				"central_malformed_frames": sub.CentralMalformed(),
-				"central_refused_frames":   sub.CentralRefused(),
-				"central_zmq":              sub.CentralSocketStats(),
-				"tokenizer_cache":          map[string]any{"hits": h, "misses": m, "tokens": n},
+				"central_malformed_frames":    sub.CentralMalformed(),
+				"central_refused_frames":      sub.CentralRefused(),
+				"central_unidentified_frames": sub.CentralUnidentified(),
+				"central_zmq":                 sub.CentralSocketStats(),
+				"tokenizer_cache":             map[string]any{"hits": h, "misses": m, "tokens": n},
 			}
 		},
-		Bodies:             httpCfg.BodyLimiter(kvindex.DefaultMaxBodyBytes),
-		MaxRoutedEndpoints: *maxRouted,
+		Bodies:             o.http.BodyLimiter(kvindex.DefaultMaxBodyBytes),
+		MaxRoutedEndpoints: o.maxRouted,
 	}
 	if err := adm.Validate(); err != nil {
-		return err
+		return nil, err
 	}
-	srv, err := httpserve.New(httpCfg, adm.Handler())
+	return adm, nil
+}
+
+func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseKVIndexFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *admin)
+	log, err := textLogger(stderr, o.logLevel)
+	if err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	engines, err := o.engines()
+	if err != nil {
+		return err
+	}
+	toks, cache, err := tokenizerSet(o.tokenizers)
+	if err != nil {
+		return err
+	}
+	idx := kvindex.New(kvindex.Config{BlockSize: o.blockSize, ApproxTTL: o.approxTTL, MaxKeys: o.maxKeys})
+	sub, err := kvevents.New(kvevents.Config{
+		Engines: engines, BindEvents: zmqEndpoint(o.bindEvents),
+		ReplayTimeout: o.replayTimeout, ReplayBudget: o.replayBudget, MaxCentralEngines: o.maxCentral,
+		MaxMsgSize: o.maxMsg, Logger: log,
+	}, idx)
+	if err != nil {
+		return err
+	}
+	adm, err := newKVIndexAdmin(o, idx, sub, toks, cache)
+	if err != nil {
+		return err
+	}
+	srv, err := httpserve.New(o.http, adm.Handler())
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.admin)
 	if err != nil {
 		return fmt.Errorf("--admin: %w", err)
 	}
+	return serveKVIndex(ctx, sub, srv, ln, func() {
+		fmt.Fprintf(stdout, "kvgate kvindex: admin on http://%s, %d engine(s), central=%q, block size %d\n",
+			ln.Addr(), len(engines), o.bindEvents, o.blockSize)
+	})
+}
 
+// serveKVIndex runs the subscriber and the admin server (calling started
+// once both run) until ctx ends or either fails, then shuts both down.
+func serveKVIndex(ctx context.Context, sub *kvevents.Subscriber, srv *httpserve.Server, ln net.Listener, started func()) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	subErr := make(chan error, 1)
 	go func() { subErr <- sub.Run(ctx) }()
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
-	fmt.Fprintf(stdout, "kvgate kvindex: admin on http://%s, %d engine(s), central=%q, block size %d\n",
-		ln.Addr(), len(engines), *bindEvents, *blockSize)
+	started()
 
 	var runErr error
 	select {

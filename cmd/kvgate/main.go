@@ -27,6 +27,8 @@ func commands() map[string]command {
 		"engine":  {"run a vLLM-compatible engine emulator (HTTP API, metrics, KV events)", runEngine},
 		"kvindex": {"run the KV-event subscriber, global prefix index and its admin API", runKVIndex},
 		"serve":   {"run the gateway: route and proxy OpenAI requests to a fleet of engines", runServe},
+		"demo":    {"the built-in comparison: an emulated fleet behind kvgate, several policies, one table and an HTML report", runDemo},
+		"bench":   {"send a workload to an OpenAI-compatible server and report latencies, attainment and goodput", runBench},
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -11,13 +12,18 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"reflect"
 	"strings"
 	"syscall"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
+	"github.com/kvgate/kvgate/internal/discovery"
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/tokens"
@@ -29,6 +35,8 @@ type serveFlags struct {
 	config, logLevel string
 	engines, toks    listFlag
 	set              map[string]bool
+	disc             discoveryConfig // from flags
+	k8s              k8sConfig
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -41,13 +49,21 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8000", "client API address (OpenAI-compatible)")
 	fs.StringVar(&c.Admin, "admin", "127.0.0.1:8090", "admin API and /metrics address (keep it private)")
 	fs.Var(&f.engines, "engine", "an engine: name=N,url=http://HOST:PORT,model=M,role=both|prefill|decode[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT][,prefill_speed=TOK_PER_S] (repeatable)")
-	fs.Var(&f.toks, "tokenizer", "tokenizer spec as for kvgate kvindex: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=T][,exact_chat=true] (repeatable)")
+	fs.Var(&f.toks, "tokenizer", "tokenizer spec as for kvgate kvindex: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=T][,exact_chat=false] (repeatable; source=engine renders chats with the engine's template unless exact_chat=false)")
 	fs.StringVar(&c.Policy, "policy", "kvgate", "routing policy: "+strings.Join(sched.Names(), ", "))
 	fs.BoolVar(&early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
 	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.LogPrompts, "log-prompts", false, "log request bodies at debug level (prompts are not logged by default)")
+	fs.StringVar(&f.disc.File, "endpoints-file", "", "discovery: YAML file of endpoints (endpoints: [...]) watched for changes")
+	fs.StringVar(&f.k8s.Selector, "k8s-selector", "", "discovery: Kubernetes pods matching this label selector (e.g. app=vllm)")
+	fs.StringVar(&f.k8s.Namespace, "k8s-namespace", "default", "discovery: Kubernetes namespace of --k8s-selector")
+	fs.StringVar(&f.k8s.PortName, "k8s-port-name", "", "discovery: the pods' container port name of the HTTP API (or --k8s-port)")
+	fs.StringVar(&f.k8s.Model, "k8s-model", "", "discovery: model of pods without the kvgate.io/model label or annotation")
+	fs.StringVar(&f.k8s.Kubeconfig, "kubeconfig", "", "discovery: kubeconfig file (default: in-cluster)")
+	fs.BoolVar(&c.NoHealthChecks, "no-health-checks", false, "do not probe /health and /metrics of the endpoints")
 	fl := flagrange.New(fs)
+	flagrange.Var(fl, &f.k8s.Port, "k8s-port", flagrange.Range[int]{Min: 1, Max: 65535, Zero: "use --k8s-port-name"}, "discovery: the pods' HTTP port")
 	lim := gateway.ConfigLimits()
 	c.SLOTTFT, c.BlockSize, c.PrefillSpeed, c.MaxInflight, c.ConnectTimeout = 2, tokens.DefaultBlockSize, 20000, 10000, 2*time.Second
 	flagrange.Var(fl, &c.SLOTTFT, "slo-ttft", lim.SLO, "TTFT SLO of the default class")
@@ -76,7 +92,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	c.EarlyReject = &early
-	cfg, err := f.load(c)
+	if f.k8s.Selector != "" {
+		f.disc.Kubernetes = &f.k8s
+	}
+	sc, err := f.load(c)
 	if err != nil {
 		return err
 	}
@@ -85,25 +104,46 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	g, err := gateway.New(cfg, gateway.Options{Logger: log})
+	srcs, err := sc.Discovery.sources(log)
 	if err != nil {
 		return err
 	}
-	return serveGateway(ctx, g, cfg, &f, c, stdout, log)
+	var prober *health.Prober
+	if !sc.NoHealthChecks {
+		hc := sc.Health
+		hc.Logger = log
+		if prober, err = health.New(hc); err != nil {
+			return fmt.Errorf("health: %w", err)
+		}
+		defer prober.Close()
+	}
+	g, err := gateway.New(sc.Config, gateway.Options{Logger: log, Health: prober})
+	if err != nil {
+		return err
+	}
+	u := &fleetUnion{static: sc.Endpoints, latest: map[int][]fleet.Endpoint{}, g: g, log: log}
+	return serveGateway(ctx, g, sc, srcs, u, &f, c, stdout, log)
 }
 
 // load builds the config: the file (if any), then the flags given.
-func (f *serveFlags) load(flags gateway.Config) (gateway.Config, error) {
-	var c gateway.Config
+func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
+	var sc serveConfig
 	if f.config != "" {
 		data, err := os.ReadFile(f.config)
 		if err != nil {
-			return c, fmt.Errorf("--config: %w", err)
+			return sc, fmt.Errorf("--config: %w", err)
 		}
-		if c, err = gateway.ParseConfig(data); err != nil {
-			return c, fmt.Errorf("--config %s: %w", f.config, err)
+		if sc, err = parseServeConfig(data); err != nil {
+			return sc, fmt.Errorf("--config %s: %w", f.config, err)
 		}
 	}
+	if f.disc.File != "" {
+		sc.Discovery.File = f.disc.File
+	}
+	if f.disc.Kubernetes != nil {
+		sc.Discovery.Kubernetes = f.disc.Kubernetes
+	}
+	c := &sc.Config
 	over := map[string]func(){
 		"listen": func() { c.Listen = flags.Listen }, "admin": func() { c.Admin = flags.Admin },
 		"policy": func() { c.Policy = flags.Policy }, "slo-ttft": func() { c.SLOTTFT = flags.SLOTTFT },
@@ -111,6 +151,7 @@ func (f *serveFlags) load(flags gateway.Config) (gateway.Config, error) {
 		"bind-events": func() { c.BindEvents = flags.BindEvents }, "block-size": func() { c.BlockSize = flags.BlockSize },
 		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
 		"max-inflight": func() { c.MaxInflight = flags.MaxInflight }, "log-prompts": func() { c.LogPrompts = flags.LogPrompts },
+		"no-health-checks": func() { c.NoHealthChecks = flags.NoHealthChecks },
 		"upstream-timeout": func() { c.UpstreamTimeout = flags.UpstreamTimeout }, "connect-timeout": func() { c.ConnectTimeout = flags.ConnectTimeout },
 	}
 	httpFlags := map[string]func(){
@@ -131,24 +172,41 @@ func (f *serveFlags) load(flags gateway.Config) (gateway.Config, error) {
 	for _, s := range f.engines {
 		e, err := fleet.ParseSpec(s)
 		if err != nil {
-			return c, fmt.Errorf("--engine: %w", err)
+			return sc, fmt.Errorf("--engine: %w", err)
 		}
 		c.Endpoints = append(c.Endpoints, e)
 	}
 	c.Tokenizers = append(c.Tokenizers, f.toks...)
-	if len(c.Endpoints) == 0 {
-		return c, errors.New("no endpoints: give --engine (repeatable) or endpoints: in --config")
+	if len(c.Endpoints) == 0 && !sc.Discovery.any() {
+		return sc, errors.New("no endpoints: give --engine (repeatable), --endpoints-file, --k8s-selector, or endpoints:/discovery: in --config")
 	}
 	c.Defaults()
 	if err := c.Validate(); err != nil {
-		return c, err
+		return sc, err
 	}
-	return c, nil
+	return sc, nil
+}
+
+// parseServeConfig parses kvgate serve's YAML file; unknown fields are
+// errors.
+func parseServeConfig(data []byte) (serveConfig, error) {
+	var sc serveConfig
+	if len(data) > 4<<20 {
+		return sc, fmt.Errorf("config is %d bytes; at most 4 MiB", len(data))
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&sc); err != nil && !errors.Is(err, io.EOF) {
+		return sc, err
+	}
+	return sc, nil
 }
 
 // serveGateway listens, serves until ctx ends, and reloads the config
 // file on SIGHUP.
-func serveGateway(ctx context.Context, g *gateway.Gateway, cfg gateway.Config, f *serveFlags, flags gateway.Config, stdout io.Writer, log *slog.Logger) error {
+func serveGateway(ctx context.Context, g *gateway.Gateway, sc serveConfig, srcs []discovery.Source, u *fleetUnion,
+	f *serveFlags, flags gateway.Config, stdout io.Writer, log *slog.Logger) error {
+	cfg := sc.Config
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -168,15 +226,22 @@ func serveGateway(ctx context.Context, g *gateway.Gateway, cfg gateway.Config, f
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- g.Run(ctx) }()
+	if len(srcs) > 0 {
+		go func() {
+			if err := runDiscovery(ctx, srcs, u); err != nil {
+				errc <- fmt.Errorf("discovery: %w", err)
+			}
+		}()
+	}
 	go func() { errc <- fmt.Errorf("serve: %w", srv.Serve(ln)) }()
 	go func() { errc <- fmt.Errorf("admin: %w", adm.Serve(aln)) }()
-	fmt.Fprintf(stdout, "kvgate serve: OpenAI API on http://%s, admin on http://%s, %d endpoint(s), policy %s\n",
-		ln.Addr(), aln.Addr(), len(cfg.Endpoints), cfg.Policy)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	fmt.Fprintf(stdout, "kvgate serve: OpenAI API on http://%s, admin on http://%s, %d endpoint(s), policy %s\n",
+		ln.Addr(), aln.Addr(), len(cfg.Endpoints), cfg.Policy)
 	var runErr error
 loop:
 	for {
@@ -187,7 +252,7 @@ loop:
 			runErr = err
 			break loop
 		case <-hup:
-			reload(g, f, flags, log)
+			reload(g, sc, u, f, flags, log)
 		}
 	}
 	cancel()
@@ -201,15 +266,19 @@ loop:
 	return runErr
 }
 
-func reload(g *gateway.Gateway, f *serveFlags, flags gateway.Config, log *slog.Logger) {
+func reload(g *gateway.Gateway, running serveConfig, u *fleetUnion, f *serveFlags, flags gateway.Config, log *slog.Logger) {
 	if f.config == "" {
 		log.Warn("SIGHUP: no --config to reload")
 		return
 	}
 	next, err := f.load(flags)
 	if err == nil {
+		if !reflect.DeepEqual(next.Discovery, running.Discovery) {
+			log.Warn("config reloaded; discovery changes need a restart and keep their running values")
+		}
 		var restart []string
-		restart, err = g.Reload(next)
+		next.Endpoints = u.withStatic(next.Endpoints)
+		restart, err = g.Reload(next.Config)
 		if len(restart) > 0 {
 			log.Warn("config reloaded; these fields need a restart and keep their running values", "fields", restart)
 		}

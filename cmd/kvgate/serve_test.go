@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -112,5 +113,128 @@ func TestServeBadInput(t *testing.T) {
 		if code == 0 || !strings.Contains(errOut, tt.want) {
 			t.Errorf("%v: exit %d, %q; want %q", tt.args, code, errOut, tt.want)
 		}
+	}
+}
+
+// startServe runs kvgate serve with args and returns its client and admin
+// base URLs and a stop function.
+func startServe(t *testing.T, args ...string) (string, string, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &lineWriter{lines: make(chan string, 16)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		errOut := &lineWriter{lines: make(chan string, 256)}
+		all := append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, args...)
+		if err := runServe(ctx, all, out, errOut); err != nil {
+			t.Error(err)
+		}
+	}()
+	var line string
+	select {
+	case line = <-out.lines:
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not start")
+	}
+	m := regexp.MustCompile(`http://(\S+), admin on http://(\S+),`).FindStringSubmatch(line)
+	if m == nil {
+		t.Fatalf("start line: %q", line)
+	}
+	stop := func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("serve did not stop")
+		}
+	}
+	return "http://" + m[1], "http://" + m[2], stop
+}
+
+func upstream(t *testing.T) string {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, `{"choices":[{"text":"hi"}]}`)
+	}))
+	t.Cleanup(s.Close)
+	return s.URL
+}
+
+func servedBy(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.Header.Get("X-Kvgate-Prefill-Endpoint")
+}
+
+// TestServeFileDiscovery: endpoints added to and removed from a watched
+// file are routed to without a restart.
+func TestServeFileDiscovery(t *testing.T) {
+	a, b := upstream(t), upstream(t)
+	path := filepath.Join(t.TempDir(), "endpoints.yaml")
+	write := func(body string) {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil { // as editors and ConfigMaps do
+			t.Fatal(err)
+		}
+	}
+	write(fmt.Sprintf("endpoints:\n  - {name: a, url: %q, model: m}\n", a))
+	url, _, stop := startServe(t, "--endpoints-file", path, "--no-health-checks")
+	defer stop()
+	eventually := func(want string) {
+		deadline := time.Now().Add(10 * time.Second)
+		for servedBy(t, url) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("never served by %s", want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	eventually("a")
+	write(fmt.Sprintf("endpoints:\n  - {name: b, url: %q, model: m}\n", b))
+	eventually("b")
+	write("endpoints: [{name: oops") // bad: the running fleet stays
+	time.Sleep(300 * time.Millisecond)
+	if got := servedBy(t, url); got != "b" {
+		t.Fatalf("after a bad file: served by %q", got)
+	}
+}
+
+// TestServeReloadKeepsConfigOnError: SIGHUP with a bad config file keeps
+// the running config; a good one applies.
+func TestServeReloadKeepsConfigOnError(t *testing.T) {
+	a, b := upstream(t), upstream(t)
+	path := filepath.Join(t.TempDir(), "kvgate.yaml")
+	cfg := func(name, url string) string {
+		return fmt.Sprintf("endpoints:\n  - {name: %s, url: %q, model: m}\nno_health_checks: true\n", name, url)
+	}
+	os.WriteFile(path, []byte(cfg("a", a)), 0o644)
+	url, _, stop := startServe(t, "--config", path)
+	defer stop()
+	if got := servedBy(t, url); got != "a" {
+		t.Fatalf("served by %q", got)
+	}
+	os.WriteFile(path, []byte("endpoints:\n  - {name: b, url: \"ftp://x\", model: m}\n"), 0o644)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	time.Sleep(300 * time.Millisecond)
+	if got := servedBy(t, url); got != "a" {
+		t.Fatalf("a bad reload changed the fleet: served by %q", got)
+	}
+	os.WriteFile(path, []byte(cfg("b", b)), 0o644)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	deadline := time.Now().Add(10 * time.Second)
+	for servedBy(t, url) != "b" {
+		if time.Now().After(deadline) {
+			t.Fatal("a good reload was not applied")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,8 @@ import (
 
 type simFlags struct {
 	scenario, workloadName, policies, rates, earlyReject, format, trace     string
+	predictors                                                              string
+	spread, noise, driftFactor                                              float64
 	instances, decodeInstances, systems, sessions, systemTokens, turnTokens int
 	outputTokens, blockSize, cacheBlocks, decodeKVTokens, seeds             int
 	duration, sloTTFT, sloTPOT, prefillSpeed, timeScale                     float64
@@ -36,6 +39,7 @@ type simLimits struct {
 	instances, decodeInstances, decodeKVTokens, cacheBlocks, seeds flagrange.Range[int]
 	sloTTFT, sloTPOT                                               flagrange.Range[float64]
 	eventLag, approxTTL                                            flagrange.Range[float64]
+	spread, noise, driftFactor                                     flagrange.Range[float64]
 }
 
 func simRanges() simLimits {
@@ -49,6 +53,9 @@ func simRanges() simLimits {
 		sloTPOT:         flagrange.Range[float64]{Min: 0.0001, Max: 3600, Unit: "seconds", Zero: "none"},
 		eventLag:        flagrange.Range[float64]{Min: 0.000001, Max: 3600, Unit: "seconds", Zero: "the router knows every cache exactly"},
 		approxTTL:       flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds", Zero: "none"},
+		spread:          flagrange.Range[float64]{Min: 1, Max: 100},
+		noise:           flagrange.Range[float64]{Min: 0.001, Max: 2, Zero: "none"},
+		driftFactor:     flagrange.Range[float64]{Min: 0.01, Max: 100},
 	}
 }
 
@@ -68,8 +75,13 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	wl, pm, sl := workload.ParamLimits(), perfmodel.ModelLimits(), simRanges()
 	*f = simFlags{workloadName: "chat", timeScale: 1, policies: "all", earlyReject: "both", instances: 8,
 		decodeKVTokens: 1_000_000, systems: 20, sessions: 400, systemTokens: 2048, turnTokens: 300, outputTokens: 500,
-		duration: 120, seeds: 1, sloTTFT: 2, prefillSpeed: 20000, blockSize: 64, cacheBlocks: 3000, format: "table"}
-	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the seed chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection)")
+		duration: 120, seeds: 1, sloTTFT: 2, prefillSpeed: 20000, blockSize: 64, cacheBlocks: 3000, format: "table",
+		predictors: "all", spread: 2.5, noise: 0.05, driftFactor: 0.5}
+	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the baseline chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection); heterogeneous (instances of hidden, unequal, non-linear speeds, one slowing mid-run; the kvgate policy with each predictor, see docs/predictor.md)")
+	fs.StringVar(&f.predictors, "predictors", f.predictors, "heterogeneous: comma-separated predictors, or all: "+strings.Join(sim.Predictors, ", "))
+	flagrange.Var(fl, &f.spread, "spread", sl.spread, "heterogeneous: how many times faster the fast half of the instances is than the slow half")
+	flagrange.Var(fl, &f.noise, "noise", sl.noise, "heterogeneous: lognormal sigma of each prefill's time")
+	flagrange.Var(fl, &f.driftFactor, "drift-factor", sl.driftFactor, "heterogeneous: instance p0 runs at this times its speed from mid-run on (1: no drift)")
 	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents (ignored with --trace)")
 	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-format JSON-lines trace (512-token hash blocks) instead of a generated workload")
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
@@ -77,7 +89,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	fs.StringVar(&f.earlyReject, "early-reject", f.earlyReject, "early rejection: on, off or both")
 	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents)", wl.Rate, maxRates))
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
-	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the seed)")
+	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
 	flagrange.Var(fl, &f.decodeKVTokens, "decode-kv-tokens", sl.decodeKVTokens, "KV capacity of each decode instance in tokens")
 	flagrange.Var(fl, &f.systems, "systems", wl.Systems, "chat: system prompts")
 	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, "chat: conversations")
@@ -167,6 +179,9 @@ type simJob struct {
 	seed   uint64
 	policy string
 	reject bool
+	// predictor is the heterogeneous scenario's router predictor ("":
+	// none).
+	predictor string
 }
 
 type simOutput struct {
@@ -175,8 +190,9 @@ type simOutput struct {
 
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f simFlags
+	var err error
 	fs, fl := newSimFlagSet(&f, stderr)
-	if err := fs.Parse(args); err != nil {
+	if err = fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -185,10 +201,15 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fl.Check(); err != nil {
 		return err
 	}
+	predictors := []string{""}
 	switch f.scenario {
 	case "", "seed-routing":
+	case "heterogeneous":
+		if predictors, err = heteroScenario(fs, &f); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("unknown scenario %q (known: seed-routing)", f.scenario)
+		return fmt.Errorf("unknown scenario %q (known: seed-routing, heterogeneous)", f.scenario)
 	}
 	if f.format != "table" && f.format != "json" {
 		return fmt.Errorf("unknown format %q (table or json)", f.format)
@@ -197,16 +218,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	var rejects []bool
-	switch f.earlyReject {
-	case "both":
-		rejects = []bool{false, true}
-	case "on":
-		rejects = []bool{true}
-	case "off":
-		rejects = []bool{false}
-	default:
-		return fmt.Errorf("--early-reject must be on, off or both, got %q", f.earlyReject)
+	rejects, err := parseEarlyReject(f.earlyReject)
+	if err != nil {
+		return err
 	}
 	cacheBlocks, err := simCacheBlocks(&f)
 	if err != nil {
@@ -221,12 +235,15 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cfg := sim.Config{Prefill: f.instances, Decode: f.decodeInstances, Model: model,
 		CacheTokens: f.cacheBlocks * f.blockSize, DecodeKVTokens: f.decodeKVTokens,
 		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL}
+	if f.scenario == "heterogeneous" {
+		cfg.Truth = sim.Heterogeneous(f.instances, f.prefillSpeed, f.spread, f.noise, f.duration/2, f.driftFactor, f.seed)
+	}
 
 	specs, err := traceSpecs(&f)
 	if err != nil {
 		return err
 	}
-	results, jobs, err := runJobs(ctx, cfg, specs, policies, rejects)
+	results, jobs, err := runJobs(ctx, cfg, specs, policies, rejects, predictors)
 	if err != nil {
 		return err
 	}
@@ -236,6 +253,20 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return enc.Encode(simOutput{Runs: results})
 	}
 	return printTable(stdout, results, f.seeds > 1, jobs)
+}
+
+// parseEarlyReject reads --early-reject: the early-rejection settings to
+// run each policy with.
+func parseEarlyReject(s string) ([]bool, error) {
+	switch s {
+	case "both":
+		return []bool{false, true}, nil
+	case "on":
+		return []bool{true}, nil
+	case "off":
+		return []bool{false}, nil
+	}
+	return nil, fmt.Errorf("--early-reject must be on, off or both, got %q", s)
 }
 
 // traceSpec is one workload to simulate, built only when its turn comes so
@@ -319,8 +350,8 @@ func round(v float64, digits int) float64 {
 // rejection) pair on it, in parallel over the machine's cores; a workload is
 // released once its runs are done. Results come back in job order, with the
 // jobs.
-func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []string, rejects []bool) ([]sim.Result, []simJob, error) {
-	perTrace := len(policies) * len(rejects)
+func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []string, rejects []bool, predictors []string) ([]sim.Result, []simJob, error) {
+	perTrace := len(policies) * len(rejects) * len(predictors)
 	results := make([]sim.Result, len(specs)*perTrace)
 	errs := make([]error, len(results))
 	jobs := make([]simJob, 0, len(results))
@@ -335,19 +366,7 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		go func() {
 			defer wg.Done()
 			for x := range next {
-				i, j := x.i, x.j
-				pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1})
-				if err != nil {
-					errs[i] = err
-					continue
-				}
-				res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
-				if err != nil {
-					errs[i] = fmt.Errorf("%s: %w", j.policy, err)
-					continue
-				}
-				res.Rate = j.rate
-				results[i] = roundResult(res)
+				results[x.i], errs[x.i] = runJob(ctx, cfg, x.j)
 			}
 		}()
 	}
@@ -370,12 +389,14 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		}
 		for _, p := range policies {
 			for _, rj := range rejects {
-				j := simJob{trace: tr, rate: rate, seed: sp.seed, policy: p, reject: rj}
-				select {
-				case next <- indexed{len(jobs), j}:
-					jobs = append(jobs, j)
-				case <-ctx.Done():
-					return stop(ctx.Err())
+				for _, pr := range predictors {
+					j := simJob{trace: tr, rate: rate, seed: sp.seed, policy: p, reject: rj, predictor: pr}
+					select {
+					case next <- indexed{len(jobs), j}:
+						jobs = append(jobs, j)
+					case <-ctx.Done():
+						return stop(ctx.Err())
+					}
 				}
 			}
 		}
@@ -393,6 +414,26 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 	return results, jobs, nil
 }
 
+// runJob simulates one (workload, policy, early rejection) job.
+func runJob(ctx context.Context, cfg sim.Config, j simJob) (sim.Result, error) {
+	pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1})
+	if err != nil {
+		return sim.Result{}, err
+	}
+	cfg.Predictor = j.predictor
+	if cfg.Truth != nil {
+		t := *cfg.Truth
+		t.Seed = j.seed
+		cfg.Truth = &t
+	}
+	res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
+	if err != nil {
+		return sim.Result{}, fmt.Errorf("%s: %w", j.policy, err)
+	}
+	res.Rate = j.rate
+	return roundResult(res), nil
+}
+
 func roundResult(r sim.Result) sim.Result {
 	r.HitRate = round(r.HitRate, 4)
 	r.TTFTP50 = round(r.TTFTP50, 4)
@@ -403,6 +444,14 @@ func roundResult(r sim.Result) sim.Result {
 	r.Goodput = round(r.Goodput, 2)
 	r.TPOTP50 = round(r.TPOTP50, 5)
 	r.TPOTP99 = round(r.TPOTP99, 5)
+	r.TTFTMdAPE = round(r.TTFTMdAPE, 4)
+	r.TTFTAPEP90 = round(r.TTFTAPEP90, 4)
+	for _, p := range []**float64{&r.DriftRecovery, &r.StaleRouting} {
+		if *p != nil {
+			v := round(**p, 1)
+			*p = &v
+		}
+	}
 	return r
 }
 
@@ -412,18 +461,65 @@ func printTable(w io.Writer, rs []sim.Result, withSeed bool, jobs []simJob) erro
 	if withSeed {
 		head = "seed\t" + head
 	}
+	if len(rs) > 0 && rs[0].Predictor != "" {
+		head += "TTFT err p50\tp90\tdrift recovery\tstale routing\t"
+	}
 	fmt.Fprintln(tw, head)
 	for i, r := range rs {
 		rej := "-"
 		if r.EarlyReject {
 			rej = "yes"
 		}
+		pol := r.Policy
+		if r.Predictor != "" {
+			pol += " (" + r.Predictor + ")"
+		}
 		line := fmt.Sprintf("%g\t%s\t%s\t%d\t%.1f%%\t%.2fs\t%.2fs\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f/s\t",
-			r.Rate, r.Policy, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, 100*r.Attainment, 100*r.Rejected, 100*r.Unserved, r.Goodput)
+			r.Rate, pol, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, 100*r.Attainment, 100*r.Rejected, 100*r.Unserved, r.Goodput)
 		if withSeed {
 			line = fmt.Sprintf("%d\t", jobs[i].seed) + line
+		}
+		if r.Predictor != "" {
+			line += fmt.Sprintf("%.1f%%\t%.1f%%\t%s\t%s\t", 100*r.TTFTMdAPE, 100*r.TTFTAPEP90, seconds(r.DriftRecovery), seconds(r.StaleRouting))
 		}
 		fmt.Fprintln(tw, line)
 	}
 	return tw.Flush()
+}
+
+// heteroScenario applies the heterogeneous scenario's defaults (the kvgate
+// policy unless --policies is given) and returns the predictors to run.
+func heteroScenario(fs *flag.FlagSet, f *simFlags) ([]string, error) {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if !set["policies"] {
+		f.policies = "kvgate"
+	}
+	if f.trace != "" || f.decodeInstances > 0 {
+		return nil, fmt.Errorf("--scenario heterogeneous runs generated workloads on prefill instances only (no --trace, no --decode-instances)")
+	}
+	if f.predictors == "all" {
+		return sim.Predictors, nil
+	}
+	var out []string
+	for _, p := range strings.Split(f.predictors, ",") {
+		p = strings.TrimSpace(p)
+		if !slices.Contains(sim.Predictors, p) {
+			return nil, fmt.Errorf("unknown predictor %q (known: %s)", p, strings.Join(sim.Predictors, ", "))
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// seconds prints an optional measure in seconds ("-": not measured; a
+// negative recovery: never).
+func seconds(v *float64) string {
+	switch {
+	case v == nil:
+		return "-"
+	case *v < 0:
+		return "never"
+	}
+	return fmt.Sprintf("%gs", *v)
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -34,16 +33,7 @@ func TestHelpListsCommands(t *testing.T) {
 // issue specifies: one run per (rate, policy, early_reject) with exactly
 // these fields.
 func TestSimJSONShape(t *testing.T) {
-	out, errOut, code := runCmd(t, "sim", "--rates", "20,30", "--duration", "10", "--policies", "predicted-ttft,kvgate", "--format", "json")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut)
-	}
-	var doc struct {
-		Runs []map[string]any `json:"runs"`
-	}
-	if err := json.Unmarshal([]byte(out), &doc); err != nil {
-		t.Fatalf("%v in %s", err, out)
-	}
+	doc := simJSON(t, "--rates", "20,30", "--duration", "10", "--policies", "predicted-ttft,kvgate")
 	if len(doc.Runs) != 2*2*2 {
 		t.Fatalf("%d runs, want 8", len(doc.Runs))
 	}

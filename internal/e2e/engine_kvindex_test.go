@@ -34,6 +34,12 @@ func startEngine(t *testing.T, format kvpub.Format) *engine.Engine {
 	cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:0"
 	cfg.KVEventsFormat = format
 	cfg.Logger = quiet()
+	return startEngineCfg(t, cfg)
+}
+
+// startEngineCfg starts an engine and closes it at the end of the test.
+func startEngineCfg(t *testing.T, cfg engine.Config) *engine.Engine {
+	t.Helper()
 	e, err := engine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +49,23 @@ func startEngine(t *testing.T, format kvpub.Format) *engine.Engine {
 	}
 	t.Cleanup(func() { e.Close() })
 	return e
+}
+
+// runSubscriber subscribes idx to engines until the end of the test.
+func runSubscriber(t *testing.T, idx *kvindex.Index, engines []kvevents.EngineConfig) *kvevents.Subscriber {
+	t.Helper()
+	sub, err := kvevents.New(kvevents.Config{Engines: engines, Logger: quiet()}, idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return sub
 }
 
 func post(t *testing.T, url string, body any, out any) {
@@ -76,17 +99,7 @@ func TestEngineEventsReachIndex(t *testing.T) {
 	for _, e := range engines {
 		ecs = append(ecs, kvevents.EngineConfig{Name: e.Addr(), Model: model, Events: e.KVEventsEndpoint(), Replay: e.KVEventsReplayEndpoint()})
 	}
-	sub, err := kvevents.New(kvevents.Config{Engines: ecs, Logger: quiet()}, idx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	sub := runSubscriber(t, idx, ecs)
 	time.Sleep(200 * time.Millisecond) // ZMQ subscriptions settle (slow joiner)
 
 	prompt := strings.TrimSpace(strings.Repeat("the quick brown fox jumps over the lazy dog ", 30)) // 270 tokens

@@ -18,28 +18,10 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
 	"github.com/kvgate/kvgate/internal/flagrange"
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 )
-
-// Role is what an engine serves in a disaggregated fleet.
-type Role string
-
-// Roles.
-const (
-	RoleBoth    Role = "both"
-	RolePrefill Role = "prefill"
-	RoleDecode  Role = "decode"
-)
-
-// ParseRole parses both, prefill or decode.
-func ParseRole(s string) (Role, error) {
-	switch Role(s) {
-	case RoleBoth, RolePrefill, RoleDecode:
-		return Role(s), nil
-	}
-	return "", fmt.Errorf("role must be both, prefill or decode, got %q", s)
-}
 
 // Config configures one engine. Durations (RoleSwitchWarmup, KVHoldTimeout)
 // are modelled time and are divided by TimeScale like every other modelled
@@ -51,7 +33,7 @@ type Config struct {
 	Host string
 	Port int
 	// Role is the initial role.
-	Role Role
+	Role fleet.Role
 	// Perf is the timing model.
 	Perf perfmodel.Model
 	// MaxNumBatchedTokens is the token budget of one step (chunked prefill).
@@ -79,6 +61,9 @@ type Config struct {
 	KVEventsTopic string
 	// KVEventsFormat is array (vLLM <= 0.23) or map (newer vLLM).
 	KVEventsFormat kvpub.Format
+	// KVEventsStyle is vLLM's (default) or llm-d-inference-sim's: batches
+	// numbered from 1 and parent 0 for a chain start in the array form.
+	KVEventsStyle kvpub.Style
 	// KVEventsBufferSteps bounds the replay buffer.
 	KVEventsBufferSteps int
 
@@ -102,14 +87,14 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DefaultConfig is an engine with the seed's timing model and vLLM's
+// DefaultConfig is an engine with the baseline chapter's timing model and vLLM's
 // defaults.
 func DefaultConfig() Config {
 	return Config{
 		Model:               "kvgate-emulated",
 		Host:                "127.0.0.1",
 		Port:                8000,
-		Role:                RoleBoth,
+		Role:                fleet.RoleBoth,
 		Perf:                perfmodel.Default(),
 		MaxNumBatchedTokens: 8192,
 		MaxNumSeqs:          256,
@@ -168,7 +153,7 @@ func (c Config) Validate() error {
 	if c.Model == "" {
 		errs = append(errs, errors.New("model name is required"))
 	}
-	if _, err := ParseRole(string(c.Role)); err != nil {
+	if err := checkRole(c.Role); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.Perf.Validate(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -31,9 +32,9 @@ type Engine struct {
 
 	mu         sync.Mutex
 	addr       string
-	role       Role
-	roleState  string // serving, draining, warming_up
-	targetRole Role
+	role       fleet.Role
+	roleState  string     // serving, draining, warming_up
+	targetRole fleet.Role // meaningful while roleState is not serving
 	started    bool
 	pub        *kvpub.Publisher
 	srv        *httpserve.Server
@@ -52,9 +53,6 @@ const (
 func New(cfg Config) (*Engine, error) {
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
-	}
-	if cfg.Role == "" {
-		cfg.Role = RoleBoth
 	}
 	if cfg.StreamInterval == 0 {
 		cfg.StreamInterval = 1
@@ -114,6 +112,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			ReplayEndpoint: e.cfg.KVEventsReplayEndpoint,
 			Topic:          topic,
 			Format:         e.cfg.KVEventsFormat,
+			Style:          e.cfg.KVEventsStyle,
 			BufferSteps:    e.cfg.KVEventsBufferSteps,
 			Logger:         e.log,
 		})
@@ -232,7 +231,7 @@ func (e *Engine) KVEventsStats() kvpub.Stats {
 }
 
 // Role is the role the engine currently serves.
-func (e *Engine) Role() Role {
+func (e *Engine) Role() fleet.Role {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.role

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
 )
 
@@ -32,7 +33,35 @@ func naturalLength(prompt []uint32) int {
 
 // buildRequest validates a generation request body and turns it into an
 // engine request.
-func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role Role) (*request, *openai.Request, error) {
+func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role fleet.Role) (*request, *openai.Request, error) {
+	req, toks, err := e.parseGeneration(body, chat)
+	if err != nil {
+		return nil, nil, err
+	}
+	kv, err := kvTransferFor(req, role)
+	if err != nil {
+		return nil, nil, err
+	}
+	remoteDecode := kv != nil && kv.DoRemoteDecode
+	maxTokens, natural, err := e.outputLength(req, chat, toks, remoteDecode)
+	if err != nil {
+		return nil, nil, err
+	}
+	rq := e.newRequest(r, req, chat, toks, maxTokens)
+	rq.naturalEnd = natural
+	rq.remoteDecode = remoteDecode
+	if kv != nil && kv.DoRemotePrefill {
+		rq.remotePrefill = &remotePrefill{
+			engineID: kv.RemoteEngineID, host: kv.RemoteHost, port: kv.RemotePort,
+			blockIDs: kv.RemoteBlockIDs, requestID: kv.RemoteRequestID,
+		}
+	}
+	return rq, req, nil
+}
+
+// parseGeneration parses a completion or chat body for this engine's model
+// and returns it with its prompt tokens (at least one).
+func (e *Engine) parseGeneration(body []byte, chat bool) (*openai.Request, []uint32, error) {
 	parse := openai.ParseCompletion
 	if chat {
 		parse = openai.ParseChat
@@ -54,31 +83,23 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role Role
 	if req.N != nil && *req.N != 1 {
 		return nil, nil, openai.BadRequest("n=%d is not supported; only n=1", *req.N).WithParam("n")
 	}
+	return req, toks, nil
+}
+
+// kvTransferFor parses the request's kv_transfer_params (nil without them)
+// and checks that an engine of this role can run its P/D leg.
+func kvTransferFor(req *openai.Request, role fleet.Role) (*openai.KVTransferParams, error) {
 	kv, err := openai.ParseKVTransferParams(req.KVTransferParams)
-	if err != nil {
-		return nil, nil, err
+	if err != nil || kv == nil {
+		return nil, err
 	}
-	remoteDecode := kv != nil && kv.DoRemoteDecode
 	switch {
-	case remoteDecode && role == RoleDecode:
-		return nil, nil, openai.BadRequest("kv_transfer_params.do_remote_decode=true needs a prefill engine; this engine's role is decode")
-	case kv != nil && kv.DoRemotePrefill && role == RolePrefill:
-		return nil, nil, openai.BadRequest("kv_transfer_params.do_remote_prefill=true needs a decode engine; this engine's role is prefill")
+	case kv.DoRemoteDecode && role == fleet.RoleDecode:
+		return nil, openai.BadRequest("kv_transfer_params.do_remote_decode=true needs a prefill engine; this engine's role is decode")
+	case kv.DoRemotePrefill && role == fleet.RolePrefill:
+		return nil, openai.BadRequest("kv_transfer_params.do_remote_prefill=true needs a decode engine; this engine's role is prefill")
 	}
-	maxTokens, natural, err := e.outputLength(req, chat, toks, remoteDecode)
-	if err != nil {
-		return nil, nil, err
-	}
-	rq := e.newRequest(r, req, chat, toks, maxTokens)
-	rq.naturalEnd = natural
-	rq.remoteDecode = remoteDecode
-	if kv != nil && kv.DoRemotePrefill {
-		rq.remotePrefill = &remotePrefill{
-			engineID: kv.RemoteEngineID, host: kv.RemoteHost, port: kv.RemotePort,
-			blockIDs: kv.RemoteBlockIDs, requestID: kv.RemoteRequestID,
-		}
-	}
-	return rq, req, nil
+	return kv, nil
 }
 
 // satAdd is a + b for non-negative a and b, saturating instead of

@@ -7,12 +7,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
 )
 
 func TestPrefillDecodeTwoLegs(t *testing.T) {
-	pre := startEngine(t, func(c *Config) { c.Role = RolePrefill; c.KVHoldTimeout = time.Hour })
+	pre := startEngine(t, func(c *Config) { c.Role = fleet.RolePrefill; c.KVHoldTimeout = time.Hour })
 	dec := startEngine(t, func(c *Config) {
-		c.Role = RoleDecode
+		c.Role = fleet.RoleDecode
 		c.TimeScale = 1                      // real time: HTTP overhead under -race stays small against the 200 ms
 		c.Perf.PrefillTokensPerSec = 500     // a local prefill of 100 tokens would take 200 ms
 		c.Perf.KVTransferTokensPerSec = 5000 // the transfer takes 20 ms
@@ -106,7 +108,7 @@ func TestPrefillDecodeTwoLegs(t *testing.T) {
 }
 
 func TestPrefillHoldExpires(t *testing.T) {
-	pre := startEngine(t, func(c *Config) { c.Role = RolePrefill; c.KVHoldTimeout = 2 * time.Second }) // 20 ms real
+	pre := startEngine(t, func(c *Config) { c.Role = fleet.RolePrefill; c.KVHoldTimeout = 2 * time.Second }) // 20 ms real
 	r := complete(t, pre, map[string]any{"prompt": "hold these blocks please", "max_tokens": 1,
 		"kv_transfer_params": map[string]any{"do_remote_decode": true}})
 	if r.KVTransferParams == nil {
@@ -131,7 +133,7 @@ func TestRoleSwitch(t *testing.T) {
 	resp, out := postJSON(t, e.URL()+"/admin/role", map[string]any{"role": "prefill"})
 	var st RoleStatus
 	json.Unmarshal(out, &st)
-	if resp.StatusCode != http.StatusAccepted || st.State != stateDraining || st.TargetRole != RolePrefill || st.Role != RoleBoth {
+	if resp.StatusCode != http.StatusAccepted || st.State != stateDraining || st.TargetRole == nil || *st.TargetRole != fleet.RolePrefill || st.Role != fleet.RoleBoth {
 		t.Fatalf("switch: %d %s", resp.StatusCode, out)
 	}
 	// New work is refused while draining.
@@ -164,8 +166,9 @@ func TestRoleSwitch(t *testing.T) {
 		b.Write(buf[:n])
 		return r, []byte(b.String())
 	}()
+	st = RoleStatus{}
 	json.Unmarshal(out, &st)
-	if st.Role != RolePrefill || st.State != stateServing {
+	if st.Role != fleet.RolePrefill || st.State != stateServing || st.TargetRole != nil {
 		t.Errorf("after switch: %s", out)
 	}
 	// Serving again, in the new role.

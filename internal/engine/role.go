@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
 )
 
@@ -14,21 +15,23 @@ import (
 var errSwitching = errors.New("engine is switching role; not admitting new requests")
 
 // admit returns the role that serves a new request, or errSwitching.
-func (e *Engine) admit() (Role, error) {
+func (e *Engine) admit() (fleet.Role, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.roleState != stateServing {
-		return "", errSwitching
+		return 0, errSwitching
 	}
 	return e.role, nil
 }
 
 // RoleStatus is the answer of GET /admin/role.
 type RoleStatus struct {
-	Role       Role   `json:"role"`
-	State      string `json:"state"`
-	TargetRole Role   `json:"target_role,omitempty"`
-	InFlight   int    `json:"in_flight"`
+	Role  fleet.Role `json:"role"`
+	State string     `json:"state"`
+	// TargetRole is the role being switched to; nil (no target_role in
+	// the JSON) while serving.
+	TargetRole *fleet.Role `json:"target_role,omitempty"`
+	InFlight   int         `json:"in_flight"`
 }
 
 // RoleStatus reports the role and any switch in progress.
@@ -37,7 +40,8 @@ func (e *Engine) RoleStatus() RoleStatus {
 	defer e.mu.Unlock()
 	st := RoleStatus{Role: e.role, State: e.roleState, InFlight: int(e.sched.inflight.Load())}
 	if e.roleState != stateServing {
-		st.TargetRole = e.targetRole
+		to := e.targetRole
+		st.TargetRole = &to
 	}
 	return st
 }
@@ -45,8 +49,8 @@ func (e *Engine) RoleStatus() RoleStatus {
 // SwitchRole starts a role change: stop admitting, drain the requests in
 // flight, wait the warm-up delay, then serve as to. It returns at once; the
 // switch runs in the background (see RoleStatus).
-func (e *Engine) SwitchRole(to Role) error {
-	if _, err := ParseRole(string(to)); err != nil {
+func (e *Engine) SwitchRole(to fleet.Role) error {
+	if err := checkRole(to); err != nil {
 		return err
 	}
 	e.mu.Lock()
@@ -70,7 +74,7 @@ func (e *Engine) SwitchRole(to Role) error {
 	return nil
 }
 
-func (e *Engine) runSwitch(ctx context.Context, to Role) {
+func (e *Engine) runSwitch(ctx context.Context, to fleet.Role) {
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for e.sched.inflight.Load() > 0 {
@@ -91,9 +95,27 @@ func (e *Engine) runSwitch(ctx context.Context, to Role) {
 	case <-warm.C:
 	}
 	e.mu.Lock()
-	e.role, e.roleState, e.targetRole = to, stateServing, ""
+	e.role, e.roleState = to, stateServing
 	e.mu.Unlock()
 	e.log.Info("role switch: serving", "role", to)
+}
+
+// checkRole rejects a fleet.Role value outside the three roles.
+func checkRole(r fleet.Role) error {
+	if r > fleet.RoleDecode {
+		return fmt.Errorf("role must be both, prefill or decode, got %d", r)
+	}
+	return nil
+}
+
+// parseRequiredRole parses a role an operator names; unlike
+// fleet.ParseRole it does not read "" as both.
+func parseRequiredRole(s string) (fleet.Role, error) {
+	r, err := fleet.ParseRole(s)
+	if s == "" || err != nil {
+		return 0, fmt.Errorf("role must be both, prefill or decode, got %q", s)
+	}
+	return r, nil
 }
 
 func (e *Engine) handleGetRole(w http.ResponseWriter, _ *http.Request) {
@@ -108,7 +130,7 @@ func (e *Engine) handleSetRole(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, err)
 		return
 	}
-	to, err := ParseRole(body.Role)
+	to, err := parseRequiredRole(body.Role)
 	if err != nil {
 		openai.WriteError(w, openai.BadRequest("%v", err).WithParam("role"))
 		return

@@ -67,6 +67,25 @@ func BenchmarkGatewayHandler(b *testing.B) {
 			i++
 		}
 	})
+	small := []byte(`{"model":"gw-model","prompt":"hi","max_tokens":1}`)
+	b.Run("small/kvgate", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/completions", bytes.NewReader(small)))
+		}
+	})
+	b.Run("small/direct-upstream-post", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			resp, err := http.Post(up.URL+"/v1/completions", "application/json", bytes.NewReader(small))
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	})
 	b.Run("chat4k/direct-upstream-post", func(b *testing.B) {
 		i := 0
 		for b.Loop() {

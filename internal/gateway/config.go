@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/tokens"
@@ -57,6 +58,12 @@ type Config struct {
 	HTTP            httpserve.Config `yaml:"http"`
 	UpstreamTimeout time.Duration    `yaml:"upstream_timeout"` // whole request; 0: none
 	ConnectTimeout  time.Duration    `yaml:"connect_timeout"`
+	// Health configures the active checks, passive ejection and /metrics
+	// scraping of every endpoint (internal/health; kvgate serve runs it).
+	Health health.Config `yaml:"health"`
+	// NoHealthChecks turns the prober off: every endpoint is taken as
+	// healthy and no engine metrics are read.
+	NoHealthChecks bool `yaml:"no_health_checks"`
 	// MaxInflight bounds requests being proxied at once; beyond it the
 	// gateway answers 429 at once.
 	MaxInflight int `yaml:"max_inflight"`

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
@@ -33,28 +34,20 @@ import (
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
-// Health tells the gateway which endpoints may take traffic and hears what
-// the proxy sees (internal/health implements it). Without one every
-// endpoint is taken as healthy.
-type Health interface {
-	Healthy(name string) bool
-	ReportFailure(name string, err error)
-	ReportSuccess(name string)
-}
-
-// EngineState is what the gateway knows of an engine from its own metrics
-// (internal/enginemetrics); ok is false when unknown or stale.
-type EngineState interface {
-	KVFree(name string) (freeTokens int, usage float64, ok bool)
-}
+// metricsStaleness is how old an engine's scraped metrics may be and
+// still count.
+const metricsStaleness = 10 * time.Second
 
 // Options are a Gateway's collaborators; zero values are fine.
 type Options struct {
 	Logger *slog.Logger
 	// Now is the clock (default time.Now).
-	Now    func() time.Time
-	Health Health
-	Engine EngineState
+	Now func() time.Time
+	// Health, when set, takes failing endpoints out of the snapshot (its
+	// active checks and the proxy's failure reports) and supplies the
+	// engines' scraped metrics (KV room and usage); the gateway keeps its
+	// endpoint set current (Set).
+	Health *health.Prober
 	// Transport overrides the upstream transport (tests).
 	Transport http.RoundTripper
 }
@@ -66,8 +59,7 @@ type Gateway struct {
 	log    *slog.Logger
 	now    func() time.Time
 	start  time.Time
-	health Health
-	engine EngineState
+	health *health.Prober
 
 	sched  atomic.Pointer[sched.Scheduler] // replaced whole on reload
 	policy string
@@ -79,6 +71,7 @@ type Gateway struct {
 	shed   shedder
 	bodies *httpserve.BodyLimiter
 
+	setMu   sync.Mutex // one SetEndpoints at a time
 	mu      sync.RWMutex
 	members map[string]*member
 	models  map[string]*modelFleet
@@ -87,13 +80,15 @@ type Gateway struct {
 
 	inflight atomic.Int64
 	reqSeq   atomic.Uint64
+	bufs     sync.Pool // *[]byte: relay's 32 KiB copy buffers
 }
 
 // member is one endpoint the gateway knows.
 type member struct {
-	ep   fleet.Endpoint
-	kvID kvindex.EndpointID
-	obs  observed
+	ep      fleet.Endpoint
+	kvID    kvindex.EndpointID
+	obs     observed
+	removed atomic.Bool // left the fleet; its index id may be reused
 }
 
 // modelFleet is the endpoints serving one model that may take traffic now,
@@ -102,6 +97,7 @@ type modelFleet struct {
 	name    string
 	load    *load.Fleet
 	members []*member
+	matcher *kvindex.Matcher // the index, in members' order
 }
 
 // New builds a gateway from a validated config.
@@ -133,7 +129,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, engine: o.Engine,
+		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health,
 		policy:  cfg.Policy,
 		toks:    toks,
 		idx:     kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),
@@ -155,11 +151,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			evs = append(evs, kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay})
 		}
 	}
-	if len(evs) > 0 || cfg.BindEvents != "" {
-		g.sub, err = kvevents.New(kvevents.Config{Engines: evs, BindEvents: cfg.BindEvents, Logger: o.Logger}, g.idx)
-		if err != nil {
-			return nil, err
-		}
+	// The subscriber runs even without engines with events: discovery may
+	// bring some.
+	g.sub, err = kvevents.New(kvevents.Config{Engines: evs, BindEvents: cfg.BindEvents, Logger: o.Logger}, g.idx)
+	if err != nil {
+		return nil, err
 	}
 	if err := g.SetEndpoints(cfg.Endpoints); err != nil {
 		return nil, err
@@ -185,9 +181,7 @@ func newTransport(connect time.Duration) *http.Transport {
 // ends.
 func (g *Gateway) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
-	if g.sub != nil {
-		go func() { errc <- g.sub.Run(ctx) }()
-	}
+	go func() { errc <- g.sub.Run(ctx) }()
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -209,31 +203,66 @@ func (g *Gateway) Run(ctx context.Context) error {
 func (g *Gateway) clock() float64 { return g.now().Sub(g.start).Seconds() }
 
 // SetEndpoints replaces the fleet (discovery calls it): new endpoints are
-// registered in the index, removed ones leave the snapshot at once and
-// their requests in flight finish where they are.
+// registered in the index and their KV events subscribed, removed ones
+// leave the snapshot at once, their event streams stop and their index
+// entries go; their requests in flight finish where they are. An invalid
+// list changes nothing.
 func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 	eps, err := fleet.Validate(eps)
 	if err != nil {
 		return err
 	}
+	g.setMu.Lock()
+	defer g.setMu.Unlock()
 	g.mu.Lock()
 	next := make(map[string]*member, len(eps))
+	var gone []*member
 	for _, e := range eps {
-		m := g.members[e.Name]
-		if m == nil || m.ep.Model != e.Model {
+		if m := g.members[e.Name]; m != nil && m.ep.Model == e.Model {
+			next[e.Name] = m
+		}
+	}
+	for name, m := range g.members {
+		if next[name] != m {
+			gone = append(gone, m)
+		}
+	}
+	g.mu.Unlock()
+	// Streams of gone engines stop before their index ids are freed, so
+	// no late event lands on a reused id.
+	var evs []kvevents.EngineConfig
+	for _, e := range eps {
+		if e.Events != "" {
+			evs = append(evs, kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay})
+		}
+	}
+	subErr := g.sub.SetEngines(evs)
+	for _, m := range gone {
+		m.removed.Store(true)
+		_ = g.idx.RemoveEndpoint(m.kvID) // absent already: nothing to free
+	}
+	for _, e := range eps {
+		m := next[e.Name]
+		if m == nil {
 			id, err := g.idx.AddEndpoint(e.Name, e.Model)
 			if err != nil {
-				g.mu.Unlock()
 				return fmt.Errorf("endpoint %s: %w", e.Name, err)
 			}
 			m = &member{kvID: id}
+			next[e.Name] = m
 		}
 		m.ep = e
-		next[e.Name] = m
 	}
+	g.mu.Lock()
 	g.members = next
 	g.mu.Unlock()
+	if g.health != nil {
+		g.health.Set(eps)
+	}
 	g.refresh()
+	if subErr != nil {
+		return fmt.Errorf("kv events: %w", subErr)
+	}
 	return nil
 }
 
@@ -244,7 +273,7 @@ func (g *Gateway) refresh() {
 	defer g.mu.Unlock()
 	byModel := map[string][]*member{}
 	for _, m := range g.members {
-		if g.health == nil || g.health.Healthy(m.ep.Name) {
+		if g.health == nil || g.health.Available(m.ep.Name) {
 			byModel[m.ep.Model] = append(byModel[m.ep.Model], m)
 		}
 	}
@@ -266,13 +295,18 @@ func (g *Gateway) refresh() {
 		mf := g.models[name]
 		if mf == nil {
 			mf = &modelFleet{name: name, load: load.New(nil, load.NeedsActive(g.sched.Load().Policy))}
+			mf.load.SetPredictor(newPredictor())
 			g.models[name] = mf
 		}
 		if sameMembers(mf.members, ms) {
 			continue
 		}
 		mf.load.Set(infos)
-		mf.members = ms
+		ids := make([]kvindex.EndpointID, len(ms))
+		for i, m := range ms {
+			ids[i] = m.kvID
+		}
+		mf.members, mf.matcher = ms, g.idx.NewMatcher(name, ids)
 	}
 }
 

@@ -11,11 +11,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
 )
 
@@ -24,7 +26,7 @@ const testModel = "gw-model"
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // startEngine starts an in-process emulator with KV events on loopback.
-func startEngine(t *testing.T, role engine.Role, mut func(*engine.Config)) *engine.Engine {
+func startEngine(t *testing.T, role fleet.Role, mut func(*engine.Config)) *engine.Engine {
 	t.Helper()
 	cfg := engine.DefaultConfig()
 	cfg.Model, cfg.Port, cfg.Role = testModel, 0, role
@@ -115,8 +117,8 @@ func prefix(tag string) string {
 }
 
 func TestAggregatedStreamingAndAffinity(t *testing.T) {
-	e1 := startEngine(t, engine.RoleBoth, nil)
-	e2 := startEngine(t, engine.RoleBoth, nil)
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	e2 := startEngine(t, fleet.RoleBoth, nil)
 	cfg := Config{
 		Endpoints:  []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)},
 		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e1.URL()},
@@ -211,8 +213,8 @@ func TestStreamingIsNotBuffered(t *testing.T) {
 }
 
 func TestPrefillDecodeTwoLegs(t *testing.T) {
-	p := startEngine(t, engine.RolePrefill, nil)
-	d := startEngine(t, engine.RoleDecode, nil)
+	p := startEngine(t, fleet.RolePrefill, nil)
+	d := startEngine(t, fleet.RoleDecode, nil)
 	cfg := Config{
 		Endpoints:  []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)},
 		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + p.URL()},
@@ -322,8 +324,8 @@ func TestRejectionUnderOverloadSparesHigherPriority(t *testing.T) {
 }
 
 func TestEngineDownRetriesElsewhere(t *testing.T) {
-	e1 := startEngine(t, engine.RoleBoth, nil)
-	e2 := startEngine(t, engine.RoleBoth, nil)
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	e2 := startEngine(t, fleet.RoleBoth, nil)
 	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)}, Policy: "round-robin"}
 	g, url, admin := startGateway(t, cfg, Options{})
 	e1.Close()
@@ -361,6 +363,12 @@ func TestSetEndpointsAddsAndRemoves(t *testing.T) {
 	if r := post(t, url+"/v1/completions", completion("x", false, 1), nil); r.header.Get(hdrPrefill) != "b" {
 		t.Fatalf("served by %q after a was replaced by b", r.header.Get(hdrPrefill))
 	}
+	// Pod churn leaks nothing: a's index endpoint is gone.
+	for _, s := range g.idx.Stats() {
+		if s.Endpoint == "a" {
+			t.Fatalf("removed endpoint still in the index: %+v", s)
+		}
+	}
 	if err := g.SetEndpoints([]fleet.Endpoint{{Name: "b", Model: testModel, URL: "ftp://x"}}); err == nil {
 		t.Fatal("a bad endpoint list must be refused")
 	}
@@ -395,5 +403,110 @@ func getJSON(t *testing.T, url string, v any) {
 	t.Helper()
 	if err := json.Unmarshal([]byte(get(t, url)), v); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHealthTakesEndpointsOutAndBack: an endpoint whose /health fails
+// leaves the snapshot and comes back when it recovers; a dead engine the
+// proxy keeps failing on is ejected.
+func TestHealthTakesEndpointsOutAndBack(t *testing.T) {
+	var sick atomic.Bool
+	mk := func(name string, flaky bool) fleet.Endpoint {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/health" && flaky && sick.Load() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			io.Copy(io.Discard, r.Body)
+			fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+		}))
+		t.Cleanup(s.Close)
+		return fleet.Endpoint{Name: name, URL: s.URL, Model: testModel}
+	}
+	eps := []fleet.Endpoint{mk("a", true), mk("b", false)}
+	pr, err := health.New(health.Config{Interval: 20 * time.Millisecond, Timeout: time.Second, NoMetrics: true, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	g, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "round-robin"}, Options{Health: pr})
+	sick.Store(true)
+	waitFor(t, func() bool {
+		for _, st := range g.endpointStates() {
+			if st.Name == "a" {
+				return !st.Eligible
+			}
+		}
+		return false
+	})
+	for i := 0; i < 4; i++ {
+		if r := post(t, url+"/v1/completions", completion("x", false, 1), nil); r.header.Get(hdrPrefill) != "b" {
+			t.Fatalf("sick endpoint served request %d", i)
+		}
+	}
+	sick.Store(false)
+	waitFor(t, func() bool {
+		seen := map[string]bool{}
+		for i := 0; i < 4; i++ {
+			seen[post(t, url+"/v1/completions", completion("x", false, 1), nil).header.Get(hdrPrefill)] = true
+		}
+		return seen["a"] && seen["b"]
+	})
+}
+
+// TestClientDisconnectCancelsUpstream: a client that goes away mid-stream
+// cancels the engine's request, and nothing stays counted in flight.
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	cancelled := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	defer up.Close()
+	g, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel}}}, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(completion("x", true, 100)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufio.NewReader(resp.Body).ReadString('\n')
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the engine's request was not cancelled")
+	}
+	waitFor(t, func() bool {
+		st := g.endpointStates()
+		return g.inflight.Load() == 0 && st[0].Load.InflightRequests == 0 && st[0].Load.InflightUncached == 0
+	})
+}
+
+// TestConditionalDisaggregation: in a P/D fleet a request whose uncached
+// part on the decode endpoint is short runs there alone.
+func TestConditionalDisaggregation(t *testing.T) {
+	p := startEngine(t, fleet.RolePrefill, nil)
+	d := startEngine(t, fleet.RoleDecode, nil)
+	cfg := Config{
+		Endpoints:          []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)},
+		Tokenizers:         []string{"model=" + testModel + ",source=engine,url=" + p.URL()},
+		LocalPrefillTokens: 64,
+	}
+	_, url, _ := startGateway(t, cfg, Options{})
+	short := post(t, url+"/v1/completions", completion("a short prompt", false, 3), nil)
+	if short.status != 200 || short.header.Get(hdrPrefill) != d.Addr() || short.header.Get(hdrDecode) != d.Addr() {
+		t.Fatalf("short prompt: %d prefill %s decode %s: %s", short.status, short.header.Get(hdrPrefill), short.header.Get(hdrDecode), short.body)
+	}
+	long := post(t, url+"/v1/completions", completion(prefix("long"), false, 3), nil)
+	if long.status != 200 || long.header.Get(hdrPrefill) != p.Addr() || long.header.Get(hdrDecode) != d.Addr() {
+		t.Fatalf("long prompt: %d prefill %s decode %s", long.status, long.header.Get(hdrPrefill), long.header.Get(hdrDecode))
 	}
 }

@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/predict"
 	"github.com/kvgate/kvgate/internal/sched"
 )
 
@@ -34,7 +36,7 @@ func (g *Gateway) AdminHandler() http.Handler {
 		openai.WriteJSON(w, http.StatusOK, map[string]any{"endpoints": g.endpointStates()})
 	})
 	kv := &kvindex.Admin{Index: g.idx, Tokens: g.toks}
-	if g.sub != nil {
+	{
 		kv.Events = func() []kvindex.EndpointEvents {
 			var out []kvindex.EndpointEvents
 			for _, s := range g.sub.Stats() {
@@ -93,6 +95,11 @@ type EndpointState struct {
 	Load     endpointLoad `json:"load"`
 	KVBlocks int64        `json:"kv_index_gpu_blocks"`
 	TPOT     float64      `json:"observed_tpot_seconds"`
+	// Predictor is the endpoint's prefill model: learned speed and recent
+	// TTFT prediction error.
+	Predictor *predict.Stats `json:"predictor,omitempty"`
+	// Health is the prober's view (checks, ejection, scraped metrics).
+	Health *health.State `json:"health,omitempty"`
 }
 
 func (g *Gateway) endpointStates() []EndpointState {
@@ -112,12 +119,22 @@ func (g *Gateway) endpointStates() []EndpointState {
 			seen[m.ep.Name] = true
 			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
 				Eligible: true, Load: loadOf(&snap.Endpoints[i]), KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
+			if st, ok := mf.load.PredictorStats(m.ep.Name); ok && m.ep.Role != fleet.RoleDecode {
+				out[len(out)-1].Predictor = &st
+			}
 		}
 	}
 	for _, m := range g.members {
 		if !seen[m.ep.Name] {
 			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
 				KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
+		}
+	}
+	if g.health != nil {
+		for i := range out {
+			if st, ok := g.health.State(out[i].Name); ok {
+				out[i].Health = &st
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

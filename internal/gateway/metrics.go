@@ -64,12 +64,14 @@ var (
 	descInflight = prometheus.NewDesc("kvgate_endpoint_inflight_requests", "Requests routed to the endpoint and not finished.", []string{"endpoint", "model"}, nil)
 	descUncached = prometheus.NewDesc("kvgate_endpoint_inflight_uncached_tokens", "Uncached prompt tokens routed to the endpoint and not yet past their prefill.", []string{"endpoint", "model"}, nil)
 	descWait     = prometheus.NewDesc("kvgate_endpoint_predicted_queue_seconds", "Predicted prefill queue wait.", []string{"endpoint", "model"}, nil)
+	descSpeed    = prometheus.NewDesc("kvgate_endpoint_learned_prefill_speed", "Prefill speed (tokens/s) the endpoint's predictor expects for a 2048-token uncached prompt.", []string{"endpoint", "model"}, nil)
+	descPredErr  = prometheus.NewDesc("kvgate_endpoint_ttft_prediction_error", "Recent absolute percentage error of the endpoint's predicted TTFT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
 	descLag      = prometheus.NewDesc("kvgate_kv_events_last_seq", "Last KV-event sequence number applied per engine.", []string{"endpoint", "model"}, nil)
 	descGaps     = prometheus.NewDesc("kvgate_kv_events_gaps_total", "KV-event sequence gaps per engine.", []string{"endpoint", "model"}, nil)
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descLag, descGaps} {
+	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descSpeed, descPredErr, descLag, descGaps} {
 		ch <- d
 	}
 }
@@ -78,9 +80,13 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range c.g.endpointStates() {
 		ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(st.Load.InflightRequests), st.Name, st.Model)
 		ch <- prometheus.MustNewConstMetric(descUncached, prometheus.GaugeValue, float64(st.Load.InflightUncached), st.Name, st.Model)
+		if p := st.Predictor; p != nil {
+			ch <- prometheus.MustNewConstMetric(descSpeed, prometheus.GaugeValue, p.Speed, st.Name, st.Model)
+			ch <- prometheus.MustNewConstMetric(descPredErr, prometheus.GaugeValue, p.APE, st.Name, st.Model)
+		}
 		ch <- prometheus.MustNewConstMetric(descWait, prometheus.GaugeValue, st.Load.QueueWait, st.Name, st.Model)
 	}
-	if c.g.sub != nil {
+	{
 		for _, s := range c.g.sub.Stats() {
 			if s.LastSeq != nil {
 				ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(*s.LastSeq), s.Endpoint, s.Model)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/predict"
 )
 
 // Headers kvgate sets on responses; a client can never set them on the way
@@ -181,11 +182,11 @@ func (e *upstreamError) Unwrap() error { return e.err }
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *plan) (string, error) {
 	lf := p.mf.load
 	uncached := max(rt.promptN-p.dec.CachedTokens, 0)
-	fl := lf.Route(p.pEP, g.clock(), load.Work{Uncached: uncached,
+	fl := lf.Route(p.pEP, g.clock(), load.Work{Uncached: uncached, Cached: min(p.dec.CachedTokens, rt.promptN),
 		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
 		Keys:           rt.prep.Keys, PrefillSeconds: prefillSeconds(uncached, p.pEP)})
 	defer func() { lf.Finish(fl, g.clock()) }()
-	g.idx.Routed(p.prefill.kvID, rt.prep.Keys)
+	g.routed(p.prefill, rt.prep.Keys)
 	g.met.promptTokens.Add(float64(rt.promptN))
 	g.met.hitTokens.Add(float64(min(p.dec.CachedTokens, rt.promptN)))
 	h := w.Header()
@@ -205,12 +206,12 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	if p.decode != nil {
 		h.Set(hdrDecode, p.decode.ep.Name)
 		lf.Decode(fl, p.dEP)
-		g.idx.Routed(p.decode.kvID, rt.prep.Keys)
+		g.routed(p.decode, rt.prep.Keys)
 		params, err := g.prefillLeg(ctx, r, rt, p)
 		if err != nil {
 			return p.prefill.ep.Name, err
 		}
-		lf.PrefillDone(fl, g.clock())
+		lf.FirstToken(fl, g.clock()) // the prefill leg's answer: an observed prefill
 		if body, err = rt.req.DecodeBody(params); err != nil {
 			return "", openai.Errorf(http.StatusBadGateway, "prefill endpoint %s: %v", p.prefill.ep.Name, err)
 		}
@@ -230,7 +231,29 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		return target.ep.Name, err
 	}
 	defer resp.Body.Close()
-	return "", g.relay(w, resp, rt, target, func() { lf.PrefillDone(fl, g.clock()) })
+	firstByte := func() { lf.PrefillDone(fl, g.clock()) }
+	if rt.req.Stream { // the first streamed byte is an observed TTFT: the predictor learns
+		firstByte = func() { lf.FirstToken(fl, g.clock()) }
+	}
+	return "", g.relay(w, resp, rt, target, firstByte)
+}
+
+// newPredictor is each model fleet's prefill predictor: learned online
+// from observed first tokens, starting from the configured speeds.
+func newPredictor() predict.Predictor {
+	l, err := predict.NewLearned(predict.Options{})
+	if err != nil {
+		panic(err) // the default options are valid
+	}
+	return l
+}
+
+// routed records approximately that m will hold keys (its KV events
+// confirm or correct it).
+func (g *Gateway) routed(m *member, keys []uint64) {
+	if !m.removed.Load() {
+		g.idx.Routed(m.kvID, keys)
+	}
 }
 
 // prefillSeconds is the predicted compute time of n uncached tokens on e.
@@ -317,7 +340,13 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
-	buf := make([]byte, 32<<10)
+	bp, _ := g.bufs.Get().(*[]byte)
+	if bp == nil {
+		b := make([]byte, 32<<10)
+		bp = &b
+	}
+	defer g.bufs.Put(bp)
+	buf := *bp
 	first := true
 	var firstAt time.Time
 	chunks := 0

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/enginemetrics"
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/sched"
@@ -157,27 +157,6 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	return nil
 }
 
-// indexCache adapts the KV index to load.PrefixCache for one model's
-// snapshot order.
-type indexCache struct {
-	idx     *kvindex.Index
-	model   string
-	members []*member
-	buf     []kvindex.Match
-}
-
-func (c *indexCache) CachedBlocks(keys []uint64, matched []int) {
-	c.buf = c.idx.Lookup(c.model, keys, c.buf[:0])
-	clear(matched)
-	for _, m := range c.buf {
-		for i, mb := range c.members {
-			if mb.kvID == m.Endpoint && i < len(matched) {
-				matched[i] = m.Blocks
-			}
-		}
-	}
-}
-
 // decide builds the snapshot and asks the scheduler; exclude names
 // endpoints a retry must avoid.
 func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
@@ -188,10 +167,9 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 		return nil, openai.NotFound("The model `%s` does not exist.", rt.req.Model).WithParam("model")
 	}
 	g.mu.RLock()
-	members := mf.members
+	members, matcher := mf.members, mf.matcher
 	snap := sched.Snapshot{BlockSize: g.cfg.BlockSize}
-	ic := &indexCache{idx: g.idx, model: mf.name, members: members}
-	eps := mf.load.Snapshot(g.clock(), rt.promptN, rt.prep.Keys, ic, nil, &snap)
+	eps := mf.load.Snapshot(g.clock(), rt.promptN, rt.prep.Keys, matcher, nil, &snap)
 	g.mu.RUnlock()
 	if len(eps) != len(members) {
 		return nil, openai.Unavailable(time.Second, "the fleet of model %q is changing; retry", rt.req.Model)
@@ -242,15 +220,22 @@ func dropEndpoint(name string, members []*member, eps []*load.Endpoint, s *sched
 // fillEngineState adds what the engines' metrics and observed latencies
 // say: KV room and usage, and decode TPOT.
 func (g *Gateway) fillEngineState(members []*member, s *sched.Snapshot) {
+	now := g.now()
 	for i, m := range members {
 		e := &s.Endpoints[i]
 		e.KVFreeTokens = math.MaxInt32 // unknown: do not reject for room
-		if g.engine != nil {
-			if free, usage, ok := g.engine.KVFree(m.ep.Name); ok {
-				e.KVFreeTokens, e.KVUsage = free, usage
-			}
-		}
 		e.DecodeTPOT = m.obs.tpot()
+		if g.health == nil {
+			continue
+		}
+		mt, ok := g.health.Metrics(m.ep.Name)
+		if !ok || !mt.Fresh(now, metricsStaleness) || !mt.Has(enginemetrics.FieldKVUsage) {
+			continue
+		}
+		e.KVUsage = min(max(mt.KVUsage, 0), 1)
+		if c := mt.CapacityTokens(); c > 0 {
+			e.KVFreeTokens = int(float64(c) * (1 - e.KVUsage))
+		}
 	}
 }
 

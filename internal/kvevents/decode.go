@@ -49,6 +49,11 @@ type Event struct {
 	GroupKind    kvindex.GroupKind // kv_cache_spec_kind, valid when HasGroupKind
 	HasGroupKind bool
 	Window       int // kv_cache_spec_sliding_window in tokens, 0 when absent
+	// ExtraKeys is, per stored block, the raw msgpack of its extra_keys
+	// entry (multimodal hashes, LoRA name, cache salt, prompt-embedding
+	// hashes), nil for a nil entry; empty when the field is absent or nil.
+	// The slices point into the payload: valid until it is reused.
+	ExtraKeys [][]byte
 }
 
 // Batch is one decoded payload: [ts, [events...], data_parallel_rank] or the
@@ -183,7 +188,7 @@ func decodeEvents(r *reader, b *Batch) error {
 }
 
 func resetEvent(e *Event) {
-	*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0], Medium: kvindex.TierGPU}
+	*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0], ExtraKeys: e.ExtraKeys[:0], Medium: kvindex.TierGPU}
 }
 
 func kindOf(tag []byte) Kind {
@@ -353,13 +358,58 @@ func decodeField(r *reader, e *Event, name string) error {
 				e.Window = int(v)
 			}
 		}
-	default: // extra_keys and anything unknown
+	case "extra_keys":
+		if !r.isNil() {
+			err = decodeExtraKeys(r, e)
+		}
+	default: // anything unknown
 		err = r.skip()
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
 	return nil
+}
+
+// decodeExtraKeys keeps each block's extra_keys entry as raw msgpack.
+func decodeExtraKeys(r *reader, e *Event) error {
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	for j := 0; j < n; j++ {
+		if r.isNil() {
+			e.ExtraKeys = append(e.ExtraKeys, nil)
+			continue
+		}
+		start := r.i
+		if err := r.skip(); err != nil {
+			return err
+		}
+		e.ExtraKeys = append(e.ExtraKeys, r.b[start:r.i:r.i])
+	}
+	return nil
+}
+
+// onlyLoRA reports whether a block's raw extra_keys entry carries nothing
+// the router's keys lack: an empty array, or strings equal to the LoRA
+// name (vLLM lists the adapter's name among a block's extra keys).
+func onlyLoRA(raw []byte, lora string) bool {
+	r := reader{b: raw}
+	n, err := r.arrayLen()
+	if err != nil {
+		return false
+	}
+	for j := 0; j < n; j++ {
+		if k, err := r.peekKind(); err != nil || k != mpStr {
+			return false
+		}
+		s, err := r.bytesOrStr()
+		if err != nil || string(s) != lora {
+			return false
+		}
+	}
+	return r.done()
 }
 
 // maxGroups bounds group_idx (hybrid models have a handful of groups).

@@ -115,7 +115,8 @@ func TestDecodeForms(t *testing.T) {
 			want: []Event{{Kind: KindBlockStored, BlockHashes: []uint64{1 << 63, 0xffffffffffffffff},
 				Parent: 0x18191a1b1c1d1e1f, HasParent: true, TokenIDs: []uint32{1, 300, 70000}, BlockSize: 16,
 				LoRAID: 7, HasLoRAID: true, Medium: kvindex.TierCPU, LoRAName: "adapter", Group: 2,
-				GroupKind: kvindex.GroupSlidingWindow, HasGroupKind: true, Window: 4096}},
+				GroupKind: kvindex.GroupSlidingWindow, HasGroupKind: true, Window: 4096,
+				ExtraKeys: [][]byte{nil, {0x91, 0xa4, 's', 'a', 'l', 't'}}}},
 		},
 		{
 			name: "map form, omitted defaults, unknown keys",

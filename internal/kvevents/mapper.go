@@ -1,6 +1,11 @@
 package kvevents
 
 import (
+	"bytes"
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
@@ -149,13 +154,19 @@ func (m *mapper) stored(e *Event) {
 	c := chain{last: tokens.RootKey}
 	if e.HasParent {
 		p, ok := m.nodes.get(e.Parent)
-		if !ok {
+		switch {
+		case !ok && e.Parent == 0:
+			// Parent 0 never stored: "no parent" in the positional form
+			// of publishers that cannot send nil (llm-d-inference-sim).
+			// The blocks start a chain.
+		case !ok:
 			// The parent was stored before we listened, or its event was
 			// lost for good: these blocks cannot be placed in the chain.
 			m.st.orphans.Add(int64(n))
 			return
+		default:
+			m.after(&c, e.Parent, p)
 		}
-		m.after(&c, e.Parent, p)
 	}
 	extra := tokens.LoRAExtra(e.LoRAName)
 	bit := heldBit(e.Group, e.Medium)
@@ -163,10 +174,38 @@ func (m *mapper) stored(e *Event) {
 	for lo := 0; lo < n; lo += step {
 		hi := min(n, lo+step)
 		m.makeRoom(hi - lo)
-		m.storeRange(e, lo, hi, &c, extra, bit)
+		if len(e.ExtraKeys) == 0 {
+			m.storeRange(e, lo, hi, &c, extra, bit)
+			continue
+		}
+		// Runs of blocks with the same extra keys.
+		for j := lo; j < hi; {
+			x := blockExtra(e, j, extra)
+			k := j + 1
+			for k < hi && bytes.Equal(blockExtra(e, k, extra), x) {
+				k++
+			}
+			m.storeRange(e, j, k, &c, x, bit)
+			j = k
+		}
 	}
 	m.st.storedBlocks.Add(int64(n))
 	m.trimBuffers()
+}
+
+// blockExtra is the extra bytes of block j's router key: the LoRA extra
+// (lora), plus, when the engine hashed the block with extra keys the
+// router cannot know (multimodal input hashes, a cache salt, prompt
+// embeddings), a hash of those. Such blocks then never match a lookup of
+// the same token ids without them: two images behind equal placeholder
+// tokens, or two salts, are different prefixes.
+func blockExtra(e *Event, j int, lora []byte) []byte {
+	if j >= len(e.ExtraKeys) || e.ExtraKeys[j] == nil || onlyLoRA(e.ExtraKeys[j], e.LoRAName) {
+		return lora
+	}
+	x := append([]byte(nil), lora...)
+	x = append(x, "\x00engine-extra-keys\x00"...)
+	return binary.LittleEndian.AppendUint64(x, xxhash.Sum64(e.ExtraKeys[j]))
 }
 
 // storeRange stores blocks [lo, hi) of e, continuing chain c, and sends

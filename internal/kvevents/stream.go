@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -74,16 +75,30 @@ func (s *EngineStats) snapshot() EngineSnapshot {
 // stream is one engine's event stream: sequence tracking, replay and the
 // engine→router map. It belongs to one goroutine.
 type stream struct {
-	cfg     EngineConfig
-	m       *mapper
-	st      *EngineStats
-	rep     replayer // nil without a replay endpoint
-	log     *slog.Logger
-	sock    atomic.Pointer[zmtp.Sub] // per-engine mode: its SUB, for Stats
-	batch   Batch
-	started bool
-	next    uint64 // next expected sequence number, unless past
-	past    bool   // 2^64-1 was applied: every sequence number is behind
+	cfg      EngineConfig
+	m        *mapper
+	st       *EngineStats
+	rep      replayer // nil without a replay endpoint
+	log      *slog.Logger
+	sock     atomic.Pointer[zmtp.Sub] // per-engine mode: its SUB, for Stats
+	stopMu   sync.Mutex
+	stopFn   func() // per-engine mode: stops its receive loop
+	fromWire bool   // registered from a central-mode topic
+	batch    Batch
+	started  bool
+	next     uint64 // next expected sequence number, unless past
+	past     bool   // 2^64-1 was applied: every sequence number is behind
+}
+
+// stop ends the stream's receive loop and waits for it (no-op if none).
+func (st *stream) stop() {
+	st.stopMu.Lock()
+	f := st.stopFn
+	st.stopFn = nil
+	st.stopMu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // replayer asks an engine's replay socket for the batches from seq from on

@@ -8,7 +8,12 @@
 //     configuration;
 //   - central: kvgate binds one SUB (Config.BindEvents) and engines dial it
 //     (vLLM does this when its endpoint names a host rather than *); the
-//     engine is identified by the topic "kv@<host:port>@<model>".
+//     engine is identified by the topic "kv@<host:port>@<model>". A frame
+//     whose topic is not of that form (vLLM's default topic is "") is
+//     given to the configured engine without an events endpoint whose
+//     name's host is the IP address the publisher dialed from, when
+//     exactly one is; otherwise it is refused, counted and logged with the
+//     vLLM setting that fixes it.
 //
 // Frames are [topic, seq (8 bytes big-endian), payload]; the payload is
 // decoded by Decode (both vLLM forms). Per engine the subscriber tracks the
@@ -98,11 +103,21 @@ type Subscriber struct {
 
 	mu      sync.Mutex
 	streams []*stream          // all streams, for Stats
-	byTopic map[string]*stream // central mode, by "name@model"
+	byTopic map[string]*stream // configured and central, by "name@model"
+	// runCtx is Run's context while it runs (nil before): streams added
+	// by SetEngines start at once under it.
+	runCtx context.Context
+	loops  sync.WaitGroup
 
 	central        atomic.Pointer[zmtp.Sub] // the bound SUB, for Stats
 	fromWire       int                      // engines registered from topics (central goroutine)
 	centralRefused atomic.Int64             // frames of topics past MaxCentralEngines
+	// centralUnidentified counts central-mode frames whose topic does not
+	// name an engine and whose connection matches no single engine.
+	centralUnidentified atomic.Int64
+	// engineGen changes whenever the configured engines change, so that
+	// the central goroutine's peer → stream cache is rebuilt.
+	engineGen atomic.Uint64
 
 	// centralMalformed counts central-mode frames that name no engine.
 	centralMalformed EngineStats
@@ -184,45 +199,12 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 	}()
 	if s.cfg.BindEvents != "" {
-		sock, err := zmtp.NewSub(zmtp.Options{
-			MaxMsgSize: s.cfg.MaxMsgSize, MaxPeers: s.cfg.MaxCentralEngines + len(s.cfg.Engines), Logger: s.log,
-			OnDisconnect: func(remote net.Addr, err error) {
-				s.log.Debug("kv events: engine disconnected", "remote", remote.String(), "err", err)
-			},
-		})
-		if err != nil {
-			return fmt.Errorf("kvevents: %w", err)
-		}
-		socks = append(socks, sock)
-		sock.Subscribe(nil)
-		if _, err := sock.Bind(s.cfg.BindEvents); err != nil {
-			return fmt.Errorf("kvevents: bind %s: %w", s.cfg.BindEvents, err)
-		}
-		s.central.Store(sock)
-		s.log.Info("kv events: listening for engines", "bind", s.cfg.BindEvents)
-		loops = append(loops, func() { s.runCentral(ctx, sock) })
-	}
-	s.mu.Lock()
-	streams := append([]*stream(nil), s.streams...)
-	s.mu.Unlock()
-	for _, st := range streams {
-		if st.cfg.Events == "" {
-			continue
-		}
-		sock, err := s.dialSocket(st)
+		sock, err := s.bindCentral()
 		if err != nil {
 			return err
 		}
 		socks = append(socks, sock)
-		loops = append(loops, func() {
-			for {
-				msg, err := sock.Recv(ctx)
-				if err != nil {
-					return
-				}
-				st.onFrames(ctx, msg)
-			}
-		})
+		loops = append(loops, func() { s.runCentral(ctx, sock) })
 	}
 	var wg sync.WaitGroup
 	for _, loop := range loops {
@@ -232,12 +214,145 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			loop()
 		}()
 	}
-	<-ctx.Done()
+	s.mu.Lock()
+	s.runCtx = ctx
+	streams := append([]*stream(nil), s.streams...)
+	s.mu.Unlock()
+	var startErr error
+	for _, st := range streams {
+		if err := s.startStream(ctx, st); err != nil && startErr == nil {
+			startErr = err
+		}
+	}
+	if startErr == nil {
+		<-ctx.Done()
+	}
+	s.mu.Lock()
+	s.runCtx = nil
+	all := append([]*stream(nil), s.streams...)
+	s.mu.Unlock()
+	for _, st := range all {
+		st.stop()
+	}
 	for _, sock := range socks {
 		sock.Close()
 	}
 	wg.Wait()
+	s.loops.Wait()
+	return startErr
+}
+
+// bindCentral binds the central-mode SUB that engines dial, subscribed to
+// every topic.
+func (s *Subscriber) bindCentral() (*zmtp.Sub, error) {
+	sock, err := zmtp.NewSub(zmtp.Options{
+		MaxMsgSize: s.cfg.MaxMsgSize, MaxPeers: s.cfg.MaxCentralEngines + len(s.cfg.Engines), Logger: s.log,
+		OnDisconnect: func(remote net.Addr, err error) {
+			s.log.Debug("kv events: engine disconnected", "remote", remote.String(), "err", err)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: %w", err)
+	}
+	sock.Subscribe(nil)
+	if _, err := sock.Bind(s.cfg.BindEvents); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("kvevents: bind %s: %w", s.cfg.BindEvents, err)
+	}
+	s.central.Store(sock)
+	s.log.Info("kv events: listening for engines", "bind", s.cfg.BindEvents)
+	return sock, nil
+}
+
+// startStream dials one engine's PUB and receives from it until ctx ends
+// or the stream is stopped (SetEngines removed the engine).
+func (s *Subscriber) startStream(ctx context.Context, st *stream) error {
+	if st.cfg.Events == "" {
+		return nil
+	}
+	sock, err := s.dialSocket(st)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	st.stopMu.Lock()
+	st.stopFn = func() {
+		cancel()
+		sock.Close()
+		<-done
+	}
+	st.stopMu.Unlock()
+	s.loops.Add(1)
+	go func() {
+		defer s.loops.Done()
+		defer close(done)
+		for {
+			msg, err := sock.Recv(ctx)
+			if err != nil {
+				return
+			}
+			st.onFrames(ctx, msg)
+		}
+	}()
 	return nil
+}
+
+// SetEngines replaces the configured engines while the subscriber runs
+// (endpoint discovery): streams of engines no longer listed stop and have
+// stopped when it returns; new ones start. An engine whose sockets changed
+// restarts. Removing an engine's endpoint from the index is the caller's
+// (it registered it, and may hold approximate entries of its own there).
+// Engines registered from central-mode topics are kept.
+func (s *Subscriber) SetEngines(engines []EngineConfig) error {
+	want := make(map[string]EngineConfig, len(engines))
+	for _, ec := range engines {
+		if ec.Name == "" || ec.Model == "" {
+			return fmt.Errorf("kvevents: engine %+v needs a name and a model", ec)
+		}
+		want[ec.Name+"@"+ec.Model] = ec
+	}
+	s.mu.Lock()
+	var stopped, started []*stream
+	keep := s.streams[:0:0]
+	for _, st := range s.streams {
+		key := st.cfg.Name + "@" + st.cfg.Model
+		ec, ok := want[key]
+		if st.fromWire || (ok && ec == st.cfg) {
+			keep = append(keep, st)
+			delete(want, key)
+			continue
+		}
+		stopped = append(stopped, st)
+		delete(s.byTopic, key)
+	}
+	s.streams = keep
+	ctx := s.runCtx
+	s.mu.Unlock()
+	defer s.engineGen.Add(1)
+	for _, st := range stopped {
+		st.stop()
+	}
+	var errs []error
+	for key, ec := range want {
+		st, err := s.newStream(ec)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.mu.Lock()
+		s.byTopic[key] = st
+		s.mu.Unlock()
+		started = append(started, st)
+	}
+	if ctx != nil {
+		for _, st := range started {
+			if err := s.startStream(ctx, st); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // dialSocket starts a SUB dialing one engine's PUB; it reconnects with
@@ -270,8 +385,9 @@ func (s *Subscriber) dialSocket(st *stream) (*zmtp.Sub, error) {
 
 // runCentral receives from every engine dialing the bound SUB.
 func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub) {
+	peers := peerCache{}
 	for {
-		f, err := sock.Recv(ctx)
+		f, from, err := sock.RecvFrom(ctx)
 		if err != nil {
 			return
 		}
@@ -280,6 +396,9 @@ func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub) {
 			continue
 		}
 		st, err := s.streamForTopic(string(f[0]))
+		if errors.Is(err, errNotKVTopic) {
+			st, err = s.streamForPeer(&peers, string(f[0]), from), nil
+		}
 		if err != nil {
 			s.centralBad(err)
 			continue
@@ -290,6 +409,80 @@ func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub) {
 	}
 }
 
+// peerCache is the central goroutine's memory of which stream a
+// connection's frames without a kv@ topic go to (nil: none).
+type peerCache struct {
+	gen    uint64
+	byAddr map[string]*stream
+}
+
+// maxPeerCache bounds peerCache (reconnects bring new source ports).
+const maxPeerCache = 4096
+
+// streamForPeer identifies the publisher of a frame whose topic names no
+// engine by the connection it came from: the configured engine without an
+// events endpoint whose name's host is the peer's IP, if exactly one is.
+// Otherwise the frame is refused and counted, and the first refusal per
+// connection is logged with what to change.
+func (s *Subscriber) streamForPeer(pc *peerCache, topic string, from net.Addr) *stream {
+	if gen := s.engineGen.Load(); pc.byAddr == nil || pc.gen != gen || len(pc.byAddr) >= maxPeerCache {
+		pc.gen, pc.byAddr = gen, map[string]*stream{}
+	}
+	addr := "unknown"
+	if from != nil {
+		addr = from.String()
+	}
+	if st, ok := pc.byAddr[addr]; ok {
+		if st == nil {
+			s.unidentified(false, topic, addr, nil)
+		}
+		return st
+	}
+	var ip net.IP
+	if ta, ok := from.(*net.TCPAddr); ok {
+		ip = ta.IP
+	}
+	var match []*stream
+	s.mu.Lock()
+	for _, st := range s.streams {
+		if st.fromWire || st.cfg.Events != "" || ip == nil {
+			continue
+		}
+		if host, _, err := net.SplitHostPort(st.cfg.Name); err == nil && ip.Equal(net.ParseIP(host)) {
+			match = append(match, st)
+		}
+	}
+	s.mu.Unlock()
+	var st *stream
+	if len(match) == 1 {
+		st = match[0]
+		s.log.Info("kv events: engine identified by its connection (its topic does not name it)",
+			"endpoint", st.cfg.Name, "model", st.cfg.Model, "remote", addr, "topic", topic)
+	} else {
+		s.unidentified(true, topic, addr, match)
+	}
+	pc.byAddr[addr] = st
+	return st
+}
+
+// unidentified counts a refused frame and logs the first of each
+// connection (first) and every 1000th.
+func (s *Subscriber) unidentified(first bool, topic, addr string, match []*stream) {
+	n := s.centralUnidentified.Add(1)
+	if !first && n%1000 != 0 {
+		return
+	}
+	names := make([]string, len(match))
+	for i, st := range match {
+		names[i] = st.cfg.Name + "@" + st.cfg.Model
+	}
+	s.log.Error("kv events: frames refused: their topic does not name the engine and the connection matches "+
+		fmt.Sprint(len(match))+" configured engines; set the topic in vLLM, e.g. --kv-events-config "+
+		`'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://<kvgate>:<port>", "topic": "kv@<host:port>@<model>"}'`+
+		" (host:port of its HTTP API), or configure exactly one engine named <its IP>:<port> without events",
+		"topic", topic, "remote", addr, "candidates", names, "refused_frames", n)
+}
+
 func (s *Subscriber) centralBad(err error) {
 	n := s.centralMalformed.malformed.Add(1)
 	if n <= 10 || n%1000 == 0 {
@@ -297,11 +490,15 @@ func (s *Subscriber) centralBad(err error) {
 	}
 }
 
+// errNotKVTopic: the topic does not follow the kv@ convention at all (as
+// vLLM's default, empty, topic); the engine is looked for by connection.
+var errNotKVTopic = errors.New("topic does not start with kv@")
+
 // ParseTopic splits "kv@<host:port>@<model>" into name and model.
 func ParseTopic(topic string) (name, model string, err error) {
 	rest, ok := strings.CutPrefix(topic, "kv@")
 	if !ok {
-		return "", "", fmt.Errorf("topic %q does not start with kv@", topic)
+		return "", "", fmt.Errorf("topic %q: %w", topic, errNotKVTopic)
 	}
 	name, model, ok = strings.Cut(rest, "@")
 	if !ok || name == "" || model == "" {
@@ -316,7 +513,10 @@ func (s *Subscriber) streamForTopic(topic string) (*stream, error) {
 		return nil, err
 	}
 	key := name + "@" + model
-	if st := s.byTopic[key]; st != nil {
+	s.mu.Lock()
+	st := s.byTopic[key]
+	s.mu.Unlock()
+	if st != nil {
 		return st, nil
 	}
 	// An engine not in the configuration: register it (without replay),
@@ -330,10 +530,11 @@ func (s *Subscriber) streamForTopic(topic string) (*stream, error) {
 		return nil, nil
 	}
 	s.fromWire++
-	st, err := s.newStream(EngineConfig{Name: name, Model: model})
+	st, err = s.newStream(EngineConfig{Name: name, Model: model})
 	if err != nil {
 		return nil, err
 	}
+	st.fromWire = true
 	s.log.Info("kv events: new engine from topic", "endpoint", name, "model", model)
 	s.mu.Lock()
 	s.byTopic[key] = st
@@ -372,6 +573,11 @@ func (s *Subscriber) CentralMalformed() int64 { return s.centralMalformed.malfor
 // CentralRefused is the number of central-mode frames refused because
 // their topic would register an engine past MaxCentralEngines.
 func (s *Subscriber) CentralRefused() int64 { return s.centralRefused.Load() }
+
+// CentralUnidentified is the number of central-mode frames refused because
+// their topic does not name an engine (vLLM's default topic is "") and
+// their connection's IP matches no single configured engine.
+func (s *Subscriber) CentralUnidentified() int64 { return s.centralUnidentified.Load() }
 
 // CentralSocketStats are the central SUB's counters (zero before Run binds
 // it), without the per-peer list.

@@ -341,11 +341,17 @@ func TestCentralMode(t *testing.T) {
 		t.Errorf("endpoint not registered")
 	}
 
-	// A frame with a topic naming no engine is counted.
-	if err := pub.pub.Send(zmq4.NewMsgFrom([]byte("garbage"), seq8(0), pEmpty(t))); err != nil {
+	// A malformed kv@ topic is counted as malformed; a topic that does
+	// not follow the convention, from a connection that names no
+	// configured engine, as unidentified.
+	if err := pub.pub.Send(zmq4.NewMsgFrom([]byte("kv@broken"), seq8(0), pEmpty(t))); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "bad topic counted", func() bool { return sub.CentralMalformed() == 1 })
+	if err := pub.pub.Send(zmq4.NewMsgFrom([]byte("garbage"), seq8(0), pEmpty(t))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "unidentified topic counted", func() bool { return sub.CentralUnidentified() == 1 })
 }
 
 func TestParseTopic(t *testing.T) {

@@ -251,7 +251,7 @@ func (a *Admin) stats(w http.ResponseWriter, r *http.Request) {
 			ev[e.Endpoint+"\x00"+e.Model] = e.Stats
 		}
 	}
-	var eps []StatsEndpoint
+	eps := []StatsEndpoint{} // [] rather than null without endpoints
 	for _, s := range a.Index.Stats() {
 		eps = append(eps, StatsEndpoint{EndpointStats: s, Events: ev[s.Endpoint+"\x00"+s.Model]})
 	}

@@ -19,6 +19,13 @@
 //   - ActiveDecodeBlocks: distinct blocks of the sequences in flight here.
 //   - DecodeStreams: sequences decoding here.
 //
+// With a predictor (SetPredictor), PrefillSpeed is each endpoint's
+// effective speed for this request as its model predicts it (uncached
+// tokens / predicted compute seconds), and the compute time a routed request
+// queues is the model's prediction; FirstToken feeds the observed outcome
+// back. Without one, PrefillSpeed is the configured speed and the caller
+// gives the compute time (Work.PrefillSeconds).
+//
 // Time is whatever clock the caller passes (seconds): the simulator's or
 // the wall clock's. A Fleet is safe for concurrent use.
 package load
@@ -28,6 +35,7 @@ import (
 	"sync"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/predict"
 	"github.com/kvgate/kvgate/internal/sched"
 )
 
@@ -59,6 +67,8 @@ type Endpoint struct {
 	requests   int
 	streams    int
 	lastPicked float64
+	lastDone   float64       // the last prefill's end
+	model      predict.Model // nil: no predictor
 	// active counts in-flight sequences per block; nil unless the fleet
 	// tracks active blocks.
 	active map[uint64]int32
@@ -76,6 +86,10 @@ type Flight struct {
 	ublocks         int
 	keys            []uint64
 	done            float64 // predicted end of the prefill
+	routed          float64
+	x               predict.Features
+	compute         float64 // predicted compute seconds
+	ttft            float64 // predicted at routing
 	prefilled       bool
 	finished        bool
 }
@@ -83,9 +97,12 @@ type Flight struct {
 // Work describes a request being routed.
 type Work struct {
 	Uncached       int      // prompt tokens to compute
+	Cached         int      // prompt tokens the endpoint holds
 	UncachedBlocks int      // blocks to compute
 	Keys           []uint64 // the prompt's block keys (held while in flight)
-	PrefillSeconds float64  // predicted compute time of the uncached part
+	// PrefillSeconds is the predicted compute time of the uncached part;
+	// with a predictor the fleet predicts it and ignores this.
+	PrefillSeconds float64
 }
 
 // Fleet is the set of endpoints a snapshot shows, in a stable order.
@@ -94,6 +111,7 @@ type Fleet struct {
 	eps         []*Endpoint
 	byName      map[string]*Endpoint
 	trackActive bool
+	pred        predict.Predictor
 }
 
 // New returns a fleet of the given endpoints. With trackActive it keeps the
@@ -123,6 +141,9 @@ func (f *Fleet) Set(infos []Info) {
 			}
 		}
 		e.info, e.gone = in, false
+		if f.pred != nil {
+			e.model = f.pred.Model(in.Name, in.PrefillSpeed)
+		}
 		next = append(next, e)
 		byName[in.Name] = e
 	}
@@ -132,6 +153,32 @@ func (f *Fleet) Set(infos []Info) {
 		}
 	}
 	f.eps, f.byName = next, byName
+}
+
+// SetPredictor makes p predict every endpoint's prefill (nil: the
+// configured speeds, as without one).
+func (f *Fleet) SetPredictor(p predict.Predictor) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pred = p
+	for _, e := range f.eps {
+		e.model = nil
+		if p != nil {
+			e.model = p.Model(e.info.Name, e.info.PrefillSpeed)
+		}
+	}
+}
+
+// PredictorStats returns the named endpoint's predictor statistics; false
+// without a predictor or for an endpoint not in the fleet.
+func (f *Fleet) PredictorStats(name string) (predict.Stats, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.byName[name]
+	if e == nil || e.model == nil {
+		return predict.Stats{}, false
+	}
+	return e.model.Stats(), true
 }
 
 // Len returns the number of endpoints.
@@ -157,19 +204,47 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 	for i, e := range eps {
 		e.fill(now, &dst.Endpoints[i])
 	}
+	predicted := f.pred != nil
 	f.mu.Unlock()
-	if pc == nil {
-		return eps
+	if pc != nil {
+		if len(matched) < len(eps) {
+			matched = make([]int, len(eps))
+		}
+		pc.CachedBlocks(keys, matched[:len(eps)])
+		bs := max(dst.BlockSize, 1)
+		for i := range eps {
+			dst.Endpoints[i].CachedTokens = min(satMul(matched[i], bs), promptTokens)
+		}
 	}
-	if len(matched) < len(eps) {
-		matched = make([]int, len(eps))
-	}
-	pc.CachedBlocks(keys, matched[:len(eps)])
-	bs := max(dst.BlockSize, 1)
-	for i := range eps {
-		dst.Endpoints[i].CachedTokens = min(satMul(matched[i], bs), promptTokens)
+	if predicted {
+		f.predictSpeeds(eps, promptTokens, dst.Endpoints)
 	}
 	return eps
+}
+
+// predictSpeeds sets each prefilling endpoint's PrefillSpeed to the
+// effective speed its model predicts for this request.
+func (f *Fleet) predictSpeeds(eps []*Endpoint, promptTokens int, ds []sched.Endpoint) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, e := range eps {
+		d := &ds[i]
+		if e.model == nil || d.Role == fleet.RoleDecode {
+			continue
+		}
+		x := e.features(max(promptTokens-d.CachedTokens, 0), d.CachedTokens)
+		if x.Uncached == 0 {
+			x.Uncached = predict.RefTokens
+		}
+		if est := e.model.Prefill(x); est.Seconds > 0 {
+			d.PrefillSpeed = float64(x.Uncached) / est.Seconds
+			d.PrefillSlack = est.Pessimistic / est.Seconds
+		}
+	}
+}
+
+func (e *Endpoint) features(uncached, cached int) predict.Features {
+	return predict.Features{Uncached: uncached, Cached: cached, QueuedTokens: e.uncached, Running: e.requests}
 }
 
 func satMul(a, b int) int {
@@ -198,12 +273,18 @@ func (e *Endpoint) fill(now float64, d *sched.Endpoint) {
 // Route records that a request was sent to e for its prefill at time now
 // and returns its flight.
 func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
-	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys}
+	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	fl.x = e.features(fl.uncached, max(w.Cached, 0))
+	fl.compute = max(w.PrefillSeconds, 0)
+	if e.model != nil {
+		fl.compute = e.model.Prefill(fl.x).Seconds
+	}
 	start := max(e.busy, now)
-	e.busy = start + max(w.PrefillSeconds, 0)
+	e.busy = start + fl.compute
 	fl.done = e.busy
+	fl.ttft = fl.done - now
 	e.queue = append(e.queue, fl)
 	e.uncached += fl.uncached
 	e.ublocks += fl.ublocks
@@ -247,12 +328,33 @@ func (f *Fleet) PrefillDone(fl *Flight, at float64) {
 	f.prefillDone(fl, at)
 }
 
+// FirstToken is PrefillDone for an observed end of the prefill (a first
+// streamed token, a prefill leg's response): the predictor, if any, learns
+// from it. The compute time observed is at minus the prefill's start, the
+// later of its routing and the endpoint's previous prefill end (the FIFO
+// model of the queue).
+func (f *Fleet) FirstToken(fl *Flight, at float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl.prefilled {
+		return
+	}
+	e := fl.prefill
+	start := max(fl.routed, e.lastDone)
+	f.prefillDone(fl, at)
+	if e.model != nil {
+		e.model.Observe(predict.Observation{X: fl.x, Compute: at - start, Predicted: fl.compute,
+			TTFT: at - fl.routed, PredictedTTFT: fl.ttft})
+	}
+}
+
 func (f *Fleet) prefillDone(fl *Flight, at float64) {
 	if fl.prefilled {
 		return
 	}
 	fl.prefilled = true
 	e := fl.prefill
+	e.lastDone = max(e.lastDone, at)
 	e.uncached -= fl.uncached
 	e.ublocks -= fl.ublocks
 	head := e.head < len(e.queue) && e.queue[e.head] == fl

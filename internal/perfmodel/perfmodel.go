@@ -30,7 +30,7 @@ type Model struct {
 	KVTransferTokensPerSec float64
 }
 
-// Default returns the seed chapter's engine: 20 000 prompt tokens/s of
+// Default returns the baseline chapter's engine: 20 000 prompt tokens/s of
 // prefill and a decode step of 10 ms + 0.05 ms per sequence + 0.01 ms per
 // 1 000 context tokens, with KV moving at 400 000 tokens/s.
 func Default() Model {

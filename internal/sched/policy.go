@@ -181,8 +181,8 @@ func New(name string, o Options) (Policy, error) {
 }
 
 // tieBetter reports whether endpoint i should replace the current best b
-// under the secondary order the seed's policies use for ties: the endpoint
-// whose queue empties (or emptied) first, then the lower index.
+// under the secondary order the baseline chapter's policies use for ties:
+// the endpoint whose queue empties (or emptied) first, then the lower index.
 func tieBetter(s *Snapshot, i, b int) bool {
 	return s.Endpoints[i].FreeAt < s.Endpoints[b].FreeAt
 }
@@ -242,7 +242,7 @@ func (cacheOnly) Pick(_ *Request, s *Snapshot) int {
 }
 
 // predictedTTFT minimises queue wait + uncached tokens / prefill speed, ties
-// to the lowest index as in the seed's program.
+// to the lowest index as in the baseline chapter's program.
 type predictedTTFT struct{}
 
 func (predictedTTFT) Name() string { return "predicted-ttft" }

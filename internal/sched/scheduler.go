@@ -97,22 +97,24 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 		if !sc.EarlyReject {
 			return d
 		}
-		if sc.rejectTTFT(&req, &d) {
+		if sc.rejectTTFT(&req, pe, &d) {
 			return d
 		}
 		sc.admitDecode(&req, de, &d)
 		return d
 	}
 	if sc.EarlyReject {
-		sc.rejectTTFT(&req, &d)
+		sc.rejectTTFT(&req, pe, &d)
 	}
 	return d
 }
 
-func (sc *Scheduler) rejectTTFT(req *Request, d *Decision) bool {
-	if req.SLO.TTFT > 0 && d.PredictedTTFT > req.SLO.TTFT {
+// rejectTTFT rejects a request whose pessimistic TTFT on e (the
+// prediction itself unless the predictor is unsure) exceeds its SLO.
+func (sc *Scheduler) rejectTTFT(req *Request, e *Endpoint, d *Decision) bool {
+	if t := PessimisticTTFT(req, e); req.SLO.TTFT > 0 && t > req.SLO.TTFT {
 		d.Admit = false
-		d.Reason = fmt.Sprintf("predicted TTFT %.3fs exceeds SLO %.3fs", d.PredictedTTFT, req.SLO.TTFT)
+		d.Reason = fmt.Sprintf("predicted TTFT %.3fs (pessimistic %.3fs) exceeds SLO %.3fs", d.PredictedTTFT, t, req.SLO.TTFT)
 		return true
 	}
 	return false

@@ -3,6 +3,7 @@ package sched
 import (
 	"math"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -92,5 +93,22 @@ func TestConcurrentDecide(t *testing.T) {
 			}()
 		}
 		wg.Wait()
+	}
+}
+
+// TestAdmissionUsesPessimisticTTFT: an endpoint the predictor is unsure of
+// (PrefillSlack > 1) is judged by its pessimistic TTFT; a trusted one by
+// its prediction.
+func TestAdmissionUsesPessimisticTTFT(t *testing.T) {
+	sc := Scheduler{Policy: mustNew(t, "predicted-ttft", Options{}), EarlyReject: true}
+	r := &Request{PromptTokens: 15000, SLO: SLO{TTFT: 2}} // 1.5 s of compute at 10 000 tokens/s
+	trusted := snapOf(Endpoint{QueueWait: 0.2})
+	if d := sc.Decide(r, trusted); !d.Admit {
+		t.Fatalf("1.7 s predicted against 2 s: %+v", d)
+	}
+	unsure := snapOf(Endpoint{QueueWait: 0.2, PrefillSlack: 1.5}) // 0.2 + 1.5 × 1.5 = 2.45 s
+	d := sc.Decide(r, unsure)
+	if d.Admit || !strings.Contains(d.Reason, "pessimistic 2.450s") || d.PredictedTTFT != 1.7 {
+		t.Fatalf("pessimistic 2.45 s against 2 s: %+v", d)
 	}
 }

@@ -72,6 +72,11 @@ type Endpoint struct {
 	// DecodeTPOT is the predicted time per output token if one more stream
 	// joined (seconds); 0 if unknown.
 	DecodeTPOT float64
+	// PrefillSlack, when > 1, is how much longer than predicted the
+	// prefill may take at the predictor's pessimistic quantile (a new or
+	// erratic endpoint is not over-trusted): admission judges by queue
+	// wait + compute × PrefillSlack. 0 or 1: the prediction is trusted.
+	PrefillSlack float64
 	// LastPicked is when this endpoint was last chosen (clock seconds), for
 	// LRU-style scorers; negative if never.
 	LastPicked float64
@@ -103,6 +108,16 @@ func Uncached(req *Request, e *Endpoint) int {
 		return 0
 	}
 	return u
+}
+
+// PessimisticTTFT is PredictTTFT with the compute part stretched by the
+// endpoint's PrefillSlack: what admission judges by.
+func PessimisticTTFT(req *Request, e *Endpoint) float64 {
+	t := PredictTTFT(req, e)
+	if e.PrefillSlack > 1 {
+		t = e.QueueWait + (t-e.QueueWait)*e.PrefillSlack
+	}
+	return t
 }
 
 // PredictTTFT is queue wait plus the time to compute the uncached part.

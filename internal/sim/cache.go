@@ -135,7 +135,7 @@ func (f *fleetCache) match(keys []uint64, matched []int) {
 	}
 }
 
-// insert touches keys in order on instance i, as the seed's model does when
+// insert touches keys in order on instance i, as the baseline chapter's model does when
 // a request is dispatched.
 func (f *fleetCache) insert(i int, keys []uint64) {
 	c := f.inst[i]

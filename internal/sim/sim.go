@@ -4,7 +4,7 @@
 // is deterministic for a given workload and seed.
 //
 // Prefill instances are FIFO servers with a per-instance LRU prefix cache
-// over blocks: a request computes only its uncached part. As in the seed
+// over blocks: a request computes only its uncached part. As in the baseline
 // chapter's model, the prefix match is taken and the request's blocks are
 // entered into the cache when the request is dispatched to the instance.
 // Decode instances, when modelled, run continuous batching with a step time
@@ -30,7 +30,7 @@ type Config struct {
 	// Prefill is the number of instances that compute prompts.
 	Prefill int
 	// Decode is the number of decode instances; 0 models prefill only and
-	// measures TTFT at the end of prefill, as the seed chapter does.
+	// measures TTFT at the end of prefill, as the baseline chapter does.
 	Decode int
 	Model  perfmodel.Model
 	// CacheTokens is each prefill instance's prefix-cache capacity in tokens.
@@ -40,7 +40,7 @@ type Config struct {
 	SLO            sched.SLO
 	// EventLag is how late (seconds) the router hears of blocks an
 	// instance stores, as a gateway hears KV events; 0 models a router
-	// that knows every cache exactly (the seed chapter's model).
+	// that knows every cache exactly (the baseline chapter's model).
 	EventLag float64
 	// ApproxTTL, with EventLag > 0, is how long the router's own routing
 	// decisions count as approximate cache entries (kvindex's
@@ -49,6 +49,11 @@ type Config struct {
 	// OnDecision, when set, is called with every request's index and
 	// decision (tests compare the simulator's choices with the gateway's).
 	OnDecision func(request int, d sched.Decision)
+	// Truth, when set, makes the prefill instances differ from the
+	// configured Model in hidden ways (truth.go); Predictor is then the
+	// router's predictor: "analytic" (default), "learned" or "true".
+	Truth     *Truth
+	Predictor string
 }
 
 func (c Config) validate(tr *workload.Trace) error {
@@ -66,6 +71,13 @@ func (c Config) validate(tr *workload.Trace) error {
 	}
 	if err := c.Model.Validate(); err != nil {
 		return fmt.Errorf("sim: %w", err)
+	}
+	if c.Truth != nil {
+		if err := c.Truth.validate(c.Prefill); err != nil {
+			return err
+		}
+	} else if c.Predictor != "" {
+		return fmt.Errorf("sim: a predictor needs a fleet truth")
 	}
 	return tr.Validate()
 }
@@ -88,6 +100,14 @@ type Result struct {
 	Goodput  float64 `json:"goodput"`
 	TPOTP50  float64 `json:"tpot_p50,omitempty"`
 	TPOTP99  float64 `json:"tpot_p99,omitempty"`
+	// With a Truth: the router's predictor and its TTFT error (absolute
+	// percentage, median and p90) over admitted requests after warm-up;
+	// with drift, the error's recovery and the stale routing (truth.go).
+	Predictor     string   `json:"predictor,omitempty"`
+	TTFTMdAPE     float64  `json:"ttft_mdape,omitempty"`
+	TTFTAPEP90    float64  `json:"ttft_ape_p90,omitempty"`
+	DriftRecovery *float64 `json:"drift_recovery_s,omitempty"`
+	StaleRouting  *float64 `json:"stale_routing_s,omitempty"`
 }
 
 // Run simulates the trace on the fleet under the scheduler. Each request
@@ -97,7 +117,10 @@ func Run(ctx context.Context, cfg Config, tr *workload.Trace, sc *sched.Schedule
 	if err := cfg.validate(tr); err != nil {
 		return Result{}, err
 	}
-	r := newRun(cfg, tr, sc)
+	r, err := newRun(cfg, tr, sc)
+	if err != nil {
+		return Result{}, err
+	}
 	for ri := range tr.Requests {
 		if ri&1023 == 0 && ctx.Err() != nil {
 			return Result{}, fmt.Errorf("sim: stopped after %d of %d requests: %w", ri, len(tr.Requests), ctx.Err())
@@ -127,6 +150,7 @@ type run struct {
 	dec   *decodePool
 	fc    *decodeForecast
 	snap  sched.Snapshot
+	truth *truthRun // nil: the engines run exactly as predicted
 
 	matched []int
 	trueHit []int // per prefill instance, when the view is not the truth
@@ -139,7 +163,7 @@ type run struct {
 	rejected    int
 }
 
-func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) *run {
+func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
 	n := cfg.Prefill
 	r := &run{cfg: cfg, tr: tr, sc: sc, n: n,
 		cache:       newFleetCache(n, cfg.CacheTokens/tr.BlockSize),
@@ -168,7 +192,7 @@ func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) *run {
 	}
 	r.load = load.New(infos, load.NeedsActive(sc.Policy))
 	r.snap.BlockSize = tr.BlockSize
-	return r
+	return r, r.withTruth(infos)
 }
 
 // CachedBlocks implements load.PrefixCache: what the router knows of the
@@ -191,7 +215,7 @@ func (r *run) step(ri int) error {
 		r.dec.advance(t)
 		r.fc.now = t
 	}
-	r.load.Expire(t)
+	r.expire(t)
 	if r.view != nil {
 		r.view.advance(t)
 	}
@@ -223,9 +247,12 @@ func (r *run) step(ri int) error {
 		r.view.stored(t, i, q.Keys)
 	}
 	unc := q.PromptTokens - hit
-	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, UncachedBlocks: len(q.Keys) - hitBlocks,
+	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, Cached: hit, UncachedBlocks: len(q.Keys) - hitBlocks,
 		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc)})
 	done := r.load.PredictedPrefillEnd(fl)
+	if r.truth != nil {
+		done = r.truth.route(r.load, fl, ri, i, unc, hit, t, r.snap.Endpoints[i].FreeAt)
+	}
 	r.cache.insert(i, q.Keys)
 	r.hitTok += int64(hit)
 	r.totTok += int64(q.PromptTokens)
@@ -323,11 +350,14 @@ func (r *run) summarise() Result {
 		res.Rejected = float64(r.rejected) / float64(total)
 		res.Unserved = float64(unserved) / float64(total)
 	}
+	if r.truth != nil {
+		r.truth.summarise(r, &res)
+	}
 	return res
 }
 
-// percentiles returns the median and 99th percentile as the seed computes
-// them: sorted[n/2] and sorted[int(n*0.99)].
+// percentiles returns the median and 99th percentile as the baseline
+// chapter computes them: sorted[n/2] and sorted[int(n*0.99)].
 func percentiles(xs []float64) (p50, p99 float64) {
 	if len(xs) == 0 {
 		return 0, 0

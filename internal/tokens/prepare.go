@@ -8,8 +8,8 @@ import (
 
 // DefaultBlockSize is vLLM's default KV block size in tokens, and the
 // default block size of kvgate's router keys wherever one is not given
-// (the gateway, kvindex, the engine emulator). The simulator's seed
-// scenario uses the seed chapter's 64.
+// (the gateway, kvindex, the engine emulator). The simulator's baseline
+// scenario (seed-routing) uses the baseline chapter's 64.
 const DefaultBlockSize = 16
 
 // Input is a request's prompt in one of the three forms an OpenAI-style

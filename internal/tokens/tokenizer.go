@@ -4,7 +4,9 @@ import (
 	"container/list"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
@@ -21,7 +23,10 @@ type Tokenizer struct {
 	src   Source
 	tmpl  Template
 	exact bool // chat via the engine's own template (MessagesSource)
-	cache *Cache
+	// noMessages is set once the engine refused a conversation (its
+	// /tokenize takes no "messages"): chats are rendered with tmpl since.
+	noMessages atomic.Bool
+	cache      *Cache
 	// ns separates this tokenizer's entries in a shared cache: two models
 	// with different tokenizers must never get each other's ids.
 	ns uint64
@@ -30,8 +35,10 @@ type Tokenizer struct {
 // NewTokenizer combines a source, a template and a cache (nil: no cache).
 // With exactChat and a MessagesSource, conversations are sent whole to the
 // engine, which applies its real chat template (exact ids, one call per
-// distinct conversation); otherwise they are rendered with tmpl and
-// tokenized per message segment.
+// distinct conversation; see Chat for the cache); otherwise they are
+// rendered with tmpl and tokenized per message segment. An engine that
+// refuses conversations (4xx) makes the tokenizer fall back on tmpl, with
+// one warning.
 //
 // namespace identifies the tokenizer in a shared cache (use a distinct one
 // per distinct tokenizer: NewSet uses the model and the whole spec).
@@ -49,19 +56,31 @@ func (t *Tokenizer) Prompt(ctx context.Context, prompt string) ([]uint32, error)
 	return append([]uint32(nil), ids...), nil
 }
 
-// Chat tokenizes a conversation. Each rendered message segment is cached,
-// so a growing conversation re-tokenizes only its new messages.
+// Chat tokenizes a conversation.
+//
+// With the engine's rendering (exact chat) the ids of every conversation
+// are cached under a hash chained over its messages. Each turn of a
+// growing conversation is a new conversation, so it costs one engine call
+// (the engine's template sees the whole conversation; nothing else gives
+// its exact ids); the cache stores it as the ids it shares with the
+// longest cached earlier turn plus its own tail, so a conversation of n
+// turns holds about its final length in the cache, not n copies of its
+// prefix. Repeated conversations (a lookup and the routed request, a
+// retry, the same few-shot prompt) cost no call.
+//
+// Otherwise each rendered message segment is cached, so a growing
+// conversation re-tokenizes only its new messages.
 func (t *Tokenizer) Chat(ctx context.Context, msgs []Message) ([]uint32, error) {
-	if t.exact {
-		ms := t.src.(MessagesSource)
-		key := t.tmpl.Render(msgs) // stable serialisation of the conversation
-		ids, err := t.cached(ctx, 'm', key, func(ctx context.Context, _ string) ([]uint32, error) {
-			return ms.TokenizeMessages(ctx, msgs)
-		})
-		if err != nil {
-			return nil, err
+	if t.exact && !t.noMessages.Load() {
+		ids, err := t.exactChat(ctx, msgs)
+		var se *StatusError
+		if err == nil || !errors.As(err, &se) || !se.refused() {
+			return ids, err
 		}
-		return append([]uint32(nil), ids...), nil
+		if !t.noMessages.Swap(true) {
+			slog.Warn("tokens: the engine refused a conversation at /tokenize; rendering chats with the configured template from now on (set exact_chat=false to choose this)",
+				"template", t.tmpl.Name, "err", err)
+		}
 	}
 	segment := t.src.Tokenize
 	if es, ok := t.src.(*EngineSource); ok {
@@ -76,6 +95,50 @@ func (t *Tokenizer) Chat(ctx context.Context, msgs []Message) ([]uint32, error) 
 		out = append(out, ids...)
 	}
 	return out, nil
+}
+
+// minShared is the fewest ids a conversation must share with an earlier
+// turn to be cached as a tail of it.
+const minShared = 16
+
+// exactChat asks the engine to render and tokenize msgs (see Chat).
+func (t *Tokenizer) exactChat(ctx context.Context, msgs []Message) ([]uint32, error) {
+	ms := t.src.(MessagesSource)
+	if t.cache == nil {
+		return ms.TokenizeMessages(ctx, msgs)
+	}
+	keys := t.conversationKeys(msgs)
+	if ids, ok := t.cache.getCopy(keys[len(msgs)]); ok {
+		return ids, nil
+	}
+	ids, err := ms.TokenizeMessages(ctx, msgs)
+	if err != nil {
+		return nil, err
+	}
+	t.cache.putConversation(keys[len(msgs)], ids, keys[1:len(msgs)])
+	return ids, nil
+}
+
+// conversationKeys returns the cache key of every prefix of msgs: keys[i]
+// is msgs[:i]'s, chained so that computing all of them reads each message
+// once.
+func (t *Tokenizer) conversationKeys(msgs []Message) []uint64 {
+	keys := make([]uint64, len(msgs)+1)
+	var b [9]byte
+	binary.LittleEndian.PutUint64(b[:8], t.ns)
+	b[8] = 'c'
+	keys[0] = xxhash.Sum64(b[:])
+	d := xxhash.New()
+	for i, m := range msgs {
+		d.Reset()
+		binary.LittleEndian.PutUint64(b[:8], keys[i])
+		_, _ = d.Write(b[:8])
+		_, _ = d.WriteString(m.Role)
+		_, _ = d.Write([]byte{0})
+		_, _ = d.WriteString(m.Text())
+		keys[i+1] = d.Sum64()
+	}
+	return keys
 }
 
 func (t *Tokenizer) cached(ctx context.Context, kind byte, text string, f func(context.Context, string) ([]uint32, error)) ([]uint32, error) {
@@ -102,6 +165,10 @@ func (t *Tokenizer) cached(ctx context.Context, kind byte, text string, f func(c
 
 // Cache is an LRU of tokenized texts bounded by the total number of token
 // ids it holds. Safe for concurrent use; share one across models.
+//
+// A conversation's ids may be held as a tail of an earlier turn's entry
+// (its base): touching an entry touches its bases too, so a base is never
+// evicted before the entries built on it and every id is counted once.
 type Cache struct {
 	mu        sync.Mutex
 	max       int
@@ -112,8 +179,32 @@ type Cache struct {
 }
 
 type cacheEntry struct {
-	key uint64
-	ids []uint32
+	key    uint64
+	ids    []uint32      // all ids, or with a base the ids after the shared ones
+	base   *list.Element // nil, or the entry whose first shared ids come first
+	shared int
+	depth  int // bases below this one
+}
+
+// maxBaseDepth bounds base chains (a lookup walks them).
+const maxBaseDepth = 32
+
+func (e *cacheEntry) len() int { return e.shared + len(e.ids) }
+
+// appendIDs appends e's ids to dst.
+func (e *cacheEntry) appendIDs(dst []uint32) []uint32 {
+	if e.base != nil {
+		n := len(dst)
+		dst = e.base.Value.(*cacheEntry).appendIDs(dst)[:n+e.shared]
+	}
+	return append(dst, e.ids...)
+}
+
+// touch makes el and its bases the most recent, bases first in line.
+func (c *Cache) touch(el *list.Element) {
+	for ; el != nil; el = el.Value.(*cacheEntry).base {
+		c.ll.MoveToFront(el)
+	}
 }
 
 // NewCache returns a cache holding up to maxTokens token ids (default 4 Mi).
@@ -124,16 +215,75 @@ func NewCache(maxTokens int) *Cache {
 	return &Cache{max: maxTokens, ll: list.New(), m: map[uint64]*list.Element{}}
 }
 
+// get returns k's ids; the caller must not modify them.
 func (c *Cache) get(k uint64) ([]uint32, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e, ok := c.m[k]; ok {
-		c.ll.MoveToFront(e)
+	if el, ok := c.m[k]; ok {
+		c.touch(el)
 		c.hits.Add(1)
-		return e.Value.(*cacheEntry).ids, true
+		e := el.Value.(*cacheEntry)
+		if e.base == nil {
+			return e.ids, true
+		}
+		return e.appendIDs(make([]uint32, 0, e.len())), true
 	}
 	c.mis.Add(1)
 	return nil, false
+}
+
+// getCopy returns a copy of k's ids, the caller's to keep.
+func (c *Cache) getCopy(k uint64) ([]uint32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.m[k]; ok {
+		c.touch(el)
+		c.hits.Add(1)
+		e := el.Value.(*cacheEntry)
+		return e.appendIDs(make([]uint32, 0, e.len())), true
+	}
+	c.mis.Add(1)
+	return nil, false
+}
+
+// putConversation caches ids under k, as a tail of the entry of the
+// latest of earlier (keys of earlier turns, oldest first) that is cached
+// and shares at least minShared leading ids with them.
+func (c *Cache) putConversation(k uint64, ids []uint32, earlier []uint64) {
+	if len(ids) > c.max {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.m[k]; ok {
+		c.touch(el)
+		return
+	}
+	e := &cacheEntry{key: k, ids: ids}
+	for i := len(earlier) - 1; i >= 0; i-- {
+		bel, ok := c.m[earlier[i]]
+		if !ok {
+			continue
+		}
+		b := bel.Value.(*cacheEntry)
+		if b.depth >= maxBaseDepth {
+			break
+		}
+		prev := b.appendIDs(make([]uint32, 0, b.len()))
+		n := 0
+		for n < len(prev) && n < len(ids) && prev[n] == ids[n] {
+			n++
+		}
+		if n >= minShared {
+			e = &cacheEntry{key: k, ids: append([]uint32(nil), ids[n:]...), base: bel, shared: n, depth: b.depth + 1}
+		}
+		break
+	}
+	el := c.ll.PushFront(e)
+	c.m[k] = el
+	c.size += len(e.ids)
+	c.touch(el)
+	c.evict()
 }
 
 func (c *Cache) put(k uint64, ids []uint32) {
@@ -148,6 +298,12 @@ func (c *Cache) put(k uint64, ids []uint32) {
 	}
 	c.m[k] = c.ll.PushFront(&cacheEntry{key: k, ids: ids})
 	c.size += len(ids)
+	c.evict()
+}
+
+// evict drops the least recent entries until the cache fits (the least
+// recent is never the base of another: see touch).
+func (c *Cache) evict() {
 	for c.size > c.max {
 		e := c.ll.Back()
 		ce := e.Value.(*cacheEntry)
@@ -172,7 +328,9 @@ type Spec struct {
 	File          string // local: tokenizer file
 	Template      string // chat template name (default chatml)
 	BytesPerToken int    // estimate: bytes per pseudo-token (default 4)
-	ExactChat     bool   // engine: send conversations to the engine's own template
+	// ExactChat sends conversations to the engine's own template; nil
+	// means yes for source=engine.
+	ExactChat *bool
 }
 
 // ParseSpec parses "model=m,source=engine,url=http://127.0.0.1:8001,
@@ -203,7 +361,7 @@ func ParseSpec(s string) (Spec, error) {
 			if err != nil {
 				return fmt.Errorf("bad exact_chat %q", v)
 			}
-			sp.ExactChat = b
+			sp.ExactChat = &b
 		default:
 			return fmt.Errorf("unknown key %q", k)
 		}
@@ -253,6 +411,10 @@ func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
 		return nil, err
 	}
 	var src Source
+	exact := sp.Source == "engine" // the engine renders its own chats by default
+	if sp.ExactChat != nil {
+		exact = *sp.ExactChat
+	}
 	switch sp.Source {
 	case "", "estimate":
 		src = EstimateSource{BytesPerToken: sp.BytesPerToken}
@@ -265,16 +427,16 @@ func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
 		if sp.File == "" {
 			return nil, fmt.Errorf("tokens: model %q: source=local needs file=", sp.Model)
 		}
-		ls, err := LoadLocal(sp.File)
+		ls, own, err := loadLocalSpec(sp, cache)
 		if err != nil {
 			return nil, err
 		}
-		src = ls
+		src, exact = ls, own // the file's own chat template, unless template= overrides
 	default:
 		return nil, fmt.Errorf("tokens: model %q: unknown source %q (estimate, engine, local)", sp.Model, sp.Source)
 	}
-	ns := fmt.Sprintf("%q|%q|%q|%q|%d|%q|%v", sp.Model, sp.Source, sp.URL, sp.File, sp.BytesPerToken, sp.Template, sp.ExactChat)
-	return NewTokenizer(src, tmpl, cache, sp.ExactChat, ns), nil
+	ns := fmt.Sprintf("%q|%q|%q|%q|%d|%q|%v", sp.Model, sp.Source, sp.URL, sp.File, sp.BytesPerToken, sp.Template, exact)
+	return NewTokenizer(src, tmpl, cache, exact, ns), nil
 }
 
 // For returns the tokenizer of model.

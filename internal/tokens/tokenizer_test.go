@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -14,7 +12,7 @@ import (
 )
 
 // fakeEngine serves vLLM's /tokenize with one token per byte.
-func fakeEngine(t *testing.T, calls *atomic.Int64) *httptest.Server {
+func fakeEngine(t testing.TB, calls *atomic.Int64) *httptest.Server {
 	t.Helper()
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/tokenize" || r.Method != http.MethodPost {
@@ -111,42 +109,6 @@ func TestEstimateSource(t *testing.T) {
 	}
 	if !reflect.DeepEqual(a[:5], b[:5]) || reflect.DeepEqual(a[5:], b[5:8]) {
 		t.Errorf("prefix property broken: %v vs %v", a, b)
-	}
-}
-
-func TestLocalSource(t *testing.T) {
-	ctx := context.Background()
-	dir := t.TempDir()
-	plain := filepath.Join(dir, "vocab.txt")
-	if err := os.WriteFile(plain, []byte("<unk>\nhello\n\\s\nworld\nhell\n<0x21>\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ls, err := LoadLocal(plain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _ := ls.Tokenize(ctx, "hello world!?")
-	// hello, space, world, "!" via <0x21>, "?" via fallback (maxID 5 + 1 + 0x3f)
-	if want := []uint32{1, 2, 3, 5, 6 + '?'}; !reflect.DeepEqual(got, want) {
-		t.Errorf("plain vocab: %v, want %v", got, want)
-	}
-
-	hf := filepath.Join(dir, "tokenizer.json")
-	j := `{"model":{"type":"BPE","vocab":{"Ġ":0,"Ġthe":1,"the":2,"Ġcat":3,"c":4,"a":5,"t":6,"!":7}},
-	       "added_tokens":[{"id":100,"content":"<|im_start|>"}]}`
-	if err := os.WriteFile(hf, []byte(j), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bl, err := LoadLocal(hf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _ = bl.Tokenize(ctx, "the cat cat!")
-	if want := []uint32{2, 3, 3, 7}; !reflect.DeepEqual(got, want) {
-		t.Errorf("byte-level vocab: %v, want %v", got, want)
-	}
-	if _, err := ParseLocal([]byte(`{"model":{}}`)); err == nil {
-		t.Error("no error for a vocabulary-less tokenizer.json")
 	}
 }
 

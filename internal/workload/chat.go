@@ -9,7 +9,7 @@ import (
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
-// ChatConfig is the seed chapter's multi-turn chat: Systems system prompts of
+// ChatConfig is the baseline chapter's multi-turn chat: Systems system prompts of
 // SystemTokens tokens, Sessions conversations each starting from a random
 // system prompt, every turn appending TurnTokens tokens to a random
 // conversation, Poisson arrivals at Rate for Duration seconds.
@@ -25,8 +25,8 @@ type ChatConfig struct {
 	Seed         uint64
 }
 
-// SeedChat returns the seed chapter's parameters at the given rate.
-func SeedChat(rate float64) ChatConfig {
+// BaselineChat returns the baseline chapter's parameters at the given rate.
+func BaselineChat(rate float64) ChatConfig {
 	return ChatConfig{Systems: 20, Sessions: 400, SystemTokens: 2048, TurnTokens: 300, OutputTokens: 500,
 		Rate: rate, Duration: 120, BlockSize: 64}
 }
@@ -57,7 +57,7 @@ func (c ChatConfig) Validate() error {
 }
 
 // Chat generates the multi-turn chat workload. Token ids are random in
-// [0, 10^6) as in the seed's program; keys are computed incrementally per
+// [0, 10^6) as in the baseline chapter's program; keys are computed incrementally per
 // conversation, which keeps only the tokens of its last partial block. A
 // conversation that grows past MaxPromptTokens is an error.
 func Chat(c ChatConfig) (*Trace, error) {

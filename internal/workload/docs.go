@@ -58,13 +58,13 @@ func (c ShapeConfig) Validate(name string) error {
 	return checkBudget(name, req, keys, 0)
 }
 
-// LongDocs returns the evening phase of the seed: 30 req/s of 16 000-token
+// LongDocs returns the baseline chapter's evening phase: 30 req/s of 16 000-token
 // documents with 300-token summaries and 20 % reusable prefix.
 func LongDocs() ShapeConfig {
 	return ShapeConfig{Rate: 30, Duration: 120, ISL: 16000, OSL: 300, Hit: 0.2, BlockSize: 64, Prefixes: 8}
 }
 
-// Agents returns the night phase of the seed: 25 req/s of coding-agent steps
+// Agents returns the baseline chapter's night phase: 25 req/s of coding-agent steps
 // with 6 000-token contexts, 2 000-token outputs and 80 % reuse.
 func Agents() ShapeConfig {
 	return ShapeConfig{Rate: 25, Duration: 120, ISL: 6000, OSL: 2000, Hit: 0.8, BlockSize: 64, Prefixes: 4, Sessions: 300}

@@ -1,5 +1,5 @@
 // Package workload generates the request streams kvgate is evaluated on (the
-// seed chapter's multi-turn chat, long documents, coding agents) and reads
+// baseline chapter's multi-turn chat, long documents, coding agents) and reads
 // recorded traces (Mooncake's JSON-lines format).
 //
 // A request carries its prompt as chained block keys (internal/tokens), so a

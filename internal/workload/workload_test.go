@@ -12,7 +12,7 @@ import (
 )
 
 func TestChatMatchesSeedShape(t *testing.T) {
-	tr, err := Chat(SeedChat(40))
+	tr, err := Chat(BaselineChat(40))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestGeneratorRanges(t *testing.T) {
 		{func(c *ChatConfig) { c.Sessions, c.TurnTokens, c.BlockSize, c.Rate, c.Duration = 1, 1<<22, 4096, 10, 1 }, "grew past 16777216 tokens"},
 	}
 	for _, tt := range chat {
-		c := SeedChat(40)
+		c := BaselineChat(40)
 		tt.mutate(&c)
 		if _, err := Chat(c); err == nil || !strings.Contains(err.Error(), tt.msg) {
 			t.Errorf("chat: got %v, want %q", err, tt.msg)
@@ -290,7 +290,7 @@ func TestGeneratorRanges(t *testing.T) {
 // up to at most four times its final length (the capacity doubles, so the
 // arrays before the last add up to no more than the last).
 func TestChatKeyArrays(t *testing.T) {
-	c := SeedChat(50)
+	c := BaselineChat(50)
 	c.Sessions, c.Systems, c.Duration, c.TurnTokens = 1, 1, 20, 100
 	tr, err := Chat(c)
 	if err != nil {

@@ -78,7 +78,8 @@ type counters struct {
 
 type inMsg struct {
 	frames [][]byte
-	held   int64 // receive budget taken
+	held   int64    // receive budget taken
+	from   net.Addr // the sending peer's remote address
 }
 
 type outMsg struct {
@@ -420,7 +421,7 @@ func (s *socket) detach(c *conn) {
 // deliver queues a received message for Recv.
 func (s *socket) deliver(c *conn, frames [][]byte, held int64) error {
 	select {
-	case s.in <- inMsg{frames: frames, held: held}:
+	case s.in <- inMsg{frames: frames, held: held, from: c.remote}:
 		s.st.received.Add(1)
 		return nil
 	case <-c.done:
@@ -429,15 +430,15 @@ func (s *socket) deliver(c *conn, frames [][]byte, held int64) error {
 	}
 }
 
-func (s *socket) recv(ctx context.Context) ([][]byte, error) {
+func (s *socket) recv(ctx context.Context) ([][]byte, net.Addr, error) {
 	select {
 	case m := <-s.in:
 		s.budget.release(m.held)
-		return m.frames, nil
+		return m.frames, m.from, nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	case <-s.ctx.Done():
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
 }
 

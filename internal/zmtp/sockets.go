@@ -103,7 +103,15 @@ func (b *Sub) setSub(on bool, prefix []byte) {
 }
 
 // Recv returns the next message.
-func (b *Sub) Recv(ctx context.Context) ([][]byte, error) { return b.s.recv(ctx) }
+func (b *Sub) Recv(ctx context.Context) ([][]byte, error) {
+	f, _, err := b.s.recv(ctx)
+	return f, err
+}
+
+// RecvFrom returns the next message and the remote address of the peer
+// that sent it (for a bound socket, the publisher's address as dialed
+// from; ports of dialing peers are ephemeral, their IP is not).
+func (b *Sub) RecvFrom(ctx context.Context) ([][]byte, net.Addr, error) { return b.s.recv(ctx) }
 
 // Addr is the first bound address, or nil.
 func (b *Sub) Addr() net.Addr { return b.s.addr() }
@@ -131,7 +139,10 @@ func NewRouter(o Options) (*Router, error) {
 func (r *Router) Bind(endpoint string) (net.Addr, error) { return r.s.bind(endpoint) }
 
 // Recv returns the next message, [routing id, frames...].
-func (r *Router) Recv(ctx context.Context) ([][]byte, error) { return r.s.recv(ctx) }
+func (r *Router) Recv(ctx context.Context) ([][]byte, error) {
+	f, _, err := r.s.recv(ctx)
+	return f, err
+}
 
 // Send sends frames[1:] to the peer whose routing id is frames[0], waiting
 // while that peer's queue is full. It fails with ErrNoPeer when the peer is
@@ -195,7 +206,10 @@ func (d *Dealer) Send(ctx context.Context, frames ...[]byte) error {
 }
 
 // Recv returns the next message.
-func (d *Dealer) Recv(ctx context.Context) ([][]byte, error) { return d.s.recv(ctx) }
+func (d *Dealer) Recv(ctx context.Context) ([][]byte, error) {
+	f, _, err := d.s.recv(ctx)
+	return f, err
+}
 
 // Stats returns the socket's counters.
 func (d *Dealer) Stats() Stats { return d.s.stats() }

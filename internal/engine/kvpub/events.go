@@ -44,13 +44,52 @@ func (f Format) String() string {
 	return "array"
 }
 
+// Style selects how batches are numbered and a chain start is marked.
+type Style int
+
+const (
+	// StyleVLLM is vLLM's: batches numbered from 0, parent_block_hash nil
+	// for the first block of a chain.
+	StyleVLLM Style = iota
+	// StyleLLMDSim is llm-d-inference-sim's: batches numbered from 1 and,
+	// in the array form, parent_block_hash 0 for the first block of a
+	// chain (nil in the map form, as it does).
+	StyleLLMDSim
+)
+
+// ParseStyle parses "vllm" or "llmd-sim".
+func ParseStyle(s string) (Style, error) {
+	switch s {
+	case "vllm", "":
+		return StyleVLLM, nil
+	case "llmd-sim":
+		return StyleLLMDSim, nil
+	}
+	return 0, fmt.Errorf("kv events style must be vllm or llmd-sim, got %q", s)
+}
+
+func (s Style) String() string {
+	if s == StyleLLMDSim {
+		return "llmd-sim"
+	}
+	return "vllm"
+}
+
+// firstSeq is the sequence number of the first batch.
+func (s Style) firstSeq() uint64 {
+	if s == StyleLLMDSim {
+		return 1
+	}
+	return 0
+}
+
 // MediumGPU is the storage medium of every block the emulator stores.
 const MediumGPU = "GPU"
 
 // Event is one KV-cache event: *BlockStored, *BlockRemoved or
 // *AllBlocksCleared.
 type Event interface {
-	encode(e *msgpack.Encoder, f Format) error
+	encode(e *msgpack.Encoder, f Format, s Style) error
 }
 
 // BlockStored reports full blocks that entered the prefix cache, in chain
@@ -84,7 +123,7 @@ func encodeHashes(e *msgpack.Encoder, hs []uint64) error {
 	return nil
 }
 
-func (b *BlockStored) encode(e *msgpack.Encoder, f Format) error {
+func (b *BlockStored) encode(e *msgpack.Encoder, f Format, s Style) error {
 	var err error
 	key := func(k string) {
 		if f == FormatMap && err == nil {
@@ -106,9 +145,12 @@ func (b *BlockStored) encode(e *msgpack.Encoder, f Format) error {
 	}
 	key("parent_block_hash")
 	if err == nil {
-		if b.Parent == nil {
+		switch {
+		case b.Parent == nil && s == StyleLLMDSim && f == FormatArray:
+			err = e.EncodeUint(0)
+		case b.Parent == nil:
 			err = e.EncodeNil()
-		} else {
+		default:
 			err = e.EncodeUint(*b.Parent)
 		}
 	}
@@ -141,7 +183,7 @@ func (b *BlockStored) encode(e *msgpack.Encoder, f Format) error {
 	return err
 }
 
-func (b *BlockRemoved) encode(e *msgpack.Encoder, f Format) error {
+func (b *BlockRemoved) encode(e *msgpack.Encoder, f Format, _ Style) error {
 	var err error
 	if f == FormatMap {
 		err = e.EncodeMapLen(3)
@@ -169,7 +211,7 @@ func (b *BlockRemoved) encode(e *msgpack.Encoder, f Format) error {
 	return err
 }
 
-func (AllBlocksCleared) encode(e *msgpack.Encoder, f Format) error {
+func (AllBlocksCleared) encode(e *msgpack.Encoder, f Format, _ Style) error {
 	if f == FormatMap {
 		if err := e.EncodeMapLen(1); err != nil {
 			return err
@@ -184,7 +226,7 @@ func (AllBlocksCleared) encode(e *msgpack.Encoder, f Format) error {
 }
 
 // EncodeBatch encodes one event batch: [ts, [events...], data_parallel_rank].
-func EncodeBatch(f Format, ts float64, events []Event) ([]byte, error) {
+func EncodeBatch(f Format, s Style, ts float64, events []Event) ([]byte, error) {
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)
 	if err := e.EncodeArrayLen(3); err != nil {
@@ -197,7 +239,7 @@ func EncodeBatch(f Format, ts float64, events []Event) ([]byte, error) {
 		return nil, err
 	}
 	for _, ev := range events {
-		if err := ev.encode(e, f); err != nil {
+		if err := ev.encode(e, f, s); err != nil {
 			return nil, fmt.Errorf("encode kv event: %w", err)
 		}
 	}

@@ -47,6 +47,9 @@ type Config struct {
 	Topic string
 	// Format is the event encoding.
 	Format Format
+	// Style is vLLM's (default) or llm-d-inference-sim's numbering and
+	// chain starts.
+	Style Style
 	// BufferSteps bounds the replay buffer (batches); 0 means
 	// DefaultBufferSteps.
 	BufferSteps int
@@ -138,7 +141,7 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	if lg == nil {
 		lg = slog.Default()
 	}
-	p := &Publisher{cfg: cfg, log: lg, topic: []byte(cfg.Topic), replaying: map[string]bool{}}
+	p := &Publisher{cfg: cfg, log: lg, topic: []byte(cfg.Topic), seq: cfg.Style.firstSeq(), replaying: map[string]bool{}}
 	var err error
 	p.pub, err = zmtp.NewPub(zmtp.Options{
 		MaxMsgSize: maxSubscriptionMsg, MaxFrames: 1, MaxPeers: cfg.MaxSubscribers,
@@ -195,7 +198,7 @@ func (p *Publisher) Publish(ts float64, events []Event) error {
 	if len(events) == 0 {
 		return nil
 	}
-	payload, err := EncodeBatch(p.cfg.Format, ts, events)
+	payload, err := EncodeBatch(p.cfg.Format, p.cfg.Style, ts, events)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/flagrange"
+)
+
+type benchFlags struct {
+	url, model, workload, trace, api, arrivals, rates, format, csvPath, htmlPath, header, label string
+	rate, duration, traceScale, timeScale, sloTTFT, sloTPOT                                     float64
+	concurrency, requests, sessions, systems, systemTokens, turnTokens, outputTokens, maxOutput int
+	seed                                                                                        uint64
+}
+
+func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Flags) {
+	fs := flag.NewFlagSet("kvgate bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fl := flagrange.New(fs)
+	fs.StringVar(&f.url, "url", "", "base URL of an OpenAI-compatible server (kvgate, vLLM, another router), e.g. http://127.0.0.1:8000")
+	fs.StringVar(&f.model, "model", "", "model name to request")
+	fs.StringVar(&f.workload, "workload", "chat", "chat (the baseline chapter's multi-turn chat, as text) or trace (--trace)")
+	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSON-lines trace to replay (each 512-token hash id becomes the same text everywhere)")
+	fs.StringVar(&f.api, "api", "completions", "completions or chat")
+	fs.StringVar(&f.arrivals, "arrivals", "poisson", "open-loop arrivals: poisson, constant, or trace (the trace's timestamps)")
+	fs.StringVar(&f.rates, "rates", "", "a rate ladder: comma-separated rates, one run each (overrides --rate)")
+	fs.StringVar(&f.format, "format", "table", "table or json")
+	fs.StringVar(&f.csvPath, "csv", "", "write one line per request to this file")
+	fs.StringVar(&f.htmlPath, "html", "", "write an HTML report with plots to this file")
+	fs.StringVar(&f.header, "header", "", "extra request header NAME:VALUE (e.g. X-Kvgate-Class:batch)")
+	fs.StringVar(&f.label, "label", "", "name of the run in reports (default: the URL)")
+	fs.Uint64Var(&f.seed, "seed", 0, "random seed of the workload and arrivals")
+	f.rate, f.duration, f.traceScale, f.timeScale, f.sloTTFT = 10, 60, 1, 1, 2
+	f.sessions, f.systems, f.systemTokens, f.turnTokens, f.outputTokens = 400, 20, 2048, 300, 64
+	flagrange.Var(fl, &f.rate, "rate", flagrange.Range[float64]{Min: 0.001, Max: 1e6, Unit: "req/s"}, "open-loop arrival rate")
+	flagrange.Var(fl, &f.duration, "duration", flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds"}, "chat: seconds of arrivals (in the server's time: see --time-scale)")
+	flagrange.Var(fl, &f.concurrency, "concurrency", flagrange.Range[int]{Min: 1, Max: 100000, Zero: "open loop"}, "closed loop: this many requests in flight, each sent when one ends")
+	flagrange.Var(fl, &f.requests, "requests", flagrange.Range[int]{Min: 1, Max: 1000000, Zero: "all"}, "send at most this many requests")
+	flagrange.Var(fl, &f.traceScale, "trace-time-scale", flagrange.Range[float64]{Min: 1e-6, Max: 1e6}, "multiply trace timestamps by this (0.25 = four times the rate)")
+	flagrange.Var(fl, &f.timeScale, "time-scale", flagrange.Range[float64]{Min: 1e-3, Max: 1e6}, "the server runs this many times faster than real time (kvgate engine --time-scale): arrivals are compressed and latencies reported in its time")
+	flagrange.Var(fl, &f.sloTTFT, "slo-ttft", flagrange.Range[float64]{Min: 1e-4, Max: 86400, Unit: "seconds", Zero: "none"}, "TTFT target for attainment and goodput")
+	flagrange.Var(fl, &f.sloTPOT, "slo-tpot", flagrange.Range[float64]{Min: 1e-5, Max: 3600, Unit: "seconds", Zero: "none"}, "TPOT target for attainment and goodput")
+	flagrange.Var(fl, &f.sessions, "sessions", flagrange.Range[int]{Min: 1, Max: 1 << 20}, "chat: conversations")
+	flagrange.Var(fl, &f.systems, "systems", flagrange.Range[int]{Min: 1, Max: 1 << 16}, "chat: system prompts")
+	flagrange.Var(fl, &f.systemTokens, "system-tokens", flagrange.Range[int]{Min: 0, Max: 1 << 20}, "chat: words per system prompt")
+	flagrange.Var(fl, &f.turnTokens, "turn-tokens", flagrange.Range[int]{Min: 1, Max: 1 << 20}, "chat: words appended per turn")
+	flagrange.Var(fl, &f.outputTokens, "output-tokens", flagrange.Range[int]{Min: 1, Max: 1 << 20}, "chat: max_tokens per request")
+	flagrange.Var(fl, &f.maxOutput, "max-output-tokens", flagrange.Range[int]{Min: 1, Max: 1 << 20, Zero: "the trace's"}, "trace: cap output lengths")
+	return fs, fl
+}
+
+// runBench is kvgate bench.
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var f benchFlags
+	fs, fl := newBenchFlagSet(&f, stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: kvgate bench --url URL --model M [flags]\n\nSends a workload to an OpenAI-compatible server and measures every streamed\nanswer (TTFT, inter-token latency, TPOT, end-to-end); prints percentiles, SLO\nattainment and goodput, and writes CSV and an HTML report on request.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := fl.Check(); err != nil {
+		return err
+	}
+	if f.url == "" || f.model == "" {
+		return fmt.Errorf("--url and --model are required")
+	}
+	rates, err := benchRates(&f)
+	if err != nil {
+		return err
+	}
+	client := &bench.Client{URL: f.url, Model: f.model, TimeScale: f.timeScale,
+		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
+	if f.header != "" {
+		k, v, ok := strings.Cut(f.header, ":")
+		if !ok || strings.TrimSpace(k) == "" {
+			return fmt.Errorf("--header %q: want NAME:VALUE", f.header)
+		}
+		client.Header = http.Header{http.CanonicalHeaderKey(strings.TrimSpace(k)): {strings.TrimSpace(v)}}
+	}
+	label := f.label
+	if label == "" {
+		label = f.url
+	}
+	var runs []bench.RunResult
+	for _, rate := range rates {
+		items, err := benchItems(&f, rate)
+		if err != nil {
+			return err
+		}
+		name := label
+		if len(rates) > 1 {
+			name = fmt.Sprintf("%s @%g", label, rate)
+		}
+		rr, err := benchRun(ctx, client, items, &f, name, stderr)
+		if err != nil {
+			return err
+		}
+		if f.concurrency == 0 && f.arrivals != "trace" {
+			rr.Summary.Rate = rate
+		}
+		runs = append(runs, rr)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return benchOutput(&f, runs, stdout)
+}
+
+func benchRates(f *benchFlags) ([]float64, error) {
+	if f.rates == "" {
+		return []float64{f.rate}, nil
+	}
+	var out []float64
+	for _, s := range strings.Split(f.rates, ",") {
+		r, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || !(r >= 0.001 && r <= 1e6) {
+			return nil, fmt.Errorf("--rates: %q must be a rate in [0.001, 1e6] req/s", s)
+		}
+		out = append(out, r)
+	}
+	if len(out) > 64 {
+		return nil, fmt.Errorf("--rates: at most 64 rates")
+	}
+	return out, nil
+}
+
+func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
+	var items []bench.Item
+	var err error
+	switch f.workload {
+	case "chat":
+		items, err = bench.Chat(bench.ChatConfig{Systems: f.systems, Sessions: f.sessions, SystemTokens: f.systemTokens,
+			TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, Seed: f.seed, AsChat: f.api == "chat"})
+	case "trace":
+		if f.trace == "" {
+			return nil, fmt.Errorf("--workload trace needs --trace FILE")
+		}
+		var fh *os.File
+		if fh, err = os.Open(f.trace); err != nil {
+			return nil, fmt.Errorf("--trace: %w", err)
+		}
+		defer fh.Close()
+		items, err = bench.MooncakeTrace(fh, f.traceScale, f.maxOutput)
+		for i := range items {
+			items[i].Chat = f.api == "chat"
+		}
+	default:
+		return nil, fmt.Errorf("--workload %q: chat or trace", f.workload)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if f.api != "completions" && f.api != "chat" {
+		return nil, fmt.Errorf("--api %q: completions or chat", f.api)
+	}
+	if f.requests > 0 && len(items) > f.requests {
+		items = items[:f.requests]
+	}
+	if f.arrivals != "trace" && f.concurrency == 0 {
+		if err := bench.Schedule(items, f.arrivals, rate, f.seed); err != nil {
+			return nil, err
+		}
+	}
+	return items, nil
+}
+
+func benchRun(ctx context.Context, c *bench.Client, items []bench.Item, f *benchFlags, name string, stderr io.Writer) (bench.RunResult, error) {
+	bar := newProgressBar(stderr, name)
+	recs, wall, err := bench.Run(ctx, c, items, bench.Mode{Concurrency: f.concurrency}, bar.update)
+	bar.finish()
+	if err != nil {
+		return bench.RunResult{}, err
+	}
+	dur := wall.Seconds() * f.timeScale
+	return bench.RunResult{Summary: bench.Summarize(name, recs, dur, bench.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}), Records: recs}, nil
+}
+
+func benchOutput(f *benchFlags, runs []bench.RunResult, stdout io.Writer) error {
+	if f.csvPath != "" {
+		fh, err := os.Create(f.csvPath)
+		if err != nil {
+			return fmt.Errorf("--csv: %w", err)
+		}
+		for _, r := range runs {
+			if err := bench.WriteCSV(fh, r.Summary.Label, r.Records); err != nil {
+				fh.Close()
+				return err
+			}
+		}
+		if err := fh.Close(); err != nil {
+			return err
+		}
+	}
+	if f.htmlPath != "" {
+		if err := writeReport(f.htmlPath, "kvgate bench: "+f.url, runs); err != nil {
+			return err
+		}
+	}
+	ss := make([]bench.Summary, len(runs))
+	for i, r := range runs {
+		ss[i] = r.Summary
+	}
+	if f.format == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"runs": ss})
+	}
+	return bench.WriteTable(stdout, ss)
+}
+
+func writeReport(path, title string, runs []bench.RunResult) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	if err := bench.WriteHTML(fh, title, runs); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}
+
+// progressBar draws on a terminal only; safe for concurrent use.
+type progressBar struct {
+	mu    sync.Mutex
+	w     io.Writer
+	name  string
+	on    bool
+	last  time.Time
+	start time.Time
+}
+
+func newProgressBar(w io.Writer, name string) *progressBar {
+	p := &progressBar{w: w, name: name, start: time.Now()}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.on = true
+		}
+	}
+	return p
+}
+
+// setName names what is in progress.
+func (p *progressBar) setName(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.name = name
+}
+
+func (p *progressBar) update(done, total int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.on || total == 0 || (time.Since(p.last) < 100*time.Millisecond && done < total) {
+		return
+	}
+	p.last = time.Now()
+	const width = 30
+	n := done * width / total
+	fmt.Fprintf(p.w, "\r%-24.24s [%s%s] %d/%d %.0fs", p.name, strings.Repeat("=", n), strings.Repeat(" ", width-n), done, total, time.Since(p.start).Seconds())
+}
+
+func (p *progressBar) finish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.on {
+		fmt.Fprintln(p.w)
+	}
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDemoShortRun runs a short demo (two runs) and checks the JSON shape
+// the issue gives, and that the report is written with its plots.
+func TestDemoShortRun(t *testing.T) {
+	report := filepath.Join(t.TempDir(), "demo.html")
+	out, errOut, code := runCmd(t, "demo", "--duration", "5", "--rate", "20", "--time-scale", "5", "--runs", "1,4",
+		"--format", "json", "--report", report)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var res struct {
+		Runs []map[string]any `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(res.Runs) != 2 || res.Runs[0]["policy"] != "round-robin" || res.Runs[1]["policy"] != "kvgate" {
+		t.Fatalf("%s", out)
+	}
+	for _, r := range res.Runs {
+		for _, k := range []string{"policy", "fleet", "requests", "goodput", "attainment", "ttft_p50", "ttft_p99", "tpot_p50", "hit_rate", "rejected"} {
+			if _, ok := r[k]; !ok {
+				t.Errorf("run lacks %q: %v", k, r)
+			}
+		}
+		if r["requests"].(float64) < 50 || r["attainment"].(float64) <= 0 {
+			t.Errorf("run did not serve: %v", r)
+		}
+	}
+	html, err := os.ReadFile(report)
+	if err != nil || strings.Count(string(html), "<svg") < 3 {
+		t.Fatalf("report: %v, %d plots", err, strings.Count(string(html), "<svg"))
+	}
+	if _, errOut, code := runCmd(t, "demo", "--runs", "9"); code == 0 || !strings.Contains(errOut, "--runs") {
+		t.Errorf("bad --runs accepted: %s", errOut)
+	}
+}

@@ -1,0 +1,16 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+)
+
+// textLogger is a slog text logger on w at the named level (debug, info,
+// warn or error); callers name the flag in the error.
+func textLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, err
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}

@@ -1,0 +1,132 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/engine"
+)
+
+func startEngine(t *testing.T, scale float64) *engine.Engine {
+	t.Helper()
+	cfg := engine.DefaultConfig()
+	cfg.Model, cfg.Port, cfg.TimeScale = "m", 0, scale
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// histogram reads a Prometheus histogram's _sum and _count from /metrics.
+func histogram(t *testing.T, url, name string) (sum, count float64) {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		switch {
+		case strings.HasPrefix(f[0], name+"_sum"):
+			sum += v
+		case strings.HasPrefix(f[0], name+"_count"):
+			count += v
+		}
+	}
+	return sum, count
+}
+
+// TestBenchAgreesWithEngineMetrics: against one emulator, the TTFT and
+// TPOT bench measures agree with the engine's own histograms (issue 13).
+func TestBenchAgreesWithEngineMetrics(t *testing.T) {
+	// Real time (scale 1): HTTP and the race detector's overhead are small
+	// against prefills of about 0.2 s.
+	const scale = 1
+	e := startEngine(t, scale)
+	items, err := Chat(ChatConfig{Systems: 4, Sessions: 20, SystemTokens: 4000, TurnTokens: 400, OutputTokens: 16, Rate: 6, Duration: 4, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{URL: e.URL(), Model: "m", HTTP: http.DefaultClient, TimeScale: scale}
+	recs, wall, err := Run(context.Background(), c, items, Mode{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize("x", recs, wall.Seconds()*scale, SLO{TTFT: 2})
+	if s.Outcomes["ok"] != len(items) {
+		t.Fatalf("outcomes %v", s.Outcomes)
+	}
+	ttftSum, ttftN := histogram(t, e.URL(), "vllm:time_to_first_token_seconds")
+	tpotSum, tpotN := histogram(t, e.URL(), "vllm:time_per_output_token_seconds")
+	var benchTPOT, gaps float64
+	for _, r := range recs {
+		benchTPOT += r.TPOT * float64(r.OutputTokens-1)
+		gaps += float64(r.OutputTokens - 1)
+	}
+	engTTFT, engTPOT := ttftSum/ttftN, tpotSum/tpotN
+	// The client sees the engine's times plus loopback HTTP: allow 20 % or
+	// 15 ms, whichever is larger.
+	near := func(a, b float64) bool { return a-b < max(0.2*b, 0.015) && b-a < max(0.2*b, 0.015) }
+	if ttftN != float64(len(items)) || !near(s.TTFT.Mean, engTTFT) {
+		t.Errorf("TTFT: bench mean %.4fs over %d, engine %.4fs over %.0f", s.TTFT.Mean, len(items), engTTFT, ttftN)
+	}
+	if !near(benchTPOT/gaps, engTPOT) {
+		t.Errorf("TPOT: bench %.5fs, engine %.5fs", benchTPOT/gaps, engTPOT)
+	}
+	var html bytes.Buffer
+	if err := WriteHTML(&html, "t", []RunResult{{Summary: s, Records: recs}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(html.String(), "<svg"); n != 3 || !strings.Contains(html.String(), "<polyline") {
+		t.Fatalf("report has %d plots", n)
+	}
+}
+
+func TestMooncakeTraceText(t *testing.T) {
+	tr := `{"timestamp": 1000, "input_length": 1030, "output_length": 5, "hash_ids": [7, 9, 11]}
+{"timestamp": 3000, "input_length": 600, "output_length": 0, "hash_ids": [7, 12]}
+`
+	items, err := MooncakeTrace(strings.NewReader(tr), 0.5, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != 2 || items[0].At != 0 || items[1].At != 1 || items[1].MaxTokens != 1 {
+		t.Fatalf("%+v", items)
+	}
+	a, b := strings.Fields(items[0].Prompt), strings.Fields(items[1].Prompt)
+	if len(a) != 1030 || len(b) != 600 {
+		t.Fatalf("lengths %d %d", len(a), len(b))
+	}
+	same := 0
+	for same < len(b) && a[same] == b[same] {
+		same++
+	}
+	if same != 512 {
+		t.Fatalf("shared prefix %d words, want exactly the 512 of hash id 7", same)
+	}
+	for _, bad := range []string{`{"timestamp": -1, "input_length": 5, "output_length": 1}`, `{"input_length": 0}`, `nope`,
+		`{"timestamp": 1, "input_length": 5, "output_length": 9223372036854775807}`} {
+		if _, err := MooncakeTrace(strings.NewReader(bad), 1, 0); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+}

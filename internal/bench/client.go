@@ -1,0 +1,212 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Record is what one request did. Durations are in seconds, already
+// multiplied by the run's time scale (so an emulator running N times
+// faster than real time reports modelled seconds).
+type Record struct {
+	Index   int     `json:"index"`
+	Session int     `json:"session"`
+	Sent    float64 `json:"sent"` // seconds from the run's start (scaled)
+	// Status is the HTTP status (0: no answer).
+	Status int `json:"status"`
+	// Outcome: ok, rejected (429), client_error (other 4xx),
+	// server_error (5xx), transport (no answer, broken stream).
+	Outcome      string  `json:"outcome"`
+	Error        string  `json:"error,omitempty"`
+	TTFT         float64 `json:"ttft"`
+	E2E          float64 `json:"e2e"`
+	TPOT         float64 `json:"tpot"`
+	MeanITL      float64 `json:"mean_itl"`
+	MaxITL       float64 `json:"max_itl"`
+	PromptTokens int     `json:"prompt_tokens"`
+	CachedTokens int     `json:"cached_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+	// Endpoint is kvgate's x-kvgate-prefill-endpoint, when present.
+	Endpoint string `json:"endpoint,omitempty"`
+}
+
+// Client sends requests to one server.
+type Client struct {
+	URL       string // base URL, e.g. http://127.0.0.1:8000
+	Model     string
+	HTTP      *http.Client
+	TimeScale float64 // wall seconds × TimeScale = reported seconds (default 1)
+	Header    http.Header
+}
+
+// maxAnswerBytes bounds what is read of one answer.
+const maxAnswerBytes = 64 << 20
+
+func (c *Client) scale() float64 {
+	if c.TimeScale > 0 {
+		return c.TimeScale
+	}
+	return 1
+}
+
+func (c *Client) body(it *Item) ([]byte, string) {
+	req := map[string]any{"model": c.Model, "max_tokens": it.MaxTokens, "stream": true,
+		"stream_options": map[string]any{"include_usage": true}, "ignore_eos": true}
+	if it.Chat {
+		msgs := []map[string]string{}
+		if it.System != "" {
+			msgs = append(msgs, map[string]string{"role": "system", "content": it.System})
+		}
+		req["messages"] = append(msgs, map[string]string{"role": "user", "content": it.Prompt})
+		b, _ := json.Marshal(req)
+		return b, "/v1/chat/completions"
+	}
+	req["prompt"] = it.Prompt
+	b, _ := json.Marshal(req)
+	return b, "/v1/completions"
+}
+
+// Do sends one request (streamed, with usage) and measures it.
+func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Record {
+	body, path := c.body(it)
+	rec := Record{Index: idx, Session: it.Session}
+	sent := time.Now()
+	rec.Sent = sent.Sub(start).Seconds() * c.scale()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.URL, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		rec.Outcome, rec.Error = "transport", err.Error()
+		return rec
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, vs := range c.Header {
+		req.Header[k] = vs
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		rec.Outcome, rec.Error = "transport", err.Error()
+		return rec
+	}
+	defer resp.Body.Close()
+	rec.Status = resp.StatusCode
+	rec.Endpoint = resp.Header.Get("X-Kvgate-Prefill-Endpoint")
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		rec.Error = strings.TrimSpace(string(msg))
+		switch {
+		case resp.StatusCode == http.StatusTooManyRequests:
+			rec.Outcome = "rejected"
+		case resp.StatusCode >= 500:
+			rec.Outcome = "server_error"
+		default:
+			rec.Outcome = "client_error"
+		}
+		return rec
+	}
+	if err := c.readStream(resp.Body, sent, &rec); err != nil {
+		rec.Outcome, rec.Error = "transport", err.Error()
+		return rec
+	}
+	rec.Outcome = "ok"
+	return rec
+}
+
+// chunk is the part of a streamed chunk bench reads.
+type chunk struct {
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// readStream reads SSE events: the first event with text is the first
+// token; every later one with text is a token arrival.
+func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
+	sc := bufio.NewScanner(io.LimitReader(r, maxAnswerBytes))
+	sc.Buffer(make([]byte, 64<<10), 8<<20)
+	var first, last time.Time
+	tokens, gaps := 0, 0
+	var sumGap, maxGap float64
+	done := false
+	for sc.Scan() {
+		line := sc.Bytes()
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue
+		}
+		data = bytes.TrimSpace(data)
+		if string(data) == "[DONE]" {
+			done = true
+			break
+		}
+		var ch chunk
+		if err := json.Unmarshal(data, &ch); err != nil {
+			return fmt.Errorf("bad SSE event: %v", err)
+		}
+		if ch.Usage != nil {
+			rec.PromptTokens, rec.OutputTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
+			if d := ch.Usage.PromptTokensDetails; d != nil {
+				rec.CachedTokens = d.CachedTokens
+			}
+		}
+		text := false
+		for _, c := range ch.Choices {
+			if c.Text != "" || c.Delta.Content != "" {
+				text = true
+			}
+		}
+		if !text {
+			continue
+		}
+		now := time.Now()
+		if first.IsZero() {
+			first = now
+		} else {
+			g := now.Sub(last).Seconds()
+			sumGap += g
+			maxGap = max(maxGap, g)
+			gaps++
+		}
+		last = now
+		tokens++
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	if !done {
+		return errors.New("stream ended without [DONE]")
+	}
+	end := time.Now()
+	s := c.scale()
+	rec.E2E = end.Sub(sent).Seconds() * s
+	if first.IsZero() {
+		return errors.New("no token in the answer")
+	}
+	rec.TTFT = first.Sub(sent).Seconds() * s
+	if rec.OutputTokens == 0 {
+		rec.OutputTokens = tokens
+	}
+	if gaps > 0 {
+		rec.MeanITL, rec.MaxITL = sumGap/float64(gaps)*s, maxGap*s
+	}
+	if rec.OutputTokens > 1 {
+		rec.TPOT = last.Sub(first).Seconds() * s / float64(rec.OutputTokens-1)
+	}
+	return nil
+}

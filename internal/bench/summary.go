@@ -1,0 +1,137 @@
+package bench
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"text/tabwriter"
+)
+
+// SLO is the targets a request must meet to count toward goodput
+// (seconds; 0: none).
+type SLO struct {
+	TTFT float64 `json:"ttft"`
+	TPOT float64 `json:"tpot"`
+}
+
+// Percentiles of one latency over the requests that produced it.
+type Percentiles struct {
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	Max  float64 `json:"max"`
+	Mean float64 `json:"mean"`
+}
+
+// Summary is a run's result.
+type Summary struct {
+	Label    string  `json:"label,omitempty"`
+	Rate     float64 `json:"rate,omitempty"` // offered, requests/s (open loop)
+	Requests int     `json:"requests"`
+	Duration float64 `json:"duration"` // seconds (scaled)
+	SLO      SLO     `json:"slo"`
+	// Attainment counts every request sent: rejected, failed and unsent
+	// ones are misses.
+	Attainment   float64        `json:"attainment"`
+	Goodput      float64        `json:"goodput"` // requests meeting the SLO per second
+	Throughput   float64        `json:"throughput"`
+	TokensPerSec float64        `json:"output_tokens_per_sec"`
+	HitRate      float64        `json:"hit_rate"` // cached / prompt tokens, from the server's usage
+	Rejected     float64        `json:"rejected"` // share answered 429
+	Outcomes     map[string]int `json:"outcomes"`
+	TTFT         Percentiles    `json:"ttft"`
+	TPOT         Percentiles    `json:"tpot"`
+	ITL          Percentiles    `json:"itl"`
+	E2E          Percentiles    `json:"e2e"`
+}
+
+func pct(xs []float64) Percentiles {
+	if len(xs) == 0 {
+		return Percentiles{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	at := func(q float64) float64 { return s[min(int(q*float64(len(s))), len(s)-1)] }
+	sum := 0.0
+	for _, x := range s {
+		sum += x
+	}
+	return Percentiles{P50: at(0.5), P90: at(0.9), P99: at(0.99), Max: s[len(s)-1], Mean: sum / float64(len(s))}
+}
+
+// Met reports whether a record meets the SLO.
+func (s SLO) Met(r *Record) bool {
+	return r.Outcome == "ok" && (s.TTFT <= 0 || r.TTFT <= s.TTFT) && (s.TPOT <= 0 || r.OutputTokens < 2 || r.TPOT <= s.TPOT)
+}
+
+// Summarize computes a run's summary; duration is the run's length in
+// reported (scaled) seconds.
+func Summarize(label string, recs []Record, duration float64, slo SLO) Summary {
+	s := Summary{Label: label, Requests: len(recs), Duration: duration, SLO: slo, Outcomes: map[string]int{}}
+	var ttft, tpot, itl, e2e []float64
+	good, out := 0, 0
+	var prompt, cached int64
+	for i := range recs {
+		r := &recs[i]
+		s.Outcomes[r.Outcome]++
+		if r.Outcome != "ok" {
+			continue
+		}
+		ttft = append(ttft, r.TTFT)
+		e2e = append(e2e, r.E2E)
+		if r.OutputTokens > 1 {
+			tpot = append(tpot, r.TPOT)
+			itl = append(itl, r.MeanITL)
+		}
+		out += r.OutputTokens
+		prompt += int64(r.PromptTokens)
+		cached += int64(r.CachedTokens)
+		if slo.Met(r) {
+			good++
+		}
+	}
+	s.TTFT, s.TPOT, s.ITL, s.E2E = pct(ttft), pct(tpot), pct(itl), pct(e2e)
+	if len(recs) > 0 {
+		s.Attainment = float64(good) / float64(len(recs))
+		s.Rejected = float64(s.Outcomes["rejected"]) / float64(len(recs))
+	}
+	if duration > 0 {
+		s.Goodput = float64(good) / duration
+		s.Throughput = float64(s.Outcomes["ok"]) / duration
+		s.TokensPerSec = float64(out) / duration
+	}
+	if prompt > 0 {
+		s.HitRate = float64(cached) / float64(prompt)
+	}
+	return s
+}
+
+// WriteTable writes summaries as an aligned table.
+func WriteTable(w io.Writer, ss []Summary) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run\trequests\tok\trejected\terrors\thit\tTTFT p50\tTTFT p99\tTPOT p50\tTPOT p99\tattain\tgoodput\ttok/s\t")
+	for _, s := range ss {
+		errs := s.Requests - s.Outcomes["ok"] - s.Outcomes["rejected"]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%.1f%%\t%.3fs\t%.3fs\t%.4fs\t%.4fs\t%.1f%%\t%.2f/s\t%.0f\t\n",
+			s.Label, s.Requests, s.Outcomes["ok"], 100*s.Rejected, errs, 100*s.HitRate, s.TTFT.P50, s.TTFT.P99,
+			s.TPOT.P50, s.TPOT.P99, 100*s.Attainment, s.Goodput, s.TokensPerSec)
+	}
+	return tw.Flush()
+}
+
+// WriteCSV writes one line per request.
+func WriteCSV(w io.Writer, label string, recs []Record) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"run", "index", "session", "sent", "status", "outcome", "ttft", "tpot", "mean_itl", "max_itl", "e2e",
+		"prompt_tokens", "cached_tokens", "output_tokens", "endpoint", "error"})
+	f := func(x float64) string { return strconv.FormatFloat(x, 'f', 6, 64) }
+	for _, r := range recs {
+		_ = cw.Write([]string{label, strconv.Itoa(r.Index), strconv.Itoa(r.Session), f(r.Sent), strconv.Itoa(r.Status), r.Outcome,
+			f(r.TTFT), f(r.TPOT), f(r.MeanITL), f(r.MaxITL), f(r.E2E), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CachedTokens),
+			strconv.Itoa(r.OutputTokens), r.Endpoint, r.Error})
+	}
+	cw.Flush()
+	return cw.Error()
+}

@@ -1,0 +1,196 @@
+// Package demo runs kvgate's built-in comparison: an emulated fleet of
+// engines (internal/engine) on loopback, the gateway (internal/gateway) in
+// front of it with one policy at a time, and the baseline chapter's chat
+// workload sent through real HTTP by the load generator (internal/bench).
+// Everything runs in one process and is torn down after each run.
+package demo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/httpserve"
+)
+
+// Config is one demo.
+type Config struct {
+	// TimeScale: the engines run this many times faster than real time;
+	// every latency is reported in the engines' (modelled) time, which is
+	// the simulator's timing model.
+	TimeScale float64
+	// Chat is the workload (rates and durations in modelled time).
+	Chat bench.ChatConfig
+	SLO  bench.SLO
+	// Runs to make, in order.
+	Runs []RunSpec
+	// Logger for the fleet (default: discard).
+	Logger *slog.Logger
+}
+
+// RunSpec is one row of the comparison.
+type RunSpec struct {
+	Policy      string
+	EarlyReject bool
+	// Prefill and Decode count the engines: Decode 0 is an aggregated
+	// fleet of Prefill engines; otherwise Prefill prefill-only and Decode
+	// decode-only engines.
+	Prefill, Decode int
+}
+
+// Fleet names the shape of a run.
+func (r RunSpec) Fleet() string {
+	if r.Decode == 0 {
+		return fmt.Sprintf("aggregated %d", r.Prefill)
+	}
+	return fmt.Sprintf("P/D %dP%dD", r.Prefill, r.Decode)
+}
+
+// Result is one run.
+type Result struct {
+	Spec    RunSpec
+	Summary bench.Summary
+	Records []bench.Record
+}
+
+const model = "kvgate-demo"
+
+// Run makes every run; progress, when set, hears of each request.
+func Run(ctx context.Context, cfg Config, progress func(run int, done, total int)) ([]Result, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	items, err := bench.Chat(cfg.Chat)
+	if err != nil {
+		return nil, err
+	}
+	var out []Result
+	for i, spec := range cfg.Runs {
+		var pr bench.Progress
+		if progress != nil {
+			pr = func(d, t int) { progress(i, d, t) }
+		}
+		res, err := runOne(ctx, cfg, spec, items, pr)
+		if err != nil {
+			return out, fmt.Errorf("%s on %s: %w", spec.Policy, spec.Fleet(), err)
+		}
+		out = append(out, res)
+		if ctx.Err() != nil {
+			return out, ctx.Err()
+		}
+	}
+	return out, nil
+}
+
+// runOne starts a fresh fleet (cold caches) and gateway, sends the
+// workload and tears everything down.
+func runOne(ctx context.Context, cfg Config, spec RunSpec, items []bench.Item, progress bench.Progress) (Result, error) {
+	eps, stop, err := startEngines(ctx, cfg, spec)
+	defer stop()
+	if err != nil {
+		return Result{}, err
+	}
+	url, stopGW, err := startGateway(ctx, cfg, spec, eps)
+	defer stopGW()
+	if err != nil {
+		return Result{}, err
+	}
+	client := &bench.Client{URL: url, Model: model, TimeScale: cfg.TimeScale,
+		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxIdleConns: 2048}}}
+	recs, wall, err := bench.Run(ctx, client, items, bench.Mode{}, progress)
+	if err != nil {
+		return Result{}, err
+	}
+	label := spec.Policy
+	if spec.EarlyReject {
+		label += " +reject"
+	}
+	label += " / " + spec.Fleet()
+	return Result{Spec: spec, Summary: bench.Summarize(label, recs, wall.Seconds()*cfg.TimeScale, cfg.SLO), Records: recs}, nil
+}
+
+func startEngines(ctx context.Context, cfg Config, spec RunSpec) ([]fleet.Endpoint, func(), error) {
+	var engines []*engine.Engine
+	stop := func() {
+		for _, e := range engines {
+			e.Close()
+		}
+	}
+	var eps []fleet.Endpoint
+	add := func(role fleet.Role) error {
+		ec := engine.DefaultConfig()
+		ec.Model, ec.Port, ec.Role, ec.TimeScale = model, 0, role, cfg.TimeScale
+		ec.KVEventsEndpoint = "tcp://127.0.0.1:0"
+		ec.NumGPUBlocks = 3000 * 64 / ec.BlockSize // the baseline's 3 000 blocks of 64 tokens
+		ec.Logger = cfg.Logger
+		e, err := engine.New(ec)
+		if err != nil {
+			return err
+		}
+		if err := e.Start(ctx); err != nil {
+			return err
+		}
+		engines = append(engines, e)
+		eps = append(eps, fleet.Endpoint{Name: e.Addr(), URL: e.URL(), Model: model, Role: role,
+			Events: e.KVEventsEndpoint(), PrefillSpeed: ec.Perf.PrefillTokensPerSec})
+		return nil
+	}
+	prole := fleet.RoleBoth
+	if spec.Decode > 0 {
+		prole = fleet.RolePrefill
+	}
+	for i := 0; i < spec.Prefill; i++ {
+		if err := add(prole); err != nil {
+			return nil, stop, err
+		}
+	}
+	for i := 0; i < spec.Decode; i++ {
+		if err := add(fleet.RoleDecode); err != nil {
+			return nil, stop, err
+		}
+	}
+	return eps, stop, nil
+}
+
+// startGateway serves a gateway for the run on loopback. Its clock runs
+// at the fleet's speed: predictions and SLOs are in modelled seconds.
+func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.Endpoint) (string, func(), error) {
+	early := spec.EarlyReject
+	start := time.Now()
+	scaled := func() time.Time { return start.Add(time.Duration(float64(time.Since(start)) * cfg.TimeScale)) }
+	gc := gateway.Config{Endpoints: eps, Policy: spec.Policy, EarlyReject: &early, SLOTTFT: cfg.SLO.TTFT, SLOTPOT: cfg.SLO.TPOT,
+		Tokenizers: []string{"model=" + model + ",source=engine,url=" + eps[0].URL}, NoHealthChecks: true}
+	g, err := gateway.New(gc, gateway.Options{Logger: cfg.Logger, Now: scaled})
+	if err != nil {
+		return "", func() {}, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", func() {}, err
+	}
+	srv, err := httpserve.New(httpserve.Config{MaxConns: 8192}, g.Handler())
+	if err != nil {
+		ln.Close()
+		return "", func() {}, err
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = g.Run(gctx); close(done) }()
+	go func() { _ = srv.Serve(ln) }()
+	stop := func() {
+		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+		defer c()
+		_ = srv.Shutdown(sctx)
+		cancel()
+		<-done
+	}
+	return "http://" + ln.Addr().String(), stop, nil
+}

@@ -1,0 +1,255 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/discovery/discoverytest"
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+func next(t *testing.T, updates <-chan []fleet.Endpoint) []fleet.Endpoint {
+	t.Helper()
+	return discoverytest.Next(t, updates)
+}
+
+func names(eps []fleet.Endpoint) string {
+	var n []string
+	for _, e := range eps {
+		n = append(n, e.Name)
+	}
+	return strings.Join(n, ",")
+}
+
+func wantNames(t *testing.T, updates <-chan []fleet.Endpoint, want string) []fleet.Endpoint {
+	t.Helper()
+	eps := next(t, updates)
+	if got := names(eps); got != want {
+		t.Fatalf("update %q, want %q", got, want)
+	}
+	return eps
+}
+
+func endpointsYAML(names ...string) string {
+	var b strings.Builder
+	b.WriteString("endpoints:\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "  - {name: %s, url: \"http://127.0.0.1:9/%s\", model: m, role: both}\n", n, n)
+	}
+	return b.String()
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStatic(t *testing.T) {
+	if _, err := NewStatic([]fleet.Endpoint{{Name: "a", Model: "m"}, {Name: "a", Model: "m"}}); err == nil {
+		t.Fatal("duplicate names accepted")
+	}
+	src, err := NewStatic([]fleet.Endpoint{{URL: "http://h:1/", Model: "m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates := discoverytest.Run(t, src)
+	eps := wantNames(t, updates, "h:1")
+	if eps[0].URL != "http://h:1" {
+		t.Fatalf("not normalised: %+v", eps[0])
+	}
+	eps[0].Name = "mutated" // the callee owns its copy
+	discoverytest.NoUpdate(t, updates)
+}
+
+func TestNotifier(t *testing.T) {
+	var got [][]fleet.Endpoint
+	sink := &discoverytest.LogSink{}
+	n := NewNotifier("test", sink.Logger(), func(eps []fleet.Endpoint) { got = append(got, eps) })
+	a, b := fleet.Endpoint{Name: "a", Model: "m"}, fleet.Endpoint{Name: "b", Model: "m"}
+	b2 := b
+	b2.Role = fleet.RoleDecode
+	steps := []struct {
+		eps  []fleet.Endpoint
+		sent bool
+	}{
+		{nil, true}, // the first list is always sent, even empty
+		{nil, false},
+		{[]fleet.Endpoint{a, b}, true},
+		{[]fleet.Endpoint{a, b}, false},
+		{[]fleet.Endpoint{a, b2}, true},
+		{[]fleet.Endpoint{b2}, true},
+	}
+	for i, s := range steps {
+		if sent := n.Publish(s.eps); sent != s.sent {
+			t.Fatalf("step %d: sent %v, want %v", i, sent, s.sent)
+		}
+	}
+	if len(got) != 4 {
+		t.Fatalf("%d updates", len(got))
+	}
+	if sink.Count("changed=[b]") != 1 || sink.Count("removed=[a]") != 1 {
+		t.Fatalf("logs:\n%s", sink.String())
+	}
+	added, removed, changed := Diff([]fleet.Endpoint{a, b}, []fleet.Endpoint{b2, {Name: "c", Model: "m"}})
+	if !slices.Equal(added, []string{"c"}) || !slices.Equal(removed, []string{"a"}) || !slices.Equal(changed, []string{"b"}) {
+		t.Fatal(added, removed, changed)
+	}
+}
+
+func newFileSource(t *testing.T, path string, sink *discoverytest.LogSink) *File {
+	t.Helper()
+	f, err := NewFile(FileConfig{Path: path, Debounce: 20 * time.Millisecond, Logger: sink.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestFileChanges(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "endpoints.yaml")
+	writeFile(t, path, endpointsYAML("a", "b"))
+	sink := &discoverytest.LogSink{}
+	updates := discoverytest.Run(t, newFileSource(t, path, sink))
+	wantNames(t, updates, "a,b")
+
+	// Add, then remove, by rewriting in place.
+	writeFile(t, path, endpointsYAML("a", "b", "c"))
+	wantNames(t, updates, "a,b,c")
+	writeFile(t, path, endpointsYAML("a", "c"))
+	wantNames(t, updates, "a,c")
+
+	// A bad write keeps the list and is logged with its error.
+	writeFile(t, path, "endpoints:\n  - {name: x, model: m, colour: red}\n")
+	sink.Wait(t, "colour", 1)
+	discoverytest.NoUpdate(t, updates)
+	writeFile(t, path, endpointsYAML("a", "a"))
+	sink.Wait(t, "already used", 1)
+	writeFile(t, path, "")
+	sink.Wait(t, "empty file", 1)
+	discoverytest.NoUpdate(t, updates)
+	// The old content again: nothing changed for the consumer.
+	writeFile(t, path, endpointsYAML("a", "c"))
+	writeFile(t, path, endpointsYAML("c"))
+	wantNames(t, updates, "c")
+
+	// Atomic replace, as editors and config tools do it.
+	tmp := filepath.Join(dir, ".endpoints.yaml.tmp")
+	writeFile(t, tmp, endpointsYAML("c", "d"))
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	wantNames(t, updates, "c,d")
+
+	// Deleted: the last list stays, and the deletion is logged; created
+	// again: read again.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	sink.Wait(t, "endpoint file is missing", 1)
+	discoverytest.NoUpdate(t, updates)
+	writeFile(t, path, endpointsYAML("e"))
+	wantNames(t, updates, "e")
+	// "endpoints: []" is a real empty list.
+	writeFile(t, path, "endpoints: []\n")
+	wantNames(t, updates, "")
+}
+
+// TestFileConfigMapSwap replays how kubelet updates a mounted ConfigMap:
+// the file is a symlink through ..data, which is swapped atomically to a
+// new timestamped directory.
+func TestFileConfigMapSwap(t *testing.T) {
+	dir := t.TempDir()
+	mk := func(ts string, eps ...string) {
+		if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(dir, ts, "endpoints.yaml"), endpointsYAML(eps...))
+	}
+	swap := func(ts, old string) {
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(ts, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("..2026_01_01_00_00_00.1", "a")
+	if err := os.Symlink("..2026_01_01_00_00_00.1", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "endpoints.yaml")
+	if err := os.Symlink("..data/endpoints.yaml", path); err != nil {
+		t.Fatal(err)
+	}
+	sink := &discoverytest.LogSink{}
+	updates := discoverytest.Run(t, newFileSource(t, path, sink))
+	wantNames(t, updates, "a")
+	mk("..2026_01_01_00_01_00.2", "a", "b")
+	swap("..2026_01_01_00_01_00.2", "..2026_01_01_00_00_00.1")
+	wantNames(t, updates, "a,b")
+	mk("..2026_01_01_00_02_00.3", "b")
+	swap("..2026_01_01_00_02_00.3", "..2026_01_01_00_01_00.2")
+	wantNames(t, updates, "b")
+}
+
+// TestFileSymlinkElsewhere: the path links into another directory, where
+// the file is rewritten in place.
+func TestFileSymlinkElsewhere(t *testing.T) {
+	real := filepath.Join(t.TempDir(), "real.yaml")
+	writeFile(t, real, endpointsYAML("a"))
+	path := filepath.Join(t.TempDir(), "endpoints.yaml")
+	if err := os.Symlink(real, path); err != nil {
+		t.Fatal(err)
+	}
+	updates := discoverytest.Run(t, newFileSource(t, path, &discoverytest.LogSink{}))
+	wantNames(t, updates, "a")
+	writeFile(t, real, endpointsYAML("a", "b"))
+	wantNames(t, updates, "a,b")
+}
+
+func TestFileStartErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	writeFile(t, bad, "endpoints: 3\n")
+	for path, want := range map[string]string{
+		filepath.Join(dir, "missing.yaml"):      "no such file",
+		bad:                                     "cannot unmarshal",
+		filepath.Join(dir, "nodir", "eps.yaml"): "no such file",
+	} {
+		f := newFileSource(t, path, &discoverytest.LogSink{})
+		err := f.Run(context.Background(), func([]fleet.Endpoint) { t.Error("update from a bad start") })
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want %q", path, err, want)
+		}
+	}
+	for _, cfg := range []FileConfig{{}, {Path: "x", Debounce: -1}, {Path: "x", Debounce: time.Hour}} {
+		if _, err := NewFile(cfg); err == nil {
+			t.Errorf("%+v accepted", cfg)
+		}
+	}
+	big := filepath.Join(dir, "big.yaml")
+	writeFile(t, big, "# "+strings.Repeat("x", MaxFileBytes)+"\n")
+	if _, _, err := LoadFile(big); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("big file: %v", err)
+	}
+}
+
+func TestMain(m *testing.M) {
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	os.Exit(m.Run())
+}

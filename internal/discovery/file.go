@@ -1,0 +1,196 @@
+package discovery
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// File defaults and limits.
+const (
+	DefaultDebounce = 100 * time.Millisecond
+	MaxDebounce     = time.Minute
+	MaxFileBytes    = 8 << 20
+)
+
+// FileConfig configures a File source.
+type FileConfig struct {
+	// Path is the YAML file of endpoints (fleet.ParseFile's format).
+	Path string
+	// Debounce waits for this much quiet after a change before reading
+	// the file (editors and kubelet write in several steps), in
+	// [1ms, 1m]; 0: DefaultDebounce.
+	Debounce time.Duration
+	// Logger; nil: slog.Default().
+	Logger *slog.Logger
+}
+
+// File is a YAML file of endpoints, watched for changes. It watches the
+// file's directory rather than the file, so that an editor's
+// write-and-rename, a Kubernetes ConfigMap's symlink swap (..data) or a
+// file deleted and created again are all seen; when the path is a symlink
+// into another directory, that directory is watched too. After each change
+// (debounced) the file is read again: a list that fails to parse or
+// validate, an empty file, or a missing file keeps the previous list and
+// is logged, never applied.
+type File struct {
+	path     string
+	debounce time.Duration
+	log      *slog.Logger
+}
+
+// NewFile checks cfg.
+func NewFile(cfg FileConfig) (*File, error) {
+	if cfg.Path == "" {
+		return nil, errors.New("discovery: file path is required")
+	}
+	abs, err := filepath.Abs(cfg.Path)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: file %q: %w", cfg.Path, err)
+	}
+	d := cfg.Debounce
+	if d == 0 {
+		d = DefaultDebounce
+	}
+	if d < time.Millisecond || d > MaxDebounce {
+		return nil, fmt.Errorf("discovery: debounce %v out of range [1ms, %v]", d, MaxDebounce)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &File{path: abs, debounce: d, log: log.With("file", abs)}, nil
+}
+
+// LoadFile reads and validates a file of endpoints. An empty file is an
+// error (a half-written file reads as empty); a file saying
+// "endpoints: []" is an empty list.
+func LoadFile(path string) ([]fleet.Endpoint, []byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(data) > MaxFileBytes {
+		return nil, nil, fmt.Errorf("%s: larger than %d bytes", path, MaxFileBytes)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, data, fmt.Errorf("%s: empty file (write endpoints: [] for no endpoints)", path)
+	}
+	eps, err := fleet.ParseFile(data)
+	if err != nil {
+		return nil, data, fmt.Errorf("%s: %w", path, err)
+	}
+	return eps, data, nil
+}
+
+// Run watches the file until ctx ends. The file must be valid at start.
+func (f *File) Run(ctx context.Context, update func([]fleet.Endpoint)) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("discovery: watch %s: %w", f.path, err)
+	}
+	defer w.Close()
+	dir := filepath.Dir(f.path)
+	if err := w.Add(dir); err != nil {
+		return fmt.Errorf("discovery: watch %s: %w", dir, err)
+	}
+	// Watch first, then read: a change in between is not lost.
+	wt := watchTarget{w: w, dir: dir, log: f.log}
+	wt.follow(f.path)
+	eps, last, err := LoadFile(f.path)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	n := NewNotifier("file", f.log, update)
+	n.Publish(eps)
+
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var lastErr string
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return fmt.Errorf("discovery: watcher of %s closed", dir)
+			}
+			if ev.Name == dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				f.log.Error("discovery: the endpoint file's directory is gone; keeping the last list and no longer watching", "dir", dir)
+			}
+			timer.Reset(f.debounce)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return fmt.Errorf("discovery: watcher of %s closed", dir)
+			}
+			// An overflow may have hidden a change: read again.
+			f.log.Warn("discovery: watch error; reading the file again", "err", err)
+			timer.Reset(f.debounce)
+		case <-timer.C:
+			wt.follow(f.path)
+			eps, data, err := LoadFile(f.path)
+			switch {
+			case err != nil:
+				if msg := err.Error(); msg != lastErr {
+					lastErr = msg
+					if errors.Is(err, fs.ErrNotExist) {
+						f.log.Warn("discovery: endpoint file is missing; keeping the last list", "err", err)
+					} else {
+						f.log.Error("discovery: bad endpoint file; keeping the last list", "err", err)
+					}
+				}
+				last = nil // the same bytes written again are read again
+			case bytes.Equal(data, last):
+			default:
+				lastErr, last = "", data
+				n.Publish(eps)
+			}
+		}
+	}
+}
+
+// watchTarget also watches the directory a symlinked file really lives
+// in, when that is not the directory of its path.
+type watchTarget struct {
+	w     *fsnotify.Watcher
+	dir   string
+	extra string
+	log   *slog.Logger
+}
+
+func (t *watchTarget) follow(path string) {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return
+	}
+	rdir := filepath.Dir(real)
+	if rdir == t.dir || rdir == t.extra {
+		return
+	}
+	if t.extra != "" {
+		t.w.Remove(t.extra) // gone already when a ConfigMap swap removed it
+	}
+	t.extra = ""
+	if err := t.w.Add(rdir); err != nil {
+		t.log.Warn("discovery: cannot watch the directory the endpoint file links to", "dir", rdir, "err", err)
+		return
+	}
+	t.extra = rdir
+}

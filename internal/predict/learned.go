@@ -1,0 +1,309 @@
+package predict
+
+import (
+	"fmt"
+	"math"
+)
+
+// Options configure the learned predictor and the error statistics of both.
+// A zero field takes its default.
+type Options struct {
+	// Forget is the recursive least squares forgetting factor per sample,
+	// in [0.5, 1]: the model's memory is about 1/(1-Forget) samples
+	// (default 0.98: about 50).
+	Forget float64
+	// MinSamples is how many of its own observations an endpoint needs
+	// before its own model replaces its pool's (endpoints with the same
+	// configured speed are pooled); default 16, at most 1e6.
+	MinSamples int
+	// Quantile is the pessimistic quantile of the compute-time ratio
+	// observed/predicted (default 0.9), in [0.5, 0.999].
+	Quantile float64
+	// QuantileStep is the quantile tracker's step in log units (default
+	// 0.05), in (0, 1].
+	QuantileStep float64
+	// InitialMargin is the pessimistic factor before any data (default
+	// 1.5), in [1, 7].
+	InitialMargin float64
+	// ErrorWeight is the weight of the newest sample in the recent error
+	// (default 0.05), in (0, 1].
+	ErrorWeight float64
+}
+
+func (o Options) withDefaults() (Options, error) {
+	def := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Forget, 0.98)
+	def(&o.Quantile, 0.9)
+	def(&o.QuantileStep, 0.05)
+	def(&o.InitialMargin, 1.5)
+	def(&o.ErrorWeight, 0.05)
+	if o.MinSamples == 0 {
+		o.MinSamples = 16
+	}
+	switch {
+	case !(o.Forget >= 0.5 && o.Forget <= 1):
+		return o, fmt.Errorf("predict: forgetting factor %g not in [0.5, 1]", o.Forget)
+	case o.MinSamples < 1 || o.MinSamples > 1e6:
+		return o, fmt.Errorf("predict: min samples %d not in [1, 1000000]", o.MinSamples)
+	case !(o.Quantile >= 0.5 && o.Quantile <= 0.999):
+		return o, fmt.Errorf("predict: quantile %g not in [0.5, 0.999]", o.Quantile)
+	case !(o.QuantileStep > 0 && o.QuantileStep <= 1):
+		return o, fmt.Errorf("predict: quantile step %g not in (0, 1]", o.QuantileStep)
+	case !(o.InitialMargin >= 1 && o.InitialMargin <= 7):
+		return o, fmt.Errorf("predict: initial margin %g not in [1, 7]", o.InitialMargin)
+	case !(o.ErrorWeight > 0 && o.ErrorWeight <= 1):
+		return o, fmt.Errorf("predict: error weight %g not in (0, 1]", o.ErrorWeight)
+	}
+	return o, nil
+}
+
+// Learned is the online-learned predictor. Each endpoint's compute time is
+// modelled as
+//
+//	t = θ0·u + θ1·u² + θ2·u·c + θ3      (u, c: uncached, cached kilotokens)
+//
+// — linear compute, attention over the new tokens (quadratic) and over the
+// cached context, and a fixed overhead — fitted by recursive least squares
+// with exponential forgetting on relative errors (each sample is scaled by
+// the analytic prediction, so a 10% miss counts the same on short and long
+// prompts). It starts from the analytic model (θ0 = 1/speed, the rest 0);
+// an endpoint with fewer than MinSamples observations of its own is
+// predicted by the pool of endpoints with its configured speed, which all
+// of them train.
+type Learned struct {
+	o      Options
+	models map[string]*learnedModel
+	pools  map[uint64]*rls
+}
+
+// NewLearned returns a learned predictor.
+func NewLearned(o Options) (*Learned, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Learned{o: o, models: map[string]*learnedModel{}, pools: map[uint64]*rls{}}, nil
+}
+
+// Name implements Predictor.
+func (*Learned) Name() string { return "learned" }
+
+// Model implements Predictor.
+func (l *Learned) Model(name string, speed float64) Model {
+	if !(speed > 0) || math.IsInf(speed, 0) {
+		speed = 0
+	}
+	key := math.Float64bits(speed)
+	pool := l.pools[key]
+	if pool == nil {
+		pool = newRLS(speed, l.o.Forget)
+		l.pools[key] = pool
+	}
+	m := l.models[name]
+	if m == nil || m.speed != speed {
+		// New, or its configuration changed: start again from the prior.
+		m = &learnedModel{speed: speed, own: newRLS(speed, l.o.Forget), err: newErrStats(l.o), min: l.o.MinSamples}
+		l.models[name] = m
+	}
+	m.pool = pool
+	return m
+}
+
+type learnedModel struct {
+	speed     float64
+	own, pool *rls
+	err       errStats
+	min       int
+}
+
+const nFeat = 4
+
+// features returns the regressors of x.
+func features(x Features) [nFeat]float64 {
+	u := float64(max(x.Uncached, 0)) / 1024
+	c := float64(max(x.Cached, 0)) / 1024
+	return [nFeat]float64{u, u * u, u * c, 1}
+}
+
+// scale is the analytic prediction the sample is divided by (relative
+// errors), at least a millisecond.
+func (r *rls) scale(x Features) float64 {
+	return max(AnalyticSeconds(x.Uncached, r.speed), 1e-3)
+}
+
+func (m *learnedModel) active() *rls {
+	if m.own.n < m.min && m.pool.n > m.own.n {
+		return m.pool
+	}
+	return m.own
+}
+
+func (m *learnedModel) Prefill(x Features) Estimate {
+	s := m.active().predict(x)
+	return Estimate{Seconds: s, Pessimistic: s * m.err.margin()}
+}
+
+func (m *learnedModel) Observe(o Observation) {
+	m.err.observe(o)
+	if !finitePos(o.Compute) || o.X.Uncached < 0 {
+		return
+	}
+	m.own.update(o.X, o.Compute)
+	m.pool.update(o.X, o.Compute)
+}
+
+func (m *learnedModel) Stats() Stats {
+	st := Stats{Samples: m.own.n, APE: m.err.ape, Margin: m.err.margin()}
+	if s := m.active().predict(Features{Uncached: RefTokens}); s > 0 {
+		st.Speed = RefTokens / s
+	}
+	return st
+}
+
+// rls is one recursive least squares fit.
+type rls struct {
+	speed  float64
+	forget float64
+	theta  [nFeat]float64
+	p      [nFeat][nFeat]float64
+	p0     [nFeat]float64 // the prior's diagonal
+	pmax   [nFeat]float64
+	bias   float64 // exponentially weighted relative residual
+	msq    float64 // exponentially weighted squared relative residual
+	n      int
+}
+
+// Prior standard deviations, relative to θ0 = 1/speed per kilotoken (the
+// samples are relative errors, whose variance is taken as noiseVar).
+const (
+	noiseVar = 0.01
+	// windup bounds how far P's diagonal may grow over its prior when
+	// forgetting outpaces data in a direction.
+	windup = 10
+)
+
+func newRLS(speed, forget float64) *rls {
+	r := &rls{speed: speed, forget: forget}
+	t0 := 1e-4 // per kilotoken: a guess when no speed is configured
+	if speed > 0 {
+		t0 = 1024 / speed
+	}
+	r.theta[0] = t0
+	sd := [nFeat]float64{t0, t0 / 16, t0 / 16, 0.005}
+	for i, s := range sd {
+		r.p0[i] = s * s / noiseVar
+		r.pmax[i] = windup * r.p0[i]
+	}
+	for i, v := range r.p0 {
+		r.p[i][i] = v
+	}
+	return r
+}
+
+// reset gives the linear term its prior uncertainty again (keeping θ):
+// after a change of the endpoint's speed, the new data outweigh the old at
+// once. Only the linear term: a speed change scales every per-token term,
+// but the data after a change (often short prompts only) cannot tell the
+// terms apart, and freeing all of them lets the fit trade the quadratic
+// terms against the linear one into nonsense for long prompts. Zeroing the
+// row and column keeps P positive semi-definite.
+func (r *rls) reset() {
+	for j := range r.p {
+		r.p[0][j], r.p[j][0] = 0, 0
+	}
+	r.p[0][0] = r.p0[0]
+	r.bias = 0
+}
+
+// Change detection: when the relative residual's weighted mean (weight
+// biasWeight per sample, each residual clipped to ±0.5 so that one
+// outlier cannot trip it) drifts beyond ±biasLimit, or beyond three times
+// its own spread on a noisy endpoint, the endpoint changed.
+const (
+	biasWeight = 0.1
+	biasLimit  = 0.15
+	msqWeight  = 0.02
+)
+
+// predict returns the compute seconds of x, kept within a factor of 20 of
+// the analytic prediction (a guard against a fit gone astray) and >= 0.
+func (r *rls) predict(x Features) float64 {
+	f := features(x)
+	var s float64
+	for i := range f {
+		s += r.theta[i] * f[i]
+	}
+	a := AnalyticSeconds(x.Uncached, r.speed)
+	if a > 0 {
+		return min(max(s, a/20), a*20)
+	}
+	return min(max(s, 0), 60)
+}
+
+// gain returns P·φ and λ + φᵀ·P·φ.
+func (r *rls) gain(phi [nFeat]float64) (pphi [nFeat]float64, den float64) {
+	den = r.forget
+	for i := range phi {
+		var s float64
+		for j := range phi {
+			s += r.p[i][j] * phi[j]
+		}
+		pphi[i] = s
+		den += phi[i] * s
+	}
+	return pphi, den
+}
+
+// update adds one sample: x took y seconds.
+func (r *rls) update(x Features, y float64) {
+	w := 1 / r.scale(x)
+	f := features(x)
+	var phi [nFeat]float64
+	for i := range f {
+		phi[i] = f[i] * w
+	}
+	pphi, den := r.gain(phi)
+	var pred float64
+	for i := range phi {
+		pred += r.theta[i] * phi[i]
+	}
+	// A relative miss beyond ±150% is clipped (a stall or a measurement
+	// glitch should move the fit, not throw it).
+	e := min(max(y*w-pred, -1.5), 1.5)
+	ec := min(max(e, -0.5), 0.5)
+	r.msq += msqWeight * (ec*ec - r.msq)
+	// The bias's own spread for residuals of this size is
+	// sqrt(msq·w/(2−w)); a change is a bias well beyond it.
+	limit := max(biasLimit, 3*math.Sqrt(r.msq*biasWeight/(2-biasWeight)))
+	if r.bias += biasWeight * (ec - r.bias); math.Abs(r.bias) > limit {
+		r.reset()
+		pphi, den = r.gain(phi)
+	}
+	inv := 1 / den
+	for i := range phi {
+		r.theta[i] += pphi[i] * inv * e
+	}
+	lf := 1 / r.forget
+	for i := range phi {
+		for j := i; j < nFeat; j++ {
+			v := (r.p[i][j] - pphi[i]*pphi[j]*inv) * lf
+			r.p[i][j], r.p[j][i] = v, v
+		}
+	}
+	// Anti-windup: scale a row and column whose variance outgrew its cap
+	// (a congruence with a diagonal matrix keeps P positive definite).
+	for i := range phi {
+		if d := r.p[i][i]; d > r.pmax[i] {
+			k := math.Sqrt(r.pmax[i] / d)
+			for j := range phi {
+				r.p[i][j] *= k
+				r.p[j][i] *= k
+			}
+		}
+	}
+	r.n++
+}

@@ -1,0 +1,128 @@
+// Package predict is kvgate's latency predictor: how long an endpoint takes
+// to prefill a request, learned online from the outcomes of the requests it
+// already routes, or computed from a configured speed.
+//
+// internal/load asks a Predictor for each endpoint's Model and uses it to
+// fill the scheduling snapshot (an effective prefill speed per endpoint and
+// request, so sched.PredictTTFT = QueueWait + uncached/speed is the model's
+// prediction) and to predict the compute time it queues for a routed
+// request; it reports each observed prefill back with Observe. The
+// simulator and the gateway share this through load.Fleet.
+//
+// Models are not safe for concurrent use: load.Fleet calls them under its
+// lock.
+package predict
+
+import "math"
+
+// Features describe one prefill on one endpoint, as known when it is routed.
+type Features struct {
+	// Uncached is the prompt tokens to compute; Cached those already held.
+	Uncached, Cached int
+	// QueuedTokens is the uncached tokens routed to the endpoint ahead of
+	// this request and not yet past their prefill.
+	QueuedTokens int
+	// Running is the requests in flight on the endpoint.
+	Running int
+}
+
+// Estimate is a prediction of the compute time of one prefill, in seconds.
+type Estimate struct {
+	Seconds float64
+	// Pessimistic is an upper quantile (see Options.Quantile): admission
+	// can judge with it so that an endpoint with little data or erratic
+	// outcomes is not over-trusted. Pessimistic >= Seconds.
+	Pessimistic float64
+}
+
+// Observation is the outcome of one prefill.
+type Observation struct {
+	X Features
+	// Compute is the observed compute time (first token minus the start
+	// of the prefill, seconds); Predicted the compute time predicted at
+	// routing.
+	Compute, Predicted float64
+	// TTFT and PredictedTTFT are the observed and predicted time from
+	// routing to the first token (queue wait included); they feed the
+	// error statistics only.
+	TTFT, PredictedTTFT float64
+}
+
+// Stats describe an endpoint's model, for /admin/endpoints and /metrics.
+type Stats struct {
+	// Speed is the effective prefill speed (tokens/s) the model predicts
+	// for an uncached prompt of RefTokens tokens.
+	Speed float64 `json:"learned_speed"`
+	// Samples counts the observations the endpoint's own model has had.
+	Samples int `json:"samples"`
+	// APE is the recent absolute percentage error of predicted TTFT (an
+	// exponentially weighted mean, 0..; 0.1 is 10%).
+	APE float64 `json:"recent_ttft_ape"`
+	// Margin is Pessimistic/Seconds: the pessimistic quantile's factor.
+	Margin float64 `json:"pessimistic_margin"`
+}
+
+// RefTokens is the prompt length at which Stats.Speed is reported.
+const RefTokens = 2048
+
+// Model predicts one endpoint's prefill time.
+type Model interface {
+	Prefill(x Features) Estimate
+	Observe(o Observation)
+	Stats() Stats
+}
+
+// Predictor hands out one Model per endpoint.
+type Predictor interface {
+	// Name is "analytic", "learned" or another implementation's name.
+	Name() string
+	// Model returns the model of the endpoint named name whose configured
+	// prefill speed is speed (tokens/s; the analytic prior): the same
+	// model for the same name, its prior updated when speed changes.
+	Model(name string, speed float64) Model
+}
+
+// errStats tracks a model's recent error: an exponentially weighted mean
+// of the TTFT's absolute percentage error and a running upper quantile of
+// the log ratio observed/predicted compute time (stochastic quantile
+// tracking: O(1) per sample).
+type errStats struct {
+	ape   float64
+	q     float64 // the quantile of ln(observed/predicted)
+	n     int
+	alpha float64
+	tau   float64
+	step  float64
+}
+
+func newErrStats(o Options) errStats {
+	return errStats{q: math.Log(o.InitialMargin), alpha: o.ErrorWeight, tau: o.Quantile, step: o.QuantileStep}
+}
+
+func (s *errStats) observe(o Observation) {
+	if finitePos(o.TTFT) && o.PredictedTTFT >= 0 && !math.IsInf(o.PredictedTTFT, 0) {
+		a := math.Abs(o.PredictedTTFT-o.TTFT) / o.TTFT
+		if s.n == 0 {
+			s.ape = a
+		} else {
+			s.ape += s.alpha * (a - s.ape)
+		}
+		s.n++
+	}
+	if finitePos(o.Compute) && finitePos(o.Predicted) {
+		r := math.Log(o.Compute / o.Predicted)
+		if r < s.q {
+			s.q -= s.step * (1 - s.tau)
+		} else {
+			s.q += s.step * s.tau
+		}
+		s.q = min(max(s.q, 0), maxLogMargin)
+	}
+}
+
+func finitePos(v float64) bool { return v > 0 && !math.IsInf(v, 0) }
+
+// maxLogMargin caps the pessimistic factor at e^2 ≈ 7.4.
+const maxLogMargin = 2
+
+func (s *errStats) margin() float64 { return math.Exp(s.q) }

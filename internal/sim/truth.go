@@ -1,0 +1,352 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/predict"
+)
+
+// Truth is a heterogeneous fleet's hidden timing: what each prefill
+// instance really takes, which the router does not know (it is configured
+// with Config.Model's speed for all of them). A prefill of u uncached
+// tokens after c cached ones on instance i takes
+//
+//	(u / Speeds[i]) · (1 + (c + u/2) / Knees[i]) + Overheads[i]
+//
+// seconds (attention makes long prompts cost more than linearly; Knee 0:
+// linear), times a lognormal jitter of sigma Noise; from DriftAt on,
+// instance DriftInstance runs at DriftFactor times its speed. The router
+// hears of each first token MeasureNoise (sigma, seconds) off.
+type Truth struct {
+	Speeds, Knees, Overheads []float64
+	Noise, MeasureNoise      float64
+	// DriftAt is when the drift starts (seconds); 0: no drift.
+	DriftAt       float64
+	DriftInstance int
+	DriftFactor   float64
+	Seed          uint64
+}
+
+// Predictors are the Config.Predictor names.
+var Predictors = []string{"analytic", "learned", "true"}
+
+func (t *Truth) validate(n int) error {
+	if len(t.Speeds) != n || len(t.Knees) != n || len(t.Overheads) != n {
+		return fmt.Errorf("sim: truth needs a speed, knee and overhead for each of the %d prefill instances", n)
+	}
+	var errs []error
+	for i := range n {
+		if !(t.Speeds[i] >= 1 && t.Speeds[i] <= 1e9) || !(t.Knees[i] >= 0 && t.Knees[i] <= 1e12) || !(t.Overheads[i] >= 0 && t.Overheads[i] <= 60) {
+			errs = append(errs, fmt.Errorf("sim: instance %d: speed must be in [1, 1e9] tokens/s, knee in [0, 1e12] tokens, overhead in [0, 60] s", i))
+		}
+	}
+	if !(t.Noise >= 0 && t.Noise <= 2) || !(t.MeasureNoise >= 0 && t.MeasureNoise <= 60) {
+		errs = append(errs, errors.New("sim: noise must be in [0, 2] and measurement noise in [0, 60] s"))
+	}
+	if !(t.DriftAt >= 0 && t.DriftAt <= 1e9) {
+		errs = append(errs, errors.New("sim: drift time must be in [0, 1e9] s"))
+	}
+	if t.DriftAt > 0 && (t.DriftInstance < 0 || t.DriftInstance >= n || !(t.DriftFactor >= 0.01 && t.DriftFactor <= 100)) {
+		errs = append(errs, fmt.Errorf("sim: drift needs an instance in [0, %d) and a factor in [0.01, 100]", n))
+	}
+	return errors.Join(errs...)
+}
+
+// seconds is instance i's noise-free prefill time starting at time at.
+func (t *Truth) seconds(i, uncached, cached int, at float64) float64 {
+	if uncached <= 0 {
+		return 0
+	}
+	speed := t.Speeds[i]
+	if t.DriftAt > 0 && i == t.DriftInstance && at >= t.DriftAt {
+		speed *= t.DriftFactor
+	}
+	u, c := float64(uncached), float64(cached)
+	s := u / speed
+	if k := t.Knees[i]; k > 0 {
+		s *= 1 + (c+u/2)/k
+	}
+	return s + t.Overheads[i]
+}
+
+// truthRun is the true engines of a run with a Truth: FIFO prefill
+// servers whose completions the router hears of as first tokens.
+type truthRun struct {
+	t       *Truth
+	name    string // the predictor
+	rng     *rand.Rand
+	free    []float64      // per instance: when its prefill queue empties
+	pending [][]completion // per instance, in completion order
+	// Per request: the prediction at routing and the noise-free truth.
+	predTTFT, predCompute, trueCompute []float64
+	inst                               []int
+}
+
+type completion struct {
+	fl      *load.Flight
+	end     float64 // true end
+	heardAt float64 // when the router hears of it
+}
+
+func newTruthRun(t *Truth, n, requests int) *truthRun {
+	tr := &truthRun{t: t, rng: rand.New(rand.NewPCG(t.Seed, 0x7275746821)), free: make([]float64, n),
+		pending: make([][]completion, n), predTTFT: make([]float64, requests), predCompute: make([]float64, requests),
+		trueCompute: make([]float64, requests), inst: make([]int, requests)}
+	for i := range tr.inst {
+		tr.inst[i] = -1
+	}
+	return tr
+}
+
+// predictor returns the predictor a run with this truth uses: "analytic"
+// (the configured speed), "learned" or "true" (an oracle that knows the
+// hidden timing, noise aside).
+func (tr *truthRun) predictor(name string, names []string, clock *float64) (predict.Predictor, error) {
+	switch name {
+	case "analytic":
+		return predict.NewAnalytic(predict.Options{})
+	case "learned":
+		return predict.NewLearned(predict.Options{})
+	case "true":
+		idx := make(map[string]int, len(names))
+		for i, n := range names {
+			idx[n] = i
+		}
+		return &oracle{t: tr.t, idx: idx, now: clock}, nil
+	}
+	return nil, fmt.Errorf("sim: unknown predictor %q (known: analytic, learned, true)", name)
+}
+
+// route runs request ri, routed at time at to instance i with the given
+// uncached and cached tokens, on the true engine; it returns the true end
+// of its prefill. freeAt is when the router predicted the instance's queue
+// to empty before this request.
+func (tr *truthRun) route(lf *load.Fleet, fl *load.Flight, ri, i, uncached, cached int, at, freeAt float64) float64 {
+	start := max(at, tr.free[i])
+	exact := tr.t.seconds(i, uncached, cached, start)
+	compute := exact
+	if tr.t.Noise > 0 {
+		compute *= math.Exp(tr.t.Noise * tr.rng.NormFloat64())
+	}
+	end := start + compute
+	tr.free[i] = end
+	heard := end
+	if tr.t.MeasureNoise > 0 {
+		heard = max(end+tr.t.MeasureNoise*tr.rng.NormFloat64(), at)
+	}
+	tr.pending[i] = append(tr.pending[i], completion{fl: fl, end: end, heardAt: heard})
+	pred := lf.PredictedPrefillEnd(fl)
+	tr.predTTFT[ri] = pred - at
+	tr.predCompute[ri] = pred - max(at, freeAt)
+	tr.trueCompute[ri] = exact
+	tr.inst[ri] = i
+	return end
+}
+
+// advance reports to the router every first token heard by time now.
+func (tr *truthRun) advance(lf *load.Fleet, now float64) {
+	for i, q := range tr.pending {
+		k := 0
+		for k < len(q) && q[k].heardAt <= now {
+			lf.FirstToken(q[k].fl, q[k].heardAt)
+			lf.Finish(q[k].fl, q[k].heardAt)
+			q[k] = completion{}
+			k++
+		}
+		tr.pending[i] = q[k:]
+		if len(tr.pending[i]) == 0 {
+			tr.pending[i] = q[:0]
+		}
+	}
+}
+
+// summarise adds the prediction errors over admitted requests that arrived
+// after warm-up, and the drift measures, to res.
+func (tr *truthRun) summarise(r *run, res *Result) {
+	res.Predictor = tr.name
+	warm := min(30, r.tr.Duration/4)
+	var apes []float64
+	for ri, ok := range r.admitted {
+		q := &r.tr.Requests[ri]
+		if !ok || q.Arrival < warm {
+			continue
+		}
+		if act := r.prefillDone[ri] - q.Arrival; act > 0 {
+			apes = append(apes, math.Abs(tr.predTTFT[ri]-act)/act)
+		}
+	}
+	if len(apes) > 0 {
+		slices.Sort(apes)
+		res.TTFTMdAPE = apes[len(apes)/2]
+		res.TTFTAPEP90 = apes[min(len(apes)*9/10, len(apes)-1)]
+	}
+	if tr.t.DriftAt > 0 {
+		rec, stale := tr.drift(r)
+		res.DriftRecovery, res.StaleRouting = &rec, &stale
+	}
+}
+
+// driftBin is the width of the windows the drift recovery is judged in.
+const driftBin = 5.0
+
+// drift measures, over the requests routed to the drifted instance after
+// the drift, in 5-second windows:
+//   - recovery: seconds from the drift to the start of the first window
+//     from which every window's median TTFT error is under 10% (-1: never);
+//   - stale routing: seconds from the drift to the last request of the
+//     last window whose median ratio of predicted to true compute time is
+//     under 3/4 (the router still believing the instance about as fast as
+//     before the drift; 0: none).
+func (tr *truthRun) drift(r *run) (recovery, stale float64) {
+	d := tr.t.DriftAt
+	type bin struct {
+		ape, ratio []float64
+		last       float64
+	}
+	bins := map[int]*bin{}
+	last := 0
+	for ri, i := range tr.inst {
+		q := &r.tr.Requests[ri]
+		if i != tr.t.DriftInstance || q.Arrival < d {
+			continue
+		}
+		k := int((q.Arrival - d) / driftBin)
+		last = max(last, k)
+		b := bins[k]
+		if b == nil {
+			b = &bin{}
+			bins[k] = b
+		}
+		b.last = q.Arrival - d
+		if act := r.prefillDone[ri] - q.Arrival; act > 0 {
+			b.ape = append(b.ape, math.Abs(tr.predTTFT[ri]-act)/act)
+		}
+		if tr.trueCompute[ri] > 0 {
+			b.ratio = append(b.ratio, tr.predCompute[ri]/tr.trueCompute[ri])
+		}
+	}
+	recovery = -1
+	for k := last; k >= 0; k-- {
+		b := bins[k]
+		if b == nil || len(b.ape) == 0 {
+			continue
+		}
+		if median(b.ape) >= 0.1 {
+			break
+		}
+		recovery = float64(k) * driftBin
+	}
+	for k := last; k >= 0; k-- {
+		if b := bins[k]; b != nil && len(b.ratio) > 0 && median(b.ratio) < 0.75 {
+			return recovery, b.last
+		}
+	}
+	return recovery, 0
+}
+
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
+
+// oracle predicts with the hidden truth (noise aside): the "true speeds"
+// run.
+type oracle struct {
+	t   *Truth
+	idx map[string]int
+	now *float64
+}
+
+func (*oracle) Name() string { return "true" }
+
+func (o *oracle) Model(name string, _ float64) predict.Model {
+	i, ok := o.idx[name]
+	if !ok {
+		return nil
+	}
+	a, _ := predict.NewAnalytic(predict.Options{InitialMargin: 1})
+	return &oracleModel{o: o, i: i, err: a.Model(name, 0)}
+}
+
+type oracleModel struct {
+	o   *oracle
+	i   int
+	err predict.Model // tracks the error only
+}
+
+func (m *oracleModel) Prefill(x predict.Features) predict.Estimate {
+	s := m.o.t.seconds(m.i, x.Uncached, x.Cached, *m.o.now)
+	return predict.Estimate{Seconds: s, Pessimistic: s}
+}
+
+func (m *oracleModel) Observe(o predict.Observation) { m.err.Observe(o) }
+
+func (m *oracleModel) Stats() predict.Stats {
+	st := m.err.Stats()
+	if s := m.o.t.seconds(m.i, predict.RefTokens, 0, *m.o.now); s > 0 {
+		st.Speed = predict.RefTokens / s
+	}
+	return st
+}
+
+// withTruth sets up the true engines and the router's predictor when the
+// run has a Truth.
+func (r *run) withTruth(infos []load.Info) error {
+	if r.cfg.Truth == nil {
+		return nil
+	}
+	r.truth = newTruthRun(r.cfg.Truth, r.n, len(r.tr.Requests))
+	name := r.cfg.Predictor
+	if name == "" {
+		name = "analytic"
+	}
+	names := make([]string, r.n)
+	for i := range names {
+		names[i] = infos[i].Name
+	}
+	p, err := r.truth.predictor(name, names, &r.snap.Now)
+	if err != nil {
+		return err
+	}
+	r.truth.name = name
+	r.load.SetPredictor(p)
+	return nil
+}
+
+// expire ends the prefills that ended by now: at their predicted times, or
+// with a Truth when the router hears of their first tokens.
+func (r *run) expire(now float64) {
+	if r.truth == nil {
+		r.load.Expire(now)
+		return
+	}
+	r.truth.advance(r.load, now)
+}
+
+// Heterogeneous returns the documented heterogeneous fleet of n prefill
+// instances for a router configured at speed tokens/s: the first half run
+// at 1.25×speed, the rest spread times slower; attention knees of 16 000,
+// 24 000 and 32 000 tokens and overheads of 5, 10 and 15 ms in turn;
+// lognormal jitter noise and 2 ms of measurement noise. With driftFactor
+// != 1, instance 0 runs at driftFactor of its speed from driftAt on.
+func Heterogeneous(n int, speed, spread, noise, driftAt, driftFactor float64, seed uint64) *Truth {
+	t := &Truth{Speeds: make([]float64, n), Knees: make([]float64, n), Overheads: make([]float64, n),
+		Noise: noise, MeasureNoise: 0.002, Seed: seed}
+	for i := range n {
+		t.Speeds[i] = 1.25 * speed
+		if i >= (n+1)/2 {
+			t.Speeds[i] /= spread
+		}
+		t.Knees[i] = 16000 + 8000*float64(i%3)
+		t.Overheads[i] = 0.005 * float64(1+i%3)
+	}
+	if driftFactor != 1 && driftAt > 0 {
+		t.DriftAt, t.DriftInstance, t.DriftFactor = driftAt, 0, driftFactor
+	}
+	return t
+}

@@ -1,0 +1,112 @@
+package sim
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/perfmodel"
+	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/kvgate/kvgate/internal/workload"
+)
+
+func heteroConfig(truth *Truth, predictor string) Config {
+	return Config{Prefill: 8, Model: perfmodel.Default(), CacheTokens: 3000 * 64, SLO: sched.SLO{TTFT: 2},
+		Truth: truth, Predictor: predictor}
+}
+
+func heteroRun(t *testing.T, cfg Config, rate float64, seed uint64) Result {
+	t.Helper()
+	tr, err := workload.Chat(workload.ChatConfig{Systems: 20, Sessions: 400, SystemTokens: 2048, TurnTokens: 300,
+		OutputTokens: 500, Rate: rate, Duration: 120, BlockSize: 64, Seed: seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, _ := sched.New("kvgate", sched.Options{Seed: seed + 1})
+	res, err := Run(context.Background(), cfg, tr, &sched.Scheduler{Policy: pol, EarlyReject: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// TestHeterogeneousAcceptance is issue 11's acceptance on the documented
+// heterogeneous fleet (4 instances at 25 000 tokens/s, 4 at 10 000, all
+// configured at 20 000, non-linear costs, 5% jitter, 2 ms measurement
+// noise, instance 0 at half speed from 60 s) at 70 req/s, over three
+// seeds: the learned predictor's TTFT error after warm-up (median < 10%,
+// p90 < 25%), the kvgate policy's attainment with it within a point of
+// the same policy given the true timing, the analytic model with the
+// configured speeds clearly worse, and the drift caught within a minute.
+func TestHeterogeneousAcceptance(t *testing.T) {
+	attain := map[string]float64{}
+	const seeds = 3
+	for seed := range uint64(seeds) {
+		for _, p := range Predictors {
+			res := heteroRun(t, heteroConfig(Heterogeneous(8, 20000, 2.5, 0.05, 60, 0.5, seed), p), 70, seed)
+			t.Logf("seed %d %-8s attainment %.4f TTFT error p50 %.3f p90 %.3f drift recovery %v s stale routing %v s",
+				seed, p, res.Attainment, res.TTFTMdAPE, res.TTFTAPEP90, *res.DriftRecovery, *res.StaleRouting)
+			attain[p] += res.Attainment / seeds
+			if res.Predictor != p {
+				t.Errorf("result predictor %q, want %q", res.Predictor, p)
+			}
+			if p != "learned" {
+				continue
+			}
+			if res.TTFTMdAPE >= 0.10 || res.TTFTAPEP90 >= 0.25 {
+				t.Errorf("seed %d: learned TTFT error p50 %.3f p90 %.3f, want < 0.10 and < 0.25", seed, res.TTFTMdAPE, res.TTFTAPEP90)
+			}
+			if r := *res.DriftRecovery; r < 0 || r > 60 {
+				t.Errorf("seed %d: error recovery after the drift %g s, want within 60", seed, r)
+			}
+			if s := *res.StaleRouting; s > 60 {
+				t.Errorf("seed %d: routed on stale beliefs %g s after the drift, want within 60", seed, s)
+			}
+		}
+	}
+	t.Logf("mean attainment %v", attain)
+	if attain["learned"] < attain["true"]-0.01 {
+		t.Errorf("learned attainment %.4f more than a point below the true timing's %.4f", attain["learned"], attain["true"])
+	}
+	if attain["analytic"] > attain["learned"]-0.05 {
+		t.Errorf("analytic with the wrong speeds %.4f, not clearly below learned %.4f: the scenario does not test the predictor",
+			attain["analytic"], attain["learned"])
+	}
+}
+
+// TestTruthRuns: a fleet whose truth is the configured model (same
+// speed, linear, no noise) runs as without a truth, whatever the
+// predictor; bad truths and predictors are errors.
+func TestTruthRuns(t *testing.T) {
+	exact := &Truth{Speeds: make([]float64, 8), Knees: make([]float64, 8), Overheads: make([]float64, 8)}
+	for i := range exact.Speeds {
+		exact.Speeds[i] = 20000
+	}
+	base := heteroRun(t, heteroConfig(nil, ""), 40, 1)
+	for _, p := range []string{"analytic", "true"} {
+		res := heteroRun(t, heteroConfig(exact, p), 40, 1)
+		if res.Attainment != base.Attainment || res.HitRate != base.HitRate || res.TTFTMdAPE > 1e-9 {
+			t.Errorf("%s on the exact truth: attainment %v hit %v error %v; without truth %v %v",
+				p, res.Attainment, res.HitRate, res.TTFTMdAPE, base.Attainment, base.HitRate)
+		}
+	}
+	tr, _ := workload.Chat(workload.ChatConfig{Systems: 2, Sessions: 4, SystemTokens: 128, TurnTokens: 64,
+		OutputTokens: 8, Rate: 5, Duration: 2, BlockSize: 64, Seed: 1})
+	pol, _ := sched.New("kvgate", sched.Options{})
+	bad := []struct {
+		cfg  Config
+		want string
+	}{
+		{heteroConfig(nil, "learned"), "needs a fleet truth"},
+		{heteroConfig(exact, "psychic"), "unknown predictor"},
+		{heteroConfig(&Truth{Speeds: []float64{1}}, ""), "for each of the 8"},
+		{heteroConfig(Heterogeneous(8, 20000, 2.5, 3, 0, 1, 0), ""), "noise"},
+		{heteroConfig(Heterogeneous(8, 20000, 2.5, 0, 10, 0.001, 0), ""), "drift"},
+		{heteroConfig(Heterogeneous(8, 0, 2.5, 0, 0, 1, 0), ""), "speed must be"},
+	}
+	for _, b := range bad {
+		if _, err := Run(context.Background(), b.cfg, tr, &sched.Scheduler{Policy: pol}); err == nil || !strings.Contains(err.Error(), b.want) {
+			t.Errorf("config %+v: error %v, want %q", b.cfg.Truth, err, b.want)
+		}
+	}
+}

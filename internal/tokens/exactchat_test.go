@@ -1,0 +1,240 @@
+package tokens
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// conversation returns a conversation of n messages: a system prompt,
+// then user and assistant turns.
+func conversation(n int, seed int) []Message {
+	msgs := []Message{TextMessage("system", fmt.Sprintf("You are assistant %d. Answer briefly and cite sources.", seed))}
+	for i := 1; i < n; i++ {
+		role := "user"
+		if i%2 == 0 {
+			role = "assistant"
+		}
+		msgs = append(msgs, TextMessage(role, fmt.Sprintf("turn %d of conversation %d: some words about the topic at hand", i, seed)))
+	}
+	return msgs
+}
+
+// engineIDs is what fakeEngine answers for a conversation.
+func engineIDs(msgs []Message) []uint32 {
+	return bytesOf("ENGINE:" + builtinTemplates["chatml"].Render(msgs))
+}
+
+// TestExactChatGrowingConversation: a conversation growing turn by turn
+// costs one engine call per turn, none for a repeated one, and the cache
+// holds about its final length, not every turn's copy of the prefix.
+func TestExactChatGrowingConversation(t *testing.T) {
+	var calls atomic.Int64
+	srv := fakeEngine(t, &calls)
+	defer srv.Close()
+	ctx := context.Background()
+	cache := NewCache(0)
+	set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: srv.URL}}, cache, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := set.For("m")
+	const turns = 20
+	conv := conversation(2*turns, 1)
+	sum := 0
+	for n := 2; n <= len(conv); n += 2 {
+		for range 2 { // the lookup, then the routed request
+			ids, err := tk.Chat(ctx, conv[:n])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := engineIDs(conv[:n]); !reflect.DeepEqual(ids, want) {
+				t.Fatalf("turn %d: ids differ from the engine's", n/2)
+			}
+		}
+		sum += len(engineIDs(conv[:n]))
+	}
+	if calls.Load() != turns {
+		t.Errorf("%d engine calls for %d turns, want one per turn", calls.Load(), turns)
+	}
+	_, _, held := cache.Stats()
+	final := len(engineIDs(conv))
+	if held > final+turns*len("<|im_start|>assistant\n") {
+		t.Errorf("cache holds %d ids for a conversation of %d (every turn whole: %d)", held, final, sum)
+	}
+	t.Logf("cache holds %d ids; final conversation %d; every turn whole would be %d", held, final, sum)
+}
+
+// TestExactChatCacheEviction: conversations sharing prefixes in a cache
+// too small for them: every answer equals the engine's and the cache stays
+// within its bound.
+func TestExactChatCacheEviction(t *testing.T) {
+	var calls atomic.Int64
+	srv := fakeEngine(t, &calls)
+	defer srv.Close()
+	ctx := context.Background()
+	const max = 6000
+	cache := NewCache(max)
+	tk := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, builtinTemplates["chatml"], cache, true, "m")
+	rng := rand.New(rand.NewPCG(1, 2))
+	convs := make([][]Message, 6)
+	for i := range convs {
+		convs[i] = conversation(30, i)
+	}
+	tails := 0
+	for range 400 {
+		c := convs[rng.IntN(len(convs))]
+		n := 1 + rng.IntN(len(c))
+		ids, err := tk.Chat(ctx, c[:n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(ids, engineIDs(c[:n])) {
+			t.Fatalf("conversation of %d messages: ids differ from the engine's", n)
+		}
+		if _, _, held := cache.Stats(); held > max {
+			t.Fatalf("cache holds %d ids, bound %d", held, max)
+		}
+		cache.mu.Lock()
+		for _, el := range cache.m {
+			if el.Value.(*cacheEntry).base != nil {
+				tails++
+			}
+		}
+		cache.mu.Unlock()
+	}
+	if tails == 0 {
+		t.Error("no conversation was cached as a tail of an earlier turn")
+	}
+	// Every entry's bases are cached.
+	cache.mu.Lock()
+	defer cache.mu.Unlock()
+	for _, el := range cache.m {
+		for b := el.Value.(*cacheEntry).base; b != nil; b = b.Value.(*cacheEntry).base {
+			if cache.m[b.Value.(*cacheEntry).key] != b {
+				t.Fatal("an entry's base was evicted before it")
+			}
+		}
+	}
+}
+
+// BenchmarkExactChatHit: a cached 40-message conversation held as tails of
+// its earlier turns (as a growing conversation leaves it), against the
+// same conversation cached whole under a key of its rendered text (the
+// previous design).
+func BenchmarkExactChatHit(b *testing.B) {
+	var calls atomic.Int64
+	srv := fakeEngine(b, &calls)
+	defer srv.Close()
+	ctx := context.Background()
+	conv := conversation(40, 1)
+	tk := NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, builtinTemplates["chatml"], NewCache(0), true, "m")
+	for n := 2; n <= len(conv); n += 2 {
+		if _, err := tk.Chat(ctx, conv[:n]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("tails", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := tk.Chat(ctx, conv); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	whole := engineIDs(conv)
+	flat := NewCache(0)
+	b.Run("whole-rendered-key", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			key := xxhash.Sum64String(tk.tmpl.Render(conv))
+			ids, ok := flat.get(key)
+			if !ok {
+				flat.put(key, whole)
+				ids = whole
+			}
+			_ = append([]uint32(nil), ids...)
+		}
+	})
+	b.Run("miss-engine-call", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := (&EngineSource{BaseURL: srv.URL, Model: "m"}).TokenizeMessages(ctx, conv); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// TestExactChatDefaultAndFallback: source=engine renders chats with the
+// engine by default (exact_chat=false opts out); an engine that refuses
+// "messages" makes the tokenizer fall back on the template.
+func TestExactChatDefaultAndFallback(t *testing.T) {
+	var calls atomic.Int64
+	srv := fakeEngine(t, &calls)
+	defer srv.Close()
+	ctx := context.Background()
+	conv := conversation(3, 7)
+	tmpl := builtinTemplates["chatml"]
+	no := false
+	for _, tc := range []struct {
+		spec Spec
+		want []uint32
+	}{
+		{Spec{Model: "m", Source: "engine", URL: srv.URL}, engineIDs(conv)},
+		{Spec{Model: "m", Source: "engine", URL: srv.URL, ExactChat: &no}, bytesOf(tmpl.Render(conv))},
+	} {
+		set, err := NewSet([]Spec{tc.spec}, NewCache(0), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := set.For("m").Chat(ctx, conv)
+		if err != nil || !reflect.DeepEqual(ids, tc.want) {
+			t.Errorf("exact_chat %v: ids %v (%v)", tc.spec.ExactChat, ids, err)
+		}
+	}
+	if sp, err := ParseSpec("model=m,source=engine,url=http://x,exact_chat=false"); err != nil || sp.ExactChat == nil || *sp.ExactChat {
+		t.Errorf("exact_chat=false parsed as %+v, %v", sp, err)
+	}
+
+	// An engine whose /tokenize takes prompts only.
+	var refused atomic.Int64
+	promptOnly := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req tokenizeRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Prompt == nil {
+			refused.Add(1)
+			http.Error(w, `{"error":"prompt is required"}`, http.StatusBadRequest)
+			return
+		}
+		ids := make([]int64, len(*req.Prompt))
+		for i := range ids {
+			ids[i] = int64((*req.Prompt)[i])
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": ids, "count": len(ids)})
+	}))
+	defer promptOnly.Close()
+	tk := NewTokenizer(&EngineSource{BaseURL: promptOnly.URL, Model: "m"}, tmpl, NewCache(0), true, "m")
+	for range 3 {
+		ids, err := tk.Chat(ctx, conv)
+		if err != nil || !reflect.DeepEqual(ids, bytesOf(tmpl.Render(conv))) {
+			t.Fatalf("fallback: %v %v", ids, err)
+		}
+	}
+	if refused.Load() != 1 {
+		t.Errorf("engine asked %d times for a conversation it refuses, want once", refused.Load())
+	}
+	// A failure that is not a refusal is an error, not a fallback.
+	srv.Close()
+	tk = NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, tmpl, NewCache(0), true, "m2")
+	if _, err := tk.Chat(ctx, conv); err == nil {
+		t.Error("no error from an engine that is down")
+	}
+}
