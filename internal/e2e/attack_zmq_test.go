@@ -340,7 +340,7 @@ func (c *centralPublisher) publish(t *testing.T, ids []uint32) uint64 {
 		c.hashes++
 		ev.Hashes = append(ev.Hashes, c.hashes)
 	}
-	payload, err := kvpub.EncodeBatch(kvpub.FormatArray, float64(time.Now().UnixNano())/1e9, []kvpub.Event{ev})
+	payload, err := kvpub.EncodeBatch(kvpub.FormatArray, kvpub.StyleVLLM, float64(time.Now().UnixNano())/1e9, []kvpub.Event{ev})
 	if err != nil {
 		t.Fatal(err)
 	}

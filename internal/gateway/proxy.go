@@ -145,7 +145,7 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 		// load: shed the class. A request that misses its SLO even on an
 		// idle endpoint says nothing about the load, and must not let one
 		// long prompt a second turn its whole class away.
-		if p.dec.Prefill >= 0 && !missesAlone(rt, p) {
+		if p.dec.Prefill >= 0 && !p.missesAlone {
 			g.shed.reject(rt.class.Priority, now)
 		}
 		return g.rejectErr(rt, p.dec.Reason, p.dec.PredictedTTFT)
@@ -154,13 +154,6 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 		return g.rejectErr(rt, "a class of equal or higher priority is being rejected", 0)
 	}
 	return nil
-}
-
-// missesAlone reports whether the request misses its TTFT SLO on the
-// chosen prefill endpoint even with nothing queued there.
-func missesAlone(rt *routed, p *plan) bool {
-	slo := p.dec.SLO.TTFT
-	return slo > 0 && prefillSeconds(max(rt.promptN-p.dec.CachedTokens, 0), p.pEP) > slo
 }
 
 // errStreamBroken: the upstream failed after the client got bytes; the

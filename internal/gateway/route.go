@@ -45,6 +45,9 @@ type plan struct {
 	pEP     *load.Endpoint
 	dEP     *load.Endpoint
 	reason  string
+	// missesAlone: rejected, and admission would reject it on the chosen
+	// prefill endpoint even with nothing queued there (its own size).
+	missesAlone bool
 }
 
 // parse reads and parses a completion or chat request. The body is
@@ -189,6 +192,11 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	p := &plan{dec: d, mf: mf}
 	if d.Prefill >= 0 {
 		p.prefill, p.pEP = members[d.Prefill], eps[d.Prefill]
+		if !d.Admit && d.SLO.TTFT > 0 {
+			idle := snap.Endpoints[d.Prefill]
+			idle.QueueWait = 0
+			p.missesAlone = sched.PessimisticTTFT(&sreq, &idle) > d.SLO.TTFT
+		}
 	}
 	if d.Decode >= 0 {
 		p.decode, p.dEP = members[d.Decode], eps[d.Decode]
