@@ -64,6 +64,7 @@ func runAttackPhases(t *testing.T, phases []attackPhase, b memBounds, check func
 		})
 	}
 	t.Logf("phase | peak RSS | heap before | heap after | RSS after\n%s", strings.Join(rows, "\n"))
+	resetPeakRSS(t) // the next test's peak is its own
 }
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

@@ -157,6 +157,12 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 			rt.promptN += len(req.Prompt.Texts[i]) / 4
 		}
 	}
+	// From here on the counts, the keys and the raw body are all a request
+	// needs: let the parsed prompt go, so that once its large-body slot is
+	// released a request holds about its body, not 3 times it (16 Mi token
+	// ids are a 32 MiB body but 64 MiB parsed).
+	rt.prep.Tokens = nil
+	req.Prompt, req.Messages = openai.Prompt{}, nil
 	return nil
 }
 

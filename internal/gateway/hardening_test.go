@@ -1,9 +1,13 @@
 package gateway
 
+// Regression tests for defects the attack replay (internal/e2e, build tag
+// attack) found in the gateway.
+
 import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -90,4 +94,76 @@ func TestLoadRejectionShedsClass(t *testing.T) {
 	if r.status != 429 || !strings.Contains(r.body, "being rejected") {
 		t.Fatalf("a short request while the class is shed: %d %s", r.status, r.body)
 	}
+}
+
+// TestPreparedRequestDropsParsedPrompt: once a request has its block keys
+// it holds no parsed prompt (token ids are 4 bytes each where the body
+// spends 2), only the raw body, the counts and the keys, so that in-flight
+// requests past their large-body slot hold about their body.
+func TestPreparedRequestDropsParsedPrompt(t *testing.T) {
+	g, err := New(Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: "http://127.0.0.1:1", Model: testModel}}}, Options{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		chat bool
+		body string
+	}{
+		{false, tokenPrompt(7, 1000, false)},
+		{false, fmt.Sprintf(`{"model":%q,"prompt":["a b c","d e"]}`, testModel)},
+		{true, fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello there"}]}`, testModel)},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(tc.body))
+		rt, release, err := g.parse(httptest.NewRecorder(), r, tc.chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = g.prepare(context.Background(), rt)
+		release()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rt.promptN == 0 || len(rt.prep.Keys) == 0 && rt.promptN >= 16 {
+			t.Fatalf("%s: %d tokens, %d keys", tc.body[:40], rt.promptN, len(rt.prep.Keys))
+		}
+		if rt.prep.Tokens != nil || rt.req.Prompt.Tokens != nil || rt.req.Prompt.Texts != nil || rt.req.Messages != nil {
+			t.Errorf("%.40s: the parsed prompt is kept after prepare", tc.body)
+		}
+	}
+}
+
+// TestFailedEngineIs502: when the engines refuse the connection or answer
+// 5xx (the first choice and the retry), the client gets 502 Bad Gateway
+// with an OpenAI error body, not a 500 as if the gateway itself had
+// failed.
+func TestFailedEngineIs502(t *testing.T) {
+	fivexx := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "engine on fire", http.StatusInternalServerError)
+	}))
+	t.Cleanup(fivexx.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "http://" + ln.Addr().String()
+	ln.Close()
+	// Two endpoints, so that the retry goes to the other one and fails
+	// too.
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "fivexx", URL: fivexx.URL, Model: testModel}, {Name: "refused", URL: refused, Model: testModel}}}
+	_, url, _ := startGateway(t, cfg, Options{})
+	for range 4 {
+		r := post(t, url+"/v1/completions", completion("hi", false, 2), nil)
+		if r.status != http.StatusBadGateway || !containsAll(r.body, `"error"`, `"code":502`) {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
