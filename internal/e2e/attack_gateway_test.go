@@ -36,6 +36,7 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
 )
 
@@ -105,13 +106,19 @@ func startGatewayTargets(t *testing.T) *gwTarget {
 			Events: e.KVEventsEndpoint(), Replay: e.KVEventsReplayEndpoint(), PrefillSpeed: 20000 * 100})
 	}
 	// As cmd/kvgate/serve.go: defaults filled, the same HTTP config for
-	// the server and the gateway's body limiter.
+	// the server and the gateway's body limiter, a health prober with its
+	// defaults.
 	cfg := gateway.Config{Endpoints: gt.good, HTTP: gatewayHTTP}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	g, err := gateway.New(cfg, gateway.Options{Logger: quiet()})
+	prober, err := health.New(health.Config{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prober.Close() })
+	g, err := gateway.New(cfg, gateway.Options{Logger: quiet(), Health: prober})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,6 +197,23 @@ func (gt *gwTarget) post(url, body string) (int, http.Header, string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return resp.StatusCode, resp.Header, string(b), err
+}
+
+// endpoints is the gateway's /admin/endpoints.
+func (gt *gwTarget) endpoints(t *testing.T) []gateway.EndpointState {
+	t.Helper()
+	resp, err := gt.client.Get(gt.admin + "/admin/endpoints")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Endpoints []gateway.EndpointState `json:"endpoints"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Endpoints
 }
 
 // metric reads an unlabelled counter from the gateway's /metrics.
@@ -678,8 +702,10 @@ func (gt *gwTarget) attackDisconnects(t *testing.T) {
 // attackFailingEngines: the fleet gets an engine that answers 500 to
 // everything and one whose port refuses connections, beside the two good
 // ones; 80 streamed requests from 8 clients must each end with 200 or a
-// clean 502/503 error (the gateway retries once elsewhere). Then an engine that accepts and never
-// answers: clients that give up after 2 s leave nothing in flight. Then
+// clean 502/503 error (the gateway retries once elsewhere); then the
+// health prober takes both out and 40 requests all succeed. Then an engine that accepts and never
+// answers: clients that give up after 2 s (or get a 5xx once the health
+// prober has taken it out) leave nothing in flight. Then
 // the good fleet again.
 func (gt *gwTarget) attackFailingEngines(t *testing.T) {
 	var fivexxHits atomic.Int64
@@ -738,6 +764,22 @@ func (gt *gwTarget) attackFailingEngines(t *testing.T) {
 	if fivexxHits.Load() == 0 || retries == 0 {
 		t.Errorf("the failing engines were never tried (5xx asked %d times, %v retries): the phase tested nothing", fivexxHits.Load(), retries)
 	}
+	// The health prober takes both out (probes and passive ejection);
+	// then every request succeeds.
+	waitUntil(t, "the failing engines taken out of the fleet", func() bool {
+		out := 0
+		for _, e := range gt.endpoints(t) {
+			if (e.Name == fln.Addr().String() || e.Name == refused) && !e.Eligible {
+				out++
+			}
+		}
+		return out == 2
+	})
+	for range 40 {
+		if code, _, body, err := gt.post(gt.url("/v1/completions"), completionBody(gt.prompt(), 4, false, "")); err != nil || code != 200 {
+			t.Fatalf("with the failing engines out: %d %v %.300s", code, err, body)
+		}
+	}
 	gt.idle(t, "with failing engines")
 
 	// An engine that accepts and never answers.
@@ -776,8 +818,11 @@ func (gt *gwTarget) attackFailingEngines(t *testing.T) {
 			defer wg.Done()
 			resp, err := impatient.Post(gt.url("/v1/completions"), "application/json", strings.NewReader(completionBody(gt.prompt(), 4, true, "")))
 			if err == nil {
+				// Once the prober has taken it out: 503 at once.
 				resp.Body.Close()
-				t.Errorf("an engine that never answers: got %d", resp.StatusCode)
+				if resp.StatusCode < 500 {
+					t.Errorf("an engine that never answers: got %d", resp.StatusCode)
+				}
 			}
 		}()
 	}
