@@ -15,10 +15,12 @@
 //
 // Every connection is bounded: a frame or message larger than
 // Options.MaxMsgSize, or with more than Options.MaxFrames frames, makes the
-// socket close the connection before the body is read (bodies are read
-// incrementally, so announcing a size allocates nothing); received bytes
+// socket close the connection before the body is read; received bytes
 // waiting in the socket or being read count against a per-socket budget
-// (Options.RecvBuffer); handshakes, writes and the rest of a message once it
+// (Options.RecvBuffer), taken as they arrive (bodies are read
+// incrementally, so announcing a size neither allocates nor reserves
+// anything, and peers that announce frames and trickle cannot starve the
+// others); handshakes, writes and the rest of a message once it
 // has started have deadlines; bound sockets accept at most Options.MaxPeers
 // connections. Close stops every goroutine the socket started before it
 // returns. Stats reports the counters (drops per peer, oversize

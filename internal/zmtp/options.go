@@ -48,7 +48,9 @@ type Options struct {
 	// RecvQueue is the received-message queue, in messages. Default 1000.
 	RecvQueue int
 	// RecvBuffer bounds the bytes of received messages queued and being
-	// read, for the whole socket. A peer that cannot get room within
+	// read, for the whole socket; a message being read holds what has
+	// arrived of it (at most twice that, plus 64 bytes per frame), not
+	// what its headers announce. A peer that cannot get room within
 	// ReadTimeout is disconnected. Default and minimum: 4 × MaxMsgSize
 	// (at least 2 × (MaxMsgSize + MaxFrames × 64 B + 64 KiB)).
 	RecvBuffer int64
