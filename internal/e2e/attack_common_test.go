@@ -3,15 +3,23 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/httpserve"
 )
 
 // memBounds are an attack run's stated memory bounds, checked for every
@@ -133,4 +141,124 @@ func waitUntil(t *testing.T, what string, f func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// startEventsEngine starts an engine emulator on 127.0.0.1, 100 times
+// faster than real time, with KV events (PUB and replay ROUTER) on
+// ephemeral ports; it stops when the test ends.
+func startEventsEngine(t *testing.T) *engine.Engine {
+	t.Helper()
+	cfg := engine.DefaultConfig()
+	cfg.Model = model
+	cfg.Port = 0
+	cfg.TimeScale = 100
+	cfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
+	cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:0"
+	cfg.Logger = quiet()
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// serveHTTP serves h with httpserve's protection cfg on an ephemeral
+// 127.0.0.1 port until the test ends and returns its host:port.
+func serveHTTP(t *testing.T, cfg httpserve.Config, h http.Handler) string {
+	t.Helper()
+	srv, err := httpserve.New(cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// slowClients opens n connections to addr at once; each writes what start
+// writes (the beginning of a request) and then stalls. It reports how many
+// the server had not closed after attackHang.
+func slowClients(t *testing.T, addr string, n int, start func(c net.Conn, i int)) int {
+	t.Helper()
+	var wg sync.WaitGroup
+	var held atomic.Int64
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.DialTimeout("tcp", addr, attackHang)
+			if err != nil {
+				t.Errorf("dial: %v", err)
+				return
+			}
+			defer c.Close()
+			start(c, i)
+			_ = c.SetReadDeadline(time.Now().Add(attackHang))
+			if _, err := io.Copy(io.Discard, c); isTimeout(err) {
+				held.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return int(held.Load())
+}
+
+// idleStorm opens n connections to addr, sends each a keep-alive GET of
+// path and leaves it idle once answered (open until the test ends). It
+// returns how many were not answered 200 and by how many the process's
+// descriptors grew at most meanwhile.
+func idleStorm(t *testing.T, addr, path string, n int) (failed, fdGrowth int) {
+	t.Helper()
+	base := openFDs(t)
+	conns := make([]net.Conn, 0, n)
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for i := range n {
+		c, err := net.DialTimeout("tcp", addr, attackHang)
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	var wg sync.WaitGroup
+	var nFailed atomic.Int64
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = c.SetDeadline(time.Now().Add(attackHang))
+			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				if nFailed.Add(1) <= 3 {
+					t.Errorf("storm client %d: %v", i, err)
+				}
+				return
+			}
+			resp.Body.Close()
+			_ = c.SetDeadline(time.Time{}) // now idle
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-time.After(50 * time.Millisecond):
+		}
+		fdGrowth = max(fdGrowth, openFDs(t)-base)
+	}
+	return int(nFailed.Load()), fdGrowth
 }

@@ -88,21 +88,7 @@ func TestGatewayAttacks(t *testing.T) {
 func startGatewayTargets(t *testing.T) *gwTarget {
 	gt := &gwTarget{client: &http.Client{Timeout: attackHang, Transport: &http.Transport{DisableKeepAlives: true}}}
 	for range 2 {
-		cfg := engine.DefaultConfig()
-		cfg.Model = model
-		cfg.Port = 0
-		cfg.TimeScale = 100
-		cfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
-		cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:0"
-		cfg.Logger = quiet()
-		e, err := engine.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
+		e := startEventsEngine(t)
 		gt.engines = append(gt.engines, e)
 		gt.good = append(gt.good, fleet.Endpoint{Name: e.Addr(), URL: e.URL(), Model: model, Role: fleet.RoleBoth,
 			Events: e.KVEventsEndpoint(), Replay: e.KVEventsReplayEndpoint(), PrefillSpeed: 20000 * 100})
@@ -128,26 +114,8 @@ func startGatewayTargets(t *testing.T) *gwTarget {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Run(t.Context()) }()
 	t.Cleanup(func() { <-done })
-	srv, err := httpserve.New(cfg.HTTP, g.Handler())
-	if err != nil {
-		t.Fatal(err)
-	}
-	adm, err := httpserve.New(httpserve.Config{}, g.AdminHandler())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []struct {
-		srv  *httpserve.Server
-		addr *string
-	}{{srv, &gt.addr}, {adm, &gt.admin}} {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		*s.addr = ln.Addr().String()
-		go s.srv.Serve(ln)
-		t.Cleanup(func() { s.srv.Close() })
-	}
+	gt.addr = serveHTTP(t, cfg.HTTP, g.Handler())
+	gt.admin = serveHTTP(t, httpserve.Config{}, g.AdminHandler())
 	gt.admin = "http://" + gt.admin
 	gt.primeEvents(t)
 	return gt
@@ -358,32 +326,15 @@ func (gt *gwTarget) idle(t *testing.T, when string) {
 // stall. Every one must be cut (the ones past the limit once they get a
 // slot).
 func (gt *gwTarget) attackSlow(t *testing.T) {
-	var wg sync.WaitGroup
-	var held atomic.Int64
-	for i := range 150 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := net.DialTimeout("tcp", gt.addr, attackHang)
-			if err != nil {
-				t.Errorf("dial: %v", err)
-				return
-			}
-			defer c.Close()
-			if i < 100 {
-				fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"model\":", 1<<20)
-			} else {
-				fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-")
-			}
-			_ = c.SetReadDeadline(time.Now().Add(2 * attackHang))
-			if _, err := io.Copy(io.Discard, c); isTimeout(err) {
-				held.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	if n := held.Load(); n > 0 {
-		t.Errorf("%d slow connections still held after %v", n, 2*attackHang)
+	held := slowClients(t, gt.addr, 150, func(c net.Conn, i int) {
+		if i < 100 {
+			fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"model\":", 1<<20)
+		} else {
+			fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-")
+		}
+	})
+	if held > 0 {
+		t.Errorf("%d slow connections still held after %v", held, attackHang)
 	}
 }
 
@@ -393,55 +344,12 @@ func (gt *gwTarget) attackSlow(t *testing.T) {
 // bounded, and a normal completion gets through while the storm holds.
 func (gt *gwTarget) attackIdleStorm(t *testing.T) {
 	const n = 300
-	base := openFDs(t)
-	conns := make([]net.Conn, 0, n)
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for i := range n {
-		c, err := net.DialTimeout("tcp", gt.addr, attackHang)
-		if err != nil {
-			t.Fatalf("dial %d: %v", i, err)
-		}
-		conns = append(conns, c)
-	}
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	for _, c := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_ = c.SetDeadline(time.Now().Add(2 * attackHang))
-			fmt.Fprintf(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil || resp.StatusCode != 200 {
-				if failed.Add(1) <= 3 {
-					t.Errorf("storm client: %v", err)
-				}
-				return
-			}
-			resp.Body.Close()
-			_ = c.SetDeadline(time.Time{}) // now idle
-		}()
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	peak := 0
-	for waiting := true; waiting; {
-		select {
-		case <-done:
-			waiting = false
-		case <-time.After(50 * time.Millisecond):
-		}
-		peak = max(peak, openFDs(t)-base)
-	}
+	failed, growth := idleStorm(t, gt.addr, "/v1/models", n)
 	// n client sockets, at most MaxConns server ones, a few for the runtime.
-	if limit := n + gatewayHTTP.MaxConns + 16; peak > limit {
-		t.Errorf("descriptors grew by %d during the storm, want at most %d", peak, limit)
+	if limit := n + gatewayHTTP.MaxConns + 16; growth > limit {
+		t.Errorf("descriptors grew by %d during the storm, want at most %d", growth, limit)
 	}
-	t.Logf("idle storm: %d clients answered (%d failed), descriptors grew by at most %d", n-int(failed.Load()), failed.Load(), peak)
+	t.Logf("idle storm: %d clients answered (%d failed), descriptors grew by at most %d", n-failed, failed, growth)
 	gt.check(t, "during the idle storm")
 }
 

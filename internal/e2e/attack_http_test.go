@@ -12,7 +12,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -117,17 +116,7 @@ func startAttackTargets(t *testing.T) *attackTarget {
 		t.Fatal(err)
 	}
 	adm := &kvindex.Admin{Index: idx, Bodies: attackHTTP.BodyLimiter(kvindex.DefaultMaxBodyBytes)}
-	srv, err := httpserve.New(attackHTTP, adm.Handler())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return &attackTarget{engine: e, kvAddr: ln.Addr().String(), kvIndex: idx,
+	return &attackTarget{engine: e, kvAddr: serveHTTP(t, attackHTTP, adm.Handler()), kvIndex: idx,
 		client: &http.Client{Timeout: attackHang, Transport: &http.Transport{MaxIdleConnsPerHost: 4}}}
 }
 
@@ -160,33 +149,14 @@ func (at *attackTarget) post(url string, body io.Reader) (int, string, error) {
 // attackers' own descriptors and the servers' exceed 1024 together.)
 func attackSlowBodies(t *testing.T, at *attackTarget) {
 	const n = 150
-	targets := []struct{ addr, path string }{{at.engine.Addr(), "/v1/completions"}, {at.kvAddr, "/admin/kv/lookup"}}
-	var wg sync.WaitGroup
-	var held sync.Map
-	for _, tg := range targets {
-		for i := 0; i < n; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c, err := net.DialTimeout("tcp", tg.addr, attackHang)
-				if err != nil {
-					t.Errorf("dial: %v", err)
-					return
-				}
-				defer c.Close()
-				fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"prompt\":", tg.path, 1<<20)
-				c.SetReadDeadline(time.Now().Add(attackHang))
-				if _, err := io.Copy(io.Discard, c); isTimeout(err) {
-					held.Store(c.LocalAddr().String(), true)
-				}
-			}()
-		}
+	held := 0
+	for _, tg := range []struct{ addr, path string }{{at.engine.Addr(), "/v1/completions"}, {at.kvAddr, "/admin/kv/lookup"}} {
+		held += slowClients(t, tg.addr, n, func(c net.Conn, _ int) {
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"prompt\":", tg.path, 1<<20)
+		})
 	}
-	wg.Wait()
-	count := 0
-	held.Range(func(_, _ any) bool { count++; return true })
-	if count > 0 {
-		t.Errorf("%d slow connections still held after %v", count, attackHang)
+	if held > 0 {
+		t.Errorf("%d slow connections still held after %v", held, attackHang)
 	}
 }
 
@@ -196,58 +166,13 @@ func attackSlowBodies(t *testing.T, at *attackTarget) {
 // and a normal request gets through while the storm holds.
 func attackIdleStorm(t *testing.T, at *attackTarget) {
 	const n = 600
-	base := openFDs(t)
-	conns := make([]net.Conn, 0, n)
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for i := 0; i < n; i++ {
-		c, err := net.DialTimeout("tcp", at.engine.Addr(), attackHang)
-		if err != nil {
-			t.Fatalf("dial %d: %v", i, err)
-		}
-		conns = append(conns, c)
-	}
-	var wg sync.WaitGroup
-	var failed sync.Map
-	for i, c := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.SetDeadline(time.Now().Add(attackHang))
-			fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				failed.Store(i, err.Error())
-				return
-			}
-			resp.Body.Close()
-			c.SetDeadline(time.Time{}) // now idle
-		}()
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	peak := 0
-	for waiting := true; waiting; {
-		select {
-		case <-done:
-			waiting = false
-		case <-time.After(50 * time.Millisecond):
-		}
-		peak = max(peak, openFDs(t)-base)
-	}
-	failed.Range(func(k, v any) bool {
-		t.Errorf("client %v: %v", k, v)
-		return true
-	})
+	failed, peak := idleStorm(t, at.engine.Addr(), "/health", n)
 	// n client sockets plus at most attackHTTP.MaxConns server ones (and a
 	// few for the runtime).
 	if limit := n + attackHTTP.MaxConns + 16; peak > limit {
 		t.Errorf("descriptors grew by %d during the storm, want at most %d", peak, limit)
 	}
-	t.Logf("idle storm: %d clients answered, descriptors grew by at most %d", n, peak)
+	t.Logf("idle storm: %d clients answered, descriptors grew by at most %d", n-failed, peak)
 	at.normal(t, "during the idle storm")
 }
 

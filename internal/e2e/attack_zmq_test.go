@@ -93,25 +93,12 @@ func TestZMQAttacks(t *testing.T) {
 }
 
 func startZMQTargets(t *testing.T) *zmqTarget {
-	cfg := engine.DefaultConfig()
-	cfg.Model = model
-	cfg.Port = 0
-	cfg.TimeScale = 100
-	cfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
-	cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:0"
-	cfg.Logger = quiet()
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := startEventsEngine(t)
 
 	idx := kvindex.New(kvindex.Config{BlockSize: 16})
 	zt := &zmqTarget{eng: e, idx: idx, central: fmt.Sprintf("tcp://127.0.0.1:%d", freeTCPPort(t)),
 		client: &http.Client{Timeout: attackHang, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}}
+	var err error
 	zt.sub, err = kvevents.New(kvevents.Config{
 		Engines:    []kvevents.EngineConfig{{Name: e.Addr(), Model: model, Events: e.KVEventsEndpoint(), Replay: e.KVEventsReplayEndpoint()}},
 		BindEvents: zt.central,
@@ -140,17 +127,7 @@ func startZMQTargets(t *testing.T) *zmqTarget {
 		}
 		return out
 	}}
-	srv, err := httpserve.New(httpserve.Config{}, adm.Handler())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	zt.kvURL = "http://" + ln.Addr().String()
+	zt.kvURL = "http://" + serveHTTP(t, httpserve.Config{}, adm.Handler())
 
 	waitUntil(t, "the subscriber connected to the engine", func() bool { return zt.engineStats().Connects >= 1 })
 	waitUntil(t, "the central SUB bound", func() bool {
@@ -580,6 +557,29 @@ func (zt *zmqTarget) replay(t *testing.T, start uint64) []uint64 {
 	}
 }
 
+// dialEach dials s n times, at most limit connections being set up at
+// once, and runs f on each in a goroutine of its own; it returns when all
+// have returned. f owns the connection.
+func dialEach(t *testing.T, s zmqSocket, n, limit int, f func(i int, p *zmtptest.Peer)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, limit)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			p, err := zmtptest.Dial(s.endpoint, attackHang)
+			if err != nil {
+				t.Errorf("%s: dial %d: %v", s.name, i, err)
+				return
+			}
+			f(i, p)
+		}()
+	}
+	wg.Wait()
+}
+
 // attackGarbage: on each socket, connections sending what is not ZMTP or
 // not what the socket accepts. All but the last kind must be closed
 // within the handshake timeout; after a correct handshake, random bytes
@@ -620,46 +620,34 @@ func (zt *zmqTarget) attackGarbage(t *testing.T) {
 	}
 	for _, s := range zt.sockets() {
 		before := s.stats()
-		var wg sync.WaitGroup
+		var kept sync.Map
+		all := append(shots, shot{"wrong socket type", false, nil, true})
 		// Well within the ROUTER's 64 peers (closed connections leave
 		// the server's count a moment later).
-		sem := make(chan struct{}, 16)
-		var kept sync.Map
-		for i, sh := range append(shots, shot{"wrong socket type", false, nil, true}) {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				p, err := zmtptest.Dial(s.endpoint, attackHang)
-				if err != nil {
-					t.Errorf("%s: dial: %v", s.name, err)
+		dialEach(t, s, len(all), 16, func(i int, p *zmtptest.Peer) {
+			sh := all[i]
+			defer p.Close()
+			switch {
+			case sh.bytes == nil: // a READY naming the socket's own type
+				wrong := "PUB" // neither a PUB nor a ROUTER talks to a PUB
+				if s.peerType == "PUB" {
+					wrong = "SUB"
+				}
+				_ = p.Write(zmtptest.Greeting(1))
+				_ = p.WriteCommand("READY", zmtptest.Property("Socket-Type", []byte(wrong)))
+			case sh.handshake:
+				if err := p.Handshake(s.peerType, 1, nil, attackHang); err != nil {
+					t.Errorf("%s: handshake: %v", s.name, err)
 					return
 				}
-				defer p.Close()
-				switch {
-				case sh.bytes == nil: // a READY naming the socket's own type
-					wrong := "PUB" // neither a PUB nor a ROUTER talks to a PUB
-					if s.peerType == "PUB" {
-						wrong = "SUB"
-					}
-					_ = p.Write(zmtptest.Greeting(1))
-					_ = p.WriteCommand("READY", zmtptest.Property("Socket-Type", []byte(wrong)))
-				case sh.handshake:
-					if err := p.Handshake(s.peerType, 1, nil, attackHang); err != nil {
-						t.Errorf("%s: handshake: %v", s.name, err)
-						return
-					}
-					_ = p.Write(sh.bytes)
-				default:
-					_ = p.Write(sh.bytes)
-				}
-				if sh.mustClose && !p.WaitClosed(attackHang) {
-					kept.Store(i, sh.kind)
-				}
-			}()
-		}
-		wg.Wait()
+				_ = p.Write(sh.bytes)
+			default:
+				_ = p.Write(sh.bytes)
+			}
+			if sh.mustClose && !p.WaitClosed(attackHang) {
+				kept.Store(i, sh.kind)
+			}
+		})
 		kept.Range(func(_, kind any) bool {
 			t.Errorf("%s: a peer sending %s was kept", s.name, kind)
 			return true
@@ -696,40 +684,26 @@ func (zt *zmqTarget) attackStorm(t *testing.T) {
 		}
 	}()
 	before := map[string]zmtp.Stats{}
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
 	for _, s := range zt.sockets() {
 		before[s.name] = s.stats()
-		for i := range perSocket {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				p, err := zmtptest.Dial(s.endpoint, attackHang)
-				if err != nil {
-					t.Errorf("%s: dial %d: %v", s.name, i, err)
-					return
-				}
-				mode := i % 3
-				switch mode {
-				case 0:
-					// Refused past the peer limit: the handshake fails then.
-					_ = p.Handshake(s.peerType, byte(i%2), nil, attackHang)
-				case 1:
-					_ = p.Write(zmtptest.Greeting(1)[:10])
-					p.Close()
-					return
-				case 2:
-					_ = p.Write(zmtptest.Greeting(1)[:10])
-				}
-				mu.Lock()
-				peers = append(peers, stormPeer{s, p, mode})
-				mu.Unlock()
-			}()
-		}
+		dialEach(t, s, perSocket, 64, func(i int, p *zmtptest.Peer) {
+			mode := i % 3
+			switch mode {
+			case 0:
+				// Refused past the peer limit: the handshake fails then.
+				_ = p.Handshake(s.peerType, byte(i%2), nil, attackHang)
+			case 1:
+				_ = p.Write(zmtptest.Greeting(1)[:10])
+				p.Close()
+				return
+			case 2:
+				_ = p.Write(zmtptest.Greeting(1)[:10])
+			}
+			mu.Lock()
+			peers = append(peers, stormPeer{s, p, mode})
+			mu.Unlock()
+		})
 	}
-	wg.Wait()
 	zt.check(t, "during the storm")
 	for _, sp := range peers {
 		if sp.mode == 2 && !sp.p.WaitClosed(attackHang) {
@@ -801,20 +775,29 @@ func (zt *zmqTarget) load(t *testing.T, n, workers, words int) (maxLag uint64) {
 	return maxLag
 }
 
+// stalledPeer is a raw peer with a 4 KiB receive buffer that completed a
+// handshake as peerType; it is closed when the test ends.
+func stalledPeer(t *testing.T, endpoint, peerType string) *zmtptest.Peer {
+	t.Helper()
+	c, err := smallRecvDialer.Dial("tcp", strings.TrimPrefix(endpoint, "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := zmtptest.NewPeer(c)
+	t.Cleanup(func() { p.Close() })
+	if err := p.Handshake(peerType, 0, nil, attackHang); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // attackStalledSubscriber: a subscriber with a 4 KiB receive buffer
 // subscribes to everything and never reads while the engine serves 3 000
 // requests. The engine must drop batches for it (or disconnect it), never
 // block; the honest subscriber keeps up.
 func (zt *zmqTarget) attackStalledSubscriber(t *testing.T) {
-	c, err := smallRecvDialer.Dial("tcp", strings.TrimPrefix(zt.eng.KVEventsEndpoint(), "tcp://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := zmtptest.NewPeer(c)
-	defer p.Close()
-	if err := p.Handshake("SUB", 0, nil, attackHang); err != nil {
-		t.Fatal(err)
-	}
+	p := stalledPeer(t, zt.eng.KVEventsEndpoint(), "SUB")
+	c := p.Conn
 	if err := p.WriteMsg([]byte{1}); err != nil {
 		t.Fatal(err)
 	}
@@ -860,15 +843,8 @@ func (zt *zmqTarget) attackStalledSubscriber(t *testing.T) {
 // for the whole buffer and never reads. Another client's replay must be
 // served meanwhile, and the write timeout must end the stalled one.
 func (zt *zmqTarget) attackStalledReplay(t *testing.T) {
-	c, err := smallRecvDialer.Dial("tcp", strings.TrimPrefix(zt.eng.KVEventsReplayEndpoint(), "tcp://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := zmtptest.NewPeer(c)
-	defer p.Close()
-	if err := p.Handshake("DEALER", 0, nil, attackHang); err != nil {
-		t.Fatal(err)
-	}
+	p := stalledPeer(t, zt.eng.KVEventsReplayEndpoint(), "DEALER")
+	c := p.Conn
 	before := zt.eng.KVEventsStats()
 	if err := p.WriteMsg(nil, make([]byte, 8)); err != nil {
 		t.Fatal(err)
