@@ -54,7 +54,7 @@ func TestLookupWalksAgainstReference(t *testing.T) {
 			for round := 0; round < 20; round++ {
 				clk := &fakeClock{t: time.Unix(1000, 0)}
 				x := New(Config{ApproxTTL: time.Minute, Now: clk.Now, Shards: 1 << r.IntN(8)}) // > maxSnap shards: the walks that load shard arrays
-				keys := chain(100, uint32(round)) // several prefetch batches (walkAhead)
+				keys := chain(100, uint32(round))                                              // several prefetch batches (walkAhead)
 				const eps = 70
 				held := make([][][4]bool, eps)
 				for e := 0; e < eps; e++ {
