@@ -14,55 +14,111 @@ import (
 )
 
 // benchPayloads builds n batches, each one BlockStored of 16 blocks of 16
-// tokens (a 256-token prompt), hashes as 32-byte strings like newer vLLM.
-func benchPayloads(b *testing.B, n int) [][]byte {
+// tokens (a 256-token prompt), in vLLM v0.10/v0.11's positional form with
+// 32-byte hashes, encoded as msgspec does (token ids in their smallest
+// integer form, so 2- and 3-byte ids mix).
+func benchPayloads(_ testing.TB, n int) [][]byte {
 	out := make([][]byte, n)
 	for i := range out {
-		hashes := make([]any, 16)
-		for j := range hashes {
+		w := &mpw{}
+		w.array(3).float(1.0).array(1).array(8).str("BlockStored").array(16)
+		for j := range 16 {
 			h := make([]byte, 32)
 			binary.BigEndian.PutUint64(h[24:], uint64(i)<<8|uint64(j)+1)
-			hashes[j] = h
+			w.bin(h)
 		}
-		ids := make([]any, 256)
-		for j := range ids {
-			ids[j] = uint32(i*256+j) % 150000
+		w.nil().array(256)
+		for j := range 256 {
+			w.uint(uint64(uint32(i*256+j) % 150000))
 		}
-		p, err := msgpack.Marshal([]any{1.0, []any{[]any{"BlockStored", hashes, nil, ids, 16, nil, "GPU", nil}}, 0})
-		if err != nil {
-			b.Fatal(err)
-		}
-		out[i] = p
+		w.uint(16).nil().str("GPU").nil()
+		w.uint(0)
+		out[i] = w.b
 	}
 	return out
+}
+
+// benchMapPayloads builds the same batches as benchPayloads in the form
+// current vLLM sends: an EventBatch map, each event a map with "type"
+// first, integer hashes (64-bit, so 9 bytes each), extra_keys (one nil
+// per block), group_idx and kv_cache_spec_kind.
+func benchMapPayloads(n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		ev := vllmStored{
+			hashes: make([]uint64, 16), tokens: make([]uint32, 256), blockSize: 16,
+			medium: ptr("GPU"), groupIdx: ptr(int64(0)), specKind: ptr("full_attention"),
+			extraKeys: func(w *mpw) {
+				w.array(16)
+				for range 16 {
+					w.nil()
+				}
+			},
+		}
+		for j := range ev.hashes {
+			ev.hashes[j] = benchHash(uint64(i)<<8 | uint64(j))
+		}
+		for j := range ev.tokens {
+			ev.tokens[j] = uint32(i*256+j) % 150000
+		}
+		out[i] = vllmBatch(1.0, ptr(int64(0)), ev.write)
+	}
+	return out
+}
+
+// benchHash spreads n over 64 bits with the top bit set, like a real
+// hash in msgpack's 9-byte form.
+func benchHash(n uint64) uint64 {
+	n ^= n >> 33
+	n *= 0xff51afd7ed558ccd
+	n ^= n >> 33
+	return n | 1<<63
+}
+
+// benchForms are the payload forms the ingest and decode benchmarks run
+// on: the v0.11 positional form with 32-byte hashes and the current map
+// form with integer hashes.
+var benchForms = []struct {
+	name  string
+	build func(b testing.TB, n int) [][]byte
+}{
+	{"array-bin32", benchPayloads},
+	{"map-int", func(_ testing.TB, n int) [][]byte { return benchMapPayloads(n) }},
 }
 
 const benchBatches = 4096 // 65 536 blocks per cycle
 
 // BenchmarkIngest measures decode + engine→router mapping + index insert
-// per batch of 16 BlockStored blocks, on one goroutine.
+// per batch of 16 BlockStored blocks, on one goroutine, for each form.
 func BenchmarkIngest(b *testing.B) {
-	payloads := benchPayloads(b, benchBatches)
-	idx := kvindex.New(kvindex.Config{BlockSize: 16})
-	id, _ := idx.AddEndpoint("e", "m")
-	st := &EngineStats{}
-	m := newMapper(id, "m", 16, 1<<22, idx, st)
-	var batch Batch
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		k := i % benchBatches
-		if k == 0 && i > 0 {
-			b.StopTimer()
-			m.reset() // keep the working set at one cycle, as an engine's cache would
-			b.StartTimer()
-		}
-		if err := Decode(payloads[k], &batch); err != nil {
-			b.Fatal(err)
-		}
-		m.apply(&batch)
+	for _, f := range benchForms {
+		b.Run(f.name, func(b *testing.B) {
+			payloads := f.build(b, benchBatches)
+			idx := kvindex.New(kvindex.Config{BlockSize: 16})
+			id, _ := idx.AddEndpoint("e", "m")
+			st := &EngineStats{}
+			m := newMapper(id, "m", 16, 1<<22, idx, st)
+			var batch Batch
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				k := i % benchBatches
+				if k == 0 && i > 0 {
+					b.StopTimer()
+					m.reset() // keep the working set at one cycle, as an engine's cache would
+					b.StartTimer()
+				}
+				if err := Decode(payloads[k], &batch); err != nil {
+					b.Fatal(err)
+				}
+				m.apply(&batch)
+			}
+			b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
+			if st.orphans.Load() != 0 || st.storedBlocks.Load() == 0 {
+				b.Fatalf("stats: %d orphans, %d stored", st.orphans.Load(), st.storedBlocks.Load())
+			}
+		})
 	}
-	b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
 }
 
 // naiveIndex is the baseline: generic msgpack decoding into interfaces, a
@@ -74,43 +130,50 @@ type naiveIndex struct {
 }
 
 func (n *naiveIndex) ingest(h *tokens.Hasher, payload []byte, ep string) error {
-	var v []any
+	var v any
 	if err := msgpack.Unmarshal(payload, &v); err != nil {
 		return err
 	}
+	var events []any
+	switch x := v.(type) {
+	case []any:
+		events = x[1].([]any)
+	case map[string]any:
+		events = x["events"].([]any)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for _, ev := range v[1].([]any) {
-		e := ev.([]any)
-		if e[0].(string) != "BlockStored" {
+	for _, ev := range events {
+		// Positional or map form, fields by name.
+		var kind string
+		var hashes, toks []any
+		switch e := ev.(type) {
+		case []any:
+			kind = e[0].(string)
+			if kind == "BlockStored" {
+				hashes, toks = e[1].([]any), e[3].([]any)
+			}
+		case map[string]any:
+			kind = e["type"].(string)
+			if kind == "BlockStored" {
+				hashes, toks = e["block_hashes"].([]any), e["token_ids"].([]any)
+			}
+		}
+		if kind != "BlockStored" {
 			continue
 		}
 		parent := tokens.RootKey
-		toks := e[3].([]any)
 		ids := make([]uint32, len(toks))
 		for i, t := range toks {
-			switch x := t.(type) {
-			case uint32:
-				ids[i] = x
-			case int64:
-				ids[i] = uint32(x)
-			case uint64:
-				ids[i] = uint32(x)
-			case int8:
-				ids[i] = uint32(x)
-			case uint8:
-				ids[i] = uint32(x)
-			case int16:
-				ids[i] = uint32(x)
-			case uint16:
-				ids[i] = uint32(x)
-			case int32:
-				ids[i] = uint32(x)
-			}
+			ids[i] = uint32(naiveUint(t))
 		}
-		for j, hh := range e[1].([]any) {
-			hb := hh.([]byte)
-			eh := binary.BigEndian.Uint64(hb[len(hb)-8:])
+		for j, hh := range hashes {
+			var eh uint64
+			if hb, ok := hh.([]byte); ok {
+				eh = binary.BigEndian.Uint64(hb[len(hb)-8:])
+			} else {
+				eh = naiveUint(hh)
+			}
 			k := h.Key(parent, ids[j*16:(j+1)*16], nil)
 			n.eng[eh] = k
 			s := n.blocks[k]
@@ -125,39 +188,74 @@ func (n *naiveIndex) ingest(h *tokens.Hasher, payload []byte, ep string) error {
 	return nil
 }
 
-func BenchmarkIngestNaive(b *testing.B) {
-	payloads := benchPayloads(b, benchBatches)
-	n := &naiveIndex{blocks: map[uint64]map[string]struct{}{}, eng: map[uint64]uint64{}}
-	h := tokens.NewHasher(16)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		k := i % benchBatches
-		if k == 0 && i > 0 {
-			b.StopTimer()
-			n.blocks, n.eng = map[uint64]map[string]struct{}{}, map[uint64]uint64{}
-			b.StartTimer()
-		}
-		if err := n.ingest(h, payloads[k], "127.0.0.1:8001"); err != nil {
-			b.Fatal(err)
-		}
+// naiveUint is the value of any integer msgpack.Unmarshal returns.
+func naiveUint(v any) uint64 {
+	switch x := v.(type) {
+	case uint64:
+		return x
+	case uint32:
+		return uint64(x)
+	case uint16:
+		return uint64(x)
+	case uint8:
+		return uint64(x)
+	case int64:
+		return uint64(x)
+	case int32:
+		return uint64(x)
+	case int16:
+		return uint64(x)
+	case int8:
+		return uint64(x)
 	}
-	b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
+	return 0
 }
 
-// BenchmarkDecode is the decoder alone.
-func BenchmarkDecode(b *testing.B) {
-	payloads := benchPayloads(b, 64)
-	var batch Batch
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if err := Decode(payloads[i%64], &batch); err != nil {
-			b.Fatal(err)
-		}
+func BenchmarkIngestNaive(b *testing.B) {
+	for _, f := range benchForms {
+		b.Run(f.name, func(b *testing.B) {
+			payloads := f.build(b, benchBatches)
+			n := &naiveIndex{blocks: map[uint64]map[string]struct{}{}, eng: map[uint64]uint64{}}
+			h := tokens.NewHasher(16)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				k := i % benchBatches
+				if k == 0 && i > 0 {
+					b.StopTimer()
+					n.blocks, n.eng = map[uint64]map[string]struct{}{}, map[uint64]uint64{}
+					b.StartTimer()
+				}
+				if err := n.ingest(h, payloads[k], "127.0.0.1:8001"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
+			if len(n.blocks) == 0 {
+				b.Fatal("nothing ingested")
+			}
+		})
 	}
-	b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
 }
+
+// BenchmarkDecode is the decoder alone, for each form.
+func BenchmarkDecode(b *testing.B) {
+	for _, f := range benchForms {
+		b.Run(f.name, func(b *testing.B) {
+			payloads := f.build(b, 64)
+			var batch Batch
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := Decode(payloads[i%64], &batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
+		})
+	}
+}
+
 
 // decodeWithLib decodes the benchmark's payloads (the positional form:
 // [ts, [["BlockStored", hashes, parent, token_ids, block_size, lora_id,
