@@ -256,7 +256,6 @@ func BenchmarkDecode(b *testing.B) {
 	}
 }
 
-
 // decodeWithLib decodes the benchmark's payloads (the positional form:
 // [ts, [["BlockStored", hashes, parent, token_ids, block_size, lora_id,
 // medium, lora_name, ...]], dp_rank]) into a Batch with
