@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -414,4 +416,120 @@ func BenchmarkDecodeMsgpackReflect(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)*16/b.Elapsed().Seconds(), "blocks/s")
+}
+
+func heapBytes() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// benchMemory reports heap bytes per (block, endpoint) entry for 1 Mi
+// entries over 64 engines, each block held by `holders` engines, built
+// from BlockStored events of 16-token blocks as an engine sends them: the
+// index table alone ("index-B/entry", from its slot arrays), the
+// engine→router key maps ("map-B/entry", one 40-byte slot per engine
+// block) and both with everything else ("B/entry", heap growth). The
+// naive baseline keeps a map of endpoint-name sets per router key and a
+// Go map per engine from engine hash to router key.
+func benchMemory(b *testing.B, holders int, useNaive bool) {
+	const (
+		engines = 64
+		entries = 1 << 20
+		chunk   = 256 // blocks per BlockStored event
+	)
+	blocks := entries / holders
+	perEngine := blocks * holders / engines // each engine's share of the chains
+	toks := make([]uint32, chunk*16)
+	hs := make([]uint64, chunk)
+	// events calls f with the BlockStored events of engine e: a chain of
+	// perEngine blocks, the same for engines e, e+64/holders, ...
+	events := func(e int, f func(ev *Event)) {
+		lo := (e % (engines / holders)) * perEngine
+		for start := lo; start < lo+perEngine; start += chunk {
+			n := min(chunk, lo+perEngine-start)
+			for j := range n * 16 {
+				toks[j] = uint32((start*16 + j) % 150000)
+			}
+			for j := range n {
+				hs[j] = benchHash(uint64(start + j))
+			}
+			ev := Event{Kind: KindBlockStored, BlockHashes: hs[:n], TokenIDs: toks[:n*16], BlockSize: 16, Medium: kvindex.TierGPU}
+			if start > lo { // each engine's range is a chain of its own
+				ev.Parent, ev.HasParent = benchHash(uint64(start-1)), true
+			}
+			f(&ev)
+		}
+	}
+	for i := 0; i < b.N; i++ {
+		before := heapBytes()
+		var keep any
+		var indexBytes, mapBytes int64
+		if useNaive {
+			n := &naiveIndex{blocks: map[uint64]map[string]struct{}{}}
+			engs := make([]map[uint64]uint64, engines)
+			h := tokens.NewHasher(16)
+			for e := range engines {
+				name := fmt.Sprintf("10.0.0.%d:8000", e)
+				engs[e] = map[uint64]uint64{}
+				parent := tokens.RootKey
+				events(e, func(ev *Event) {
+					if ev.HasParent {
+						parent = engs[e][ev.Parent]
+					}
+					for j, eh := range ev.BlockHashes {
+						k := h.Key(parent, ev.TokenIDs[j*16:(j+1)*16], nil)
+						engs[e][eh] = k
+						s := n.blocks[k]
+						if s == nil {
+							s = map[string]struct{}{}
+							n.blocks[k] = s
+						}
+						s[name] = struct{}{}
+						parent = k
+					}
+				})
+			}
+			keep = []any{n, engs}
+		} else {
+			idx := kvindex.New(kvindex.Config{BlockSize: 16})
+			ms := make([]*mapper, engines)
+			for e := range ms {
+				id, _ := idx.AddEndpoint(fmt.Sprintf("10.0.0.%d:8000", e), "m")
+				ms[e] = newMapper(id, "m", 16, 1<<21, idx, &EngineStats{})
+				var batch Batch
+				events(e, func(ev *Event) {
+					batch.Events = append(batch.Events[:0], *ev)
+					ms[e].apply(&batch)
+				})
+				if ms[e].st.orphans.Load() != 0 {
+					b.Fatal("orphans")
+				}
+				mapBytes += int64(len(ms[e].nodes.slots)) * int64(unsafe.Sizeof(nodeSlot{}))
+			}
+			if got := idx.Mem().Keys; got != int64(blocks) {
+				b.Fatalf("index holds %d keys, want %d", got, blocks)
+			}
+			indexBytes = idx.Mem().Bytes
+			keep = []any{idx, ms}
+		}
+		after := heapBytes()
+		runtime.KeepAlive(keep)
+		b.ReportMetric(float64(after-before)/entries, "B/entry")
+		if !useNaive {
+			b.ReportMetric(float64(indexBytes)/entries, "index-B/entry")
+			b.ReportMetric(float64(mapBytes)/entries, "map-B/entry")
+		}
+	}
+}
+
+// BenchmarkMemoryPerEntry is kvindex's BenchmarkMemoryPerEntry with the
+// engine→router key maps counted (run with -benchtime 1x).
+func BenchmarkMemoryPerEntry(b *testing.B) {
+	for _, holders := range []int{1, 4} {
+		b.Run(fmt.Sprintf("holders=%d", holders), func(b *testing.B) { benchMemory(b, holders, false) })
+		b.Run(fmt.Sprintf("holders=%d/naive", holders), func(b *testing.B) { benchMemory(b, holders, true) })
+	}
 }
