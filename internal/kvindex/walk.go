@@ -177,13 +177,18 @@ const walkAhead = 32
 // slot stride. The home slot and the shard of a key do not depend on its
 // low three bits, so block keys, tkeys and tbases share them.
 func prefetchSnap(gs *[maxSnap]arrSnap, gsh uint, stride uint64, keys []tokens.BlockKey, from int, pf *[walkAhead]uintptr) {
+	prefetchSnapOff(gs, gsh, stride, keys, from, pf, 0)
+}
+
+// prefetchSnapOff is prefetchSnap at off bytes past each home slot.
+func prefetchSnapOff(gs *[maxSnap]arrSnap, gsh uint, stride uint64, keys []tokens.BlockKey, from int, pf *[walkAhead]uintptr, off uintptr) {
 	if from >= len(keys) {
 		return
 	}
 	ks := keys[from:min(len(keys), from+walkAhead)]
 	for j, k := range ks {
 		a := &gs[(k>>1>>gsh)&(maxSnap-1)]
-		pf[j] = uintptr(unsafe.Pointer(&a.w[home(k, a.mask)*stride]))
+		pf[j] = uintptr(unsafe.Pointer(&a.w[home(k, a.mask)*stride])) + off
 	}
 	prefetch.Addrs(pf[:len(ks)])
 }
@@ -325,11 +330,13 @@ func walkFlat(r *pageReader, keys []tokens.BlockKey, g uint64, blocks, gpuBlocks
 		if i&(walkAhead-1) == 0 {
 			if i == 0 {
 				prefetchSnap(&ps, psh, preciseStride, keys, 0, &pf)
+				prefetchSnapOff(&ps, psh, preciseStride, keys, 0, &pf, 64)
 				if pfApprox {
 					prefetchSnap(&as, ash, approxStride, keys, 0, &pf)
 				}
 			}
 			prefetchSnap(&ps, psh, preciseStride, keys, i+walkAhead, &pf)
+			prefetchSnapOff(&ps, psh, preciseStride, keys, i+walkAhead, &pf, 64)
 			if pfApprox {
 				prefetchSnap(&as, ash, approxStride, keys, i+walkAhead, &pf)
 			}
