@@ -178,16 +178,21 @@ func (n *naiveIndex) ingest(h *tokens.Hasher, payload []byte, ep string) error {
 			}
 			k := h.Key(parent, ids[j*16:(j+1)*16], nil)
 			n.eng[eh] = k
-			s := n.blocks[k]
-			if s == nil {
-				s = map[string]struct{}{}
-				n.blocks[k] = s
-			}
-			s[ep] = struct{}{}
+			n.add(k, ep)
 			parent = k
 		}
 	}
 	return nil
+}
+
+// add records that ep holds router key k. Caller holds n.mu (or owns n).
+func (n *naiveIndex) add(k uint64, ep string) {
+	s := n.blocks[k]
+	if s == nil {
+		s = map[string]struct{}{}
+		n.blocks[k] = s
+	}
+	s[ep] = struct{}{}
 }
 
 // naiveUint is the value of any integer msgpack.Unmarshal returns.
@@ -482,12 +487,7 @@ func benchMemory(b *testing.B, holders int, useNaive bool) {
 					for j, eh := range ev.BlockHashes {
 						k := h.Key(parent, ev.TokenIDs[j*16:(j+1)*16], nil)
 						engs[e][eh] = k
-						s := n.blocks[k]
-						if s == nil {
-							s = map[string]struct{}{}
-							n.blocks[k] = s
-						}
-						s[name] = struct{}{}
+						n.add(k, name)
 						parent = k
 					}
 				})

@@ -86,6 +86,15 @@ func (w *mpw) array(n int) *mpw {
 	return w
 }
 
+// uints writes a list of integers.
+func (w *mpw) uints(vs []uint64) *mpw {
+	w.array(len(vs))
+	for _, v := range vs {
+		w.uint(v)
+	}
+	return w
+}
+
 func (w *mpw) mapHdr(n int) *mpw {
 	w.b = append(w.b, 0x80|byte(n))
 	return w
@@ -117,10 +126,7 @@ func (s vllmStored) write(w *mpw) {
 		}
 	}
 	w.mapHdr(n).str("type").str("BlockStored")
-	w.str("block_hashes").array(len(s.hashes))
-	for _, h := range s.hashes {
-		w.uint(h)
-	}
+	w.str("block_hashes").uints(s.hashes)
 	w.str("parent_block_hash")
 	optUint(w, s.parent)
 	w.str("token_ids").array(len(s.tokens))
@@ -162,10 +168,7 @@ func (s vllmRemoved) write(w *mpw) {
 		n++
 	}
 	w.mapHdr(n).str("type").str("BlockRemoved")
-	w.str("block_hashes").array(len(s.hashes))
-	for _, h := range s.hashes {
-		w.uint(h)
-	}
+	w.str("block_hashes").uints(s.hashes)
 	w.str("medium")
 	optStr(w, s.medium)
 	if s.groupIdx != nil {

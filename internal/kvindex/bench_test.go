@@ -19,20 +19,26 @@ const (
 // 2 000-block prompt is held by endpoint e up to 2000·(e+1)/64 blocks (4 of
 // them hold it all); each endpoint also holds 20 000 unrelated blocks.
 func benchFleet(b *testing.B, withNaive bool) (*Index, *naive, []tokens.BlockKey) {
+	x, n := fillFleet(b, [][]tokens.BlockKey{chain(benchPrompt, 1)}, withNaive)
+	return x, n, chain(benchPrompt, 1)
+}
+
+// fillFleet stores prompts ps on 64 endpoints, endpoint e holding the
+// first rotatingHeld(e, p) blocks of prompt p, and 20 000 unrelated blocks
+// per endpoint, in the index and (withNaive) the naive baseline.
+func fillFleet(b *testing.B, ps [][]tokens.BlockKey, withNaive bool) (*Index, *naive) {
 	b.Helper()
 	x := New(Config{})
 	n := newNaive()
-	prompt := chain(benchPrompt, 1)
 	for e := 0; e < benchEndpoints; e++ {
 		name := fmt.Sprintf("10.0.0.%d:8000", e)
 		id, _ := x.AddEndpoint(name, "m")
-		held := benchPrompt * (e + 1) / benchEndpoints
-		if e%16 == 15 {
-			held = benchPrompt
-		}
-		x.Store(id, 0, TierGPU, prompt[:held])
-		if withNaive {
-			n.store(name, prompt[:held])
+		for p, prompt := range ps {
+			held := rotatingHeld(e, p)
+			x.Store(id, 0, TierGPU, prompt[:held])
+			if withNaive {
+				n.store(name, prompt[:held])
+			}
 		}
 		other := chain(benchOther, uint32(100+e))
 		x.Store(id, 0, TierGPU, other)
@@ -41,7 +47,7 @@ func benchFleet(b *testing.B, withNaive bool) (*Index, *naive, []tokens.BlockKey
 		}
 	}
 	runtime.GC()
-	return x, n, prompt
+	return x, n
 }
 
 // naive is the baseline: block key → set of endpoint names, one lock.
@@ -268,30 +274,11 @@ func BenchmarkMemoryPerEntry(b *testing.B) {
 // rarely the previous one's). Each endpoint also holds 20 000 unrelated
 // blocks, as in benchFleet.
 func rotatingFleet(b *testing.B, prompts int, withNaive bool) (*Index, *naive, [][]tokens.BlockKey) {
-	b.Helper()
-	x := New(Config{})
-	n := newNaive()
 	ps := make([][]tokens.BlockKey, prompts)
 	for p := range ps {
 		ps[p] = chain(benchPrompt, uint32(10000+p))
 	}
-	for e := 0; e < benchEndpoints; e++ {
-		name := fmt.Sprintf("10.0.0.%d:8000", e)
-		id, _ := x.AddEndpoint(name, "m")
-		for p, prompt := range ps {
-			held := rotatingHeld(e, p)
-			x.Store(id, 0, TierGPU, prompt[:held])
-			if withNaive {
-				n.store(name, prompt[:held])
-			}
-		}
-		other := chain(benchOther, uint32(100+e))
-		x.Store(id, 0, TierGPU, other)
-		if withNaive {
-			n.store(name, other)
-		}
-	}
-	runtime.GC()
+	x, n := fillFleet(b, ps, withNaive)
 	return x, n, ps
 }
 
