@@ -17,7 +17,8 @@ import (
 // on GPU, and only when such an endpoint has ever had an entry in that
 // table: their bits matter only for those endpoints. So a mostly-GPU fleet
 // pays about one probe per key, and approximate or offloaded entries cost
-// more probes only where they extend a prefix beyond the GPU entries.
+// more probes only where they extend a prefix beyond the GPU entries. Every
+// walk prefetches its slots walkAhead keys ahead (see walkAhead).
 
 // walkGPUApprox is the walk when the page has GPU entries and at most
 // approximate ones (ap may be nil): the common case of a gateway that
