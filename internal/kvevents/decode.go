@@ -118,7 +118,7 @@ func decodeBatch(r *reader, b *Batch) error {
 		}
 		sawEvents := false
 		for j := 0; j < n; j++ {
-			key, err := r.bytesOrStr()
+			key, err := r.str()
 			if err != nil {
 				return fmt.Errorf("batch map key: %w", err)
 			}
@@ -203,10 +203,66 @@ func kindOf(tag []byte) Kind {
 	return KindUnknown
 }
 
+// field names an event field the decoder knows; fieldSkip is every other.
+type field uint8
+
+const (
+	fieldSkip field = iota
+	fieldBlockHashes
+	fieldParent
+	fieldTokenIDs
+	fieldBlockSize
+	fieldLoRAID
+	fieldMedium
+	fieldLoRAName
+	fieldExtraKeys
+	fieldGroupIdx
+	fieldSpecKind
+	fieldSpecWindow
+)
+
+var fieldNames = [...]string{
+	fieldSkip: "unknown field", fieldBlockHashes: "block_hashes", fieldParent: "parent_block_hash",
+	fieldTokenIDs: "token_ids", fieldBlockSize: "block_size", fieldLoRAID: "lora_id", fieldMedium: "medium",
+	fieldLoRAName: "lora_name", fieldExtraKeys: "extra_keys", fieldGroupIdx: "group_idx",
+	fieldSpecKind: "kv_cache_spec_kind", fieldSpecWindow: "kv_cache_spec_sliding_window",
+}
+
+// fieldOf names a map event's key. A switch on string(key) compiles to
+// comparisons without converting (allocating) the key.
+func fieldOf(key []byte) field {
+	switch string(key) {
+	case "block_hashes":
+		return fieldBlockHashes
+	case "parent_block_hash":
+		return fieldParent
+	case "token_ids":
+		return fieldTokenIDs
+	case "block_size":
+		return fieldBlockSize
+	case "lora_id":
+		return fieldLoRAID
+	case "medium":
+		return fieldMedium
+	case "lora_name":
+		return fieldLoRAName
+	case "extra_keys":
+		return fieldExtraKeys
+	case "group_idx":
+		return fieldGroupIdx
+	case "kv_cache_spec_kind":
+		return fieldSpecKind
+	case "kv_cache_spec_sliding_window", "sliding_window":
+		return fieldSpecWindow
+	}
+	return fieldSkip
+}
+
 // Positional field order per kind (after the tag).
 var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
-	removedFields = []string{"block_hashes", "medium", "group_idx"}
+	storedFields = []field{fieldBlockHashes, fieldParent, fieldTokenIDs, fieldBlockSize, fieldLoRAID, fieldMedium,
+		fieldLoRAName, fieldExtraKeys, fieldGroupIdx, fieldSpecKind, fieldSpecWindow}
+	removedFields = []field{fieldBlockHashes, fieldMedium, fieldGroupIdx}
 )
 
 func decodeEvent(r *reader, e *Event) error {
@@ -223,7 +279,7 @@ func decodeEvent(r *reader, e *Event) error {
 		if n == 0 {
 			return errors.New("empty event array")
 		}
-		tag, err := r.bytesOrStr()
+		tag, err := r.str()
 		if err != nil {
 			// Integer tags or other forms: unknown kind, skip the rest.
 			if kerr := r.skip(); kerr != nil {
@@ -233,7 +289,7 @@ func decodeEvent(r *reader, e *Event) error {
 			return skipN(r, n-1)
 		}
 		e.Kind = kindOf(tag)
-		var fields []string
+		var fields []field
 		switch e.Kind {
 		case KindBlockStored:
 			fields = storedFields
@@ -241,11 +297,11 @@ func decodeEvent(r *reader, e *Event) error {
 			fields = removedFields
 		}
 		for j := 1; j < n; j++ {
-			name := ""
+			f := fieldSkip
 			if j-1 < len(fields) {
-				name = fields[j-1]
+				f = fields[j-1]
 			}
-			if err := decodeField(r, e, name); err != nil {
+			if err := decodeField(r, e, f); err != nil {
 				return err
 			}
 		}
@@ -256,12 +312,12 @@ func decodeEvent(r *reader, e *Event) error {
 		}
 		sawType := false
 		for j := 0; j < n; j++ {
-			key, err := r.bytesOrStr()
+			key, err := r.str()
 			if err != nil {
 				return fmt.Errorf("event map key: %w", err)
 			}
 			if string(key) == "type" {
-				tag, err := r.bytesOrStr()
+				tag, err := r.str()
 				if err != nil {
 					return fmt.Errorf("type: %w", err)
 				}
@@ -269,7 +325,7 @@ func decodeEvent(r *reader, e *Event) error {
 				sawType = true
 				continue
 			}
-			if err := decodeField(r, e, string(key)); err != nil {
+			if err := decodeField(r, e, fieldOf(key)); err != nil {
 				return err
 			}
 		}
@@ -291,20 +347,21 @@ func skipN(r *reader, n int) error {
 	return nil
 }
 
-// decodeField decodes one named field into e; unknown names are skipped.
-func decodeField(r *reader, e *Event, name string) error {
+// decodeField decodes field f into e; fieldSkip (unknown names) is
+// skipped.
+func decodeField(r *reader, e *Event, f field) error {
 	var err error
-	switch name {
-	case "block_hashes":
+	switch f {
+	case fieldBlockHashes:
 		err = decodeHashes(r, e)
-	case "parent_block_hash":
+	case fieldParent:
 		if !r.isNil() {
 			e.Parent, err = r.hash()
 			e.HasParent = err == nil
 		}
-	case "token_ids":
+	case fieldTokenIDs:
 		err = decodeTokens(r, e)
-	case "block_size":
+	case fieldBlockSize:
 		var v int64
 		if v, err = r.int(); err == nil {
 			if v <= 0 || v > 1<<20 {
@@ -312,26 +369,26 @@ func decodeField(r *reader, e *Event, name string) error {
 			}
 			e.BlockSize = int(v)
 		}
-	case "lora_id":
+	case fieldLoRAID:
 		if !r.isNil() {
 			e.LoRAID, err = r.int()
 			e.HasLoRAID = err == nil
 		}
-	case "medium":
+	case fieldMedium:
 		if !r.isNil() {
 			var s []byte
-			if s, err = r.bytesOrStr(); err == nil {
-				e.Medium = kvindex.ParseMedium(string(s))
+			if s, err = r.str(); err == nil {
+				e.Medium = parseMedium(s)
 			}
 		}
-	case "lora_name":
+	case fieldLoRAName:
 		if !r.isNil() {
 			var s []byte
 			if s, err = r.bytesOrStr(); err == nil {
 				e.LoRAName = string(s)
 			}
 		}
-	case "group_idx":
+	case fieldGroupIdx:
 		if !r.isNil() {
 			var v int64
 			if v, err = r.int(); err == nil {
@@ -341,14 +398,14 @@ func decodeField(r *reader, e *Event, name string) error {
 				e.Group = int(v)
 			}
 		}
-	case "kv_cache_spec_kind":
+	case fieldSpecKind:
 		if !r.isNil() {
 			var s []byte
-			if s, err = r.bytesOrStr(); err == nil {
-				e.GroupKind, e.HasGroupKind = kvindex.ParseGroupKind(string(s)), true
+			if s, err = r.str(); err == nil {
+				e.GroupKind, e.HasGroupKind = parseGroupKind(s), true
 			}
 		}
-	case "kv_cache_spec_sliding_window", "sliding_window":
+	case fieldSpecWindow:
 		if !r.isNil() {
 			var v int64
 			if v, err = r.int(); err == nil {
@@ -358,7 +415,7 @@ func decodeField(r *reader, e *Event, name string) error {
 				e.Window = int(v)
 			}
 		}
-	case "extra_keys":
+	case fieldExtraKeys:
 		if !r.isNil() {
 			err = decodeExtraKeys(r, e)
 		}
@@ -366,7 +423,7 @@ func decodeField(r *reader, e *Event, name string) error {
 		err = r.skip()
 	}
 	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return fmt.Errorf("%s: %w", fieldNames[f], err)
 	}
 	return nil
 }
@@ -410,6 +467,26 @@ func onlyLoRA(raw []byte, lora string) bool {
 		}
 	}
 	return r.done()
+}
+
+// parseMedium is kvindex.ParseMedium with vLLM's own spellings first
+// (they need no case folding).
+func parseMedium(s []byte) kvindex.Tier {
+	switch string(s) {
+	case "GPU":
+		return kvindex.TierGPU
+	case "CPU":
+		return kvindex.TierCPU
+	}
+	return kvindex.ParseMedium(string(s))
+}
+
+// parseGroupKind is kvindex.ParseGroupKind with the common kind first.
+func parseGroupKind(s []byte) kvindex.GroupKind {
+	if string(s) == "full_attention" {
+		return kvindex.GroupFullAttention
+	}
+	return kvindex.ParseGroupKind(string(s))
 }
 
 // maxGroups bounds group_idx (hybrid models have a handful of groups).

@@ -274,12 +274,42 @@ func (r *reader) mapLen() (int, error) {
 	return int(n), nil
 }
 
+// skipScalar skips a one-byte value (nil, bool, fixint) if one is next.
+func (r *reader) skipScalar() bool {
+	if r.i < len(r.b) {
+		if c := r.b[r.i]; c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3 {
+			r.i++
+			return true
+		}
+	}
+	return false
+}
+
+// str reads a str or bin like bytesOrStr, with a fast path for the short
+// strings (fixstr) that name fields and event types.
+func (r *reader) str() ([]byte, error) {
+	if r.i < len(r.b) {
+		if c := r.b[r.i]; c&0xe0 == 0xa0 {
+			n := int(c & 0x1f)
+			if j := r.i + 1 + n; j <= len(r.b) {
+				s := r.b[r.i+1 : j]
+				r.i = j
+				return s, nil
+			}
+		}
+	}
+	return r.bytesOrStr()
+}
+
 // skip skips one value of any type.
 func (r *reader) skip() error { return r.skipDepth(0) }
 
 func (r *reader) skipDepth(depth int) error {
 	if depth > maxSkipDepth {
 		return errors.New("msgpack: nesting too deep")
+	}
+	if r.skipScalar() {
+		return nil
 	}
 	k, err := r.peekKind()
 	if err != nil {
@@ -304,6 +334,9 @@ func (r *reader) skipDepth(depth int) error {
 			return err
 		}
 		for j := 0; j < n; j++ {
+			if r.skipScalar() { // a list of nils (extra_keys): no call
+				continue
+			}
 			if err := r.skipDepth(depth + 1); err != nil {
 				return err
 			}

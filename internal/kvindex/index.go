@@ -639,6 +639,16 @@ func (r *pageReader) read(k, g uint64) presence {
 	return p
 }
 
+// prefetch prefetches the slots of keys[from:from+walkAhead] in r's tables
+// and the precise tables of fa (walk.go).
+func (r *pageReader) prefetch(fa []pageReader, keys []tokens.BlockKey, from int, pf *[walkAhead]uintptr) {
+	r.prec.prefetchKeys(keys, from, pf)
+	r.approx.prefetchKeys(keys, from, pf)
+	for j := range fa {
+		fa[j].prec.prefetchKeys(keys, from, pf)
+	}
+}
+
 func (p presence) any() uint64 { return p.gpu | p.cpu | p.sto | p.approx }
 
 // walkPage computes the matches of one page of 64 endpoint slots.
@@ -680,7 +690,14 @@ func (x *Index) walkPage(v *view, p int, keys []tokens.BlockKey, g uint64, out [
 		needCPU, needSto, usedApprox = walkFlat(&r0, keys, g, &blocks, &gpuBlocks, all)
 		start = len(keys)
 	}
+	var pf [walkAhead]uintptr
+	if start == 0 {
+		r0.prefetch(fa, keys, 0, &pf)
+	}
 	for i := start; i < len(keys); i++ {
+		if i&(walkAhead-1) == 0 {
+			r0.prefetch(fa, keys, i+walkAhead, &pf)
+		}
 		k := keys[i]
 		pr := r0.read(k, g)
 		fast := pr.gpu | pr.approx

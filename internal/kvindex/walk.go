@@ -3,7 +3,9 @@ package kvindex
 import (
 	"math/bits"
 	"sync/atomic"
+	"unsafe"
 
+	"github.com/kvgate/kvgate/internal/kvindex/prefetch"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -15,7 +17,8 @@ import (
 // on GPU, and only when such an endpoint has ever had an entry in that
 // table: their bits matter only for those endpoints. So a mostly-GPU fleet
 // pays about one probe per key, and approximate or offloaded entries cost
-// more probes only where they extend a prefix beyond the GPU entries.
+// more probes only where they extend a prefix beyond the GPU entries. Every
+// walk prefetches its slots walkAhead keys ahead (see walkAhead).
 
 // walkGPUApprox is the walk when the page has GPU entries and at most
 // approximate ones (ap may be nil): the common case of a gateway that
@@ -53,7 +56,18 @@ func walkGPUApprox(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64
 		return 0
 	}
 	alive := all
+	var pf [walkAhead]uintptr
+	prefetchSnap(&gs, gsh, preciseStride, keys, 0, &pf)
+	if apMask != 0 {
+		prefetchSnap(&as, ash, approxStride, keys, 0, &pf)
+	}
 	for i, k := range keys {
+		if i&(walkAhead-1) == 0 {
+			prefetchSnap(&gs, gsh, preciseStride, keys, i+walkAhead, &pf)
+			if apMask != 0 {
+				prefetchSnap(&as, ash, approxStride, keys, i+walkAhead, &pf)
+			}
+		}
 		k = tkey(k, TierGPU)
 		var gb uint64
 		a := &gs[(k>>1>>gsh)&(maxSnap-1)]
@@ -114,7 +128,12 @@ func walkGPUApprox(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64
 // measured 0–10 % faster than with the shared loop).
 func walkGPUSnap(gs *[maxSnap]arrSnap, gsh uint, keys []tokens.BlockKey, blocks *[64]int32, all uint64) {
 	alive := all
+	var pf [walkAhead]uintptr
+	prefetchSnap(gs, gsh, preciseStride, keys, 0, &pf)
 	for i, k := range keys {
+		if i&(walkAhead-1) == 0 {
+			prefetchSnap(gs, gsh, preciseStride, keys, i+walkAhead, &pf)
+		}
 		k = tkey(k, TierGPU)
 		var gb uint64
 		a := &gs[(k>>1>>gsh)&(maxSnap-1)]
@@ -146,6 +165,51 @@ func walkGPUSnap(gs *[maxSnap]arrSnap, gsh uint, keys []tokens.BlockKey, blocks 
 	}
 }
 
+// walkAhead is how many keys ahead of the probes a walk prefetches their
+// home slots, in batches of as many keys (a power of two). A walk over a
+// prompt whose slots are not in the CPU's caches otherwise takes one cache
+// miss per key, one after another: the probe loop's branches depend on the
+// loaded key, so the core does not run ahead to the next key's load.
+// Prefetching keeps between walkAhead and 2×walkAhead misses in flight.
+const walkAhead = 32
+
+// prefetchSnap prefetches the home slots of keys[from:from+walkAhead]
+// (as many as there are) in the snapshot gs of a table with the given
+// slot stride. The home slot and the shard of a key do not depend on its
+// low three bits, so block keys, tkeys and tbases share them.
+func prefetchSnap(gs *[maxSnap]arrSnap, gsh uint, stride uint64, keys []tokens.BlockKey, from int, pf *[walkAhead]uintptr) {
+	prefetchSnapOff(gs, gsh, stride, keys, from, pf, 0)
+}
+
+// prefetchSnapOff is prefetchSnap at off bytes past each home slot.
+func prefetchSnapOff(gs *[maxSnap]arrSnap, gsh uint, stride uint64, keys []tokens.BlockKey, from int, pf *[walkAhead]uintptr, off uintptr) {
+	if from >= len(keys) {
+		return
+	}
+	ks := keys[from:min(len(keys), from+walkAhead)]
+	for j, k := range ks {
+		a := &gs[(k>>1>>gsh)&(maxSnap-1)]
+		pf[j] = uintptr(unsafe.Pointer(&a.w[home(k, a.mask)*stride])) + off
+	}
+	prefetch.Addrs(pf[:len(ks)])
+}
+
+// prefetchKeys is prefetchSnap loading each shard's array (tables with
+// more than maxSnap shards, and the general walk). A nil table has nothing
+// to prefetch.
+func (t *table) prefetchKeys(keys []tokens.BlockKey, from int, pf *[walkAhead]uintptr) {
+	if t == nil || from >= len(keys) {
+		return
+	}
+	ks := keys[from:min(len(keys), from+walkAhead)]
+	st := uint64(t.stride)
+	for j, k := range ks {
+		a := t.shards[t.shardIndex(k)].arr.Load()
+		pf[j] = uintptr(unsafe.Pointer(&a.w[home(k, a.mask)*st]))
+	}
+	prefetch.Addrs(pf[:len(ks)])
+}
+
 // maxSnap is the most shards per table whose arrays a walk snapshots.
 const maxSnap = 64
 
@@ -158,7 +222,16 @@ type arrSnap struct {
 // shards: each probe loads the shard's array.
 func walkGPUApproxLoad(gpu, ap *table, keys []tokens.BlockKey, g uint64, blocks *[64]int32, all, apMask uint64) (usedApprox uint64) {
 	alive := all
+	var pf [walkAhead]uintptr
 	for i, k := range keys {
+		if i&(walkAhead-1) == 0 {
+			if i == 0 {
+				gpu.prefetchKeys(keys, 0, &pf)
+				ap.prefetchKeys(keys, 0, &pf)
+			}
+			gpu.prefetchKeys(keys, i+walkAhead, &pf)
+			ap.prefetchKeys(keys, i+walkAhead, &pf)
+		}
 		k = tkey(k, TierGPU)
 		// The GPU probe, inlined by hand and without calls (a call makes
 		// the compiler spill the loop's values on every iteration).
@@ -242,8 +315,33 @@ func walkFlat(r *pageReader, keys []tokens.BlockKey, g uint64, blocks, gpuBlocks
 		a := prec.shards[i].arr.Load()
 		ps[i] = arrSnap{a.w, a.mask}
 	}
+	var as [maxSnap]arrSnap
+	var ash uint
+	if r.approx != nil && len(r.approx.shards) <= maxSnap {
+		ash = r.approx.shift1 & 63
+		for i := range r.approx.shards {
+			a := r.approx.shards[i].arr.Load()
+			as[i] = arrSnap{a.w, a.mask}
+		}
+	}
+	pfApprox := apMask != 0 && len(r.approx.shards) <= maxSnap
+	var pf [walkAhead]uintptr
 	alive, gpuAlive := all, all
 	for i, bk := range keys {
+		if i&(walkAhead-1) == 0 {
+			if i == 0 {
+				prefetchSnap(&ps, psh, preciseStride, keys, 0, &pf)
+				prefetchSnapOff(&ps, psh, preciseStride, keys, 0, &pf, 64)
+				if pfApprox {
+					prefetchSnap(&as, ash, approxStride, keys, 0, &pf)
+				}
+			}
+			prefetchSnap(&ps, psh, preciseStride, keys, i+walkAhead, &pf)
+			prefetchSnapOff(&ps, psh, preciseStride, keys, i+walkAhead, &pf, 64)
+			if pfApprox {
+				prefetchSnap(&as, ash, approxStride, keys, i+walkAhead, &pf)
+			}
+		}
 		base := tbase(bk)
 		var tb [4]uint64
 		a := &ps[(base>>1>>psh)&(maxSnap-1)]

@@ -53,8 +53,10 @@ func TestLookupWalksAgainstReference(t *testing.T) {
 			r := rand.New(rand.NewPCG(7, uint64(len(shape))))
 			for round := 0; round < 20; round++ {
 				clk := &fakeClock{t: time.Unix(1000, 0)}
-				x := New(Config{ApproxTTL: time.Minute, Now: clk.Now, Shards: 1 << r.IntN(4)})
-				keys := chain(40, uint32(round))
+				// Up to 128 shards: more than maxSnap takes the walks that
+				// load shard arrays. 100 keys: several prefetch batches.
+				x := New(Config{ApproxTTL: time.Minute, Now: clk.Now, Shards: 1 << r.IntN(8)})
+				keys := chain(100, uint32(round))
 				const eps = 70
 				held := make([][][4]bool, eps)
 				for e := 0; e < eps; e++ {

@@ -6,3 +6,6 @@ import "unsafe"
 
 // Line does nothing on this architecture.
 func Line(p unsafe.Pointer) {}
+
+// Addrs does nothing on this architecture.
+func Addrs(a []uintptr) {}
