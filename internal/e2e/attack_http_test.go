@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -149,13 +150,19 @@ func (at *attackTarget) post(url string, body io.Reader) (int, string, error) {
 // attackers' own descriptors and the servers' exceed 1024 together.)
 func attackSlowBodies(t *testing.T, at *attackTarget) {
 	const n = 150
-	held := 0
+	var held atomic.Int64
+	var wg sync.WaitGroup
 	for _, tg := range []struct{ addr, path string }{{at.engine.Addr(), "/v1/completions"}, {at.kvAddr, "/admin/kv/lookup"}} {
-		held += slowClients(t, tg.addr, n, func(c net.Conn, _ int) {
-			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"prompt\":", tg.path, 1<<20)
-		})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			held.Add(int64(slowClients(t, tg.addr, n, func(c net.Conn, _ int) {
+				fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"prompt\":", tg.path, 1<<20)
+			})))
+		}()
 	}
-	if held > 0 {
+	wg.Wait()
+	if held := held.Load(); held > 0 {
 		t.Errorf("%d slow connections still held after %v", held, attackHang)
 	}
 }
