@@ -292,6 +292,12 @@ func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *rout
 func (g *Gateway) reportFailure(m *member, err error) {
 	if g.health != nil {
 		g.health.ReportFailure(m.ep.Name, err)
+		if !g.health.Available(m.ep.Name) {
+			// Ejected: leave the snapshot now, not at the next refresh
+			// tick (a failing engine builds no load, so policies would
+			// keep choosing it meanwhile).
+			g.refresh()
+		}
 	}
 }
 
