@@ -85,7 +85,7 @@ type Gateway struct {
 
 // member is one endpoint the gateway knows.
 type member struct {
-	ep      fleet.Endpoint
+	ep      fleet.Endpoint // immutable once the member is published
 	kvID    kvindex.EndpointID
 	obs     observed
 	removed atomic.Bool // left the fleet; its index id may be reused
@@ -242,16 +242,19 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 		_ = g.idx.RemoveEndpoint(m.kvID) // absent already: nothing to free
 	}
 	for _, e := range eps {
-		m := next[e.Name]
-		if m == nil {
+		// A member's ep never changes once published (requests read it
+		// without a lock): a changed endpoint (its role, URL, sockets)
+		// gets a new member with the same index id.
+		switch m := next[e.Name]; {
+		case m == nil:
 			id, err := g.idx.AddEndpoint(e.Name, e.Model)
 			if err != nil {
 				return fmt.Errorf("endpoint %s: %w", e.Name, err)
 			}
-			m = &member{kvID: id}
-			next[e.Name] = m
+			next[e.Name] = &member{kvID: id, ep: e}
+		case m.ep != e:
+			next[e.Name] = &member{kvID: m.kvID, ep: e}
 		}
-		m.ep = e
 	}
 	g.mu.Lock()
 	g.members = next

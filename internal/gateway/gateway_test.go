@@ -510,3 +510,35 @@ func TestConditionalDisaggregation(t *testing.T) {
 		t.Fatalf("long prompt: %d prefill %s decode %s", long.status, long.header.Get(hdrPrefill), long.header.Get(hdrDecode))
 	}
 }
+
+// TestRoleChangeUnderTraffic: changing an endpoint's role (a planner's
+// switch) while requests flow races with nothing (go test -race) and
+// loses no request.
+func TestRoleChangeUnderTraffic(t *testing.T) {
+	c := &capture{}
+	up := c.server(t)
+	eps := func(role fleet.Role) []fleet.Endpoint {
+		return []fleet.Endpoint{{Name: "a", URL: up.URL, Model: testModel}, {Name: "b", URL: up.URL, Model: testModel, Role: role}}
+	}
+	g, url, _ := startGateway(t, Config{Endpoints: eps(fleet.RoleBoth)}, Options{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 50; i++ {
+			role := fleet.RoleBoth
+			if i%2 == 0 {
+				role = fleet.RolePrefill
+			}
+			if err := g.SetEndpoints(eps(role)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i := 0; i < 40; i++ {
+		if r := post(t, url+"/v1/completions", completion("x", false, 1), nil); r.status != 200 && r.status != 502 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+	}
+	<-done
+}

@@ -33,6 +33,7 @@ package load
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/predict"
@@ -58,6 +59,8 @@ type Info struct {
 // the Fleet's lock.
 type Endpoint struct {
 	info Info
+	// pub is info for readers without the fleet's lock (Info).
+	pub atomic.Pointer[Info]
 
 	busy       float64 // predicted time the prefill queue empties
 	queue      []*Flight
@@ -76,7 +79,12 @@ type Endpoint struct {
 }
 
 // Info returns the endpoint's configuration.
-func (e *Endpoint) Info() Info { return e.info }
+func (e *Endpoint) Info() Info {
+	if p := e.pub.Load(); p != nil {
+		return *p
+	}
+	return Info{}
+}
 
 // Flight is one request's footprint: its prefill on one endpoint and,
 // when disaggregated, its decode stream on another.
@@ -141,6 +149,8 @@ func (f *Fleet) Set(infos []Info) {
 			}
 		}
 		e.info, e.gone = in, false
+		info := in
+		e.pub.Store(&info)
 		if f.pred != nil {
 			e.model = f.pred.Model(in.Name, in.PrefillSpeed)
 		}
