@@ -27,6 +27,7 @@ func commands() map[string]command {
 		"engine":  {"run a vLLM-compatible engine emulator (HTTP API, metrics, KV events)", runEngine},
 		"kvindex": {"run the KV-event subscriber, global prefix index and its admin API", runKVIndex},
 		"serve":   {"run the gateway: route and proxy OpenAI requests to a fleet of engines", runServe},
+		"plan":    {"size the prefill/decode split per load phase and simulate a planned day", runPlan},
 	}
 }
 

@@ -1,0 +1,69 @@
+package planner
+
+// holt is Holt's double exponential smoothing of one series observed at
+// irregular times: a level and a trend per second. Forecasts are clamped
+// at 0 (loads are never negative).
+type holt struct {
+	alpha, beta float64
+	level       float64
+	trend       float64 // per second
+	last        float64 // time of the last observation
+	n           int
+}
+
+func (h *holt) observe(t, x float64) {
+	if h.n == 0 {
+		h.level, h.last, h.n = x, t, 1
+		return
+	}
+	dt := t - h.last
+	if dt <= 0 {
+		// Two observations at one time: keep the latest value.
+		h.level = h.alpha*x + (1-h.alpha)*h.level
+		return
+	}
+	prev := h.level
+	h.level = h.alpha*x + (1-h.alpha)*(h.level+h.trend*dt)
+	slope := (h.level - prev) / dt
+	if h.n == 1 {
+		h.trend = slope
+	} else {
+		h.trend = h.beta*slope + (1-h.beta)*h.trend
+	}
+	h.last = t
+	h.n++
+}
+
+// at forecasts the series ahead seconds after the last observation.
+func (h *holt) at(ahead float64) float64 { return max(h.level+h.trend*ahead, 0) }
+
+// forecaster smooths the prefill and decode loads.
+type forecaster struct {
+	p, d holt
+	// Last observed values, for the conservative (absorb) check.
+	lastP, lastD float64
+}
+
+func newForecaster(alpha, beta float64) forecaster {
+	return forecaster{p: holt{alpha: alpha, beta: beta}, d: holt{alpha: alpha, beta: beta}}
+}
+
+func (f *forecaster) observe(t, prefill, decode float64) {
+	f.p.observe(t, prefill)
+	f.d.observe(t, decode)
+	f.lastP, f.lastD = prefill, decode
+}
+
+func (f *forecaster) windows() int { return f.p.n }
+
+// at is the forecast loads ahead seconds on.
+func (f *forecaster) at(ahead float64) (prefill, decode float64) {
+	return f.p.at(ahead), f.d.at(ahead)
+}
+
+// high is the larger of the last observation, the smoothed level and the
+// forecast: what a side giving up instances must still carry.
+func (f *forecaster) high(ahead float64) (prefill, decode float64) {
+	fp, fd := f.at(ahead)
+	return max(f.lastP, f.p.level, fp), max(f.lastD, f.d.level, fd)
+}

@@ -1,0 +1,125 @@
+package planner
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Arrival is one request as routed: its sizes and, if it was rejected,
+// which side rejected it.
+type Arrival struct {
+	At           float64 // clock seconds
+	PromptTokens int
+	CachedTokens int
+	OutputTokens int // expected (max_tokens) or actual
+	// RejectedPrefill: predicted TTFT over its SLO; RejectedDecode: no KV
+	// room or predicted TPOT over its SLO.
+	RejectedPrefill bool
+	RejectedDecode  bool
+}
+
+// Completion is one request's measured latencies when it finished.
+type Completion struct {
+	At       float64 // clock seconds of its last token
+	TTFT     float64
+	TPOT     float64
+	TTFTMiss bool
+	TPOTMiss bool
+}
+
+// Recorder is a Source fed request by request (by a gateway, or a test's
+// client): arrivals and completions, kept while they may fall in a window.
+// It is safe for concurrent use.
+type Recorder struct {
+	mu   sync.Mutex
+	keep float64
+	max  int
+	arr  []Arrival
+	done []Completion
+	lost int
+}
+
+// NewRecorder keeps samples for keep seconds (at least the planner's
+// window), at most maxSamples of each kind (the oldest go first).
+func NewRecorder(keep float64, maxSamples int) (*Recorder, error) {
+	if !(keep > 0 && keep <= 86400) {
+		return nil, fmt.Errorf("recorder: keep must be in (0, 86400] s, got %v", keep)
+	}
+	if maxSamples < 1 || maxSamples > 1<<24 {
+		return nil, fmt.Errorf("recorder: max samples must be in [1, %d], got %d", 1<<24, maxSamples)
+	}
+	return &Recorder{keep: keep, max: maxSamples}, nil
+}
+
+// Arrived records a request's arrival.
+func (r *Recorder) Arrived(a Arrival) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.arr = appendKept(r.arr, a, a.At-r.keep, r.max, func(x Arrival) float64 { return x.At }, &r.lost)
+}
+
+// Completed records a request's completion.
+func (r *Recorder) Completed(c Completion) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done = appendKept(r.done, c, c.At-r.keep, r.max, func(x Completion) float64 { return x.At }, &r.lost)
+}
+
+// appendKept appends x, drops samples older than oldest and the oldest
+// beyond max.
+func appendKept[T any](s []T, x T, oldest float64, max int, at func(T) float64, lost *int) []T {
+	i := 0
+	for i < len(s) && at(s[i]) < oldest {
+		i++
+	}
+	if over := len(s) - i + 1 - max; over > 0 {
+		i += over
+		*lost += over
+	}
+	if i > 0 {
+		s = append(s[:0], s[i:]...)
+	}
+	return append(s, x)
+}
+
+// Observe implements Source over [now − window, now).
+func (r *Recorder) Observe(_ context.Context, now, window float64) (Observation, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	from := now - window
+	o := Observation{Now: now, Window: window}
+	for _, a := range r.arr {
+		if a.At < from || a.At >= now {
+			continue
+		}
+		o.Requests++
+		o.PromptTokens += int64(a.PromptTokens)
+		o.CachedTokens += int64(min(a.CachedTokens, a.PromptTokens))
+		o.OutputTokens += int64(a.OutputTokens)
+		if a.RejectedPrefill {
+			o.RejectedPrefill++
+		} else if a.RejectedDecode {
+			o.RejectedDecode++
+		}
+	}
+	var ttft, tpot float64
+	for _, c := range r.done {
+		if c.At < from || c.At >= now {
+			continue
+		}
+		o.Finished++
+		ttft += c.TTFT
+		tpot += c.TPOT
+		if c.TTFTMiss {
+			o.TTFTMiss++
+		}
+		if c.TPOTMiss {
+			o.TPOTMiss++
+		}
+	}
+	if o.Finished > 0 {
+		o.MeanTTFT, o.MeanTPOT = ttft/float64(o.Finished), tpot/float64(o.Finished)
+	}
+	return o, nil
+}
