@@ -24,7 +24,7 @@ type planFlags struct {
 	phaseMinutes, transitionMinutes, noise  float64
 	noiseMinutes, warmup, interval          float64
 	seed                                    uint64
-	whatIf, verbose                         bool
+	whatIf, verbose, learn                  bool
 }
 
 func newPlanFlagSet(f *planFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Flags) {
@@ -42,8 +42,8 @@ func newPlanFlagSet(f *planFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.F
 	fs.StringVar(&f.phases, "phases", "", "YAML or JSON file of phases ({phases: [{name, rate, isl, osl, hit, minutes}]}); default: the seed's chat, long-documents, agents")
 	fs.StringVar(&f.fixed, "fixed", f.fixed, "the fixed split to compare, as <P>P<D>D")
 	flagrange.Var(fl, &f.total, "total", sl.Total, "instances in the budget")
-	flagrange.Var(fl, &f.prefillCap, "prefill-capacity", sl.PrefillCapacity, "seed-phases: uncached prompt tokens per second one prefill instance computes")
-	flagrange.Var(fl, &f.decodeCap, "decode-capacity", sl.DecodeCapacity, "seed-phases: output tokens per second one decode instance produces within the TPOT target")
+	flagrange.Var(fl, &f.prefillCap, "prefill-capacity", sl.PrefillCapacity, "uncached prompt tokens per second one prefill instance computes (simulated-day: when given, the planner is configured with it instead of the timing model's)")
+	flagrange.Var(fl, &f.decodeCap, "decode-capacity", sl.DecodeCapacity, "output tokens per second one decode instance produces within the TPOT target (simulated-day: as --prefill-capacity)")
 	flagrange.Var(fl, &f.phaseMinutes, "phase-minutes", dl.PhaseMinutes, "simulated-day: length of a phase without its own minutes")
 	flagrange.Var(fl, &f.transitionMinutes, "transition-minutes", dl.TransitionMinutes, "simulated-day: how long one phase takes to give way to the next")
 	flagrange.Var(fl, &f.noise, "noise", dl.Noise, "simulated-day: amplitude of the arrival rate's random drift (0.1 = ±10 %)")
@@ -53,6 +53,7 @@ func newPlanFlagSet(f *planFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.F
 	fs.Uint64Var(&f.seed, "seed", 0, "simulated-day: random seed (any uint64)")
 	fs.StringVar(&f.policy, "policy", f.policy, "simulated-day: routing policy")
 	fs.BoolVar(&f.whatIf, "what-if", false, "simulated-day: also run the planner that simulates candidate splits on the recent traffic")
+	fs.BoolVar(&f.learn, "learn", false, "simulated-day: the planner corrects its capacity estimate from measured SLO misses")
 	fs.BoolVar(&f.verbose, "v", false, "simulated-day: log every planner decision to stderr")
 	return fs, fl
 }
@@ -126,7 +127,9 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if fp+fd != f.total {
 			return fmt.Errorf("simulated-day: --fixed %dP%dD must use all --total %d instances", fp, fd, f.total)
 		}
-		return planDay(ctx, stdout, stderr, &f, phases, fp)
+		capSet := false
+		fs.Visit(func(fl *flag.Flag) { capSet = capSet || fl.Name == "prefill-capacity" || fl.Name == "decode-capacity" })
+		return planDay(ctx, stdout, stderr, &f, phases, fp, capSet)
 	}
 	return fmt.Errorf("unknown scenario %q (seed-phases, simulated-day)", f.scenario)
 }
@@ -177,8 +180,12 @@ func planSeedPhases(w io.Writer, f *planFlags, phases []planner.Phase, fp, fd in
 	return nil
 }
 
-func planDay(ctx context.Context, stdout, stderr io.Writer, f *planFlags, phases []planner.Phase, fixed int) error {
+func planDay(ctx context.Context, stdout, stderr io.Writer, f *planFlags, phases []planner.Phase, fixed int, capSet bool) error {
 	c := planner.DefaultDay()
+	if capSet {
+		c.PlannerCapacity = &planner.Capacity{Prefill: f.prefillCap, Decode: f.decodeCap}
+	}
+	c.Learn = f.learn
 	c.Phases, c.Instances, c.Seed, c.Policy = phases, f.total, f.seed, f.policy
 	c.PhaseMinutes, c.TransitionMinutes, c.Noise, c.NoiseMinutes = f.phaseMinutes, f.transitionMinutes, f.noise, f.noiseMinutes
 	c.Warmup, c.Interval = f.warmup, f.interval

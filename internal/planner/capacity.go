@@ -78,16 +78,16 @@ func (l *learned) apply(c Capacity) Capacity {
 
 // update adjusts the multipliers from one window: up and ud are the
 // estimated utilisations (with the current multipliers) of the split that
-// served the window, rho the target utilisation.
-func (l *learned) update(o *Observation, up, ud, rho float64) {
+// served the window, rp and rd the utilisations each side is sized for.
+func (l *learned) update(o *Observation, up, ud, rp, rd float64) {
 	if o.Requests == 0 {
 		return
 	}
 	n := float64(o.Requests)
 	mp := float64(o.RejectedPrefill+o.TTFTMiss) / n
 	md := float64(o.RejectedDecode+o.TPOTMiss) / n
-	l.prefill = adjust(l.prefill, mp, up, rho)
-	l.decode = adjust(l.decode, md, ud, rho)
+	l.prefill = adjust(l.prefill, mp, up, rp)
+	l.decode = adjust(l.decode, md, ud, rd)
 }
 
 func adjust(k, miss, u, rho float64) float64 {

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/kvgate/kvgate/internal/flagrange"
@@ -35,8 +36,12 @@ type DayConfig struct {
 	// random values every NoiseMinutes.
 	Noise        float64
 	NoiseMinutes float64
-	Seed         uint64
-	Instances    int
+	// LeadInMinutes of the first phase run before the measured day, so
+	// that every run is measured in steady operation (a planner has been
+	// running; an oracle has set its split), from the same initial split.
+	LeadInMinutes float64
+	Seed          uint64
+	Instances     int
 	// Warmup is the seconds a switched instance warms up after draining.
 	Warmup float64
 	// Interval is the seconds between planner (and oracle) decisions.
@@ -50,6 +55,12 @@ type DayConfig struct {
 	SLO            sched.SLO
 	CacheTokens    int
 	DecodeKVTokens int
+	// PlannerCapacity, when set, is the capacity the planner is configured
+	// with instead of the one derived from the timing model (to see how it
+	// copes with a wrong one).
+	PlannerCapacity *Capacity
+	// Learn lets the planner correct its capacity from measured misses.
+	Learn bool
 	// Logger receives the planner's decisions (nil: discarded).
 	Logger *slog.Logger
 }
@@ -62,7 +73,7 @@ func DefaultDay() DayConfig {
 	m := perfmodel.Default()
 	m.DecodeStepBase, m.DecodeStepPerSeq, m.DecodeStepPerKContext = 0.010, 0.00024, 0.000004
 	return DayConfig{
-		Phases: SeedPhases(), PhaseMinutes: 12, TransitionMinutes: 4, Noise: 0.1, NoiseMinutes: 2,
+		Phases: SeedPhases(), PhaseMinutes: 12, TransitionMinutes: 4, Noise: 0.1, NoiseMinutes: 2, LeadInMinutes: 3,
 		Instances: 24, Warmup: 30, Interval: 30, Policy: "kvgate", Prefixes: 8,
 		Model: m, SLO: sched.SLO{TTFT: 2, TPOT: 0.05}, CacheTokens: 1 << 20, DecodeKVTokens: 5 << 19,
 	}
@@ -71,8 +82,9 @@ func DefaultDay() DayConfig {
 // DayRanges are the ranges of a DayConfig's numbers; kvgate plan's flags
 // use them.
 type DayRanges struct {
-	PhaseMinutes, TransitionMinutes, Noise, NoiseMinutes, Warmup, Interval flagrange.Range[float64]
-	Instances, Prefixes                                                    flagrange.Range[int]
+	PhaseMinutes, TransitionMinutes, Noise, NoiseMinutes, LeadInMinutes flagrange.Range[float64]
+	Warmup, Interval                                                    flagrange.Range[float64]
+	Instances, Prefixes                                                 flagrange.Range[int]
 }
 
 // DayLimits returns the ranges.
@@ -82,6 +94,7 @@ func DayLimits() DayRanges {
 		TransitionMinutes: flagrange.Range[float64]{Min: 0, Max: 60, Unit: "minutes"},
 		Noise:             flagrange.Range[float64]{Min: 0, Max: 0.5},
 		NoiseMinutes:      flagrange.Range[float64]{Min: 0.1, Max: 60, Unit: "minutes"},
+		LeadInMinutes:     flagrange.Range[float64]{Min: 0, Max: 60, Unit: "minutes"},
 		Warmup:            flagrange.Range[float64]{Min: 0, Max: 600, Unit: "seconds"},
 		Interval:          flagrange.Range[float64]{Min: 1, Max: 600, Unit: "seconds"},
 		Instances:         flagrange.Range[int]{Min: 2, Max: 256, Unit: "instances"},
@@ -97,6 +110,7 @@ func (c *DayConfig) Validate() error {
 		l.TransitionMinutes.Check("transition-minutes", c.TransitionMinutes),
 		l.Noise.Check("noise", c.Noise),
 		l.NoiseMinutes.Check("noise-minutes", c.NoiseMinutes),
+		l.LeadInMinutes.Check("lead-in-minutes", c.LeadInMinutes),
 		l.Warmup.Check("warmup", c.Warmup),
 		l.Interval.Check("interval", c.Interval),
 		l.Instances.Check("instances", c.Instances),
@@ -117,7 +131,7 @@ func (c *DayConfig) Validate() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("simulated day: %w", err)
 	}
-	for i, s := range c.spans() {
+	for i, s := range c.measured() {
 		if s.to-s.from < 60*c.TransitionMinutes {
 			return fmt.Errorf("simulated day: phase %s (%.1f min) is shorter than a transition (%.1f min)", c.Phases[i].Name, (s.to-s.from)/60, c.TransitionMinutes)
 		}
@@ -128,10 +142,17 @@ func (c *DayConfig) Validate() error {
 type span struct{ from, to float64 }
 
 // spans are the phases' nominal spans in seconds (boundaries are the
-// middles of the transitions).
+// middles of the transitions); the first includes the lead-in.
 func (c *DayConfig) spans() []span {
+	out := c.measured()
+	out[0].from = 0
+	return out
+}
+
+// measured are the spans the day is measured over: after the lead-in.
+func (c *DayConfig) measured() []span {
 	out := make([]span, len(c.Phases))
-	t := 0.0
+	t := 60 * c.LeadInMinutes
 	for i, ph := range c.Phases {
 		m := ph.Minutes
 		if m == 0 {
@@ -233,7 +254,7 @@ func BuildDay(c *DayConfig) (*workload.Trace, error) {
 // fleet is the day's simulated fleet with prefill instances to start.
 func (c *DayConfig) fleet(prefill int) sim.PhasedConfig {
 	segs := make([]sim.Segment, len(c.Phases))
-	for i, s := range c.spans() {
+	for i, s := range c.measured() {
 		segs[i] = sim.Segment{Name: c.Phases[i].Name, From: s.from, To: s.to}
 	}
 	return sim.PhasedConfig{Instances: c.Instances, Prefill: prefill, Model: c.Model, CacheTokens: c.CacheTokens,
@@ -313,7 +334,13 @@ func RunDay(ctx context.Context, c DayConfig, o DayOptions) (*DayReport, error) 
 	if par <= 0 {
 		par = runtime.GOMAXPROCS(0)
 	}
-	rep := &DayReport{Requests: len(tr.Requests), Minutes: tr.Duration / 60, Instances: c.Instances}
+	ms := c.measured()
+	rep := &DayReport{Minutes: (ms[len(ms)-1].to - ms[0].from) / 60, Instances: c.Instances}
+	for _, q := range tr.Requests {
+		if q.Arrival >= ms[0].from {
+			rep.Requests++
+		}
+	}
 	// Every fixed split, in parallel.
 	n := c.Instances - 1
 	fixed := make([]sim.PhasedResult, n)
@@ -335,8 +362,9 @@ func RunDay(ctx context.Context, c DayConfig, o DayOptions) (*DayReport, error) 
 	}
 	best := 0
 	for i, r := range fixed {
-		rep.Sweep = append(rep.Sweep, Candidate{Prefill: i + 1, Decode: c.Instances - i - 1, Attainment: r.Attainment})
-		if r.Attainment > fixed[best].Attainment {
+		a := dayRun("", r).Attainment
+		rep.Sweep = append(rep.Sweep, Candidate{Prefill: i + 1, Decode: c.Instances - i - 1, Attainment: a})
+		if a > rep.Sweep[best].Attainment {
 			best = i
 		}
 	}
@@ -368,11 +396,16 @@ func RunDay(ctx context.Context, c DayConfig, o DayOptions) (*DayReport, error) 
 		}
 		rep.Runs = append(rep.Runs, wi)
 	}
-	or, err := runOracle(ctx, &c, tr, oracle)
+	or, err := runOracle(ctx, &c, tr, o.FixedPrefill, oracle)
 	if err != nil {
 		return nil, err
 	}
 	rep.Runs = append(rep.Runs, or)
+	fo, err := runForesight(ctx, &c, tr, o.FixedPrefill)
+	if err != nil {
+		return nil, err
+	}
+	rep.Runs = append(rep.Runs, fo)
 	return rep, nil
 }
 
@@ -396,21 +429,39 @@ func fixedRun(name string, r sim.PhasedResult, prefill, total int) DayRun {
 	return run
 }
 
+// dayRun summarises a run over the measured day: its phases' requests.
 func dayRun(name string, r sim.PhasedResult) DayRun {
-	run := DayRun{Name: name, Attainment: r.Attainment, TTFTAttainment: r.TTFTAttainment, TPOTAttainment: r.TPOTAttainment,
-		Rejected: r.Rejected, Switches: len(r.Switches), Phases: r.Segments, Timeline: r.Switches}
+	run := DayRun{Name: name, Switches: len(r.Switches), Phases: r.Segments, Timeline: r.Switches}
+	n := 0
+	for _, s := range r.Segments {
+		w := float64(s.Requests)
+		n += s.Requests
+		run.Attainment += w * s.Attainment
+		run.TTFTAttainment += w * s.TTFTAttainment
+		run.TPOTAttainment += w * s.TPOTAttainment
+		run.Rejected += w * s.Rejected
+	}
+	if n > 0 {
+		w := float64(n)
+		run.Attainment /= w
+		run.TTFTAttainment /= w
+		run.TPOTAttainment /= w
+		run.Rejected /= w
+	}
 	return run
 }
 
 // simSource observes a phased run as a gateway would.
 type simSource struct{ live *sim.Live }
 
-func (s *simSource) Observe(_ context.Context, now, window float64) (Observation, error) {
+func (s *simSource) Observe(_ context.Context, now, window, recent float64) (Observation, error) {
 	w := s.live.Window(now-window, now)
 	o := Observation{Now: now, Window: now - max(now-window, 0), Requests: w.Arrivals, PromptTokens: w.PromptTokens,
 		CachedTokens: w.CachedTokens, OutputTokens: w.OutputTokens, RejectedPrefill: w.RejectedTTFT,
-		RejectedDecode: w.RejectedDecode, Finished: w.Finished, TTFTMiss: w.TTFTMiss, TPOTMiss: w.TPOTMiss,
-		Recent: s.live.Trace(max(now-2*window, 0), now)}
+		RejectedDecode: w.RejectedDecode, Finished: w.Finished, TTFTMiss: w.TTFTMiss, TPOTMiss: w.TPOTMiss}
+	if recent > 0 {
+		o.Recent = s.live.Trace(max(now-recent, 0), now)
+	}
 	if w.Finished > 0 {
 		o.MeanTTFT, o.MeanTPOT = w.TTFTSum/float64(w.Finished), w.TPOTSum/float64(w.Finished)
 	}
@@ -452,13 +503,26 @@ func dayPlanner(c *DayConfig, whatIf bool) (*Planner, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	pc := Config{Total: c.Instances, Capacity: c.Capacity(), Warmup: c.Warmup, Interval: c.Interval, Logger: log}
+	pc := Config{Total: c.Instances, Capacity: c.Capacity(), Warmup: c.Warmup, Interval: c.Interval, Learn: c.Learn, Logger: log}
+	if c.PlannerCapacity != nil {
+		pc.Capacity = StaticCapacity(*c.PlannerCapacity)
+	}
 	if whatIf {
 		f := c.fleet(1)
 		f.Segments = nil
-		pc.WhatIf = &WhatIf{Fleet: f, Policy: c.Policy, Options: sched.Options{Seed: c.Seed + 1}, EarlyReject: true, Every: 60}
+		pc.WhatIf = &WhatIf{Fleet: f, Policy: c.Policy, Options: sched.Options{Seed: c.Seed + 1}, EarlyReject: true, Every: 60,
+			Warmup: 1.5 * maxOSL(c.Phases) * c.SLO.TPOT}
 	}
 	return New(pc)
+}
+
+// maxOSL is the longest mean output of the phases.
+func maxOSL(phases []Phase) float64 {
+	m := 0.0
+	for _, ph := range phases {
+		m = max(m, ph.OSL)
+	}
+	return m
 }
 
 func runPlanned(ctx context.Context, c *DayConfig, tr *workload.Trace, start int, whatIf bool) (DayRun, error) {
@@ -466,7 +530,7 @@ func runPlanned(ctx context.Context, c *DayConfig, tr *workload.Trace, start int
 	if err != nil {
 		return DayRun{}, err
 	}
-	drv, err := NewSimDriver(p, 2*c.Interval)
+	drv, err := NewSimDriver(p, c.Interval)
 	if err != nil {
 		return DayRun{}, err
 	}
@@ -522,7 +586,6 @@ func (o *oracle) Tick(_ context.Context, live *sim.Live) error {
 			break
 		}
 	}
-	want := o.splits[ph]
 	inst := live.Instances()
 	np := 0
 	for _, s := range inst {
@@ -533,6 +596,81 @@ func (o *oracle) Tick(_ context.Context, live *sim.Live) error {
 			np++
 		}
 	}
+	return switchTo(live, inst, np, o.splits[ph])
+}
+
+// foresight is an oracle that knows the load ahead: before each interval
+// it sizes the split, with the planner's own rules, for the exact load of
+// the interval after its switch would land (read from the trace: output
+// tokens, and prompt tokens less each phase's shared prefix), and moves
+// there in one change, with no forecast, margin or confirmation.
+type foresight struct {
+	c      *DayConfig
+	tr     *workload.Trace
+	p      *Planner
+	prefix []int // shared-prefix tokens of each phase
+}
+
+func newForesight(c *DayConfig, tr *workload.Trace) (*foresight, error) {
+	// The oracle knows the engine: the timing model's capacity, whatever
+	// the planner is configured with.
+	oc := *c
+	oc.PlannerCapacity, oc.Learn = nil, false
+	p, err := dayPlanner(&oc, false)
+	if err != nil {
+		return nil, err
+	}
+	f := &foresight{c: c, tr: tr, p: p, prefix: make([]int, len(c.Phases))}
+	for i, ph := range c.Phases {
+		f.prefix[i] = int(ph.Hit*ph.ISL) / tr.BlockSize * tr.BlockSize
+	}
+	return f, nil
+}
+
+// loads are the exact prefill and decode loads of [from, to) and their
+// shape.
+func (f *foresight) loads(from, to float64) (lp, ld float64, s Shape) {
+	reqs := f.tr.Requests
+	i, _ := slices.BinarySearchFunc(reqs, from, func(q workload.Request, t float64) int { return cmp.Compare(q.Arrival, t) })
+	var n, prompt, unc, out float64
+	for ; i < len(reqs) && reqs[i].Arrival < to; i++ {
+		q := &reqs[i]
+		n++
+		prompt += float64(q.PromptTokens)
+		unc += float64(max(q.PromptTokens-f.prefix[q.Session], 0))
+		out += float64(q.OutputTokens)
+	}
+	if n == 0 {
+		return 0, 0, s
+	}
+	w := to - from
+	s = Shape{Rate: n / w, ISL: prompt / n, OSL: out / n, Hit: 1 - unc/prompt}
+	return unc / w, out / w, s
+}
+
+func (f *foresight) Tick(_ context.Context, live *sim.Live) error {
+	inst := live.Instances()
+	np := 0
+	for _, s := range inst {
+		if s.State != sim.StateServing {
+			return nil // one change at a time
+		}
+		if s.Role == fleet.RolePrefill {
+			np++
+		}
+	}
+	from := live.Now() + f.c.Warmup
+	lp, ld, shape := f.loads(from, from+f.c.Interval)
+	if shape.Rate == 0 {
+		return nil
+	}
+	total := f.c.Instances
+	want := f.p.formulaBest(lp, ld, 1, total-1, np, total, f.p.cfg.Capacity.Estimate(shape))
+	return switchTo(live, inst, np, want)
+}
+
+// switchTo moves the least loaded instances so that want serve prefill.
+func switchTo(live *sim.Live, inst []sim.InstanceState, np, want int) error {
 	from, to, k := fleet.RoleDecode, fleet.RolePrefill, want-np
 	if k < 0 {
 		from, to, k = fleet.RolePrefill, fleet.RoleDecode, -k
@@ -552,27 +690,51 @@ func (o *oracle) Tick(_ context.Context, live *sim.Live) error {
 	return nil
 }
 
-func runOracle(ctx context.Context, c *DayConfig, tr *workload.Trace, splits []int) (DayRun, error) {
+func runForesight(ctx context.Context, c *DayConfig, tr *workload.Trace, start int) (DayRun, error) {
 	sc, err := c.scheduler()
 	if err != nil {
 		return DayRun{}, err
 	}
-	res, err := sim.RunPhased(ctx, c.fleet(splits[0]), tr, sc, newOracle(c, splits))
+	f, err := newForesight(c, tr)
+	if err != nil {
+		return DayRun{}, err
+	}
+	res, err := sim.RunPhased(ctx, c.fleet(start), tr, sc, f)
+	if err != nil {
+		return DayRun{}, fmt.Errorf("oracle (foresight): %w", err)
+	}
+	run := dayRun("oracle (foresight)", res)
+	run.Split = "sized for the coming load"
+	run.Changes = changesOf(res.Switches)
+	return run, nil
+}
+
+// changesOf counts the distinct start times of switches.
+func changesOf(sw []sim.SwitchRecord) int {
+	n := 0
+	for i, s := range sw {
+		if i == 0 || s.Start != sw[i-1].Start {
+			n++
+		}
+	}
+	return n
+}
+
+func runOracle(ctx context.Context, c *DayConfig, tr *workload.Trace, start int, splits []int) (DayRun, error) {
+	sc, err := c.scheduler()
+	if err != nil {
+		return DayRun{}, err
+	}
+	res, err := sim.RunPhased(ctx, c.fleet(start), tr, sc, newOracle(c, splits))
 	if err != nil {
 		return DayRun{}, fmt.Errorf("oracle: %w", err)
 	}
-	run := dayRun("oracle", res)
+	run := dayRun("oracle (phases)", res)
 	parts := make([]string, len(splits))
 	for i, q := range splits {
 		parts[i] = fmt.Sprintf("%dP%dD", q, c.Instances-q)
 	}
-	run.Split = "per phase " + fmt.Sprint(parts)
-	changes := 0
-	for i, s := range res.Switches {
-		if i == 0 || s.Start != res.Switches[i-1].Start {
-			changes++
-		}
-	}
-	run.Changes = changes
+	run.Split = strings.Join(parts, " ")
+	run.Changes = changesOf(res.Switches)
 	return run, nil
 }

@@ -56,14 +56,23 @@ func (f *forecaster) observe(t, prefill, decode float64) {
 
 func (f *forecaster) windows() int { return f.p.n }
 
-// at is the forecast loads ahead seconds on.
+// at is the loads to size for ahead seconds on: the forecast where the
+// load rises, the smoothed level where it falls (a fall is followed, not
+// anticipated: the end of a ramp must not be extrapolated past it).
 func (f *forecaster) at(ahead float64) (prefill, decode float64) {
-	return f.p.at(ahead), f.d.at(ahead)
+	return max(f.p.at(ahead), f.p.level), max(f.d.at(ahead), f.d.level)
 }
 
-// high is the larger of the last observation, the smoothed level and the
-// forecast: what a side giving up instances must still carry.
-func (f *forecaster) high(ahead float64) (prefill, decode float64) {
-	fp, fd := f.at(ahead)
-	return max(f.lastP, f.p.level, fp), max(f.lastD, f.d.level, fd)
+// steady reports whether neither load is expected to move by more than
+// frac of its level ahead seconds on.
+func (f *forecaster) steady(ahead, frac float64) bool {
+	ok := func(h *holt) bool { return abs64(h.trend*ahead) <= frac*max(h.level, 1) }
+	return ok(&f.p) && ok(&f.d)
+}
+
+func abs64(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
 }

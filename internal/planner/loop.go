@@ -13,9 +13,11 @@ import (
 	"github.com/kvgate/kvgate/internal/openai"
 )
 
-// Source observes the traffic of the window [now − window, now).
+// Source observes the traffic of the window [now − window, now). When
+// recent > 0 and it can, it also returns the requests of [now − recent,
+// now) as Observation.Recent, for the what-if simulation.
 type Source interface {
-	Observe(ctx context.Context, now, window float64) (Observation, error)
+	Observe(ctx context.Context, now, window, recent float64) (Observation, error)
 }
 
 // LoopConfig wires a planner to a fleet.
@@ -26,8 +28,8 @@ type LoopConfig struct {
 	// Name names the actuator in Status ("sim", "engine", "kubernetes",
 	// "dry-run").
 	Name string
-	// Window is the observation window in seconds (default twice the
-	// planner's interval).
+	// Window is the observation window in seconds (default the planner's
+	// interval).
 	Window float64
 	// Clock is the time in seconds (default: seconds since the loop was
 	// made, on the wall clock).
@@ -77,7 +79,7 @@ func NewLoop(cfg LoopConfig) (*Loop, error) {
 		return nil, errors.New("planner loop: needs a planner, a source and an actuator")
 	}
 	if cfg.Window == 0 {
-		cfg.Window = 2 * cfg.Planner.cfg.Interval
+		cfg.Window = cfg.Planner.cfg.Interval
 	}
 	if !(cfg.Window > 0 && cfg.Window <= 86400) {
 		return nil, fmt.Errorf("planner loop: window must be in (0, 86400] s, got %v", cfg.Window)
@@ -99,7 +101,11 @@ func (l *Loop) Step(ctx context.Context) (Decision, error) {
 		l.fail(err)
 		return Decision{}, fmt.Errorf("planner: fleet: %w", err)
 	}
-	obs, err := l.cfg.Source.Observe(ctx, now, l.cfg.Window)
+	recent := 0.0
+	if w := l.cfg.Planner.cfg.WhatIf; w != nil {
+		recent = w.Warmup + l.cfg.Window
+	}
+	obs, err := l.cfg.Source.Observe(ctx, now, l.cfg.Window, recent)
 	if err != nil {
 		l.fail(err)
 		return Decision{}, fmt.Errorf("planner: observe: %w", err)

@@ -32,8 +32,8 @@ type Observation struct {
 	TPOTMiss int     `json:"tpot_miss"`
 	MeanTTFT float64 `json:"mean_ttft"`
 	MeanTPOT float64 `json:"mean_tpot"`
-	// Recent, when set, holds the requests of the last two windows with
-	// arrivals from 0: the what-if simulation replays them.
+	// Recent, when set, holds the latest requests (a warm-up, then the
+	// window) with arrivals from 0: the what-if simulation replays them.
 	Recent *workload.Trace `json:"-"`
 }
 
@@ -51,6 +51,20 @@ func (o *Observation) Shape() Shape {
 		s.Hit = float64(o.CachedTokens) / float64(o.PromptTokens)
 	}
 	return s
+}
+
+// missShare is the measured share of requests missing their SLO: the
+// window's rejections and the SLO misses of its finished requests.
+func (o *Observation) missShare() float64 {
+	miss := float64(o.RejectedPrefill + o.RejectedDecode)
+	if o.Requests == 0 {
+		return 0
+	}
+	if o.Finished > 0 {
+		served := float64(o.Requests - o.RejectedPrefill - o.RejectedDecode)
+		miss += served * float64(max(o.TTFTMiss, o.TPOTMiss)) / float64(o.Finished)
+	}
+	return miss / float64(o.Requests)
 }
 
 // Loads are the observed prefill load (uncached prompt tokens per second)

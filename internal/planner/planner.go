@@ -27,19 +27,29 @@ type Config struct {
 	Capacity CapacityEstimator
 	// Learn corrects the capacity estimate from measured SLO misses.
 	Learn bool
-	// TargetUtil is the utilisation a side is sized for (default 0.85):
-	// above it the planner expects SLO misses, a share 1 − TargetUtil/u
-	// of the requests at utilisation u.
-	TargetUtil float64
+	// PrefillUtil is the prefill utilisation above which the planner
+	// expects misses (default 0.95): early rejection sheds the excess, so
+	// at utilisation u a share 1 − PrefillUtil/u of the requests miss.
+	PrefillUtil float64
+	// DecodeUtil is the decode utilisation above which the planner
+	// expects misses (default 0.95), and DecodeSlack how much further the
+	// misses take to reach every request (default 0.2): past capacity the
+	// TPOT of every stream on an instance degrades, so the share missing
+	// is min(1, (u − DecodeUtil) / DecodeSlack).
+	DecodeUtil  float64
+	DecodeSlack float64
 	// Margin is the least predicted gain in SLO attainment (a share of
 	// requests) that justifies a change (default 0.02): the hysteresis
 	// band.
 	Margin float64
 	// Confirm is how many consecutive decisions must propose the same
-	// direction before the planner acts (default 2).
+	// direction before the planner acts (default 2), unless the predicted
+	// gain is at least BigGain (default 0.1): a step change, not noise.
 	Confirm int
-	// Cooldown is the seconds after a change completes before the next
-	// may start (default 60), so that the window sees the new split.
+	BigGain float64
+	// Cooldown is the fewest seconds from the start of one change to the
+	// start of the next (default 60); a change is never started while
+	// another is in flight.
 	Cooldown float64
 	// AbsorbMax is the highest utilisation the side giving up instances
 	// may be left with (default 0.9), unless it stays below the side it
@@ -73,7 +83,8 @@ type Config struct {
 // ConfigLimits are the ranges of a Config's numbers (0 takes the default).
 type ConfigLimits struct {
 	Total, MinInstances, Confirm, MaxStep, MinWindows, History flagrange.Range[int]
-	TargetUtil, Margin, AbsorbMax, Alpha, Beta                 flagrange.Range[float64]
+	PrefillUtil, DecodeUtil, DecodeSlack                       flagrange.Range[float64]
+	Margin, BigGain, AbsorbMax, Alpha, Beta                    flagrange.Range[float64]
 	Cooldown, Horizon, Warmup, Interval                        flagrange.Range[float64]
 }
 
@@ -92,8 +103,11 @@ func Limits() ConfigLimits {
 		MaxStep:      flagrange.Range[int]{Min: 1, Max: 100000, Unit: "instances", Zero: "no cap"},
 		MinWindows:   flagrange.Range[int]{Min: 1, Max: 1000, Zero: "2"},
 		History:      flagrange.Range[int]{Min: 1, Max: 100000, Zero: "256"},
-		TargetUtil:   frac(0.1, 1),
+		PrefillUtil:  frac(0.1, 1),
+		DecodeUtil:   frac(0.1, 1),
+		DecodeSlack:  frac(0.01, 10),
 		Margin:       frac(0.0001, 1),
+		BigGain:      frac(0.0001, 1),
 		AbsorbMax:    frac(0.1, 1),
 		Alpha:        frac(0.01, 1),
 		Beta:         frac(0.01, 1),
@@ -115,8 +129,11 @@ func (c *Config) Validate() error {
 		l.MaxStep.Check("max-step", c.MaxStep),
 		l.MinWindows.Check("min-windows", c.MinWindows),
 		l.History.Check("history", c.History),
-		l.TargetUtil.Check("target-util", c.TargetUtil),
+		l.PrefillUtil.Check("prefill-util", c.PrefillUtil),
+		l.DecodeUtil.Check("decode-util", c.DecodeUtil),
+		l.DecodeSlack.Check("decode-slack", c.DecodeSlack),
 		l.Margin.Check("margin", c.Margin),
+		l.BigGain.Check("big-gain", c.BigGain),
 		l.AbsorbMax.Check("absorb-max", c.AbsorbMax),
 		l.Alpha.Check("alpha", c.Alpha),
 		l.Beta.Check("beta", c.Beta),
@@ -151,8 +168,11 @@ func (c Config) withDefaults() Config {
 	defI(&c.Confirm, 2)
 	defI(&c.MinWindows, 2)
 	defI(&c.History, 256)
-	defF(&c.TargetUtil, 0.85)
+	defF(&c.PrefillUtil, 0.95)
+	defF(&c.DecodeUtil, 0.95)
+	defF(&c.DecodeSlack, 0.2)
 	defF(&c.Margin, 0.02)
+	defF(&c.BigGain, 0.1)
 	defF(&c.Cooldown, 60)
 	defF(&c.AbsorbMax, 0.9)
 	defF(&c.Horizon, 600)
@@ -218,8 +238,7 @@ type Planner struct {
 	fc    forecaster
 	learn learned
 
-	changing   bool    // a change was started and has not been seen complete
-	coolUntil  float64 // no change before this time
+	coolUntil  float64 // no change before this time (the last start + Cooldown)
 	pendingDir int     // direction of the last proposed change (+1: more prefill)
 	pendingN   int     // consecutive proposals in that direction
 	lastWhatIf float64
@@ -236,25 +255,54 @@ func New(cfg Config) (*Planner, error) {
 		}
 	}
 	cfg = cfg.withDefaults()
+	if cfg.WhatIf != nil {
+		w := *cfg.WhatIf
+		if w.Warmup == 0 {
+			w.Warmup = 120
+		}
+		if w.Steady == 0 {
+			w.Steady = 0.1
+		}
+		cfg.WhatIf = &w
+	}
 	return &Planner{cfg: cfg, log: cfg.Logger, fc: newForecaster(cfg.Alpha, cfg.Beta), learn: newLearned(), coolUntil: math.Inf(-1)}, nil
 }
 
 // Config returns the planner's configuration with defaults filled in.
 func (p *Planner) Config() Config { return p.cfg }
 
-// missShare is the share of requests the planner expects to miss their SLO
-// on a side at utilisation u.
-func (p *Planner) missShare(u float64) float64 {
-	if u <= p.cfg.TargetUtil {
+// prefillMiss is the share of requests the planner expects to miss their
+// SLO with the prefill side at utilisation u: early rejection sheds what
+// exceeds the usable capacity, the rest meet their TTFT.
+func (p *Planner) prefillMiss(u float64) float64 {
+	if u <= p.cfg.PrefillUtil {
 		return 0
 	}
-	return 1 - p.cfg.TargetUtil/u
+	return 1 - p.cfg.PrefillUtil/u
 }
 
-// loss is the expected miss share of a split: its worse side's.
+// decodeMiss is the expected miss share with the decode side at
+// utilisation u: past capacity every stream's TPOT degrades, so misses
+// climb steeply to all requests.
+func (p *Planner) decodeMiss(u float64) float64 {
+	if u <= p.cfg.DecodeUtil {
+		return 0
+	}
+	return min(1, (u-p.cfg.DecodeUtil)/p.cfg.DecodeSlack)
+}
+
+// loss is the expected miss share of a split: its worse side's (a request
+// must pass both).
 func (p *Planner) loss(lp, ld float64, np, nd int, c Capacity) float64 {
 	up, ud := Utilisation(lp, ld, np, nd, c)
-	return max(p.missShare(up), p.missShare(ud))
+	return max(p.prefillMiss(up), p.decodeMiss(ud))
+}
+
+// headroom is how close a split runs to the usable capacity of its fuller
+// side (1: at it).
+func (p *Planner) headroom(lp, ld float64, np, nd int, c Capacity) float64 {
+	up, ud := Utilisation(lp, ld, np, nd, c)
+	return max(up/p.cfg.PrefillUtil, ud/p.cfg.DecodeUtil)
 }
 
 // Decide makes one planning step from the window just observed and the
@@ -272,25 +320,23 @@ func (p *Planner) Decide(ctx context.Context, obs *Observation, inst []Instance)
 		p.fc.observe(obs.Now, lp, ld)
 	}
 	base := p.cfg.Capacity.Estimate(d.Shape)
-	if p.cfg.Learn && switching == 0 && !p.changing && obs.Now >= p.coolUntil && p.fc.windows() > 0 {
+	if p.cfg.Learn && switching == 0 && obs.Now >= p.coolUntil && p.fc.windows() > 0 {
 		c := p.learn.apply(base)
 		up, ud := Utilisation(lp, ld, np, nd, c)
-		p.learn.update(obs, up, ud, p.cfg.TargetUtil)
+		p.learn.update(obs, up, ud, p.cfg.PrefillUtil, p.cfg.DecodeUtil)
 	}
 	c := p.learn.apply(base)
 	d.Capacity = c
-	ahead := p.cfg.Interval + p.cfg.Warmup
+	// Size for when a change made now would serve: after the next
+	// interval and a warm-up, from a window whose mean lags by half its
+	// length.
+	ahead := p.cfg.Interval + p.cfg.Warmup + obs.Window/2
 	d.PrefillLoad, d.DecodeLoad = p.fc.at(ahead)
 	up, ud := Utilisation(d.PrefillLoad, d.DecodeLoad, np, nd, c)
 	d.PrefillUtil, d.DecodeUtil = finite(up), finite(ud)
 
-	switch {
-	case switching > 0:
-		p.changing = true
+	if switching > 0 {
 		return p.wait(d, fmt.Sprintf("a change is in flight (%d instances switching)", switching))
-	case p.changing:
-		p.changing = false
-		p.coolUntil = obs.Now + p.cfg.Cooldown
 	}
 	if p.fc.windows() < p.cfg.MinWindows {
 		return p.wait(d, fmt.Sprintf("observing: %d of %d windows", p.fc.windows(), p.cfg.MinWindows))
@@ -299,7 +345,7 @@ func (p *Planner) Decide(ctx context.Context, obs *Observation, inst []Instance)
 		return p.hold(d, fmt.Sprintf("the fleet has %d serving instances, not the budget of %d: not planning", np+nd, total))
 	}
 	if obs.Now < p.coolUntil {
-		return p.hold(d, fmt.Sprintf("cool-down until %.0fs after the last change", p.coolUntil))
+		return p.hold(d, fmt.Sprintf("cool-down until %.0fs (%.0fs after the last change started)", p.coolUntil, p.cfg.Cooldown))
 	}
 	return p.plan(ctx, d, obs, inst, total)
 }
@@ -317,14 +363,18 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	d.TargetPrefill, d.TargetDecode = best, total-best
 	gainOf := func(q int) float64 { return cur - p.loss(lp, ld, q, total-q, c) }
 	source := "formula"
-	if w := p.cfg.WhatIf; w != nil && obs.Recent != nil && (best != np || cur > 0) && obs.Now-p.lastWhatIf >= w.Every {
+	// Simulate when the formula wants a change, expects misses, or the
+	// fleet measures misses the formula does not explain.
+	if w := p.cfg.WhatIf; w != nil && obs.Recent != nil && (best != np || cur > 0 || obs.missShare() > p.cfg.Margin) &&
+		obs.Now-p.lastWhatIf >= w.Every &&
+		p.fc.steady(p.cfg.Interval+p.cfg.Warmup, w.Steady) {
 		p.lastWhatIf = obs.Now
 		cands, err := w.evaluate(ctx, obs.Recent, obs.Window, candidateSplits(best, np, lo, hi, w.Spread), total)
 		if err != nil {
 			p.log.Warn("planner: what-if simulation failed; using the formula", "err", err)
 		} else {
 			d.WhatIf = cands
-			best, gainOf = pickSimulated(cands, np)
+			best, gainOf = pickSimulated(cands, np, best)
 			d.TargetPrefill, d.TargetDecode = best, total-best
 			source = "simulation"
 		}
@@ -344,7 +394,7 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	if p.cfg.MaxStep > 0 {
 		steps = min(steps, p.cfg.MaxStep)
 	}
-	hp, hd := p.fc.high(p.cfg.Interval)
+	hp, hd := p.fc.lastP, p.fc.lastD
 	sw := p.switchSeconds(obs, dir)
 	var why []string
 	chosen, chosenNet := 0, 0.0
@@ -355,7 +405,7 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 			why = append(why, fmt.Sprintf("%dP%dD gains %.1f points, under the %.1f-point margin", q, total-q, 100*g, 100*p.cfg.Margin))
 			continue
 		}
-		if ok, msg := p.absorbs(hp, hd, np, total-np, dir, k, c); !ok {
+		if ok, msg := p.absorbs(hp, hd, lp, ld, np, total-np, dir, k, c); !ok {
 			why = append(why, msg)
 			continue
 		}
@@ -382,7 +432,7 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	q := np + dir*chosen
 	d.Gain = gainOf(q)
 	d.SwitchSeconds = sw
-	if p.pendingN < p.cfg.Confirm {
+	if p.pendingN < p.cfg.Confirm && d.Gain < p.cfg.BigGain {
 		return p.hold(d, fmt.Sprintf("%dP%dD proposed (%d of %d confirmations)", q, total-q, p.pendingN, p.cfg.Confirm))
 	}
 	p.pendingN = 0
@@ -401,20 +451,20 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	d.Reason = fmt.Sprintf("%s: %dP%dD → %dP%dD: load prefill %.0f tok/s, decode %.0f tok/s (capacity %.0f / %.0f per instance); utilisation now %.0f%% / %.0f%%, after %.0f%% / %.0f%%; predicted attainment +%.1f points; moving %d %s→%s instance(s) takes ~%.0fs (drain + warm-up)",
 		source, d.Prefill, d.Decode, q, total-q, lp, ld, c.Prefill, c.Decode, 100*d.PrefillUtil, 100*d.DecodeUtil,
 		100*util(lp, q, c.Prefill), 100*util(ld, total-q, c.Decode), 100*d.Gain, chosen, from, to, sw)
-	p.changing = true
+	p.coolUntil = obs.Now + p.cfg.Cooldown
 	p.log.Info("planner: switch", "at", d.At, "to_prefill", d.ToPrefill, "to_decode", d.ToDecode, "reason", d.Reason)
 	return d
 }
 
 // formulaBest is the split in [lo, hi] with the least expected misses, then
-// the lowest worse-side utilisation, then the closest to the current one.
+// the most headroom on its fuller side, then the closest to the current
+// one.
 func (p *Planner) formulaBest(lp, ld float64, lo, hi, np, total int, c Capacity) int {
 	best := -1
 	var bl, bu float64
 	for q := lo; q <= hi; q++ {
 		l := p.loss(lp, ld, q, total-q, c)
-		up, ud := Utilisation(lp, ld, q, total-q, c)
-		u := max(up, ud)
+		u := p.headroom(lp, ld, q, total-q, c)
 		if best < 0 || l < bl || (l == bl && (u < bu || (u == bu && abs(q-np) < abs(best-np)))) {
 			best, bl, bu = q, l, u
 		}
@@ -422,20 +472,29 @@ func (p *Planner) formulaBest(lp, ld float64, lo, hi, np, total int, c Capacity)
 	return best
 }
 
-// absorbs checks that the side giving up k instances can carry its load
-// (the highest of its recent observation, level and forecast) with what
-// remains: at most AbsorbMax utilised, or no more than the side it helps.
-func (p *Planner) absorbs(hp, hd float64, np, nd, dir, k int, c Capacity) (bool, string) {
+// absorbs checks that the side giving up k instances can carry the load it
+// has now (the last window's, hp and hd) with what remains: at most
+// AbsorbMax utilised, or — when the other side needs them more — with no
+// more misses created on it than the move saves on the other side at the
+// forecast load (lp, ld).
+func (p *Planner) absorbs(hp, hd, lp, ld float64, np, nd, dir, k int, c Capacity) (bool, string) {
 	nq, nr := np+dir*k, nd-dir*k
-	up, ud := Utilisation(hp, hd, nq, nr, c)
-	giver, helped, side := ud, up, "decode"
+	upNow, udNow := Utilisation(hp, hd, nq, nr, c)
+	upWas, udWas := Utilisation(hp, hd, np, nd, c)
+	upF, udF := Utilisation(lp, ld, np, nd, c)
+	upT, udT := Utilisation(lp, ld, nq, nr, c)
+	giver, side := udNow, "decode"
+	created := p.decodeMiss(udNow) - p.decodeMiss(udWas)
+	saved := p.prefillMiss(upF) - p.prefillMiss(upT)
 	if dir < 0 {
-		giver, helped, side = up, ud, "prefill"
+		giver, side = upNow, "prefill"
+		created = p.prefillMiss(upNow) - p.prefillMiss(upWas)
+		saved = p.decodeMiss(udF) - p.decodeMiss(udT)
 	}
-	if giver <= p.cfg.AbsorbMax || giver <= helped {
+	if giver <= p.cfg.AbsorbMax || created <= saved {
 		return true, ""
 	}
-	return false, fmt.Sprintf("%dP%dD: the remaining %s instances would run at %.0f%% (absorb limit %.0f%%)",
+	return false, fmt.Sprintf("%dP%dD: the remaining %s instances would run at %.0f%% of the current load (absorb limit %.0f%%) and lose more than the move saves",
 		nq, nr, side, 100*giver, 100*p.cfg.AbsorbMax)
 }
 

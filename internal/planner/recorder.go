@@ -83,8 +83,9 @@ func appendKept[T any](s []T, x T, oldest float64, max int, at func(T) float64, 
 	return append(s, x)
 }
 
-// Observe implements Source over [now − window, now).
-func (r *Recorder) Observe(_ context.Context, now, window float64) (Observation, error) {
+// Observe implements Source over [now − window, now); it keeps no
+// requests to replay (Observation.Recent stays nil).
+func (r *Recorder) Observe(_ context.Context, now, window, _ float64) (Observation, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	from := now - window

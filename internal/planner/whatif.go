@@ -32,6 +32,16 @@ type WhatIf struct {
 	// Every is the fewest seconds between two simulations (0: whenever the
 	// split may change).
 	Every float64
+	// Warmup is the seconds of traffic replayed before the measured window
+	// (default 120): long enough for decode batches to fill, about the
+	// longest output's decode time.
+	Warmup float64
+	// Steady is how far (a fraction of the level) the load may be
+	// forecast to move over the planner's horizon of one interval and a
+	// warm-up for the simulation to be used (default 0.1): replaying the
+	// recent past judges a steady load well and a ramp late, so in a ramp
+	// the formula, which forecasts, decides.
+	Steady float64
 	// Parallel bounds concurrent simulations (default GOMAXPROCS).
 	Parallel int
 }
@@ -54,6 +64,12 @@ func (w *WhatIf) validate() error {
 	}
 	if !(w.Every >= 0 && w.Every <= 86400) {
 		return fmt.Errorf("what-if: every must be in [0, 86400] s, got %v", w.Every)
+	}
+	if !(w.Warmup >= 0 && w.Warmup <= 3600) {
+		return fmt.Errorf("what-if: warm-up must be in [0, 3600] s, got %v", w.Warmup)
+	}
+	if !(w.Steady >= 0 && w.Steady <= 10) {
+		return fmt.Errorf("what-if: steady must be in [0, 10], got %v", w.Steady)
 	}
 	if w.Parallel < 0 || w.Parallel > 1024 {
 		return fmt.Errorf("what-if: parallel must be in [0, 1024], got %d", w.Parallel)
@@ -120,16 +136,29 @@ func (w *WhatIf) simulate(ctx context.Context, tr *workload.Trace, window float6
 	return Candidate{Prefill: q, Decode: total - q, Attainment: res.Segments[0].Attainment}, nil
 }
 
+// simTie is how close two simulated attainments must be to count as
+// equal.
+const simTie = 0.002
+
 // pickSimulated returns the candidate with the best simulated attainment
-// (ties: closest to cur) and the gain of each simulated split over cur
-// (unsimulated splits gain -Inf: never chosen).
-func pickSimulated(cands []Candidate, cur int) (int, func(int) float64) {
+// (ties within simTie: closest to the formula's split, then to cur) and
+// the gain of each simulated split over cur (unsimulated splits gain
+// -Inf: never chosen).
+func pickSimulated(cands []Candidate, cur, formula int) (int, func(int) float64) {
 	att := map[int]float64{}
-	best, ba := -1, 0.0
+	top := math.Inf(-1)
 	for _, c := range cands {
 		att[c.Prefill] = c.Attainment
-		if best < 0 || c.Attainment > ba || (c.Attainment == ba && abs(c.Prefill-cur) < abs(best-cur)) {
-			best, ba = c.Prefill, c.Attainment
+		top = max(top, c.Attainment)
+	}
+	best := -1
+	for _, c := range cands {
+		if c.Attainment < top-simTie {
+			continue
+		}
+		if best < 0 || abs(c.Prefill-formula) < abs(best-formula) ||
+			(abs(c.Prefill-formula) == abs(best-formula) && abs(c.Prefill-cur) < abs(best-cur)) {
+			best = c.Prefill
 		}
 	}
 	base := att[cur]
