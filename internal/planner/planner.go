@@ -38,13 +38,20 @@ type Config struct {
 	// is min(1, (u − DecodeUtil) / DecodeSlack).
 	DecodeUtil  float64
 	DecodeSlack float64
+	// Band is the hysteresis band (default 0.1): the current split is
+	// kept while it meets its targets (PrefillUtil, DecodeUtil) at the
+	// smoothed load, and a new split is chosen for a load Band above the
+	// forecast, so that it starts with that much headroom and the noise
+	// that made it necessary does not undo it. The forecast itself may
+	// run at most Band above the latest window or the level.
+	Band float64
 	// Margin is the least predicted gain in SLO attainment (a share of
-	// requests) that justifies a change (default 0.02): the hysteresis
-	// band.
+	// requests) that justifies a change (default 0.02).
 	Margin float64
 	// Confirm is how many consecutive decisions must propose the same
-	// direction before the planner acts (default 2), unless the predicted
-	// gain is at least BigGain (default 0.1): a step change, not noise.
+	// direction before the planner acts (default 2), unless the current
+	// split already misses for at least a share BigGain of the requests at
+	// the smoothed load (default 0.2): a step change, not noise.
 	Confirm int
 	BigGain float64
 	// Cooldown is the fewest seconds from the start of one change to the
@@ -84,7 +91,7 @@ type Config struct {
 type ConfigLimits struct {
 	Total, MinInstances, Confirm, MaxStep, MinWindows, History flagrange.Range[int]
 	PrefillUtil, DecodeUtil, DecodeSlack                       flagrange.Range[float64]
-	Margin, BigGain, AbsorbMax, Alpha, Beta                    flagrange.Range[float64]
+	Band, Margin, BigGain, AbsorbMax, Alpha, Beta              flagrange.Range[float64]
 	Cooldown, Horizon, Warmup, Interval                        flagrange.Range[float64]
 }
 
@@ -106,6 +113,7 @@ func Limits() ConfigLimits {
 		PrefillUtil:  frac(0.1, 1),
 		DecodeUtil:   frac(0.1, 1),
 		DecodeSlack:  frac(0.01, 10),
+		Band:         frac(0.001, 1),
 		Margin:       frac(0.0001, 1),
 		BigGain:      frac(0.0001, 1),
 		AbsorbMax:    frac(0.1, 1),
@@ -132,6 +140,7 @@ func (c *Config) Validate() error {
 		l.PrefillUtil.Check("prefill-util", c.PrefillUtil),
 		l.DecodeUtil.Check("decode-util", c.DecodeUtil),
 		l.DecodeSlack.Check("decode-slack", c.DecodeSlack),
+		l.Band.Check("band", c.Band),
 		l.Margin.Check("margin", c.Margin),
 		l.BigGain.Check("big-gain", c.BigGain),
 		l.AbsorbMax.Check("absorb-max", c.AbsorbMax),
@@ -171,8 +180,9 @@ func (c Config) withDefaults() Config {
 	defF(&c.PrefillUtil, 0.95)
 	defF(&c.DecodeUtil, 0.95)
 	defF(&c.DecodeSlack, 0.2)
+	defF(&c.Band, 0.1)
 	defF(&c.Margin, 0.02)
-	defF(&c.BigGain, 0.1)
+	defF(&c.BigGain, 0.2)
 	defF(&c.Cooldown, 60)
 	defF(&c.AbsorbMax, 0.9)
 	defF(&c.Horizon, 600)
@@ -331,7 +341,7 @@ func (p *Planner) Decide(ctx context.Context, obs *Observation, inst []Instance)
 	// interval and a warm-up, from a window whose mean lags by half its
 	// length.
 	ahead := p.cfg.Interval + p.cfg.Warmup + obs.Window/2
-	d.PrefillLoad, d.DecodeLoad = p.fc.at(ahead)
+	d.PrefillLoad, d.DecodeLoad = p.fc.at(ahead, p.cfg.Band)
 	up, ud := Utilisation(d.PrefillLoad, d.DecodeLoad, np, nd, c)
 	d.PrefillUtil, d.DecodeUtil = finite(up), finite(ud)
 
@@ -359,7 +369,16 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 		return p.hold(d, fmt.Sprintf("budget %d cannot hold %d prefill and %d decode instances", total, p.cfg.MinPrefill, p.cfg.MinDecode))
 	}
 	cur := p.loss(lp, ld, np, total-np, c)
-	best := p.formulaBest(lp, ld, lo, hi, np, total, c)
+	sp, sd := p.fc.smoothed()
+	now := p.loss(sp, sd, np, total-np, c)
+	if now == 0 {
+		p.pendingN = 0
+		up, ud := Utilisation(sp, sd, np, total-np, c)
+		return p.hold(d, fmt.Sprintf("the current split %dP%dD meets its targets: prefill %.0f%%, decode %.0f%% utilised",
+			np, total-np, 100*up, 100*ud))
+	}
+	hb := 1 + p.cfg.Band
+	best := p.formulaBest(lp*hb, ld*hb, lo, hi, np, total, c)
 	d.TargetPrefill, d.TargetDecode = best, total-best
 	gainOf := func(q int) float64 { return cur - p.loss(lp, ld, q, total-q, c) }
 	source := "formula"
@@ -414,7 +433,7 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 		during := p.duringLoss(lp, ld, np, total-np, dir, k, c)
 		net := (p.cfg.Horizon-sw)*g - sw*max(during-cur, 0)
 		if net <= 0 {
-			why = append(why, fmt.Sprintf("%dP%dD: switching costs more over %.0fs than it gains over the %.0fs horizon", q, total-q, sw, p.cfg.Horizon))
+			why = append(why, fmt.Sprintf("%dP%dD: a %.0fs switch would not pay off within the %.0fs horizon", q, total-q, sw, p.cfg.Horizon))
 			continue
 		}
 		if net > chosenNet {
@@ -432,7 +451,7 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	q := np + dir*chosen
 	d.Gain = gainOf(q)
 	d.SwitchSeconds = sw
-	if p.pendingN < p.cfg.Confirm && d.Gain < p.cfg.BigGain {
+	if p.pendingN < p.cfg.Confirm && now < p.cfg.BigGain {
 		return p.hold(d, fmt.Sprintf("%dP%dD proposed (%d of %d confirmations)", q, total-q, p.pendingN, p.cfg.Confirm))
 	}
 	p.pendingN = 0
