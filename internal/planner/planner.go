@@ -51,7 +51,8 @@ type Config struct {
 	// Confirm is how many consecutive decisions must propose the same
 	// direction before the planner acts (default 2), unless the current
 	// split already misses for at least a share BigGain of the requests at
-	// the smoothed load (default 0.2): a step change, not noise.
+	// the smoothed load (default 0.2): a step change, not noise; or the
+	// what-if simulation chose the split (it replayed minutes of traffic).
 	Confirm int
 	BigGain float64
 	// Cooldown is the fewest seconds from the start of one change to the
@@ -371,7 +372,10 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	cur := p.loss(lp, ld, np, total-np, c)
 	sp, sd := p.fc.smoothed()
 	now := p.loss(sp, sd, np, total-np, c)
-	if now == 0 {
+	// Misses the formula does not explain (its capacity may be wrong) are
+	// the simulator's to judge, when there is one.
+	unexplained := p.cfg.WhatIf != nil && obs.Recent != nil && obs.missShare() > p.cfg.Margin
+	if now == 0 && !unexplained {
 		p.pendingN = 0
 		up, ud := Utilisation(sp, sd, np, total-np, c)
 		return p.hold(d, fmt.Sprintf("the current split %dP%dD meets its targets: prefill %.0f%%, decode %.0f%% utilised",
@@ -384,7 +388,7 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	source := "formula"
 	// Simulate when the formula wants a change, expects misses, or the
 	// fleet measures misses the formula does not explain.
-	if w := p.cfg.WhatIf; w != nil && obs.Recent != nil && (best != np || cur > 0 || obs.missShare() > p.cfg.Margin) &&
+	if w := p.cfg.WhatIf; w != nil && obs.Recent != nil && (best != np || cur > 0 || unexplained) &&
 		obs.Now-p.lastWhatIf >= w.Every &&
 		p.fc.steady(p.cfg.Interval+p.cfg.Warmup, w.Steady) {
 		p.lastWhatIf = obs.Now
@@ -424,7 +428,11 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 			why = append(why, fmt.Sprintf("%dP%dD gains %.1f points, under the %.1f-point margin", q, total-q, 100*g, 100*p.cfg.Margin))
 			continue
 		}
-		if ok, msg := p.absorbs(hp, hd, lp, ld, np, total-np, dir, k, c); !ok {
+		simGain := math.NaN()
+		if d.WhatIf != nil {
+			simGain = g
+		}
+		if ok, msg := p.absorbs(hp, hd, lp, ld, np, total-np, dir, k, c, simGain); !ok {
 			why = append(why, msg)
 			continue
 		}
@@ -451,7 +459,9 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	q := np + dir*chosen
 	d.Gain = gainOf(q)
 	d.SwitchSeconds = sw
-	if p.pendingN < p.cfg.Confirm && now < p.cfg.BigGain {
+	// A simulated choice replayed minutes of traffic: it is not a one-window
+	// blip and needs no confirmation.
+	if p.pendingN < p.cfg.Confirm && now < p.cfg.BigGain && d.WhatIf == nil {
 		return p.hold(d, fmt.Sprintf("%dP%dD proposed (%d of %d confirmations)", q, total-q, p.pendingN, p.cfg.Confirm))
 	}
 	p.pendingN = 0
@@ -495,8 +505,9 @@ func (p *Planner) formulaBest(lp, ld float64, lo, hi, np, total int, c Capacity)
 // has now (the last window's, hp and hd) with what remains: at most
 // AbsorbMax utilised, or — when the other side needs them more — with no
 // more misses created on it than the move saves on the other side at the
-// forecast load (lp, ld).
-func (p *Planner) absorbs(hp, hd, lp, ld float64, np, nd, dir, k int, c Capacity) (bool, string) {
+// forecast load (lp, ld), or, when the simulator chose the split, than the
+// simulated gain simGain (NaN: not simulated).
+func (p *Planner) absorbs(hp, hd, lp, ld float64, np, nd, dir, k int, c Capacity, simGain float64) (bool, string) {
 	nq, nr := np+dir*k, nd-dir*k
 	upNow, udNow := Utilisation(hp, hd, nq, nr, c)
 	upWas, udWas := Utilisation(hp, hd, np, nd, c)
@@ -509,6 +520,9 @@ func (p *Planner) absorbs(hp, hd, lp, ld float64, np, nd, dir, k int, c Capacity
 		giver, side = upNow, "prefill"
 		created = p.prefillMiss(upNow) - p.prefillMiss(upWas)
 		saved = p.decodeMiss(udF) - p.decodeMiss(udT)
+	}
+	if !math.IsNaN(simGain) {
+		saved = simGain
 	}
 	if giver <= p.cfg.AbsorbMax || created <= saved {
 		return true, ""

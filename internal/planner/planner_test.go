@@ -275,25 +275,35 @@ func TestAbsorbCheck(t *testing.T) {
 	// 5P5D; prefill carries 400 now, decode is forecast at 520 (104 %:
 	// 45 % of requests would miss). Giving one leaves prefill at 100 %
 	// (over the 90 % limit, 5 % misses) and saves the 45 %.
-	if ok, _ := p.absorbs(400, 300, 400, 520, 5, 5, -1, 1, c); !ok {
+	if ok, _ := p.absorbs(400, 300, 400, 520, 5, 5, -1, 1, c, math.NaN()); !ok {
 		t.Error("moving one: refused")
 	}
 	// Giving three leaves prefill at 200 %: 52 % misses for 45 % saved.
-	if ok, msg := p.absorbs(400, 300, 400, 520, 5, 5, -1, 3, c); ok || !strings.Contains(msg, "absorb limit") {
+	if ok, msg := p.absorbs(400, 300, 400, 520, 5, 5, -1, 3, c, math.NaN()); ok || !strings.Contains(msg, "absorb limit") {
 		t.Errorf("moving three: %v %q", ok, msg)
 	}
 	// A lightly loaded side gives freely.
-	if ok, _ := p.absorbs(100, 300, 100, 520, 5, 5, -1, 3, c); !ok {
+	if ok, _ := p.absorbs(100, 300, 100, 520, 5, 5, -1, 3, c, math.NaN()); !ok {
 		t.Error("an idle side refused to give")
 	}
 	// Decode giving to prefill: decode at 70 % keeps 4 at 88 % (fine);
 	// giving 2 leaves 3 at 117 % (every request misses its TPOT) to save
 	// a prefill side at 120 % (21 % misses).
-	if ok, _ := p.absorbs(600, 350, 600, 350, 5, 5, 1, 1, c); !ok {
+	if ok, _ := p.absorbs(600, 350, 600, 350, 5, 5, 1, 1, c, math.NaN()); !ok {
 		t.Error("decode giving one: refused")
 	}
-	if ok, _ := p.absorbs(600, 350, 600, 350, 5, 5, 1, 2, c); ok {
+	if ok, _ := p.absorbs(600, 350, 600, 350, 5, 5, 1, 2, c, math.NaN()); ok {
 		t.Error("decode giving two: accepted")
+	}
+	// Decode at 80 % giving one: 100 % left (25 % of requests would miss
+	// their TPOT) to bring prefill from 120 % to 100 % (21 % → 5 %
+	// misses): refused by the formula, accepted when the simulator
+	// measured a larger gain.
+	if ok, _ := p.absorbs(600, 400, 600, 400, 5, 5, 1, 1, c, math.NaN()); ok {
+		t.Error("decode at 80 % giving one: accepted")
+	}
+	if ok, _ := p.absorbs(600, 400, 600, 400, 5, 5, 1, 1, c, 0.3); !ok {
+		t.Error("decode at 80 % giving one for a simulated gain of 30 points: refused")
 	}
 }
 
