@@ -134,29 +134,20 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return fmt.Errorf("unknown scenario %q (seed-phases, simulated-day)", f.scenario)
 }
 
-// phaseRow is a row of the seed table in JSON, loads rounded to hundredths.
-type phaseRow struct {
-	Name             string  `json:"name"`
-	Prefill          int     `json:"prefill"`
-	Decode           int     `json:"decode"`
-	Fits             bool    `json:"fits"`
-	FixedPrefillLoad float64 `json:"fixed_prefill_load"`
-	FixedDecodeLoad  float64 `json:"fixed_decode_load"`
-}
-
 // pct formats a load as the seed's Python does ({x:.0%}).
 func pct(x float64) string { return strconv.FormatFloat(x*100, 'f', 0, 64) + "%" }
 
 func planSeedPhases(w io.Writer, f *planFlags, phases []planner.Phase, fp, fd int) error {
 	rows := planner.SizePhases(phases, planner.Capacity{Prefill: f.prefillCap, Decode: f.decodeCap}, f.total, fp, fd)
 	if f.format == "json" {
-		out := struct {
-			Phases []phaseRow `json:"phases"`
-		}{Phases: make([]phaseRow, len(rows))}
-		for i, r := range rows {
-			out.Phases[i] = phaseRow{Name: r.Name, Prefill: r.Prefill, Decode: r.Decode, Fits: r.Fits,
-				FixedPrefillLoad: round(r.FixedPrefillLoad, 2), FixedDecodeLoad: round(r.FixedDecodeLoad, 2)}
+		// Loads rounded to hundredths, as the issue shows them.
+		for i := range rows {
+			rows[i].FixedPrefillLoad = round(rows[i].FixedPrefillLoad, 2)
+			rows[i].FixedDecodeLoad = round(rows[i].FixedDecodeLoad, 2)
 		}
+		out := struct {
+			Phases []planner.PhaseSizing `json:"phases"`
+		}{Phases: rows}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(out)

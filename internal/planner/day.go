@@ -587,14 +587,9 @@ func (o *oracle) Tick(_ context.Context, live *sim.Live) error {
 		}
 	}
 	inst := live.Instances()
-	np := 0
-	for _, s := range inst {
-		if s.State != sim.StateServing {
-			return nil // one change at a time
-		}
-		if s.Role == fleet.RolePrefill {
-			np++
-		}
+	np, idle := servingPrefill(inst)
+	if !idle {
+		return nil // one change at a time
 	}
 	return switchTo(live, inst, np, o.splits[ph])
 }
@@ -650,14 +645,9 @@ func (f *foresight) loads(from, to float64) (lp, ld float64, s Shape) {
 
 func (f *foresight) Tick(_ context.Context, live *sim.Live) error {
 	inst := live.Instances()
-	np := 0
-	for _, s := range inst {
-		if s.State != sim.StateServing {
-			return nil // one change at a time
-		}
-		if s.Role == fleet.RolePrefill {
-			np++
-		}
+	np, idle := servingPrefill(inst)
+	if !idle {
+		return nil // one change at a time
 	}
 	from := live.Now() + f.c.Warmup
 	lp, ld, shape := f.loads(from, from+f.c.Interval)
@@ -667,6 +657,20 @@ func (f *foresight) Tick(_ context.Context, live *sim.Live) error {
 	total := f.c.Instances
 	want := f.p.formulaBest(lp, ld, 1, total-1, np, total, f.p.cfg.Capacity.Estimate(shape))
 	return switchTo(live, inst, np, want)
+}
+
+// servingPrefill counts the prefill instances, and reports whether no
+// instance is switching.
+func servingPrefill(inst []sim.InstanceState) (np int, idle bool) {
+	for _, s := range inst {
+		if s.State != sim.StateServing {
+			return 0, false
+		}
+		if s.Role == fleet.RolePrefill {
+			np++
+		}
+	}
+	return np, true
 }
 
 // switchTo moves the least loaded instances so that want serve prefill.

@@ -412,12 +412,18 @@ func (r *phasedRun) fillCapacity(prompt int) {
 			}
 			continue
 		}
-		d := &r.dec.inst[id]
-		e.DecodeStreams = d.batch + len(d.pending) + len(d.waiting)
-		e.KVFreeTokens = d.kvCap - d.kvUsed
-		e.KVUsage = float64(d.kvUsed) / float64(d.kvCap)
-		e.DecodeTPOT = r.cfg.Model.DecodeStepTime(d.batch+len(d.pending)+1, d.ctx+d.pendingCtx+prompt)
+		r.dec.fill(id, e, prompt)
 	}
+}
+
+// fill sets a snapshot endpoint's decode fields from decode instance i's
+// state, as a request of prompt tokens would see it.
+func (p *decodePool) fill(i int, e *sched.Endpoint, prompt int) {
+	d := &p.inst[i]
+	e.DecodeStreams = d.batch + len(d.pending) + len(d.waiting)
+	e.KVFreeTokens = d.kvCap - d.kvUsed
+	e.KVUsage = float64(d.kvUsed) / float64(d.kvCap)
+	e.DecodeTPOT = p.model.DecodeStepTime(d.batch+len(d.pending)+1, d.ctx+d.pendingCtx+prompt)
 }
 
 // phasedForecast is the decode pool's sched.DecodeForecaster over the
