@@ -131,6 +131,21 @@ func (c *DayConfig) Validate() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("simulated day: %w", err)
 	}
+	// The whole day's expected size, within what one workload may hold.
+	var reqs, keys float64
+	for _, ph := range c.Phases {
+		m := ph.Minutes
+		if m == 0 {
+			m = c.PhaseMinutes
+		}
+		n := ph.Rate * (1 + c.Noise) * 60 * (m + c.TransitionMinutes + c.LeadInMinutes)
+		reqs += n
+		keys += n * (1.5*ph.ISL/64 + 1)
+	}
+	if reqs > workload.MaxRequests || keys > workload.MaxKeys {
+		return fmt.Errorf("simulated day: about %.3g requests and %.3g prompt blocks, more than a workload holds (%d, %d): shorten the phases or lower the rates",
+			reqs, keys, workload.MaxRequests, workload.MaxKeys)
+	}
 	for i, s := range c.measured() {
 		if s.to-s.from < 60*c.TransitionMinutes {
 			return fmt.Errorf("simulated day: phase %s (%.1f min) is shorter than a transition (%.1f min)", c.Phases[i].Name, (s.to-s.from)/60, c.TransitionMinutes)

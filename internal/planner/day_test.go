@@ -111,6 +111,11 @@ func TestBuildDayShape(t *testing.T) {
 	if _, err := BuildDay(&bad); err == nil || !strings.Contains(err.Error(), "shorter than a transition") {
 		t.Errorf("phases shorter than transitions: %v", err)
 	}
+	huge := DefaultDay()
+	huge.Phases = []Phase{{Name: "flood", Shape: Shape{Rate: 1e6, ISL: 1 << 20, OSL: 10, Hit: 0.5}}}
+	if _, err := BuildDay(&huge); err == nil || !strings.Contains(err.Error(), "more than a workload holds") {
+		t.Errorf("an oversized day: %v", err)
+	}
 }
 
 // TestWhatIfPicksByAttainment: simulating candidate splits on a recent

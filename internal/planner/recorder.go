@@ -35,10 +35,35 @@ type Recorder struct {
 	mu   sync.Mutex
 	keep float64
 	max  int
-	arr  []Arrival
-	done []Completion
-	lost int
+	arr  kept[Arrival]
+	done kept[Completion]
 }
+
+// kept is a time-ordered queue of samples: old ones leave from the head,
+// and the slice is compacted once the head passes half of it.
+type kept[T any] struct {
+	s    []T
+	head int
+}
+
+// push appends x, drops samples older than oldest and the oldest beyond
+// max.
+func (k *kept[T]) push(x T, oldest float64, max int, at func(T) float64) {
+	for k.head < len(k.s) && at(k.s[k.head]) < oldest {
+		k.head++
+	}
+	if over := len(k.s) - k.head + 1 - max; over > 0 {
+		k.head += over
+	}
+	if k.head > 1024 && k.head*2 > len(k.s) {
+		n := copy(k.s, k.s[k.head:])
+		clear(k.s[n:])
+		k.s, k.head = k.s[:n], 0
+	}
+	k.s = append(k.s, x)
+}
+
+func (k *kept[T]) items() []T { return k.s[k.head:] }
 
 // NewRecorder keeps samples for keep seconds (at least the planner's
 // window), at most maxSamples of each kind (the oldest go first).
@@ -56,31 +81,14 @@ func NewRecorder(keep float64, maxSamples int) (*Recorder, error) {
 func (r *Recorder) Arrived(a Arrival) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.arr = appendKept(r.arr, a, a.At-r.keep, r.max, func(x Arrival) float64 { return x.At }, &r.lost)
+	r.arr.push(a, a.At-r.keep, r.max, func(x Arrival) float64 { return x.At })
 }
 
 // Completed records a request's completion.
 func (r *Recorder) Completed(c Completion) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.done = appendKept(r.done, c, c.At-r.keep, r.max, func(x Completion) float64 { return x.At }, &r.lost)
-}
-
-// appendKept appends x, drops samples older than oldest and the oldest
-// beyond max.
-func appendKept[T any](s []T, x T, oldest float64, max int, at func(T) float64, lost *int) []T {
-	i := 0
-	for i < len(s) && at(s[i]) < oldest {
-		i++
-	}
-	if over := len(s) - i + 1 - max; over > 0 {
-		i += over
-		*lost += over
-	}
-	if i > 0 {
-		s = append(s[:0], s[i:]...)
-	}
-	return append(s, x)
+	r.done.push(c, c.At-r.keep, r.max, func(x Completion) float64 { return x.At })
 }
 
 // Observe implements Source over [now − window, now); it keeps no
@@ -90,7 +98,7 @@ func (r *Recorder) Observe(_ context.Context, now, window, _ float64) (Observati
 	defer r.mu.Unlock()
 	from := now - window
 	o := Observation{Now: now, Window: window}
-	for _, a := range r.arr {
+	for _, a := range r.arr.items() {
 		if a.At < from || a.At >= now {
 			continue
 		}
@@ -105,7 +113,7 @@ func (r *Recorder) Observe(_ context.Context, now, window, _ float64) (Observati
 		}
 	}
 	var ttft, tpot float64
-	for _, c := range r.done {
+	for _, c := range r.done.items() {
 		if c.At < from || c.At >= now {
 			continue
 		}
