@@ -29,6 +29,7 @@ func commands() map[string]command {
 		"serve":   {"run the gateway: route and proxy OpenAI requests to a fleet of engines", runServe},
 		"demo":    {"the built-in comparison: an emulated fleet behind kvgate, several policies, one table and an HTML report", runDemo},
 		"bench":   {"send a workload to an OpenAI-compatible server and report latencies, attainment and goodput", runBench},
+		"plan":    {"size the prefill/decode split per load phase and simulate a planned day", runPlan},
 	}
 }
 

@@ -283,12 +283,7 @@ func (r *run) fillCapacity(prompt int) {
 		return
 	}
 	for j := range r.dec.inst {
-		d := &r.dec.inst[j]
-		e := &r.snap.Endpoints[r.n+j]
-		e.DecodeStreams = d.batch + len(d.pending) + len(d.waiting)
-		e.KVFreeTokens = d.kvCap - d.kvUsed
-		e.KVUsage = float64(d.kvUsed) / float64(d.kvCap)
-		e.DecodeTPOT = r.cfg.Model.DecodeStepTime(d.batch+len(d.pending)+1, d.ctx+d.pendingCtx+prompt)
+		r.dec.fill(j, &r.snap.Endpoints[r.n+j], prompt)
 	}
 }
 

@@ -1,0 +1,270 @@
+package planner
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// Router routes requests to the fleet: the gateway, whose SetEndpoints
+// replaces its endpoint list (requests in flight on a removed endpoint
+// finish where they are).
+type Router interface {
+	SetEndpoints(eps []fleet.Endpoint) error
+}
+
+// EngineOptions configure an EngineActuator.
+type EngineOptions struct {
+	// Router, when set, is told the fleet's endpoints: an engine leaves it
+	// before its switch starts and comes back in its new role once it
+	// serves.
+	Router Router
+	// Grace is how long after taking an engine out of the router the
+	// actuator waits before asking it to switch, so that requests already
+	// routed to it (a decode leg whose prefill is running) reach it
+	// before it stops admitting; in [0, 10m].
+	Grace time.Duration
+	// Client defaults to one with a 10 s timeout.
+	Client *http.Client
+	Logger *slog.Logger
+}
+
+// EngineActuator switches engines' roles through their POST /admin/role
+// (the kvgate engine emulator's drain-then-warm-up switch) and keeps a
+// router's endpoint list in step.
+type EngineActuator struct {
+	o   EngineOptions
+	log *slog.Logger
+	rc  roleClient
+
+	mu  sync.Mutex
+	eps []fleet.Endpoint // roles as last serving
+	// moving: engines switching, by name, to their target role.
+	moving map[string]fleet.Role
+}
+
+// maxRoleBody caps an engine's /admin/role answer.
+const maxRoleBody = 64 << 10
+
+// NewEngineActuator manages the engines of eps (each needs its URL).
+func NewEngineActuator(eps []fleet.Endpoint, o EngineOptions) (*EngineActuator, error) {
+	eps, err := fleet.Validate(eps)
+	if err != nil {
+		return nil, fmt.Errorf("engine actuator: %w", err)
+	}
+	for _, e := range eps {
+		if e.URL == "" {
+			return nil, fmt.Errorf("engine actuator: endpoint %s has no url", e.Name)
+		}
+	}
+	if o.Grace < 0 || o.Grace > 10*time.Minute {
+		return nil, fmt.Errorf("engine actuator: grace must be in [0, 10m], got %v", o.Grace)
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{Timeout: 10 * time.Second}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return &EngineActuator{o: o, log: o.Logger, rc: roleClient{o.Client}, eps: eps, moving: map[string]fleet.Role{}}, nil
+}
+
+// roleStatus is an engine's GET /admin/role answer.
+type roleStatus struct {
+	Role       string `json:"role"`
+	State      string `json:"state"`
+	TargetRole string `json:"target_role"`
+	InFlight   int    `json:"in_flight"`
+}
+
+// roleClient speaks the engine's role-switch API.
+type roleClient struct{ c *http.Client }
+
+// status is GET base/admin/role of the engine called name.
+func (rc roleClient) status(ctx context.Context, name, base string) (roleStatus, error) {
+	var st roleStatus
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/admin/role", nil)
+	if err != nil {
+		return st, err
+	}
+	resp, err := rc.c.Do(req)
+	if err != nil {
+		return st, fmt.Errorf("engine %s: %w", name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxRoleBody))
+	if err != nil {
+		return st, fmt.Errorf("engine %s: %w", name, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("engine %s: GET /admin/role: status %d: %s", name, resp.StatusCode, bytes.TrimSpace(body))
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("engine %s: GET /admin/role: %w", name, err)
+	}
+	return st, nil
+}
+
+// set is POST base/admin/role {"role": to}: the engine drains, warms up
+// and serves as to.
+func (rc roleClient) set(ctx context.Context, name, base string, to fleet.Role) error {
+	body, _ := json.Marshal(map[string]string{"role": to.String()})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/admin/role", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := rc.c.Do(req)
+	if err != nil {
+		return fmt.Errorf("engine %s: POST /admin/role: %w", name, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxRoleBody))
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("engine %s: POST /admin/role: status %d: %s", name, resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Instances implements Actuator: it asks every engine for its role, and an
+// engine that finished its switch goes back into the router in its new
+// role.
+func (a *EngineActuator) Instances(ctx context.Context) ([]Instance, error) {
+	a.mu.Lock()
+	eps := append([]fleet.Endpoint(nil), a.eps...)
+	a.mu.Unlock()
+	out := make([]Instance, len(eps))
+	done := map[string]fleet.Role{}
+	for i, e := range eps {
+		st, err := a.rc.status(ctx, e.Name, e.URL)
+		if err != nil {
+			return nil, err
+		}
+		role, err := fleet.ParseRole(st.Role)
+		if err != nil {
+			return nil, fmt.Errorf("engine %s: %w", e.Name, err)
+		}
+		out[i] = Instance{Name: e.Name, Role: e.Role, Load: float64(st.InFlight)}
+		a.mu.Lock()
+		target, moving := a.moving[e.Name]
+		a.mu.Unlock()
+		switch {
+		case moving && st.State == "serving" && role == target:
+			done[e.Name] = target
+			out[i].Role = target
+		case moving:
+			out[i].Switching, out[i].Target = true, target
+		case st.State != "serving":
+			// Switched by someone else: report it, leave it alone.
+			out[i].Switching = true
+			if t, err := fleet.ParseRole(st.TargetRole); err == nil {
+				out[i].Target = t
+			}
+		default:
+			out[i].Role = role
+		}
+	}
+	if len(done) > 0 {
+		a.mu.Lock()
+		for i := range a.eps {
+			if r, ok := done[a.eps[i].Name]; ok {
+				a.eps[i].Role = r
+				delete(a.moving, a.eps[i].Name)
+			}
+		}
+		err := a.publishLocked()
+		a.mu.Unlock()
+		for name, r := range done {
+			a.log.Info("planner: engine serves in its new role", "engine", name, "role", r)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// publishLocked gives the router the engines that are not switching.
+func (a *EngineActuator) publishLocked() error {
+	if a.o.Router == nil {
+		return nil
+	}
+	eps := make([]fleet.Endpoint, 0, len(a.eps))
+	for _, e := range a.eps {
+		if _, moving := a.moving[e.Name]; !moving {
+			eps = append(eps, e)
+		}
+	}
+	if err := a.o.Router.SetEndpoints(eps); err != nil {
+		return fmt.Errorf("engine actuator: router: %w", err)
+	}
+	return nil
+}
+
+// Switch implements Actuator: out of the router, wait Grace, then POST
+// /admin/role; on failure the engine goes back into the router as it was.
+func (a *EngineActuator) Switch(ctx context.Context, name string, to fleet.Role) error {
+	if to != fleet.RolePrefill && to != fleet.RoleDecode {
+		return fmt.Errorf("engine %s: the planner switches to prefill or decode, not %s", name, to)
+	}
+	a.mu.Lock()
+	var ep *fleet.Endpoint
+	for i := range a.eps {
+		if a.eps[i].Name == name {
+			ep = &a.eps[i]
+		}
+	}
+	_, moving := a.moving[name]
+	switch {
+	case ep == nil:
+		a.mu.Unlock()
+		return fmt.Errorf("no engine %q", name)
+	case moving || ep.Role == to:
+		a.mu.Unlock()
+		return fmt.Errorf("engine %s is already %s or switching", name, to)
+	}
+	e := *ep
+	a.moving[name] = to
+	err := a.publishLocked()
+	a.mu.Unlock()
+	if err == nil {
+		err = sleepCtx(ctx, a.o.Grace)
+	}
+	if err == nil {
+		err = a.rc.set(ctx, e.Name, e.URL, to)
+	}
+	if err != nil {
+		a.mu.Lock()
+		delete(a.moving, name)
+		if perr := a.publishLocked(); perr != nil {
+			err = fmt.Errorf("%w (and restoring it: %v)", err, perr)
+		}
+		a.mu.Unlock()
+		return err
+	}
+	a.log.Info("planner: engine switching", "engine", name, "from", e.Role, "to", to)
+	return nil
+}

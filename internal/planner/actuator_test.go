@@ -1,0 +1,397 @@
+package planner
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+const testModel = "planner-model"
+
+// startEngine runs an in-process engine emulator on 127.0.0.1 with a
+// short warm-up (modelled 2 s at 50× speed: 40 ms).
+func startEngine(t *testing.T, role fleet.Role) *engine.Engine {
+	t.Helper()
+	cfg := engine.DefaultConfig()
+	cfg.Model, cfg.Port, cfg.Role = testModel, 0, role
+	cfg.TimeScale = 50
+	cfg.RoleSwitchWarmup = 2 * time.Second
+	cfg.Logger = quiet()
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func endpointOf(e *engine.Engine, role fleet.Role) fleet.Endpoint {
+	return fleet.Endpoint{Name: e.Addr(), URL: e.URL(), Model: testModel, Role: role, PrefillSpeed: 20000 * 50}
+}
+
+// routerLog records what an actuator tells its router.
+type routerLog struct {
+	mu    sync.Mutex
+	lists [][]fleet.Endpoint
+}
+
+func (r *routerLog) SetEndpoints(eps []fleet.Endpoint) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lists = append(r.lists, append([]fleet.Endpoint(nil), eps...))
+	return nil
+}
+
+func (r *routerLog) last() []fleet.Endpoint {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.lists) == 0 {
+		return nil
+	}
+	return r.lists[len(r.lists)-1]
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func instance(t *testing.T, a Actuator, name string) Instance {
+	t.Helper()
+	inst, err := a.Instances(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range inst {
+		if in.Name == name {
+			return in
+		}
+	}
+	t.Fatalf("no instance %s in %+v", name, inst)
+	return Instance{}
+}
+
+// TestEngineActuatorSwitchesThroughAdminRole: the engine leaves the router,
+// switches (drain, warm-up) and comes back in its new role.
+func TestEngineActuatorSwitchesThroughAdminRole(t *testing.T) {
+	p := startEngine(t, fleet.RolePrefill)
+	d := startEngine(t, fleet.RoleDecode)
+	rl := &routerLog{}
+	a, err := NewEngineActuator([]fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)},
+		EngineOptions{Router: rl, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := instance(t, a, d.Addr()); in.Role != fleet.RoleDecode || in.Switching {
+		t.Fatalf("before: %+v", in)
+	}
+	if err := a.Switch(context.Background(), d.Addr(), fleet.RolePrefill); err != nil {
+		t.Fatal(err)
+	}
+	if eps := rl.last(); len(eps) != 1 || eps[0].Name != p.Addr() {
+		t.Fatalf("the switching engine is still routed to: %+v", eps)
+	}
+	if err := a.Switch(context.Background(), d.Addr(), fleet.RolePrefill); err == nil {
+		t.Error("a second switch of the same engine was accepted")
+	}
+	waitUntil(t, "the switch to finish", func() bool { return !instance(t, a, d.Addr()).Switching })
+	if in := instance(t, a, d.Addr()); in.Role != fleet.RolePrefill {
+		t.Fatalf("after: %+v", in)
+	}
+	if st := d.RoleStatus(); st.Role != fleet.RolePrefill || st.State != "serving" {
+		t.Fatalf("engine: %+v", st)
+	}
+	eps := rl.last()
+	if len(eps) != 2 || eps[0].Role != fleet.RolePrefill || eps[1].Role != fleet.RolePrefill {
+		t.Fatalf("router after the switch: %+v", eps)
+	}
+}
+
+// TestEngineActuatorRestoresOnFailure: an engine that refuses the switch
+// goes back into the router as it was.
+func TestEngineActuatorRestoresOnFailure(t *testing.T) {
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			http.Error(w, `{"error":{"message":"no"}}`, http.StatusConflict)
+			return
+		}
+		io.WriteString(w, `{"role":"decode","state":"serving","in_flight":0}`)
+	}))
+	defer refuse.Close()
+	rl := &routerLog{}
+	ep := fleet.Endpoint{Name: "e", URL: refuse.URL, Model: testModel, Role: fleet.RoleDecode}
+	a, err := NewEngineActuator([]fleet.Endpoint{ep}, EngineOptions{Router: rl, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Switch(context.Background(), "e", fleet.RolePrefill); err == nil || !strings.Contains(err.Error(), "409") {
+		t.Fatalf("want the engine's refusal, got %v", err)
+	}
+	if eps := rl.last(); len(eps) != 1 || eps[0].Role != fleet.RoleDecode {
+		t.Fatalf("not restored: %+v", eps)
+	}
+	if in := instance(t, a, "e"); in.Switching {
+		t.Fatalf("still switching: %+v", in)
+	}
+	for _, bad := range []struct {
+		name string
+		to   fleet.Role
+	}{{"e", fleet.RoleBoth}, {"e", fleet.RoleDecode}, {"nope", fleet.RolePrefill}} {
+		if err := a.Switch(context.Background(), bad.name, bad.to); err == nil {
+			t.Errorf("switch %s to %s accepted", bad.name, bad.to)
+		}
+	}
+	if _, err := NewEngineActuator([]fleet.Endpoint{{Name: "x", Model: "m"}}, EngineOptions{}); err == nil {
+		t.Error("an endpoint without a url was accepted")
+	}
+	if _, err := NewEngineActuator(nil, EngineOptions{Grace: -time.Second}); err == nil {
+		t.Error("a negative grace was accepted")
+	}
+}
+
+// TestKubeActuatorRelabelsPods: the pod's role label becomes "switching"
+// with the target in an annotation, the engine switches, and the label
+// then says its new role.
+func TestKubeActuatorRelabelsPods(t *testing.T) {
+	e := startEngine(t, fleet.RoleDecode)
+	_, port, _ := strings.Cut(e.Addr(), ":")
+	running := corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1"}
+	client := fake.NewClientset(
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "vllm-0", Namespace: "llm", Labels: map[string]string{"app": "vllm", "kvgate.io/role": "decode"}}, Status: running},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "vllm-1", Namespace: "llm", Labels: map[string]string{"app": "vllm", "kvgate.io/role": "prefill"}}, Status: corev1.PodStatus{Phase: corev1.PodPending}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: "llm", Labels: map[string]string{"app": "web"}}, Status: running},
+	)
+	var portN int
+	for _, c := range port {
+		portN = portN*10 + int(c-'0')
+	}
+	a, err := NewKubeActuator(client, KubeConfig{Namespace: "llm", Selector: "app=vllm", Port: portN, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := a.Instances(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inst) != 1 || inst[0].Name != "vllm-0" || inst[0].Role != fleet.RoleDecode || inst[0].Switching {
+		t.Fatalf("instances: %+v", inst)
+	}
+	if err := a.Switch(context.Background(), "vllm-0", fleet.RolePrefill); err != nil {
+		t.Fatal(err)
+	}
+	pod := func() *corev1.Pod {
+		p, err := client.CoreV1().Pods("llm").Get(context.Background(), "vllm-0", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if p := pod(); p.Labels["kvgate.io/role"] != RoleSwitching || p.Annotations[AnnotationTargetRole] != "prefill" || p.Annotations[AnnotationPreviousRole] != "decode" {
+		t.Fatalf("while switching: labels %v annotations %v", p.Labels, p.Annotations)
+	}
+	if err := a.Switch(context.Background(), "vllm-0", fleet.RolePrefill); err == nil {
+		t.Error("a second switch was accepted")
+	}
+	waitUntil(t, "the pod to serve as prefill", func() bool { return !instance(t, a, "vllm-0").Switching })
+	if p := pod(); p.Labels["kvgate.io/role"] != "prefill" || p.Annotations[AnnotationTargetRole] != "" {
+		t.Fatalf("after: labels %v annotations %v", p.Labels, p.Annotations)
+	}
+	if in := instance(t, a, "vllm-0"); in.Role != fleet.RolePrefill {
+		t.Fatalf("instance after: %+v", in)
+	}
+	if err := a.Switch(context.Background(), "missing", fleet.RoleDecode); err == nil {
+		t.Error("switching a missing pod was accepted")
+	}
+	for _, bad := range []KubeConfig{{Namespace: "Bad_NS", Selector: "a=b", Port: 1}, {Namespace: "ns", Port: 1},
+		{Namespace: "ns", Selector: "a=b"}, {Namespace: "ns", Selector: "a=b", Port: 1, Scheme: "ftp"}} {
+		if _, err := NewKubeActuator(client, bad); err == nil {
+			t.Errorf("config %+v accepted", bad)
+		}
+	}
+}
+
+// TestKubeActuatorRestoresLabelOnFailure: an engine that cannot be reached
+// leaves its pod labelled as before.
+func TestKubeActuatorRestoresLabelOnFailure(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	_, port, _ := strings.Cut(strings.TrimPrefix(dead.URL, "http://"), ":")
+	dead.Close()
+	portN := 0
+	for _, c := range port {
+		portN = portN*10 + int(c-'0')
+	}
+	client := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "llm", Labels: map[string]string{"app": "vllm", "kvgate.io/role": "decode"}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1"}})
+	a, err := NewKubeActuator(client, KubeConfig{Namespace: "llm", Selector: "app=vllm", Port: portN, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Switch(context.Background(), "p", fleet.RolePrefill); err == nil {
+		t.Fatal("switch of an unreachable engine succeeded")
+	}
+	p, _ := client.CoreV1().Pods("llm").Get(context.Background(), "p", metav1.GetOptions{})
+	if p.Labels["kvgate.io/role"] != "decode" || len(p.Annotations) != 0 {
+		t.Fatalf("not restored: labels %v annotations %v", p.Labels, p.Annotations)
+	}
+}
+
+func TestDryRun(t *testing.T) {
+	d := NewDryRun(nil, []Instance{{Name: "a", Role: fleet.RolePrefill}, {Name: "b", Role: fleet.RoleDecode}}, quiet())
+	if err := d.Switch(context.Background(), "b", fleet.RolePrefill); err != nil {
+		t.Fatal(err)
+	}
+	if in := instance(t, d, "b"); in.Role != fleet.RolePrefill {
+		t.Fatalf("virtual fleet not updated: %+v", in)
+	}
+	if err := d.Switch(context.Background(), "zz", fleet.RolePrefill); err == nil {
+		t.Error("unknown instance accepted")
+	}
+	// Over a real fleet it never switches.
+	src := newFakeFleet(1, 1, 10)
+	over := NewDryRun(src, nil, quiet())
+	if err := over.Switch(context.Background(), "e01", fleet.RolePrefill); err != nil || src.switches != 0 {
+		t.Fatalf("dry run switched the real fleet: %v %d", err, src.switches)
+	}
+	if d.Switches() != 2 || over.Switches() != 1 {
+		t.Errorf("counts %d %d", d.Switches(), over.Switches())
+	}
+}
+
+// TestLoopStatusHandlerAndMetrics runs a loop through a step change and
+// checks what /admin/planner and /metrics would show.
+func TestLoopStatusHandlerAndMetrics(t *testing.T) {
+	phases := SeedPhases()
+	f := newFakeFleet(5, 19, 40)
+	src := &shapeSource{shape: func(t float64) Shape {
+		if t < 300 {
+			return phases[0].Shape
+		}
+		return phases[1].Shape
+	}, rng: rand.New(rand.NewPCG(1, 1))}
+	p, err := New(Config{Total: 24, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLoop(LoopConfig{Planner: p, Source: src, Actuator: f, Name: "fake", Clock: func() float64 { return f.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for f.now = 30; f.now <= 900; f.now += 30 {
+		if _, err := l.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := l.Status()
+	if st.Actuator != "fake" || st.Changes == 0 || st.Switched != f.switches || len(st.Switches) != st.Changes || st.Last == nil {
+		t.Fatalf("status %+v (fleet switched %d)", st, f.switches)
+	}
+	if st.Prefill < 19 || st.Prefill+st.Decode+st.Switching != 24 {
+		t.Errorf("split %dP%dD", st.Prefill, st.Decode)
+	}
+	rec := httptest.NewRecorder()
+	l.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/planner", nil))
+	var doc map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil || rec.Code != 200 {
+		t.Fatalf("handler: %d %v %s", rec.Code, err, rec.Body)
+	}
+	for _, k := range []string{"prefill", "decode", "target_prefill", "switches", "last", "instances", "actions"} {
+		if _, ok := doc[k]; !ok {
+			t.Errorf("/admin/planner lacks %q", k)
+		}
+	}
+	rec = httptest.NewRecorder()
+	l.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/admin/planner", nil))
+	if rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("POST: %d", rec.Code)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewCollector(l))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, lp := range m.GetLabel() {
+				key += "," + lp.GetName() + "=" + lp.GetValue()
+			}
+			if c := m.GetCounter(); c != nil {
+				got[key] = c.GetValue()
+			} else {
+				got[key] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	for key, want := range map[string]float64{
+		"kvgate_planner_changes_total":                           float64(st.Changes),
+		"kvgate_planner_switched_instances_total":                float64(st.Switched),
+		"kvgate_planner_instances,role=prefill,state=serving":    float64(st.Prefill),
+		"kvgate_planner_target_instances,role=decode":            float64(st.TargetDecode),
+		"kvgate_planner_decisions_total,action=switch":           float64(st.Actions[ActionSwitch]),
+		"kvgate_planner_capacity_tokens_per_second,role=prefill": 20000,
+	} {
+		if got[key] != want {
+			t.Errorf("%s = %v, want %v", key, got[key], want)
+		}
+	}
+}
+
+func TestRecorder(t *testing.T) {
+	r, err := NewRecorder(100, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Arrived(Arrival{At: 1, PromptTokens: 100, CachedTokens: 40, OutputTokens: 10})
+	r.Arrived(Arrival{At: 2, PromptTokens: 100, CachedTokens: 500, OutputTokens: 10, RejectedPrefill: true})
+	r.Arrived(Arrival{At: 50, PromptTokens: 1000, OutputTokens: 1, RejectedDecode: true})
+	r.Completed(Completion{At: 3, TTFT: 0.5, TPOT: 0.02})
+	r.Completed(Completion{At: 4, TTFT: 3, TPOT: 0.1, TTFTMiss: true, TPOTMiss: true})
+	o, _ := r.Observe(context.Background(), 10, 10, 0)
+	if o.Requests != 2 || o.PromptTokens != 200 || o.CachedTokens != 140 || o.OutputTokens != 20 || o.RejectedPrefill != 1 ||
+		o.Finished != 2 || o.TTFTMiss != 1 || o.TPOTMiss != 1 || o.MeanTTFT != 1.75 {
+		t.Fatalf("observation %+v", o)
+	}
+	if s := o.Shape(); s.Rate != 0.2 || s.ISL != 100 || s.Hit != 0.7 {
+		t.Errorf("shape %+v", s)
+	}
+	// Samples older than keep go; at most 4 are kept.
+	r.Arrived(Arrival{At: 200, PromptTokens: 1})
+	if o, _ := r.Observe(context.Background(), 201, 201, 0); o.Requests != 1 {
+		t.Errorf("old samples kept: %+v", o)
+	}
+	for i := range 10 {
+		r.Arrived(Arrival{At: 201 + float64(i), PromptTokens: 1})
+	}
+	if o, _ := r.Observe(context.Background(), 300, 100, 0); o.Requests != 4 {
+		t.Errorf("cap not applied: %d", o.Requests)
+	}
+	if _, err := NewRecorder(0, 1); err == nil {
+		t.Error("keep 0 accepted")
+	}
+}
