@@ -46,7 +46,7 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
 	}
-	fmt.Fprintln(w, "\nStart here: kvgate sim --scenario seed-routing")
+	fmt.Fprintln(w, "\nStart here: kvgate demo   (or kvgate sim --scenario seed-routing)")
 }
 
 func main() {
