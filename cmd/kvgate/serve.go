@@ -25,6 +25,7 @@ import (
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
+	"github.com/kvgate/kvgate/internal/planner"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
@@ -37,6 +38,7 @@ type serveFlags struct {
 	set              map[string]bool
 	disc             discoveryConfig // from flags
 	k8s              k8sConfig
+	loop             *planner.Loop // the planner, when configured
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -117,9 +119,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		defer prober.Close()
 	}
-	g, err := gateway.New(sc.Config, gateway.Options{Logger: log, Health: prober})
+	rec, err := newPlannerRecorder(sc.Planner)
 	if err != nil {
 		return err
+	}
+	gopts := gateway.Options{Logger: log, Health: prober}
+	if rec != nil {
+		gopts.Traffic = trafficRecorder{rec}
+	}
+	g, err := gateway.New(sc.Config, gopts)
+	if err != nil {
+		return err
+	}
+	if sc.Planner != nil {
+		if f.loop, err = newPlannerLoop(sc.Planner, rec, g, sc.Endpoints, log); err != nil {
+			return err
+		}
 	}
 	u := &fleetUnion{static: sc.Endpoints, latest: map[int][]fleet.Endpoint{}, g: g, log: log}
 	return serveGateway(ctx, g, sc, srcs, u, &f, c, stdout, log)
@@ -220,7 +235,7 @@ func serveGateway(ctx context.Context, g *gateway.Gateway, sc serveConfig, srcs 
 	if err != nil {
 		return err
 	}
-	adm, err := httpserve.New(httpserve.Config{}, g.AdminHandler())
+	adm, err := httpserve.New(httpserve.Config{}, withPlanner(g.AdminHandler(), f.loop))
 	if err != nil {
 		return err
 	}
@@ -228,6 +243,9 @@ func serveGateway(ctx context.Context, g *gateway.Gateway, sc serveConfig, srcs 
 	defer cancel()
 	errc := make(chan error, 4)
 	go func() { errc <- g.Run(ctx) }()
+	if f.loop != nil {
+		go func() { _ = f.loop.Run(ctx) }()
+	}
 	if len(srcs) > 0 {
 		go func() {
 			if err := runDiscovery(ctx, srcs, u); err != nil {

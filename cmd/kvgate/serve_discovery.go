@@ -19,6 +19,8 @@ import (
 type serveConfig struct {
 	gateway.Config `yaml:",inline"`
 	Discovery      discoveryConfig `yaml:"discovery"`
+	// Planner, when set, runs the xPyD planner in the background.
+	Planner *plannerConfig `yaml:"planner"`
 }
 
 // discoveryConfig names the dynamic endpoint sources (docs/discovery.md).

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -237,4 +238,53 @@ func TestServeReloadKeepsConfigOnError(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestServePlannerDryRun: with planner: in the config the planner runs in
+// the background, fed by the gateway's traffic, and shows in
+// /admin/planner and /metrics.
+func TestServePlannerDryRun(t *testing.T) {
+	a, b := upstream(t), upstream(t)
+	path := filepath.Join(t.TempDir(), "kvgate.yaml")
+	cfg := fmt.Sprintf("endpoints:\n  - {name: a, url: %q, model: m, role: prefill}\n  - {name: b, url: %q, model: m, role: decode}\n"+
+		"no_health_checks: true\nplanner: {actuator: dry-run, interval: 0.2}\n", a, b)
+	os.WriteFile(path, []byte(cfg), 0o644)
+	url, admin, stop := startServe(t, "--config", path)
+	defer stop()
+	servedBy(t, url) // traffic for the recorder (the prefill leg fails against this upstream: fine)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(admin + "/admin/planner")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			Actuator  string           `json:"actuator"`
+			Instances []map[string]any `json:"instances"`
+			Actions   map[string]int   `json:"actions"`
+		}
+		json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if st.Actuator == "dry-run" && len(st.Instances) == 2 && len(st.Actions) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("planner status never showed a decision: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_planner") {
+		t.Fatal("/metrics has no planner metrics")
+	}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }

@@ -24,6 +24,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
@@ -48,18 +50,31 @@ type Options struct {
 	// engines' scraped metrics (KV room and usage); the gateway keeps its
 	// endpoint set current (Set).
 	Health *health.Prober
+	// Traffic, when set, hears of every routed or rejected request and of
+	// every streamed answer's latencies (the xPyD planner's recorder).
+	Traffic Traffic
 	// Transport overrides the upstream transport (tests).
 	Transport http.RoundTripper
+}
+
+// Traffic hears what the gateway routes: a request's sizes when it is
+// decided (rejected ones flagged by side) and a streamed answer's TTFT and
+// TPOT, with whether they missed the class's SLO. Times are the gateway's
+// clock in seconds. Implementations must be safe for concurrent use.
+type Traffic interface {
+	Routed(at float64, promptTokens, cachedTokens, outputTokens int, rejectedPrefill, rejectedDecode bool)
+	Answered(at, ttft, tpot float64, ttftMiss, tpotMiss bool)
 }
 
 // Gateway routes and proxies requests. Create with New, start the KV-event
 // subscriber with Run, serve Handler and AdminHandler.
 type Gateway struct {
-	cfg    Config
-	log    *slog.Logger
-	now    func() time.Time
-	start  time.Time
-	health *health.Prober
+	cfg     Config
+	log     *slog.Logger
+	now     func() time.Time
+	start   time.Time
+	health  *health.Prober
+	traffic Traffic
 
 	sched  atomic.Pointer[sched.Scheduler] // replaced whole on reload
 	policy string
@@ -129,7 +144,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health,
+		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic,
 		policy:  cfg.Policy,
 		toks:    toks,
 		idx:     kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),
@@ -340,3 +355,10 @@ func (g *Gateway) Models() []string {
 	sort.Strings(out)
 	return out
 }
+
+// AddCollector registers more metrics on the gateway's /metrics (a
+// planner's, say).
+func (g *Gateway) AddCollector(c prometheus.Collector) error { return g.met.reg.Register(c) }
+
+// Clock is the gateway's clock in seconds (the times Traffic hears).
+func (g *Gateway) Clock() float64 { return g.clock() }

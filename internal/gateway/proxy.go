@@ -140,6 +140,10 @@ func outcomeOf(ctx context.Context, err error) string {
 // admit applies the scheduler's rejection and class shedding.
 func (g *Gateway) admit(rt *routed, p *plan) error {
 	now := g.clock()
+	if g.traffic != nil && p.dec.Prefill >= 0 {
+		ttftMiss := !p.dec.Admit && strings.Contains(p.dec.Reason, "TTFT")
+		g.traffic.Routed(now, rt.promptN, p.dec.CachedTokens, rt.outN, ttftMiss, !p.dec.Admit && !ttftMiss)
+	}
 	if !p.dec.Admit {
 		// Rejected by admission (not for lack of endpoints) because of the
 		// load: shed the class. A request that misses its SLO even on an
@@ -374,7 +378,13 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 		}
 	}
 	if rt.req.Stream && chunks > 2 && resp.StatusCode == http.StatusOK {
-		m.obs.addTPOT(g.now().Sub(firstAt).Seconds() / float64(chunks-1))
+		tpot := g.now().Sub(firstAt).Seconds() / float64(chunks-1)
+		m.obs.addTPOT(tpot)
+		if g.traffic != nil {
+			slo := rt.class.slo(rt.promptN)
+			ttft := firstAt.Sub(rt.arrival).Seconds()
+			g.traffic.Answered(g.clock(), ttft, tpot, slo.TTFT > 0 && ttft > slo.TTFT, slo.TPOT > 0 && tpot > slo.TPOT)
+		}
 	}
 	return nil
 }
