@@ -68,13 +68,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, "Usage: kvgate bench --url URL --model M [flags]\n\nSends a workload to an OpenAI-compatible server and measures every streamed\nanswer (TTFT, inter-token latency, TPOT, end-to-end); prints percentiles, SLO\nattainment and goodput, and writes CSV and an HTML report on request.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if err := fl.Check(); err != nil {
+	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
 	if f.url == "" || f.model == "" {

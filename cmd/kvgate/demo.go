@@ -44,13 +44,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stderr, "Usage: kvgate demo [flags]\n\nStarts an emulated fleet and kvgate's gateway on loopback, sends the baseline\nchapter's chat workload through real HTTP for several policies and a P/D fleet,\nprints the comparison and writes an HTML report. Needs nothing but the binary.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if err := fl.Check(); err != nil {
+	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
 	if f.format != "table" && f.format != "json" {

@@ -130,13 +130,7 @@ func newKVIndexFlagSet(o *kvindexOptions, stderr io.Writer) (*flag.FlagSet, *fla
 func parseKVIndexFlags(args []string, stderr io.Writer) (*kvindexOptions, error) {
 	o := new(kvindexOptions)
 	fs, fl := newKVIndexFlagSet(o, stderr)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if err := fl.Check(); err != nil {
+	if err := parseFlags(fs, fl, args); err != nil {
 		return nil, err
 	}
 	return o, nil

@@ -12,6 +12,8 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/kvgate/kvgate/internal/flagrange"
 )
 
 // command is one subcommand: it parses its own flags from args and writes
@@ -74,4 +76,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// parseFlags parses a command's flags, refuses positional arguments and
+// checks every ranged number.
+func parseFlags(fs *flag.FlagSet, fl *flagrange.Flags, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return fl.Check()
 }

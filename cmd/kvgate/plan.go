@@ -100,13 +100,7 @@ func loadPhases(path string) ([]planner.Phase, error) {
 func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f planFlags
 	fs, fl := newPlanFlagSet(&f, stderr)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if err := fl.Check(); err != nil {
+	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
 	if f.format != "table" && f.format != "json" {

@@ -181,7 +181,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	uncached := max(rt.promptN-p.dec.CachedTokens, 0)
 	fl := lf.Route(p.pEP, g.clock(), load.Work{Uncached: uncached, Cached: min(p.dec.CachedTokens, rt.promptN),
 		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
-		Keys:           rt.prep.Keys, PrefillSeconds: prefillSeconds(uncached, p.pEP)})
+		Keys:           rt.prep.Keys}) // the fleet's predictor times the prefill
 	defer func() { lf.Finish(fl, g.clock()) }()
 	g.routed(p.prefill, rt.prep.Keys)
 	g.met.promptTokens.Add(float64(rt.promptN))
@@ -251,14 +251,6 @@ func (g *Gateway) routed(m *member, keys []uint64) {
 	if !m.removed.Load() {
 		g.idx.Routed(m.kvID, keys)
 	}
-}
-
-// prefillSeconds is the predicted compute time of n uncached tokens on e.
-func prefillSeconds(n int, e *load.Endpoint) float64 {
-	if speed := e.Info().PrefillSpeed; speed > 0 {
-		return float64(n) / speed
-	}
-	return 0
 }
 
 // send posts body to the endpoint; a connect error or a 5xx status is an
