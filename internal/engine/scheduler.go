@@ -146,6 +146,13 @@ func (s *scheduler) run(ctx context.Context) {
 		if !s.lastEnd.IsZero() && now.Sub(s.lastEnd) < catchUpSlack {
 			start = s.lastEnd
 		}
+		// Catching up never starts a step before one of its requests
+		// arrived (a TTFT shorter than its own prefill).
+		for _, it := range p.items {
+			if it.r.arrival.After(start) {
+				start = it.r.arrival
+			}
+		}
 		end := start.Add(s.cfg.real(s.stepTime(p)))
 		if !s.sleepUntil(ctx, end) {
 			return
