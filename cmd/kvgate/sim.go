@@ -23,7 +23,7 @@ import (
 
 type simFlags struct {
 	scenario, workloadName, policies, rates, earlyReject, format, trace     string
-	predictors                                                              string
+	predictors, hold                                                        string
 	spread, noise, driftFactor                                              float64
 	instances, decodeInstances, systems, sessions, systemTokens, turnTokens int
 	outputTokens, blockSize, cacheBlocks, decodeKVTokens, seeds             int
@@ -87,6 +87,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
 	fs.StringVar(&f.policies, "policies", f.policies, "comma-separated policies, or all: "+strings.Join(sched.Names(), ", "))
 	fs.StringVar(&f.earlyReject, "early-reject", f.earlyReject, "early rejection: on, off or both")
+	fs.StringVar(&f.hold, "hold", "policy", "without early rejection, hold at the router requests that fit nowhere (docs/policies.md): policy (the policies meant to: kvgate), all or off")
 	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents)", wl.Rate, maxRates))
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
 	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
@@ -182,6 +183,8 @@ type simJob struct {
 	// predictor is the heterogeneous scenario's router predictor ("":
 	// none).
 	predictor string
+	// hold is --hold: policy, all or off.
+	hold string
 }
 
 type simOutput struct {
@@ -222,6 +225,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	if f.hold != "policy" && f.hold != "all" && f.hold != "off" {
+		return fmt.Errorf("--hold must be policy, all or off, got %q", f.hold)
+	}
 	cacheBlocks, err := simCacheBlocks(&f)
 	if err != nil {
 		return err
@@ -243,7 +249,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	results, jobs, err := runJobs(ctx, cfg, specs, policies, rejects, predictors)
+	results, jobs, err := runJobs(ctx, cfg, specs, policies, rejects, predictors, f.hold)
 	if err != nil {
 		return err
 	}
@@ -350,7 +356,7 @@ func round(v float64, digits int) float64 {
 // rejection) pair on it, in parallel over the machine's cores; a workload is
 // released once its runs are done. Results come back in job order, with the
 // jobs.
-func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []string, rejects []bool, predictors []string) ([]sim.Result, []simJob, error) {
+func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []string, rejects []bool, predictors []string, hold string) ([]sim.Result, []simJob, error) {
 	perTrace := len(policies) * len(rejects) * len(predictors)
 	results := make([]sim.Result, len(specs)*perTrace)
 	errs := make([]error, len(results))
@@ -390,7 +396,7 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		for _, p := range policies {
 			for _, rj := range rejects {
 				for _, pr := range predictors {
-					j := simJob{trace: tr, rate: rate, seed: sp.seed, policy: p, reject: rj, predictor: pr}
+					j := simJob{trace: tr, rate: rate, seed: sp.seed, policy: p, reject: rj, predictor: pr, hold: hold}
 					select {
 					case next <- indexed{len(jobs), j}:
 						jobs = append(jobs, j)
@@ -426,7 +432,8 @@ func runJob(ctx context.Context, cfg sim.Config, j simJob) (sim.Result, error) {
 		t.Seed = j.seed
 		cfg.Truth = &t
 	}
-	res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject})
+	hold := j.hold == "all" || (j.hold != "off" && sched.HoldsLost(pol))
+	res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject, Hold: hold})
 	if err != nil {
 		return sim.Result{}, fmt.Errorf("%s: %w", j.policy, err)
 	}

@@ -280,6 +280,21 @@ func (e *Endpoint) fill(now float64, d *sched.Endpoint) {
 	}
 }
 
+// NextIdle is the earliest time after now at which a prefilling
+// endpoint's queue is predicted to run empty (+Inf if none is busy): when
+// a router holding requests (sched.HoldQueue) should look for slack again.
+func (f *Fleet) NextIdle(now float64) float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := math.Inf(1)
+	for _, e := range f.eps {
+		if e.info.Role.CanPrefill() && e.busy > now {
+			t = min(t, e.busy)
+		}
+	}
+	return t
+}
+
 // Route records that a request was sent to e for its prefill at time now
 // and returns its flight.
 func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {

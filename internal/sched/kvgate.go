@@ -27,6 +27,9 @@ func newKVGate(o Options) *kvgatePolicy { return &kvgatePolicy{o: o} }
 
 func (*kvgatePolicy) Name() string { return "kvgate" }
 
+// HoldsLost: kvgate holds at the router what fits nowhere (hold.go).
+func (*kvgatePolicy) HoldsLost() bool { return true }
+
 // price is λ: the fleet's mean queue wait as a fraction of the SLO, scaled
 // (0 for a request without a TTFT SLO: it minimises its TTFT).
 func (p *kvgatePolicy) price(req *Request, s *Snapshot) float64 {

@@ -138,6 +138,18 @@ type SignalUser interface {
 	Signals() Signals
 }
 
+// Holder is a policy meant to run with Scheduler.Hold: it holds at the
+// router the requests that fit nowhere (kvgate's does).
+type Holder interface {
+	HoldsLost() bool
+}
+
+// HoldsLost reports whether p is meant to run with Scheduler.Hold.
+func HoldsLost(p Policy) bool {
+	h, ok := p.(Holder)
+	return ok && h.HoldsLost()
+}
+
 // Needs returns the costly signals a policy reads.
 func Needs(p Policy) Signals {
 	if u, ok := p.(SignalUser); ok {

@@ -31,6 +31,14 @@ type Scheduler struct {
 	// Explain asks for Decision.Costs (per-endpoint costs, for policies
 	// that report them).
 	Explain bool
+	// Hold, without EarlyReject, holds at the router a request whose
+	// predicted TTFT misses its SLO on every endpoint (Decision.Hold)
+	// instead of queueing it on an engine: the caller pushes it into a
+	// HoldQueue and ReleaseHeld dispatches it on slack or at its deadline
+	// (hold.go). HoldMin (SLOs, default DefaultHoldMin) and HoldMax
+	// (seconds, default DefaultHoldMax) bound the deadline.
+	Hold             bool
+	HoldMin, HoldMax float64
 
 	scratch sync.Pool // *view
 }
@@ -68,6 +76,9 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 	defer sc.scratch.Put(v)
 	cand := candidates(s, v, func(r fleet.Role) bool { return r.CanPrefill() })
 	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO}
+	if sc.Hold && !sc.EarlyReject && sc.hold(&req, cand, &d) {
+		return d
+	}
 	p := -1
 	if len(cand.Endpoints) > 0 {
 		p = sc.Policy.Pick(&req, cand)
@@ -171,7 +182,7 @@ func candidates(s *Snapshot, v *view, keep func(fleet.Role) bool) *Snapshot {
 		v.index = nil
 		return s
 	}
-	v.snap = Snapshot{Now: s.Now, BlockSize: s.BlockSize, Forecast: s.Forecast, Endpoints: v.snap.Endpoints[:0]}
+	v.snap = Snapshot{Now: s.Now, BlockSize: s.BlockSize, Forecast: s.Forecast, HeldCompute: s.HeldCompute, Endpoints: v.snap.Endpoints[:0]}
 	for i := range s.Endpoints {
 		if keep(s.Endpoints[i].Role) {
 			v.snap.Endpoints = append(v.snap.Endpoints, s.Endpoints[i])

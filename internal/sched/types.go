@@ -92,6 +92,9 @@ type Snapshot struct {
 	// time; the scheduler uses it to judge decode room and TPOT when the
 	// request's prefill will finish rather than now.
 	Forecast DecodeForecaster
+	// HeldCompute is the predicted compute (seconds) of the requests held
+	// at the router (HoldQueue.Compute): part of the fleet's backlog.
+	HeldCompute float64
 }
 
 // DecodeForecaster predicts a decode endpoint's state at a future clock
@@ -141,8 +144,14 @@ type Decision struct {
 	Admit   bool
 	Prefill int
 	Decode  int
-	// Reason explains a rejection ("" when admitted).
+	// Reason explains a rejection or a hold ("" when admitted).
 	Reason string
+	// Hold: not admitted now but held at the router (Scheduler.Hold)
+	// until HoldUntil at the latest; HoldCompute is its predicted compute
+	// on the endpoint that would compute the least.
+	Hold        bool
+	HoldUntil   float64
+	HoldCompute float64
 	// PredictedTTFT is the prediction for the chosen prefill endpoint.
 	PredictedTTFT float64
 	// PredictedTPOT is the prediction for the chosen decode endpoint (0 if

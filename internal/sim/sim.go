@@ -15,6 +15,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/kvgate/kvgate/internal/fleet"
@@ -97,9 +98,12 @@ type Result struct {
 	// Unserved is the share of admitted requests that were never served
 	// (a sequence longer than any decode instance's KV): misses.
 	Unserved float64 `json:"unserved,omitempty"`
-	Goodput  float64 `json:"goodput"`
-	TPOTP50  float64 `json:"tpot_p50,omitempty"`
-	TPOTP99  float64 `json:"tpot_p99,omitempty"`
+	// Held is the share of requests held at the router before being
+	// served (sched.Scheduler.Hold): their TTFT counts the hold.
+	Held    float64 `json:"held,omitempty"`
+	Goodput float64 `json:"goodput"`
+	TPOTP50 float64 `json:"tpot_p50,omitempty"`
+	TPOTP99 float64 `json:"tpot_p99,omitempty"`
 	// With a Truth: the router's predictor and its TTFT error (absolute
 	// percentage, median and p90) over admitted requests after warm-up;
 	// with drift, the error's recovery and the stale routing (truth.go).
@@ -125,9 +129,15 @@ func Run(ctx context.Context, cfg Config, tr *workload.Trace, sc *sched.Schedule
 		if ri&1023 == 0 && ctx.Err() != nil {
 			return Result{}, fmt.Errorf("sim: stopped after %d of %d requests: %w", ri, len(tr.Requests), ctx.Err())
 		}
+		if err := r.releaseUntil(tr.Requests[ri].Arrival); err != nil {
+			return Result{}, err
+		}
 		if err := r.step(ri); err != nil {
 			return Result{}, err
 		}
+	}
+	if err := r.releaseUntil(math.Inf(1)); err != nil {
+		return Result{}, err
 	}
 	if r.dec != nil {
 		if err := r.dec.drain(ctx); err != nil {
@@ -161,6 +171,11 @@ type run struct {
 	hitTok      int64
 	totTok      int64
 	rejected    int
+	// hold is the router's hold queue (sched.Scheduler.Hold); held
+	// counts the requests that were held.
+	hold    *sched.HoldQueue
+	held    int
+	holdErr error
 }
 
 func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
@@ -191,6 +206,7 @@ func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
 		}
 	}
 	r.load = load.New(infos, load.NeedsActive(sc.Policy))
+	r.hold = sched.NewHoldQueue(max(len(tr.Requests), 1))
 	r.snap.BlockSize = tr.BlockSize
 	return r, r.withTruth(infos)
 }
@@ -207,10 +223,8 @@ func (r *run) CachedBlocks(keys []uint64, matched []int) {
 	clear(matched[r.n:])
 }
 
-// step routes request ri at its arrival.
-func (r *run) step(ri int) error {
-	q := &r.tr.Requests[ri]
-	t := q.Arrival
+// advance moves the simulated fleet to time t.
+func (r *run) advance(t float64) {
 	if r.dec != nil {
 		r.dec.advance(t)
 		r.fc.now = t
@@ -220,8 +234,23 @@ func (r *run) step(ri int) error {
 		r.view.advance(t)
 	}
 	r.snap.Now = t
-	r.eps = r.load.Snapshot(t, q.PromptTokens, q.Keys, r, r.matched, &r.snap)
+}
+
+// snapshot fills r.snap (and r.eps) for request ri at the current time.
+func (r *run) snapshot(ri int) {
+	q := &r.tr.Requests[ri]
+	r.eps = r.load.Snapshot(r.snap.Now, q.PromptTokens, q.Keys, r, r.matched, &r.snap)
+	r.snap.HeldCompute = r.hold.Compute()
 	r.fillCapacity(q.PromptTokens)
+}
+
+// step decides request ri at its arrival: it is rejected, held at the
+// router or dispatched.
+func (r *run) step(ri int) error {
+	q := &r.tr.Requests[ri]
+	t := q.Arrival
+	r.advance(t)
+	r.snapshot(ri)
 	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
 		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO}
 	d := r.sc.Decide(&req, &r.snap)
@@ -229,10 +258,60 @@ func (r *run) step(ri int) error {
 		r.cfg.OnDecision(ri, d)
 	}
 	r.slo[ri] = d.SLO
+	if d.Hold {
+		if err := r.hold.Push(&sched.Held{Req: req, Until: d.HoldUntil, Compute: d.HoldCompute, Value: ri}); err != nil {
+			return fmt.Errorf("sim: request %d: %w", ri, err)
+		}
+		r.held++
+		r.sc.ReleaseHeld(r.hold, t, r, &r.snap)
+		return r.holdErr
+	}
 	if !d.Admit {
 		r.rejected++
 		return nil
 	}
+	return r.dispatch(ri, t, d)
+}
+
+// releaseUntil runs the hold queue's release passes up to time t: at each
+// deadline and each time an instance's queue runs empty.
+func (r *run) releaseUntil(t float64) error {
+	last := math.Inf(-1)
+	for r.hold.Len() > 0 {
+		te := min(r.hold.NextDeadline(), r.load.NextIdle(r.snap.Now))
+		te = max(te, r.snap.Now)
+		if te > t || math.IsInf(te, 1) {
+			return nil
+		}
+		r.advance(te)
+		n := r.sc.ReleaseHeld(r.hold, te, r, &r.snap)
+		if r.holdErr != nil {
+			return r.holdErr
+		}
+		if n == 0 && te <= last {
+			// Nothing can be released (no decode endpoint): what is
+			// still held stays unserved.
+			return nil
+		}
+		last = te
+	}
+	return nil
+}
+
+// SnapshotFor implements sched.HoldFleet.
+func (r *run) SnapshotFor(h *sched.Held, _ *sched.Snapshot) { r.snapshot(h.Value.(int)) }
+
+// Dispatch implements sched.HoldFleet: a held request leaves the hold.
+func (r *run) Dispatch(h *sched.Held, d sched.Decision) {
+	if r.holdErr == nil {
+		r.holdErr = r.dispatch(h.Value.(int), r.snap.Now, d)
+	}
+}
+
+// dispatch sends request ri where d says at time t, with r.snap and r.eps
+// the snapshot d was decided on.
+func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
+	q := &r.tr.Requests[ri]
 	if d.Prefill < 0 || d.Prefill >= r.n {
 		return fmt.Errorf("sim: policy %s chose prefill endpoint %d of %d", r.sc.Policy.Name(), d.Prefill, r.n)
 	}
@@ -343,7 +422,8 @@ func (r *run) summarise() Result {
 	if total > 0 {
 		res.Attainment = float64(good) / float64(total)
 		res.Rejected = float64(r.rejected) / float64(total)
-		res.Unserved = float64(unserved) / float64(total)
+		res.Unserved = float64(unserved+r.hold.Len()) / float64(total)
+		res.Held = float64(r.held) / float64(total)
 	}
 	if r.truth != nil {
 		r.truth.summarise(r, &res)

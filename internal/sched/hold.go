@@ -1,0 +1,315 @@
+package sched
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// Holding requests at the router (see docs/policies.md, "The hold queue").
+//
+// A request whose predicted TTFT misses its SLO on every endpoint is lost
+// wherever it goes. Queued on an engine, it delays requests that can still
+// make their SLO; parked behind an ever-growing queue, it starves. With
+// Scheduler.Hold (and no early rejection) such a request is held at the
+// router instead, in a HoldQueue, and released
+//
+//   - onto an endpoint with slack (an idle prefill queue), by priority then
+//     age, where it delays no request already queued; or
+//   - when its age wins: at its deadline, arrival + max(HoldMin × SLO,
+//     the fleet's backlog at its arrival), capped at HoldMax. The backlog is
+//     the mean predicted queue wait plus the compute already held, per
+//     endpoint: what a fair FIFO fleet would have made it wait. An overdue
+//     request goes to the endpoint that serves it soonest, ahead of every
+//     request not yet overdue.
+//
+// The simulator and the gateway both run this code: they push what Decide
+// marks Hold, and call Scheduler.ReleaseHeld whenever the fleet may have
+// changed (a prefill ended, a request arrived, a deadline passed).
+
+// Default hold parameters (Scheduler.HoldMin, HoldMax).
+const (
+	DefaultHoldMin = 1.0   // SLOs
+	DefaultHoldMax = 600.0 // seconds
+)
+
+// ErrHoldFull is returned by HoldQueue.Push when the queue is at its cap.
+var ErrHoldFull = errors.New("hold queue full")
+
+// Held is one request held at the router.
+type Held struct {
+	Req Request
+	// Until is the deadline (clock seconds): from then on its age wins.
+	Until float64
+	// Compute is its predicted compute time on the endpoint that would
+	// compute the least (seconds), counted in the fleet's backlog while
+	// held.
+	Compute float64
+	// Value is the caller's (the simulator's request index, the
+	// gateway's waiting handler).
+	Value any
+
+	seq      uint64
+	prio, dl int // heap positions; -1 when out
+	gone     bool
+}
+
+// HoldQueue is the router's queue of held requests, ordered two ways: by
+// deadline, and by priority then arrival. It is safe for concurrent use.
+type HoldQueue struct {
+	mu      sync.Mutex
+	byPrio  heldHeap
+	byDL    heldHeap
+	compute float64
+	seq     uint64
+	cap     int
+}
+
+// NewHoldQueue returns a queue holding at most capacity requests (> 0).
+func NewHoldQueue(capacity int) *HoldQueue {
+	q := &HoldQueue{cap: max(capacity, 1)}
+	q.byPrio.less = func(a, b *Held) bool {
+		if a.Req.Priority != b.Req.Priority {
+			return a.Req.Priority > b.Req.Priority
+		}
+		if a.Req.Arrival != b.Req.Arrival {
+			return a.Req.Arrival < b.Req.Arrival
+		}
+		return a.seq < b.seq
+	}
+	q.byPrio.pos = func(h *Held) *int { return &h.prio }
+	q.byDL.less = func(a, b *Held) bool {
+		if a.Until != b.Until {
+			return a.Until < b.Until
+		}
+		return a.seq < b.seq
+	}
+	q.byDL.pos = func(h *Held) *int { return &h.dl }
+	return q
+}
+
+// Len is the number of requests held.
+func (q *HoldQueue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.byPrio.h)
+}
+
+// Compute is the predicted compute held, in seconds (Snapshot.HeldCompute).
+func (q *HoldQueue) Compute() float64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return max(q.compute, 0)
+}
+
+// NextDeadline is the earliest deadline held (+Inf when empty).
+func (q *HoldQueue) NextDeadline() float64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.byDL.h) == 0 {
+		return math.Inf(1)
+	}
+	return q.byDL.h[0].Until
+}
+
+// Push holds h; ErrHoldFull when the queue is at its cap. The queue owns h
+// until it is removed or released.
+func (q *HoldQueue) Push(h *Held) error {
+	if h == nil || math.IsNaN(h.Until) || math.IsNaN(h.Compute) {
+		return fmt.Errorf("hold: a held request needs a deadline and a compute time")
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.byPrio.h) >= q.cap {
+		return ErrHoldFull
+	}
+	q.seq++
+	h.seq, h.gone = q.seq, false
+	heap.Push(&q.byPrio, h)
+	heap.Push(&q.byDL, h)
+	q.compute += h.Compute
+	return nil
+}
+
+// Remove takes h out of the queue (its client left); false if it was not
+// held (already released or removed).
+func (q *HoldQueue) Remove(h *Held) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.remove(h)
+}
+
+func (q *HoldQueue) remove(h *Held) bool {
+	if h == nil || h.gone || h.prio < 0 || h.prio >= len(q.byPrio.h) || q.byPrio.h[h.prio] != h {
+		return false
+	}
+	heap.Remove(&q.byPrio, h.prio)
+	heap.Remove(&q.byDL, h.dl)
+	h.gone = true
+	q.compute -= h.Compute
+	if len(q.byPrio.h) == 0 {
+		q.compute = 0 // no drift from float sums
+	}
+	return true
+}
+
+// peek returns the request to consider next at now: the overdue one with
+// the earliest deadline if any (overdue true), else the first by priority
+// then arrival.
+func (q *HoldQueue) peek(now float64) (*Held, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.byDL.h) == 0 {
+		return nil, false
+	}
+	if h := q.byDL.h[0]; h.Until <= now {
+		return h, true
+	}
+	return q.byPrio.h[0], false
+}
+
+// heldHeap is a binary heap of held requests under less, keeping each
+// one's position in the field pos returns.
+type heldHeap struct {
+	h    []*Held
+	less func(a, b *Held) bool
+	pos  func(*Held) *int
+}
+
+func (h *heldHeap) Len() int           { return len(h.h) }
+func (h *heldHeap) Less(i, j int) bool { return h.less(h.h[i], h.h[j]) }
+func (h *heldHeap) Swap(i, j int) {
+	h.h[i], h.h[j] = h.h[j], h.h[i]
+	*h.pos(h.h[i]) = i
+	*h.pos(h.h[j]) = j
+}
+func (h *heldHeap) Push(x any) {
+	e := x.(*Held)
+	*h.pos(e) = len(h.h)
+	h.h = append(h.h, e)
+}
+func (h *heldHeap) Pop() any {
+	n := len(h.h) - 1
+	e := h.h[n]
+	h.h[n] = nil
+	h.h = h.h[:n]
+	*h.pos(e) = -1
+	return e
+}
+
+// HoldFleet is what a release pass needs of its caller.
+type HoldFleet interface {
+	// SnapshotFor fills s with the fleet as seen now for h's request
+	// (its cached prefix on each endpoint, Snapshot.HeldCompute).
+	SnapshotFor(h *Held, s *Snapshot)
+	// Dispatch sends h's request where d says (d.Admit is true). h is
+	// out of the queue by then.
+	Dispatch(h *Held, d Decision)
+}
+
+// ReleaseHeld runs one release pass at clock time now: overdue requests
+// first, each to the endpoint that serves it soonest; then, while an
+// endpoint has slack, the next request by priority and age. It returns how
+// many it released. s is scratch for the snapshots.
+func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snapshot) int {
+	n := 0
+	for {
+		h, overdue := q.peek(now)
+		if h == nil {
+			return n
+		}
+		f.SnapshotFor(h, s)
+		d, ok := sc.release(&h.Req, s, overdue)
+		if !ok {
+			return n
+		}
+		if !q.Remove(h) {
+			continue // removed meanwhile (its client left)
+		}
+		f.Dispatch(h, d)
+		n++
+	}
+}
+
+// release decides a held request at s.Now: overdue, on the endpoint with
+// the lowest predicted TTFT; else on the idle endpoint with the lowest
+// predicted TTFT, if any endpoint is idle.
+func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool) (Decision, bool) {
+	req := *in
+	req.SLO = sc.WithDefaults(req.SLO)
+	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO}
+	best, bt := -1, math.Inf(1)
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if !e.Role.CanPrefill() || (!overdue && e.QueueWait > 0) {
+			continue
+		}
+		t := PredictTTFT(&req, e)
+		if best < 0 || t < bt || (t == bt && tieBetter(s, i, best)) {
+			best, bt = i, t
+		}
+	}
+	if best < 0 {
+		return d, false
+	}
+	pe := &s.Endpoints[best]
+	d.Admit, d.Prefill, d.PredictedTTFT, d.CachedTokens = true, best, bt, pe.CachedTokens
+	d.Reason = "released from hold (slack)"
+	if overdue {
+		d.Reason = "released from hold (deadline)"
+	}
+	if pe.Role == fleet.RolePrefill {
+		var de DecodeView
+		d.Decode, de = PickDecode(&req, s, s.Now+bt)
+		if d.Decode < 0 {
+			d.Admit, d.Reason = false, "no decode endpoint"
+			return d, false
+		}
+		d.PredictedTPOT = de.TPOT
+	}
+	return d, true
+}
+
+// hold marks d as held when no candidate's predicted TTFT fits the SLO:
+// its deadline and the compute it adds to the backlog.
+func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
+	if req.SLO.TTFT <= 0 || len(cand.Endpoints) == 0 {
+		return false
+	}
+	minTTFT, minCompute, wait := math.Inf(1), math.Inf(1), 0.0
+	for i := range cand.Endpoints {
+		e := &cand.Endpoints[i]
+		t := PredictTTFT(req, e)
+		minTTFT = min(minTTFT, t)
+		if e.PrefillSpeed > 0 {
+			minCompute = min(minCompute, float64(Uncached(req, e))/e.PrefillSpeed)
+		}
+		wait += e.QueueWait
+	}
+	if minTTFT <= req.SLO.TTFT {
+		return false
+	}
+	n := float64(len(cand.Endpoints))
+	backlog := wait/n + max(cand.HeldCompute, 0)/n
+	hmin, hmax := sc.HoldMin, sc.HoldMax
+	if hmin <= 0 {
+		hmin = DefaultHoldMin
+	}
+	if hmax <= 0 {
+		hmax = DefaultHoldMax
+	}
+	wait = min(max(hmin*req.SLO.TTFT, backlog), hmax)
+	d.Admit, d.Hold = false, true
+	d.HoldUntil = req.Arrival + wait
+	if math.IsInf(minCompute, 1) {
+		minCompute = 0
+	}
+	d.HoldCompute = minCompute
+	d.PredictedTTFT = minTTFT
+	d.Reason = fmt.Sprintf("held: predicted TTFT %.3fs misses SLO %.3fs on every endpoint; released on slack or at +%.1fs", minTTFT, req.SLO.TTFT, wait)
+	return true
+}

@@ -1,0 +1,174 @@
+package sched
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+func TestHoldQueueOrder(t *testing.T) {
+	q := NewHoldQueue(10)
+	mk := func(prio int, arrival, until float64) *Held {
+		h := &Held{Req: Request{Priority: prio, Arrival: arrival}, Until: until, Compute: 1}
+		if err := q.Push(h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	old := mk(0, 1, 50)
+	urgent := mk(2, 5, 60)
+	young := mk(0, 3, 10)
+	if q.Len() != 3 || q.Compute() != 3 || q.NextDeadline() != 10 {
+		t.Fatalf("len %d compute %v deadline %v", q.Len(), q.Compute(), q.NextDeadline())
+	}
+	// Before any deadline: priority, then age.
+	if h, overdue := q.peek(5); h != urgent || overdue {
+		t.Fatalf("peek(5) = %+v %v, want the priority-2 request", h.Req, overdue)
+	}
+	// A passed deadline wins over priority.
+	if h, overdue := q.peek(10); h != young || !overdue {
+		t.Fatalf("peek(10) = %+v %v, want the overdue request", h.Req, overdue)
+	}
+	if !q.Remove(urgent) || q.Remove(urgent) {
+		t.Fatal("Remove: want true once, then false")
+	}
+	if h, _ := q.peek(5); h != old {
+		t.Fatalf("after removing the urgent one, want the oldest, got %+v", h.Req)
+	}
+	q.Remove(old)
+	q.Remove(young)
+	if q.Len() != 0 || q.Compute() != 0 || !math.IsInf(q.NextDeadline(), 1) {
+		t.Fatalf("empty queue: len %d compute %v deadline %v", q.Len(), q.Compute(), q.NextDeadline())
+	}
+	if h, _ := q.peek(100); h != nil {
+		t.Fatal("peek on an empty queue")
+	}
+}
+
+func TestHoldQueueCapAndBadInput(t *testing.T) {
+	q := NewHoldQueue(1)
+	if err := q.Push(&Held{Until: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Push(&Held{Until: 2}); !errors.Is(err, ErrHoldFull) {
+		t.Fatalf("push past the cap: %v, want ErrHoldFull", err)
+	}
+	if err := NewHoldQueue(4).Push(&Held{Until: math.NaN()}); err == nil {
+		t.Fatal("NaN deadline accepted")
+	}
+	if err := NewHoldQueue(4).Push(nil); err == nil {
+		t.Fatal("nil accepted")
+	}
+}
+
+// holdFleet is a fixed snapshot; Dispatch records and makes the endpoint
+// busy, as routing would.
+type holdFleet struct {
+	snap Snapshot
+	got  []Decision
+	who  []*Held
+}
+
+func (f *holdFleet) SnapshotFor(_ *Held, s *Snapshot) {
+	*s = f.snap
+	s.Endpoints = append([]Endpoint(nil), f.snap.Endpoints...)
+}
+
+func (f *holdFleet) Dispatch(h *Held, d Decision) {
+	f.got = append(f.got, d)
+	f.who = append(f.who, h)
+	f.snap.Endpoints[d.Prefill].QueueWait += 10
+}
+
+func TestDecideHoldsWhatFitsNowhere(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+	snap := Snapshot{Now: 100, Endpoints: []Endpoint{
+		{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 3},
+		{Name: "b", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 5},
+	}, HeldCompute: 6}
+	fits := Request{Arrival: 100, PromptTokens: 100}
+	if d := sc.Decide(&Request{Arrival: 100, PromptTokens: 100, SLO: SLO{TTFT: 4}}, &snap); !d.Admit || d.Hold {
+		t.Fatalf("a request that fits was not admitted: %+v", d)
+	}
+	d := sc.Decide(&fits, &snap)
+	if d.Admit || !d.Hold {
+		t.Fatalf("a request that fits nowhere: %+v, want held", d)
+	}
+	// Backlog: mean queue wait 4 s + 6 s held over 2 endpoints = 7 s.
+	if d.HoldUntil != 107 || d.HoldCompute != 0.1 {
+		t.Fatalf("deadline %v compute %v, want 107 and 0.1", d.HoldUntil, d.HoldCompute)
+	}
+	// With early rejection, it is rejected instead.
+	sc.EarlyReject = true
+	if d := sc.Decide(&fits, &snap); d.Admit || d.Hold {
+		t.Fatalf("with early rejection: %+v, want rejected", d)
+	}
+	// The deadline is at least HoldMin SLOs and at most HoldMax.
+	sc.EarlyReject = false
+	snap.HeldCompute, snap.Endpoints[0].QueueWait, snap.Endpoints[1].QueueWait = 0, 2.5, 2.5
+	if d := sc.Decide(&fits, &snap); d.HoldUntil != 102.5 {
+		t.Fatalf("deadline %v, want arrival + mean wait", d.HoldUntil)
+	}
+	sc.HoldMin = 3
+	if d := sc.Decide(&fits, &snap); d.HoldUntil != 106 {
+		t.Fatalf("deadline %v, want arrival + 3 SLOs", d.HoldUntil)
+	}
+	sc.HoldMax = 1
+	if d := sc.Decide(&fits, &snap); d.HoldUntil != 101 {
+		t.Fatalf("deadline %v, want arrival + HoldMax", d.HoldUntil)
+	}
+}
+
+func TestReleaseHeld(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+	f := &holdFleet{snap: Snapshot{Now: 10, Endpoints: []Endpoint{
+		{Name: "busy", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 4, CachedTokens: 900},
+		{Name: "idle", Role: fleet.RoleBoth, PrefillSpeed: 1000},
+	}}}
+	q := NewHoldQueue(8)
+	a := &Held{Req: Request{Arrival: 1, PromptTokens: 1000}, Until: 30}
+	b := &Held{Req: Request{Arrival: 2, PromptTokens: 1000}, Until: 12}
+	for _, h := range []*Held{a, b} {
+		if err := q.Push(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var s Snapshot
+	// One endpoint is idle: the oldest request takes it; then no slack.
+	if n := sc.ReleaseHeld(q, 10, f, &s); n != 1 || f.who[0] != a || f.got[0].Prefill != 1 || !f.got[0].Admit {
+		t.Fatalf("slack release: n=%d %+v", n, f.got)
+	}
+	if n := sc.ReleaseHeld(q, 11, f, &s); n != 0 {
+		t.Fatalf("no slack, nothing overdue: released %d", n)
+	}
+	// Past its deadline, b goes where it is served soonest: the busy
+	// endpoint holding 900 of its tokens (4 + 0.1 s) beats the one now
+	// 10 s deep.
+	if n := sc.ReleaseHeld(q, 12, f, &s); n != 1 || f.who[1] != b || f.got[1].Prefill != 0 {
+		t.Fatalf("deadline release: n=%d %+v", n, f.got)
+	}
+	if q.Len() != 0 {
+		t.Fatalf("%d still held", q.Len())
+	}
+}
+
+func TestReleaseHeldDisaggregated(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+	f := &holdFleet{snap: Snapshot{Now: 10, Endpoints: []Endpoint{
+		{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1000},
+		{Name: "d", Role: fleet.RoleDecode, KVFreeTokens: 1 << 20},
+	}}}
+	q := NewHoldQueue(8)
+	if err := q.Push(&Held{Req: Request{Arrival: 1, PromptTokens: 500}, Until: 100}); err != nil {
+		t.Fatal(err)
+	}
+	var s Snapshot
+	if n := sc.ReleaseHeld(q, 10, f, &s); n != 1 || f.got[0].Prefill != 0 || f.got[0].Decode != 1 {
+		t.Fatalf("P/D release: n=%d %+v", n, f.got)
+	}
+}
