@@ -29,6 +29,7 @@ type simFlags struct {
 	outputTokens, blockSize, cacheBlocks, decodeKVTokens, seeds             int
 	duration, sloTTFT, sloTPOT, prefillSpeed, timeScale                     float64
 	eventLag, approxTTL                                                     float64
+	holdMin, holdBacklog, holdMax, holdSlack                                float64
 	seed                                                                    uint64
 }
 
@@ -40,6 +41,7 @@ type simLimits struct {
 	sloTTFT, sloTPOT                                               flagrange.Range[float64]
 	eventLag, approxTTL                                            flagrange.Range[float64]
 	spread, noise, driftFactor                                     flagrange.Range[float64]
+	holdMin, holdBacklog, holdMax, holdSlack                       flagrange.Range[float64]
 }
 
 func simRanges() simLimits {
@@ -56,6 +58,10 @@ func simRanges() simLimits {
 		spread:          flagrange.Range[float64]{Min: 1, Max: 100},
 		noise:           flagrange.Range[float64]{Min: 0.001, Max: 2, Zero: "none"},
 		driftFactor:     flagrange.Range[float64]{Min: 0.01, Max: 100},
+		holdMin:         flagrange.Range[float64]{Min: 0.01, Max: 1000, Unit: "SLOs"},
+		holdBacklog:     flagrange.Range[float64]{Min: 0.01, Max: 1000},
+		holdMax:         flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds"},
+		holdSlack:       flagrange.Range[float64]{Min: 0.001, Max: 1, Unit: "SLOs"},
 	}
 }
 
@@ -76,7 +82,9 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	*f = simFlags{workloadName: "chat", timeScale: 1, policies: "all", earlyReject: "both", instances: 8,
 		decodeKVTokens: 1_000_000, systems: 20, sessions: 400, systemTokens: 2048, turnTokens: 300, outputTokens: 500,
 		duration: 120, seeds: 1, sloTTFT: 2, prefillSpeed: 20000, blockSize: 64, cacheBlocks: 3000, format: "table",
-		predictors: "all", spread: 2.5, noise: 0.05, driftFactor: 0.5}
+		predictors: "all", spread: 2.5, noise: 0.05, driftFactor: 0.5,
+		holdMin: sched.DefaultHoldMin, holdBacklog: sched.DefaultHoldBacklog, holdMax: sched.DefaultHoldMax,
+		holdSlack: sched.DefaultHoldSlack}
 	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the baseline chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection); heterogeneous (instances of hidden, unequal, non-linear speeds, one slowing mid-run; the kvgate policy with each predictor, see docs/predictor.md)")
 	fs.StringVar(&f.predictors, "predictors", f.predictors, "heterogeneous: comma-separated predictors, or all: "+strings.Join(sim.Predictors, ", "))
 	flagrange.Var(fl, &f.spread, "spread", sl.spread, "heterogeneous: how many times faster the fast half of the instances is than the slow half")
@@ -88,6 +96,10 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	fs.StringVar(&f.policies, "policies", f.policies, "comma-separated policies, or all: "+strings.Join(sched.Names(), ", "))
 	fs.StringVar(&f.earlyReject, "early-reject", f.earlyReject, "early rejection: on, off or both")
 	fs.StringVar(&f.hold, "hold", "policy", "without early rejection, hold at the router requests that fit nowhere (docs/policies.md): policy (the policies meant to: kvgate), all or off")
+	flagrange.Var(fl, &f.holdMin, "hold-min", sl.holdMin, "a held request's deadline is at least this many TTFT SLOs after its arrival")
+	flagrange.Var(fl, &f.holdBacklog, "hold-backlog", sl.holdBacklog, "a held request's deadline: this times the fleet's backlog at its arrival (mean queue wait + held compute per instance)")
+	flagrange.Var(fl, &f.holdMax, "hold-max", sl.holdMax, "a held request's deadline is at most this long after its arrival")
+	flagrange.Var(fl, &f.holdSlack, "hold-slack", sl.holdSlack, "a held request is released early onto an idle instance or one where its predicted TTFT is within this many SLOs")
 	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents)", wl.Rate, maxRates))
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
 	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
@@ -183,8 +195,19 @@ type simJob struct {
 	// predictor is the heterogeneous scenario's router predictor ("":
 	// none).
 	predictor string
-	// hold is --hold: policy, all or off.
-	hold string
+	hold      holdSettings
+}
+
+// holdSettings are --hold and the deadline's --hold-* parameters.
+type holdSettings struct {
+	mode                     string // policy, all or off
+	min, backlog, max, slack float64
+}
+
+func (h holdSettings) scheduler(pol sched.Policy, reject bool) *sched.Scheduler {
+	return &sched.Scheduler{Policy: pol, EarlyReject: reject,
+		Hold:    h.mode == "all" || (h.mode != "off" && sched.HoldsLost(pol)),
+		HoldMin: h.min, HoldBacklog: h.backlog, HoldMax: h.max, HoldSlack: h.slack}
 }
 
 type simOutput struct {
@@ -249,7 +272,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	results, jobs, err := runJobs(ctx, cfg, specs, policies, rejects, predictors, f.hold)
+	hs := holdSettings{mode: f.hold, min: f.holdMin, backlog: f.holdBacklog, max: f.holdMax, slack: f.holdSlack}
+	results, jobs, err := runJobs(ctx, cfg, specs, policies, rejects, predictors, hs)
 	if err != nil {
 		return err
 	}
@@ -356,7 +380,7 @@ func round(v float64, digits int) float64 {
 // rejection) pair on it, in parallel over the machine's cores; a workload is
 // released once its runs are done. Results come back in job order, with the
 // jobs.
-func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []string, rejects []bool, predictors []string, hold string) ([]sim.Result, []simJob, error) {
+func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []string, rejects []bool, predictors []string, hold holdSettings) ([]sim.Result, []simJob, error) {
 	perTrace := len(policies) * len(rejects) * len(predictors)
 	results := make([]sim.Result, len(specs)*perTrace)
 	errs := make([]error, len(results))
@@ -432,8 +456,7 @@ func runJob(ctx context.Context, cfg sim.Config, j simJob) (sim.Result, error) {
 		t.Seed = j.seed
 		cfg.Truth = &t
 	}
-	hold := j.hold == "all" || (j.hold != "off" && sched.HoldsLost(pol))
-	res, err := sim.Run(ctx, cfg, j.trace, &sched.Scheduler{Policy: pol, EarlyReject: j.reject, Hold: hold})
+	res, err := sim.Run(ctx, cfg, j.trace, j.hold.scheduler(pol, j.reject))
 	if err != nil {
 		return sim.Result{}, fmt.Errorf("%s: %w", j.policy, err)
 	}

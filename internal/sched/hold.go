@@ -18,8 +18,11 @@ import (
 // Scheduler.Hold (and no early rejection) such a request is held at the
 // router instead, in a HoldQueue, and released
 //
-//   - onto an endpoint with slack (an idle prefill queue), by priority then
-//     age, where it delays no request already queued; or
+//   - onto an endpoint with slack, by priority then age: an idle prefill
+//     queue, where it delays no request already queued, or one where its
+//     predicted TTFT from now is within HoldSlack × its SLO (the endpoint
+//     keeps room for the requests that fit; typically the endpoint that
+//     just took the previous turn of its conversation); or
 //   - when its age wins: at its deadline, arrival + max(HoldMin × SLO,
 //     the fleet's backlog at its arrival), capped at HoldMax. The backlog is
 //     the mean predicted queue wait plus the compute already held, per
@@ -31,10 +34,12 @@ import (
 // marks Hold, and call Scheduler.ReleaseHeld whenever the fleet may have
 // changed (a prefill ended, a request arrived, a deadline passed).
 
-// Default hold parameters (Scheduler.HoldMin, HoldMax).
+// Default hold parameters (Scheduler.HoldMin, HoldBacklog, HoldMax).
 const (
-	DefaultHoldMin = 1.0   // SLOs
-	DefaultHoldMax = 600.0 // seconds
+	DefaultHoldMin     = 1.0   // SLOs
+	DefaultHoldBacklog = 1.5   // × the fleet's backlog
+	DefaultHoldSlack   = 0.5   // SLOs
+	DefaultHoldMax     = 600.0 // seconds
 )
 
 // ErrHoldFull is returned by HoldQueue.Push when the queue is at its cap.
@@ -236,19 +241,27 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 }
 
 // release decides a held request at s.Now: overdue, on the endpoint with
-// the lowest predicted TTFT; else on the idle endpoint with the lowest
-// predicted TTFT, if any endpoint is idle.
+// the lowest predicted TTFT; else on the endpoint with slack (idle, or
+// predicted TTFT within HoldSlack SLOs) with the lowest predicted TTFT, if
+// any has slack.
 func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool) (Decision, bool) {
 	req := *in
 	req.SLO = sc.WithDefaults(req.SLO)
 	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO}
+	slack := sc.HoldSlack
+	if slack <= 0 {
+		slack = DefaultHoldSlack
+	}
 	best, bt := -1, math.Inf(1)
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() || (!overdue && e.QueueWait > 0) {
+		if !e.Role.CanPrefill() {
 			continue
 		}
 		t := PredictTTFT(&req, e)
+		if !overdue && e.QueueWait > 0 && !(t <= slack*req.SLO.TTFT) {
+			continue // no slack here
+		}
 		if best < 0 || t < bt || (t == bt && tieBetter(s, i, best)) {
 			best, bt = i, t
 		}
@@ -295,14 +308,17 @@ func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
 	}
 	n := float64(len(cand.Endpoints))
 	backlog := wait/n + max(cand.HeldCompute, 0)/n
-	hmin, hmax := sc.HoldMin, sc.HoldMax
+	hmin, hb, hmax := sc.HoldMin, sc.HoldBacklog, sc.HoldMax
 	if hmin <= 0 {
 		hmin = DefaultHoldMin
+	}
+	if hb <= 0 {
+		hb = DefaultHoldBacklog
 	}
 	if hmax <= 0 {
 		hmax = DefaultHoldMax
 	}
-	wait = min(max(hmin*req.SLO.TTFT, backlog), hmax)
+	wait = min(max(hmin*req.SLO.TTFT, hb*backlog), hmax)
 	d.Admit, d.Hold = false, true
 	d.HoldUntil = req.Arrival + wait
 	if math.IsInf(minCompute, 1) {

@@ -84,7 +84,7 @@ func (f *holdFleet) Dispatch(h *Held, d Decision) {
 
 func TestDecideHoldsWhatFitsNowhere(t *testing.T) {
 	pol, _ := New("kvgate", Options{})
-	sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+	sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}, HoldBacklog: 1}
 	snap := Snapshot{Now: 100, Endpoints: []Endpoint{
 		{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 3},
 		{Name: "b", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 5},
@@ -111,6 +111,10 @@ func TestDecideHoldsWhatFitsNowhere(t *testing.T) {
 	snap.HeldCompute, snap.Endpoints[0].QueueWait, snap.Endpoints[1].QueueWait = 0, 2.5, 2.5
 	if d := sc.Decide(&fits, &snap); d.HoldUntil != 102.5 {
 		t.Fatalf("deadline %v, want arrival + mean wait", d.HoldUntil)
+	}
+	sc.HoldBacklog = 2
+	if d := sc.Decide(&fits, &snap); d.HoldUntil != 105 {
+		t.Fatalf("deadline %v, want arrival + 2 × mean wait", d.HoldUntil)
 	}
 	sc.HoldMin = 3
 	if d := sc.Decide(&fits, &snap); d.HoldUntil != 106 {
@@ -170,5 +174,35 @@ func TestReleaseHeldDisaggregated(t *testing.T) {
 	var s Snapshot
 	if n := sc.ReleaseHeld(q, 10, f, &s); n != 1 || f.got[0].Prefill != 0 || f.got[0].Decode != 1 {
 		t.Fatalf("P/D release: n=%d %+v", n, f.got)
+	}
+}
+
+func TestReleaseHeldSlackOnACachedEndpoint(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+	// The previous turn just went to "warm": 0.5 s queued, and it will
+	// hold 9 000 of this request's 10 000 tokens. 0.5 + 0.1 s is within
+	// half the SLO: released there at once, not held for an idle queue
+	// where it would compute all 10 000 tokens.
+	f := &holdFleet{snap: Snapshot{Now: 10, Endpoints: []Endpoint{
+		{Name: "warm", Role: fleet.RoleBoth, PrefillSpeed: 10000, QueueWait: 0.5, CachedTokens: 9000},
+		{Name: "cold", Role: fleet.RoleBoth, PrefillSpeed: 10000, QueueWait: 3},
+	}}}
+	q := NewHoldQueue(8)
+	if err := q.Push(&Held{Req: Request{Arrival: 9, PromptTokens: 10000}, Until: 50}); err != nil {
+		t.Fatal(err)
+	}
+	var s Snapshot
+	if n := sc.ReleaseHeld(q, 10, f, &s); n != 1 || f.got[0].Prefill != 0 {
+		t.Fatalf("n=%d %+v, want a release onto the warm endpoint", n, f.got)
+	}
+	// With a tighter slack it stays held.
+	sc.HoldSlack = 0.2
+	f.snap.Endpoints[0].QueueWait = 0.5
+	if err := q.Push(&Held{Req: Request{Arrival: 9, PromptTokens: 10000}, Until: 50}); err != nil {
+		t.Fatal(err)
+	}
+	if n := sc.ReleaseHeld(q, 10, f, &s); n != 0 {
+		t.Fatalf("released %d with slack 0.2 SLOs", n)
 	}
 }

@@ -35,10 +35,14 @@ type Scheduler struct {
 	// predicted TTFT misses its SLO on every endpoint (Decision.Hold)
 	// instead of queueing it on an engine: the caller pushes it into a
 	// HoldQueue and ReleaseHeld dispatches it on slack or at its deadline
-	// (hold.go). HoldMin (SLOs, default DefaultHoldMin) and HoldMax
-	// (seconds, default DefaultHoldMax) bound the deadline.
-	Hold             bool
-	HoldMin, HoldMax float64
+	// (hold.go). The deadline is arrival + HoldBacklog × the fleet's
+	// backlog (default DefaultHoldBacklog), at least HoldMin SLOs
+	// (default DefaultHoldMin) and at most HoldMax seconds (default
+	// DefaultHoldMax). HoldSlack (SLOs, default DefaultHoldSlack): a
+	// held request is released early onto an idle endpoint or one where
+	// its predicted TTFT from now is within HoldSlack SLOs.
+	Hold                                     bool
+	HoldMin, HoldBacklog, HoldMax, HoldSlack float64
 
 	scratch sync.Pool // *view
 }
