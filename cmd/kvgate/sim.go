@@ -243,7 +243,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	results, jobs, err := runJobs(ctx, cfg, specs, policies, rejects, predictors)
+	results, _, err := runJobs(ctx, cfg, specs, policies, rejects, predictors)
 	if err != nil {
 		return err
 	}
@@ -252,7 +252,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		enc.SetIndent("", "  ")
 		return enc.Encode(simOutput{Runs: results})
 	}
-	return printTable(stdout, results, f.seeds > 1, jobs)
+	return printTable(stdout, results)
 }
 
 // parseEarlyReject reads --early-reject: the early-rejection settings to
@@ -431,6 +431,7 @@ func runJob(ctx context.Context, cfg sim.Config, j simJob) (sim.Result, error) {
 		return sim.Result{}, fmt.Errorf("%s: %w", j.policy, err)
 	}
 	res.Rate = j.rate
+	res.Seed = j.seed
 	return roundResult(res), nil
 }
 
@@ -438,6 +439,8 @@ func roundResult(r sim.Result) sim.Result {
 	r.HitRate = round(r.HitRate, 4)
 	r.TTFTP50 = round(r.TTFTP50, 4)
 	r.TTFTP99 = round(r.TTFTP99, 4)
+	r.TTFTMax = round(r.TTFTMax, 4)
+	r.LateTTFTP50 = round(r.LateTTFTP50, 4)
 	r.Attainment = round(r.Attainment, 4)
 	r.Rejected = round(r.Rejected, 4)
 	r.Unserved = round(r.Unserved, 4)
@@ -455,17 +458,23 @@ func roundResult(r sim.Result) sim.Result {
 	return r
 }
 
-func printTable(w io.Writer, rs []sim.Result, withSeed bool, jobs []simJob) error {
+// printTable prints one line per run: its seed, the TTFT tail (p99, max,
+// and the median of the late requests, "-" when none was late) next to
+// attainment, and the unserved column only when some run left requests
+// unserved.
+func printTable(w io.Writer, rs []sim.Result) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	head := "rate\tpolicy\treject\trequests\thit\tTTFT p50\tTTFT p99\tattain\trejected\tunserved\tgoodput\t"
-	if withSeed {
-		head = "seed\t" + head
+	unserved := slices.ContainsFunc(rs, func(r sim.Result) bool { return r.Unserved > 0 })
+	head := "seed\trate\tpolicy\treject\trequests\thit\tTTFT p50\tp99\tmax\tlate p50\tattain\trejected\t"
+	if unserved {
+		head += "unserved\t"
 	}
+	head += "goodput\t"
 	if len(rs) > 0 && rs[0].Predictor != "" {
 		head += "TTFT err p50\tp90\tdrift recovery\tstale routing\t"
 	}
 	fmt.Fprintln(tw, head)
-	for i, r := range rs {
+	for _, r := range rs {
 		rej := "-"
 		if r.EarlyReject {
 			rej = "yes"
@@ -474,11 +483,16 @@ func printTable(w io.Writer, rs []sim.Result, withSeed bool, jobs []simJob) erro
 		if r.Predictor != "" {
 			pol += " (" + r.Predictor + ")"
 		}
-		line := fmt.Sprintf("%g\t%s\t%s\t%d\t%.1f%%\t%.2fs\t%.2fs\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f/s\t",
-			r.Rate, pol, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, 100*r.Attainment, 100*r.Rejected, 100*r.Unserved, r.Goodput)
-		if withSeed {
-			line = fmt.Sprintf("%d\t", jobs[i].seed) + line
+		late := "-"
+		if r.LateTTFTP50 > 0 {
+			late = fmt.Sprintf("%.2fs", r.LateTTFTP50)
 		}
+		line := fmt.Sprintf("%d\t%g\t%s\t%s\t%d\t%.1f%%\t%.2fs\t%.2fs\t%.2fs\t%s\t%.1f%%\t%.1f%%\t",
+			r.Seed, r.Rate, pol, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, r.TTFTMax, late, 100*r.Attainment, 100*r.Rejected)
+		if unserved {
+			line += fmt.Sprintf("%.1f%%\t", 100*r.Unserved)
+		}
+		line += fmt.Sprintf("%.1f/s\t", r.Goodput)
 		if r.Predictor != "" {
 			line += fmt.Sprintf("%.1f%%\t%.1f%%\t%s\t%s\t", 100*r.TTFTMdAPE, 100*r.TTFTAPEP90, seconds(r.DriftRecovery), seconds(r.StaleRouting))
 		}

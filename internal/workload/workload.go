@@ -29,6 +29,9 @@ type Trace struct {
 	BlockSize int
 	// Duration is the span the arrivals cover (seconds), for rates.
 	Duration float64
+	// Seed is the seed a generator drew the workload with (0 for a
+	// recorded trace); the simulator reports it with each run.
+	Seed     uint64
 	Requests []Request
 }
 
