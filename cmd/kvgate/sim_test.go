@@ -118,7 +118,7 @@ func TestSimBadInput(t *testing.T) {
 	}{
 		{[]string{"--scenario", "nope"}, "unknown scenario"},
 		{[]string{"--policies", "fastest"}, "unknown policy"},
-		{[]string{"--rates", "ten"}, "bad rate"},
+		{[]string{"--rates", "ten"}, "--rates: bad number"},
 		{[]string{"--rates", "-5"}, "--rates must be in [0.001, 1e+06] req/s, got -5"},
 		{[]string{"--early-reject", "maybe"}, "--early-reject"},
 		{[]string{"--format", "xml"}, "unknown format"},

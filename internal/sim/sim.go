@@ -88,10 +88,15 @@ type Result struct {
 	Policy      string  `json:"policy"`
 	EarlyReject bool    `json:"early_reject"`
 	Rate        float64 `json:"rate"`
-	Requests    int     `json:"requests"`
-	HitRate     float64 `json:"hit_rate"`
-	TTFTP50     float64 `json:"ttft_p50"`
-	TTFTP99     float64 `json:"ttft_p99"`
+	// Load and Capacity, when the rate was set as a multiple of the
+	// fleet's prefill capacity (requests per second, MeasureCapacity):
+	// Rate = Load × Capacity.
+	Load     float64 `json:"load,omitempty"`
+	Capacity float64 `json:"capacity,omitempty"`
+	Requests int     `json:"requests"`
+	HitRate  float64 `json:"hit_rate"`
+	TTFTP50  float64 `json:"ttft_p50"`
+	TTFTP99  float64 `json:"ttft_p99"`
 	// TTFTMax is the longest TTFT of a served request: next to
 	// attainment without rejection it shows how late the misses are.
 	TTFTMax float64 `json:"ttft_max"`
