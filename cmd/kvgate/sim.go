@@ -23,7 +23,9 @@ import (
 
 type simFlags struct {
 	scenario, workloadName, policies, rates, earlyReject, format, trace     string
-	predictors, hold                                                        string
+	predictors, hold, loads                                                 string
+	promptSigma, turns                                                      float64
+	promptMedian, contextTokens                                             int
 	spread, noise, driftFactor                                              float64
 	instances, decodeInstances, systems, sessions, systemTokens, turnTokens int
 	outputTokens, blockSize, cacheBlocks, decodeKVTokens, seeds             int
@@ -42,6 +44,7 @@ type simLimits struct {
 	eventLag, approxTTL                                            flagrange.Range[float64]
 	spread, noise, driftFactor                                     flagrange.Range[float64]
 	holdMin, holdBacklog, holdMax, holdSlack                       flagrange.Range[float64]
+	load                                                           flagrange.Range[float64]
 }
 
 func simRanges() simLimits {
@@ -62,6 +65,7 @@ func simRanges() simLimits {
 		holdBacklog:     flagrange.Range[float64]{Min: 0.01, Max: 1000},
 		holdMax:         flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds"},
 		holdSlack:       flagrange.Range[float64]{Min: 0.001, Max: 1, Unit: "SLOs"},
+		load:            flagrange.Range[float64]{Min: 0.01, Max: 100, Unit: "× capacity"},
 	}
 }
 
@@ -90,7 +94,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.spread, "spread", sl.spread, "heterogeneous: how many times faster the fast half of the instances is than the slow half")
 	flagrange.Var(fl, &f.noise, "noise", sl.noise, "heterogeneous: lognormal sigma of each prefill's time")
 	flagrange.Var(fl, &f.driftFactor, "drift-factor", sl.driftFactor, "heterogeneous: instance p0 runs at this times its speed from mid-run on (1: no drift)")
-	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents (ignored with --trace)")
+	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents, long-prompts (ignored with --trace)")
 	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-format JSON-lines trace (512-token hash blocks) instead of a generated workload")
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
 	fs.StringVar(&f.policies, "policies", f.policies, "comma-separated policies, or all: "+strings.Join(sched.Names(), ", "))
@@ -100,15 +104,22 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.holdBacklog, "hold-backlog", sl.holdBacklog, "a held request's deadline: this times the fleet's backlog at its arrival (mean queue wait + held compute per instance)")
 	flagrange.Var(fl, &f.holdMax, "hold-max", sl.holdMax, "a held request's deadline is at most this long after its arrival")
 	flagrange.Var(fl, &f.holdSlack, "hold-slack", sl.holdSlack, "a held request is released early onto an idle instance or one where its predicted TTFT is within this many SLOs")
-	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents)", wl.Rate, maxRates))
+	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents, %d for long-prompts)", wl.Rate, maxRates, longPromptRate))
+	fs.StringVar(&f.loads, "loads", "", fmt.Sprintf("instead of --rates: comma-separated loads, each %s, at most %d: multiples of the fleet's prefill capacity on the workload (instances × prefill speed / mean uncached tokens per request under cache-only routing, measured on each seed's workload first)", sl.load, maxRates))
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
 	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
 	flagrange.Var(fl, &f.decodeKVTokens, "decode-kv-tokens", sl.decodeKVTokens, "KV capacity of each decode instance in tokens")
+	lp := workload.LongPrompts(longPromptRate)
 	flagrange.Var(fl, &f.systems, "systems", wl.Systems, "chat: system prompts")
-	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, "chat: conversations")
+	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, fmt.Sprintf("chat: conversations; long-prompts: conversation slots (default %d)", lp.Sessions))
 	flagrange.Var(fl, &f.systemTokens, "system-tokens", wl.SystemTokens, "chat: tokens per system prompt")
-	flagrange.Var(fl, &f.turnTokens, "turn-tokens", wl.TurnTokens, "chat: tokens appended per turn")
-	flagrange.Var(fl, &f.outputTokens, "output-tokens", wl.OutputTokens, "chat: output tokens per request")
+	flagrange.Var(fl, &f.turnTokens, "turn-tokens", wl.TurnTokens, fmt.Sprintf("chat: tokens appended per turn; long-prompts: their mean (default %d)", lp.TurnTokens))
+	flagrange.Var(fl, &f.outputTokens, "output-tokens", wl.OutputTokens, fmt.Sprintf("chat: output tokens per request; long-prompts: their mean (default %d)", lp.OutputTokens))
+	f.promptMedian, f.promptSigma, f.contextTokens, f.turns = lp.PromptMedian, lp.PromptSigma, lp.ContextTokens, lp.Turns
+	flagrange.Var(fl, &f.promptMedian, "prompt-median", wl.PromptMedian, "long-prompts: median first prompt of a conversation")
+	flagrange.Var(fl, &f.promptSigma, "prompt-sigma", wl.PromptSigma, "long-prompts: lognormal sigma of the first prompt")
+	flagrange.Var(fl, &f.contextTokens, "context-tokens", wl.ContextTokens, "long-prompts: context window; first prompts are drawn below it, a conversation that would outgrow it ends")
+	flagrange.Var(fl, &f.turns, "turns", wl.Turns, "long-prompts: mean turns per conversation")
 	flagrange.Var(fl, &f.duration, "duration", wl.Duration, "seconds of arrivals")
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed (workload and policies; any uint64)")
 	flagrange.Var(fl, &f.seeds, "seeds", sl.seeds, "run generated workloads with seeds seed … seed+N-1 and report each (a trace is replayed once)")
@@ -123,10 +134,10 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	return fs, fl
 }
 
-// parseRates parses the --rates list; each rate must be in range.
-func parseRates(s string) ([]float64, error) {
+// parseList parses a comma-separated list of numbers for the flag name
+// (--rates, --loads); each must be in r, and at most maxRates are given.
+func parseList(s, name string, r flagrange.Range[float64]) ([]float64, error) {
 	var out []float64
-	r := workload.ParamLimits().Rate
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
 		if p == "" {
@@ -134,18 +145,18 @@ func parseRates(s string) ([]float64, error) {
 		}
 		v, err := strconv.ParseFloat(p, 64)
 		if err != nil {
-			return nil, fmt.Errorf("bad rate %q: want a number %s", p, r)
+			return nil, fmt.Errorf("%s: bad number %q: want each %s", name, p, r)
 		}
-		if err := r.Check("--rates", v); err != nil {
+		if err := r.Check(name, v); err != nil {
 			return nil, err
 		}
 		out = append(out, v)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("no rates given")
+		return nil, fmt.Errorf("%s: no values given", name)
 	}
 	if len(out) > maxRates {
-		return nil, fmt.Errorf("--rates: %d rates, at most %d", len(out), maxRates)
+		return nil, fmt.Errorf("%s: %d values, at most %d", name, len(out), maxRates)
 	}
 	return out, nil
 }
@@ -196,6 +207,8 @@ type simJob struct {
 	// none).
 	predictor string
 	hold      holdSettings
+	// load and capacity: the spec's (--loads).
+	load, capacity float64
 }
 
 // holdSettings are --hold and the deadline's --hold-* parameters.
@@ -227,6 +240,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fl.Check(); err != nil {
 		return err
 	}
+	longPromptDefaults(fs, &f)
 	predictors := []string{""}
 	switch f.scenario {
 	case "", "seed-routing":
@@ -268,12 +282,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		cfg.Truth = sim.Heterogeneous(f.instances, f.prefillSpeed, f.spread, f.noise, f.duration/2, f.driftFactor, f.seed)
 	}
 
-	specs, err := traceSpecs(&f)
+	specs, err := traceSpecs(ctx, &f, cfg)
 	if err != nil {
 		return err
 	}
 	hs := holdSettings{mode: f.hold, min: f.holdMin, backlog: f.holdBacklog, max: f.holdMax, slack: f.holdSlack}
-	results, jobs, err := runJobs(ctx, cfg, specs, policies, rejects, predictors, hs)
+	results, _, err := runJobs(ctx, cfg, specs, policies, rejects, predictors, hs)
 	if err != nil {
 		return err
 	}
@@ -282,7 +296,26 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		enc.SetIndent("", "  ")
 		return enc.Encode(simOutput{Runs: results})
 	}
-	return printTable(stdout, results, f.seeds > 1, jobs)
+	return printTable(stdout, results)
+}
+
+// longPromptDefaults gives the long-prompt workload its own defaults for
+// the flags it shares with chat, unless they were set.
+func longPromptDefaults(fs *flag.FlagSet, f *simFlags) {
+	if f.workloadName != "long-prompts" {
+		return
+	}
+	lp := workload.LongPrompts(longPromptRate)
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	for name, p := range map[string]struct {
+		dst *int
+		v   int
+	}{"sessions": {&f.sessions, lp.Sessions}, "turn-tokens": {&f.turnTokens, lp.TurnTokens}, "output-tokens": {&f.outputTokens, lp.OutputTokens}} {
+		if !set[name] {
+			*p.dst = p.v
+		}
+	}
 }
 
 // parseEarlyReject reads --early-reject: the early-rejection settings to
@@ -306,12 +339,64 @@ type traceSpec struct {
 	build func() (*workload.Trace, error)
 	// rate is the generator's rate; 0 for a trace, whose rate is measured.
 	rate float64
+	// load, with --loads, is rate as a multiple of capacity, the fleet's
+	// measured prefill capacity in requests per second.
+	load, capacity float64
 }
 
+// generator is a generated workload at any rate: validate checks the
+// parameters and the expected size at a rate before anything runs, gen
+// builds the trace.
+type generator struct {
+	validate func(rate float64) error
+	gen      func(rate float64) (*workload.Trace, error)
+}
+
+// flagGenerator is the --workload the flags describe, with the given seed,
+// and its default rates.
+func flagGenerator(f *simFlags, seed uint64) (generator, []float64, error) {
+	switch f.workloadName {
+	case "chat":
+		c := workload.ChatConfig{Systems: f.systems, Sessions: f.sessions, SystemTokens: f.systemTokens,
+			TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Duration: f.duration, BlockSize: f.blockSize, Seed: seed}
+		at := func(rate float64) workload.ChatConfig { c := c; c.Rate = rate; return c }
+		return generator{validate: func(r float64) error { return at(r).Validate() },
+			gen: func(r float64) (*workload.Trace, error) { return workload.Chat(at(r)) }}, []float64{40, 70}, nil
+	case "long-documents", "agents":
+		c := workload.LongDocs()
+		gen := workload.Docs
+		if f.workloadName == "agents" {
+			c, gen = workload.Agents(), workload.AgentSteps
+		}
+		c.Duration, c.BlockSize, c.Seed = f.duration, f.blockSize, seed
+		at := func(rate float64) workload.ShapeConfig { c := c; c.Rate = rate; return c }
+		name := f.workloadName
+		return generator{validate: func(r float64) error { return at(r).Validate(name) },
+			gen: func(r float64) (*workload.Trace, error) { return gen(at(r)) }}, []float64{c.Rate}, nil
+	case "long-prompts":
+		c := workload.LongPromptConfig{Duration: f.duration, Sessions: f.sessions, PromptMedian: f.promptMedian,
+			PromptSigma: f.promptSigma, ContextTokens: f.contextTokens, Turns: f.turns, TurnTokens: f.turnTokens,
+			OutputTokens: f.outputTokens, BlockSize: f.blockSize, Seed: seed}
+		at := func(rate float64) workload.LongPromptConfig { c := c; c.Rate = rate; return c }
+		return generator{validate: func(r float64) error { return at(r).Validate() },
+			gen: func(r float64) (*workload.Trace, error) { return workload.LongPrompt(at(r)) }}, []float64{longPromptRate}, nil
+	}
+	return generator{}, nil, fmt.Errorf("unknown workload %q (chat, long-documents, agents, long-prompts)", f.workloadName)
+}
+
+// longPromptRate is the long-prompt workload's default rate: about its
+// prefill capacity on the default fleet (docs/sim.md).
+const longPromptRate = 17
+
 // traceSpecs lists the workloads the flags ask for and checks each
-// generator's parameters and expected size before anything runs.
-func traceSpecs(f *simFlags) ([]traceSpec, error) {
+// generator's parameters and expected size before anything runs. With
+// --loads the rates are multiples of the fleet's prefill capacity on each
+// seed's workload, measured first (sim.FindCapacity).
+func traceSpecs(ctx context.Context, f *simFlags, cfg sim.Config) ([]traceSpec, error) {
 	if f.trace != "" {
+		if f.loads != "" {
+			return nil, fmt.Errorf("--loads needs a generated workload, not --trace (use --time-scale)")
+		}
 		path, scale := f.trace, f.timeScale
 		return []traceSpec{{seed: f.seed, build: func() (*workload.Trace, error) {
 			fh, err := os.Open(path)
@@ -322,50 +407,55 @@ func traceSpecs(f *simFlags) ([]traceSpec, error) {
 			return workload.ReadMooncake(fh, scale)
 		}}}, nil
 	}
-	var rates []float64
+	if f.rates != "" && f.loads != "" {
+		return nil, fmt.Errorf("give --rates or --loads, not both")
+	}
+	var rates, loads []float64
+	var err error
 	if f.rates != "" {
-		r, err := parseRates(f.rates)
-		if err != nil {
+		if rates, err = parseList(f.rates, "--rates", workload.ParamLimits().Rate); err != nil {
 			return nil, err
 		}
-		rates = r
+	}
+	if f.loads != "" {
+		if loads, err = parseList(f.loads, "--loads", simRanges().load); err != nil {
+			return nil, err
+		}
 	}
 	var out []traceSpec
 	for s := 0; s < f.seeds; s++ {
 		seed := f.seed + uint64(s)
-		switch f.workloadName {
-		case "chat":
-			if rates == nil {
-				rates = []float64{40, 70}
+		g, def, err := flagGenerator(f, seed)
+		if err != nil {
+			return nil, err
+		}
+		rs := rates
+		if rs == nil {
+			rs = def
+		}
+		var capacity float64
+		if loads != nil {
+			if err := g.validate(def[0]); err != nil {
+				return nil, fmt.Errorf("--duration %g: %w", f.duration, err)
 			}
-			for _, rate := range rates {
-				c := workload.ChatConfig{Systems: f.systems, Sessions: f.sessions, SystemTokens: f.systemTokens,
-					TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, BlockSize: f.blockSize, Seed: seed}
-				if err := c.Validate(); err != nil {
-					return nil, fmt.Errorf("--rates %g, --duration %g: %w", rate, f.duration, err)
-				}
-				out = append(out, traceSpec{seed: seed, rate: rate, build: func() (*workload.Trace, error) { return workload.Chat(c) }})
+			c, err := sim.FindCapacity(ctx, cfg, def[0], g.gen)
+			if err != nil {
+				return nil, fmt.Errorf("--loads: measuring the fleet's capacity: %w", err)
 			}
-		case "long-documents", "agents":
-			c := workload.LongDocs()
-			gen := workload.Docs
-			if f.workloadName == "agents" {
-				c, gen = workload.Agents(), workload.AgentSteps
+			capacity, rs = c.RequestsPerSec, nil
+			for _, l := range loads {
+				rs = append(rs, round(l*capacity, 2))
 			}
-			c.Duration, c.BlockSize, c.Seed = f.duration, f.blockSize, seed
-			if rates == nil {
-				rates = []float64{c.Rate}
+		}
+		for i, rate := range rs {
+			if err := g.validate(rate); err != nil {
+				return nil, fmt.Errorf("rate %g, --duration %g: %w", rate, f.duration, err)
 			}
-			for _, rate := range rates {
-				c := c
-				c.Rate = rate
-				if err := c.Validate(f.workloadName); err != nil {
-					return nil, fmt.Errorf("--rates %g, --duration %g: %w", rate, f.duration, err)
-				}
-				out = append(out, traceSpec{seed: seed, rate: rate, build: func() (*workload.Trace, error) { return gen(c) }})
+			sp := traceSpec{seed: seed, rate: rate, build: func() (*workload.Trace, error) { return g.gen(rate) }}
+			if loads != nil {
+				sp.load, sp.capacity = loads[i], capacity
 			}
-		default:
-			return nil, fmt.Errorf("unknown workload %q (chat, long-documents, agents)", f.workloadName)
+			out = append(out, sp)
 		}
 	}
 	return out, nil
@@ -420,7 +510,7 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		for _, p := range policies {
 			for _, rj := range rejects {
 				for _, pr := range predictors {
-					j := simJob{trace: tr, rate: rate, seed: sp.seed, policy: p, reject: rj, predictor: pr, hold: hold}
+					j := simJob{trace: tr, rate: rate, seed: sp.seed, policy: p, reject: rj, predictor: pr, hold: hold, load: sp.load, capacity: sp.capacity}
 					select {
 					case next <- indexed{len(jobs), j}:
 						jobs = append(jobs, j)
@@ -461,6 +551,8 @@ func runJob(ctx context.Context, cfg sim.Config, j simJob) (sim.Result, error) {
 		return sim.Result{}, fmt.Errorf("%s: %w", j.policy, err)
 	}
 	res.Rate = j.rate
+	res.Seed = j.seed
+	res.Load, res.Capacity = j.load, round(j.capacity, 2)
 	return roundResult(res), nil
 }
 
@@ -468,6 +560,8 @@ func roundResult(r sim.Result) sim.Result {
 	r.HitRate = round(r.HitRate, 4)
 	r.TTFTP50 = round(r.TTFTP50, 4)
 	r.TTFTP99 = round(r.TTFTP99, 4)
+	r.TTFTMax = round(r.TTFTMax, 4)
+	r.LateTTFTP50 = round(r.LateTTFTP50, 4)
 	r.Attainment = round(r.Attainment, 4)
 	r.Rejected = round(r.Rejected, 4)
 	r.Unserved = round(r.Unserved, 4)
@@ -485,17 +579,23 @@ func roundResult(r sim.Result) sim.Result {
 	return r
 }
 
-func printTable(w io.Writer, rs []sim.Result, withSeed bool, jobs []simJob) error {
+// printTable prints one line per run: its seed, the TTFT tail (p99, max,
+// and the median of the late requests, "-" when none was late) next to
+// attainment, and the unserved column only when some run left requests
+// unserved.
+func printTable(w io.Writer, rs []sim.Result) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	head := "rate\tpolicy\treject\trequests\thit\tTTFT p50\tTTFT p99\tattain\trejected\tunserved\tgoodput\t"
-	if withSeed {
-		head = "seed\t" + head
+	unserved := slices.ContainsFunc(rs, func(r sim.Result) bool { return r.Unserved > 0 })
+	head := "seed\trate\tpolicy\treject\trequests\thit\tTTFT p50\tp99\tmax\tlate p50\tattain\trejected\t"
+	if unserved {
+		head += "unserved\t"
 	}
+	head += "goodput\t"
 	if len(rs) > 0 && rs[0].Predictor != "" {
 		head += "TTFT err p50\tp90\tdrift recovery\tstale routing\t"
 	}
 	fmt.Fprintln(tw, head)
-	for i, r := range rs {
+	for _, r := range rs {
 		rej := "-"
 		if r.EarlyReject {
 			rej = "yes"
@@ -504,11 +604,16 @@ func printTable(w io.Writer, rs []sim.Result, withSeed bool, jobs []simJob) erro
 		if r.Predictor != "" {
 			pol += " (" + r.Predictor + ")"
 		}
-		line := fmt.Sprintf("%g\t%s\t%s\t%d\t%.1f%%\t%.2fs\t%.2fs\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f/s\t",
-			r.Rate, pol, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, 100*r.Attainment, 100*r.Rejected, 100*r.Unserved, r.Goodput)
-		if withSeed {
-			line = fmt.Sprintf("%d\t", jobs[i].seed) + line
+		late := "-"
+		if r.LateTTFTP50 > 0 {
+			late = fmt.Sprintf("%.2fs", r.LateTTFTP50)
 		}
+		line := fmt.Sprintf("%d\t%g\t%s\t%s\t%d\t%.1f%%\t%.2fs\t%.2fs\t%.2fs\t%s\t%.1f%%\t%.1f%%\t",
+			r.Seed, r.Rate, pol, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, r.TTFTMax, late, 100*r.Attainment, 100*r.Rejected)
+		if unserved {
+			line += fmt.Sprintf("%.1f%%\t", 100*r.Unserved)
+		}
+		line += fmt.Sprintf("%.1f/s\t", r.Goodput)
 		if r.Predictor != "" {
 			line += fmt.Sprintf("%.1f%%\t%.1f%%\t%s\t%s\t", 100*r.TTFTMdAPE, 100*r.TTFTAPEP90, seconds(r.DriftRecovery), seconds(r.StaleRouting))
 		}

@@ -38,7 +38,7 @@ func TestSimJSONShape(t *testing.T) {
 		t.Fatalf("%d runs, want 8", len(doc.Runs))
 	}
 	for _, r := range doc.Runs {
-		for _, k := range []string{"policy", "early_reject", "rate", "requests", "hit_rate", "ttft_p50", "ttft_p99", "attainment", "rejected", "goodput"} {
+		for _, k := range []string{"policy", "early_reject", "rate", "requests", "hit_rate", "ttft_p50", "ttft_p99", "attainment", "rejected", "goodput", "ttft_max", "late_ttft_p50", "seed"} {
 			if _, ok := r[k]; !ok {
 				t.Errorf("run %v lacks %q", r, k)
 			}
@@ -60,6 +60,37 @@ func TestSimTableAndSeeds(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 3 || !strings.Contains(lines[0], "seed") || !strings.Contains(lines[1], "kvgate") {
 		t.Fatalf("want a header and one row per seed:\n%s", out)
+	}
+	for _, col := range []string{"max", "late p50"} {
+		if !strings.Contains(lines[0], col) {
+			t.Errorf("header lacks %q: %s", col, lines[0])
+		}
+	}
+	if f := strings.Fields(lines[2]); f[0] != "1" {
+		t.Errorf("second row's seed %q, want 1:\n%s", f[0], out)
+	}
+}
+
+// TestSimTailAndSeed: each run reports its workload's seed, a ttft_max not
+// below its p99, and the late requests' median TTFT above the SLO (0 when
+// none is late), overloaded (a late median) or not.
+func TestSimTailAndSeed(t *testing.T) {
+	doc := simJSON(t, "--rates", "400", "--duration", "10", "--policies", "least-queue", "--early-reject", "off", "--seed", "7", "--seeds", "2")
+	if len(doc.Runs) != 2 {
+		t.Fatalf("%d runs, want 2", len(doc.Runs))
+	}
+	for i, r := range doc.Runs {
+		if got := r["seed"].(float64); got != float64(7+i) {
+			t.Errorf("run %d: seed %v, want %d", i, got, 7+i)
+		}
+		max, p99, late := r["ttft_max"].(float64), r["ttft_p99"].(float64), r["late_ttft_p50"].(float64)
+		if max < p99 || late <= 2 || late > max {
+			t.Errorf("run %d: max %v, p99 %v, late p50 %v: want max >= p99 and 2 s < late <= max at 400 req/s", i, max, p99, late)
+		}
+	}
+	light := simJSON(t, "--rates", "5", "--duration", "10", "--policies", "least-queue", "--early-reject", "off")
+	if late := light.Runs[0]["late_ttft_p50"].(float64); late != 0 {
+		t.Errorf("at 5 req/s nobody is late, got late p50 %v", late)
 	}
 }
 
@@ -87,7 +118,7 @@ func TestSimBadInput(t *testing.T) {
 	}{
 		{[]string{"--scenario", "nope"}, "unknown scenario"},
 		{[]string{"--policies", "fastest"}, "unknown policy"},
-		{[]string{"--rates", "ten"}, "bad rate"},
+		{[]string{"--rates", "ten"}, "--rates: bad number"},
 		{[]string{"--rates", "-5"}, "--rates must be in [0.001, 1e+06] req/s, got -5"},
 		{[]string{"--early-reject", "maybe"}, "--early-reject"},
 		{[]string{"--format", "xml"}, "unknown format"},

@@ -586,7 +586,7 @@ func (l *Live) Trace(from, to float64) *workload.Trace {
 // summarise measures every request: overall and per segment.
 func (r *phasedRun) summarise() PhasedResult {
 	n := len(r.tr.Requests)
-	var ttfts, tpots []float64
+	var ttfts, tpots, late []float64
 	var all tally
 	seg := make([]tally, len(r.cfg.Segments))
 	for i := range n {
@@ -599,6 +599,9 @@ func (r *phasedRun) summarise() PhasedResult {
 			s := r.slo[i]
 			okTTFT = s.TTFT <= 0 || ttft <= s.TTFT
 			okTPOT = s.TPOT <= 0 || tpot <= s.TPOT
+			if !okTTFT {
+				late = append(late, ttft)
+			}
 		}
 		rejected := r.kind[i] == kindRejectTTFT || r.kind[i] == kindRejectDecode
 		all.add(okTTFT, okTPOT, rejected)
@@ -609,7 +612,7 @@ func (r *phasedRun) summarise() PhasedResult {
 			}
 		}
 	}
-	res := PhasedResult{Result: Result{Policy: r.sc.Policy.Name(), EarlyReject: r.sc.EarlyReject, Requests: n}}
+	res := PhasedResult{Result: Result{Policy: r.sc.Policy.Name(), EarlyReject: r.sc.EarlyReject, Requests: n, Seed: r.tr.Seed}}
 	o := all.outcome()
 	res.Attainment, res.Rejected = o.Attainment, o.Rejected
 	res.TTFTAttainment, res.TPOTAttainment = o.TTFTAttainment, o.TPOTAttainment
@@ -623,7 +626,7 @@ func (r *phasedRun) summarise() PhasedResult {
 	if n > 0 {
 		res.Unserved = float64(all.n-len(ttfts)-all.rejected) / float64(n)
 	}
-	res.TTFTP50, res.TTFTP99 = percentiles(ttfts)
+	res.setTTFTs(ttfts, late)
 	res.TPOTP50, res.TPOTP99 = percentiles(tpots)
 	for k, s := range r.cfg.Segments {
 		res.Segments = append(res.Segments, SegmentResult{Name: s.Name, Requests: seg[k].n, Outcome: seg[k].outcome()})

@@ -89,12 +89,26 @@ type Result struct {
 	Policy      string  `json:"policy"`
 	EarlyReject bool    `json:"early_reject"`
 	Rate        float64 `json:"rate"`
-	Requests    int     `json:"requests"`
-	HitRate     float64 `json:"hit_rate"`
-	TTFTP50     float64 `json:"ttft_p50"`
-	TTFTP99     float64 `json:"ttft_p99"`
-	Attainment  float64 `json:"attainment"`
-	Rejected    float64 `json:"rejected"`
+	// Load and Capacity, when the rate was set as a multiple of the
+	// fleet's prefill capacity (requests per second, MeasureCapacity):
+	// Rate = Load × Capacity.
+	Load     float64 `json:"load,omitempty"`
+	Capacity float64 `json:"capacity,omitempty"`
+	Requests int     `json:"requests"`
+	HitRate  float64 `json:"hit_rate"`
+	TTFTP50  float64 `json:"ttft_p50"`
+	TTFTP99  float64 `json:"ttft_p99"`
+	// TTFTMax is the longest TTFT of a served request: next to
+	// attainment without rejection it shows how late the misses are.
+	TTFTMax float64 `json:"ttft_max"`
+	// LateTTFTP50 is the median TTFT of the served requests that missed
+	// their TTFT SLO (0 when none did, or without a TTFT SLO).
+	LateTTFTP50 float64 `json:"late_ttft_p50"`
+	// Seed is the seed the workload was generated with (Trace.Seed; 0 for
+	// a recorded trace unless its reader's caller sets one).
+	Seed       uint64  `json:"seed"`
+	Attainment float64 `json:"attainment"`
+	Rejected   float64 `json:"rejected"`
 	// Unserved is the share of admitted requests that were never served
 	// (a sequence longer than any decode instance's KV): misses.
 	Unserved float64 `json:"unserved,omitempty"`
@@ -379,7 +393,7 @@ func (f *decodeForecast) ForecastDecode(e int, at float64, req *sched.Request) (
 }
 
 func (r *run) summarise() Result {
-	var ttfts, tpots []float64
+	var ttfts, tpots, late []float64
 	good, unserved := 0, 0
 	dec := r.dec
 	for ri, ok := range r.admitted {
@@ -404,12 +418,15 @@ func (r *run) summarise() Result {
 			tpots = append(tpots, tpot)
 		}
 		ttfts = append(ttfts, ttft)
+		if slo.TTFT > 0 && ttft > slo.TTFT {
+			late = append(late, ttft)
+		}
 		if (slo.TTFT <= 0 || ttft <= slo.TTFT) && (dec == nil || slo.TPOT <= 0 || tpot <= slo.TPOT) {
 			good++
 		}
 	}
 	total := len(r.tr.Requests)
-	res := Result{Policy: r.sc.Policy.Name(), EarlyReject: r.sc.EarlyReject, Requests: total}
+	res := Result{Policy: r.sc.Policy.Name(), EarlyReject: r.sc.EarlyReject, Requests: total, Seed: r.tr.Seed}
 	if r.tr.Duration > 0 {
 		res.Rate = float64(total) / r.tr.Duration
 		res.Goodput = float64(good) / r.tr.Duration
@@ -417,7 +434,7 @@ func (r *run) summarise() Result {
 	if r.totTok > 0 {
 		res.HitRate = float64(r.hitTok) / float64(r.totTok)
 	}
-	res.TTFTP50, res.TTFTP99 = percentiles(ttfts)
+	res.setTTFTs(ttfts, late)
 	res.TPOTP50, res.TPOTP99 = percentiles(tpots)
 	if total > 0 {
 		res.Attainment = float64(good) / float64(total)
@@ -429,6 +446,16 @@ func (r *run) summarise() Result {
 		r.truth.summarise(r, &res)
 	}
 	return res
+}
+
+// setTTFTs sets the TTFT measures from the served requests' TTFTs and
+// those of the ones that missed their TTFT SLO (both sorted in place).
+func (res *Result) setTTFTs(ttfts, late []float64) {
+	res.TTFTP50, res.TTFTP99 = percentiles(ttfts)
+	if len(ttfts) > 0 {
+		res.TTFTMax = ttfts[len(ttfts)-1] // sorted by percentiles
+	}
+	res.LateTTFTP50, _ = percentiles(late)
 }
 
 // percentiles returns the median and 99th percentile as the baseline

@@ -91,7 +91,7 @@ func Chat(c ChatConfig) (*Trace, error) {
 		s := systems[rng.IntN(c.Systems)]
 		convs[i] = conv{keys: s.keys[:len(s.keys):len(s.keys)], tail: s.tail[:len(s.tail):len(s.tail)], tokens: s.tokens}
 	}
-	tr := &Trace{Name: "chat", BlockSize: c.BlockSize, Duration: c.Duration}
+	tr := &Trace{Name: "chat", BlockSize: c.BlockSize, Duration: c.Duration, Seed: c.Seed}
 	t := 0.0
 	for t < c.Duration {
 		t += rng.ExpFloat64() / c.Rate

@@ -96,7 +96,7 @@ func Docs(c ShapeConfig) (*Trace, error) {
 	for i := range prefixes {
 		prefixes[i] = uniqueKeys(nil, rng, prefixBlocks)
 	}
-	tr := &Trace{Name: "long-documents", BlockSize: c.BlockSize, Duration: c.Duration}
+	tr := &Trace{Name: "long-documents", BlockSize: c.BlockSize, Duration: c.Duration, Seed: c.Seed}
 	for t := rng.ExpFloat64() / c.Rate; t < c.Duration; t += rng.ExpFloat64() / c.Rate {
 		p := prefixes[rng.IntN(c.Prefixes)]
 		n := max(jitter(rng, c.ISL), len(p)*c.BlockSize+1)
@@ -135,7 +135,7 @@ func AgentSteps(c ShapeConfig) (*Trace, error) {
 	for i := range ss {
 		restart(&ss[i])
 	}
-	tr := &Trace{Name: "agents", BlockSize: c.BlockSize, Duration: c.Duration}
+	tr := &Trace{Name: "agents", BlockSize: c.BlockSize, Duration: c.Duration, Seed: c.Seed}
 	for t := rng.ExpFloat64() / c.Rate; t < c.Duration; t += rng.ExpFloat64() / c.Rate {
 		si := rng.IntN(c.Sessions)
 		s := &ss[si]

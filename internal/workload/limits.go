@@ -47,6 +47,13 @@ type Limits struct {
 	ISL          flagrange.Range[int]
 	Hit          flagrange.Range[float64]
 	Prefixes     flagrange.Range[int]
+	// The long-prompt workload's first-prompt distribution (median and
+	// lognormal sigma), its context window and mean turns per
+	// conversation.
+	PromptMedian  flagrange.Range[int]
+	PromptSigma   flagrange.Range[float64]
+	ContextTokens flagrange.Range[int]
+	Turns         flagrange.Range[float64]
 }
 
 // ParamLimits returns the parameter ranges.
@@ -61,10 +68,14 @@ func ParamLimits() Limits {
 		SystemTokens: flagrange.Range[int]{Min: 0, Max: 1 << 22, Unit: "tokens"},
 		TurnTokens:   flagrange.Range[int]{Min: 1, Max: 1 << 22, Unit: "tokens"},
 		// The shapes draw up to 1.5× their mean: half the cap keeps them in.
-		OutputTokens: flagrange.Range[int]{Min: 0, Max: MaxOutputTokens / 2, Unit: "tokens"},
-		ISL:          flagrange.Range[int]{Min: 1, Max: 1 << 22, Unit: "tokens"},
-		Hit:          flagrange.Range[float64]{Min: 0, Max: 0.999},
-		Prefixes:     flagrange.Range[int]{Min: 1, Max: 1 << 16},
+		OutputTokens:  flagrange.Range[int]{Min: 0, Max: MaxOutputTokens / 2, Unit: "tokens"},
+		ISL:           flagrange.Range[int]{Min: 1, Max: 1 << 22, Unit: "tokens"},
+		Hit:           flagrange.Range[float64]{Min: 0, Max: 0.999},
+		Prefixes:      flagrange.Range[int]{Min: 1, Max: 1 << 16},
+		PromptMedian:  flagrange.Range[int]{Min: 1, Max: MaxPromptTokens, Unit: "tokens"},
+		PromptSigma:   flagrange.Range[float64]{Min: 0, Max: 4},
+		ContextTokens: flagrange.Range[int]{Min: 1, Max: MaxPromptTokens, Unit: "tokens"},
+		Turns:         flagrange.Range[float64]{Min: 1, Max: 10000},
 	}
 }
 

@@ -1,5 +1,6 @@
 // Package workload generates the request streams kvgate is evaluated on (the
-// baseline chapter's multi-turn chat, long documents, coding agents) and reads
+// baseline chapter's multi-turn chat, long documents, coding agents, long
+// prompts in conversations that come back) and reads
 // recorded traces (Mooncake's JSON-lines format).
 //
 // A request carries its prompt as chained block keys (internal/tokens), so a
@@ -29,6 +30,9 @@ type Trace struct {
 	BlockSize int
 	// Duration is the span the arrivals cover (seconds), for rates.
 	Duration float64
+	// Seed is the seed a generator drew the workload with (0 for a
+	// recorded trace); the simulator reports it with each run.
+	Seed     uint64
 	Requests []Request
 }
 
