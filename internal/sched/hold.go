@@ -22,9 +22,11 @@ import (
 //     queue, where it delays no request already queued, or one where its
 //     predicted TTFT from now is within HoldSlack × its SLO (the endpoint
 //     keeps room for the requests that fit; typically the endpoint that
-//     just took the previous turn of its conversation); or
+//     just took the previous turn of its conversation), the policy
+//     choosing among those; or
 //   - when its age wins: at its deadline, arrival + max(HoldMin × SLO,
-//     the fleet's backlog at its arrival), capped at HoldMax. The backlog is
+//     HoldBacklog × the fleet's backlog at its arrival), capped at
+//     HoldMax. The backlog is
 //     the mean predicted queue wait plus the compute already held, per
 //     endpoint: what a fair FIFO fleet would have made it wait. An overdue
 //     request goes to the endpoint that serves it soonest, ahead of every
@@ -37,7 +39,7 @@ import (
 // Default hold parameters (Scheduler.HoldMin, HoldBacklog, HoldMax).
 const (
 	DefaultHoldMin     = 1.0   // SLOs
-	DefaultHoldBacklog = 1.5   // × the fleet's backlog
+	DefaultHoldBacklog = 1.0   // × the fleet's backlog
 	DefaultHoldSlack   = 0.5   // SLOs
 	DefaultHoldMax     = 600.0 // seconds
 )
@@ -241,43 +243,29 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 }
 
 // release decides a held request at s.Now: overdue, on the endpoint with
-// the lowest predicted TTFT; else on the endpoint with slack (idle, or
-// predicted TTFT within HoldSlack SLOs) with the lowest predicted TTFT, if
-// any has slack.
+// the lowest predicted TTFT; else, if any endpoint has slack (an idle
+// queue, or a predicted TTFT within HoldSlack SLOs), on the one the
+// policy picks among those.
 func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool) (Decision, bool) {
 	req := *in
 	req.SLO = sc.WithDefaults(req.SLO)
-	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO}
-	slack := sc.HoldSlack
-	if slack <= 0 {
-		slack = DefaultHoldSlack
-	}
-	best, bt := -1, math.Inf(1)
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if !e.Role.CanPrefill() {
-			continue
-		}
-		t := PredictTTFT(&req, e)
-		if !overdue && e.QueueWait > 0 && !(t <= slack*req.SLO.TTFT) {
-			continue // no slack here
-		}
-		if best < 0 || t < bt || (t == bt && tieBetter(s, i, best)) {
-			best, bt = i, t
-		}
+	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO, Reason: "released from hold (deadline)"}
+	best := -1
+	if overdue {
+		best = soonest(&req, s)
+	} else {
+		d.Reason = "released from hold (slack)"
+		best = sc.pickWithSlack(&req, s)
 	}
 	if best < 0 {
 		return d, false
 	}
 	pe := &s.Endpoints[best]
-	d.Admit, d.Prefill, d.PredictedTTFT, d.CachedTokens = true, best, bt, pe.CachedTokens
-	d.Reason = "released from hold (slack)"
-	if overdue {
-		d.Reason = "released from hold (deadline)"
-	}
+	d.Admit, d.Prefill, d.CachedTokens = true, best, pe.CachedTokens
+	d.PredictedTTFT = PredictTTFT(&req, pe)
 	if pe.Role == fleet.RolePrefill {
 		var de DecodeView
-		d.Decode, de = PickDecode(&req, s, s.Now+bt)
+		d.Decode, de = PickDecode(&req, s, s.Now+d.PredictedTTFT)
 		if d.Decode < 0 {
 			d.Admit, d.Reason = false, "no decode endpoint"
 			return d, false
@@ -285,6 +273,50 @@ func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool) (Decision, 
 		d.PredictedTPOT = de.TPOT
 	}
 	return d, true
+}
+
+// soonest is the prefilling endpoint with the lowest predicted TTFT (-1:
+// none).
+func soonest(req *Request, s *Snapshot) int {
+	best, bt := -1, math.Inf(1)
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if !e.Role.CanPrefill() {
+			continue
+		}
+		if t := PredictTTFT(req, e); best < 0 || t < bt || (t == bt && tieBetter(s, i, best)) {
+			best, bt = i, t
+		}
+	}
+	return best
+}
+
+// pickWithSlack is the policy's pick among the endpoints with slack for
+// req (-1: none has).
+func (sc *Scheduler) pickWithSlack(req *Request, s *Snapshot) int {
+	slack := sc.HoldSlack
+	if slack <= 0 {
+		slack = DefaultHoldSlack
+	}
+	v, _ := sc.scratch.Get().(*view)
+	if v == nil {
+		v = &view{}
+	}
+	defer sc.scratch.Put(v)
+	cand := candidates(s, v, func(e *Endpoint) bool {
+		return e.Role.CanPrefill() && (e.QueueWait <= 0 || PredictTTFT(req, e) <= slack*req.SLO.TTFT)
+	})
+	if len(cand.Endpoints) == 0 {
+		return -1
+	}
+	p := sc.Policy.Pick(req, cand)
+	if p < 0 || p >= len(cand.Endpoints) {
+		return -1
+	}
+	if v.index != nil {
+		p = v.index[p]
+	}
+	return p
 }
 
 // hold marks d as held when no candidate's predicted TTFT fits the SLO:

@@ -78,7 +78,7 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 		v = &view{}
 	}
 	defer sc.scratch.Put(v)
-	cand := candidates(s, v, func(r fleet.Role) bool { return r.CanPrefill() })
+	cand := candidates(s, v, func(e *Endpoint) bool { return e.Role.CanPrefill() })
 	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO}
 	if sc.Hold && !sc.EarlyReject && sc.hold(&req, cand, &d) {
 		return d
@@ -173,10 +173,10 @@ func (sc *Scheduler) costs(req *Request, s, cand *Snapshot, v *view) []float64 {
 // candidates returns s itself when every endpoint passes keep (no copy),
 // else a view holding copies of the endpoints that do, with v.index
 // mapping back.
-func candidates(s *Snapshot, v *view, keep func(fleet.Role) bool) *Snapshot {
+func candidates(s *Snapshot, v *view, keep func(*Endpoint) bool) *Snapshot {
 	all := true
 	for i := range s.Endpoints {
-		if !keep(s.Endpoints[i].Role) {
+		if !keep(&s.Endpoints[i]) {
 			all = false
 			break
 		}
@@ -188,7 +188,7 @@ func candidates(s *Snapshot, v *view, keep func(fleet.Role) bool) *Snapshot {
 	}
 	v.snap = Snapshot{Now: s.Now, BlockSize: s.BlockSize, Forecast: s.Forecast, HeldCompute: s.HeldCompute, Endpoints: v.snap.Endpoints[:0]}
 	for i := range s.Endpoints {
-		if keep(s.Endpoints[i].Role) {
+		if keep(&s.Endpoints[i]) {
 			v.snap.Endpoints = append(v.snap.Endpoints, s.Endpoints[i])
 			v.index = append(v.index, i)
 		}
