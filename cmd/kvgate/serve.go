@@ -53,6 +53,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(&f.engines, "engine", "an engine: name=N,url=http://HOST:PORT,model=M,role=both|prefill|decode[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT][,prefill_speed=TOK_PER_S] (repeatable)")
 	fs.Var(&f.toks, "tokenizer", "tokenizer spec as for kvgate kvindex: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=T][,exact_chat=false] (repeatable; source=engine renders chats with the engine's template unless exact_chat=false)")
 	fs.StringVar(&c.Policy, "policy", "kvgate", "routing policy: "+strings.Join(sched.Names(), ", "))
+	fs.StringVar(&c.Predictor, "predictor", gateway.PredictorLearned, "latency predictor: learned (online, from observed first tokens and TPOTs) or analytic (configured prefill speeds, observed mean TPOT)")
 	fs.BoolVar(&early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
 	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -156,7 +157,8 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 	over := map[string]func(){
 		"listen": func() { c.Listen = flags.Listen }, "admin": func() { c.Admin = flags.Admin },
 		"policy": func() { c.Policy = flags.Policy }, "slo-ttft": func() { c.SLOTTFT = flags.SLOTTFT },
-		"slo-tpot": func() { c.SLOTPOT = flags.SLOTPOT }, "early-reject": func() { c.EarlyReject = flags.EarlyReject },
+		"predictor": func() { c.Predictor = flags.Predictor },
+		"slo-tpot":  func() { c.SLOTPOT = flags.SLOTPOT }, "early-reject": func() { c.EarlyReject = flags.EarlyReject },
 		"bind-events": func() { c.BindEvents = flags.BindEvents }, "block-size": func() { c.BlockSize = flags.BlockSize },
 		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
 		"max-inflight": func() { c.MaxInflight = flags.MaxInflight }, "log-prompts": func() { c.LogPrompts = flags.LogPrompts },

@@ -94,6 +94,8 @@ func TestServeBadInput(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("endpoints:\n  - {name: a, model: m, colour: red}\n"), 0o644)
+	badPred := filepath.Join(dir, "pred.yaml")
+	os.WriteFile(badPred, []byte("predictor: psychic\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -108,6 +110,8 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"--engine", "url=http://h:1,model=m", "--block-size", "5000"}, "--block-size must be in"},
 		{[]string{"--engine", "url=http://h:1,model=m", "--listen", "256.0.0.1:1"}, "listen"},
 		{[]string{"--config", bad}, "colour"},
+		{[]string{"--engine", "url=http://h:1,model=m", "--predictor", "oracle"}, `predictor (--predictor): unknown predictor "oracle" (learned or analytic)`},
+		{[]string{"--config", badPred}, `unknown predictor "psychic"`},
 		{[]string{"--config", filepath.Join(dir, "missing.yaml")}, "no such file"},
 	} {
 		_, errOut, code := runCmd(t, append([]string{"serve"}, tt.args...)...)

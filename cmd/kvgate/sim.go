@@ -280,6 +280,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL}
 	if f.scenario == "heterogeneous" {
 		cfg.Truth = sim.Heterogeneous(f.instances, f.prefillSpeed, f.spread, f.noise, f.duration/2, f.driftFactor, f.seed)
+		if f.decodeInstances > 0 {
+			cfg.Truth.DecodeFactors = sim.HeterogeneousDecode(f.decodeInstances, f.spread)
+		}
 	}
 
 	specs, err := traceSpecs(ctx, &f, cfg)
@@ -570,6 +573,8 @@ func roundResult(r sim.Result) sim.Result {
 	r.TPOTP99 = round(r.TPOTP99, 5)
 	r.TTFTMdAPE = round(r.TTFTMdAPE, 4)
 	r.TTFTAPEP90 = round(r.TTFTAPEP90, 4)
+	r.TPOTMdAPE = round(r.TPOTMdAPE, 4)
+	r.TPOTAPEP90 = round(r.TPOTAPEP90, 4)
 	for _, p := range []**float64{&r.DriftRecovery, &r.StaleRouting} {
 		if *p != nil {
 			v := round(**p, 1)
@@ -594,6 +599,10 @@ func printTable(w io.Writer, rs []sim.Result) error {
 	if len(rs) > 0 && rs[0].Predictor != "" {
 		head += "TTFT err p50\tp90\tdrift recovery\tstale routing\t"
 	}
+	withTPOT := len(rs) > 0 && rs[0].Predictor != "" && rs[0].TPOTP50 > 0
+	if withTPOT {
+		head += "TPOT p50\tTPOT p99\tTPOT err p50\tp90\t"
+	}
 	fmt.Fprintln(tw, head)
 	for _, r := range rs {
 		rej := "-"
@@ -617,6 +626,9 @@ func printTable(w io.Writer, rs []sim.Result) error {
 		if r.Predictor != "" {
 			line += fmt.Sprintf("%.1f%%\t%.1f%%\t%s\t%s\t", 100*r.TTFTMdAPE, 100*r.TTFTAPEP90, seconds(r.DriftRecovery), seconds(r.StaleRouting))
 		}
+		if withTPOT {
+			line += fmt.Sprintf("%.1fms\t%.1fms\t%.1f%%\t%.1f%%\t", 1000*r.TPOTP50, 1000*r.TPOTP99, 100*r.TPOTMdAPE, 100*r.TPOTAPEP90)
+		}
 		fmt.Fprintln(tw, line)
 	}
 	return tw.Flush()
@@ -630,8 +642,8 @@ func heteroScenario(fs *flag.FlagSet, f *simFlags) ([]string, error) {
 	if !set["policies"] {
 		f.policies = "kvgate"
 	}
-	if f.trace != "" || f.decodeInstances > 0 {
-		return nil, fmt.Errorf("--scenario heterogeneous runs generated workloads on prefill instances only (no --trace, no --decode-instances)")
+	if f.trace != "" {
+		return nil, fmt.Errorf("--scenario heterogeneous runs generated workloads (no --trace)")
 	}
 	if f.predictors == "all" {
 		return sim.Predictors, nil

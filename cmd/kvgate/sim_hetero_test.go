@@ -47,12 +47,18 @@ func TestSimHeterogeneousJSON(t *testing.T) {
 	if a, l := doc.Runs[0]["ttft_mdape"].(float64), doc.Runs[1]["ttft_mdape"].(float64); !(l < a) {
 		t.Errorf("learned error %v not below analytic %v on a fleet configured with wrong speeds", l, a)
 	}
+	dec := simJSON(t, "--scenario", "heterogeneous", "--rates", "30", "--duration", "40", "--early-reject", "on", "--decode-instances", "2")
+	for i, r := range dec.Runs {
+		if _, ok := r["tpot_mdape"]; !ok {
+			t.Errorf("run %d with decode instances lacks tpot_mdape: %v", i, r)
+		}
+	}
 	table, errOut, code := runCmd(t, "sim", "--scenario", "heterogeneous", "--rates", "30", "--duration", "10",
 		"--early-reject", "off", "--predictors", "learned")
 	if code != 0 || !strings.Contains(table, "kvgate (learned)") || !strings.Contains(table, "TTFT err p50") {
 		t.Errorf("table: exit %d %s\n%s", code, errOut, table)
 	}
-	for _, bad := range [][]string{{"--predictors", "psychic"}, {"--spread", "0.5"}, {"--decode-instances", "2"}} {
+	for _, bad := range [][]string{{"--predictors", "psychic"}, {"--spread", "0.5"}, {"--trace", "t.jsonl"}} {
 		_, errOut, code := runCmd(t, append([]string{"sim", "--scenario", "heterogeneous", "--duration", "2"}, bad...)...)
 		if code == 0 || errOut == "" {
 			t.Errorf("%v: exit %d, want an error", bad, code)

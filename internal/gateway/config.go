@@ -28,7 +28,12 @@ type Config struct {
 	Endpoints  []fleet.Endpoint `yaml:"endpoints"`
 	Tokenizers []string         `yaml:"tokenizers"` // tokens.ParseSpec form
 
-	Policy      string  `yaml:"policy"`
+	Policy string `yaml:"policy"`
+	// Predictor is how the gateway predicts prefill time and decode TPOT:
+	// "learned" (default: learned online from observed first tokens and
+	// stream TPOTs, starting from the configured speeds) or "analytic"
+	// (configured prefill speeds; the observed mean TPOT per endpoint).
+	Predictor   string  `yaml:"predictor"`
 	EarlyReject *bool   `yaml:"early_reject"`
 	SLOTTFT     float64 `yaml:"slo_ttft"` // seconds; the default class's TTFT target
 	SLOTPOT     float64 `yaml:"slo_tpot"` // seconds; the default class's TPOT target
@@ -131,6 +136,9 @@ func (c *Config) Defaults() {
 	if c.Policy == "" {
 		c.Policy = "kvgate"
 	}
+	if c.Predictor == "" {
+		c.Predictor = PredictorLearned
+	}
 	if c.EarlyReject == nil {
 		on := true
 		c.EarlyReject = &on
@@ -201,6 +209,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := sched.New(c.Policy, sched.Options{}); err != nil {
 		add(fmt.Errorf("policy: %w", err))
+	}
+	if _, err := newPredictor(c.Predictor); err != nil {
+		add(fmt.Errorf("predictor (--predictor): %w", err))
 	}
 	if err := c.HTTP.Validate(); err != nil {
 		add(fmt.Errorf("http: %w", err))

@@ -308,12 +308,16 @@ func (g *Gateway) refresh() {
 			if speed == 0 {
 				speed = g.cfg.PrefillSpeed
 			}
-			infos[i] = load.Info{Name: m.ep.Name, Role: m.ep.Role, PrefillSpeed: speed}
+			infos[i] = load.Info{Name: m.ep.Name, Role: m.ep.Role, PrefillSpeed: speed, Decode: decodeStep(g.cfg.Predictor)}
 		}
 		mf := g.models[name]
 		if mf == nil {
 			mf = &modelFleet{name: name, load: load.New(nil, load.NeedsActive(g.sched.Load().Policy))}
-			mf.load.SetPredictor(newPredictor())
+			p, err := newPredictor(g.cfg.Predictor)
+			if err != nil {
+				panic(err) // Validate checked the name
+			}
+			mf.load.SetPredictor(p)
 			g.models[name] = mf
 		}
 		if sameMembers(mf.members, ms) {

@@ -98,6 +98,10 @@ type EndpointState struct {
 	// Predictor is the endpoint's prefill model: learned speed and recent
 	// TTFT prediction error.
 	Predictor *predict.Stats `json:"predictor,omitempty"`
+	// DecodePredictor is the endpoint's TPOT model (learned predictor,
+	// endpoints that decode): the TPOT of one more stream now and the
+	// recent TPOT prediction error.
+	DecodePredictor *predict.DecodeStats `json:"decode_predictor,omitempty"`
 	// Health is the prober's view (checks, ejection, scraped metrics).
 	Health *health.State `json:"health,omitempty"`
 }
@@ -121,6 +125,9 @@ func (g *Gateway) endpointStates() []EndpointState {
 				Eligible: true, Load: loadOf(&snap.Endpoints[i]), KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
 			if st, ok := mf.load.PredictorStats(m.ep.Name); ok && m.ep.Role != fleet.RoleDecode {
 				out[len(out)-1].Predictor = &st
+			}
+			if st, ok := mf.load.DecodeStats(m.ep.Name, 0); ok && st.Analytic > 0 {
+				out[len(out)-1].DecodePredictor = &st
 			}
 		}
 	}

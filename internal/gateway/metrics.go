@@ -66,12 +66,14 @@ var (
 	descWait     = prometheus.NewDesc("kvgate_endpoint_predicted_queue_seconds", "Predicted prefill queue wait.", []string{"endpoint", "model"}, nil)
 	descSpeed    = prometheus.NewDesc("kvgate_endpoint_learned_prefill_speed", "Prefill speed (tokens/s) the endpoint's predictor expects for a 2048-token uncached prompt.", []string{"endpoint", "model"}, nil)
 	descPredErr  = prometheus.NewDesc("kvgate_endpoint_ttft_prediction_error", "Recent absolute percentage error of the endpoint's predicted TTFT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
+	descTPOT     = prometheus.NewDesc("kvgate_endpoint_learned_tpot_seconds", "TPOT (seconds per output token) the endpoint's learned model predicts for one more stream now.", []string{"endpoint", "model"}, nil)
+	descTPOTErr  = prometheus.NewDesc("kvgate_endpoint_tpot_prediction_error", "Recent absolute percentage error of the endpoint's predicted TPOT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
 	descLag      = prometheus.NewDesc("kvgate_kv_events_last_seq", "Last KV-event sequence number applied per engine.", []string{"endpoint", "model"}, nil)
 	descGaps     = prometheus.NewDesc("kvgate_kv_events_gaps_total", "KV-event sequence gaps per engine.", []string{"endpoint", "model"}, nil)
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descSpeed, descPredErr, descLag, descGaps} {
+	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descSpeed, descPredErr, descTPOT, descTPOTErr, descLag, descGaps} {
 		ch <- d
 	}
 }
@@ -83,6 +85,10 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		if p := st.Predictor; p != nil {
 			ch <- prometheus.MustNewConstMetric(descSpeed, prometheus.GaugeValue, p.Speed, st.Name, st.Model)
 			ch <- prometheus.MustNewConstMetric(descPredErr, prometheus.GaugeValue, p.APE, st.Name, st.Model)
+		}
+		if d := st.DecodePredictor; d != nil {
+			ch <- prometheus.MustNewConstMetric(descTPOT, prometheus.GaugeValue, d.TPOT, st.Name, st.Model)
+			ch <- prometheus.MustNewConstMetric(descTPOTErr, prometheus.GaugeValue, d.APE, st.Name, st.Model)
 		}
 		ch <- prometheus.MustNewConstMetric(descWait, prometheus.GaugeValue, st.Load.QueueWait, st.Name, st.Model)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/perfmodel"
 	"github.com/kvgate/kvgate/internal/predict"
 )
 
@@ -232,17 +233,41 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	if rt.req.Stream { // the first streamed byte is an observed TTFT: the predictor learns
 		firstByte = func() { lf.FirstToken(fl, g.clock()) }
 	}
-	return "", g.relay(w, resp, rt, target, firstByte)
+	tpot, err := g.relay(w, resp, rt, target, firstByte)
+	if err == nil && tpot > 0 {
+		lf.Finished(fl, g.clock(), tpot) // the stream's TPOT trains its decode endpoint's model
+	}
+	return "", err
 }
 
-// newPredictor is each model fleet's prefill predictor: learned online
-// from observed first tokens, starting from the configured speeds.
-func newPredictor() predict.Predictor {
-	l, err := predict.NewLearned(predict.Options{})
-	if err != nil {
-		panic(err) // the default options are valid
+// Predictor names (Config.Predictor).
+const (
+	PredictorLearned  = "learned"
+	PredictorAnalytic = "analytic"
+)
+
+// newPredictor is a model fleet's predictor: "learned" online from
+// observed first tokens and stream TPOTs, starting from the configured
+// speeds and decodeStep; or "analytic".
+func newPredictor(name string) (predict.Predictor, error) {
+	switch name {
+	case PredictorLearned:
+		return predict.NewLearned(predict.Options{})
+	case PredictorAnalytic:
+		return predict.NewAnalytic(predict.Options{})
 	}
-	return l
+	return nil, fmt.Errorf("unknown predictor %q (learned or analytic)", name)
+}
+
+// decodeStep is the analytic decode step the learned TPOT starts from
+// (perfmodel's default engine); the analytic predictor uses the observed
+// mean TPOT instead.
+func decodeStep(predictor string) predict.DecodeStep {
+	if predictor != PredictorLearned {
+		return predict.DecodeStep{}
+	}
+	m := perfmodel.Default()
+	return predict.DecodeStep{Base: m.DecodeStepBase, PerSeq: m.DecodeStepPerSeq, PerKContext: m.DecodeStepPerKContext}
 }
 
 // routed records approximately that m will hold keys (its KV events
@@ -324,7 +349,10 @@ func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p
 // relay copies the upstream answer to the client as it arrives (SSE is
 // flushed chunk by chunk), calls firstByte when the first body bytes come,
 // and records what it observed.
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func()) error {
+//
+// It returns the stream's observed TPOT (0: not a stream of more than two
+// chunks).
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func()) (float64, error) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		h[k] = append([]string(nil), vs...)
@@ -358,7 +386,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			}
 			chunks++
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return fmt.Errorf("%w: client: %v", errStreamBroken, werr)
+				return 0, fmt.Errorf("%w: client: %v", errStreamBroken, werr)
 			}
 			_ = rc.Flush()
 		}
@@ -366,11 +394,12 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("%w: %s: %v", errStreamBroken, m.ep.Name, err)
+			return 0, fmt.Errorf("%w: %s: %v", errStreamBroken, m.ep.Name, err)
 		}
 	}
+	tpot := 0.0
 	if rt.req.Stream && chunks > 2 && resp.StatusCode == http.StatusOK {
-		tpot := g.now().Sub(firstAt).Seconds() / float64(chunks-1)
+		tpot = g.now().Sub(firstAt).Seconds() / float64(chunks-1)
 		m.obs.addTPOT(tpot)
 		if g.traffic != nil {
 			slo := rt.class.slo(rt.promptN)
@@ -378,5 +407,5 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			g.traffic.Answered(g.clock(), ttft, tpot, slo.TTFT > 0 && ttft > slo.TTFT, slo.TPOT > 0 && tpot > slo.TPOT)
 		}
 	}
-	return nil
+	return tpot, nil
 }

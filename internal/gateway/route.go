@@ -232,13 +232,16 @@ func dropEndpoint(name string, members []*member, eps []*load.Endpoint, s *sched
 }
 
 // fillEngineState adds what the engines' metrics and observed latencies
-// say: KV room and usage, and decode TPOT.
+// say: KV room and usage, and decode TPOT where the predictor gave none
+// (the analytic predictor: the observed mean).
 func (g *Gateway) fillEngineState(members []*member, s *sched.Snapshot) {
 	now := g.now()
 	for i, m := range members {
 		e := &s.Endpoints[i]
 		e.KVFreeTokens = math.MaxInt32 // unknown: do not reject for room
-		e.DecodeTPOT = m.obs.tpot()
+		if e.DecodeTPOT == 0 {
+			e.DecodeTPOT = m.obs.tpot()
+		}
 		if g.health == nil {
 			continue
 		}

@@ -26,6 +26,18 @@
 // back. Without one, PrefillSpeed is the configured speed and the caller
 // gives the compute time (Work.PrefillSeconds).
 //
+// A predictor that also predicts TPOT (predict.DecodePredictor) fills
+// DecodeTPOT of every endpoint that decodes and has an analytic step
+// (Info.Decode, the prior): the TPOT its model predicts for one more
+// stream, from the endpoint's in-flight sequences and their prompt tokens.
+// Finished feeds each stream's observed TPOT back.
+//
+// A predictor that also predicts TPOT (predict.DecodePredictor) fills
+// DecodeTPOT of every endpoint that decodes: the TPOT its model predicts
+// for one more stream, from the endpoint's in-flight sequences and their
+// prompt tokens, with the endpoint's analytic step (Info.Decode) as the
+// prior. Finished feeds each stream's observed TPOT back.
+//
 // Time is whatever clock the caller passes (seconds): the simulator's or
 // the wall clock's. A Fleet is safe for concurrent use.
 package load
@@ -53,6 +65,9 @@ type Info struct {
 	Name         string
 	Role         fleet.Role
 	PrefillSpeed float64 // prompt tokens per second
+	// Decode is the analytic decode step, the prior of a learned TPOT
+	// (zero: DecodeTPOT is not predicted from the fleet's state).
+	Decode predict.DecodeStep
 }
 
 // Endpoint is one endpoint's in-flight state. Its fields are guarded by
@@ -72,6 +87,10 @@ type Endpoint struct {
 	lastPicked float64
 	lastDone   float64       // the last prefill's end
 	model      predict.Model // nil: no predictor
+	dmodel     predict.DecodeModel
+	// ctx is the prompt tokens of the sequences in flight that decode
+	// here.
+	ctx int
 	// active counts in-flight sequences per block; nil unless the fleet
 	// tracks active blocks.
 	active map[uint64]int32
@@ -100,6 +119,10 @@ type Flight struct {
 	ttft            float64 // predicted at routing
 	prefilled       bool
 	finished        bool
+	prompt          int
+	// The decode prediction for the endpoint that decodes it.
+	dx    predict.DecodeFeatures
+	dpred float64
 }
 
 // Work describes a request being routed.
@@ -151,9 +174,7 @@ func (f *Fleet) Set(infos []Info) {
 		e.info, e.gone = in, false
 		info := in
 		e.pub.Store(&info)
-		if f.pred != nil {
-			e.model = f.pred.Model(in.Name, in.PrefillSpeed)
-		}
+		f.setModels(e)
 		next = append(next, e)
 		byName[in.Name] = e
 	}
@@ -172,11 +193,51 @@ func (f *Fleet) SetPredictor(p predict.Predictor) {
 	defer f.mu.Unlock()
 	f.pred = p
 	for _, e := range f.eps {
-		e.model = nil
-		if p != nil {
-			e.model = p.Model(e.info.Name, e.info.PrefillSpeed)
-		}
+		f.setModels(e)
 	}
+}
+
+// setModels gives e its models from the fleet's predictor.
+func (f *Fleet) setModels(e *Endpoint) {
+	e.model, e.dmodel = nil, nil
+	if f.pred == nil {
+		return
+	}
+	e.model = f.pred.Model(e.info.Name, e.info.PrefillSpeed)
+	if dp, ok := f.pred.(predict.DecodePredictor); ok && e.info.Role.CanDecode() {
+		e.dmodel = dp.DecodeModel(e.info.Name)
+	}
+}
+
+// DecodeStats returns the named endpoint's TPOT model statistics, its TPOT
+// for one more stream of promptTokens tokens now; false without a TPOT
+// predictor or for an endpoint not in the fleet or not decoding.
+func (f *Fleet) DecodeStats(name string, promptTokens int) (predict.DecodeStats, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.byName[name]
+	if e == nil || e.dmodel == nil {
+		return predict.DecodeStats{}, false
+	}
+	return e.dmodel.Stats(e.decodeFeatures(promptTokens)), true
+}
+
+// decodeFeatures describe one more stream of prompt tokens joining e now.
+func (e *Endpoint) decodeFeatures(prompt int) predict.DecodeFeatures {
+	n, c := e.requests+1, e.ctx+max(prompt, 0)
+	return predict.DecodeFeatures{Streams: n, Context: c, Prior: e.info.Decode.Seconds(n, c)}
+}
+
+// PredictTPOT is e's TPOT for a stream joining with features x (x.Prior:
+// the caller's analytic TPOT); ok is false without a TPOT model. The
+// simulator predicts with its decode instances' own state.
+func (f *Fleet) PredictTPOT(e *Endpoint, x predict.DecodeFeatures) (predict.Estimate, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e.dmodel == nil {
+		return predict.Estimate{}, false
+	}
+	return e.dmodel.TPOT(x), true
 }
 
 // PredictorStats returns the named endpoint's predictor statistics; false
@@ -232,6 +293,17 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 	return eps
 }
 
+// predictTPOT sets DecodeTPOT of each endpoint with a TPOT model and an
+// analytic step (under the lock).
+func (e *Endpoint) predictTPOT(prompt int, d *sched.Endpoint) {
+	if e.dmodel == nil || e.info.Decode == (predict.DecodeStep{}) {
+		return
+	}
+	if est := e.dmodel.TPOT(e.decodeFeatures(prompt)); est.Seconds > 0 {
+		d.DecodeTPOT = est.Seconds
+	}
+}
+
 // predictSpeeds sets each prefilling endpoint's PrefillSpeed to the
 // effective speed its model predicts for this request.
 func (f *Fleet) predictSpeeds(eps []*Endpoint, promptTokens int, ds []sched.Endpoint) {
@@ -239,6 +311,7 @@ func (f *Fleet) predictSpeeds(eps []*Endpoint, promptTokens int, ds []sched.Endp
 	defer f.mu.Unlock()
 	for i, e := range eps {
 		d := &ds[i]
+		e.predictTPOT(promptTokens, d)
 		if e.model == nil || d.Role == fleet.RoleDecode {
 			continue
 		}
@@ -299,9 +372,14 @@ func (f *Fleet) NextIdle(now float64) float64 {
 // and returns its flight.
 func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now}
+	fl.prompt = fl.uncached + max(w.Cached, 0)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fl.x = e.features(fl.uncached, max(w.Cached, 0))
+	if e.info.Role.CanDecode() {
+		// Aggregated unless Decode moves it: the stream decodes here.
+		f.decodeOn(fl, e, e.decodeFeatures(fl.prompt))
+	}
 	fl.compute = max(w.PrefillSeconds, 0)
 	if e.model != nil {
 		fl.compute = e.model.Prefill(fl.x).Seconds
@@ -328,12 +406,55 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 func (f *Fleet) Decode(fl *Flight, d *Endpoint) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if fl.finished || fl.decode != nil || d == nil {
+	if d != nil {
+		f.decode(fl, d, d.decodeFeatures(fl.prompt))
+	}
+}
+
+// DecodeWith is Decode with the caller's decode features: the TPOT
+// observed at Finished trains d's model on x (the simulator predicts from
+// its decode instances' state, not the fleet's).
+func (f *Fleet) DecodeWith(fl *Flight, d *Endpoint, x predict.DecodeFeatures) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if d != nil {
+		f.decode(fl, d, x)
+	}
+}
+
+func (f *Fleet) decode(fl *Flight, d *Endpoint, x predict.DecodeFeatures) {
+	if fl.finished || fl.decode != nil {
 		return
+	}
+	if p := fl.prefill; p.info.Role.CanDecode() {
+		p.ctx -= fl.prompt
 	}
 	fl.decode = d
 	d.streams++
 	d.requests++
+	f.decodeOn(fl, d, x)
+}
+
+// decodeOn records the decode prediction of fl on e (which holds its
+// context).
+func (f *Fleet) decodeOn(fl *Flight, e *Endpoint, x predict.DecodeFeatures) {
+	e.ctx += fl.prompt
+	fl.dx, fl.dpred = x, 0
+	if e.dmodel != nil {
+		fl.dpred = e.dmodel.TPOT(x).Seconds
+	}
+}
+
+// decoder is the endpoint the flight decodes on (nil: a prefill-only
+// endpoint with no decode endpoint).
+func (fl *Flight) decoder() *Endpoint {
+	if fl.decode != nil {
+		return fl.decode
+	}
+	if fl.prefill.info.Role.CanDecode() {
+		return fl.prefill
+	}
+	return nil
 }
 
 // PredictedPrefillEnd returns when the flight's prefill is predicted to
@@ -428,11 +549,34 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 func (f *Fleet) Finish(fl *Flight, at float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.finish(fl, at)
+}
+
+// Finished is Finish for a stream that ended normally with the observed
+// TPOT (seconds per output token after the first): the decode endpoint's
+// TPOT model, if any, learns from it. A TPOT <= 0 (one token, unknown)
+// does not train.
+func (f *Fleet) Finished(fl *Flight, at, tpot float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl.finished {
+		return
+	}
+	if d := fl.decoder(); d != nil && d.dmodel != nil && tpot > 0 {
+		d.dmodel.ObserveTPOT(predict.DecodeObservation{X: fl.dx, TPOT: tpot, Predicted: fl.dpred})
+	}
+	f.finish(fl, at)
+}
+
+func (f *Fleet) finish(fl *Flight, at float64) {
 	if fl.finished {
 		return
 	}
 	f.prefillDone(fl, at)
 	fl.finished = true
+	if d := fl.decoder(); d != nil {
+		d.ctx -= fl.prompt
+	}
 	if d := fl.decode; d != nil {
 		d.streams--
 		d.requests--
@@ -470,6 +614,9 @@ func (f *Fleet) Expire(now float64) {
 			if fl.decode == nil {
 				fl.finished = true
 				e.requests--
+				if e.info.Role.CanDecode() {
+					e.ctx -= fl.prompt
+				}
 				f.release(e, fl.keys)
 			}
 		}

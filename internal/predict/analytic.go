@@ -6,6 +6,7 @@ package predict
 type Analytic struct {
 	o      Options
 	models map[string]*analyticModel
+	decode map[string]*analyticDecode
 }
 
 // NewAnalytic returns the analytic predictor; o sets only the error
@@ -15,7 +16,7 @@ func NewAnalytic(o Options) (*Analytic, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Analytic{o: o, models: map[string]*analyticModel{}}, nil
+	return &Analytic{o: o, models: map[string]*analyticModel{}, decode: map[string]*analyticDecode{}}, nil
 }
 
 // Name implements Predictor.

@@ -78,6 +78,9 @@ type Learned struct {
 	o      Options
 	models map[string]*learnedModel
 	pools  map[uint64]*rls
+	// TPOT (decode.go): per endpoint, and one pool for all.
+	decode     map[string]*learnedDecode
+	decodePool *rls
 }
 
 // NewLearned returns a learned predictor.
@@ -86,7 +89,8 @@ func NewLearned(o Options) (*Learned, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Learned{o: o, models: map[string]*learnedModel{}, pools: map[uint64]*rls{}}, nil
+	return &Learned{o: o, models: map[string]*learnedModel{}, pools: map[uint64]*rls{}, decode: map[string]*learnedDecode{},
+		decodePool: newDecodeRLS(o.Forget)}, nil
 }
 
 // Name implements Predictor.
@@ -100,13 +104,13 @@ func (l *Learned) Model(name string, speed float64) Model {
 	key := math.Float64bits(speed)
 	pool := l.pools[key]
 	if pool == nil {
-		pool = newRLS(speed, l.o.Forget)
+		pool = newPrefillRLS(speed, l.o.Forget)
 		l.pools[key] = pool
 	}
 	m := l.models[name]
 	if m == nil || m.speed != speed {
 		// New, or its configuration changed: start again from the prior.
-		m = &learnedModel{speed: speed, own: newRLS(speed, l.o.Forget), err: newErrStats(l.o), min: l.o.MinSamples}
+		m = &learnedModel{speed: speed, own: newPrefillRLS(speed, l.o.Forget), err: newErrStats(l.o), min: l.o.MinSamples}
 		l.models[name] = m
 	}
 	m.pool = pool
@@ -135,12 +139,16 @@ func (r *rls) scale(x Features) float64 {
 	return max(AnalyticSeconds(x.Uncached, r.speed), 1e-3)
 }
 
-func (m *learnedModel) active() *rls {
-	if m.own.n < m.min && m.pool.n > m.own.n {
-		return m.pool
+// activeFit is the fit that predicts for an endpoint: its own once it has
+// min samples (or more than its pool), else the pool's.
+func activeFit(own, pool *rls, min int) *rls {
+	if own.n < min && pool.n > own.n {
+		return pool
 	}
-	return m.own
+	return own
 }
+
+func (m *learnedModel) active() *rls { return activeFit(m.own, m.pool, m.min) }
 
 func (m *learnedModel) Prefill(x Features) Estimate {
 	s := m.active().predict(x)
@@ -152,8 +160,8 @@ func (m *learnedModel) Observe(o Observation) {
 	if !finitePos(o.Compute) || o.X.Uncached < 0 {
 		return
 	}
-	m.own.update(o.X, o.Compute)
-	m.pool.update(o.X, o.Compute)
+	m.own.updatePrefill(o.X, o.Compute)
+	m.pool.updatePrefill(o.X, o.Compute)
 }
 
 func (m *learnedModel) Stats() Stats {
@@ -164,9 +172,12 @@ func (m *learnedModel) Stats() Stats {
 	return st
 }
 
-// rls is one recursive least squares fit.
+// rls is one recursive least squares fit of nFeat regressors on relative
+// errors: each sample's regressors and target are divided by a scale (the
+// analytic prediction). θ0 is the term a change of the endpoint's speed
+// moves (change detection resets its variance).
 type rls struct {
-	speed  float64
+	speed  float64 // prefill fits: the configured speed (the analytic prior)
 	forget float64
 	theta  [nFeat]float64
 	p      [nFeat][nFeat]float64
@@ -186,14 +197,21 @@ const (
 	windup = 10
 )
 
-func newRLS(speed, forget float64) *rls {
-	r := &rls{speed: speed, forget: forget}
+// newPrefillRLS is a prefill fit starting from the analytic model of the
+// configured speed.
+func newPrefillRLS(speed, forget float64) *rls {
 	t0 := 1e-4 // per kilotoken: a guess when no speed is configured
 	if speed > 0 {
 		t0 = 1024 / speed
 	}
-	r.theta[0] = t0
-	sd := [nFeat]float64{t0, t0 / 16, t0 / 16, 0.005}
+	r := newRLS([nFeat]float64{t0}, [nFeat]float64{t0, t0 / 16, t0 / 16, 0.005}, forget)
+	r.speed = speed
+	return r
+}
+
+// newRLS starts a fit at theta with prior standard deviations sd.
+func newRLS(theta, sd [nFeat]float64, forget float64) *rls {
+	r := &rls{forget: forget, theta: theta}
 	for i, s := range sd {
 		r.p0[i] = s * s / noiseVar
 		r.pmax[i] = windup * r.p0[i]
@@ -232,16 +250,21 @@ const (
 // predict returns the compute seconds of x, kept within a factor of 20 of
 // the analytic prediction (a guard against a fit gone astray) and >= 0.
 func (r *rls) predict(x Features) float64 {
-	f := features(x)
-	var s float64
-	for i := range f {
-		s += r.theta[i] * f[i]
-	}
+	s := r.dot(features(x))
 	a := AnalyticSeconds(x.Uncached, r.speed)
 	if a > 0 {
 		return min(max(s, a/20), a*20)
 	}
 	return min(max(s, 0), 60)
+}
+
+// dot is θ·f.
+func (r *rls) dot(f [nFeat]float64) float64 {
+	var s float64
+	for i := range f {
+		s += r.theta[i] * f[i]
+	}
+	return s
 }
 
 // gain returns P·φ and λ + φᵀ·P·φ.
@@ -258,10 +281,14 @@ func (r *rls) gain(phi [nFeat]float64) (pphi [nFeat]float64, den float64) {
 	return pphi, den
 }
 
-// update adds one sample: x took y seconds.
-func (r *rls) update(x Features, y float64) {
-	w := 1 / r.scale(x)
-	f := features(x)
+// updatePrefill adds one prefill sample: x took y seconds.
+func (r *rls) updatePrefill(x Features, y float64) {
+	r.update(features(x), 1/r.scale(x), y)
+}
+
+// update adds one sample: regressors f gave y, both to be weighted by w
+// (1/scale: relative errors).
+func (r *rls) update(f [nFeat]float64, w, y float64) {
 	var phi [nFeat]float64
 	for i := range f {
 		phi[i] = f[i] * w

@@ -100,8 +100,15 @@ func newErrStats(o Options) errStats {
 }
 
 func (s *errStats) observe(o Observation) {
-	if finitePos(o.TTFT) && o.PredictedTTFT >= 0 && !math.IsInf(o.PredictedTTFT, 0) {
-		a := math.Abs(o.PredictedTTFT-o.TTFT) / o.TTFT
+	s.addError(o.TTFT, o.PredictedTTFT)
+	s.addRatio(o.Compute, o.Predicted)
+}
+
+// addError adds the absolute percentage error of pred against obs to the
+// recent error.
+func (s *errStats) addError(obs, pred float64) {
+	if finitePos(obs) && pred >= 0 && !math.IsInf(pred, 0) {
+		a := math.Abs(pred-obs) / obs
 		if s.n == 0 {
 			s.ape = a
 		} else {
@@ -109,8 +116,12 @@ func (s *errStats) observe(o Observation) {
 		}
 		s.n++
 	}
-	if finitePos(o.Compute) && finitePos(o.Predicted) {
-		r := math.Log(o.Compute / o.Predicted)
+}
+
+// addRatio moves the pessimistic quantile by the ratio obs/pred.
+func (s *errStats) addRatio(obs, pred float64) {
+	if finitePos(obs) && finitePos(pred) {
+		r := math.Log(obs / pred)
 		if r < s.q {
 			s.q -= s.step * (1 - s.tau)
 		} else {

@@ -82,6 +82,12 @@ type decodePool struct {
 	// capacity; it is dropped at its join instead of blocking the
 	// instance's waiting queue forever.
 	never []bool
+	// slow, when set, is each instance's hidden factor on its step time
+	// (Truth.DecodeFactors): the router still believes model.
+	slow []float64
+	// onFinish, when set, hears of each request's end (its stream's last
+	// token, or its drop) with its TPOT (0: one token or dropped).
+	onFinish func(r int, at, tpot float64)
 }
 
 func newDecodePool(n, kvTokens int, m perfmodel.Model, requests int) *decodePool {
@@ -127,6 +133,9 @@ func (p *decodePool) advance(t float64) {
 		if e.req >= 0 {
 			if p.need(e.req) > d.kvCap {
 				p.never[e.req] = true
+				if p.onFinish != nil {
+					p.onFinish(e.req, e.at, 0)
+				}
 				continue
 			}
 			if len(d.waiting) == 0 && d.kvUsed+p.need(e.req) <= d.kvCap {
@@ -156,7 +165,11 @@ func (p *decodePool) startStep(at float64, i int) {
 	}
 	d.pending, d.pendingCtx = d.pending[:0], 0
 	d.running = true
-	p.push(at+p.model.DecodeStepTime(d.batch, d.ctx), i, -1)
+	st := p.model.DecodeStepTime(d.batch, d.ctx)
+	if p.slow != nil {
+		st *= p.slow[i]
+	}
+	p.push(at+st, i, -1)
 }
 
 func (p *decodePool) endStep(at float64, i int) {
@@ -168,6 +181,13 @@ func (p *decodePool) endStep(at float64, i int) {
 	for len(d.streams) > 0 && d.streams[0].finishStep <= d.step {
 		s := heap.Pop(&d.streams).(stream)
 		p.finish[s.req] = at
+		if p.onFinish != nil {
+			tpot := 0.0
+			if o := p.out[s.req]; o > 1 {
+				tpot = (at - p.first[s.req]) / float64(o-1)
+			}
+			p.onFinish(s.req, at, tpot)
+		}
 		d.batch--
 		d.ctx -= p.prompt[s.req] + p.out[s.req]
 		d.kvUsed -= p.need(s.req)
@@ -203,6 +223,14 @@ func (p *decodePool) drain(ctx context.Context) error {
 // fit in the steps until then (at the current step time) will have
 // finished, queued streams will have joined if they fit.
 func (p *decodePool) forecast(i int, now, at float64, prompt int) (kvFree int, tpot float64) {
+	kvFree, batch, ctx := p.forecastState(i, now, at, prompt)
+	return kvFree, p.model.DecodeStepTime(batch, ctx)
+}
+
+// forecastState is forecast's state: the free KV tokens and the batch and
+// its context tokens with the joining stream, as the router believes them
+// (at the configured step time).
+func (p *decodePool) forecastState(i int, now, at float64, prompt int) (kvFree, batch, ctx int) {
 	d := &p.inst[i]
 	batch, ctx, used := d.batch+len(d.pending), d.ctx+d.pendingCtx, d.kvUsed
 	if batch > 0 && at > now {
@@ -225,5 +253,5 @@ func (p *decodePool) forecast(i int, now, at float64, prompt int) (kvFree int, t
 		batch++
 		ctx += p.prompt[r]
 	}
-	return d.kvCap - used, p.model.DecodeStepTime(batch+1, max(ctx, 0)+prompt)
+	return d.kvCap - used, batch + 1, max(ctx, 0) + prompt
 }

@@ -74,7 +74,7 @@ func (c Config) validate(tr *workload.Trace) error {
 		return fmt.Errorf("sim: %w", err)
 	}
 	if c.Truth != nil {
-		if err := c.Truth.validate(c.Prefill); err != nil {
+		if err := c.Truth.validate(c.Prefill, c.Decode); err != nil {
 			return err
 		}
 	} else if c.Predictor != "" {
@@ -126,6 +126,9 @@ type Result struct {
 	TTFTAPEP90    float64  `json:"ttft_ape_p90,omitempty"`
 	DriftRecovery *float64 `json:"drift_recovery_s,omitempty"`
 	StaleRouting  *float64 `json:"stale_routing_s,omitempty"`
+	// With a Truth and decode instances: the TPOT error (decodetruth.go).
+	TPOTMdAPE  float64 `json:"tpot_mdape,omitempty"`
+	TPOTAPEP90 float64 `json:"tpot_ape_p90,omitempty"`
 }
 
 // Run simulates the trace on the fleet under the scheduler. Each request
@@ -356,6 +359,9 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 		if dj < 0 || dj >= r.cfg.Decode {
 			return fmt.Errorf("sim: no decode endpoint chosen for request %d", ri)
 		}
+		if r.truth != nil {
+			r.truth.decode(r, fl, ri, dj, d.PredictedTPOT)
+		}
 		r.dec.join(done+r.cfg.Model.TransferTime(q.PromptTokens), dj, ri, q.PromptTokens, q.OutputTokens)
 	}
 	return nil
@@ -386,9 +392,15 @@ type decodeForecast struct {
 	pool  *decodePool
 	first int // index of the first decode endpoint in the snapshot
 	now   float64
+	// truth, when set, has the router's predictor judge TPOT
+	// (decodetruth.go).
+	truth *decodeTruth
 }
 
 func (f *decodeForecast) ForecastDecode(e int, at float64, req *sched.Request) (int, float64) {
+	if f.truth != nil {
+		return f.truth.forecast(e-f.first, f.now, at, req.PromptTokens)
+	}
 	return f.pool.forecast(e-f.first, f.now, at, req.PromptTokens)
 }
 

@@ -22,8 +22,13 @@ import (
 // linear), times a lognormal jitter of sigma Noise; from DriftAt on,
 // instance DriftInstance runs at DriftFactor times its speed. The router
 // hears of each first token MeasureNoise (sigma, seconds) off.
+//
+// DecodeFactors, when set (one per decode instance), make each decode
+// instance's step take that many times the configured model's step: the
+// router's TPOT predictor has to learn them (decodetruth.go).
 type Truth struct {
 	Speeds, Knees, Overheads []float64
+	DecodeFactors            []float64
 	Noise, MeasureNoise      float64
 	// DriftAt is when the drift starts (seconds); 0: no drift.
 	DriftAt       float64
@@ -35,11 +40,19 @@ type Truth struct {
 // Predictors are the Config.Predictor names.
 var Predictors = []string{"analytic", "learned", "true"}
 
-func (t *Truth) validate(n int) error {
+func (t *Truth) validate(n, decode int) error {
 	if len(t.Speeds) != n || len(t.Knees) != n || len(t.Overheads) != n {
 		return fmt.Errorf("sim: truth needs a speed, knee and overhead for each of the %d prefill instances", n)
 	}
 	var errs []error
+	if t.DecodeFactors != nil && len(t.DecodeFactors) != decode {
+		errs = append(errs, fmt.Errorf("sim: truth has %d decode factors for %d decode instances", len(t.DecodeFactors), decode))
+	}
+	for j, f := range t.DecodeFactors {
+		if !(f >= 0.01 && f <= 100) {
+			errs = append(errs, fmt.Errorf("sim: decode instance %d: factor must be in [0.01, 100], got %v", j, f))
+		}
+	}
 	for i := range n {
 		if !(t.Speeds[i] >= 1 && t.Speeds[i] <= 1e9) || !(t.Knees[i] >= 0 && t.Knees[i] <= 1e12) || !(t.Overheads[i] >= 0 && t.Overheads[i] <= 60) {
 			errs = append(errs, fmt.Errorf("sim: instance %d: speed must be in [1, 1e9] tokens/s, knee in [0, 1e12] tokens, overhead in [0, 60] s", i))
@@ -85,6 +98,7 @@ type truthRun struct {
 	// Per request: the prediction at routing and the noise-free truth.
 	predTTFT, predCompute, trueCompute []float64
 	inst                               []int
+	dec                                *decodeTruth // nil: no decode instances
 }
 
 type completion struct {
@@ -117,7 +131,7 @@ func (tr *truthRun) predictor(name string, names []string, clock *float64) (pred
 		for i, n := range names {
 			idx[n] = i
 		}
-		return &oracle{t: tr.t, idx: idx, now: clock}, nil
+		return &oracle{t: tr.t, idx: idx, now: clock, didx: map[string]int{}}, nil
 	}
 	return nil, fmt.Errorf("sim: unknown predictor %q (known: analytic, learned, true)", name)
 }
@@ -154,7 +168,11 @@ func (tr *truthRun) advance(lf *load.Fleet, now float64) {
 		k := 0
 		for k < len(q) && q[k].heardAt <= now {
 			lf.FirstToken(q[k].fl, q[k].heardAt)
-			lf.Finish(q[k].fl, q[k].heardAt)
+			if tr.dec == nil {
+				// Prefill only: the request ends at its first token (with
+				// decode instances, at its stream's end).
+				lf.Finish(q[k].fl, q[k].heardAt)
+			}
 			q[k] = completion{}
 			k++
 		}
@@ -180,14 +198,13 @@ func (tr *truthRun) summarise(r *run, res *Result) {
 			apes = append(apes, math.Abs(tr.predTTFT[ri]-act)/act)
 		}
 	}
-	if len(apes) > 0 {
-		slices.Sort(apes)
-		res.TTFTMdAPE = apes[len(apes)/2]
-		res.TTFTAPEP90 = apes[min(len(apes)*9/10, len(apes)-1)]
-	}
+	res.TTFTMdAPE, res.TTFTAPEP90 = apeQuantiles(apes)
 	if tr.t.DriftAt > 0 {
 		rec, stale := tr.drift(r)
 		res.DriftRecovery, res.StaleRouting = &rec, &stale
+	}
+	if tr.dec != nil {
+		res.TPOTMdAPE, res.TPOTAPEP90 = tr.dec.errors(r, warm)
 	}
 }
 
@@ -257,9 +274,10 @@ func median(xs []float64) float64 {
 // oracle predicts with the hidden truth (noise aside): the "true speeds"
 // run.
 type oracle struct {
-	t   *Truth
-	idx map[string]int
-	now *float64
+	t    *Truth
+	idx  map[string]int
+	now  *float64
+	didx map[string]int // decode instances by name
 }
 
 func (*oracle) Name() string { return "true" }
@@ -312,6 +330,9 @@ func (r *run) withTruth(infos []load.Info) error {
 	p, err := r.truth.predictor(name, names, &r.snap.Now)
 	if err != nil {
 		return err
+	}
+	if r.dec != nil {
+		r.truth.withDecode(r, p, infos)
 	}
 	r.truth.name = name
 	r.load.SetPredictor(p)

@@ -110,3 +110,39 @@ func TestTruthRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestHeterogeneousDecodeTPOT: with decode instances of hidden unequal
+// speeds (two 1.25× faster than configured, two 2× slower), the learned
+// TPOT's error after warm-up is a fraction of the analytic model's, and
+// the oracle that knows each instance's factor is the floor.
+func TestHeterogeneousDecodeTPOT(t *testing.T) {
+	errs := map[string][2]float64{}
+	for _, p := range Predictors {
+		truth := Heterogeneous(8, 20000, 2.5, 0.05, 60, 0.5, 0)
+		truth.DecodeFactors = HeterogeneousDecode(4, 2.5)
+		cfg := heteroConfig(truth, p)
+		cfg.Decode, cfg.DecodeKVTokens = 4, 1_000_000
+		res := heteroRun(t, cfg, 40, 0)
+		t.Logf("%-8s TPOT error p50 %.3f p90 %.3f, TPOT p50 %.4f p99 %.4f, attainment %.4f",
+			p, res.TPOTMdAPE, res.TPOTAPEP90, res.TPOTP50, res.TPOTP99, res.Attainment)
+		errs[p] = [2]float64{res.TPOTMdAPE, res.TPOTAPEP90}
+	}
+	a, l, o := errs["analytic"], errs["learned"], errs["true"]
+	if a[0] < 0.15 {
+		t.Fatalf("analytic TPOT error %.3f: the hidden decode speeds do not show", a[0])
+	}
+	if l[0] > 0.1 || l[1] > 0.25 || l[0] > a[0]/2 {
+		t.Errorf("learned TPOT error p50 %.3f p90 %.3f, want < 0.10, < 0.25 and under half the analytic %.3f", l[0], l[1], a[0])
+	}
+	if o[0] > l[0] {
+		t.Errorf("the oracle's TPOT error %.3f above the learned %.3f", o[0], l[0])
+	}
+	bad := heteroConfig(Heterogeneous(8, 20000, 2.5, 0, 0, 1, 0), "")
+	bad.Decode, bad.DecodeKVTokens, bad.Truth.DecodeFactors = 2, 1000, []float64{1}
+	tr, _ := workload.Chat(workload.ChatConfig{Systems: 2, Sessions: 4, SystemTokens: 128, TurnTokens: 64,
+		OutputTokens: 8, Rate: 5, Duration: 2, BlockSize: 64, Seed: 1})
+	pol, _ := sched.New("kvgate", sched.Options{})
+	if _, err := Run(context.Background(), bad, tr, &sched.Scheduler{Policy: pol}); err == nil || !strings.Contains(err.Error(), "decode factors") {
+		t.Errorf("one decode factor for two instances: error %v", err)
+	}
+}

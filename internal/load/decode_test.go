@@ -1,0 +1,117 @@
+package load
+
+import (
+	"math"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/predict"
+)
+
+var testStep = predict.DecodeStep{Base: 0.01, PerSeq: 0.0001, PerKContext: 0.00001}
+
+// TestTPOTLearnsFromFinished: streams on an aggregated endpoint and on a
+// decode endpoint that really decode 2× and 3× slower than the analytic
+// step report their TPOT at Finished; the snapshot's DecodeTPOT becomes
+// the true one, the analytic predictor keeps the prior, and the context
+// accounting returns to zero.
+func TestTPOTLearnsFromFinished(t *testing.T) {
+	infos := []Info{{Name: "agg", Role: fleet.RoleBoth, PrefillSpeed: 1e6, Decode: testStep},
+		{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1e6, Decode: testStep},
+		{Name: "d", Role: fleet.RoleDecode, Decode: testStep}}
+	slow := map[string]float64{"agg": 2, "d": 3}
+	for _, c := range []struct {
+		name    string
+		learned bool
+	}{{"learned", true}, {"analytic", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			f := New(infos, false)
+			var p predict.Predictor
+			if c.learned {
+				p, _ = predict.NewLearned(predict.Options{})
+			} else {
+				p, _ = predict.NewAnalytic(predict.Options{})
+			}
+			f.SetPredictor(p)
+			_, eps := snap(f, 0, 0, nil)
+			now := 0.0
+			for i := range 100 {
+				prompt := 500 + (i*311)%4000
+				// Two streams in flight on each decoder, then one more.
+				var open []*Flight
+				for k := range 3 {
+					agg := f.Route(eps[0], now, Work{Uncached: prompt + k})
+					dis := f.Route(eps[1], now, Work{Uncached: prompt + k})
+					f.Decode(dis, eps[2])
+					f.FirstToken(agg, now+0.01)
+					f.FirstToken(dis, now+0.01)
+					open = append(open, agg, dis)
+				}
+				for k, fl := range open {
+					d := fl.decoder()
+					tpot := slow[d.info.Name] * fl.dx.Prior
+					if k < 2 {
+						tpot = 0 // one output token: no observation
+					}
+					f.Finished(fl, now+1, tpot)
+				}
+				now++
+			}
+			s, _ := snap(f, now, 1000, nil)
+			for i, want := range []float64{2, 0, 3} {
+				e := s.Endpoints[i]
+				prior := testStep.Seconds(1, 1000)
+				if !c.learned && want != 0 {
+					want = 1
+				}
+				if want == 0 {
+					if e.DecodeTPOT != 0 {
+						t.Errorf("%s: prefill endpoint got a TPOT %g", e.Name, e.DecodeTPOT)
+					}
+					continue
+				}
+				if got := e.DecodeTPOT / prior; math.Abs(got-want) > 0.05*want {
+					t.Errorf("%s: TPOT %g = %.3f × the prior, want %g×", e.Name, e.DecodeTPOT, got, want)
+				}
+				st, ok := f.DecodeStats(e.Name, 1000)
+				if !ok || st.Samples != 200 || st.Analytic != prior || math.Abs(st.TPOT-e.DecodeTPOT) > 1e-12 {
+					t.Errorf("%s: stats %+v %v (200 samples: one stream in three has no TPOT)", e.Name, st, ok)
+				}
+				if eps[i].ctx != 0 || eps[i].requests != 0 {
+					t.Errorf("%s: context %d and requests %d left after every stream finished", e.Name, eps[i].ctx, eps[i].requests)
+				}
+			}
+			if _, ok := f.DecodeStats("p", 0); ok {
+				t.Error("decode stats for a prefill-only endpoint")
+			}
+		})
+	}
+}
+
+// TestDecodeWith: the caller's features are what the model trains on and
+// what PredictTPOT answers for; the fleet's own state does not enter.
+func TestDecodeWith(t *testing.T) {
+	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1e6}, {Name: "d", Role: fleet.RoleDecode}}, false)
+	_, eps := snap(f, 0, 0, nil)
+	if _, ok := f.PredictTPOT(eps[1], predict.DecodeFeatures{Streams: 1, Prior: 0.01}); ok {
+		t.Fatal("TPOT without a predictor")
+	}
+	l, _ := predict.NewLearned(predict.Options{})
+	f.SetPredictor(l)
+	s, _ := snap(f, 0, 0, nil)
+	if s.Endpoints[1].DecodeTPOT != 0 {
+		t.Errorf("no analytic step: DecodeTPOT %g, want none", s.Endpoints[1].DecodeTPOT)
+	}
+	x := predict.DecodeFeatures{Streams: 40, Context: 80000, Prior: 0.02}
+	for range 200 {
+		fl := f.Route(eps[0], 0, Work{Uncached: 100})
+		f.DecodeWith(fl, eps[1], x)
+		f.Finished(fl, 1, 0.05)
+	}
+	if est, ok := f.PredictTPOT(eps[1], x); !ok || math.Abs(est.Seconds-0.05) > 0.002 {
+		t.Errorf("PredictTPOT %+v %v, want about 0.05", est, ok)
+	}
+	if _, ok := f.PredictTPOT(eps[0], x); ok {
+		t.Error("a prefill-only endpoint has a TPOT model")
+	}
+}
