@@ -55,6 +55,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.Policy, "policy", "kvgate", "routing policy: "+strings.Join(sched.Names(), ", "))
 	fs.StringVar(&c.Predictor, "predictor", gateway.PredictorLearned, "latency predictor: learned (online, from observed first tokens and TPOTs) or analytic (configured prefill speeds, observed mean TPOT)")
 	fs.BoolVar(&early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
+	fs.StringVar(&c.Hold.Mode, "hold", gateway.HoldPolicy, "with --early-reject=false, hold at the router requests that fit nowhere until an endpoint has slack or their deadline (docs/policies.md): policy (the policies meant to: kvgate), on or off")
 	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.LogPrompts, "log-prompts", false, "log request bodies at debug level (prompts are not logged by default)")
@@ -157,8 +158,8 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 	over := map[string]func(){
 		"listen": func() { c.Listen = flags.Listen }, "admin": func() { c.Admin = flags.Admin },
 		"policy": func() { c.Policy = flags.Policy }, "slo-ttft": func() { c.SLOTTFT = flags.SLOTTFT },
-		"predictor": func() { c.Predictor = flags.Predictor },
-		"slo-tpot":  func() { c.SLOTPOT = flags.SLOTPOT }, "early-reject": func() { c.EarlyReject = flags.EarlyReject },
+		"predictor": func() { c.Predictor = flags.Predictor }, "hold": func() { c.Hold.Mode = flags.Hold.Mode },
+		"slo-tpot": func() { c.SLOTPOT = flags.SLOTPOT }, "early-reject": func() { c.EarlyReject = flags.EarlyReject },
 		"bind-events": func() { c.BindEvents = flags.BindEvents }, "block-size": func() { c.BlockSize = flags.BlockSize },
 		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
 		"max-inflight": func() { c.MaxInflight = flags.MaxInflight }, "log-prompts": func() { c.LogPrompts = flags.LogPrompts },

@@ -74,6 +74,41 @@ type Config struct {
 	MaxInflight int `yaml:"max_inflight"`
 	// LogPrompts logs request bodies at debug level (off by default).
 	LogPrompts bool `yaml:"log_prompts"`
+	// Hold configures the hold queue (without early rejection): requests
+	// that fit nowhere wait at the gateway (docs/policies.md).
+	Hold HoldConfig `yaml:"hold"`
+}
+
+// HoldConfig is the hold queue's configuration (sched.Scheduler.Hold).
+type HoldConfig struct {
+	// Mode: "policy" (default: the policies meant to hold, kvgate's),
+	// "on" (every policy) or "off". Only without early rejection.
+	Mode string `yaml:"mode"`
+	// Min (SLOs), Backlog (× the fleet's backlog) and Max bound a held
+	// request's deadline; Slack (SLOs) is when an endpoint has room for
+	// an early release. 0: sched's defaults.
+	Min     float64       `yaml:"min_slos"`
+	Backlog float64       `yaml:"backlog"`
+	Max     time.Duration `yaml:"max"`
+	Slack   float64       `yaml:"slack_slos"`
+	// MaxRequests caps the requests held per model (default 4096);
+	// beyond it a request that fits nowhere gets 429.
+	MaxRequests int `yaml:"max_requests"`
+}
+
+// Hold modes.
+const (
+	HoldPolicy = "policy"
+	HoldOn     = "on"
+	HoldOff    = "off"
+)
+
+// scheduler builds the scheduler the config asks for.
+func (c *Config) scheduler(pol sched.Policy) *sched.Scheduler {
+	h := c.Hold
+	return &sched.Scheduler{Policy: pol, EarlyReject: *c.EarlyReject, Explain: true,
+		Hold:    h.Mode == HoldOn || (h.Mode == HoldPolicy && sched.HoldsLost(pol)),
+		HoldMin: h.Min, HoldBacklog: h.Backlog, HoldMax: h.Max.Seconds(), HoldSlack: h.Slack}
 }
 
 // Class is an SLO class.
@@ -102,6 +137,11 @@ type Limits struct {
 	LocalPrefillTokens flagrange.Range[int]
 	UpstreamTimeout    flagrange.Range[time.Duration]
 	ConnectTimeout     flagrange.Range[time.Duration]
+	HoldMin            flagrange.Range[float64]
+	HoldBacklog        flagrange.Range[float64]
+	HoldMax            flagrange.Range[time.Duration]
+	HoldSlack          flagrange.Range[float64]
+	HoldRequests       flagrange.Range[int]
 }
 
 // ConfigLimits returns the ranges Validate enforces.
@@ -115,6 +155,11 @@ func ConfigLimits() Limits {
 		LocalPrefillTokens: flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens", Zero: "always disaggregate"},
 		UpstreamTimeout:    flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "none"},
 		ConnectTimeout:     flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour},
+		HoldMin:            flagrange.Range[float64]{Min: 0.01, Max: 1000, Unit: "SLOs", Zero: "default"},
+		HoldBacklog:        flagrange.Range[float64]{Min: 0.01, Max: 1000, Zero: "default"},
+		HoldMax:            flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour, Zero: "default"},
+		HoldSlack:          flagrange.Range[float64]{Min: 0.001, Max: 1, Unit: "SLOs", Zero: "default"},
+		HoldRequests:       flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "requests"},
 	}
 }
 
@@ -165,6 +210,12 @@ func (c *Config) Defaults() {
 	if c.MaxInflight == 0 {
 		c.MaxInflight = 10000
 	}
+	if c.Hold.Mode == "" {
+		c.Hold.Mode = HoldPolicy
+	}
+	if c.Hold.MaxRequests == 0 {
+		c.Hold.MaxRequests = 4096
+	}
 	if c.ClassHeader == "" {
 		c.ClassHeader = "X-Kvgate-Class"
 	}
@@ -201,6 +252,11 @@ func (c *Config) Validate() error {
 		l.LocalPrefillTokens.Check("local_prefill_tokens (--local-prefill-tokens)", c.LocalPrefillTokens),
 		l.UpstreamTimeout.Check("upstream_timeout (--upstream-timeout)", c.UpstreamTimeout),
 		l.ConnectTimeout.Check("connect_timeout (--connect-timeout)", c.ConnectTimeout),
+		l.HoldMin.Check("hold.min_slos", c.Hold.Min),
+		l.HoldBacklog.Check("hold.backlog", c.Hold.Backlog),
+		l.HoldMax.Check("hold.max", c.Hold.Max),
+		l.HoldSlack.Check("hold.slack_slos", c.Hold.Slack),
+		l.HoldRequests.Check("hold.max_requests", c.Hold.MaxRequests),
 	}
 	add := func(err error) {
 		if err != nil {
@@ -209,6 +265,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := sched.New(c.Policy, sched.Options{}); err != nil {
 		add(fmt.Errorf("policy: %w", err))
+	}
+	if m := c.Hold.Mode; m != HoldPolicy && m != HoldOn && m != HoldOff {
+		add(fmt.Errorf("hold.mode (--hold) must be %s, %s or %s, got %q", HoldPolicy, HoldOn, HoldOff, m))
 	}
 	if _, err := newPredictor(c.Predictor); err != nil {
 		add(fmt.Errorf("predictor (--predictor): %w", err))

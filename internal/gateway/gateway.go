@@ -113,6 +113,7 @@ type modelFleet struct {
 	load    *load.Fleet
 	members []*member
 	matcher *kvindex.Matcher // the index, in members' order
+	hold    *holdQueue       // requests held at the router (hold.go)
 }
 
 // New builds a gateway from a validated config.
@@ -151,7 +152,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		members: map[string]*member{},
 		models:  map[string]*modelFleet{},
 	}
-	g.sched.Store(&sched.Scheduler{Policy: pol, EarlyReject: *cfg.EarlyReject, Explain: true})
+	g.sched.Store(cfg.scheduler(pol))
 	g.start = g.now()
 	g.classes.Store(newClassSet(&cfg))
 	g.client = &http.Client{Transport: o.Transport}
@@ -312,7 +313,8 @@ func (g *Gateway) refresh() {
 		}
 		mf := g.models[name]
 		if mf == nil {
-			mf = &modelFleet{name: name, load: load.New(nil, load.NeedsActive(g.sched.Load().Policy))}
+			mf = &modelFleet{name: name, load: load.New(nil, load.NeedsActive(g.sched.Load().Policy)),
+				hold: newHoldQueue(g.cfg.Hold.MaxRequests)}
 			p, err := newPredictor(g.cfg.Predictor)
 			if err != nil {
 				panic(err) // Validate checked the name

@@ -20,13 +20,15 @@ type metrics struct {
 	promptTokens prometheus.Counter
 	hitTokens    prometheus.Counter
 	retries      prometheus.Counter
+	held         prometheus.Counter
+	holdSeconds  prometheus.Histogram
 }
 
 func newMetrics(g *Gateway) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_requests_total",
-			Help: "Requests by outcome (ok, rejected, bad_request, unavailable, upstream_error, broken_stream, client_gone, overloaded), SLO class and policy."},
+			Help: "Requests by outcome (ok, rejected, bad_request, unavailable, upstream_error, broken_stream, client_gone, overloaded, hold_full), SLO class and policy."},
 			[]string{"outcome", "class", "policy"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_rejections_total",
 			Help: "Requests rejected before any compute (429), by SLO class."}, []string{"class"}),
@@ -42,8 +44,16 @@ func newMetrics(g *Gateway) *metrics {
 			Help: "Prompt tokens the chosen endpoint held in its prefix cache, per the index."}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_retries_total",
 			Help: "Requests retried on another endpoint after a failure before any byte."}),
+		held: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_held_total",
+			Help: "Requests held at the router because they fit nowhere (hold queue, without early rejection)."}),
+		holdSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvgate_hold_seconds",
+			Help:    "Time released requests spent in the hold queue.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)}),
 	}
+	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
+		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
 	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries,
+		m.held, m.holdSeconds, heldNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})
 	return m

@@ -93,6 +93,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			openai.WriteError(w, err)
 			return
 		}
+		if p.dec.Hold {
+			if p, err = g.hold(r.Context(), rt, p); err != nil {
+				g.met.outcome(holdOutcome(r.Context()), rt.class.Name, g.policy)
+				openai.WriteError(w, err)
+				return
+			}
+		}
 		if err := g.admit(rt, p); err != nil {
 			g.met.outcome("rejected", rt.class.Name, g.policy)
 			g.met.rejections.WithLabelValues(rt.class.Name).Inc()
@@ -174,15 +181,23 @@ type upstreamError struct {
 func (e *upstreamError) Error() string { return fmt.Sprintf("endpoint %s: %v", e.endpoint, e.err) }
 func (e *upstreamError) Unwrap() error { return e.err }
 
+// route records in the load accounting that rt goes where p says.
+func (g *Gateway) route(rt *routed, p *plan) *load.Flight {
+	uncached := max(rt.promptN-p.dec.CachedTokens, 0)
+	return p.mf.load.Route(p.pEP, g.clock(), load.Work{Uncached: uncached, Cached: min(p.dec.CachedTokens, rt.promptN),
+		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
+		Keys:           rt.prep.Keys}) // the fleet's predictor times the prefill
+}
+
 // proxy runs the plan: aggregated, or the two NixlConnector legs. It
 // returns the endpoint to avoid on a retry ("" when a retry makes no
 // sense) with the error.
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *plan) (string, error) {
 	lf := p.mf.load
-	uncached := max(rt.promptN-p.dec.CachedTokens, 0)
-	fl := lf.Route(p.pEP, g.clock(), load.Work{Uncached: uncached, Cached: min(p.dec.CachedTokens, rt.promptN),
-		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
-		Keys:           rt.prep.Keys}) // the fleet's predictor times the prefill
+	fl := p.flight
+	if fl == nil {
+		fl = g.route(rt, p)
+	}
 	defer func() { lf.Finish(fl, g.clock()) }()
 	g.routed(p.prefill, rt.prep.Keys)
 	g.met.promptTokens.Add(float64(rt.promptN))

@@ -3,8 +3,6 @@ package gateway
 import (
 	"fmt"
 	"reflect"
-
-	"github.com/kvgate/kvgate/internal/sched"
 )
 
 // classSet is the reloadable part of the SLO configuration.
@@ -32,8 +30,7 @@ func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 		return nil, fmt.Errorf("reload refused, the running config is kept: %w", err)
 	}
 	g.classes.Store(newClassSet(&next))
-	old := g.sched.Load()
-	g.sched.Store(&sched.Scheduler{Policy: old.Policy, EarlyReject: *next.EarlyReject, Explain: old.Explain})
+	g.sched.Store(next.scheduler(g.sched.Load().Policy))
 	cur := g.cfg
 	for _, f := range []struct {
 		name string
@@ -43,6 +40,7 @@ func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 		{"block_size", cur.BlockSize, next.BlockSize}, {"tokenizers", cur.Tokenizers, next.Tokenizers},
 		{"bind_events", cur.BindEvents, next.BindEvents}, {"http", cur.HTTP, next.HTTP},
 		{"max_inflight", cur.MaxInflight, next.MaxInflight}, {"prefill_speed", cur.PrefillSpeed, next.PrefillSpeed},
+		{"hold.max_requests", cur.Hold.MaxRequests, next.Hold.MaxRequests},
 	} {
 		if !reflect.DeepEqual(f.a, f.b) {
 			needRestart = append(needRestart, f.name)

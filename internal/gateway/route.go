@@ -48,6 +48,12 @@ type plan struct {
 	// missesAlone: rejected, and admission would reject it on the chosen
 	// prefill endpoint even with nothing queued there (its own size).
 	missesAlone bool
+	// req is what the scheduler was asked.
+	req sched.Request
+	// flight, when set, is the request's flight already routed (a
+	// release from the hold queue routes at once, so the next release
+	// sees the endpoint busy).
+	flight *load.Flight
 }
 
 // parse reads and parses a completion or chat request. The body is
@@ -175,46 +181,82 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	if mf == nil {
 		return nil, openai.NotFound("The model `%s` does not exist.", rt.req.Model).WithParam("model")
 	}
+	fs, err := g.fleetFor(mf, rt, exclude)
+	if err != nil {
+		return nil, err
+	}
+	sreq := g.schedRequest(rt, fs.snap.Now)
+	start := time.Now()
+	d := g.sched.Load().Decide(&sreq, &fs.snap)
+	g.met.decision.Observe(time.Since(start).Seconds())
+	p := g.planFor(rt, fs, &sreq, d)
+	if d.Prefill >= 0 && !d.Admit && d.SLO.TTFT > 0 {
+		idle := fs.snap.Endpoints[d.Prefill]
+		idle.QueueWait = 0
+		p.missesAlone = sched.PessimisticTTFT(&sreq, &idle) > d.SLO.TTFT
+	}
+	return p, nil
+}
+
+// fleetView is one model fleet as seen for one request: the members and
+// their load endpoints in snapshot order, and the snapshot.
+type fleetView struct {
+	mf      *modelFleet
+	members []*member
+	eps     []*load.Endpoint
+	snap    sched.Snapshot
+}
+
+// fleetFor builds the snapshot of mf for rt now (the load accounting, the
+// KV index, the engines' metrics, what the hold queue holds); exclude names
+// an endpoint a retry must avoid.
+func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string) (*fleetView, error) {
+	fs := &fleetView{mf: mf, snap: sched.Snapshot{BlockSize: g.cfg.BlockSize}}
 	g.mu.RLock()
 	members, matcher := mf.members, mf.matcher
-	snap := sched.Snapshot{BlockSize: g.cfg.BlockSize}
-	eps := mf.load.Snapshot(g.clock(), rt.promptN, rt.prep.Keys, matcher, nil, &snap)
+	eps := mf.load.Snapshot(g.clock(), rt.promptN, rt.prep.Keys, matcher, nil, &fs.snap)
 	g.mu.RUnlock()
 	if len(eps) != len(members) {
 		return nil, openai.Unavailable(time.Second, "the fleet of model %q is changing; retry", rt.req.Model)
 	}
-	g.fillEngineState(members, &snap)
+	g.fillEngineState(members, &fs.snap)
 	if exclude != "" {
-		members, eps = dropEndpoint(exclude, members, eps, &snap)
+		members, eps = dropEndpoint(exclude, members, eps, &fs.snap)
 	}
-	if len(snap.Endpoints) == 0 {
+	if len(fs.snap.Endpoints) == 0 {
 		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
 	}
-	sreq := sched.Request{ID: rt.id, Arrival: snap.Now, PromptTokens: rt.promptN, PromptBlocks: len(rt.prep.Keys),
+	fs.snap.HeldCompute = mf.hold.q.Compute()
+	fs.members, fs.eps = members, eps
+	return fs, nil
+}
+
+// schedRequest is what the scheduler knows of rt.
+func (g *Gateway) schedRequest(rt *routed, now float64) sched.Request {
+	return sched.Request{ID: rt.id, Arrival: now, PromptTokens: rt.promptN, PromptBlocks: len(rt.prep.Keys),
 		OutputTokens: rt.outN, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority}
-	start := time.Now()
-	d := g.sched.Load().Decide(&sreq, &snap)
-	g.met.decision.Observe(time.Since(start).Seconds())
-	p := &plan{dec: d, mf: mf}
+}
+
+// planFor turns a decision on fs into endpoints.
+func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sched.Decision) *plan {
+	p := &plan{dec: d, mf: fs.mf, req: *sreq}
 	if d.Prefill >= 0 {
-		p.prefill, p.pEP = members[d.Prefill], eps[d.Prefill]
-		if !d.Admit && d.SLO.TTFT > 0 {
-			idle := snap.Endpoints[d.Prefill]
-			idle.QueueWait = 0
-			p.missesAlone = sched.PessimisticTTFT(&sreq, &idle) > d.SLO.TTFT
-		}
+		p.prefill, p.pEP = fs.members[d.Prefill], fs.eps[d.Prefill]
 	}
 	if d.Decode >= 0 {
-		p.decode, p.dEP = members[d.Decode], eps[d.Decode]
-		if g.cfg.LocalPrefillTokens > 0 && rt.promptN-snap.Endpoints[d.Decode].CachedTokens <= g.cfg.LocalPrefillTokens {
+		p.decode, p.dEP = fs.members[d.Decode], fs.eps[d.Decode]
+		if g.cfg.LocalPrefillTokens > 0 && rt.promptN-fs.snap.Endpoints[d.Decode].CachedTokens <= g.cfg.LocalPrefillTokens {
 			// Conditional disaggregation: the decode endpoint computes
 			// the short uncached part itself.
 			p.prefill, p.pEP, p.decode, p.dEP = p.decode, p.dEP, nil, nil
-			p.dec.CachedTokens = snap.Endpoints[d.Decode].CachedTokens
+			p.dec.CachedTokens = fs.snap.Endpoints[d.Decode].CachedTokens
 		}
 	}
-	p.reason = g.explain(&snap, &d, rt.promptN)
-	return p, nil
+	p.reason = g.explain(&fs.snap, &d, rt.promptN)
+	if d.Admit && d.Reason != "" {
+		p.reason = d.Reason + "; " + p.reason // released from the hold queue
+	}
+	return p
 }
 
 // dropEndpoint removes the named endpoint from a snapshot (a retry).

@@ -1,0 +1,168 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// The hold queue (sched.HoldQueue, docs/policies.md): without early
+// rejection, a request whose predicted TTFT misses its SLO on every
+// endpoint waits at the gateway, not in an engine's queue, until an
+// endpoint has slack or its deadline passes. Its handler blocks in hold;
+// each model fleet's release loop (running while anything is held) makes
+// the scheduler's release passes and hands the handler its plan, already
+// routed in the load accounting so that the next release sees the
+// endpoint busy.
+
+// holdPoll bounds how long the release loop sleeps: prefills that end
+// earlier than predicted free an endpoint before its predicted idle time.
+const holdPoll = 50 * time.Millisecond
+
+// holdQueue is one model fleet's hold queue and its release loop's state.
+type holdQueue struct {
+	q       *sched.HoldQueue
+	mu      sync.Mutex
+	running bool
+	wake    chan struct{}
+}
+
+func newHoldQueue(capacity int) *holdQueue {
+	return &holdQueue{q: sched.NewHoldQueue(capacity), wake: make(chan struct{}, 1)}
+}
+
+// waiter is a held request's handler, waiting for its plan.
+type waiter struct {
+	rt    *routed
+	ready chan *plan // buffered: the release never blocks
+}
+
+// hold parks rt until the scheduler releases it, and returns the plan the
+// release made (routed already). It fails when the queue is full or the
+// client leaves.
+func (g *Gateway) hold(ctx context.Context, rt *routed, p *plan) (*plan, error) {
+	hq := p.mf.hold
+	w := &waiter{rt: rt, ready: make(chan *plan, 1)}
+	h := &sched.Held{Req: p.req, Until: p.dec.HoldUntil, Compute: p.dec.HoldCompute, Value: w}
+	if err := hq.q.Push(h); err != nil {
+		if errors.Is(err, sched.ErrHoldFull) {
+			return nil, openai.TooManyRequests(time.Second, "kvgate: %d requests already held at the router for model %q", g.cfg.Hold.MaxRequests, rt.req.Model)
+		}
+		return nil, openai.Errorf(http.StatusInternalServerError, "kvgate: %v", err)
+	}
+	g.met.held.Inc()
+	g.startRelease(p.mf)
+	select {
+	case np := <-w.ready:
+		g.met.holdSeconds.Observe(g.clock() - p.req.Arrival)
+		return np, nil
+	case <-ctx.Done():
+		if !hq.q.Remove(h) {
+			// Released meanwhile: its flight is routed; end it.
+			np := <-w.ready
+			np.mf.load.Finish(np.flight, g.clock())
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// holdOutcome names a failed hold in the outcome metric.
+func holdOutcome(ctx context.Context) string {
+	if ctx.Err() != nil {
+		return "client_gone"
+	}
+	return "hold_full"
+}
+
+// startRelease runs mf's release loop unless it runs already, and wakes it.
+func (g *Gateway) startRelease(mf *modelFleet) {
+	hq := mf.hold
+	hq.mu.Lock()
+	start := !hq.running
+	hq.running = true
+	hq.mu.Unlock()
+	if start {
+		go g.releaseLoop(mf)
+		return
+	}
+	select {
+	case hq.wake <- struct{}{}:
+	default:
+	}
+}
+
+// releaseLoop makes release passes until nothing is held: at once, at the
+// next deadline or predicted idle endpoint, when woken, and at least every
+// holdPoll.
+func (g *Gateway) releaseLoop(mf *modelFleet) {
+	hq := mf.hold
+	rf := &releaseFleet{g: g, mf: mf}
+	var snap sched.Snapshot
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		now := g.clock()
+		g.sched.Load().ReleaseHeld(hq.q, now, rf, &snap)
+		hq.mu.Lock()
+		if hq.q.Len() == 0 {
+			hq.running = false
+			hq.mu.Unlock()
+			return
+		}
+		hq.mu.Unlock()
+		next := min(hq.q.NextDeadline(), mf.load.NextIdle(now)) - now
+		wait := min(max(time.Duration(next*float64(time.Second)), time.Millisecond), holdPoll)
+		t.Reset(wait)
+		select {
+		case <-hq.wake:
+			if !t.Stop() {
+				<-t.C
+			}
+		case <-t.C:
+		}
+	}
+}
+
+// releaseFleet is a model fleet as a release pass sees it
+// (sched.HoldFleet).
+type releaseFleet struct {
+	g    *Gateway
+	mf   *modelFleet
+	view *fleetView // the last snapshot's, for Dispatch
+}
+
+func (f *releaseFleet) SnapshotFor(h *sched.Held, s *sched.Snapshot) {
+	w := h.Value.(*waiter)
+	fv, err := f.g.fleetFor(f.mf, w.rt, "")
+	if err != nil {
+		// No endpoint now: nothing can be released.
+		f.view = nil
+		*s = sched.Snapshot{Now: f.g.clock(), BlockSize: f.g.cfg.BlockSize}
+		return
+	}
+	f.view = fv
+	*s = fv.snap
+}
+
+func (f *releaseFleet) Dispatch(h *sched.Held, d sched.Decision) {
+	w := h.Value.(*waiter)
+	p := f.g.planFor(w.rt, f.view, &h.Req, d)
+	p.flight = f.g.route(w.rt, p)
+	w.ready <- p
+}
+
+// heldNow counts the requests held over every model.
+func (g *Gateway) heldNow() int {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	n := 0
+	for _, mf := range g.models {
+		n += mf.hold.q.Len()
+	}
+	return n
+}
