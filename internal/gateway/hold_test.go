@@ -1,0 +1,211 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// holdGateway runs a gateway without early rejection over one upstream
+// (1 000 prompt tokens/s, a 0.5 s TTFT SLO) on a clock the test moves.
+// The upstream holds requests carrying X-Hold until their client goes
+// away, and counts the requests it sees.
+type holdRig struct {
+	url, admin string
+	clock      *atomic.Int64 // Unix nanoseconds
+	seen       *atomic.Int64 // requests the upstream saw
+	inUpstream chan struct{}
+	g          *Gateway
+}
+
+func holdGateway(t *testing.T, maxHeld int) *holdRig {
+	seen, inUpstream := &atomic.Int64{}, make(chan struct{}, 16)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		seen.Add(1)
+		if r.Header.Get("X-Hold") != "" {
+			inUpstream <- struct{}{}
+			<-r.Context().Done()
+			return
+		}
+		fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	t.Cleanup(up.Close)
+	clock := &atomic.Int64{}
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	off := false
+	cfg := Config{
+		Endpoints:   []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}},
+		Classes:     []Class{{Name: "standard", Priority: 1, TTFT: 0.5}},
+		EarlyReject: &off,
+		Hold:        HoldConfig{MaxRequests: maxHeld},
+	}
+	g, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	return &holdRig{url: url, admin: admin, clock: clock, seen: seen, inUpstream: inUpstream, g: g}
+}
+
+// occupy sends a request that stays in the upstream until ctx ends.
+func occupy(t *testing.T, ctx context.Context, url string, tokens int, inUpstream chan struct{}) {
+	t.Helper()
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(tokenPrompt(7, tokens, true)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Hold", "1")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-inUpstream:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first request never reached the upstream")
+	}
+}
+
+// TestHeldRequestWaitsForSlack: a request that fits nowhere (600 tokens
+// at 1 000 tokens/s against a 0.5 s SLO) waits at the gateway while the
+// endpoint is busy, and is sent when the endpoint's queue runs empty.
+func TestHeldRequestWaitsForSlack(t *testing.T) {
+	h := holdGateway(t, 0)
+	url, clock, seen, g := h.url, h.clock, h.seen, h.g
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, url, 200, h.inUpstream) // 0.2 s of predicted prefill
+	got := make(chan result, 1)
+	go func() { got <- post(t, url+"/v1/completions", tokenPrompt(8, 600, false), nil) }()
+	waitFor(t, func() bool { return g.heldNow() == 1 })
+	time.Sleep(3 * holdPoll) // release passes run; the endpoint is still busy
+	if g.heldNow() != 1 || seen.Load() != 1 {
+		t.Fatalf("held %d, upstream saw %d: the held request left before the endpoint had slack", g.heldNow(), seen.Load())
+	}
+	clock.Add(int64(300 * time.Millisecond)) // past the first prefill's predicted end (0.2 s), before the deadline (0.5 s)
+	select {
+	case r := <-got:
+		if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (slack)") {
+			t.Fatalf("released request: %d %q %s", r.status, r.header.Get(hdrReason), r.body)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held request was never released")
+	}
+	if g.heldNow() != 0 || seen.Load() != 2 {
+		t.Fatalf("held %d, upstream saw %d after the release", g.heldNow(), seen.Load())
+	}
+	if m := get(t, h.admin+"/metrics"); !strings.Contains(m, "kvgate_held_total 1") {
+		t.Fatal("kvgate_held_total is not 1")
+	}
+}
+
+// TestHeldClientLeaves: a client that gives up while held leaves the
+// queue; nothing reaches the upstream and nothing stays accounted.
+func TestHeldClientLeaves(t *testing.T) {
+	h := holdGateway(t, 0)
+	url, seen, g := h.url, h.seen, h.g
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, url, 200, h.inUpstream)
+	hctx, hcancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(hctx, http.MethodPost, url+"/v1/completions", strings.NewReader(tokenPrompt(8, 600, false)))
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, func() bool { return g.heldNow() == 1 })
+	hcancel()
+	<-done
+	waitFor(t, func() bool { return g.heldNow() == 0 })
+	cancel()
+	waitFor(t, func() bool { return g.inflight.Load() == 0 })
+	if seen.Load() != 1 {
+		t.Fatalf("upstream saw %d requests, want only the first", seen.Load())
+	}
+	var st struct{ Endpoints []EndpointState }
+	getJSON(t, h.admin+"/admin/endpoints", &st)
+	if len(st.Endpoints) != 1 || st.Endpoints[0].Load.InflightRequests != 0 || st.Endpoints[0].Load.InflightUncached != 0 {
+		t.Fatalf("load left behind: %+v", st.Endpoints)
+	}
+	g.mu.RLock()
+	hq := g.models[testModel].hold.q
+	g.mu.RUnlock()
+	if hq.Len() != 0 || hq.Compute() != 0 {
+		t.Fatalf("hold queue: %d held, %v s of compute", hq.Len(), hq.Compute())
+	}
+}
+
+// TestHoldQueueFull: beyond hold.max_requests a request that fits nowhere
+// gets 429 at once.
+func TestHoldQueueFull(t *testing.T) {
+	h := holdGateway(t, 1)
+	url, g := h.url, h.g
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, url, 200, h.inUpstream)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(tokenPrompt(8, 600, false)))
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, func() bool { return g.heldNow() == 1 })
+	r := post(t, url+"/v1/completions", tokenPrompt(9, 600, false), nil)
+	if r.status != 429 || !strings.Contains(r.body, "already held") {
+		t.Fatalf("past the hold cap: %d %s", r.status, r.body)
+	}
+}
+
+func TestHoldConfigValidation(t *testing.T) {
+	for _, tc := range []struct {
+		h    HoldConfig
+		want string
+	}{
+		{HoldConfig{Mode: "sometimes"}, "hold.mode"},
+		{HoldConfig{Backlog: -1}, "hold.backlog"},
+		{HoldConfig{Slack: 2}, "hold.slack_slos"},
+		{HoldConfig{Max: 2 * time.Hour}, "hold.max"},
+		{HoldConfig{MaxRequests: -3}, "hold.max_requests"},
+	} {
+		c := Config{Hold: tc.h}
+		c.Defaults()
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want an error naming %s", tc.h, err, tc.want)
+		}
+	}
+	c := Config{}
+	c.Defaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if sc := c.scheduler(mustPolicy(t, "kvgate")); !sc.EarlyReject || !sc.Hold {
+		t.Fatalf("defaults: %+v (kvgate holds when early rejection is off)", sc)
+	}
+	c.Hold.Mode = HoldOff
+	if sc := c.scheduler(mustPolicy(t, "kvgate")); sc.Hold {
+		t.Fatal("hold off still holds")
+	}
+	c.Hold.Mode = HoldPolicy
+	if sc := c.scheduler(mustPolicy(t, "cache-only")); sc.Hold {
+		t.Fatal("cache-only holds in mode policy")
+	}
+}
+
+func mustPolicy(t *testing.T, name string) sched.Policy {
+	t.Helper()
+	p, err := sched.New(name, sched.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
