@@ -221,6 +221,20 @@ func (r *run) CachedBlocks(keys []uint64, matched []int) {
 	clear(matched[r.n:])
 }
 
+// HeldBlocks implements load.CacheSizer: the blocks the router knows
+// prefill instance i holds (its cache's occupancy, or with event lag what
+// the events have told so far); decode instances hold none for new
+// requests.
+func (r *run) HeldBlocks(i int) int {
+	switch {
+	case i >= r.n:
+		return 0
+	case r.view != nil:
+		return r.view.precise.inst[i].len()
+	}
+	return r.cache.inst[i].len()
+}
+
 // step routes request ri at its arrival.
 func (r *run) step(ri int) error {
 	q := &r.tr.Requests[ri]
