@@ -89,7 +89,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 		predictors: "all", spread: 2.5, noise: 0.05, driftFactor: 0.5,
 		holdMin: sched.DefaultHoldMin, holdBacklog: sched.DefaultHoldBacklog, holdMax: sched.DefaultHoldMax,
 		holdSlack: sched.DefaultHoldSlack}
-	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the baseline chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection); heterogeneous (instances of hidden, unequal, non-linear speeds, one slowing mid-run; the kvgate policy with each predictor, see docs/predictor.md)")
+	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the baseline chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection); heterogeneous (instances of hidden, unequal, non-linear speeds, one slowing mid-run; the kvgate policy with each predictor, see docs/predictor.md); sweep (--seeds random shapes: fleet, cache, workload, SLO and load drawn by seed, every policy, then a ranking; see docs/sim.md)")
 	fs.StringVar(&f.predictors, "predictors", f.predictors, "heterogeneous: comma-separated predictors, or all: "+strings.Join(sim.Predictors, ", "))
 	flagrange.Var(fl, &f.spread, "spread", sl.spread, "heterogeneous: how many times faster the fast half of the instances is than the slow half")
 	flagrange.Var(fl, &f.noise, "noise", sl.noise, "heterogeneous: lognormal sigma of each prefill's time")
@@ -209,6 +209,7 @@ type simJob struct {
 	hold      holdSettings
 	// load and capacity: the spec's (--loads).
 	load, capacity float64
+	cfg            *sim.Config // the spec's fleet, if its own
 }
 
 // holdSettings are --hold and the deadline's --hold-* parameters.
@@ -248,8 +249,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if predictors, err = heteroScenario(fs, &f); err != nil {
 			return err
 		}
+	case "sweep":
+		if err := sweepFlags(fs, &f); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("unknown scenario %q (known: seed-routing, heterogeneous)", f.scenario)
+		return fmt.Errorf("unknown scenario %q (known: seed-routing, heterogeneous, sweep)", f.scenario)
 	}
 	if f.format != "table" && f.format != "json" {
 		return fmt.Errorf("unknown format %q (table or json)", f.format)
@@ -264,6 +269,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if f.hold != "policy" && f.hold != "all" && f.hold != "off" {
 		return fmt.Errorf("--hold must be policy, all or off, got %q", f.hold)
+	}
+	if f.scenario == "sweep" {
+		return runSweep(ctx, &f, policies, rejects, stdout, sweepMaxRequests)
 	}
 	cacheBlocks, err := simCacheBlocks(&f)
 	if err != nil {
@@ -300,6 +308,23 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return enc.Encode(simOutput{Runs: results})
 	}
 	return printTable(stdout, results)
+}
+
+// sweepFlags refuses the flags a sweep draws itself or cannot use: its
+// shapes set the fleet, the workload, the SLO and the rate.
+func sweepFlags(fs *flag.FlagSet, f *simFlags) error {
+	allowed := map[string]bool{"scenario": true, "seed": true, "seeds": true, "policies": true, "early-reject": true,
+		"format": true, "prefill-speed": true, "block-size": true}
+	var bad []string
+	fs.Visit(func(fl *flag.Flag) {
+		if !allowed[fl.Name] {
+			bad = append(bad, "--"+fl.Name)
+		}
+	})
+	if len(bad) > 0 {
+		return fmt.Errorf("--scenario sweep draws its shapes itself: %s not allowed (use --seed, --seeds, --policies, --early-reject, --format, --prefill-speed, --block-size)", strings.Join(bad, ", "))
+	}
+	return nil
 }
 
 // longPromptDefaults gives the long-prompt workload its own defaults for
@@ -345,6 +370,9 @@ type traceSpec struct {
 	// load, with --loads, is rate as a multiple of capacity, the fleet's
 	// measured prefill capacity in requests per second.
 	load, capacity float64
+	// cfg, when set, is this workload's fleet (the sweep's shapes); nil:
+	// the runs' common one.
+	cfg *sim.Config
 }
 
 // generator is a generated workload at any rate: validate checks the
@@ -513,7 +541,7 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		for _, p := range policies {
 			for _, rj := range rejects {
 				for _, pr := range predictors {
-					j := simJob{trace: tr, rate: rate, seed: sp.seed, policy: p, reject: rj, predictor: pr, hold: hold, load: sp.load, capacity: sp.capacity}
+					j := simJob{trace: tr, rate: rate, seed: sp.seed, policy: p, reject: rj, predictor: pr, hold: hold, load: sp.load, capacity: sp.capacity, cfg: sp.cfg}
 					select {
 					case next <- indexed{len(jobs), j}:
 						jobs = append(jobs, j)
@@ -532,7 +560,7 @@ func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []
 		}
 	}
 	for i := range jobs {
-		jobs[i].trace = nil // let the last workload go with the results kept
+		jobs[i].trace, jobs[i].cfg = nil, nil // let the last workload go with the results kept
 	}
 	return results, jobs, nil
 }
@@ -542,6 +570,9 @@ func runJob(ctx context.Context, cfg sim.Config, j simJob) (sim.Result, error) {
 	pol, err := sched.New(j.policy, sched.Options{Seed: j.seed + 1})
 	if err != nil {
 		return sim.Result{}, err
+	}
+	if j.cfg != nil {
+		cfg = *j.cfg
 	}
 	cfg.Predictor = j.predictor
 	if cfg.Truth != nil {

@@ -59,6 +59,10 @@ func promptIDs(r *workload.Request, bs, ri int) []int64 {
 // both (no timing noise); the gateway's knowledge of the caches comes from
 // its own routing decisions (approximate index entries), the simulator's
 // from its caches, and the workload stays below the cache capacity.
+// sglang-cache-aware is left out: its low-match branch reads how many
+// blocks each endpoint holds in all (HeldTokens), which the gateway's
+// index counts from KV events, which this test does not send; its
+// variant sglang-least-load, which reads only prefixes and loads, is in.
 func TestGatewayMatchesSimulator(t *testing.T) {
 	c := workload.ChatConfig{Systems: 3, Sessions: 10, SystemTokens: 640, TurnTokens: 200, OutputTokens: 4,
 		Rate: 2, Duration: 25, BlockSize: 64, Seed: 3}
@@ -87,7 +91,7 @@ func TestGatewayMatchesSimulator(t *testing.T) {
 		t.Cleanup(srv.Close)
 		ups[i] = fleet.Endpoint{Name: fmt.Sprintf("p%d", i), URL: srv.URL, Model: testModel, PrefillSpeed: 20000}
 	}
-	for _, policy := range []string{"kvgate", "predicted-ttft", "cache-only", "least-queue", "llmd-token-aware", "sglang-cache-aware", "dynamo-kv"} {
+	for _, policy := range []string{"kvgate", "predicted-ttft", "cache-only", "least-queue", "llmd-token-aware", "sglang-least-load", "dynamo-kv"} {
 		t.Run(policy, func(t *testing.T) {
 			var simChoice []int
 			var simTTFT []float64

@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/kvgate/kvgate/internal/tokens"
@@ -14,13 +15,14 @@ import (
 type Matcher struct {
 	idx   *Index
 	model string
+	ids   []EndpointID // in the caller's order
 	pos   map[EndpointID]int
 	bufs  sync.Pool // *[]Match
 }
 
 // NewMatcher returns a Matcher for endpoints (in snapshot order) of model.
 func (x *Index) NewMatcher(model string, endpoints []EndpointID) *Matcher {
-	m := &Matcher{idx: x, model: model, pos: make(map[EndpointID]int, len(endpoints))}
+	m := &Matcher{idx: x, model: model, ids: slices.Clone(endpoints), pos: make(map[EndpointID]int, len(endpoints))}
 	for i, id := range endpoints {
 		m.pos[id] = i
 	}
@@ -43,4 +45,19 @@ func (m *Matcher) CachedBlocks(keys []tokens.BlockKey, matched []int) {
 		}
 	}
 	m.bufs.Put(bp)
+}
+
+// HeldBlocks is how many blocks endpoint i (in the caller's order) holds
+// on the GPU tier in all (precise entries, all groups): the snapshot's
+// HeldTokens (load.CacheSizer). 0 for an endpoint the index does not
+// know.
+func (m *Matcher) HeldBlocks(i int) int {
+	if i < 0 || i >= len(m.ids) {
+		return 0
+	}
+	e := m.idx.endpoint(m.ids[i])
+	if e == nil {
+		return 0
+	}
+	return int(max(e.blocks[TierGPU].Load(), 0))
 }

@@ -60,6 +60,12 @@ type PrefixCache interface {
 	CachedBlocks(keys []uint64, matched []int)
 }
 
+// CacheSizer is a PrefixCache that also knows how many blocks endpoint i
+// (in snapshot order) holds in all; Snapshot then fills HeldTokens.
+type CacheSizer interface {
+	HeldBlocks(i int) int
+}
+
 // Info is what a Fleet knows of an endpoint before any request.
 type Info struct {
 	Name         string
@@ -285,6 +291,11 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 		bs := max(dst.BlockSize, 1)
 		for i := range eps {
 			dst.Endpoints[i].CachedTokens = min(satMul(matched[i], bs), promptTokens)
+		}
+		if cs, ok := pc.(CacheSizer); ok {
+			for i := range eps {
+				dst.Endpoints[i].HeldTokens = satMul(max(cs.HeldBlocks(i), 0), bs)
+			}
 		}
 	}
 	if predicted {

@@ -2,16 +2,31 @@ package sched
 
 import "math"
 
-// sglangCacheAware is SGLang router's cache-aware policy. Load is the number
-// of in-flight requests. When the pool is imbalanced (max-min > abs and
-// max > rel*min) it routes to the least loaded endpoint; otherwise to the
-// endpoint with the longest prefix match if the match rate exceeds the
-// threshold, else to the least loaded endpoint. Among endpoints with equal
-// longest matches (the tenants of the deepest matched radix-tree node) the
-// least loaded one wins, then the first.
-type sglangCacheAware struct{ o Options }
+// sglangCacheAware is SGLang router's cache-aware policy (sgl-router's
+// cache_aware). Load is the number of in-flight requests. When the pool is
+// imbalanced (max-min > abs and max > rel*min) it routes to the least
+// loaded endpoint; otherwise to the endpoint with the longest prefix match
+// if the match rate exceeds the threshold, else to the endpoint with the
+// smallest radix tree (the fewest cached tokens in all, HeldTokens: "the
+// most available cache capacity"), ties to the least loaded, then the
+// first. Among endpoints with equal longest matches (the tenants of the
+// deepest matched radix-tree node) the least loaded one wins, then the
+// first.
+//
+// With leastLoad set it is the variant sglang-least-load, whose low-match
+// branch goes to the least loaded endpoint instead of the smallest tree.
+type sglangCacheAware struct {
+	o         Options
+	leastLoad bool
+}
 
-func (*sglangCacheAware) Name() string { return "sglang-cache-aware" }
+func (p *sglangCacheAware) Name() string {
+	if p.leastLoad {
+		return "sglang-least-load"
+	}
+	return "sglang-cache-aware"
+}
+
 func (p *sglangCacheAware) Pick(req *Request, s *Snapshot) int {
 	minL, maxL := math.MaxInt, -1
 	least, bestMatch := -1, -1
@@ -38,7 +53,28 @@ func (p *sglangCacheAware) Pick(req *Request, s *Snapshot) int {
 	if req.PromptTokens > 0 && float64(s.Endpoints[bestMatch].CachedTokens)/float64(req.PromptTokens) > p.o.SGLangCacheThreshold {
 		return bestMatch
 	}
-	return least
+	if p.leastLoad {
+		return least
+	}
+	return smallestTree(s)
+}
+
+// smallestTree returns the endpoint holding the fewest cached tokens, ties
+// to the least loaded, then the first.
+func smallestTree(s *Snapshot) int {
+	best := -1
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := &s.Endpoints[best]
+		if e.HeldTokens < b.HeldTokens || (e.HeldTokens == b.HeldTokens && e.InflightRequests < b.InflightRequests) {
+			best = i
+		}
+	}
+	return best
 }
 
 // llmdTokenAware is llm-d's matched configuration: the prefix-cache affinity

@@ -115,6 +115,7 @@ func registry() map[string]constructor {
 		"cache-only":          func(o Options, r *lockedRand) Policy { return cacheOnly{} },
 		"predicted-ttft":      func(o Options, r *lockedRand) Policy { return predictedTTFT{} },
 		"sglang-cache-aware":  func(o Options, r *lockedRand) Policy { return &sglangCacheAware{o: o} },
+		"sglang-least-load":   func(o Options, r *lockedRand) Policy { return &sglangCacheAware{o: o, leastLoad: true} },
 		"llmd-token-aware":    func(o Options, r *lockedRand) Policy { return &llmdTokenAware{o: o, rng: r} },
 		"llmd-weighted-blend": func(o Options, r *lockedRand) Policy { return &llmdBlend{o: o, rng: r} },
 		"dynamo-kv":           func(o Options, r *lockedRand) Policy { return &dynamoKV{o: o, rng: r} },

@@ -195,7 +195,7 @@ func TestDecodeChoiceAndAdmission(t *testing.T) {
 
 func TestNamesComplete(t *testing.T) {
 	want := []string{"random", "round-robin", "least-queue", "cache-only", "predicted-ttft",
-		"sglang-cache-aware", "llmd-token-aware", "llmd-weighted-blend", "dynamo-kv", "kvgate"}
+		"sglang-cache-aware", "sglang-least-load", "llmd-token-aware", "llmd-weighted-blend", "dynamo-kv", "kvgate"}
 	got := strings.Join(Names(), ",")
 	for _, w := range want {
 		if !strings.Contains(got, w) {

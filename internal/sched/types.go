@@ -1,8 +1,8 @@
 // Package sched is kvgate's scheduling core: the request and fleet-snapshot
 // types, the routing policies (kvgate's own and the anchors': random,
 // round-robin, least-queue, cache-only, predicted-ttft, sglang-cache-aware,
-// llmd-token-aware, llmd-weighted-blend, dynamo-kv), decode choice and
-// admission (early rejection).
+// sglang-least-load, llmd-token-aware, llmd-weighted-blend, dynamo-kv),
+// decode choice and admission (early rejection).
 //
 // A policy never reads a clock or a socket: it sees a Request and a Snapshot
 // and returns a choice. The live gateway and the discrete-event simulator call
@@ -46,6 +46,11 @@ type Endpoint struct {
 	// CachedTokens is the longest prefix of this request held by the
 	// instance (from the KV index), in tokens.
 	CachedTokens int
+	// HeldTokens is how many tokens of prefix cache the instance holds in
+	// all, whatever the request (SGLang's tree size): the simulator's
+	// per-instance cache occupancy, the gateway's KV-index block count for
+	// the endpoint; 0 when unknown.
+	HeldTokens int
 	// QueueWait is the predicted time before a new prefill could start here
 	// (seconds of queued and running prefill work).
 	QueueWait float64

@@ -357,6 +357,15 @@ func (r *phasedRun) CachedBlocks(keys []uint64, matched []int) {
 	}
 }
 
+// HeldBlocks implements load.CacheSizer: a serving prefill instance's
+// cache occupancy.
+func (r *phasedRun) HeldBlocks(k int) int {
+	if id := r.members[k]; r.role[id] == fleet.RolePrefill {
+		return r.cache.inst[id].len()
+	}
+	return 0
+}
+
 func (r *phasedRun) step(ri int) error {
 	q := &r.tr.Requests[ri]
 	t := q.Arrival

@@ -240,6 +240,20 @@ func (r *run) CachedBlocks(keys []uint64, matched []int) {
 	clear(matched[r.n:])
 }
 
+// HeldBlocks implements load.CacheSizer: the blocks the router knows
+// prefill instance i holds (its cache's occupancy, or with event lag what
+// the events have told so far); decode instances hold none for new
+// requests.
+func (r *run) HeldBlocks(i int) int {
+	switch {
+	case i >= r.n:
+		return 0
+	case r.view != nil:
+		return r.view.precise.inst[i].len()
+	}
+	return r.cache.inst[i].len()
+}
+
 // advance moves the simulated fleet to time t.
 func (r *run) advance(t float64) {
 	if r.dec != nil {

@@ -144,6 +144,9 @@ func TestBaselineReproduction(t *testing.T) {
 
 // TestAnchorsMatchReference holds the anchors' policies to the reference
 // results (shared/reference-results.md) within 4 points of attainment.
+// The reference's SGLang router sends low-match requests to the least
+// loaded worker: sglang-least-load here (sglang-cache-aware, SGLang's own
+// rule, sends them to the smallest tree).
 func TestAnchorsMatchReference(t *testing.T) {
 	traces := map[float64]*workload.Trace{40: chat(t, 40, 0), 70: chat(t, 70, 0)}
 	refs := []struct {
@@ -152,9 +155,9 @@ func TestAnchorsMatchReference(t *testing.T) {
 		reject bool
 		attain float64
 	}{
-		{40, "sglang-cache-aware", false, 0.953},
-		{70, "sglang-cache-aware", false, 0.869},
-		{70, "sglang-cache-aware", true, 0.972},
+		{40, "sglang-least-load", false, 0.953},
+		{70, "sglang-least-load", false, 0.869},
+		{70, "sglang-least-load", true, 0.972},
 		{40, "llmd-token-aware", false, 1.0},
 		{70, "llmd-token-aware", false, 0.900},
 		{70, "llmd-token-aware", true, 0.986},
