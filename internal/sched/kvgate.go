@@ -91,9 +91,19 @@ func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
 	for i := range s.Endpoints {
 		cost, fits := p.cost(req, &s.Endpoints[i], lambda)
 		switch {
-		case best < 0, fits && !bestFits, fits == bestFits && (cost < bestCost || (cost == bestCost && tieBetter(s, i, best))):
+		case best < 0, fits && !bestFits, fits == bestFits && (cost < bestCost || (cost == bestCost && kvgateTie(s, i, best))):
 			best, bestCost, bestFits = i, cost, fits
 		}
 	}
 	return best
+}
+
+// kvgateTie orders endpoints of equal cost: the smaller prefix cache first
+// (a new conversation lands where it evicts least, as SGLang's router
+// places them), then the endpoint idle longest.
+func kvgateTie(s *Snapshot, i, b int) bool {
+	if hi, hb := s.Endpoints[i].HeldTokens, s.Endpoints[b].HeldTokens; hi != hb {
+		return hi < hb
+	}
+	return tieBetter(s, i, b)
 }

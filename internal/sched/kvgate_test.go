@@ -71,3 +71,23 @@ func BenchmarkDecision64(b *testing.B) {
 		})
 	}
 }
+
+// TestKVGateTieSmallerCache: of endpoints that cost the same, kvgate takes
+// the one holding the smaller prefix cache (a new conversation evicts
+// least there), then the one idle longest.
+func TestKVGateTieSmallerCache(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	s := &Snapshot{Now: 10, Endpoints: []Endpoint{
+		{Name: "full", PrefillSpeed: 1000, HeldTokens: 90000, FreeAt: 1},
+		{Name: "small", PrefillSpeed: 1000, HeldTokens: 20000, FreeAt: 5},
+		{Name: "busy", PrefillSpeed: 1000, HeldTokens: 0, QueueWait: 0.5, FreeAt: 10.5},
+	}}
+	req := &Request{PromptTokens: 500, SLO: SLO{TTFT: 2}}
+	if p := pol.Pick(req, s); p != 1 {
+		t.Fatalf("picked %s, want the idle endpoint with the smaller cache", s.Endpoints[p].Name)
+	}
+	s.Endpoints[1].HeldTokens = 90000
+	if p := pol.Pick(req, s); p != 0 {
+		t.Fatalf("picked %s, want the endpoint idle longest among equal caches", s.Endpoints[p].Name)
+	}
+}
