@@ -252,7 +252,7 @@ func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool) (Decision, 
 	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO, Reason: "released from hold (deadline)"}
 	best := -1
 	if overdue {
-		best = soonest(&req, s)
+		best = sc.pickOverdue(&req, s)
 	} else {
 		d.Reason = "released from hold (slack)"
 		best = sc.pickWithSlack(&req, s)
@@ -273,6 +273,39 @@ func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool) (Decision, 
 		d.PredictedTPOT = de.TPOT
 	}
 	return d, true
+}
+
+// OverduePicker is a policy that chooses where its overdue held requests
+// go (kvgate prices the compute they take); without it they go to the
+// endpoint that serves them soonest. PickOverdue gets only endpoints that
+// can prefill and returns an index into s.Endpoints (-1: none).
+type OverduePicker interface {
+	PickOverdue(req *Request, s *Snapshot) int
+}
+
+// pickOverdue is where an overdue held request goes.
+func (sc *Scheduler) pickOverdue(req *Request, s *Snapshot) int {
+	op, ok := sc.Policy.(OverduePicker)
+	if !ok {
+		return soonest(req, s)
+	}
+	v, _ := sc.scratch.Get().(*view)
+	if v == nil {
+		v = &view{}
+	}
+	defer sc.scratch.Put(v)
+	cand := candidates(s, v, func(e *Endpoint) bool { return e.Role.CanPrefill() })
+	if len(cand.Endpoints) == 0 {
+		return -1
+	}
+	p := op.PickOverdue(req, cand)
+	if p < 0 || p >= len(cand.Endpoints) {
+		return -1
+	}
+	if v.index != nil {
+		p = v.index[p]
+	}
+	return p
 }
 
 // soonest is the prefilling endpoint with the lowest predicted TTFT (-1:

@@ -206,3 +206,31 @@ func TestReleaseHeldSlackOnACachedEndpoint(t *testing.T) {
 		t.Fatalf("released %d with slack 0.2 SLOs", n)
 	}
 }
+
+// TestOverdueReleaseKeepsToCacheUnderLoad: an overdue held request goes,
+// for kvgate, where q + (1 + λ)·compute is lowest: with the fleet's queues
+// long (λ high) that is the endpoint holding its prefix even behind a
+// longer queue; another policy sends it where it is served soonest.
+func TestOverdueReleaseKeepsToCacheUnderLoad(t *testing.T) {
+	snap := Snapshot{Now: 10, Endpoints: []Endpoint{
+		{Name: "warm", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 2.5, CachedTokens: 1800},
+		{Name: "cold", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 1.0},
+	}}
+	req := Request{Arrival: 1, PromptTokens: 2000}
+	for _, tc := range []struct {
+		policy string
+		want   int
+	}{{"kvgate", 0}, {"cache-only", 1}} {
+		pol, _ := New(tc.policy, Options{})
+		sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+		f := &holdFleet{snap: snap}
+		q := NewHoldQueue(4)
+		if err := q.Push(&Held{Req: req, Until: 5}); err != nil {
+			t.Fatal(err)
+		}
+		var s Snapshot
+		if n := sc.ReleaseHeld(q, 10, f, &s); n != 1 || f.got[0].Prefill != tc.want {
+			t.Fatalf("%s: n=%d %+v, want endpoint %d", tc.policy, n, f.got, tc.want)
+		}
+	}
+}

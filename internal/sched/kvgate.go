@@ -107,3 +107,23 @@ func kvgateTie(s *Snapshot, i, b int) bool {
 	}
 	return tieBetter(s, i, b)
 }
+
+// PickOverdue implements OverduePicker: an overdue held request has
+// missed its SLO; it goes where its TTFT plus the compute it takes, at the
+// fleet's price, is lowest (q + (1 + λ)·u/s over every endpoint), so that
+// under load it keeps to its cache.
+func (p *kvgatePolicy) PickOverdue(req *Request, s *Snapshot) int {
+	lambda := p.price(req, s)
+	best, bc := -1, math.Inf(1)
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		c := e.QueueWait
+		if e.PrefillSpeed > 0 {
+			c += (1 + lambda) * float64(Uncached(req, e)) / e.PrefillSpeed
+		}
+		if best < 0 || c < bc || (c == bc && kvgateTie(s, i, best)) {
+			best, bc = i, c
+		}
+	}
+	return best
+}
