@@ -214,8 +214,10 @@ func TestReleaseHeldSlackOnACachedEndpoint(t *testing.T) {
 func TestOverdueReleaseKeepsToCacheUnderLoad(t *testing.T) {
 	snap := Snapshot{Now: 10, Endpoints: []Endpoint{
 		{Name: "warm", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 2.5, CachedTokens: 1800},
-		{Name: "cold", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 1.0},
+		{Name: "cold", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 0.5},
 	}}
+	// Soonest: cold (0.5 + 2 s against 2.5 + 0.2 s). Priced at λ = 8 ×
+	// 1.5 s / 2 s = 6: warm (2.5 + 7 × 0.2) against cold (0.5 + 7 × 2).
 	req := Request{Arrival: 1, PromptTokens: 2000}
 	for _, tc := range []struct {
 		policy string
@@ -224,6 +226,7 @@ func TestOverdueReleaseKeepsToCacheUnderLoad(t *testing.T) {
 		pol, _ := New(tc.policy, Options{})
 		sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
 		f := &holdFleet{snap: snap}
+		f.snap.Endpoints = append([]Endpoint(nil), snap.Endpoints...)
 		q := NewHoldQueue(4)
 		if err := q.Push(&Held{Req: req, Until: 5}); err != nil {
 			t.Fatal(err)
