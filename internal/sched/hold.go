@@ -358,18 +358,19 @@ func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
 	if req.SLO.TTFT <= 0 || len(cand.Endpoints) == 0 {
 		return false
 	}
+	for i := range cand.Endpoints {
+		if PredictTTFT(req, &cand.Endpoints[i]) <= req.SLO.TTFT {
+			return false // it fits somewhere: the common case ends here
+		}
+	}
 	minTTFT, minCompute, wait := math.Inf(1), math.Inf(1), 0.0
 	for i := range cand.Endpoints {
 		e := &cand.Endpoints[i]
-		t := PredictTTFT(req, e)
-		minTTFT = min(minTTFT, t)
+		minTTFT = min(minTTFT, PredictTTFT(req, e))
 		if e.PrefillSpeed > 0 {
 			minCompute = min(minCompute, float64(Uncached(req, e))/e.PrefillSpeed)
 		}
 		wait += e.QueueWait
-	}
-	if minTTFT <= req.SLO.TTFT {
-		return false
 	}
 	n := float64(len(cand.Endpoints))
 	backlog := wait/n + max(cand.HeldCompute, 0)/n

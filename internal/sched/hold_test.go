@@ -237,3 +237,54 @@ func TestOverdueReleaseKeepsToCacheUnderLoad(t *testing.T) {
 		}
 	}
 }
+
+// staticFleet hands out one snapshot (what it costs to build one is the
+// caller's, as for Decide) and dispatches nothing.
+type staticFleet struct{ snap *Snapshot }
+
+func (f staticFleet) SnapshotFor(_ *Held, s *Snapshot) { *s = *f.snap }
+func (staticFleet) Dispatch(*Held, Decision)           {}
+
+// BenchmarkDecisionHold64 is kvgate's decision cost with the hold queue
+// over 64 endpoints, against llm-d's token-aware policy in the same run:
+// a request that fits (the hold check), and a whole hold cycle for one
+// that fits nowhere (Decide, Push, a release pass onto an idle endpoint).
+func BenchmarkDecisionHold64(b *testing.B) {
+	r, s := benchFleet(64)
+	b.Run("llmd-token-aware", func(b *testing.B) {
+		sc := Scheduler{Policy: mustNew(&testing.T{}, "llmd-token-aware", Options{}), EarlyReject: true}
+		for b.Loop() {
+			sc.Decide(r, s)
+		}
+	})
+	b.Run("kvgate-hold/fits", func(b *testing.B) {
+		sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), Hold: true}
+		for b.Loop() {
+			sc.Decide(r, s)
+		}
+	})
+	b.Run("kvgate-hold/held-cycle", func(b *testing.B) {
+		sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), Hold: true}
+		busy := *s
+		busy.Endpoints = append([]Endpoint(nil), s.Endpoints...)
+		for i := range busy.Endpoints {
+			busy.Endpoints[i].QueueWait += 3 // fits nowhere
+		}
+		idle := *s
+		idle.Endpoints = append([]Endpoint(nil), busy.Endpoints...)
+		idle.Endpoints[7].QueueWait = 0
+		q := NewHoldQueue(16)
+		var scratch Snapshot
+		h := &Held{}
+		for b.Loop() {
+			d := sc.Decide(r, &busy)
+			*h = Held{Req: *r, Until: d.HoldUntil, Compute: d.HoldCompute}
+			if err := q.Push(h); err != nil {
+				b.Fatal(err)
+			}
+			if sc.ReleaseHeld(q, 0, staticFleet{&idle}, &scratch) != 1 {
+				b.Fatal("not released")
+			}
+		}
+	})
+}
