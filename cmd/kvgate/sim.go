@@ -599,6 +599,7 @@ func roundResult(r sim.Result) sim.Result {
 	r.Attainment = round(r.Attainment, 4)
 	r.Rejected = round(r.Rejected, 4)
 	r.Unserved = round(r.Unserved, 4)
+	r.Held = round(r.Held, 4)
 	r.Goodput = round(r.Goodput, 2)
 	r.TPOTP50 = round(r.TPOTP50, 5)
 	r.TPOTP99 = round(r.TPOTP99, 5)
@@ -626,6 +627,10 @@ func printTable(w io.Writer, rs []sim.Result) error {
 	if unserved {
 		head += "unserved\t"
 	}
+	held := slices.ContainsFunc(rs, func(r sim.Result) bool { return r.Held > 0 })
+	if held {
+		head += "held\t"
+	}
 	head += "goodput\t"
 	if len(rs) > 0 && rs[0].Predictor != "" {
 		head += "TTFT err p50\tp90\tdrift recovery\tstale routing\t"
@@ -652,6 +657,9 @@ func printTable(w io.Writer, rs []sim.Result) error {
 			r.Seed, r.Rate, pol, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, r.TTFTMax, late, 100*r.Attainment, 100*r.Rejected)
 		if unserved {
 			line += fmt.Sprintf("%.1f%%\t", 100*r.Unserved)
+		}
+		if held {
+			line += fmt.Sprintf("%.1f%%\t", 100*r.Held)
 		}
 		line += fmt.Sprintf("%.1f/s\t", r.Goodput)
 		if r.Predictor != "" {

@@ -144,3 +144,37 @@ func TestSimCancelled(t *testing.T) {
 		t.Error("a cancelled simulation must return an error")
 	}
 }
+
+// TestSimHold: without early rejection kvgate holds what fits nowhere
+// (runs report held; the table shows it); --hold off and all change who
+// holds; a bad --hold or a hold parameter out of range is an error.
+func TestSimHold(t *testing.T) {
+	args := []string{"--workload", "long-prompts", "--rates", "17", "--duration", "60", "--early-reject", "off", "--policies", "kvgate,cache-only"}
+	held := func(extra ...string) map[string]float64 {
+		doc := simJSON(t, append(append([]string{}, args...), extra...)...)
+		out := map[string]float64{}
+		for _, r := range doc.Runs {
+			h, _ := r["held"].(float64)
+			out[r["policy"].(string)] = h
+		}
+		return out
+	}
+	if h := held(); h["kvgate"] <= 0 || h["cache-only"] != 0 {
+		t.Fatalf("--hold policy: held %v, want kvgate only", h)
+	}
+	if h := held("--hold", "off"); h["kvgate"] != 0 {
+		t.Fatalf("--hold off: held %v", h)
+	}
+	if h := held("--hold", "all"); h["cache-only"] <= 0 {
+		t.Fatalf("--hold all: held %v", h)
+	}
+	out, _, code := runCmd(t, append([]string{"sim"}, args...)...)
+	if code != 0 || !strings.Contains(strings.SplitN(out, "\n", 2)[0], "held") {
+		t.Fatalf("the table has no held column:\n%s", out)
+	}
+	for _, bad := range [][]string{{"--hold", "maybe"}, {"--hold-backlog", "0"}, {"--hold-slack", "2"}, {"--hold-max", "NaN"}} {
+		if _, errOut, code := runCmd(t, append([]string{"sim", "--duration", "5"}, bad...)...); code == 0 || !strings.Contains(errOut, strings.TrimPrefix(bad[0], "--")) {
+			t.Errorf("%v: exit %d, %q", bad, code, errOut)
+		}
+	}
+}
