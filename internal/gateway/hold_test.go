@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -208,4 +209,65 @@ func mustPolicy(t *testing.T, name string) sched.Policy {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestManyHeldUnderRace: many requests that fit nowhere, held at once
+// while the clock moves and clients give up at random; every one is
+// answered or gone, nothing stays held or accounted (run with -race).
+func TestManyHeldUnderRace(t *testing.T) {
+	h := holdGateway(t, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, h.url, 200, h.inUpstream)
+	const n = 40
+	var wg sync.WaitGroup
+	codes := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer rcancel()
+			if i%4 == 3 {
+				var c context.CancelFunc
+				rctx, c = context.WithTimeout(rctx, time.Duration(5+i)*time.Millisecond)
+				defer c()
+			}
+			req, _ := http.NewRequestWithContext(rctx, http.MethodPost, h.url+"/v1/completions", strings.NewReader(tokenPrompt(100+i, 600, false)))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				codes[i] = -1 // gave up
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes[i] = resp.StatusCode
+		}()
+	}
+	// Move the clock on while they wait: deadlines pass, releases follow.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		case <-tick.C:
+			h.clock.Add(int64(100 * time.Millisecond))
+		}
+	}
+	for i, c := range codes {
+		if c != 200 && !(c == -1 && i%4 == 3) {
+			t.Errorf("request %d: status %d", i, c)
+		}
+	}
+	cancel()
+	waitFor(t, func() bool { return h.g.inflight.Load() == 0 && h.g.heldNow() == 0 })
+	var st struct{ Endpoints []EndpointState }
+	getJSON(t, h.admin+"/admin/endpoints", &st)
+	if l := st.Endpoints[0].Load; l.InflightRequests != 0 || l.InflightUncached != 0 {
+		t.Fatalf("load left behind: %+v", l)
+	}
 }
