@@ -55,6 +55,9 @@ type Options struct {
 	Traffic Traffic
 	// Transport overrides the upstream transport (tests).
 	Transport http.RoundTripper
+	// HoldGrace is how long past its deadline a held request waits for
+	// an endpoint before it gets 503 (default 30 s).
+	HoldGrace time.Duration
 }
 
 // Traffic hears what the gateway routes: a request's sizes when it is
@@ -75,6 +78,8 @@ type Gateway struct {
 	start   time.Time
 	health  *health.Prober
 	traffic Traffic
+	// holdGrace: Options.HoldGrace.
+	holdGrace time.Duration
 
 	sched  atomic.Pointer[sched.Scheduler] // replaced whole on reload
 	policy string
@@ -128,6 +133,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.HoldGrace <= 0 {
+		o.HoldGrace = defaultHoldGrace
+	}
 	pol, err := sched.New(cfg.Policy, sched.Options{})
 	if err != nil {
 		return nil, err
@@ -145,7 +153,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic,
+		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic, holdGrace: o.HoldGrace,
 		policy:  cfg.Policy,
 		toks:    toks,
 		idx:     kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),

@@ -24,6 +24,11 @@ import (
 // earlier than predicted free an endpoint before its predicted idle time.
 const holdPoll = 50 * time.Millisecond
 
+// defaultHoldGrace is how long past its deadline a held request may still
+// wait (no endpoint could take it: the fleet is gone) before it gets 503
+// (Options.HoldGrace).
+const defaultHoldGrace = 30 * time.Second
+
 // holdQueue is one model fleet's hold queue and its release loop's state.
 type holdQueue struct {
 	q       *sched.HoldQueue
@@ -57,24 +62,34 @@ func (g *Gateway) hold(ctx context.Context, rt *routed, p *plan) (*plan, error) 
 	}
 	g.met.held.Inc()
 	g.startRelease(p.mf)
+	limit := time.NewTimer(time.Duration(max(h.Until-g.clock(), 0)*float64(time.Second)) + g.holdGrace)
+	defer limit.Stop()
+	var err error
 	select {
 	case np := <-w.ready:
 		g.met.holdSeconds.Observe(g.clock() - p.req.Arrival)
 		return np, nil
 	case <-ctx.Done():
-		if !hq.q.Remove(h) {
-			// Released meanwhile: its flight is routed; end it.
-			np := <-w.ready
-			np.mf.load.Finish(np.flight, g.clock())
-		}
-		return nil, ctx.Err()
+		err = ctx.Err()
+	case <-limit.C:
+		err = openai.Unavailable(5*time.Second, "kvgate: held past its deadline and no endpoint of model %q could take it", rt.req.Model)
 	}
+	if !hq.q.Remove(h) {
+		// Released meanwhile: its flight is routed; end it.
+		np := <-w.ready
+		np.mf.load.Finish(np.flight, g.clock())
+	}
+	return nil, err
 }
 
 // holdOutcome names a failed hold in the outcome metric.
-func holdOutcome(ctx context.Context) string {
-	if ctx.Err() != nil {
+func holdOutcome(ctx context.Context, err error) string {
+	var oe *openai.Error
+	switch {
+	case ctx.Err() != nil:
 		return "client_gone"
+	case errors.As(err, &oe) && oe.Status == http.StatusServiceUnavailable:
+		return "unavailable"
 	}
 	return "hold_full"
 }

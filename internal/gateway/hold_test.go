@@ -29,6 +29,10 @@ type holdRig struct {
 }
 
 func holdGateway(t *testing.T, maxHeld int) *holdRig {
+	return holdGatewayWith(t, maxHeld, Options{})
+}
+
+func holdGatewayWith(t *testing.T, maxHeld int, o Options) *holdRig {
 	seen, inUpstream := &atomic.Int64{}, make(chan struct{}, 16)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -50,7 +54,8 @@ func holdGateway(t *testing.T, maxHeld int) *holdRig {
 		EarlyReject: &off,
 		Hold:        HoldConfig{MaxRequests: maxHeld},
 	}
-	g, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	o.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+	g, url, admin := startGateway(t, cfg, o)
 	return &holdRig{url: url, admin: admin, clock: clock, seen: seen, inUpstream: inUpstream, g: g}
 }
 
@@ -270,4 +275,29 @@ func TestManyHeldUnderRace(t *testing.T) {
 	if l := st.Endpoints[0].Load; l.InflightRequests != 0 || l.InflightUncached != 0 {
 		t.Fatalf("load left behind: %+v", l)
 	}
+}
+
+// TestHeldWithoutFleet: a held request whose fleet goes away gets 503 once
+// its deadline and the grace have passed, and leaves the queue.
+func TestHeldWithoutFleet(t *testing.T) {
+	h := holdGatewayWith(t, 0, Options{HoldGrace: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, h.url, 200, h.inUpstream)
+	got := make(chan result, 1)
+	go func() { got <- post(t, h.url+"/v1/completions", tokenPrompt(8, 600, false), nil) }()
+	waitFor(t, func() bool { return h.g.heldNow() == 1 })
+	if err := h.g.SetEndpoints(nil); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Add(int64(time.Second)) // past the deadline (0.5 s), nowhere to go
+	select {
+	case r := <-got:
+		if r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "held past its deadline") {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held request never got an answer")
+	}
+	waitFor(t, func() bool { return h.g.heldNow() == 0 })
 }

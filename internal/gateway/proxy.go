@@ -95,7 +95,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		}
 		if p.dec.Hold {
 			if p, err = g.hold(r.Context(), rt, p); err != nil {
-				g.met.outcome(holdOutcome(r.Context()), rt.class.Name, g.policy)
+				g.met.outcome(holdOutcome(r.Context(), err), rt.class.Name, g.policy)
 				openai.WriteError(w, err)
 				return
 			}
