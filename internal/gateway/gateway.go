@@ -328,6 +328,7 @@ func (g *Gateway) refresh() {
 				panic(err) // Validate checked the name
 			}
 			mf.load.SetPredictor(p)
+			mf.load.SetBatchingEngines(true) // vLLM and SGLang batch prefills
 			g.models[name] = mf
 		}
 		if sameMembers(mf.members, ms) {

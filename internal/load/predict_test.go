@@ -68,3 +68,46 @@ func TestPredictorLearnsFromFirstTokens(t *testing.T) {
 		t.Errorf("without the predictor: speed %g", s.Endpoints[0].PrefillSpeed)
 	}
 }
+
+// TestBatchingEnginesTrainOnLonePrefills: with batching engines, two
+// prefills routed together end together (one step), so the second's first
+// token says nothing of its own compute; only a prefill that started on
+// an idle endpoint trains the model. FIFO engines (the default) train on
+// both.
+func TestBatchingEnginesTrainOnLonePrefills(t *testing.T) {
+	for _, tc := range []struct {
+		batching bool
+		samples  int
+	}{{true, 50}, {false, 100}} {
+		f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
+		l, err := predict.NewLearned(predict.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.SetPredictor(l)
+		f.SetBatchingEngines(tc.batching)
+		_, eps := snap(f, 0, 0, nil)
+		now := 0.0
+		for range 50 {
+			// Both 2 000-token prompts computed in one 0.2 s step; the
+			// second's first token is heard a millisecond later.
+			f1 := f.Route(eps[0], now, Work{Uncached: 2000})
+			f2 := f.Route(eps[0], now, Work{Uncached: 2000})
+			f.FirstToken(f1, now+0.2)
+			f.FirstToken(f2, now+0.201)
+			f.Finish(f1, now+0.2)
+			f.Finish(f2, now+0.201)
+			now += 1
+		}
+		st, _ := f.PredictorStats("a")
+		if st.Samples != tc.samples {
+			t.Errorf("batching %v: %d samples, want %d", tc.batching, st.Samples, tc.samples)
+		}
+		// Lone prefills of 2 000 tokens in 0.2 s: 10 000 tokens/s per
+		// request. Read as FIFO, every other prefill took 1 ms and the
+		// model is pulled far from that.
+		if off := math.Abs(st.Speed-10000) / 10000; tc.batching && off > 0.1 || !tc.batching && off < 0.5 {
+			t.Errorf("batching %v: learned %g tokens/s (10 000 per request in a shared step)", tc.batching, st.Speed)
+		}
+	}
+}
