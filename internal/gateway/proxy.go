@@ -267,7 +267,10 @@ const (
 func newPredictor(name string) (predict.Predictor, error) {
 	switch name {
 	case PredictorLearned:
-		return predict.NewLearned(predict.Options{})
+		// Shrink 1: engines batch prefills and first tokens cross a
+		// network; alike endpoints are predicted alike unless their
+		// fits differ beyond their noise (predict.Options.Shrink).
+		return predict.NewLearned(predict.Options{Shrink: 1})
 	case PredictorAnalytic:
 		return predict.NewAnalytic(predict.Options{})
 	}

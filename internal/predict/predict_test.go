@@ -227,3 +227,53 @@ func BenchmarkObserve(b *testing.B) {
 		})
 	}
 }
+
+// TestShrinkPredictsAlikeEndpointsAlike: two endpoints of one pool whose
+// observations differ by less than their noise (0.25 lognormal) are
+// predicted alike with Shrink, apart without; an endpoint four times
+// slower than its pool-mates keeps its own fit either way.
+func TestShrinkPredictsAlikeEndpointsAlike(t *testing.T) {
+	observe := func(rng *rand.Rand, m Model, factor float64) {
+		for i := range 400 {
+			x := Features{Uncached: 1000 + (i*131)%4000}
+			base := float64(x.Uncached) / 20000
+			m.Observe(Observation{X: x, Compute: base * factor * math.Exp(0.25*rng.NormFloat64()), Predicted: base})
+		}
+	}
+	x := Features{Uncached: 2048}
+	for _, shrink := range []float64{0, 1} {
+		l, err := NewLearned(Options{Shrink: shrink})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(7, 7))
+		a, b := l.Model("a", 20000), l.Model("b", 20000)
+		observe(rng, a, 1.1)
+		observe(rng, b, 0.9)
+		pa, pb := a.Prefill(x).Seconds, b.Prefill(x).Seconds
+		apart := math.Abs(math.Log(pa / pb))
+		if shrink > 0 && apart > 0.02 {
+			t.Errorf("shrink: alike endpoints predicted %.4f and %.4f s", pa, pb)
+		}
+		if shrink == 0 && apart < 0.1 {
+			t.Errorf("no shrink: a and b (1.1× and 0.9×) predicted %.4f and %.4f s", pa, pb)
+		}
+
+		l, _ = NewLearned(Options{Shrink: shrink})
+		var slow Model
+		for _, name := range []string{"n1", "n2", "n3", "slow"} {
+			m := l.Model(name, 20000)
+			f := 1.0
+			if name == "slow" {
+				f, slow = 4, m
+			}
+			observe(rng, m, f)
+		}
+		if ps, want := slow.Prefill(x).Seconds, 4*2048.0/20000; math.Abs(ps-want)/want > 0.15 {
+			t.Errorf("shrink %g: the slow endpoint predicted %.4f s, want about %.4f", shrink, ps, want)
+		}
+	}
+	if _, err := NewLearned(Options{Shrink: 11}); err == nil {
+		t.Error("shrink 11 accepted")
+	}
+}
