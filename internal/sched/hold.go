@@ -29,14 +29,16 @@ import (
 //     HoldMax. The backlog is
 //     the mean predicted queue wait plus the compute already held, per
 //     endpoint: what a fair FIFO fleet would have made it wait. An overdue
-//     request goes to the endpoint that serves it soonest, ahead of every
-//     request not yet overdue.
+//     request goes, ahead of every request not yet overdue, where the
+//     policy says (OverduePicker) or else to the endpoint that serves it
+//     soonest.
 //
 // The simulator and the gateway both run this code: they push what Decide
 // marks Hold, and call Scheduler.ReleaseHeld whenever the fleet may have
 // changed (a prefill ended, a request arrived, a deadline passed).
 
-// Default hold parameters (Scheduler.HoldMin, HoldBacklog, HoldMax).
+// Default hold parameters (Scheduler.HoldMin, HoldBacklog, HoldSlack,
+// HoldMax).
 const (
 	DefaultHoldMin     = 1.0   // SLOs
 	DefaultHoldBacklog = 1.0   // × the fleet's backlog
@@ -62,7 +64,6 @@ type Held struct {
 
 	seq      uint64
 	prio, dl int // heap positions; -1 when out
-	gone     bool
 }
 
 // HoldQueue is the router's queue of held requests, ordered two ways: by
@@ -135,7 +136,7 @@ func (q *HoldQueue) Push(h *Held) error {
 		return ErrHoldFull
 	}
 	q.seq++
-	h.seq, h.gone = q.seq, false
+	h.seq = q.seq
 	heap.Push(&q.byPrio, h)
 	heap.Push(&q.byDL, h)
 	q.compute += h.Compute
@@ -151,12 +152,11 @@ func (q *HoldQueue) Remove(h *Held) bool {
 }
 
 func (q *HoldQueue) remove(h *Held) bool {
-	if h == nil || h.gone || h.prio < 0 || h.prio >= len(q.byPrio.h) || q.byPrio.h[h.prio] != h {
-		return false
+	if h == nil || h.prio < 0 || h.prio >= len(q.byPrio.h) || q.byPrio.h[h.prio] != h {
+		return false // not held (heap.Remove leaves its positions at -1)
 	}
 	heap.Remove(&q.byPrio, h.prio)
 	heap.Remove(&q.byDL, h.dl)
-	h.gone = true
 	q.compute -= h.Compute
 	if len(q.byPrio.h) == 0 {
 		q.compute = 0 // no drift from float sums
@@ -289,23 +289,8 @@ func (sc *Scheduler) pickOverdue(req *Request, s *Snapshot) int {
 	if !ok {
 		return soonest(req, s)
 	}
-	v, _ := sc.scratch.Get().(*view)
-	if v == nil {
-		v = &view{}
-	}
-	defer sc.scratch.Put(v)
-	cand := candidates(s, v, func(e *Endpoint) bool { return e.Role.CanPrefill() })
-	if len(cand.Endpoints) == 0 {
-		return -1
-	}
-	p := op.PickOverdue(req, cand)
-	if p < 0 || p >= len(cand.Endpoints) {
-		return -1
-	}
-	if v.index != nil {
-		p = v.index[p]
-	}
-	return p
+	return sc.pickAmong(s, func(e *Endpoint) bool { return e.Role.CanPrefill() },
+		func(cand *Snapshot) int { return op.PickOverdue(req, cand) })
 }
 
 // soonest is the prefilling endpoint with the lowest predicted TTFT (-1:
@@ -327,22 +312,25 @@ func soonest(req *Request, s *Snapshot) int {
 // pickWithSlack is the policy's pick among the endpoints with slack for
 // req (-1: none has).
 func (sc *Scheduler) pickWithSlack(req *Request, s *Snapshot) int {
-	slack := sc.HoldSlack
-	if slack <= 0 {
-		slack = DefaultHoldSlack
-	}
+	slack := orDefault(sc.HoldSlack, DefaultHoldSlack)
+	return sc.pickAmong(s, func(e *Endpoint) bool {
+		return e.Role.CanPrefill() && (e.QueueWait <= 0 || PredictTTFT(req, e) <= slack*req.SLO.TTFT)
+	}, func(cand *Snapshot) int { return sc.Policy.Pick(req, cand) })
+}
+
+// pickAmong runs pick on the endpoints of s that keep keeps and maps its
+// answer back to an index into s (-1: none kept, or pick declined).
+func (sc *Scheduler) pickAmong(s *Snapshot, keep func(*Endpoint) bool, pick func(*Snapshot) int) int {
 	v, _ := sc.scratch.Get().(*view)
 	if v == nil {
 		v = &view{}
 	}
 	defer sc.scratch.Put(v)
-	cand := candidates(s, v, func(e *Endpoint) bool {
-		return e.Role.CanPrefill() && (e.QueueWait <= 0 || PredictTTFT(req, e) <= slack*req.SLO.TTFT)
-	})
+	cand := candidates(s, v, keep)
 	if len(cand.Endpoints) == 0 {
 		return -1
 	}
-	p := sc.Policy.Pick(req, cand)
+	p := pick(cand)
 	if p < 0 || p >= len(cand.Endpoints) {
 		return -1
 	}
@@ -350,6 +338,14 @@ func (sc *Scheduler) pickWithSlack(req *Request, s *Snapshot) int {
 		p = v.index[p]
 	}
 	return p
+}
+
+// orDefault is v, or d when v is not set (<= 0).
+func orDefault(v, d float64) float64 {
+	if v <= 0 {
+		return d
+	}
+	return v
 }
 
 // hold marks d as held when no candidate's predicted TTFT fits the SLO:
@@ -368,23 +364,14 @@ func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
 		e := &cand.Endpoints[i]
 		minTTFT = min(minTTFT, PredictTTFT(req, e))
 		if e.PrefillSpeed > 0 {
-			minCompute = min(minCompute, float64(Uncached(req, e))/e.PrefillSpeed)
+			minCompute = min(minCompute, computeSeconds(req, e))
 		}
 		wait += e.QueueWait
 	}
 	n := float64(len(cand.Endpoints))
 	backlog := wait/n + max(cand.HeldCompute, 0)/n
-	hmin, hb, hmax := sc.HoldMin, sc.HoldBacklog, sc.HoldMax
-	if hmin <= 0 {
-		hmin = DefaultHoldMin
-	}
-	if hb <= 0 {
-		hb = DefaultHoldBacklog
-	}
-	if hmax <= 0 {
-		hmax = DefaultHoldMax
-	}
-	wait = min(max(hmin*req.SLO.TTFT, hb*backlog), hmax)
+	wait = min(max(orDefault(sc.HoldMin, DefaultHoldMin)*req.SLO.TTFT, orDefault(sc.HoldBacklog, DefaultHoldBacklog)*backlog),
+		orDefault(sc.HoldMax, DefaultHoldMax))
 	d.Admit, d.Hold = false, true
 	d.HoldUntil = req.Arrival + wait
 	if math.IsInf(minCompute, 1) {

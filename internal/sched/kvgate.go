@@ -46,10 +46,7 @@ func (p *kvgatePolicy) price(req *Request, s *Snapshot) float64 {
 // cost is endpoint e's cost for req at compute price lambda, and whether
 // its predicted TTFT fits the SLO.
 func (p *kvgatePolicy) cost(req *Request, e *Endpoint, lambda float64) (cost float64, fits bool) {
-	compute := 0.0
-	if e.PrefillSpeed > 0 {
-		compute = float64(Uncached(req, e)) / e.PrefillSpeed
-	}
+	compute := computeSeconds(req, e)
 	ttft := e.QueueWait + compute
 	fits = req.SLO.TTFT <= 0 || ttft <= p.o.KVGateFit*req.SLO.TTFT
 	if !fits {
@@ -117,10 +114,7 @@ func (p *kvgatePolicy) PickOverdue(req *Request, s *Snapshot) int {
 	best, bc := -1, math.Inf(1)
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		c := e.QueueWait
-		if e.PrefillSpeed > 0 {
-			c += (1 + lambda) * float64(Uncached(req, e)) / e.PrefillSpeed
-		}
+		c := e.QueueWait + (1+lambda)*computeSeconds(req, e)
 		if best < 0 || c < bc || (c == bc && kvgateTie(s, i, best)) {
 			best, bc = i, c
 		}

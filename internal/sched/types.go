@@ -130,10 +130,16 @@ func PessimisticTTFT(req *Request, e *Endpoint) float64 {
 
 // PredictTTFT is queue wait plus the time to compute the uncached part.
 func PredictTTFT(req *Request, e *Endpoint) float64 {
+	return e.QueueWait + computeSeconds(req, e)
+}
+
+// computeSeconds is the time e takes to compute req's uncached part (0
+// without a speed).
+func computeSeconds(req *Request, e *Endpoint) float64 {
 	if e.PrefillSpeed <= 0 {
-		return e.QueueWait
+		return 0
 	}
-	return e.QueueWait + float64(Uncached(req, e))/e.PrefillSpeed
+	return float64(Uncached(req, e)) / e.PrefillSpeed
 }
 
 // Choice is a policy's answer: indices of the prefill and decode endpoints.
