@@ -218,6 +218,11 @@ type holdSettings struct {
 	min, backlog, max, slack float64
 }
 
+// holdSettings are the flags' hold settings.
+func (f *simFlags) holdSettings() holdSettings {
+	return holdSettings{mode: f.hold, min: f.holdMin, backlog: f.holdBacklog, max: f.holdMax, slack: f.holdSlack}
+}
+
 func (h holdSettings) scheduler(pol sched.Policy, reject bool) *sched.Scheduler {
 	return &sched.Scheduler{Policy: pol, EarlyReject: reject,
 		Hold:    h.mode == "all" || (h.mode != "off" && sched.HoldsLost(pol)),
@@ -297,8 +302,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	hs := holdSettings{mode: f.hold, min: f.holdMin, backlog: f.holdBacklog, max: f.holdMax, slack: f.holdSlack}
-	results, _, err := runJobs(ctx, cfg, specs, policies, rejects, predictors, hs)
+	results, _, err := runJobs(ctx, cfg, specs, policies, rejects, predictors, f.holdSettings())
 	if err != nil {
 		return err
 	}

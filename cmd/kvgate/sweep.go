@@ -183,8 +183,7 @@ func runSweep(ctx context.Context, f *simFlags, policies []string, rejects []boo
 			build: func() (*workload.Trace, error) { return g.gen(rate) }}
 		shapes[i] = s
 	}
-	hs := holdSettings{mode: f.hold, min: f.holdMin, backlog: f.holdBacklog, max: f.holdMax, slack: f.holdSlack}
-	results, _, err := runJobs(ctx, sim.Config{}, specs, policies, rejects, []string{""}, hs)
+	results, _, err := runJobs(ctx, sim.Config{}, specs, policies, rejects, []string{""}, f.holdSettings())
 	if err != nil {
 		return err
 	}
