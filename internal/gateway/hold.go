@@ -132,12 +132,9 @@ func (g *Gateway) releaseLoop(mf *modelFleet) {
 		hq.mu.Unlock()
 		next := min(hq.q.NextDeadline(), mf.load.NextIdle(now)) - now
 		wait := min(max(time.Duration(next*float64(time.Second)), time.Millisecond), holdPoll)
-		t.Reset(wait)
+		t.Reset(wait) // Go ≥ 1.23 timers: Reset drops a value not yet received
 		select {
 		case <-hq.wake:
-			if !t.Stop() {
-				<-t.C
-			}
 		case <-t.C:
 		}
 	}
