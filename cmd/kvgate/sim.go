@@ -31,7 +31,7 @@ type simFlags struct {
 	outputTokens, blockSize, cacheBlocks, decodeKVTokens, seeds             int
 	duration, sloTTFT, sloTPOT, prefillSpeed, timeScale                     float64
 	eventLag, approxTTL                                                     float64
-	holdMin, holdBacklog, holdMax, holdSlack                                float64
+	holdMin, holdBacklog, holdMax, holdSlack, holdQuiet                     float64
 	seed                                                                    uint64
 }
 
@@ -43,7 +43,7 @@ type simLimits struct {
 	sloTTFT, sloTPOT                                               flagrange.Range[float64]
 	eventLag, approxTTL                                            flagrange.Range[float64]
 	spread, noise, driftFactor                                     flagrange.Range[float64]
-	holdMin, holdBacklog, holdMax, holdSlack                       flagrange.Range[float64]
+	holdMin, holdBacklog, holdMax, holdSlack, holdQuiet            flagrange.Range[float64]
 	load                                                           flagrange.Range[float64]
 }
 
@@ -65,6 +65,7 @@ func simRanges() simLimits {
 		holdBacklog:     flagrange.Range[float64]{Min: 0.01, Max: 1000},
 		holdMax:         flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds"},
 		holdSlack:       flagrange.Range[float64]{Min: 0.001, Max: 1, Unit: "SLOs"},
+		holdQuiet:       flagrange.Range[float64]{Min: 0.001, Max: 100000, Unit: "SLOs"},
 		load:            flagrange.Range[float64]{Min: 0.01, Max: 100, Unit: "× capacity"},
 	}
 }
@@ -88,7 +89,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 		duration: 120, seeds: 1, sloTTFT: 2, prefillSpeed: 20000, blockSize: 64, cacheBlocks: 3000, format: "table",
 		predictors: "all", spread: 2.5, noise: 0.05, driftFactor: 0.5,
 		holdMin: sched.DefaultHoldMin, holdBacklog: sched.DefaultHoldBacklog, holdMax: sched.DefaultHoldMax,
-		holdSlack: sched.DefaultHoldSlack}
+		holdSlack: sched.DefaultHoldSlack, holdQuiet: sched.DefaultHoldQuiet}
 	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the baseline chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection); heterogeneous (instances of hidden, unequal, non-linear speeds, one slowing mid-run; the kvgate policy with each predictor, see docs/predictor.md); sweep (--seeds random shapes: fleet, cache, workload, SLO and load drawn by seed, every policy, then a ranking; see docs/sim.md)")
 	fs.StringVar(&f.predictors, "predictors", f.predictors, "heterogeneous: comma-separated predictors, or all: "+strings.Join(sim.Predictors, ", "))
 	flagrange.Var(fl, &f.spread, "spread", sl.spread, "heterogeneous: how many times faster the fast half of the instances is than the slow half")
@@ -99,11 +100,12 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
 	fs.StringVar(&f.policies, "policies", f.policies, "comma-separated policies, or all: "+strings.Join(sched.Names(), ", "))
 	fs.StringVar(&f.earlyReject, "early-reject", f.earlyReject, "early rejection: on, off or both")
-	fs.StringVar(&f.hold, "hold", "policy", "without early rejection, hold at the router requests that fit nowhere (docs/policies.md): policy (the policies meant to: kvgate), all or off")
+	fs.StringVar(&f.hold, "hold", "policy", "hold at the router requests that fit nowhere (docs/policies.md; with early rejection, those that miss their SLO even on an idle instance): policy (the policies meant to: kvgate), all or off")
 	flagrange.Var(fl, &f.holdMin, "hold-min", sl.holdMin, "a held request's deadline is at least this many TTFT SLOs after its arrival")
 	flagrange.Var(fl, &f.holdBacklog, "hold-backlog", sl.holdBacklog, "a held request's deadline: this times the fleet's backlog at its arrival (mean queue wait + held compute per instance)")
 	flagrange.Var(fl, &f.holdMax, "hold-max", sl.holdMax, "a held request's deadline is at most this long after its arrival")
 	flagrange.Var(fl, &f.holdSlack, "hold-slack", sl.holdSlack, "a held request is released early onto an idle instance or one where its predicted TTFT is within this many SLOs")
+	flagrange.Var(fl, &f.holdQuiet, "hold-quiet", sl.holdQuiet, "with early rejection, a held request is served on an idle instance only once no request has been rejected for the load for this many SLOs")
 	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents, %d for long-prompts)", wl.Rate, maxRates, longPromptRate))
 	fs.StringVar(&f.loads, "loads", "", fmt.Sprintf("instead of --rates: comma-separated loads, each %s, at most %d: multiples of the fleet's prefill capacity on the workload (instances × prefill speed / mean uncached tokens per request under cache-only routing, measured on each seed's workload first)", sl.load, maxRates))
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
@@ -214,19 +216,19 @@ type simJob struct {
 
 // holdSettings are --hold and the deadline's --hold-* parameters.
 type holdSettings struct {
-	mode                     string // policy, all or off
-	min, backlog, max, slack float64
+	mode                            string // policy, all or off
+	min, backlog, max, slack, quiet float64
 }
 
 // holdSettings are the flags' hold settings.
 func (f *simFlags) holdSettings() holdSettings {
-	return holdSettings{mode: f.hold, min: f.holdMin, backlog: f.holdBacklog, max: f.holdMax, slack: f.holdSlack}
+	return holdSettings{mode: f.hold, min: f.holdMin, backlog: f.holdBacklog, max: f.holdMax, slack: f.holdSlack, quiet: f.holdQuiet}
 }
 
 func (h holdSettings) scheduler(pol sched.Policy, reject bool) *sched.Scheduler {
 	return &sched.Scheduler{Policy: pol, EarlyReject: reject,
 		Hold:    h.mode == "all" || (h.mode != "off" && sched.HoldsLost(pol)),
-		HoldMin: h.min, HoldBacklog: h.backlog, HoldMax: h.max, HoldSlack: h.slack}
+		HoldMin: h.min, HoldBacklog: h.backlog, HoldMax: h.max, HoldSlack: h.slack, HoldQuiet: h.quiet}
 }
 
 type simOutput struct {

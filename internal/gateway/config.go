@@ -82,15 +82,20 @@ type Config struct {
 // HoldConfig is the hold queue's configuration (sched.Scheduler.Hold).
 type HoldConfig struct {
 	// Mode: "policy" (default: the policies meant to hold, kvgate's),
-	// "on" (every policy) or "off". Only without early rejection.
+	// "on" (every policy) or "off". Without early rejection it holds
+	// requests that fit nowhere; with it, those that miss their SLO even
+	// on an idle endpoint.
 	Mode string `yaml:"mode"`
 	// Min (SLOs), Backlog (× the fleet's backlog) and Max bound a held
 	// request's deadline; Slack (SLOs) is when an endpoint has room for
-	// an early release. 0: sched's defaults.
+	// an early release; Quiet (SLOs), with early rejection, is how long
+	// no request must have been rejected for the load before a held one
+	// is served on an idle endpoint. 0: sched's defaults.
 	Min     float64       `yaml:"min_slos"`
 	Backlog float64       `yaml:"backlog"`
 	Max     time.Duration `yaml:"max"`
 	Slack   float64       `yaml:"slack_slos"`
+	Quiet   float64       `yaml:"quiet_slos"`
 	// MaxRequests caps the requests held per model (default 4096);
 	// beyond it a request that fits nowhere gets 429.
 	MaxRequests int `yaml:"max_requests"`
@@ -108,7 +113,7 @@ func (c *Config) scheduler(pol sched.Policy) *sched.Scheduler {
 	h := c.Hold
 	return &sched.Scheduler{Policy: pol, EarlyReject: *c.EarlyReject, Explain: true,
 		Hold:    h.Mode == HoldOn || (h.Mode == HoldPolicy && sched.HoldsLost(pol)),
-		HoldMin: h.Min, HoldBacklog: h.Backlog, HoldMax: h.Max.Seconds(), HoldSlack: h.Slack}
+		HoldMin: h.Min, HoldBacklog: h.Backlog, HoldMax: h.Max.Seconds(), HoldSlack: h.Slack, HoldQuiet: h.Quiet}
 }
 
 // Class is an SLO class.
@@ -141,6 +146,7 @@ type Limits struct {
 	HoldBacklog        flagrange.Range[float64]
 	HoldMax            flagrange.Range[time.Duration]
 	HoldSlack          flagrange.Range[float64]
+	HoldQuiet          flagrange.Range[float64]
 	HoldRequests       flagrange.Range[int]
 }
 
@@ -159,6 +165,7 @@ func ConfigLimits() Limits {
 		HoldBacklog:        flagrange.Range[float64]{Min: 0.01, Max: 1000, Zero: "default"},
 		HoldMax:            flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour, Zero: "default"},
 		HoldSlack:          flagrange.Range[float64]{Min: 0.001, Max: 1, Unit: "SLOs", Zero: "default"},
+		HoldQuiet:          flagrange.Range[float64]{Min: 0.001, Max: 100000, Unit: "SLOs", Zero: "default"},
 		HoldRequests:       flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "requests"},
 	}
 }
@@ -256,6 +263,7 @@ func (c *Config) Validate() error {
 		l.HoldBacklog.Check("hold.backlog", c.Hold.Backlog),
 		l.HoldMax.Check("hold.max", c.Hold.Max),
 		l.HoldSlack.Check("hold.slack_slos", c.Hold.Slack),
+		l.HoldQuiet.Check("hold.quiet_slos", c.Hold.Quiet),
 		l.HoldRequests.Check("hold.max_requests", c.Hold.MaxRequests),
 	}
 	add := func(err error) {

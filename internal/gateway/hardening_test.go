@@ -25,7 +25,8 @@ func tokenPrompt(id, n int, stream bool) string {
 
 // shedGateway runs a gateway over one upstream (1 000 prompt tokens/s, a
 // 0.5 s TTFT SLO) whose clock stands still, so the shedding window never
-// ends during the test. The upstream holds requests carrying X-Hold until
+// ends during the test, and without the hold queue (a request too long
+// for its SLO is rejected at once; TestHeldWithEarlyRejection holds it). The upstream holds requests carrying X-Hold until
 // the client goes away, and tells held on arrival.
 func shedGateway(t *testing.T) (url string, held chan struct{}) {
 	held = make(chan struct{}, 16)
@@ -43,6 +44,7 @@ func shedGateway(t *testing.T) (url string, held chan struct{}) {
 	cfg := Config{
 		Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}},
 		Classes:   []Class{{Name: "standard", Priority: 1, TTFT: 0.5}},
+		Hold:      HoldConfig{Mode: HoldOff},
 	}
 	_, url, _ = startGateway(t, cfg, Options{Now: func() time.Time { return now }})
 	return url, held

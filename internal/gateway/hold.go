@@ -14,7 +14,9 @@ import (
 // The hold queue (sched.HoldQueue, docs/policies.md): without early
 // rejection, a request whose predicted TTFT misses its SLO on every
 // endpoint waits at the gateway, not in an engine's queue, until an
-// endpoint has slack or its deadline passes. Its handler blocks in hold;
+// endpoint has slack or its deadline passes; with early rejection, one
+// that misses its SLO even on an idle endpoint waits for an idle endpoint
+// in a quiet fleet, and is rejected (429) at its deadline. Its handler blocks in hold;
 // each model fleet's release loop (running while anything is held) makes
 // the scheduler's release passes and hands the handler its plan, already
 // routed in the load accounting so that the next release sees the
@@ -163,6 +165,12 @@ func (f *releaseFleet) SnapshotFor(h *sched.Held, s *sched.Snapshot) {
 
 func (f *releaseFleet) Dispatch(h *sched.Held, d sched.Decision) {
 	w := h.Value.(*waiter)
+	if !d.Admit {
+		// Early rejection, no slack before its deadline: the handler
+		// rejects it (it misses alone: no class is shed for it).
+		w.ready <- &plan{dec: d, mf: f.mf, req: h.Req, missesAlone: true}
+		return
+	}
 	p := f.g.planFor(w.rt, f.view, &h.Req, d)
 	p.flight = f.g.route(w.rt, p)
 	w.ready <- p

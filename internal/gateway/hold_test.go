@@ -32,8 +32,10 @@ func holdGateway(t *testing.T, maxHeld int) *holdRig {
 	return holdGatewayWith(t, maxHeld, Options{})
 }
 
-func holdGatewayWith(t *testing.T, maxHeld int, o Options) *holdRig {
-	seen, inUpstream := &atomic.Int64{}, make(chan struct{}, 16)
+// holdUpstream is an upstream that counts the requests it sees in seen
+// and holds those carrying X-Hold (telling inUpstream) until their client
+// goes away.
+func holdUpstream(t *testing.T, seen *atomic.Int64, inUpstream chan struct{}) *httptest.Server {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		seen.Add(1)
@@ -45,6 +47,12 @@ func holdGatewayWith(t *testing.T, maxHeld int, o Options) *holdRig {
 		fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
 	}))
 	t.Cleanup(up.Close)
+	return up
+}
+
+func holdGatewayWith(t *testing.T, maxHeld int, o Options) *holdRig {
+	seen, inUpstream := &atomic.Int64{}, make(chan struct{}, 16)
+	up := holdUpstream(t, seen, inUpstream)
 	clock := &atomic.Int64{}
 	clock.Store(time.Unix(1000, 0).UnixNano())
 	off := false
@@ -300,4 +308,59 @@ func TestHeldWithoutFleet(t *testing.T) {
 		t.Fatal("the held request never got an answer")
 	}
 	waitFor(t, func() bool { return h.g.heldNow() == 0 })
+}
+
+// TestHeldWithEarlyRejection: with early rejection, a request that misses
+// its SLO even on an idle endpoint (600 tokens at 1 000 tokens/s against a
+// 0.5 s SLO) is held, not rejected: served at once while two endpoints are
+// idle and nothing was rejected for the load; with one endpoint busy
+// (only one idle, kept for what arrives) it waits, and at its deadline
+// (arrival + 1 SLO) it gets 429 without a class being shed.
+func TestHeldWithEarlyRejection(t *testing.T) {
+	inUpstream := make(chan struct{}, 4)
+	seen := &atomic.Int64{}
+	a, b := holdUpstream(t, seen, inUpstream), holdUpstream(t, seen, inUpstream)
+	clock := &atomic.Int64{}
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	on := true
+	cfg := Config{
+		Endpoints: []fleet.Endpoint{{Name: "a", URL: a.URL, Model: testModel, PrefillSpeed: 1000},
+			{Name: "b", URL: b.URL, Model: testModel, PrefillSpeed: 1000}},
+		Classes:     []Class{{Name: "standard", Priority: 1, TTFT: 0.5}},
+		EarlyReject: &on,
+		Predictor:   PredictorAnalytic,
+	}
+	g, url, _ := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+
+	r := post(t, url+"/v1/completions", tokenPrompt(8, 600, false), nil)
+	if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (idle endpoint, quiet fleet)") {
+		t.Fatalf("two idle endpoints: %d %q %s", r.status, r.header.Get(hdrReason), r.body)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, url, 100, inUpstream) // 0.1 s: one endpoint busy
+	got := make(chan result, 1)
+	go func() { got <- post(t, url+"/v1/completions", tokenPrompt(9, 600, false), nil) }()
+	waitFor(t, func() bool { return g.heldNow() == 1 })
+	time.Sleep(3 * holdPoll)
+	if g.heldNow() != 1 || seen.Load() != 2 {
+		t.Fatalf("held %d, upstreams saw %d: released with one endpoint idle", g.heldNow(), seen.Load())
+	}
+	clock.Add(int64(600 * time.Millisecond)) // past its deadline, 0.5 s
+	select {
+	case r := <-got:
+		if r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "even on an idle endpoint") {
+			t.Fatalf("overdue: %d %s, want 429", r.status, r.body)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held request never got an answer")
+	}
+	if seen.Load() != 2 || g.heldNow() != 0 {
+		t.Fatalf("upstreams saw %d, held %d", seen.Load(), g.heldNow())
+	}
+	// It missed alone: its class is not shed; a small request is served.
+	if r := post(t, url+"/v1/completions", tokenPrompt(10, 100, false), nil); r.status != 200 {
+		t.Fatalf("after the rejection: %d %s", r.status, r.body)
+	}
 }

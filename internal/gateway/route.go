@@ -190,10 +190,8 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	d := g.sched.Load().Decide(&sreq, &fs.snap)
 	g.met.decision.Observe(time.Since(start).Seconds())
 	p := g.planFor(rt, fs, &sreq, d)
-	if d.Prefill >= 0 && !d.Admit && d.SLO.TTFT > 0 {
-		idle := fs.snap.Endpoints[d.Prefill]
-		idle.QueueWait = 0
-		p.missesAlone = sched.PessimisticTTFT(&sreq, &idle) > d.SLO.TTFT
+	if d.Prefill >= 0 && !d.Admit {
+		p.missesAlone = !sched.RejectedForLoad(&sreq, &fs.snap, &d)
 	}
 	return p, nil
 }

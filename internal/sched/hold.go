@@ -33,9 +33,20 @@ import (
 //     policy says (OverduePicker) or else to the endpoint that serves it
 //     soonest.
 //
+// With early rejection, a request that fits nowhere only because of the
+// load is rejected, but one that misses its SLO even on an idle endpoint
+// (its prompt is too long for the SLO) would be rejected on any fleet
+// state, every turn of its conversation: it would starve. It is held
+// instead, released onto an idle endpoint once the fleet has rejected no
+// request for the load for HoldQuiet SLOs (so its compute takes no room a
+// request that can make its SLO needs), and rejected at its deadline,
+// arrival + HoldMin SLOs, if that slack never came. Served, it warms the
+// cache for its conversation's next turns, which then fit.
+//
 // The simulator and the gateway both run this code: they push what Decide
-// marks Hold, and call Scheduler.ReleaseHeld whenever the fleet may have
-// changed (a prefill ended, a request arrived, a deadline passed).
+// marks Hold, note rejections for the load (HoldQueue.NoteLoadRejection,
+// RejectedForLoad), and call Scheduler.ReleaseHeld whenever the fleet may
+// have changed (a prefill ended, a request arrived, a deadline passed).
 
 // Default hold parameters (Scheduler.HoldMin, HoldBacklog, HoldSlack,
 // HoldMax).
@@ -44,6 +55,7 @@ const (
 	DefaultHoldBacklog = 1.0   // × the fleet's backlog
 	DefaultHoldSlack   = 0.5   // SLOs
 	DefaultHoldMax     = 600.0 // seconds
+	DefaultHoldQuiet   = 30.0  // SLOs without a rejection for the load
 )
 
 // ErrHoldFull is returned by HoldQueue.Push when the queue is at its cap.
@@ -75,6 +87,10 @@ type HoldQueue struct {
 	compute float64
 	seq     uint64
 	cap     int
+	// loadRejected is when a request was last rejected for the load
+	// (clock seconds); everRejected says whether one was.
+	loadRejected float64
+	everRejected bool
 }
 
 // NewHoldQueue returns a queue holding at most capacity requests (> 0).
@@ -112,6 +128,29 @@ func (q *HoldQueue) Compute() float64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return max(q.compute, 0)
+}
+
+// NoteLoadRejection records that a request was rejected for the load at
+// clock time now (see RejectedForLoad): with early rejection, requests
+// held because they miss their SLO even on an idle endpoint wait for a
+// quiet fleet.
+func (q *HoldQueue) NoteLoadRejection(now float64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.everRejected || now > q.loadRejected {
+		q.loadRejected, q.everRejected = now, true
+	}
+}
+
+// quietFor is how long before now the last rejection for the load was
+// (+Inf if none).
+func (q *HoldQueue) quietFor(now float64) float64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.everRejected {
+		return math.Inf(1)
+	}
+	return now - q.loadRejected
 }
 
 // NextDeadline is the earliest deadline held (+Inf when empty).
@@ -213,8 +252,9 @@ type HoldFleet interface {
 	// SnapshotFor fills s with the fleet as seen now for h's request
 	// (its cached prefix on each endpoint, Snapshot.HeldCompute).
 	SnapshotFor(h *Held, s *Snapshot)
-	// Dispatch sends h's request where d says (d.Admit is true). h is
-	// out of the queue by then.
+	// Dispatch sends h's request where d says, or, with d.Admit false
+	// (early rejection: no slack came before its deadline), rejects it
+	// with d.Reason. h is out of the queue by then.
 	Dispatch(h *Held, d Decision)
 }
 
@@ -230,7 +270,7 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 			return n
 		}
 		f.SnapshotFor(h, s)
-		d, ok := sc.release(&h.Req, s, overdue)
+		d, ok := sc.release(&h.Req, s, overdue, q.quietFor(now))
 		if !ok {
 			return n
 		}
@@ -242,18 +282,29 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 	}
 }
 
-// release decides a held request at s.Now: overdue, on the endpoint with
-// the lowest predicted TTFT; else, if any endpoint has slack (an idle
-// queue, or a predicted TTFT within HoldSlack SLOs), on the one the
+// release decides a held request at s.Now: overdue, where the policy says
+// (with early rejection: rejected); else, if any endpoint has slack (an
+// idle queue, or a predicted TTFT within HoldSlack SLOs; with early
+// rejection, an idle queue in a fleet quiet for HoldQuiet SLOs: quiet is
+// how long ago the last rejection for the load was), on the one the
 // policy picks among those.
-func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool) (Decision, bool) {
+func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool, quiet float64) (Decision, bool) {
 	req := *in
 	req.SLO = sc.WithDefaults(req.SLO)
 	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO, Reason: "released from hold (deadline)"}
 	best := -1
-	if overdue {
+	switch {
+	case overdue && sc.EarlyReject:
+		d.Reason = fmt.Sprintf("predicted TTFT misses SLO %.3fs even on an idle endpoint, and no endpoint was free before its deadline", req.SLO.TTFT)
+		return d, true
+	case overdue:
 		best = sc.pickOverdue(&req, s)
-	} else {
+	case sc.EarlyReject:
+		d.Reason = "released from hold (idle endpoint, quiet fleet)"
+		if quiet >= orDefault(sc.HoldQuiet, DefaultHoldQuiet)*req.SLO.TTFT {
+			best = sc.pickIdle(&req, s)
+		}
+	default:
 		d.Reason = "released from hold (slack)"
 		best = sc.pickWithSlack(&req, s)
 	}
@@ -318,6 +369,23 @@ func (sc *Scheduler) pickWithSlack(req *Request, s *Snapshot) int {
 	}, func(cand *Snapshot) int { return sc.Policy.Pick(req, cand) })
 }
 
+// pickIdle is the policy's pick among the idle prefilling endpoints, if
+// one stays idle after it (the fleet keeps an idle endpoint for what
+// arrives next); -1 otherwise.
+func (sc *Scheduler) pickIdle(req *Request, s *Snapshot) int {
+	idle := func(e *Endpoint) bool { return e.Role.CanPrefill() && e.QueueWait <= 0 }
+	n := 0
+	for i := range s.Endpoints {
+		if idle(&s.Endpoints[i]) {
+			n++
+		}
+	}
+	if n < 2 {
+		return -1
+	}
+	return sc.pickAmong(s, idle, func(cand *Snapshot) int { return sc.Policy.Pick(req, cand) })
+}
+
 // pickAmong runs pick on the endpoints of s that keep keeps and maps its
 // answer back to an index into s (-1: none kept, or pick declined).
 func (sc *Scheduler) pickAmong(s *Snapshot, keep func(*Endpoint) bool, pick func(*Snapshot) int) int {
@@ -340,6 +408,23 @@ func (sc *Scheduler) pickAmong(s *Snapshot, keep func(*Endpoint) bool, pick func
 	return p
 }
 
+// aloneTTFT is req's pessimistic TTFT on e with an empty queue.
+func aloneTTFT(req *Request, e *Endpoint) float64 {
+	return computeSeconds(req, e) * max(e.PrefillSlack, 1)
+}
+
+// RejectedForLoad reports whether d, decided by Decide for req on s,
+// rejected req because of the load: the request fits its TTFT SLO on the
+// chosen endpoint with an empty queue (or has none), or was rejected on
+// the decode side. Callers note such rejections in their hold queue
+// (HoldQueue.NoteLoadRejection); the gateway sheds a class only for them.
+func RejectedForLoad(req *Request, s *Snapshot, d *Decision) bool {
+	if d.Admit || d.Hold || d.Prefill < 0 || d.Prefill >= len(s.Endpoints) {
+		return false
+	}
+	return d.SLO.TTFT <= 0 || aloneTTFT(req, &s.Endpoints[d.Prefill]) <= d.SLO.TTFT
+}
+
 // orDefault is v, or d when v is not set (<= 0).
 func orDefault(v, d float64) float64 {
 	if v <= 0 {
@@ -348,14 +433,19 @@ func orDefault(v, d float64) float64 {
 	return v
 }
 
-// hold marks d as held when no candidate's predicted TTFT fits the SLO:
-// its deadline and the compute it adds to the backlog.
+// hold marks d as held when no candidate's predicted TTFT fits the SLO
+// (with early rejection: not even with an empty queue): its deadline and
+// the compute it adds to the backlog.
 func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
 	if req.SLO.TTFT <= 0 || len(cand.Endpoints) == 0 {
 		return false
 	}
 	for i := range cand.Endpoints {
-		if PredictTTFT(req, &cand.Endpoints[i]) <= req.SLO.TTFT {
+		e := &cand.Endpoints[i]
+		if sc.EarlyReject && aloneTTFT(req, e) <= req.SLO.TTFT {
+			return false // it fits, or misses for the load: admission decides
+		}
+		if !sc.EarlyReject && PredictTTFT(req, e) <= req.SLO.TTFT {
 			return false // it fits somewhere: the common case ends here
 		}
 	}
@@ -370,8 +460,12 @@ func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
 	}
 	n := float64(len(cand.Endpoints))
 	backlog := wait/n + max(cand.HeldCompute, 0)/n
-	wait = min(max(orDefault(sc.HoldMin, DefaultHoldMin)*req.SLO.TTFT, orDefault(sc.HoldBacklog, DefaultHoldBacklog)*backlog),
-		orDefault(sc.HoldMax, DefaultHoldMax))
+	wait = max(orDefault(sc.HoldMin, DefaultHoldMin)*req.SLO.TTFT, orDefault(sc.HoldBacklog, DefaultHoldBacklog)*backlog)
+	if sc.EarlyReject {
+		// It gets its answer soon: served on slack or rejected.
+		wait = orDefault(sc.HoldMin, DefaultHoldMin) * req.SLO.TTFT
+	}
+	wait = min(wait, orDefault(sc.HoldMax, DefaultHoldMax))
 	d.Admit, d.Hold = false, true
 	d.HoldUntil = req.Arrival + wait
 	if math.IsInf(minCompute, 1) {
@@ -380,5 +474,8 @@ func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
 	d.HoldCompute = minCompute
 	d.PredictedTTFT = minTTFT
 	d.Reason = fmt.Sprintf("held: predicted TTFT %.3fs misses SLO %.3fs on every endpoint; released on slack or at +%.1fs", minTTFT, req.SLO.TTFT, wait)
+	if sc.EarlyReject {
+		d.Reason = fmt.Sprintf("held: predicted TTFT misses SLO %.3fs even on an idle endpoint; served on an idle endpoint of a quiet fleet or rejected at +%.1fs", req.SLO.TTFT, wait)
+	}
 	return true
 }

@@ -79,7 +79,86 @@ func (f *holdFleet) SnapshotFor(_ *Held, s *Snapshot) {
 func (f *holdFleet) Dispatch(h *Held, d Decision) {
 	f.got = append(f.got, d)
 	f.who = append(f.who, h)
-	f.snap.Endpoints[d.Prefill].QueueWait += 10
+	if d.Admit {
+		f.snap.Endpoints[d.Prefill].QueueWait += 10
+	}
+}
+
+// TestHoldWithEarlyRejection: with early rejection, only a request that
+// misses its SLO even on an idle endpoint is held (one that misses for the
+// load is rejected, and counts as a rejection for the load); it is served
+// on an idle endpoint once the fleet has been quiet for HoldQuiet SLOs and
+// another endpoint stays idle, and rejected at arrival + HoldMin SLOs.
+func TestHoldWithEarlyRejection(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, Hold: true, EarlyReject: true, DefaultSLO: SLO{TTFT: 2}, HoldQuiet: 10}
+	busy := Snapshot{Now: 100, Endpoints: []Endpoint{
+		{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 3},
+		{Name: "b", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 3},
+		{Name: "c", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 3},
+	}}
+	small := Request{Arrival: 100, PromptTokens: 1000} // 1 s alone
+	long := Request{Arrival: 100, PromptTokens: 5000}  // 5 s alone
+	d := sc.Decide(&small, &busy)
+	if d.Admit || d.Hold || !RejectedForLoad(&small, &busy, &d) {
+		t.Fatalf("a request that misses for the load: %+v, want rejected for the load", d)
+	}
+	d = sc.Decide(&long, &busy)
+	if d.Admit || !d.Hold || d.HoldUntil != 102 || RejectedForLoad(&long, &busy, &d) {
+		t.Fatalf("a request that misses alone: %+v, want held until 102 (arrival + 1 SLO)", d)
+	}
+	// A prefix cached somewhere that makes it fit alone: not held.
+	busy.Endpoints[2].CachedTokens = 4000
+	if d := sc.Decide(&long, &busy); d.Hold || !RejectedForLoad(&long, &busy, &d) {
+		t.Fatalf("fits alone on the cached endpoint: %+v, want rejected for the load", d)
+	}
+	// Without the hold it is rejected, and not for the load.
+	sc.Hold = false
+	busy.Endpoints[2].CachedTokens = 0
+	if d := sc.Decide(&long, &busy); d.Admit || d.Hold || RejectedForLoad(&long, &busy, &d) {
+		t.Fatalf("without the hold: %+v, want rejected, not for the load", d)
+	}
+	sc.Hold = true
+
+	f := &holdFleet{snap: Snapshot{Now: 100, Endpoints: []Endpoint{
+		{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 3},
+		{Name: "b", Role: fleet.RoleBoth, PrefillSpeed: 1000},
+		{Name: "c", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: 1},
+	}}}
+	q := NewHoldQueue(8)
+	h := &Held{Req: long, Until: 102}
+	if err := q.Push(h); err != nil {
+		t.Fatal(err)
+	}
+	var s Snapshot
+	if n := sc.ReleaseHeld(q, 100, f, &s); n != 0 {
+		t.Fatalf("one idle endpoint: released %d, want it kept for what arrives", n)
+	}
+	f.snap.Endpoints[2].QueueWait = 0
+	q.NoteLoadRejection(95) // 5 s ago: under 10 SLOs
+	if n := sc.ReleaseHeld(q, 100, f, &s); n != 0 {
+		t.Fatalf("a rejection for the load 5 s ago: released %d", n)
+	}
+	q.NoteLoadRejection(70) // older than the last one: ignored
+	if n := sc.ReleaseHeld(q, 101, f, &s); n != 0 {
+		t.Fatalf("an older rejection moved the quiet window: released %d", n)
+	}
+	sc.HoldQuiet = 1 // 2 s: quiet since 95
+	if n := sc.ReleaseHeld(q, 101, f, &s); n != 1 || !f.got[0].Admit || f.got[0].Prefill == 0 {
+		t.Fatalf("quiet fleet, two idle endpoints: n=%d %+v, want served on an idle one", n, f.got)
+	}
+	// Overdue with no slack: rejected, with a reason.
+	h2 := &Held{Req: long, Until: 102}
+	if err := q.Push(h2); err != nil {
+		t.Fatal(err)
+	}
+	q.NoteLoadRejection(101.5)
+	if n := sc.ReleaseHeld(q, 102, f, &s); n != 1 || f.who[1] != h2 || f.got[1].Admit || f.got[1].Reason == "" {
+		t.Fatalf("overdue: n=%d %+v, want a rejection", n, f.got)
+	}
+	if q.Len() != 0 {
+		t.Fatalf("%d still held", q.Len())
+	}
 }
 
 func TestDecideHoldsWhatFitsNowhere(t *testing.T) {

@@ -41,8 +41,15 @@ type Scheduler struct {
 	// DefaultHoldMax). HoldSlack (SLOs, default DefaultHoldSlack): a
 	// held request is released early onto an idle endpoint or one where
 	// its predicted TTFT from now is within HoldSlack SLOs.
-	Hold                                     bool
-	HoldMin, HoldBacklog, HoldMax, HoldSlack float64
+	//
+	// With EarlyReject, Hold holds only a request that misses its SLO even
+	// on an idle endpoint (rejecting it would turn it away on any fleet
+	// state: it would starve): it is released onto an idle endpoint once
+	// no request has been rejected for the load for HoldQuiet SLOs
+	// (default DefaultHoldQuiet), and rejected at its deadline, arrival +
+	// HoldMin SLOs, if no endpoint had that slack.
+	Hold                                                bool
+	HoldMin, HoldBacklog, HoldMax, HoldSlack, HoldQuiet float64
 
 	scratch sync.Pool // *view
 }
@@ -80,7 +87,7 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 	defer sc.scratch.Put(v)
 	cand := candidates(s, v, func(e *Endpoint) bool { return e.Role.CanPrefill() })
 	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO}
-	if sc.Hold && !sc.EarlyReject && sc.hold(&req, cand, &d) {
+	if sc.Hold && sc.hold(&req, cand, &d) {
 		return d
 	}
 	p := -1

@@ -299,6 +299,9 @@ func (r *run) step(ri int) error {
 	}
 	if !d.Admit {
 		r.rejected++
+		if r.sc.Hold && sched.RejectedForLoad(&req, &r.snap, &d) {
+			r.hold.NoteLoadRejection(t)
+		}
 		return nil
 	}
 	return r.dispatch(ri, t, d)
@@ -332,8 +335,13 @@ func (r *run) releaseUntil(t float64) error {
 // SnapshotFor implements sched.HoldFleet.
 func (r *run) SnapshotFor(h *sched.Held, _ *sched.Snapshot) { r.snapshot(h.Value.(int)) }
 
-// Dispatch implements sched.HoldFleet: a held request leaves the hold.
+// Dispatch implements sched.HoldFleet: a held request leaves the hold,
+// served or (early rejection, no slack before its deadline) rejected.
 func (r *run) Dispatch(h *sched.Held, d sched.Decision) {
+	if !d.Admit {
+		r.rejected++
+		return
+	}
 	if r.holdErr == nil {
 		r.holdErr = r.dispatch(h.Value.(int), r.snap.Now, d)
 	}
