@@ -72,7 +72,7 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		release()
 	}
 	if err != nil {
-		g.met.outcome("bad_request", "", g.policy)
+		g.met.outcome(preOutcome(r.Context(), err), "", g.policy)
 		openai.WriteError(w, err)
 		return
 	}
@@ -89,7 +89,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	for attempt := 0; attempt < 2; attempt++ {
 		p, err := g.decide(rt, exclude)
 		if err != nil {
-			g.met.outcome("unavailable", rt.class.Name, g.policy)
+			g.met.outcome(decideOutcome(err), rt.class.Name, g.policy)
 			openai.WriteError(w, err)
 			return
 		}
@@ -133,6 +133,40 @@ func clientError(err error) error {
 		return openai.Errorf(http.StatusBadGateway, "%v", err)
 	}
 	return err
+}
+
+// preOutcome names, in the outcome metric, a request that failed before
+// it was routed: while its body was read (under the body limiter), parsed
+// or tokenized.
+func preOutcome(ctx context.Context, err error) string {
+	var te *tokenizerError
+	status := openai.AsError(err).Status
+	switch {
+	case status == http.StatusRequestTimeout:
+		// Its body came too slowly (net/http cancels the request's
+		// context on the read deadline, but the client is there to
+		// read the 408).
+		return "bad_request"
+	case ctx.Err() != nil:
+		// Hung up meanwhile: whatever the error says, nobody is there
+		// to read it.
+		return "client_gone"
+	case errors.As(err, &te):
+		return "tokenizer_error"
+	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
+		return "overloaded" // no large-body slot freed within its wait
+	}
+	return "bad_request" // the rest is the client's: 400, 405, 413, ...
+}
+
+// decideOutcome names a request the scheduler could not be asked about:
+// a model nobody serves is the client's error (404), no endpoint to take
+// it is unavailable.
+func decideOutcome(err error) string {
+	if openai.AsError(err).Status < http.StatusInternalServerError {
+		return "bad_request"
+	}
+	return "unavailable"
 }
 
 func outcomeOf(ctx context.Context, err error) string {
