@@ -402,6 +402,11 @@ func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p
 // flushed chunk by chunk), calls firstByte when the first body bytes come,
 // and records what it observed.
 //
+// The answer is complete once the client has its end: the upstream body's
+// EOF, or for a stream its data: [DONE] line. What fails after that (the
+// client hanging up at once, so that the rest of the upstream body is
+// never read) fails nothing: relay succeeds.
+//
 // It returns the stream's observed TPOT (0: not a stream of more than two
 // chunks).
 func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func()) (float64, error) {
@@ -425,6 +430,10 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	first := true
 	var firstAt time.Time
 	chunks := 0
+	var end *streamEnd // an SSE answer's [DONE] line, once the client has it
+	if rt.req.Stream && resp.StatusCode == http.StatusOK {
+		end = &streamEnd{}
+	}
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
@@ -437,16 +446,22 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 				}
 			}
 			chunks++
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return 0, fmt.Errorf("%w: client: %v", errStreamBroken, werr)
+			if werr := writeFlush(w, rc, buf[:n]); werr != nil {
+				if end.done() {
+					break
+				}
+				return 0, fmt.Errorf("%w: client: %w", errStreamBroken, werr)
 			}
-			_ = rc.Flush()
+			end.scan(buf[:n])
 		}
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return 0, fmt.Errorf("%w: %s: %v", errStreamBroken, m.ep.Name, err)
+			if end.done() {
+				break
+			}
+			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
 		}
 	}
 	tpot := 0.0
@@ -461,3 +476,51 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	}
 	return tpot, nil
 }
+
+// writeFlush writes p to the client and flushes it: a failed flush is a
+// failed write (p did not leave the gateway), unless w cannot flush.
+func writeFlush(w http.ResponseWriter, rc *http.ResponseController, p []byte) error {
+	if _, err := w.Write(p); err != nil {
+		return err
+	}
+	if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
+}
+
+// streamEnd finds the end of an OpenAI stream in the bytes written to the
+// client: a line "data: [DONE]" (SSE allows "data:[DONE]") ended by a line
+// break. A nil *streamEnd never ends (not a stream).
+type streamEnd struct {
+	n    int                    // bytes of the current line so far
+	head [len(sseDoneLine)]byte // its first bytes
+	end  bool
+}
+
+const sseDoneLine = "data: [DONE]"
+
+// scan reads the next bytes written.
+func (s *streamEnd) scan(p []byte) {
+	for s != nil && !s.end && len(p) > 0 {
+		i := bytes.IndexAny(p, "\r\n")
+		if i < 0 {
+			s.add(p)
+			return
+		}
+		s.add(p[:i])
+		line := s.head[:min(s.n, len(s.head))]
+		s.end = s.n <= len(s.head) && (string(line) == sseDoneLine || string(line) == "data:[DONE]")
+		s.n, p = 0, p[i+1:]
+	}
+}
+
+func (s *streamEnd) add(p []byte) {
+	if s.n < len(s.head) {
+		copy(s.head[s.n:], p)
+	}
+	s.n += len(p)
+}
+
+// done reports whether the client has the stream's [DONE] line.
+func (s *streamEnd) done() bool { return s != nil && s.end }
