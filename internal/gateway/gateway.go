@@ -58,6 +58,9 @@ type Options struct {
 	// HoldGrace is how long past its deadline a held request waits for
 	// an endpoint before it gets 503 (default 30 s).
 	HoldGrace time.Duration
+	// TokenizeTimeout bounds tokenizing one request (an engine's
+	// /tokenize, say); past it the client gets 504 (default 10 s).
+	TokenizeTimeout time.Duration
 }
 
 // Traffic hears what the gateway routes: a request's sizes when it is
@@ -80,6 +83,8 @@ type Gateway struct {
 	traffic Traffic
 	// holdGrace: Options.HoldGrace.
 	holdGrace time.Duration
+	// tokenizeTimeout: Options.TokenizeTimeout.
+	tokenizeTimeout time.Duration
 
 	sched  atomic.Pointer[sched.Scheduler] // replaced whole on reload
 	policy string
@@ -136,6 +141,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if o.HoldGrace <= 0 {
 		o.HoldGrace = defaultHoldGrace
 	}
+	if o.TokenizeTimeout <= 0 {
+		o.TokenizeTimeout = defaultTokenizeTimeout
+	}
 	pol, err := sched.New(cfg.Policy, sched.Options{})
 	if err != nil {
 		return nil, err
@@ -154,7 +162,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g := &Gateway{
 		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic, holdGrace: o.HoldGrace,
-		policy:  cfg.Policy,
+		tokenizeTimeout: o.TokenizeTimeout, policy: cfg.Policy,
 		toks:    toks,
 		idx:     kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),
 		members: map[string]*member{},

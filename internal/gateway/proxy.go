@@ -72,7 +72,7 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		release()
 	}
 	if err != nil {
-		g.met.outcome("bad_request", "", g.policy)
+		g.met.outcome(preOutcome(r.Context(), err), "", g.policy)
 		openai.WriteError(w, err)
 		return
 	}
@@ -89,7 +89,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	for attempt := 0; attempt < 2; attempt++ {
 		p, err := g.decide(rt, exclude)
 		if err != nil {
-			g.met.outcome("unavailable", rt.class.Name, g.policy)
+			g.met.outcome(decideOutcome(err), rt.class.Name, g.policy)
 			openai.WriteError(w, err)
 			return
 		}
@@ -133,6 +133,40 @@ func clientError(err error) error {
 		return openai.Errorf(http.StatusBadGateway, "%v", err)
 	}
 	return err
+}
+
+// preOutcome names, in the outcome metric, a request that failed before
+// it was routed: while its body was read (under the body limiter), parsed
+// or tokenized.
+func preOutcome(ctx context.Context, err error) string {
+	var te *tokenizerError
+	status := openai.AsError(err).Status
+	switch {
+	case status == http.StatusRequestTimeout:
+		// Its body came too slowly (net/http cancels the request's
+		// context on the read deadline, but the client is there to
+		// read the 408).
+		return "bad_request"
+	case ctx.Err() != nil:
+		// Hung up meanwhile: whatever the error says, nobody is there
+		// to read it.
+		return "client_gone"
+	case errors.As(err, &te):
+		return "tokenizer_error"
+	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
+		return "overloaded" // no large-body slot freed within its wait
+	}
+	return "bad_request" // the rest is the client's: 400, 405, 413, ...
+}
+
+// decideOutcome names a request the scheduler could not be asked about:
+// a model nobody serves is the client's error (404), no endpoint to take
+// it is unavailable.
+func decideOutcome(err error) string {
+	if openai.AsError(err).Status < http.StatusInternalServerError {
+		return "bad_request"
+	}
+	return "unavailable"
 }
 
 func outcomeOf(ctx context.Context, err error) string {
@@ -369,6 +403,11 @@ func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p
 // flushed chunk by chunk), calls firstByte when the first body bytes come,
 // and records what it observed.
 //
+// The answer is complete once the client has its end: the upstream body's
+// EOF, or for a stream its data: [DONE] line. What fails after that (the
+// client hanging up at once, so that the rest of the upstream body is
+// never read) fails nothing: relay succeeds.
+//
 // It returns the stream's observed TPOT (0: not a stream of more than two
 // chunks).
 func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func()) (float64, error) {
@@ -392,6 +431,10 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	first := true
 	var firstAt time.Time
 	chunks := 0
+	var end *streamEnd // an SSE answer's [DONE] line, once the client has it
+	if rt.req.Stream && resp.StatusCode == http.StatusOK {
+		end = &streamEnd{}
+	}
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
@@ -404,16 +447,22 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 				}
 			}
 			chunks++
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return 0, fmt.Errorf("%w: client: %v", errStreamBroken, werr)
+			if werr := writeFlush(w, rc, buf[:n]); werr != nil {
+				if end.done() {
+					break
+				}
+				return 0, fmt.Errorf("%w: client: %w", errStreamBroken, werr)
 			}
-			_ = rc.Flush()
+			end.scan(buf[:n])
 		}
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return 0, fmt.Errorf("%w: %s: %v", errStreamBroken, m.ep.Name, err)
+			if end.done() {
+				break
+			}
+			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
 		}
 	}
 	tpot := 0.0
@@ -428,3 +477,51 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	}
 	return tpot, nil
 }
+
+// writeFlush writes p to the client and flushes it: a failed flush is a
+// failed write (p did not leave the gateway), unless w cannot flush.
+func writeFlush(w http.ResponseWriter, rc *http.ResponseController, p []byte) error {
+	if _, err := w.Write(p); err != nil {
+		return err
+	}
+	if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
+}
+
+// streamEnd finds the end of an OpenAI stream in the bytes written to the
+// client: a line "data: [DONE]" (SSE allows "data:[DONE]") ended by a line
+// break. A nil *streamEnd never ends (not a stream).
+type streamEnd struct {
+	n    int                    // bytes of the current line so far
+	head [len(sseDoneLine)]byte // its first bytes
+	end  bool
+}
+
+const sseDoneLine = "data: [DONE]"
+
+// scan reads the next bytes written.
+func (s *streamEnd) scan(p []byte) {
+	for s != nil && !s.end && len(p) > 0 {
+		i := bytes.IndexAny(p, "\r\n")
+		if i < 0 {
+			s.add(p)
+			return
+		}
+		s.add(p[:i])
+		line := s.head[:min(s.n, len(s.head))]
+		s.end = s.n <= len(s.head) && (string(line) == sseDoneLine || string(line) == "data:[DONE]")
+		s.n, p = 0, p[i+1:]
+	}
+}
+
+func (s *streamEnd) add(p []byte) {
+	if s.n < len(s.head) {
+		copy(s.head[s.n:], p)
+	}
+	s.n += len(p)
+}
+
+// done reports whether the client has the stream's [DONE] line.
+func (s *streamEnd) done() bool { return s != nil && s.end }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -126,6 +127,32 @@ func (g *Gateway) classOf(r *http.Request) (*Class, error) {
 	return nil, openai.BadRequest("unknown SLO class %q in %s (known: %s)", name, cs.header, strings.Join(names, ", "))
 }
 
+// defaultTokenizeTimeout bounds tokenizing one request
+// (Options.TokenizeTimeout).
+const defaultTokenizeTimeout = 10 * time.Second
+
+// tokenizerError is a failure of a model's tokenizer (an engine's
+// /tokenize that failed, could not be reached or did not answer in time):
+// the gateway's side, not the client's. It unwraps to the *openai.Error
+// the client is told (502, or 504 for a timeout) and to its cause.
+type tokenizerError struct {
+	resp  *openai.Error
+	cause error
+}
+
+func (e *tokenizerError) Error() string   { return e.resp.Error() }
+func (e *tokenizerError) Unwrap() []error { return []error{e.resp, e.cause} }
+
+// tokenizerFailed is the error of a tokenization of model that failed
+// with err under tctx, the request's ctx bounded by timeout.
+func tokenizerFailed(ctx, tctx context.Context, model string, timeout time.Duration, err error) error {
+	resp := openai.Errorf(http.StatusBadGateway, "tokenizer for model %q: %v", model, err)
+	if ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
+		resp = openai.Errorf(http.StatusGatewayTimeout, "tokenizer for model %q: no answer within %v: %v", model, timeout, err)
+	}
+	return &tokenizerError{resp: resp, cause: err}
+}
+
 // prepare computes the request's tokens and block keys.
 func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	in := tokens.Input{}
@@ -148,11 +175,11 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	default:
 		in.TokenIDs = req.Prompt.Tokens[0]
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	tctx, cancel := context.WithTimeout(ctx, g.tokenizeTimeout)
 	defer cancel()
-	p, err := g.toks.Prepare(ctx, req.Model, in, g.cfg.BlockSize)
+	p, err := g.toks.Prepare(tctx, req.Model, in, g.cfg.BlockSize)
 	if err != nil {
-		return openai.Errorf(http.StatusBadGateway, "tokenizer for model %q: %v", req.Model, err)
+		return tokenizerFailed(ctx, tctx, req.Model, g.tokenizeTimeout, err)
 	}
 	rt.prep = p
 	rt.promptN = len(p.Tokens)
