@@ -326,7 +326,8 @@ func (staticFleet) Dispatch(*Held, Decision)           {}
 
 // BenchmarkDecisionHold64 is kvgate's decision cost with the hold queue
 // over 64 endpoints, against llm-d's token-aware policy in the same run:
-// a request that fits (the hold check), and a whole hold cycle for one
+// a request that fits (the hold check; with early rejection, the check
+// for a request that misses even alone), and a whole hold cycle for one
 // that fits nowhere (Decide, Push, a release pass onto an idle endpoint).
 func BenchmarkDecisionHold64(b *testing.B) {
 	r, s := benchFleet(64)
@@ -338,6 +339,12 @@ func BenchmarkDecisionHold64(b *testing.B) {
 	})
 	b.Run("kvgate-hold/fits", func(b *testing.B) {
 		sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), Hold: true}
+		for b.Loop() {
+			sc.Decide(r, s)
+		}
+	})
+	b.Run("kvgate-hold-reject/fits", func(b *testing.B) {
+		sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), Hold: true, EarlyReject: true}
 		for b.Loop() {
 			sc.Decide(r, s)
 		}
