@@ -172,7 +172,7 @@ func TestSimHold(t *testing.T) {
 	if code != 0 || !strings.Contains(strings.SplitN(out, "\n", 2)[0], "held") {
 		t.Fatalf("the table has no held column:\n%s", out)
 	}
-	for _, bad := range [][]string{{"--hold", "maybe"}, {"--hold-backlog", "0"}, {"--hold-slack", "2"}, {"--hold-max", "NaN"}} {
+	for _, bad := range [][]string{{"--hold", "maybe"}, {"--hold-backlog", "0"}, {"--hold-slack", "2"}, {"--hold-quiet", "0"}, {"--hold-quiet", "-1"}, {"--hold-max", "NaN"}} {
 		if _, errOut, code := runCmd(t, append([]string{"sim", "--duration", "5"}, bad...)...); code == 0 || !strings.Contains(errOut, strings.TrimPrefix(bad[0], "--")) {
 			t.Errorf("%v: exit %d, %q", bad, code, errOut)
 		}

@@ -188,6 +188,8 @@ func TestHoldConfigValidation(t *testing.T) {
 		{HoldConfig{Mode: "sometimes"}, "hold.mode"},
 		{HoldConfig{Backlog: -1}, "hold.backlog"},
 		{HoldConfig{Slack: 2}, "hold.slack_slos"},
+		{HoldConfig{Quiet: -1}, "hold.quiet_slos"},
+		{HoldConfig{Quiet: 1e9}, "hold.quiet_slos"},
 		{HoldConfig{Max: 2 * time.Hour}, "hold.max"},
 		{HoldConfig{MaxRequests: -3}, "hold.max_requests"},
 	} {
@@ -202,8 +204,12 @@ func TestHoldConfigValidation(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if sc := c.scheduler(mustPolicy(t, "kvgate")); !sc.EarlyReject || !sc.Hold {
-		t.Fatalf("defaults: %+v (kvgate holds when early rejection is off)", sc)
+	if sc := c.scheduler(mustPolicy(t, "kvgate")); !sc.EarlyReject || !sc.Hold || sc.HoldQuiet != 0 {
+		t.Fatalf("defaults: %+v (kvgate holds; the quiet window is sched's default)", sc)
+	}
+	c.Hold.Quiet = 12
+	if sc := c.scheduler(mustPolicy(t, "kvgate")); sc.HoldQuiet != 12 {
+		t.Fatalf("hold.quiet_slos 12: scheduler has %v", sc.HoldQuiet)
 	}
 	c.Hold.Mode = HoldOff
 	if sc := c.scheduler(mustPolicy(t, "kvgate")); sc.Hold {
