@@ -92,6 +92,7 @@ type Endpoint struct {
 	streams    int
 	lastPicked float64
 	lastDone   float64       // the last prefill's end
+	routes     uint64        // prefills routed here so far
 	model      predict.Model // nil: no predictor
 	dmodel     predict.DecodeModel
 	// ctx is the prompt tokens of the sequences in flight that decode
@@ -130,8 +131,11 @@ type Flight struct {
 	dx    predict.DecodeFeatures
 	dpred float64
 	// alone: no other prefill was in flight on the endpoint when this
-	// one was routed.
-	alone bool
+	// one was routed; routeSeq is the endpoint's routes counting it (a
+	// later prefill routed there before its first token shares its
+	// engine steps).
+	alone    bool
+	routeSeq uint64
 }
 
 // Work describes a request being routed.
@@ -200,13 +204,17 @@ func (f *Fleet) Set(infos []Info) {
 // SetBatchingEngines says the engines batch concurrent prefills (vLLM,
 // SGLang: continuous batching with chunked prefill) instead of running
 // them one after another. A prefill's first token then tells its own
-// compute time only when it started on an endpoint with no other prefill
-// in flight: with others in the same steps, one first token carries their
+// compute time only when it ran alone: no other prefill in flight on the
+// endpoint when it was routed, and none routed there before its first
+// token. With others in the same steps, one first token carries their
 // work and the next arrives at once (measured against kvgate's emulator,
-// observed/predicted compute of such prefills spread from 0.00 to 7.2 at
-// p10–p90, against 0.67–1.40 for prefills that ran alone). With it set,
-// only those prefills train the predictor; the simulator's FIFO engines
-// leave it unset, where every first token is exact.
+// observed/predicted compute of prefills not alone at routing spread from
+// 0.00 to 7.2 at p10–p90; of those alone at routing but joined later,
+// 0.1 ms first tokens came right after a joiner's, read as 400 000
+// tokens/s, the learned speed's cap, where the engine does 20 000). With
+// it set, only prefills that ran alone train the predictor; the
+// simulator's FIFO engines leave it unset, where every first token is
+// exact.
 func (f *Fleet) SetBatchingEngines(on bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -417,6 +425,8 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 		fl.compute = e.model.Prefill(fl.x).Seconds
 	}
 	fl.alone = e.head == len(e.queue)
+	e.routes++
+	fl.routeSeq = e.routes
 	start := max(e.busy, now)
 	e.busy = start + fl.compute
 	fl.done = e.busy
@@ -521,7 +531,7 @@ func (f *Fleet) FirstToken(fl *Flight, at float64) {
 	e := fl.prefill
 	start := max(fl.routed, e.lastDone)
 	f.prefillDone(fl, at)
-	if e.model != nil && (fl.alone || !f.batching) {
+	if e.model != nil && (!f.batching || fl.alone && e.routes == fl.routeSeq) {
 		e.model.Observe(predict.Observation{X: fl.x, Compute: at - start, Predicted: fl.compute,
 			TTFT: at - fl.routed, PredictedTTFT: fl.ttft})
 	}
