@@ -252,6 +252,7 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string) (*fleetVi
 		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
 	}
 	fs.snap.HeldCompute = mf.hold.q.Compute()
+	fs.snap.SinceLoadRejection = mf.hold.q.SinceLoadRejection(fs.snap.Now)
 	fs.members, fs.eps = members, eps
 	return fs, nil
 }

@@ -142,6 +142,17 @@ func (q *HoldQueue) NoteLoadRejection(now float64) {
 	}
 }
 
+// SinceLoadRejection is Snapshot.SinceLoadRejection at clock time now:
+// how long ago the last rejection for the load was (at least a
+// nanosecond), 0 if there was none.
+func (q *HoldQueue) SinceLoadRejection(now float64) float64 {
+	d := q.quietFor(now)
+	if math.IsInf(d, 1) {
+		return 0
+	}
+	return max(d, 1e-9)
+}
+
 // quietFor is how long before now the last rejection for the load was
 // (+Inf if none).
 func (q *HoldQueue) quietFor(now float64) float64 {

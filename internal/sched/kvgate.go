@@ -13,7 +13,8 @@ import "math"
 // compute the choice consumes. λ is the shadow price of compute, derived
 // from how full the fleet's queues are measured against the SLO: idle fleet
 // λ ≈ 0 (minimise TTFT), fleet queues near the SLO λ large (save compute:
-// keep affinity). Only endpoints whose predicted TTFT fits the SLO compete
+// keep affinity), a fleet rejecting requests for the load λ = 1000
+// (compute first). Only endpoints whose predicted TTFT fits the SLO compete
 // when any does; a request that fits nowhere goes down the longest queue.
 type kvgatePolicy struct {
 	o Options
@@ -30,11 +31,23 @@ func (*kvgatePolicy) Name() string { return "kvgate" }
 // HoldsLost: kvgate holds at the router what fits nowhere (hold.go).
 func (*kvgatePolicy) HoldsLost() bool { return true }
 
+// pressurePrice is λ while the fleet is compute-bound: a second of
+// compute outweighs any latency within the SLO, so among the endpoints
+// that fit the one that computes least wins (ties by TTFT).
+const pressurePrice = 1000
+
 // price is λ: the fleet's mean queue wait as a fraction of the SLO, scaled
-// (0 for a request without a TTFT SLO: it minimises its TTFT).
+// (0 for a request without a TTFT SLO: it minimises its TTFT); while the
+// fleet is compute-bound (it rejected a request for the load within
+// KVGatePressure SLOs, which only early rejection does), pressurePrice.
+// Admitted requests all fit their SLO then, so the latency a choice saves
+// earns nothing; the compute it spends is what the next request lacks.
 func (p *kvgatePolicy) price(req *Request, s *Snapshot) float64 {
 	if len(s.Endpoints) == 0 || req.SLO.TTFT <= 0 {
 		return 0
+	}
+	if a := s.SinceLoadRejection; a > 0 && a < p.o.KVGatePressure*req.SLO.TTFT {
+		return pressurePrice
 	}
 	var sum float64
 	for i := range s.Endpoints {

@@ -91,3 +91,32 @@ func TestKVGateTieSmallerCache(t *testing.T) {
 		t.Fatalf("picked %s, want the endpoint idle longest among equal caches", s.Endpoints[p].Name)
 	}
 }
+
+// TestKVGateUnderPressure: a fleet that rejected a request for the load
+// within KVGatePressure SLOs is compute-bound: among the endpoints that
+// fit, the one that computes least wins, however much latency another
+// would save. a: 1.4 s queued, 6 000 of 6 400 tokens cached (1.44 s);
+// b: idle, 3 200 cached (0.32 s). The mean queue (0.7 s, λ = 2.8) picks b.
+func TestKVGateUnderPressure(t *testing.T) {
+	p := mustNew(t, "kvgate", Options{})
+	s := snapOf(Endpoint{CachedTokens: 6000, QueueWait: 1.4}, Endpoint{CachedTokens: 3200})
+	for _, tc := range []struct {
+		since float64
+		want  int
+	}{{0, 1}, {120, 1}, {59, 0}, {1e-9, 0}} {
+		s.SinceLoadRejection = tc.since
+		if got := pick(p, req(6400), s); got != tc.want {
+			t.Errorf("last rejection for the load %v s ago (0: never): picked %d, want %d", tc.since, got, tc.want)
+		}
+	}
+	// Endpoints that miss the SLO still do not compete.
+	s.Endpoints[0].QueueWait = 1.99
+	if got := pick(p, req(6400), s); got != 1 {
+		t.Errorf("under pressure, the cached endpoint missing its SLO was picked")
+	}
+	// KVGatePressure sets the window (in SLOs).
+	s.Endpoints[0].QueueWait, s.SinceLoadRejection = 1.4, 59
+	if got := pick(mustNew(t, "kvgate", Options{KVGatePressure: 10}), req(6400), s); got != 1 {
+		t.Errorf("59 s after a rejection with a 20 s window: picked %d, want 1", got)
+	}
+}

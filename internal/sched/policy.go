@@ -79,9 +79,13 @@ type Options struct {
 
 	// kvgate: KVGateGain scales the price of compute with the fleet's
 	// queue wait relative to the SLO (default 8); KVGateFit is the fraction
-	// of the SLO a predicted TTFT must fit in to compete (default 1).
-	KVGateGain float64
-	KVGateFit  float64
+	// of the SLO a predicted TTFT must fit in to compete (default 1);
+	// KVGatePressure (SLOs, default 30, as Scheduler.HoldQuiet) is how
+	// long after a rejection for the load the fleet counts as
+	// compute-bound (Snapshot.SinceLoadRejection).
+	KVGateGain     float64
+	KVGateFit      float64
+	KVGatePressure float64
 }
 
 func (o Options) withDefaults() Options {
@@ -102,6 +106,7 @@ func (o Options) withDefaults() Options {
 	def(&o.DynamoPrefillScale, 1.0)
 	def(&o.KVGateGain, 8)
 	def(&o.KVGateFit, 1)
+	def(&o.KVGatePressure, 30)
 	return o
 }
 

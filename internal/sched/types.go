@@ -100,6 +100,12 @@ type Snapshot struct {
 	// HeldCompute is the predicted compute (seconds) of the requests held
 	// at the router (HoldQueue.Compute): part of the fleet's backlog.
 	HeldCompute float64
+	// SinceLoadRejection is how long ago (seconds, > 0) the fleet last
+	// rejected a request for the load (RejectedForLoad,
+	// HoldQueue.SinceLoadRejection); 0: never, or unknown. While it is
+	// recent the fleet is compute-bound, and kvgate prices compute so
+	// (Options.KVGatePressure).
+	SinceLoadRejection float64
 }
 
 // DecodeForecaster predicts a decode endpoint's state at a future clock

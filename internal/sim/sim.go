@@ -272,6 +272,7 @@ func (r *run) snapshot(ri int) {
 	q := &r.tr.Requests[ri]
 	r.eps = r.load.Snapshot(r.snap.Now, q.PromptTokens, q.Keys, r, r.matched, &r.snap)
 	r.snap.HeldCompute = r.hold.Compute()
+	r.snap.SinceLoadRejection = r.hold.SinceLoadRejection(r.snap.Now)
 	r.fillCapacity(q.PromptTokens)
 }
 
@@ -299,7 +300,7 @@ func (r *run) step(ri int) error {
 	}
 	if !d.Admit {
 		r.rejected++
-		if r.sc.Hold && sched.RejectedForLoad(&req, &r.snap, &d) {
+		if sched.RejectedForLoad(&req, &r.snap, &d) {
 			r.hold.NoteLoadRejection(t)
 		}
 		return nil
