@@ -193,7 +193,11 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 		// long prompt a second turn its whole class away.
 		if p.dec.Prefill >= 0 && !p.missesAlone {
 			g.shed.reject(rt.class.Priority, now)
-			p.mf.hold.q.NoteLoadRejection(now) // held requests that miss alone wait for a quiet fleet
+		}
+		if p.prefillBound {
+			// Short of prefill compute: what misses alone waits for a
+			// quiet fleet, and kvgate prices compute first.
+			p.mf.hold.q.NoteLoadRejection(now)
 		}
 		return g.rejectErr(rt, p.dec.Reason, p.dec.PredictedTTFT)
 	}

@@ -49,6 +49,9 @@ type plan struct {
 	// missesAlone: rejected, and admission would reject it on the chosen
 	// prefill endpoint even with nothing queued there (its own size).
 	missesAlone bool
+	// prefillBound: rejected because its prefill endpoint's queue pushed
+	// its TTFT over the target (sched.RejectedForPrefill).
+	prefillBound bool
 	// req is what the scheduler was asked.
 	req sched.Request
 	// flight, when set, is the request's flight already routed (a
@@ -219,6 +222,7 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	p := g.planFor(rt, fs, &sreq, d)
 	if d.Prefill >= 0 && !d.Admit {
 		p.missesAlone = !sched.RejectedForLoad(&sreq, &fs.snap, &d)
+		p.prefillBound = sched.RejectedForPrefill(&sreq, &fs.snap, &d)
 	}
 	return p, nil
 }

@@ -81,16 +81,52 @@ type Held struct {
 // HoldQueue is the router's queue of held requests, ordered two ways: by
 // deadline, and by priority then arrival. It is safe for concurrent use.
 type HoldQueue struct {
-	mu      sync.Mutex
-	byPrio  heldHeap
-	byDL    heldHeap
-	compute float64
-	seq     uint64
-	cap     int
-	// loadRejected is when a request was last rejected for the load
-	// (clock seconds); everRejected says whether one was.
-	loadRejected float64
-	everRejected bool
+	mu         sync.Mutex
+	byPrio     heldHeap
+	byDL       heldHeap
+	compute    float64
+	seq        uint64
+	cap        int
+	rejections LoadRejections
+}
+
+// LoadRejections remembers when the fleet last rejected a request for the
+// load (RejectedForLoad): the hold queue's quiet window and kvgate's
+// pressure price (Snapshot.SinceLoadRejection) read it. The zero value
+// has seen none. It is safe for concurrent use.
+type LoadRejections struct {
+	mu   sync.Mutex
+	at   float64 // clock seconds
+	ever bool
+}
+
+// Note records a rejection for the load at clock time now.
+func (l *LoadRejections) Note(now float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.ever || now > l.at {
+		l.at, l.ever = now, true
+	}
+}
+
+// quietFor is how long before now the last one was (+Inf if none).
+func (l *LoadRejections) quietFor(now float64) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.ever {
+		return math.Inf(1)
+	}
+	return now - l.at
+}
+
+// Since is Snapshot.SinceLoadRejection at clock time now: how long ago
+// the last one was (at least a nanosecond), 0 if there was none.
+func (l *LoadRejections) Since(now float64) float64 {
+	d := l.quietFor(now)
+	if math.IsInf(d, 1) {
+		return 0
+	}
+	return max(d, 1e-9)
 }
 
 // NewHoldQueue returns a queue holding at most capacity requests (> 0).
@@ -134,35 +170,14 @@ func (q *HoldQueue) Compute() float64 {
 // clock time now (see RejectedForLoad): with early rejection, requests
 // held because they miss their SLO even on an idle endpoint wait for a
 // quiet fleet.
-func (q *HoldQueue) NoteLoadRejection(now float64) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if !q.everRejected || now > q.loadRejected {
-		q.loadRejected, q.everRejected = now, true
-	}
-}
+func (q *HoldQueue) NoteLoadRejection(now float64) { q.rejections.Note(now) }
 
-// SinceLoadRejection is Snapshot.SinceLoadRejection at clock time now:
-// how long ago the last rejection for the load was (at least a
-// nanosecond), 0 if there was none.
-func (q *HoldQueue) SinceLoadRejection(now float64) float64 {
-	d := q.quietFor(now)
-	if math.IsInf(d, 1) {
-		return 0
-	}
-	return max(d, 1e-9)
-}
+// SinceLoadRejection is LoadRejections.Since for the queue's fleet.
+func (q *HoldQueue) SinceLoadRejection(now float64) float64 { return q.rejections.Since(now) }
 
 // quietFor is how long before now the last rejection for the load was
 // (+Inf if none).
-func (q *HoldQueue) quietFor(now float64) float64 {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if !q.everRejected {
-		return math.Inf(1)
-	}
-	return now - q.loadRejected
-}
+func (q *HoldQueue) quietFor(now float64) float64 { return q.rejections.quietFor(now) }
 
 // NextDeadline is the earliest deadline held (+Inf when empty).
 func (q *HoldQueue) NextDeadline() float64 {
@@ -434,6 +449,19 @@ func RejectedForLoad(req *Request, s *Snapshot, d *Decision) bool {
 		return false
 	}
 	return d.SLO.TTFT <= 0 || aloneTTFT(req, &s.Endpoints[d.Prefill]) <= d.SLO.TTFT
+}
+
+// RejectedForPrefill reports whether d rejected req because the chosen
+// prefill endpoint's queue pushed its TTFT over the SLO, which alone it
+// would fit: the fleet is short of prefill compute. (A rejection on the
+// decode side is for the load too, but says nothing of prefill compute.)
+// Callers note these in their LoadRejections: the hold's quiet window and
+// kvgate's pressure price read them.
+func RejectedForPrefill(req *Request, s *Snapshot, d *Decision) bool {
+	if !RejectedForLoad(req, s, d) || d.SLO.TTFT <= 0 {
+		return false
+	}
+	return PessimisticTTFT(req, &s.Endpoints[d.Prefill]) > d.SLO.TTFT
 }
 
 // orDefault is v, or d when v is not set (<= 0).

@@ -374,3 +374,38 @@ func BenchmarkDecisionHold64(b *testing.B) {
 		}
 	})
 }
+
+// TestRejectedForPrefill: a rejection for the load on the prefill side
+// (the queue pushed the TTFT over the SLO) counts for the quiet window and
+// the pressure price; one on the decode side (no KV room) is for the load
+// but not for prefill compute; one that misses alone is neither.
+func TestRejectedForPrefill(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, EarlyReject: true, DefaultSLO: SLO{TTFT: 2}}
+	pd := func(queue float64, kvFree int) *Snapshot {
+		return &Snapshot{Now: 10, Endpoints: []Endpoint{
+			{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1000, QueueWait: queue},
+			{Name: "d", Role: fleet.RoleDecode, KVFreeTokens: kvFree},
+		}}
+	}
+	for _, tc := range []struct {
+		name          string
+		prompt        int
+		snap          *Snapshot
+		load, prefill bool
+	}{
+		{"queue pushes the TTFT over", 1000, pd(1.5, 1<<20), true, true},
+		{"no KV room to decode", 1000, pd(0, 10), true, false},
+		{"misses alone", 5000, pd(0, 1<<20), false, false},
+		{"admitted", 1000, pd(0, 1<<20), false, false},
+	} {
+		r := Request{Arrival: 10, PromptTokens: tc.prompt, OutputTokens: 10}
+		d := sc.Decide(&r, tc.snap)
+		if got := RejectedForLoad(&r, tc.snap, &d); got != tc.load {
+			t.Errorf("%s: RejectedForLoad %v, want %v (%+v)", tc.name, got, tc.load, d)
+		}
+		if got := RejectedForPrefill(&r, tc.snap, &d); got != tc.prefill {
+			t.Errorf("%s: RejectedForPrefill %v, want %v (%+v)", tc.name, got, tc.prefill, d)
+		}
+	}
+}

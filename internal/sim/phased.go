@@ -195,7 +195,10 @@ type phasedRun struct {
 	dec   *decodePool
 	fc    phasedForecast
 	snap  sched.Snapshot
-	eps   []*load.Endpoint
+	// rejections feeds Snapshot.SinceLoadRejection, as the plain run's
+	// hold queue does.
+	rejections sched.LoadRejections
+	eps        []*load.Endpoint
 
 	role   []fleet.Role
 	state  []string
@@ -373,12 +376,16 @@ func (r *phasedRun) step(ri int) error {
 	r.snap.Now = t
 	r.eps = r.load.Snapshot(t, q.PromptTokens, q.Keys, r, r.matched, &r.snap)
 	r.fillCapacity(q.PromptTokens)
+	r.snap.SinceLoadRejection = r.rejections.Since(t)
 	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
 		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO}
 	d := r.sc.Decide(&req, &r.snap)
 	r.slo[ri] = d.SLO
 	r.uncached[ri] = int32(max(q.PromptTokens-d.CachedTokens, 0))
 	if !d.Admit {
+		if sched.RejectedForPrefill(&req, &r.snap, &d) {
+			r.rejections.Note(t)
+		}
 		r.kind[ri] = kindRejectDecode
 		if d.SLO.TTFT > 0 && d.PredictedTTFT > d.SLO.TTFT {
 			r.kind[ri] = kindRejectTTFT

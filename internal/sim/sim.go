@@ -300,7 +300,7 @@ func (r *run) step(ri int) error {
 	}
 	if !d.Admit {
 		r.rejected++
-		if sched.RejectedForLoad(&req, &r.snap, &d) {
+		if sched.RejectedForPrefill(&req, &r.snap, &d) {
 			r.hold.NoteLoadRejection(t)
 		}
 		return nil
