@@ -45,7 +45,7 @@ import (
 //
 // The simulator and the gateway both run this code: they push what Decide
 // marks Hold, note rejections for the load (HoldQueue.NoteLoadRejection,
-// RejectedForLoad), and call Scheduler.ReleaseHeld whenever the fleet may
+// RejectedForPrefill), and call Scheduler.ReleaseHeld whenever the fleet may
 // have changed (a prefill ended, a request arrived, a deadline passed).
 
 // Default hold parameters (Scheduler.HoldMin, HoldBacklog, HoldSlack,
@@ -91,7 +91,7 @@ type HoldQueue struct {
 }
 
 // LoadRejections remembers when the fleet last rejected a request for the
-// load (RejectedForLoad): the hold queue's quiet window and kvgate's
+// load on the prefill side (RejectedForPrefill): the hold queue's quiet window and kvgate's
 // pressure price (Snapshot.SinceLoadRejection) read it. The zero value
 // has seen none. It is safe for concurrent use.
 type LoadRejections struct {
@@ -167,7 +167,7 @@ func (q *HoldQueue) Compute() float64 {
 }
 
 // NoteLoadRejection records that a request was rejected for the load at
-// clock time now (see RejectedForLoad): with early rejection, requests
+// clock time now (see RejectedForPrefill): with early rejection, requests
 // held because they miss their SLO even on an idle endpoint wait for a
 // quiet fleet.
 func (q *HoldQueue) NoteLoadRejection(now float64) { q.rejections.Note(now) }
@@ -442,8 +442,8 @@ func aloneTTFT(req *Request, e *Endpoint) float64 {
 // RejectedForLoad reports whether d, decided by Decide for req on s,
 // rejected req because of the load: the request fits its TTFT SLO on the
 // chosen endpoint with an empty queue (or has none), or was rejected on
-// the decode side. Callers note such rejections in their hold queue
-// (HoldQueue.NoteLoadRejection); the gateway sheds a class only for them.
+// the decode side. The gateway sheds a class only for such rejections;
+// the prefill-side ones (RejectedForPrefill) are noted in LoadRejections.
 func RejectedForLoad(req *Request, s *Snapshot, d *Decision) bool {
 	if d.Admit || d.Hold || d.Prefill < 0 || d.Prefill >= len(s.Endpoints) {
 		return false

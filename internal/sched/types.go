@@ -101,8 +101,9 @@ type Snapshot struct {
 	// at the router (HoldQueue.Compute): part of the fleet's backlog.
 	HeldCompute float64
 	// SinceLoadRejection is how long ago (seconds, > 0) the fleet last
-	// rejected a request for the load (RejectedForLoad,
-	// HoldQueue.SinceLoadRejection); 0: never, or unknown. While it is
+	// rejected a request because a prefill queue pushed its TTFT over the
+	// SLO (RejectedForPrefill, LoadRejections.Since); 0: never, or
+	// unknown. While it is
 	// recent the fleet is compute-bound, and kvgate prices compute so
 	// (Options.KVGatePressure).
 	SinceLoadRejection float64
