@@ -323,7 +323,9 @@ func (g *Gateway) fillEngineState(members []*member, s *sched.Snapshot) {
 		}
 		e.KVUsage = min(max(mt.KVUsage, 0), 1)
 		if c := mt.CapacityTokens(); c > 0 {
-			e.KVFreeTokens = int(float64(c) * (1 - e.KVUsage))
+			// What is routed here and still in its prefill holds no KV
+			// yet, but will: reserved, as Mooncake's Conductor does.
+			e.KVFreeTokens = max(int(float64(c)*(1-e.KVUsage))-e.InboundKVTokens, 0)
 		}
 	}
 }

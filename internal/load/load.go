@@ -90,6 +90,7 @@ type Endpoint struct {
 	ublocks    int
 	requests   int
 	streams    int
+	inbound    int // prompt tokens of streams routed here to decode whose prefill has not ended
 	lastPicked float64
 	lastDone   float64       // the last prefill's end
 	routes     uint64        // prefills routed here so far
@@ -125,6 +126,7 @@ type Flight struct {
 	compute         float64 // predicted compute seconds
 	ttft            float64 // predicted at routing
 	prefilled       bool
+	inbound         bool // counted in its decode endpoint's inbound
 	finished        bool
 	prompt          int
 	// The decode prediction for the endpoint that decodes it.
@@ -389,6 +391,7 @@ func (e *Endpoint) fill(now float64, d *sched.Endpoint) {
 		ActivePrefillBlocks: e.ublocks,
 		ActiveDecodeBlocks:  len(e.active),
 		DecodeStreams:       e.streams,
+		InboundKVTokens:     e.inbound,
 		LastPicked:          e.lastPicked,
 	}
 }
@@ -475,6 +478,11 @@ func (f *Fleet) decode(fl *Flight, d *Endpoint, x predict.DecodeFeatures) {
 	fl.decode = d
 	d.streams++
 	d.requests++
+	if !fl.prefilled && d != fl.prefill {
+		// Its KV arrives when the prefill ends: reserved until then.
+		d.inbound += fl.prompt
+		fl.inbound = true
+	}
 	f.decodeOn(fl, d, x)
 }
 
@@ -542,6 +550,10 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 		return
 	}
 	fl.prefilled = true
+	if fl.inbound {
+		fl.decode.inbound -= fl.prompt
+		fl.inbound = false
+	}
 	e := fl.prefill
 	e.lastDone = max(e.lastDone, at)
 	e.uncached -= fl.uncached

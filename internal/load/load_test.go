@@ -55,16 +55,29 @@ func TestQueueAccounting(t *testing.T) {
 func TestDisaggregatedFlight(t *testing.T) {
 	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1000}, {Name: "d", Role: fleet.RoleDecode}}, false)
 	_, eps := snap(f, 0, 10, nil)
-	fl := f.Route(eps[0], 0, Work{Uncached: 10, PrefillSeconds: 0.01})
+	fl := f.Route(eps[0], 0, Work{Uncached: 10, Cached: 90, PrefillSeconds: 0.01})
 	f.Decode(fl, eps[1])
 	s, _ := snap(f, 0, 10, nil)
 	if s.Endpoints[0].InflightRequests != 1 || s.Endpoints[1].DecodeStreams != 1 || s.Endpoints[1].InflightRequests != 1 {
 		t.Fatalf("routed: %+v", s.Endpoints)
 	}
+	// Its 100 prompt tokens of KV arrive at the decode endpoint when the
+	// prefill ends: reserved until then.
+	if s.Endpoints[1].InboundKVTokens != 100 || s.Endpoints[0].InboundKVTokens != 0 {
+		t.Fatalf("inbound KV while prefilling: %+v", s.Endpoints)
+	}
 	f.PrefillDone(fl, 0.01)
 	s, _ = snap(f, 0.01, 10, nil)
-	if s.Endpoints[0].InflightRequests != 0 || s.Endpoints[1].DecodeStreams != 1 {
+	if s.Endpoints[0].InflightRequests != 0 || s.Endpoints[1].DecodeStreams != 1 || s.Endpoints[1].InboundKVTokens != 0 {
 		t.Fatalf("prefilled: %+v", s.Endpoints)
+	}
+	// A flight that ends before its prefill (its client left) releases
+	// its reservation too.
+	gone := f.Route(eps[0], 1, Work{Uncached: 50})
+	f.Decode(gone, eps[1])
+	f.Finish(gone, 1.001)
+	if s, _ = snap(f, 1.001, 10, nil); s.Endpoints[1].InboundKVTokens != 0 {
+		t.Fatalf("after a flight gone before its prefill: %+v", s.Endpoints[1])
 	}
 	f.Finish(fl, 1)
 	s, _ = snap(f, 1, 10, nil)

@@ -68,6 +68,11 @@ type Endpoint struct {
 	// flight (a prefix shared by several counts once).
 	ActivePrefillBlocks int
 	ActiveDecodeBlocks  int
+	// InboundKVTokens is the prompt tokens of the requests routed here to
+	// decode whose prefill has not ended: their KV arrives then, and
+	// KVFreeTokens read from the engine does not count it yet (the
+	// gateway subtracts it; the simulator's forecaster reserves it).
+	InboundKVTokens int
 	// DecodeStreams is the number of sequences decoding here.
 	DecodeStreams int
 	// KVUsage is the fraction of KV blocks in use (0..1).

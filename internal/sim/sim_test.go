@@ -276,6 +276,28 @@ func TestKVGateLeads(t *testing.T) {
 	}
 }
 
+// TestDecodeForecastReservesInbound: a request routed to a decode
+// instance whose prefill has not ended holds no KV there yet, but will:
+// the forecast counts it (before, it promised that room to the next
+// request, which then waited for KV), and stops counting it once it
+// joined (its KV is then in use).
+func TestDecodeForecastReservesInbound(t *testing.T) {
+	m := perfmodel.Default()
+	p := newDecodePool(1, 10000, m, 2)
+	p.join(1.0, 0, 0, 6000, 100) // its prefill ends at 1 s
+	free, tpot := p.forecast(0, 0, 0.5, 100)
+	if free != 10000-6100 {
+		t.Fatalf("routed, still prefilling: free %d, want %d", free, 10000-6100)
+	}
+	if want := m.DecodeStepTime(2, 6100); math.Abs(tpot-want) > 1e-12 {
+		t.Fatalf("the inbound stream joins the batch: tpot %v want %v", tpot, want)
+	}
+	p.advance(1.0)
+	if free, _ := p.forecast(0, 1.0, 1.0, 100); free != 10000-6100 {
+		t.Fatalf("joined: free %d, want %d (counted once)", free, 10000-6100)
+	}
+}
+
 func TestDecodeForecastFreesFinishingStreams(t *testing.T) {
 	m := perfmodel.Default()
 	p := newDecodePool(1, 10000, m, 2)
