@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -315,5 +316,42 @@ func TestLargeBodyWaitIsOverloaded(t *testing.T) {
 	close(tk.release)
 	if r := <-first; r.status != 200 {
 		t.Fatalf("the request holding the slot: %d %s", r.status, r.body)
+	}
+}
+
+// TestEngineRefusalIsRelayedNotLearned: an engine's 4xx (vLLM's 400 for a
+// prompt beyond the model's context) reaches the client as the engine
+// wrote it, counts as engine_refused (not ok), is not retried elsewhere,
+// and its instant first byte does not train the predictor as a prefill.
+func TestEngineRefusalIsRelayedNotLearned(t *testing.T) {
+	var seen atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		seen.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"error":{"message":"This model's maximum context length is 2048 tokens.","type":"BadRequestError","code":400}}`)
+	}))
+	t.Cleanup(up.Close)
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "a", URL: up.URL, Model: testModel, PrefillSpeed: 1000},
+		{Name: "b", URL: up.URL + "/", Model: testModel, PrefillSpeed: 1000}}}
+	g, url, admin := startGateway(t, cfg, Options{})
+	before := outcomes(t, g)
+	for range 4 {
+		r := post(t, url+"/v1/completions", tokenPrompt(7, 50, true), nil)
+		if r.status != http.StatusBadRequest || !strings.Contains(r.body, "maximum context length") {
+			t.Fatalf("engine refusal: %d %s", r.status, r.body)
+		}
+	}
+	if got := outcomesSince(t, g, before); got["engine_refused"] != 4 || len(got) != 1 {
+		t.Fatalf("outcomes %v, want 4 engine_refused", got)
+	}
+	if seen.Load() != 4 {
+		t.Fatalf("the engines saw %d requests, want 4 (no retry)", seen.Load())
+	}
+	for _, e := range adminEndpoints(t, admin) {
+		if e.Predictor != nil && e.Predictor.Samples != 0 {
+			t.Errorf("endpoint %s: %d predictor samples from refusals", e.Name, e.Predictor.Samples)
+		}
 	}
 }

@@ -111,6 +111,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			g.met.outcome("ok", rt.class.Name, g.policy)
 			return
 		}
+		var refused *engineRefused
+		if errors.As(err, &refused) {
+			g.met.outcome("engine_refused", rt.class.Name, g.policy) // its answer is the client's already
+			return
+		}
 		if failed == "" || attempt == 1 || r.Context().Err() != nil {
 			g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
 			if !errors.Is(err, errStreamBroken) {
@@ -283,15 +288,33 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		return target.ep.Name, err
 	}
 	defer resp.Body.Close()
+	// An engine that refuses the request (vLLM's 400 for a prompt longer
+	// than the model's context, say) answers at once: relayed as is, but
+	// its first byte is no prefill and must not train the predictor.
+	refused := resp.StatusCode >= 400
 	firstByte := func() { lf.PrefillDone(fl, g.clock()) }
-	if rt.req.Stream { // the first streamed byte is an observed TTFT: the predictor learns
+	if rt.req.Stream && !refused { // the first streamed byte is an observed TTFT: the predictor learns
 		firstByte = func() { lf.FirstToken(fl, g.clock()) }
 	}
 	tpot, err := g.relay(w, resp, rt, target, firstByte)
+	if err == nil && refused {
+		return "", &engineRefused{endpoint: target.ep.Name, status: resp.StatusCode}
+	}
 	if err == nil && tpot > 0 {
 		lf.Finished(fl, g.clock(), tpot) // the stream's TPOT trains its decode endpoint's model
 	}
 	return "", err
+}
+
+// engineRefused: the engine answered with a 4xx, relayed to the client
+// as is (outcome engine_refused).
+type engineRefused struct {
+	endpoint string
+	status   int
+}
+
+func (e *engineRefused) Error() string {
+	return fmt.Sprintf("endpoint %s refused the request: status %d", e.endpoint, e.status)
 }
 
 // Predictor names (Config.Predictor).
