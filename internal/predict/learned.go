@@ -245,10 +245,7 @@ const (
 // newPrefillRLS is a prefill fit starting from the analytic model of the
 // configured speed.
 func newPrefillRLS(speed, forget float64) *rls {
-	t0 := 1e-4 // per kilotoken: a guess when no speed is configured
-	if speed > 0 {
-		t0 = 1024 / speed
-	}
+	t0 := priorLinear(speed)
 	r := newRLS([nFeat]float64{t0}, [nFeat]float64{t0, t0 / 16, t0 / 16, 0.005}, forget)
 	r.speed = speed
 	return r
@@ -292,13 +289,22 @@ const (
 	msqWeight  = 0.02
 )
 
-// predict returns the compute seconds of x, kept within a factor of 20 of
+// priorLinear is a prefill fit's prior linear term θ0: seconds per
+// kilotoken at the configured speed (a guess when none is configured).
+func priorLinear(speed float64) float64 {
+	if speed > 0 {
+		return 1024 / speed
+	}
+	return 1e-4
+}
+
+// predict returns the compute seconds of x, kept within maxSpeedFactor of
 // the analytic prediction (a guard against a fit gone astray) and >= 0.
 func (r *rls) predict(x Features) float64 {
 	s := r.dot(features(x))
 	a := AnalyticSeconds(x.Uncached, r.speed)
 	if a > 0 {
-		return min(max(s, a/20), a*20)
+		return min(max(s, a/maxSpeedFactor), a*maxSpeedFactor)
 	}
 	return min(max(s, 0), 60)
 }
@@ -360,19 +366,16 @@ func (r *rls) updatePrefill(x Features, y float64) {
 // tokens/s, as did a wider prior on the fixed term or a tighter bound on
 // P's windup.
 func (r *rls) nonNegative() {
-	t0 := 1e-4
-	if r.speed > 0 {
-		t0 = 1024 / r.speed
-	}
+	t0 := priorLinear(r.speed)
 	r.theta[0] = min(max(r.theta[0], t0/maxSpeedFactor), t0*maxSpeedFactor)
 	for i := 1; i < nFeat; i++ {
 		r.theta[i] = max(r.theta[i], 0)
 	}
 }
 
-// maxSpeedFactor bounds the linear term of a NonNegative fit: a speed
-// within 20× of the configured one either way (the factor rls.predict
-// bounds every prediction by).
+// maxSpeedFactor bounds every prediction against the analytic one
+// (rls.predict) and the linear term of a NonNegative fit: a speed within
+// 20× of the configured one either way.
 const maxSpeedFactor = 20
 
 // update adds one sample: regressors f gave y, both to be weighted by w
