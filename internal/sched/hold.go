@@ -476,35 +476,18 @@ func orDefault(v, d float64) float64 {
 // (with early rejection: not even with an empty queue): its deadline and
 // the compute it adds to the backlog.
 func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
-	if req.SLO.TTFT <= 0 || len(cand.Endpoints) == 0 {
+	if req.SLO.TTFT <= 0 || len(cand.Endpoints) == 0 || sc.fitsSomewhere(req, cand) {
 		return false
 	}
-	for i := range cand.Endpoints {
-		e := &cand.Endpoints[i]
-		if sc.EarlyReject && aloneTTFT(req, e) <= req.SLO.TTFT {
-			return false // it fits, or misses for the load: admission decides
-		}
-		if !sc.EarlyReject && PredictTTFT(req, e) <= req.SLO.TTFT {
-			return false // it fits somewhere: the common case ends here
-		}
-	}
-	minTTFT, minCompute, wait := math.Inf(1), math.Inf(1), 0.0
+	minTTFT, minCompute := math.Inf(1), math.Inf(1)
 	for i := range cand.Endpoints {
 		e := &cand.Endpoints[i]
 		minTTFT = min(minTTFT, PredictTTFT(req, e))
 		if e.PrefillSpeed > 0 {
 			minCompute = min(minCompute, computeSeconds(req, e))
 		}
-		wait += e.QueueWait
 	}
-	n := float64(len(cand.Endpoints))
-	backlog := wait/n + max(cand.HeldCompute, 0)/n
-	wait = max(orDefault(sc.HoldMin, DefaultHoldMin)*req.SLO.TTFT, orDefault(sc.HoldBacklog, DefaultHoldBacklog)*backlog)
-	if sc.EarlyReject {
-		// It gets its answer soon: served on slack or rejected.
-		wait = orDefault(sc.HoldMin, DefaultHoldMin) * req.SLO.TTFT
-	}
-	wait = min(wait, orDefault(sc.HoldMax, DefaultHoldMax))
+	wait := min(sc.holdWait(req, cand), orDefault(sc.HoldMax, DefaultHoldMax))
 	d.Admit, d.Hold = false, true
 	d.HoldUntil = req.Arrival + wait
 	if math.IsInf(minCompute, 1) {
@@ -517,4 +500,40 @@ func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
 		d.Reason = fmt.Sprintf("held: predicted TTFT misses SLO %.3fs even on an idle endpoint; served on an idle endpoint of a quiet fleet or rejected at +%.1fs", req.SLO.TTFT, wait)
 	}
 	return true
+}
+
+// fitsSomewhere reports whether req's predicted TTFT fits its SLO on a
+// candidate (the common case: the check ends at the first that fits);
+// with early rejection, whether it would fit with an empty queue (then it
+// fits, or misses for the load, and admission decides).
+func (sc *Scheduler) fitsSomewhere(req *Request, cand *Snapshot) bool {
+	for i := range cand.Endpoints {
+		e := &cand.Endpoints[i]
+		t := PredictTTFT(req, e)
+		if sc.EarlyReject {
+			t = aloneTTFT(req, e)
+		}
+		if t <= req.SLO.TTFT {
+			return true
+		}
+	}
+	return false
+}
+
+// holdWait is how long after its arrival a held request's age wins (before
+// HoldMax): with early rejection HoldMin SLOs (it gets its answer soon,
+// served on slack or rejected); without, at least that and HoldBacklog ×
+// the fleet's backlog (mean queue wait plus held compute per endpoint).
+func (sc *Scheduler) holdWait(req *Request, cand *Snapshot) float64 {
+	least := orDefault(sc.HoldMin, DefaultHoldMin) * req.SLO.TTFT
+	if sc.EarlyReject {
+		return least
+	}
+	var queued float64
+	for i := range cand.Endpoints {
+		queued += cand.Endpoints[i].QueueWait
+	}
+	n := float64(len(cand.Endpoints))
+	backlog := queued/n + max(cand.HeldCompute, 0)/n
+	return max(least, orDefault(sc.HoldBacklog, DefaultHoldBacklog)*backlog)
 }
