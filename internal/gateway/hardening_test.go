@@ -6,11 +6,11 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,16 +30,7 @@ func tokenPrompt(id, n int, stream bool) string {
 // the client goes away, and tells held on arrival.
 func shedGateway(t *testing.T) (url string, held chan struct{}) {
 	held = make(chan struct{}, 16)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body) // then the server sees the client go away
-		if r.Header.Get("X-Hold") != "" {
-			held <- struct{}{}
-			<-r.Context().Done()
-			return
-		}
-		fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
-	}))
-	t.Cleanup(up.Close)
+	up := holdUpstream(t, &atomic.Int64{}, held)
 	now := time.Unix(1000, 0)
 	cfg := Config{
 		Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}},

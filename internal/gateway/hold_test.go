@@ -85,6 +85,19 @@ func occupy(t *testing.T, ctx context.Context, url string, tokens int, inUpstrea
 	}
 }
 
+// awaitResult is the answer a held request's client got (the test fails
+// after 30 s without one).
+func awaitResult(t *testing.T, got <-chan result) result {
+	t.Helper()
+	select {
+	case r := <-got:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held request never got an answer")
+		return result{}
+	}
+}
+
 // TestHeldRequestWaitsForSlack: a request that fits nowhere (600 tokens
 // at 1 000 tokens/s against a 0.5 s SLO) waits at the gateway while the
 // endpoint is busy, and is sent when the endpoint's queue runs empty.
@@ -102,13 +115,8 @@ func TestHeldRequestWaitsForSlack(t *testing.T) {
 		t.Fatalf("held %d, upstream saw %d: the held request left before the endpoint had slack", g.heldNow(), seen.Load())
 	}
 	clock.Add(int64(300 * time.Millisecond)) // past the first prefill's predicted end (0.2 s), before the deadline (0.5 s)
-	select {
-	case r := <-got:
-		if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (slack)") {
-			t.Fatalf("released request: %d %q %s", r.status, r.header.Get(hdrReason), r.body)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the held request was never released")
+	if r := awaitResult(t, got); r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (slack)") {
+		t.Fatalf("released request: %d %q %s", r.status, r.header.Get(hdrReason), r.body)
 	}
 	if g.heldNow() != 0 || seen.Load() != 2 {
 		t.Fatalf("held %d, upstream saw %d after the release", g.heldNow(), seen.Load())
@@ -305,13 +313,8 @@ func TestHeldWithoutFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.clock.Add(int64(time.Second)) // past the deadline (0.5 s), nowhere to go
-	select {
-	case r := <-got:
-		if r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "held past its deadline") {
-			t.Fatalf("%d %s", r.status, r.body)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the held request never got an answer")
+	if r := awaitResult(t, got); r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "held past its deadline") {
+		t.Fatalf("%d %s", r.status, r.body)
 	}
 	waitFor(t, func() bool { return h.g.heldNow() == 0 })
 }
@@ -354,13 +357,8 @@ func TestHeldWithEarlyRejection(t *testing.T) {
 		t.Fatalf("held %d, upstreams saw %d: released with one endpoint idle", g.heldNow(), seen.Load())
 	}
 	clock.Add(int64(600 * time.Millisecond)) // past its deadline, 0.5 s
-	select {
-	case r := <-got:
-		if r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "even on an idle endpoint") {
-			t.Fatalf("overdue: %d %s, want 429", r.status, r.body)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the held request never got an answer")
+	if r := awaitResult(t, got); r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "even on an idle endpoint") {
+		t.Fatalf("overdue: %d %s, want 429", r.status, r.body)
 	}
 	if seen.Load() != 2 || g.heldNow() != 0 {
 		t.Fatalf("upstreams saw %d, held %d", seen.Load(), g.heldNow())
