@@ -208,27 +208,23 @@ type simJob struct {
 	// predictor is the heterogeneous scenario's router predictor ("":
 	// none).
 	predictor string
-	hold      holdSettings
+	hold      sched.HoldSettings
 	// load and capacity: the spec's (--loads).
 	load, capacity float64
 	cfg            *sim.Config // the spec's fleet, if its own
 }
 
-// holdSettings are --hold and the deadline's --hold-* parameters.
-type holdSettings struct {
-	mode                            string // policy, all or off
-	min, backlog, max, slack, quiet float64
-}
-
-// holdSettings are the flags' hold settings.
-func (f *simFlags) holdSettings() holdSettings {
-	return holdSettings{mode: f.hold, min: f.holdMin, backlog: f.holdBacklog, max: f.holdMax, slack: f.holdSlack, quiet: f.holdQuiet}
-}
-
-func (h holdSettings) scheduler(pol sched.Policy, reject bool) *sched.Scheduler {
-	return &sched.Scheduler{Policy: pol, EarlyReject: reject,
-		Hold:    h.mode == "all" || (h.mode != "off" && sched.HoldsLost(pol)),
-		HoldMin: h.min, HoldBacklog: h.backlog, HoldMax: h.max, HoldSlack: h.slack, HoldQuiet: h.quiet}
+// holdSettings are --hold and the deadline's --hold-* parameters (--hold
+// is checked by runSim).
+func (f *simFlags) holdSettings() sched.HoldSettings {
+	mode := sched.HoldByPolicy
+	switch f.hold {
+	case "all":
+		mode = sched.HoldAlways
+	case "off":
+		mode = sched.HoldNever
+	}
+	return sched.HoldSettings{Mode: mode, Min: f.holdMin, Backlog: f.holdBacklog, Max: f.holdMax, Slack: f.holdSlack, Quiet: f.holdQuiet}
 }
 
 type simOutput struct {
@@ -507,7 +503,7 @@ func round(v float64, digits int) float64 {
 // rejection) pair on it, in parallel over the machine's cores; a workload is
 // released once its runs are done. Results come back in job order, with the
 // jobs.
-func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []string, rejects []bool, predictors []string, hold holdSettings) ([]sim.Result, []simJob, error) {
+func runJobs(ctx context.Context, cfg sim.Config, specs []traceSpec, policies []string, rejects []bool, predictors []string, hold sched.HoldSettings) ([]sim.Result, []simJob, error) {
 	perTrace := len(policies) * len(rejects) * len(predictors)
 	results := make([]sim.Result, len(specs)*perTrace)
 	errs := make([]error, len(results))
@@ -586,7 +582,7 @@ func runJob(ctx context.Context, cfg sim.Config, j simJob) (sim.Result, error) {
 		t.Seed = j.seed
 		cfg.Truth = &t
 	}
-	res, err := sim.Run(ctx, cfg, j.trace, j.hold.scheduler(pol, j.reject))
+	res, err := sim.Run(ctx, cfg, j.trace, j.hold.Scheduler(pol, j.reject))
 	if err != nil {
 		return sim.Result{}, fmt.Errorf("%s: %w", j.policy, err)
 	}

@@ -111,9 +111,17 @@ const (
 // scheduler builds the scheduler the config asks for.
 func (c *Config) scheduler(pol sched.Policy) *sched.Scheduler {
 	h := c.Hold
-	return &sched.Scheduler{Policy: pol, EarlyReject: *c.EarlyReject, Explain: true,
-		Hold:    h.Mode == HoldOn || (h.Mode == HoldPolicy && sched.HoldsLost(pol)),
-		HoldMin: h.Min, HoldBacklog: h.Backlog, HoldMax: h.Max.Seconds(), HoldSlack: h.Slack, HoldQuiet: h.Quiet}
+	mode := sched.HoldByPolicy
+	switch h.Mode {
+	case HoldOn:
+		mode = sched.HoldAlways
+	case HoldOff:
+		mode = sched.HoldNever
+	}
+	sc := sched.HoldSettings{Mode: mode, Min: h.Min, Backlog: h.Backlog, Max: h.Max.Seconds(), Slack: h.Slack, Quiet: h.Quiet}.
+		Scheduler(pol, *c.EarlyReject)
+	sc.Explain = true
+	return sc
 }
 
 // Class is an SLO class.

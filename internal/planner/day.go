@@ -287,7 +287,8 @@ func (c *DayConfig) scheduler() (*sched.Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &sched.Scheduler{Policy: pol, EarlyReject: true}, nil
+	// The phased simulator has no hold queue (docs/planner.md).
+	return sched.HoldSettings{Mode: sched.HoldNever}.Scheduler(pol, true), nil
 }
 
 // DayRun is one way of running the day.

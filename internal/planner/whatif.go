@@ -129,7 +129,7 @@ func (w *WhatIf) simulate(ctx context.Context, tr *workload.Trace, window float6
 	cfg := w.Fleet
 	cfg.Instances, cfg.Prefill, cfg.Interval = total, q, 0
 	cfg.Segments = []sim.Segment{{Name: "measured", From: max(tr.Duration-window, 0), To: tr.Duration + 1}}
-	res, err := sim.RunPhased(ctx, cfg, tr, &sched.Scheduler{Policy: pol, EarlyReject: w.EarlyReject}, nil)
+	res, err := sim.RunPhased(ctx, cfg, tr, sched.HoldSettings{Mode: sched.HoldNever}.Scheduler(pol, w.EarlyReject), nil)
 	if err != nil {
 		return Candidate{}, fmt.Errorf("what-if %dP%dD: %w", q, total-q, err)
 	}

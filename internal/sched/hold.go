@@ -58,6 +58,34 @@ const (
 	DefaultHoldQuiet   = 30.0  // SLOs without a rejection for the load
 )
 
+// HoldMode says which policies a scheduler holds requests for.
+type HoldMode int
+
+const (
+	// HoldByPolicy holds for the policies meant to (HoldsLost: kvgate's).
+	HoldByPolicy HoldMode = iota
+	// HoldAlways holds for every policy.
+	HoldAlways
+	// HoldNever holds for none.
+	HoldNever
+)
+
+// HoldSettings are a scheduler's hold settings as its caller configures
+// them (kvgate sim's --hold-* flags, kvgate serve's hold: section): the
+// mode and the Scheduler.Hold* parameters (0: the default).
+type HoldSettings struct {
+	Mode                            HoldMode
+	Min, Backlog, Max, Slack, Quiet float64
+}
+
+// Scheduler returns the scheduler of pol, with early rejection or not, that
+// these settings ask for: the one place the settings become a Scheduler.
+func (h HoldSettings) Scheduler(pol Policy, earlyReject bool) *Scheduler {
+	return &Scheduler{Policy: pol, EarlyReject: earlyReject,
+		Hold:    h.Mode == HoldAlways || (h.Mode == HoldByPolicy && HoldsLost(pol)),
+		HoldMin: h.Min, HoldBacklog: h.Backlog, HoldMax: h.Max, HoldSlack: h.Slack, HoldQuiet: h.Quiet}
+}
+
 // ErrHoldFull is returned by HoldQueue.Push when the queue is at its cap.
 var ErrHoldFull = errors.New("hold queue full")
 

@@ -409,3 +409,32 @@ func TestRejectedForPrefill(t *testing.T) {
 		}
 	}
 }
+
+func TestHoldSettingsScheduler(t *testing.T) {
+	kv, err := New("kvgate", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	co, err := New("cache-only", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		mode HoldMode
+		pol  Policy
+		want bool
+	}{
+		{HoldByPolicy, kv, true}, {HoldByPolicy, co, false},
+		{HoldAlways, kv, true}, {HoldAlways, co, true},
+		{HoldNever, kv, false}, {HoldNever, co, false},
+	} {
+		h := HoldSettings{Mode: tc.mode, Min: 2, Backlog: 3, Max: 4, Slack: 0.25, Quiet: 6}
+		sc := h.Scheduler(tc.pol, true)
+		if sc.Hold != tc.want || sc.Policy != tc.pol || !sc.EarlyReject {
+			t.Errorf("mode %d, %s: Hold %v, EarlyReject %v, want Hold %v", tc.mode, tc.pol.Name(), sc.Hold, sc.EarlyReject, tc.want)
+		}
+		if sc.HoldMin != 2 || sc.HoldBacklog != 3 || sc.HoldMax != 4 || sc.HoldSlack != 0.25 || sc.HoldQuiet != 6 {
+			t.Errorf("mode %d: parameters not carried: %+v", tc.mode, sc)
+		}
+	}
+}
