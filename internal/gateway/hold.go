@@ -89,11 +89,13 @@ func holdOutcome(ctx context.Context, err error) string {
 	var oe *openai.Error
 	switch {
 	case ctx.Err() != nil:
-		return "client_gone"
+		return outcomeClientGone
 	case errors.As(err, &oe) && oe.Status == http.StatusServiceUnavailable:
-		return "unavailable"
+		return outcomeUnavailable
+	case errors.As(err, &oe) && oe.Status == http.StatusTooManyRequests:
+		return outcomeHoldFull
 	}
-	return "hold_full"
+	return outcomeInternalError // the hold queue refused the request (500)
 }
 
 // startRelease runs mf's release loop unless it runs already, and wakes it.

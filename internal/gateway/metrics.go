@@ -28,7 +28,7 @@ func newMetrics(g *Gateway) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_requests_total",
-			Help: "Requests by outcome (ok, rejected, bad_request, unavailable, engine_refused, upstream_error, tokenizer_error, broken_stream, client_gone, overloaded, hold_full; docs/serve.md), SLO class and policy."},
+			Help: "Requests by outcome (ok, rejected, bad_request, unavailable, engine_refused, upstream_error, tokenizer_error, broken_stream, client_gone, overloaded, hold_full, internal_error; docs/serve.md), SLO class and policy."},
 			[]string{"outcome", "class", "policy"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_rejections_total",
 			Help: "Requests rejected before any compute (429), by SLO class."}, []string{"class"}),

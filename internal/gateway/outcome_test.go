@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // outcomes is kvgate_requests_total by outcome (summed over class and
@@ -352,6 +353,26 @@ func TestEngineRefusalIsRelayedNotLearned(t *testing.T) {
 	for _, e := range adminEndpoints(t, admin) {
 		if e.Predictor != nil && e.Predictor.Samples != 0 {
 			t.Errorf("endpoint %s: %d predictor samples from refusals", e.Name, e.Predictor.Samples)
+		}
+	}
+}
+
+func TestHoldOutcome(t *testing.T) {
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want string
+	}{
+		{"client left", gone, context.Canceled, outcomeClientGone},
+		{"held past its deadline", context.Background(), openai.Unavailable(time.Second, "no endpoint"), outcomeUnavailable},
+		{"queue full", context.Background(), openai.TooManyRequests(time.Second, "full"), outcomeHoldFull},
+		{"queue refused", context.Background(), openai.Errorf(http.StatusInternalServerError, "kvgate: bad held request"), outcomeInternalError},
+	} {
+		if got := holdOutcome(tc.ctx, tc.err); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
 		}
 	}
 }

@@ -61,7 +61,7 @@ func copyRequestHeaders(dst, src http.Header) {
 func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	if n := g.inflight.Add(1); n > int64(g.cfg.MaxInflight) {
 		g.inflight.Add(-1)
-		g.met.outcome("overloaded", "", g.policy)
+		g.met.outcome(outcomeOverloaded, "", g.policy)
 		openai.WriteError(w, openai.TooManyRequests(time.Second, "kvgate: more than %d requests in flight", g.cfg.MaxInflight))
 		return
 	}
@@ -101,19 +101,19 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			}
 		}
 		if err := g.admit(rt, p); err != nil {
-			g.met.outcome("rejected", rt.class.Name, g.policy)
+			g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
 			g.met.rejections.WithLabelValues(rt.class.Name).Inc()
 			openai.WriteError(w, err)
 			return
 		}
 		failed, err := g.proxy(w, r, rt, p)
 		if err == nil {
-			g.met.outcome("ok", rt.class.Name, g.policy)
+			g.met.outcome(outcomeOK, rt.class.Name, g.policy)
 			return
 		}
 		var refused *engineRefused
 		if errors.As(err, &refused) {
-			g.met.outcome("engine_refused", rt.class.Name, g.policy) // its answer is the client's already
+			g.met.outcome(outcomeEngineRefused, rt.class.Name, g.policy) // its answer is the client's already
 			return
 		}
 		if failed == "" || attempt == 1 || r.Context().Err() != nil {
@@ -151,17 +151,17 @@ func preOutcome(ctx context.Context, err error) string {
 		// Its body came too slowly (net/http cancels the request's
 		// context on the read deadline, but the client is there to
 		// read the 408).
-		return "bad_request"
+		return outcomeBadRequest
 	case ctx.Err() != nil:
 		// Hung up meanwhile: whatever the error says, nobody is there
 		// to read it.
-		return "client_gone"
+		return outcomeClientGone
 	case errors.As(err, &te):
-		return "tokenizer_error"
+		return outcomeTokenizerError
 	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
-		return "overloaded" // no large-body slot freed within its wait
+		return outcomeOverloaded // no large-body slot freed within its wait
 	}
-	return "bad_request" // the rest is the client's: 400, 405, 413, ...
+	return outcomeBadRequest // the rest is the client's: 400, 405, 413, ...
 }
 
 // decideOutcome names a request the scheduler could not be asked about:
@@ -169,19 +169,19 @@ func preOutcome(ctx context.Context, err error) string {
 // it is unavailable.
 func decideOutcome(err error) string {
 	if openai.AsError(err).Status < http.StatusInternalServerError {
-		return "bad_request"
+		return outcomeBadRequest
 	}
-	return "unavailable"
+	return outcomeUnavailable
 }
 
 func outcomeOf(ctx context.Context, err error) string {
 	if ctx.Err() != nil {
-		return "client_gone"
+		return outcomeClientGone
 	}
 	if errors.Is(err, errStreamBroken) {
-		return "broken_stream"
+		return outcomeBrokenStream
 	}
-	return "upstream_error"
+	return outcomeUpstreamError
 }
 
 // admit applies the scheduler's rejection and class shedding.

@@ -1,0 +1,18 @@
+package gateway
+
+// Outcomes: the outcome label of kvgate_requests_total, one per request
+// (docs/serve.md has the table).
+const (
+	outcomeOK             = "ok"
+	outcomeRejected       = "rejected"
+	outcomeBadRequest     = "bad_request"
+	outcomeTokenizerError = "tokenizer_error"
+	outcomeOverloaded     = "overloaded"
+	outcomeUnavailable    = "unavailable"
+	outcomeHoldFull       = "hold_full"
+	outcomeEngineRefused  = "engine_refused"
+	outcomeUpstreamError  = "upstream_error"
+	outcomeBrokenStream   = "broken_stream"
+	outcomeClientGone     = "client_gone"
+	outcomeInternalError  = "internal_error"
+)
