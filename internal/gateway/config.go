@@ -128,8 +128,9 @@ func (c *Config) scheduler(pol sched.Policy) *sched.Scheduler {
 type Class struct {
 	Name string `yaml:"name"`
 	// Priority: higher is more important. While a class is being
-	// rejected, every class of lower or equal priority is rejected too,
-	// so no lower class is admitted while a higher one is turned away.
+	// rejected for the load, every class of lower priority is rejected
+	// too, so no lower class is admitted while a higher one is turned
+	// away (classes of equal priority are not shed).
 	Priority int `yaml:"priority"`
 	// TTFT is the base TTFT target in seconds (0: none, never rejected
 	// for TTFT); TTFTPerKToken adds seconds per 1 000 prompt tokens, so a

@@ -207,7 +207,7 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 		return g.rejectErr(rt, p.dec.Reason, p.dec.PredictedTTFT)
 	}
 	if g.sched.Load().EarlyReject && g.shed.shedding(rt.class.Priority, now) {
-		return g.rejectErr(rt, "a class of equal or higher priority is being rejected", 0)
+		return g.rejectErr(rt, "a class of higher priority is being rejected", 0)
 	}
 	return nil
 }

@@ -34,9 +34,11 @@ func (o *observed) tpot() float64 {
 }
 
 // shedder keeps class priorities apart: when a request of priority p is
-// rejected, every request of priority <= p is rejected for shedWindow
+// rejected, every request of priority < p is rejected for shedWindow
 // seconds, so no lower class is admitted while a higher one is turned
-// away.
+// away. Its own class is not shed: each of its requests is judged by its
+// own prediction, as in the simulator (shedding it turned one rejection
+// into a second's worth of them: 556 of 561 rejections in a demo run).
 type shedder struct {
 	mu    sync.Mutex
 	until map[int]float64 // priority → clock time its shedding ends
@@ -54,7 +56,7 @@ func (s *shedder) reject(prio int, now float64) {
 }
 
 // shedding reports whether a request of priority prio must be rejected
-// because one of priority >= prio was rejected recently.
+// because one of a higher priority was rejected recently.
 func (s *shedder) shedding(prio int, now float64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -63,7 +65,7 @@ func (s *shedder) shedding(prio int, now float64) bool {
 			delete(s.until, p)
 			continue
 		}
-		if p >= prio {
+		if p > prio {
 			return true
 		}
 	}
