@@ -94,6 +94,7 @@ type Endpoint struct {
 	lastPicked float64
 	lastDone   float64       // the last prefill's end
 	routes     uint64        // prefills routed here so far
+	win        busyWindow    // with batching engines: the open busy window
 	model      predict.Model // nil: no predictor
 	dmodel     predict.DecodeModel
 	// ctx is the prompt tokens of the sequences in flight that decode
@@ -139,6 +140,26 @@ type Flight struct {
 	alone    bool
 	routeSeq uint64
 }
+
+// busyWindow is an endpoint's stretch of back-to-back prefills since it
+// was last idle (or since the window was last cut), for batching engines
+// (SetBatchingEngines): the prefills whose first tokens came in it and when
+// it started. Its length is their compute summed, whatever the engine's
+// batching did to each one's.
+type busyWindow struct {
+	open      bool
+	start     float64
+	xs        []predict.Features
+	predicted float64
+}
+
+// windowCut is how many prefills a busy window collects before it is
+// reported and a new one starts at its last first token, so that an
+// endpoint that never goes idle still trains its model. The prefills in
+// flight at a cut had part of their compute in the window that is
+// reported and are counted in the next one: each window is off by at most
+// a batch, and the two errors cancel over successive windows.
+const windowCut = 8
 
 // Work describes a request being routed.
 type Work struct {
@@ -214,7 +235,12 @@ func (f *Fleet) Set(infos []Info) {
 // 0.00 to 7.2 at p10–p90; of those alone at routing but joined later,
 // 0.1 ms first tokens came right after a joiner's, read as 400 000
 // tokens/s, the learned speed's cap, where the engine does 20 000). With
-// it set, only prefills that ran alone train the predictor; the
+// it set, the predictor learns from busy windows instead (busyWindow): the
+// prefills an endpoint computed from the moment it was idle to the first
+// token that left it idle again (a lone prefill is a window of one), or to
+// the windowCut-th first token, whose time is their compute summed. (Lone
+// prefills alone were not enough: an endpoint learned too fast was sent
+// ever more, never ran alone again and was never corrected.) The
 // simulator's FIFO engines leave it unset, where every first token is
 // exact.
 func (f *Fleet) SetBatchingEngines(on bool) {
@@ -428,6 +454,10 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 		fl.compute = e.model.Prefill(fl.x).Seconds
 	}
 	fl.alone = e.head == len(e.queue)
+	if fl.alone {
+		// An idle endpoint starts a busy window.
+		e.win = busyWindow{open: true, start: now, xs: e.win.xs[:0]}
+	}
 	e.routes++
 	fl.routeSeq = e.routes
 	start := max(e.busy, now)
@@ -522,6 +552,11 @@ func (f *Fleet) PredictedPrefillEnd(fl *Flight) float64 {
 func (f *Fleet) PrefillDone(fl *Flight, at float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if !fl.prefilled {
+		// Its compute's end is not known: the window it shared is not
+		// either.
+		fl.prefill.win.open = false
+	}
 	f.prefillDone(fl, at)
 }
 
@@ -539,10 +574,35 @@ func (f *Fleet) FirstToken(fl *Flight, at float64) {
 	e := fl.prefill
 	start := max(fl.routed, e.lastDone)
 	f.prefillDone(fl, at)
-	if e.model != nil && (!f.batching || fl.alone && e.routes == fl.routeSeq) {
+	if e.model == nil {
+		return
+	}
+	if !f.batching {
 		e.model.Observe(predict.Observation{X: fl.x, Compute: at - start, Predicted: fl.compute,
 			TTFT: at - fl.routed, PredictedTTFT: fl.ttft})
+		return
 	}
+	f.observeWindow(e, fl, at)
+}
+
+// observeWindow adds fl's first token at time at to e's busy window and
+// reports the window to e's model when it ends: e went idle (a lone
+// prefill is a window of one) or the window holds windowCut prefills.
+func (f *Fleet) observeWindow(e *Endpoint, fl *Flight, at float64) {
+	w := &e.win
+	if !w.open || at < w.start {
+		return
+	}
+	w.xs = append(w.xs, fl.x)
+	w.predicted += fl.compute
+	idle := e.head == len(e.queue)
+	if !idle && len(w.xs) < windowCut {
+		return
+	}
+	last := len(w.xs) - 1
+	e.model.Observe(predict.Observation{X: w.xs[last], Also: w.xs[:last], Compute: at - w.start, Predicted: w.predicted,
+		TTFT: at - fl.routed, PredictedTTFT: fl.ttft})
+	*w = busyWindow{open: !idle, start: at, xs: w.xs[:0]}
 }
 
 func (f *Fleet) prefillDone(fl *Flight, at float64) {

@@ -69,20 +69,18 @@ func TestPredictorLearnsFromFirstTokens(t *testing.T) {
 	}
 }
 
-// TestBatchingEnginesTrainOnLonePrefills: with batching engines, prefills
-// that share engine steps end together, so their first tokens say nothing
-// of their own compute; only a prefill that ran alone (none in flight when
-// it was routed, none routed before its first token) trains the model.
-// Here a prefill routed to an idle endpoint is joined 50 ms later by a
-// second; the step ends both at 0.2 s, the joiner's token heard first.
-// Read as FIFO, the first one took 0.1 ms (what the gateway learned as
-// 400 000 tokens/s against the emulator's 20 000 before lone meant "for
-// its whole prefill"). FIFO engines (the default) train on all.
-func TestBatchingEnginesTrainOnLonePrefills(t *testing.T) {
+// TestBatchingEnginesTrainOnBusyWindows: with batching engines two
+// prefills that share engine steps end together, and neither first token
+// tells its own compute (the second reads 0.1 ms). Their window, from the
+// first one's routing to the last first token, is their compute summed:
+// it trains the model, as a lone prefill does. Without batching every
+// first token is read as FIFO compute, and the pairs' (0.2 s for the
+// first, 0.0001 s for the second) pull the fit off the engine's speed.
+func TestBatchingEnginesTrainOnBusyWindows(t *testing.T) {
 	for _, tc := range []struct {
 		batching bool
 		samples  int
-	}{{true, 50}, {false, 150}} {
+	}{{true, 100}, {false, 150}} {
 		f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
 		l, err := predict.NewLearned(predict.Options{})
 		if err != nil {
@@ -93,6 +91,7 @@ func TestBatchingEnginesTrainOnLonePrefills(t *testing.T) {
 		_, eps := snap(f, 0, 0, nil)
 		now := 0.0
 		for range 50 {
+			// Two batched prefills: 4 000 tokens in 0.2 s.
 			f1 := f.Route(eps[0], now, Work{Uncached: 2000})
 			f2 := f.Route(eps[0], now+0.05, Work{Uncached: 2000})
 			f.FirstToken(f2, now+0.2)
@@ -111,7 +110,76 @@ func TestBatchingEnginesTrainOnLonePrefills(t *testing.T) {
 			t.Errorf("batching %v: %d samples, want %d", tc.batching, st.Samples, tc.samples)
 		}
 		if off := math.Abs(st.Speed-20000) / 20000; tc.batching && off > 0.1 || !tc.batching && off < 0.15 {
-			t.Errorf("batching %v: learned %g tokens/s (20 000 alone)", tc.batching, st.Speed)
+			t.Errorf("batching %v: learned %g tokens/s (the engine does 20 000)", tc.batching, st.Speed)
 		}
+	}
+}
+
+// TestBusyEndpointKeepsLearning: an endpoint that is never idle (arrivals
+// faster than it prefills, completions in batches of up to two) has no lone
+// prefill to learn from; its busy windows, cut every windowCut first
+// tokens, still teach it the engine's speed. Learned too fast at first
+// (100 000 tokens/s, the kvgate demo's failure: it was sent ever more and
+// never ran alone again), it is corrected.
+func TestBusyEndpointKeepsLearning(t *testing.T) {
+	f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
+	l, err := predict.NewLearned(predict.Options{Shrink: 1, NonNegative: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.SetPredictor(l)
+	f.SetBatchingEngines(true)
+	_, eps := snap(f, 0, 0, nil)
+	// Teach it 100 000 tokens/s with lone prefills.
+	now := 0.0
+	for range 40 {
+		fl := f.Route(eps[0], now, Work{Uncached: 2000})
+		f.FirstToken(fl, now+0.02)
+		f.Finish(fl, now+0.02)
+		now += 1
+	}
+	if st, _ := f.PredictorStats("a"); st.Speed < 60000 {
+		t.Fatalf("setup: learned %g tokens/s, want about 100 000", st.Speed)
+	}
+	// Now the engine's true 20 000: a 2 000-token prefill arrives every
+	// 0.09 s; the engine takes up to two waiting ones into a batch that
+	// ends at once, 0.1 s per prefill: it is never idle. The schedule is
+	// computed first, then replayed in time order.
+	const n = 400
+	arrival := func(i int) float64 { return now + 0.09*float64(i) }
+	done := make([]float64, n)
+	free := now
+	for i := 0; i < n; {
+		start := max(free, arrival(i))
+		k := 1
+		if i+1 < n && arrival(i+1) <= start {
+			k = 2
+		}
+		free = start + 0.1*float64(k)
+		for j := i; j < i+k; j++ {
+			done[j] = free
+		}
+		i += k
+	}
+	flights := make([]*Flight, n)
+	next := 0 // the next first token, in order
+	for i := range n {
+		for next < i && done[next] <= arrival(i) {
+			f.FirstToken(flights[next], done[next])
+			f.Finish(flights[next], done[next])
+			next++
+		}
+		flights[i] = f.Route(eps[0], arrival(i), Work{Uncached: 2000})
+	}
+	for ; next < n; next++ {
+		f.FirstToken(flights[next], done[next])
+		f.Finish(flights[next], done[next])
+	}
+	if st, _ := f.PredictorStats("a"); st.Samples < 40+n/windowCut/2 {
+		t.Errorf("%d samples: the busy endpoint's windows were not observed", st.Samples)
+	}
+	st, _ := f.PredictorStats("a")
+	if off := math.Abs(st.Speed-20000) / 20000; off > 0.15 {
+		t.Errorf("learned %g tokens/s on a busy endpoint (the engine does 20 000)", st.Speed)
 	}
 }

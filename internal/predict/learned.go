@@ -204,8 +204,8 @@ func (m *learnedModel) Observe(o Observation) {
 	if !finitePos(o.Compute) || o.X.Uncached < 0 {
 		return
 	}
-	m.own.updatePrefill(o.X, o.Compute)
-	m.pool.updatePrefill(o.X, o.Compute)
+	m.own.updatePrefill(o.X, o.Also, o.Compute)
+	m.pool.updatePrefill(o.X, o.Also, o.Compute)
 }
 
 func (m *learnedModel) Stats() Stats {
@@ -342,9 +342,19 @@ func (r *rls) gain(phi [nFeat]float64) (pphi [nFeat]float64, den float64) {
 	return pphi, den
 }
 
-// updatePrefill adds one prefill sample: x took y seconds.
-func (r *rls) updatePrefill(x Features, y float64) {
-	r.update(features(x), 1/r.scale(x), y)
+// updatePrefill adds one prefill sample, x took y seconds, or a busy
+// window's: x and also took y seconds together.
+func (r *rls) updatePrefill(x Features, also []Features, y float64) {
+	f, scale := features(x), r.scale(x)
+	for _, a := range also {
+		// A busy window: its time is the sum of its prefills' terms.
+		fa := features(a)
+		for i := range f {
+			f[i] += fa[i]
+		}
+		scale += r.scale(a)
+	}
+	r.update(f, 1/scale, y)
 	if r.nonNeg {
 		r.nonNegative()
 	}

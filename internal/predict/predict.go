@@ -35,12 +35,19 @@ type Estimate struct {
 	Pessimistic float64
 }
 
-// Observation is the outcome of one prefill.
+// Observation is the outcome of one prefill, or of a busy window: the
+// prefills an engine computed back to back, batched, from the first one's
+// start to the last one's first token.
 type Observation struct {
 	X Features
+	// Also are the other prefills of a busy window (nil for one prefill):
+	// an engine that batches prefills tells no single one's compute, but
+	// the window's time is their compute summed, which the model's terms
+	// summed over the window predict (load.Fleet.SetBatchingEngines).
+	Also []Features
 	// Compute is the observed compute time (first token minus the start
-	// of the prefill, seconds); Predicted the compute time predicted at
-	// routing.
+	// of the prefill, or of the window, seconds); Predicted the compute
+	// time predicted at routing (the window's, summed).
 	Compute, Predicted float64
 	// TTFT and PredictedTTFT are the observed and predicted time from
 	// routing to the first token (queue wait included); they feed the
