@@ -35,7 +35,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// The baseline chapter's chat workload runs 120 s at 40 and 70 req/s; a
 	// demo has about a minute, so it runs 40 s at 130 req/s: conversations
 	// grow long enough in that time for the fleet to be prefill-bound.
-	f.timeScale, f.rate, f.duration, f.outputTokens = 4, 130, 40, 16
+	f.timeScale, f.rate, f.duration, f.outputTokens = 2, 130, 40, 16
 	flagrange.Var(fl, &f.timeScale, "time-scale", flagrange.Range[float64]{Min: 1, Max: 20}, "the emulated engines run this many times faster than real time")
 	flagrange.Var(fl, &f.rate, "rate", flagrange.Range[float64]{Min: 1, Max: 200, Unit: "req/s"}, "arrival rate (engine time)")
 	flagrange.Var(fl, &f.duration, "duration", flagrange.Range[float64]{Min: 5, Max: 600, Unit: "seconds"}, "seconds of arrivals (engine time)")
@@ -118,6 +118,7 @@ func demoOutput(f *demoFlags, results []demo.Result, took time.Duration, stdout 
 			TPOTP50     float64 `json:"tpot_p50"`
 			HitRate     float64 `json:"hit_rate"`
 			Rejected    float64 `json:"rejected"`
+			EngineLag   float64 `json:"engine_lag"`
 		}
 		out := struct {
 			Runs []row `json:"runs"`
@@ -130,7 +131,7 @@ func demoOutput(f *demoFlags, results []demo.Result, took time.Duration, stdout 
 			s := r.Summary
 			out.Runs = append(out.Runs, row{Policy: r.Spec.Policy, EarlyReject: r.Spec.EarlyReject, Fleet: fleet, Requests: s.Requests,
 				Goodput: s.Goodput, Attainment: s.Attainment, TTFTP50: s.TTFT.P50, TTFTP99: s.TTFT.P99, TPOTP50: s.TPOT.P50,
-				HitRate: s.HitRate, Rejected: s.Rejected})
+				HitRate: s.HitRate, Rejected: s.Rejected, EngineLag: r.EngineLag})
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -143,10 +144,33 @@ func demoOutput(f *demoFlags, results []demo.Result, took time.Duration, stdout 
 	if err := bench.WriteTable(stdout, ss); err != nil {
 		return err
 	}
+	lagWarning(stdout, f.timeScale, results)
 	fmt.Fprintf(stdout, "\nTook %.0f s of wall time. ", took.Seconds())
 	if f.report != "" {
 		fmt.Fprintf(stdout, "Report with plots: %s", f.report)
 	}
 	fmt.Fprintln(stdout)
 	return nil
+}
+
+// lagTolerance is the engine lag (a share of a run's wall time) beyond
+// which the demo warns that the machine could not keep up.
+const lagTolerance = 0.05
+
+// lagWarning tells, after the table, which runs' engines fell behind their
+// timing model (engine.Engine.Lag): their latencies are the machine's, not
+// the model's.
+func lagWarning(w io.Writer, timeScale float64, results []demo.Result) {
+	worst, at := 0.0, -1
+	for i, r := range results {
+		if r.EngineLag > worst {
+			worst, at = r.EngineLag, i
+		}
+	}
+	if worst <= lagTolerance {
+		return
+	}
+	fmt.Fprintf(w, "\nwarning: the machine did not keep up: an engine of run %d (%s) fell behind its timing model for %.0f %% of the run's\n"+
+		"time (CPU short of the fleet's goroutines at %g× real time), so its latencies are longer than the model's; try\n"+
+		"--time-scale %g.\n", at+1, results[at].Summary.Label, 100*worst, timeScale, max(1, timeScale/2))
 }

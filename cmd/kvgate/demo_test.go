@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/demo"
 )
 
 // TestDemoShortRun runs a short demo (two runs) and checks the JSON shape
@@ -42,5 +45,33 @@ func TestDemoShortRun(t *testing.T) {
 	}
 	if _, errOut, code := runCmd(t, "demo", "--runs", "9"); code == 0 || !strings.Contains(errOut, "--runs") {
 		t.Errorf("bad --runs accepted: %s", errOut)
+	}
+}
+
+func TestDemoLagWarning(t *testing.T) {
+	run := func(label string, lag float64) demo.Result {
+		return demo.Result{Summary: bench.Summary{Label: label}, EngineLag: lag}
+	}
+	for _, tc := range []struct {
+		name    string
+		results []demo.Result
+		want    []string // empty: no warning
+	}{
+		{"machine kept up", []demo.Result{run("a", 0.01), run("b", lagTolerance)}, nil},
+		{"one run behind", []demo.Result{run("a", 0.01), run("kvgate / P/D 8P2D", 0.17)}, []string{"run 2 (kvgate / P/D 8P2D)", "17 %", "--time-scale 2"}},
+	} {
+		var b strings.Builder
+		lagWarning(&b, 4, tc.results)
+		if len(tc.want) == 0 {
+			if b.Len() != 0 {
+				t.Errorf("%s: %q", tc.name, b.String())
+			}
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(b.String(), w) {
+				t.Errorf("%s: %q lacks %q", tc.name, b.String(), w)
+			}
+		}
 	}
 }

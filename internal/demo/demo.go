@@ -59,6 +59,11 @@ type Result struct {
 	Spec    RunSpec
 	Summary bench.Summary
 	Records []bench.Record
+	// EngineLag is the most any engine fell behind its timing model during
+	// the run, as a share of the run's wall time (engine.Engine.Lag): on a
+	// machine short of CPU the engines run slower than modelled and every
+	// latency of the run is inflated.
+	EngineLag float64
 }
 
 const model = "kvgate-demo"
@@ -93,7 +98,7 @@ func Run(ctx context.Context, cfg Config, progress func(run int, done, total int
 // runOne starts a fresh fleet (cold caches) and gateway, sends the
 // workload and tears everything down.
 func runOne(ctx context.Context, cfg Config, spec RunSpec, items []bench.Item, progress bench.Progress) (Result, error) {
-	eps, stop, err := startEngines(ctx, cfg, spec)
+	eps, lag, stop, err := startEngines(ctx, cfg, spec)
 	defer stop()
 	if err != nil {
 		return Result{}, err
@@ -114,17 +119,26 @@ func runOne(ctx context.Context, cfg Config, spec RunSpec, items []bench.Item, p
 		label += " +reject"
 	}
 	label += " / " + spec.Fleet()
-	return Result{Spec: spec, Summary: bench.Summarize(label, recs, wall.Seconds()*cfg.TimeScale, cfg.SLO), Records: recs}, nil
+	return Result{Spec: spec, Summary: bench.Summarize(label, recs, wall.Seconds()*cfg.TimeScale, cfg.SLO), Records: recs,
+		EngineLag: lag().Seconds() / max(wall.Seconds(), 1e-9)}, nil
 }
 
-func startEngines(ctx context.Context, cfg Config, spec RunSpec) ([]fleet.Endpoint, func(), error) {
+// startEngines starts the run's engines; lag reports the most any of them
+// has fallen behind its timing model so far.
+func startEngines(ctx context.Context, cfg Config, spec RunSpec) (eps []fleet.Endpoint, lag func() time.Duration, stop func(), err error) {
 	var engines []*engine.Engine
-	stop := func() {
+	stop = func() {
 		for _, e := range engines {
 			e.Close()
 		}
 	}
-	var eps []fleet.Endpoint
+	lag = func() time.Duration {
+		var most time.Duration
+		for _, e := range engines {
+			most = max(most, e.Lag())
+		}
+		return most
+	}
 	add := func(role fleet.Role) error {
 		ec := engine.DefaultConfig()
 		ec.Model, ec.Port, ec.Role, ec.TimeScale = model, 0, role, cfg.TimeScale
@@ -149,15 +163,15 @@ func startEngines(ctx context.Context, cfg Config, spec RunSpec) ([]fleet.Endpoi
 	}
 	for i := 0; i < spec.Prefill; i++ {
 		if err := add(prole); err != nil {
-			return nil, stop, err
+			return nil, lag, stop, err
 		}
 	}
 	for i := 0; i < spec.Decode; i++ {
 		if err := add(fleet.RoleDecode); err != nil {
-			return nil, stop, err
+			return nil, lag, stop, err
 		}
 	}
-	return eps, stop, nil
+	return eps, lag, stop, nil
 }
 
 // startGateway serves a gateway for the run on loopback. Its clock runs

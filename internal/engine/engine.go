@@ -239,3 +239,10 @@ func (e *Engine) Role() fleet.Role {
 
 // InFlight is the number of requests inside the engine.
 func (e *Engine) InFlight() int { return int(e.sched.inflight.Load()) }
+
+// Lag is the real time the engine has fallen behind its timing model so
+// far: steps due at once that started more than a few milliseconds late
+// (kvgate_engine_lag_seconds_total in modelled seconds). On a machine short
+// of CPU every latency it reports is longer than the model's by about this
+// much.
+func (e *Engine) Lag() time.Duration { return time.Duration(e.sched.lag.Load()) }

@@ -16,9 +16,11 @@ type metrics struct {
 	cacheQueries, cacheHits             prometheus.Counter
 	promptTokens, generationTokens      prometheus.Counter
 	preemptions                         prometheus.Counter
-	success                             *prometheus.CounterVec
-	ttft, itl, tpot, e2e                prometheus.Observer
-	queueTime, prefillTime, decodeTime  prometheus.Observer
+	// lag: the emulator's own, not vLLM's (scheduler.lag).
+	lag                                prometheus.Counter
+	success                            *prometheus.CounterVec
+	ttft, itl, tpot, e2e               prometheus.Observer
+	queueTime, prefillTime, decodeTime prometheus.Observer
 }
 
 var (
@@ -56,6 +58,7 @@ func newMetrics(cfg Config) *metrics {
 	m.promptTokens = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.")
 	m.generationTokens = counter("vllm:generation_tokens_total", "Number of generation tokens processed.")
 	m.preemptions = counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.")
+	m.lag = counter("kvgate_engine_lag_seconds_total", "Modelled seconds the emulator fell behind its timing model (steps started late: the machine is short of CPU); not a vLLM metric.")
 	m.success = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
 	}, []string{"finished_reason"})

@@ -40,6 +40,11 @@ type scheduler struct {
 	wake     chan struct{}
 
 	inflight atomic.Int64 // submitted and not yet finished
+	// lag is the real time (ns) the engine fell behind its timing model:
+	// the gaps beyond catchUpSlack between a step's modelled end and the
+	// start of the next one due at once (the goroutine ran late: a CPU
+	// short of cores, a long GC). Modelled time is lost by that much.
+	lag atomic.Int64
 
 	waiting      []*request
 	running      []*request
@@ -143,8 +148,13 @@ func (s *scheduler) run(ctx context.Context) {
 			continue
 		}
 		start := now
-		if !s.lastEnd.IsZero() && now.Sub(s.lastEnd) < catchUpSlack {
-			start = s.lastEnd
+		if !s.lastEnd.IsZero() {
+			if gap := now.Sub(s.lastEnd); gap < catchUpSlack {
+				start = s.lastEnd
+			} else {
+				s.lag.Add(int64(gap))
+				s.metrics.lag.Add(s.cfg.modelled(gap))
+			}
 		}
 		// Catching up never starts a step before one of its requests
 		// arrived (a TTFT shorter than its own prefill).

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -194,4 +195,31 @@ func measureTiming(t *testing.T) timingRun {
 		ttfts: ttfts, predTTFT: predTTFT, tpots: tpots, predTPOT: predTPOT,
 		idleTTFT: m.PrefillTime(promptLen), idleTPOT: m.DecodeStepTime(1, promptLen+outputLen/2), scale: scale,
 		lag: lag, elapsed: elapsed}
+}
+
+// TestLagCountsLateSteps: a scheduler goroutine held up between steps (a
+// machine short of CPU, here a 60 ms command) starts its next step late,
+// and Lag reports that much; an engine left alone reports no lag.
+func TestLagCountsLateSteps(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.TimeScale = 1 })
+	rng := rand.New(rand.NewPCG(1, 2))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// 40 decode steps of about 10 ms: 0.4 s of back-to-back steps.
+		postJSON(t, e.URL()+"/v1/completions", map[string]any{"model": "test-model", "prompt": words(rng, 50), "max_tokens": 40, "min_tokens": 40})
+	}()
+	waitFor(t, "the request in flight", func() bool { return e.InFlight() == 1 })
+	time.Sleep(50 * time.Millisecond)
+	if l := e.Lag(); l > 20*time.Millisecond {
+		t.Logf("lag %v before any stall (a busy machine)", l)
+	}
+	before := e.Lag()
+	if err := e.sched.do(context.Background(), func() { time.Sleep(60 * time.Millisecond) }); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if got := e.Lag() - before; got < 50*time.Millisecond {
+		t.Fatalf("a 60 ms stall between steps: lag grew by %v", got)
+	}
 }
