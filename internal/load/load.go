@@ -552,12 +552,18 @@ func (f *Fleet) PredictedPrefillEnd(fl *Flight) float64 {
 func (f *Fleet) PrefillDone(fl *Flight, at float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.unobserved(fl)
+	f.prefillDone(fl, at)
+}
+
+// unobserved closes, unreported, the busy window of a flight whose prefill
+// ends without an observed first token (a predicted end, a failure, a
+// client gone): its compute's end is not known, so the window's is not
+// either.
+func (f *Fleet) unobserved(fl *Flight) {
 	if !fl.prefilled {
-		// Its compute's end is not known: the window it shared is not
-		// either.
 		fl.prefill.win.open = false
 	}
-	f.prefillDone(fl, at)
 }
 
 // FirstToken is PrefillDone for an observed end of the prefill (a first
@@ -687,6 +693,7 @@ func (f *Fleet) finish(fl *Flight, at float64) {
 	if fl.finished {
 		return
 	}
+	f.unobserved(fl)
 	f.prefillDone(fl, at)
 	fl.finished = true
 	if d := fl.decoder(); d != nil {
@@ -725,6 +732,7 @@ func (f *Fleet) Expire(now float64) {
 		for e.head < len(e.queue) && e.queue[e.head].done <= now {
 			fl := e.queue[e.head]
 			at := fl.done
+			f.unobserved(fl)
 			f.prefillDone(fl, at)
 			if fl.decode == nil {
 				fl.finished = true

@@ -183,3 +183,32 @@ func TestBusyEndpointKeepsLearning(t *testing.T) {
 		t.Errorf("learned %g tokens/s on a busy endpoint (the engine does 20 000)", st.Speed)
 	}
 }
+
+// TestFailedPrefillClosesItsWindow: a prefill that ends without a first
+// token (its engine failed, its client left) took an unknown part of its
+// busy window, which is then not reported: the next first token on the
+// endpoint trains nothing until the endpoint has been idle.
+func TestFailedPrefillClosesItsWindow(t *testing.T) {
+	f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
+	l, err := predict.NewLearned(predict.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.SetPredictor(l)
+	f.SetBatchingEngines(true)
+	_, eps := snap(f, 0, 0, nil)
+	f1 := f.Route(eps[0], 0, Work{Uncached: 2000})
+	f2 := f.Route(eps[0], 0.01, Work{Uncached: 2000})
+	f.Finish(f1, 0.05) // failed: no first token
+	f.FirstToken(f2, 0.3)
+	f.Finish(f2, 0.3)
+	if st, _ := f.PredictorStats("a"); st.Samples != 0 {
+		t.Fatalf("a window with a failed prefill was reported: %d samples", st.Samples)
+	}
+	f3 := f.Route(eps[0], 1, Work{Uncached: 2000})
+	f.FirstToken(f3, 1.1)
+	f.Finish(f3, 1.1)
+	if st, _ := f.PredictorStats("a"); st.Samples != 1 {
+		t.Fatalf("the next window after idle: %d samples, want 1", st.Samples)
+	}
+}

@@ -44,6 +44,7 @@ type Observation struct {
 	// an engine that batches prefills tells no single one's compute, but
 	// the window's time is their compute summed, which the model's terms
 	// summed over the window predict (load.Fleet.SetBatchingEngines).
+	// Valid only during the Observe call: a model must not keep it.
 	Also []Features
 	// Compute is the observed compute time (first token minus the start
 	// of the prefill, or of the window, seconds); Predicted the compute
