@@ -93,7 +93,6 @@ type Endpoint struct {
 	inbound    int // prompt tokens of streams routed here to decode whose prefill has not ended
 	lastPicked float64
 	lastDone   float64       // the last prefill's end
-	routes     uint64        // prefills routed here so far
 	win        busyWindow    // with batching engines: the open busy window
 	model      predict.Model // nil: no predictor
 	dmodel     predict.DecodeModel
@@ -133,12 +132,6 @@ type Flight struct {
 	// The decode prediction for the endpoint that decodes it.
 	dx    predict.DecodeFeatures
 	dpred float64
-	// alone: no other prefill was in flight on the endpoint when this
-	// one was routed; routeSeq is the endpoint's routes counting it (a
-	// later prefill routed there before its first token shares its
-	// engine steps).
-	alone    bool
-	routeSeq uint64
 }
 
 // busyWindow is an endpoint's stretch of back-to-back prefills since it
@@ -453,13 +446,10 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	if e.model != nil {
 		fl.compute = e.model.Prefill(fl.x).Seconds
 	}
-	fl.alone = e.head == len(e.queue)
-	if fl.alone {
+	if e.head == len(e.queue) {
 		// An idle endpoint starts a busy window.
 		e.win = busyWindow{open: true, start: now, xs: e.win.xs[:0]}
 	}
-	e.routes++
-	fl.routeSeq = e.routes
 	start := max(e.busy, now)
 	e.busy = start + fl.compute
 	fl.done = e.busy
