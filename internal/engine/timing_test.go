@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -204,10 +205,20 @@ func TestLagCountsLateSteps(t *testing.T) {
 	e := startEngine(t, func(c *Config) { c.TimeScale = 1 })
 	rng := rand.New(rand.NewPCG(1, 2))
 	done := make(chan struct{})
+	body, err := json.Marshal(map[string]any{"model": "test-model", "prompt": words(rng, 50), "max_tokens": 40, "min_tokens": 40})
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		defer close(done)
 		// 40 decode steps of about 10 ms: 0.4 s of back-to-back steps.
-		postJSON(t, e.URL()+"/v1/completions", map[string]any{"model": "test-model", "prompt": words(rng, 50), "max_tokens": 40, "min_tokens": 40})
+		resp, err := http.Post(e.URL()+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
 	}()
 	waitFor(t, "the request in flight", func() bool { return e.InFlight() == 1 })
 	time.Sleep(50 * time.Millisecond)
