@@ -146,6 +146,10 @@ type learnedModel struct {
 const nFeat = 4
 
 // features returns the regressors of x.
+// fixedTerm is the index of the fixed cost in features: the terms before
+// it grow with the prefill's tokens.
+const fixedTerm = 3
+
 func features(x Features) [nFeat]float64 {
 	u := float64(max(x.Uncached, 0)) / 1024
 	c := float64(max(x.Cached, 0)) / 1024
@@ -347,9 +351,11 @@ func (r *rls) gain(phi [nFeat]float64) (pphi [nFeat]float64, den float64) {
 func (r *rls) updatePrefill(x Features, also []Features, y float64) {
 	f, scale := features(x), r.scale(x)
 	for _, a := range also {
-		// A busy window: its time is the sum of its prefills' terms.
+		// A busy window: its time is the sum of its prefills' compute
+		// terms, and the fixed cost (the first token's trip back, its
+		// step) once: its prefills overlap it.
 		fa := features(a)
-		for i := range f {
+		for i := range fixedTerm {
 			f[i] += fa[i]
 		}
 		scale += r.scale(a)

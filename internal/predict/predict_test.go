@@ -277,3 +277,33 @@ func TestShrinkPredictsAlikeEndpointsAlike(t *testing.T) {
 		t.Error("shrink 11 accepted")
 	}
 }
+
+// TestBusyWindowPaysFixedCostOnce: a busy window's prefills overlap their
+// fixed cost (the first token's trip back), so the window takes their
+// compute summed plus that cost once. Fed windows of four 2 000-token
+// prefills and lone 300- and 2 000-token ones on an engine at 20 000
+// tokens/s with a 30 ms fixed cost, the model predicts the lone prefills as
+// the engine takes them. Summing the fixed cost over the window (four
+// times) pulls the fit off them.
+func TestBusyWindowPaysFixedCostOnce(t *testing.T) {
+	l, err := NewLearned(Options{NonNegative: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := l.Model("a", 20000)
+	small, big := Features{Uncached: 300}, Features{Uncached: 2000}
+	const fixed = 0.03
+	for range 300 {
+		m.Observe(Observation{X: big, Also: []Features{big, big, big}, Compute: 4*0.1 + fixed, Predicted: 0.4})
+		m.Observe(Observation{X: small, Compute: 0.015 + fixed, Predicted: 0.015})
+		m.Observe(Observation{X: big, Compute: 0.1 + fixed, Predicted: 0.1})
+	}
+	for _, tc := range []struct {
+		x    Features
+		want float64
+	}{{small, 0.015 + fixed}, {big, 0.1 + fixed}} {
+		if got := m.Prefill(tc.x).Seconds; math.Abs(got-tc.want)/tc.want > 0.05 {
+			t.Errorf("a lone %d-token prefill predicted %.4f s, the engine takes %.4f s", tc.x.Uncached, got, tc.want)
+		}
+	}
+}
