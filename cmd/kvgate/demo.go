@@ -35,7 +35,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// The baseline chapter's chat workload runs 120 s at 40 and 70 req/s; a
 	// demo has a few minutes, so it runs 40 s at 130 req/s: conversations
 	// grow long enough in that time for the fleet to be prefill-bound. At
-	// 2× real time a 2-core machine keeps up (engine lag under 1.1 %); at
+	// 2× real time a 2-core machine keeps up (engine lag under 4 %); at
 	// 4× it did not (docs/bench.md).
 	f.timeScale, f.rate, f.duration, f.outputTokens = 2, 130, 40, 16
 	flagrange.Var(fl, &f.timeScale, "time-scale", flagrange.Range[float64]{Min: 1, Max: 20}, "the emulated engines run this many times faster than real time")
