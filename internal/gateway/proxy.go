@@ -332,7 +332,7 @@ func newPredictor(name string) (predict.Predictor, error) {
 		// Shrink 1: engines batch prefills and first tokens cross a
 		// network; alike endpoints are predicted alike unless their
 		// fits differ beyond their noise (predict.Options.Shrink).
-		// NonNegative: what runs alone in a busy fleet is mostly short
+		// NonNegative: what an endpoint observes is mostly short
 		// follow-up turns, too narrow a range to fit the non-linear
 		// terms freely (predict.Options.NonNegative).
 		return predict.NewLearned(predict.Options{Shrink: 1, NonNegative: true})
