@@ -23,7 +23,7 @@ import (
 
 type simFlags struct {
 	scenario, workloadName, policies, rates, earlyReject, format, trace     string
-	predictors, hold, loads                                                 string
+	predictors, hold, loads, observe                                        string
 	promptSigma, turns                                                      float64
 	promptMedian, contextTokens                                             int
 	spread, noise, driftFactor                                              float64
@@ -92,6 +92,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 		holdSlack: sched.DefaultHoldSlack, holdQuiet: sched.DefaultHoldQuiet}
 	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the baseline chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection); heterogeneous (instances of hidden, unequal, non-linear speeds, one slowing mid-run; the kvgate policy with each predictor, see docs/predictor.md); sweep (--seeds random shapes: fleet, cache, workload, SLO and load drawn by seed, every policy, then a ranking; see docs/sim.md)")
 	fs.StringVar(&f.predictors, "predictors", f.predictors, "heterogeneous: comma-separated predictors, or all: "+strings.Join(sim.Predictors, ", "))
+	fs.StringVar(&f.observe, "observe", "first-token", "heterogeneous: what the learned predictor learns from: first-token (each first token, exact on the simulator's FIFO engines) or windows (busy windows, as the gateway does in front of batching engines; docs/predictor.md)")
 	flagrange.Var(fl, &f.spread, "spread", sl.spread, "heterogeneous: how many times faster the fast half of the instances is than the slow half")
 	flagrange.Var(fl, &f.noise, "noise", sl.noise, "heterogeneous: lognormal sigma of each prefill's time")
 	flagrange.Var(fl, &f.driftFactor, "drift-factor", sl.driftFactor, "heterogeneous: instance p0 runs at this times its speed from mid-run on (1: no drift)")
@@ -291,6 +292,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL}
 	if f.scenario == "heterogeneous" {
 		cfg.Truth = sim.Heterogeneous(f.instances, f.prefillSpeed, f.spread, f.noise, f.duration/2, f.driftFactor, f.seed)
+		cfg.BatchingEngines = f.observe == "windows"
 		if f.decodeInstances > 0 {
 			cfg.Truth.DecodeFactors = sim.HeterogeneousDecode(f.decodeInstances, f.spread)
 		}
@@ -685,6 +687,9 @@ func heteroScenario(fs *flag.FlagSet, f *simFlags) ([]string, error) {
 	}
 	if f.trace != "" {
 		return nil, fmt.Errorf("--scenario heterogeneous runs generated workloads (no --trace)")
+	}
+	if f.observe != "first-token" && f.observe != "windows" {
+		return nil, fmt.Errorf("--observe must be first-token or windows, got %q", f.observe)
 	}
 	if f.predictors == "all" {
 		return sim.Predictors, nil

@@ -58,7 +58,7 @@ func TestSimHeterogeneousJSON(t *testing.T) {
 	if code != 0 || !strings.Contains(table, "kvgate (learned)") || !strings.Contains(table, "TTFT err p50") {
 		t.Errorf("table: exit %d %s\n%s", code, errOut, table)
 	}
-	for _, bad := range [][]string{{"--predictors", "psychic"}, {"--spread", "0.5"}, {"--trace", "t.jsonl"}} {
+	for _, bad := range [][]string{{"--predictors", "psychic"}, {"--spread", "0.5"}, {"--trace", "t.jsonl"}, {"--observe", "gossip"}} {
 		_, errOut, code := runCmd(t, append([]string{"sim", "--scenario", "heterogeneous", "--duration", "2"}, bad...)...)
 		if code == 0 || errOut == "" {
 			t.Errorf("%v: exit %d, want an error", bad, code)

@@ -55,6 +55,12 @@ type Config struct {
 	// router's predictor: "analytic" (default), "learned" or "true".
 	Truth     *Truth
 	Predictor string
+	// BatchingEngines, with a Truth, has the router learn as the gateway
+	// does in front of batching engines (load.Fleet.SetBatchingEngines:
+	// from busy windows, not from each first token), so that the
+	// gateway's learning rule can be measured on the simulator's hidden
+	// speeds. The simulator's engines still run FIFO.
+	BatchingEngines bool
 }
 
 func (c Config) validate(tr *workload.Trace) error {
@@ -77,7 +83,7 @@ func (c Config) validate(tr *workload.Trace) error {
 		if err := c.Truth.validate(c.Prefill, c.Decode); err != nil {
 			return err
 		}
-	} else if c.Predictor != "" {
+	} else if c.Predictor != "" || c.BatchingEngines {
 		return fmt.Errorf("sim: a predictor needs a fleet truth")
 	}
 	return tr.Validate()

@@ -336,6 +336,7 @@ func (r *run) withTruth(infos []load.Info) error {
 	}
 	r.truth.name = name
 	r.load.SetPredictor(p)
+	r.load.SetBatchingEngines(r.cfg.BatchingEngines)
 	return nil
 }
 
