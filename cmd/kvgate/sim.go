@@ -260,6 +260,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	default:
 		return fmt.Errorf("unknown scenario %q (known: seed-routing, heterogeneous, sweep)", f.scenario)
 	}
+	if f.scenario != "heterogeneous" {
+		if err := heteroOnly(fs); err != nil {
+			return err
+		}
+	}
 	if f.format != "table" && f.format != "json" {
 		return fmt.Errorf("unknown format %q (table or json)", f.format)
 	}
@@ -675,6 +680,22 @@ func printTable(w io.Writer, rs []sim.Result) error {
 		fmt.Fprintln(tw, line)
 	}
 	return tw.Flush()
+}
+
+// heteroOnly rejects the heterogeneous scenario's flags given without it
+// (they would be ignored).
+func heteroOnly(fs *flag.FlagSet) error {
+	var set []string
+	fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "predictors", "observe", "spread", "noise", "drift-factor":
+			set = append(set, "--"+fl.Name)
+		}
+	})
+	if len(set) > 0 {
+		return fmt.Errorf("%s: only with --scenario heterogeneous", strings.Join(set, ", "))
+	}
+	return nil
 }
 
 // heteroScenario applies the heterogeneous scenario's defaults (the kvgate

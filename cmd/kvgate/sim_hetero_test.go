@@ -58,6 +58,12 @@ func TestSimHeterogeneousJSON(t *testing.T) {
 	if code != 0 || !strings.Contains(table, "kvgate (learned)") || !strings.Contains(table, "TTFT err p50") {
 		t.Errorf("table: exit %d %s\n%s", code, errOut, table)
 	}
+	for _, flags := range [][]string{{"--predictors", "learned"}, {"--observe", "windows"}, {"--noise", "0.1"}} {
+		_, errOut, code := runCmd(t, append([]string{"sim", "--duration", "2"}, flags...)...)
+		if code == 0 || !strings.Contains(errOut, "only with --scenario heterogeneous") {
+			t.Errorf("%v without the scenario: exit %d %q, want an error", flags, code, errOut)
+		}
+	}
 	for _, bad := range [][]string{{"--predictors", "psychic"}, {"--spread", "0.5"}, {"--trace", "t.jsonl"}, {"--observe", "gossip"}} {
 		_, errOut, code := runCmd(t, append([]string{"sim", "--scenario", "heterogeneous", "--duration", "2"}, bad...)...)
 		if code == 0 || errOut == "" {

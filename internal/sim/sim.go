@@ -84,7 +84,7 @@ func (c Config) validate(tr *workload.Trace) error {
 			return err
 		}
 	} else if c.Predictor != "" || c.BatchingEngines {
-		return fmt.Errorf("sim: a predictor needs a fleet truth")
+		return fmt.Errorf("sim: a predictor or BatchingEngines needs a fleet truth")
 	}
 	return tr.Validate()
 }
