@@ -120,15 +120,13 @@ func (l *Learned) Model(name string, speed float64) Model {
 	key := math.Float64bits(speed)
 	pool := l.pools[key]
 	if pool == nil {
-		pool = newPrefillRLS(speed, l.o.Forget)
-		pool.nonNeg = l.o.NonNegative
+		pool = newPrefillRLS(speed, l.o)
 		l.pools[key] = pool
 	}
 	m := l.models[name]
 	if m == nil || m.speed != speed {
 		// New, or its configuration changed: start again from the prior.
-		m = &learnedModel{speed: speed, own: newPrefillRLS(speed, l.o.Forget), err: newErrStats(l.o), min: l.o.MinSamples, shrink: l.o.Shrink}
-		m.own.nonNeg = l.o.NonNegative
+		m = &learnedModel{speed: speed, own: newPrefillRLS(speed, l.o), err: newErrStats(l.o), min: l.o.MinSamples, shrink: l.o.Shrink}
 		l.models[name] = m
 	}
 	m.pool = pool
@@ -145,11 +143,11 @@ type learnedModel struct {
 
 const nFeat = 4
 
-// features returns the regressors of x.
 // fixedTerm is the index of the fixed cost in features: the terms before
 // it grow with the prefill's tokens.
 const fixedTerm = 3
 
+// features returns the regressors of x.
 func features(x Features) [nFeat]float64 {
 	u := float64(max(x.Uncached, 0)) / 1024
 	c := float64(max(x.Cached, 0)) / 1024
@@ -247,11 +245,11 @@ const (
 )
 
 // newPrefillRLS is a prefill fit starting from the analytic model of the
-// configured speed.
-func newPrefillRLS(speed, forget float64) *rls {
+// configured speed, with o's forgetting and NonNegative.
+func newPrefillRLS(speed float64, o Options) *rls {
 	t0 := priorLinear(speed)
-	r := newRLS([nFeat]float64{t0}, [nFeat]float64{t0, t0 / 16, t0 / 16, 0.005}, forget)
-	r.speed = speed
+	r := newRLS([nFeat]float64{t0}, [nFeat]float64{t0, t0 / 16, t0 / 16, 0.005}, o.Forget)
+	r.speed, r.nonNeg = speed, o.NonNegative
 	return r
 }
 
