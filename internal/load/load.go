@@ -219,23 +219,13 @@ func (f *Fleet) Set(infos []Info) {
 
 // SetBatchingEngines says the engines batch concurrent prefills (vLLM,
 // SGLang: continuous batching with chunked prefill) instead of running
-// them one after another. A prefill's first token then tells its own
-// compute time only when it ran alone: no other prefill in flight on the
-// endpoint when it was routed, and none routed there before its first
-// token. With others in the same steps, one first token carries their
-// work and the next arrives at once (measured against kvgate's emulator,
-// observed/predicted compute of prefills not alone at routing spread from
-// 0.00 to 7.2 at p10–p90; of those alone at routing but joined later,
-// 0.1 ms first tokens came right after a joiner's, read as 400 000
-// tokens/s, the learned speed's cap, where the engine does 20 000). With
-// it set, the predictor learns from busy windows instead (busyWindow): the
-// prefills an endpoint computed from the moment it was idle to the first
-// token that left it idle again (a lone prefill is a window of one), or to
-// the windowCut-th first token, whose time is their compute summed. (Lone
-// prefills alone were not enough: an endpoint learned too fast was sent
-// ever more, never ran alone again and was never corrected.) The
+// them one after another. A first token then does not tell its own
+// prefill's compute (prefills in one step end together; read as FIFO the
+// second took 0.1 ms), so the predictor learns from busy windows
+// (busyWindow) instead: the prefills an endpoint ran from idle to idle
+// again, or windowCut of them, whose time is their compute summed. The
 // simulator's FIFO engines leave it unset, where every first token is
-// exact.
+// exact. docs/predictor.md has the measurements.
 func (f *Fleet) SetBatchingEngines(on bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -578,13 +568,13 @@ func (f *Fleet) FirstToken(fl *Flight, at float64) {
 			TTFT: at - fl.routed, PredictedTTFT: fl.ttft})
 		return
 	}
-	f.observeWindow(e, fl, at)
+	e.observeWindow(fl, at)
 }
 
 // observeWindow adds fl's first token at time at to e's busy window and
 // reports the window to e's model when it ends: e went idle (a lone
 // prefill is a window of one) or the window holds windowCut prefills.
-func (f *Fleet) observeWindow(e *Endpoint, fl *Flight, at float64) {
+func (e *Endpoint) observeWindow(fl *Flight, at float64) {
 	w := &e.win
 	if !w.open || at < w.start {
 		return
