@@ -35,10 +35,11 @@ type Options struct {
 	// engines, a network) are predicted alike. 0 (default): the own fit
 	// once it has MinSamples. In [0, 10].
 	Shrink float64
-	// NonNegative keeps a prefill fit's non-linear and fixed terms (the
-	// quadratic, the cached-attention and the per-request terms) at zero
-	// or above, as they are physically: for observations that cover a
-	// narrow range of prompts (live traffic, see rls.nonNegative). Off
+	// NonNegative keeps a prefill fit physical for observations that
+	// cover a narrow range of prompts (live traffic): no quadratic term
+	// (prompts of one length cannot tell it from the linear one), the
+	// cached-attention and per-request terms at zero or above, the linear
+	// one within maxSpeedFactor of the prior (rls.nonNegative). Off
 	// (default): the unconstrained fit, best where the data span the
 	// range (the simulator).
 	NonNegative bool
@@ -250,8 +251,20 @@ func newPrefillRLS(speed float64, o Options) *rls {
 	t0 := priorLinear(speed)
 	r := newRLS([nFeat]float64{t0}, [nFeat]float64{t0, t0 / 16, t0 / 16, 0.005}, o.Forget)
 	r.speed, r.nonNeg = speed, o.NonNegative
+	if r.nonNeg {
+		// Live traffic cannot tell a quadratic term from the linear one
+		// (see nonNegative): it stays at its prior, 0, with no variance,
+		// so that no update moves it.
+		for j := range r.p {
+			r.p[quadTerm][j], r.p[j][quadTerm] = 0, 0
+		}
+		r.p0[quadTerm], r.pmax[quadTerm] = 0, 0
+	}
 	return r
 }
+
+// quadTerm is the index of the quadratic term in features.
+const quadTerm = 1
 
 // newRLS starts a fit at theta with prior standard deviations sd.
 func newRLS(theta, sd [nFeat]float64, forget float64) *rls {
@@ -364,10 +377,12 @@ func (r *rls) updatePrefill(x Features, also []Features, y float64) {
 	}
 }
 
-// nonNegative projects the non-linear and fixed terms onto [0, ∞) after
-// an update (P is left as it is). Without it, samples that cover a
-// narrow range let the fit trade its terms against each other along the
-// directions the data do not see. In front of kvgate's emulator (kvgate
+// nonNegative projects the cached-attention and fixed terms onto [0, ∞)
+// and the linear one within maxSpeedFactor of the prior's after an
+// update (P is left as it is; a NonNegative fit has no quadratic term,
+// newPrefillRLS). Without it, samples that cover a narrow range let the
+// fit trade its terms against each other along the directions the data
+// do not see. In front of kvgate's emulator (kvgate
 // demo), the prefills that run alone are nearly all short follow-up turns
 // (300 uncached tokens after 2 000–5 000 cached) plus a fixed cost the
 // network and the gateway add; replayed offline, endpoints' fits went to
@@ -379,8 +394,43 @@ func (r *rls) updatePrefill(x Features, also []Features, y float64) {
 // the others, still let one endpoint in three runs reach 141 000–400 000
 // tokens/s, as did a wider prior on the fixed term or a tighter bound on
 // P's windup.
+//
+// A term moved to its bound moves the others by their covariance with it
+// (P's column over its diagonal: the fit's best estimate of the others
+// given that term's value), a few passes until every term is within its
+// bounds. Clamped alone, the next update's error carries the clamp and
+// the gain pushes it into the correlated terms, round after round: on
+// short follow-up turns, the pooled fit of eight endpoints drove the
+// linear term to its floor and the quadratic one up until a fresh
+// 10 000-token prompt was predicted at the 20× cap, 10 s for 0.5 s
+// (TestShortTurnsPredictLongPrompts; docs/predictor.md).
 func (r *rls) nonNegative() {
 	t0 := priorLinear(r.speed)
+	for pass := 0; pass < nFeat; pass++ {
+		moved := false
+		for c := range r.theta {
+			lo, hi := 0.0, math.Inf(1)
+			if c == 0 {
+				lo, hi = t0/maxSpeedFactor, t0*maxSpeedFactor
+			}
+			v := min(max(r.theta[c], lo), hi)
+			d := v - r.theta[c]
+			if d == 0 {
+				continue
+			}
+			if pc := r.p[c][c]; pc > 0 {
+				for j := range r.theta {
+					r.theta[j] += r.p[j][c] / pc * d
+				}
+			}
+			r.theta[c] = v
+			moved = true
+		}
+		if !moved {
+			break
+		}
+	}
+	// Whatever the passes left out of bounds is clamped.
 	r.theta[0] = min(max(r.theta[0], t0/maxSpeedFactor), t0*maxSpeedFactor)
 	for i := 1; i < nFeat; i++ {
 		r.theta[i] = max(r.theta[i], 0)

@@ -1,6 +1,11 @@
 package predict
 
-import "testing"
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
 
 // demoAloneSamples are the prefills one endpoint saw run alone in a kvgate
 // demo run (uncached tokens, cached tokens, observed compute seconds in
@@ -47,6 +52,56 @@ func TestNonNegativeFitOnNarrowData(t *testing.T) {
 		}
 		if speed < 10000 || speed > 40000 || !(short < mid && mid < long) {
 			t.Errorf("NonNegative: %.0f tokens/s, predictions %.4f %.4f %.4f s: want 10 000–40 000 and growing with the prompt", speed, short, mid, long)
+		}
+	}
+}
+
+// TestShortTurnsPredictLongPrompts: live traffic of short follow-up turns
+// (300 uncached tokens after 2 000–6 000 cached, alone or in busy windows
+// of up to eight, times with 30 % noise and up to 20 ms of step
+// alignment) on eight alike endpoints at 20 000 tokens/s teaches nothing
+// about a fresh 10 000-token prompt, which takes 0.5 s: the fits must
+// extrapolate it near that, not at the 20× cap. Before the quadratic term
+// was held at zero and clamped terms moved the others by their
+// covariance (rls.nonNegative), the pooled fit drifted there: beyond 1 s
+// on all 32 of these endpoint-seeds, at the cap (10 s) on 31.
+func TestShortTurnsPredictLongPrompts(t *testing.T) {
+	names := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	for seed := uint64(0); seed < 4; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		l, err := NewLearned(Options{Shrink: 1, NonNegative: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		turn := func() Features { return Features{Uncached: 300, Cached: 2048 + rng.IntN(4000)} }
+		var apes []float64
+		for i := 0; i < 3000; i++ {
+			m := l.Model(names[rng.IntN(len(names))], 20000)
+			x := turn()
+			var also []Features
+			if rng.Float64() < 0.4 {
+				for k := 1 + rng.IntN(7); k > 0; k-- {
+					also = append(also, turn())
+				}
+			}
+			u := x.Uncached
+			for _, a := range also {
+				u += a.Uncached
+			}
+			y := max(float64(u)/20000*(1+0.3*rng.NormFloat64())+0.02*rng.Float64(), 1e-3)
+			if also == nil && i >= 1500 {
+				apes = append(apes, math.Abs(m.Prefill(x).Seconds-y)/y)
+			}
+			m.Observe(Observation{X: x, Also: also, Compute: y})
+		}
+		slices.Sort(apes)
+		if p50 := apes[len(apes)/2]; p50 > 0.4 {
+			t.Errorf("seed %d: short turns predicted with a median error of %.0f %%", seed, 100*p50)
+		}
+		for _, n := range names {
+			if s := l.Model(n, 20000).Prefill(Features{Uncached: 10000}).Seconds; s < 0.25 || s > 1 {
+				t.Errorf("seed %d, endpoint %s: a fresh 10 000-token prompt predicted at %.2f s, want 0.25–1 (it takes 0.5 s)", seed, n, s)
+			}
 		}
 	}
 }
