@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -32,8 +33,13 @@ type Record struct {
 	MeanITL      float64 `json:"mean_itl"`
 	MaxITL       float64 `json:"max_itl"`
 	PromptTokens int     `json:"prompt_tokens"`
-	CachedTokens int     `json:"cached_tokens"`
-	OutputTokens int     `json:"output_tokens"`
+	// CachedTokens is the prompt tokens the engine that computed the
+	// prompt reported cached: the answer's usage, or behind kvgate's
+	// gateway in front of a P/D fleet its x-kvgate-prefill-cached-tokens
+	// (the prefill engine's own count; the decode engine's usage counts
+	// what it received).
+	CachedTokens int `json:"cached_tokens"`
+	OutputTokens int `json:"output_tokens"`
 	// Endpoint is kvgate's x-kvgate-prefill-endpoint, when present.
 	Endpoint string `json:"endpoint,omitempty"`
 }
@@ -113,6 +119,9 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	if err := c.readStream(resp.Body, sent, &rec); err != nil {
 		rec.Outcome, rec.Error = "transport", err.Error()
 		return rec
+	}
+	if n, err := strconv.Atoi(resp.Header.Get("X-Kvgate-Prefill-Cached-Tokens")); err == nil && n >= 0 {
+		rec.CachedTokens = min(n, max(rec.PromptTokens, 0))
 	}
 	rec.Outcome = "ok"
 	return rec

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -230,6 +231,12 @@ func TestPrefillDecodeTwoLegs(t *testing.T) {
 		}
 		if stream && !strings.Contains(r.body, "[DONE]") {
 			t.Fatalf("stream: %s", r.body)
+		}
+		// The prefill engine's own cached count (its leg's usage): 0 for
+		// the first request, the prompt's full blocks for the second.
+		n, err := strconv.Atoi(r.header.Get(hdrPrefillCached))
+		if err != nil || (stream && n <= 0) || (!stream && n != 0) {
+			t.Fatalf("stream=%v: %s %q", stream, hdrPrefillCached, r.header.Get(hdrPrefillCached))
 		}
 	}
 }

@@ -20,11 +20,15 @@ import (
 // Headers kvgate sets on responses; a client can never set them on the way
 // in (they are stripped with every other internal header).
 const (
-	hdrPrefill   = "X-Kvgate-Prefill-Endpoint"
-	hdrDecode    = "X-Kvgate-Decode-Endpoint"
-	hdrCached    = "X-Kvgate-Cached-Tokens"
-	hdrPredicted = "X-Kvgate-Predicted-Ttft-Ms"
-	hdrReason    = "X-Kvgate-Reason"
+	hdrPrefill = "X-Kvgate-Prefill-Endpoint"
+	hdrDecode  = "X-Kvgate-Decode-Endpoint"
+	hdrCached  = "X-Kvgate-Cached-Tokens"
+	// hdrPrefillCached is what the prefill engine itself reported cached
+	// in a P/D answer (its leg's usage): the decode engine's usage, which
+	// the client gets, counts its own.
+	hdrPrefillCached = "X-Kvgate-Prefill-Cached-Tokens"
+	hdrPredicted     = "X-Kvgate-Predicted-Ttft-Ms"
+	hdrReason        = "X-Kvgate-Reason"
 )
 
 // internalHeader reports whether a client-supplied header must not reach
@@ -264,9 +268,12 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		h.Set(hdrDecode, p.decode.ep.Name)
 		lf.Decode(fl, p.dEP)
 		g.routed(p.decode, rt.prep.Keys)
-		params, err := g.prefillLeg(ctx, r, rt, p)
+		params, cached, err := g.prefillLeg(ctx, r, rt, p)
 		if err != nil {
 			return p.prefill.ep.Name, err
+		}
+		if cached >= 0 {
+			h.Set(hdrPrefillCached, strconv.Itoa(cached))
 		}
 		lf.FirstToken(fl, g.clock()) // the prefill leg's answer: an observed prefill
 		if body, err = rt.req.DecodeBody(params); err != nil {
@@ -406,27 +413,32 @@ func (g *Gateway) reportFailure(m *member, err error) {
 }
 
 // prefillLeg runs leg 1 on the prefill endpoint and returns the
-// kv_transfer_params its answer carries for leg 2.
-func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p *plan) ([]byte, error) {
+// kv_transfer_params its answer carries for leg 2, and the prompt tokens
+// its usage reports cached (-1: not reported).
+func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p *plan) (params []byte, cached int, err error) {
 	resp, err := g.send(ctx, r, p.prefill, rt, rt.req.PrefillBody())
 	if err != nil {
-		return nil, err
+		return nil, -1, err
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
-		return nil, &upstreamError{p.prefill.ep.Name, err}
+		return nil, -1, &upstreamError{p.prefill.ep.Name, err}
 	}
 	if resp.StatusCode != http.StatusOK {
 		// The engine refused the request itself (4xx): the client's
 		// error, passed through.
-		return nil, &openai.Error{Status: resp.StatusCode, Message: fmt.Sprintf("prefill endpoint %s: %s", p.prefill.ep.Name, bytes.TrimSpace(data))}
+		return nil, -1, &openai.Error{Status: resp.StatusCode, Message: fmt.Sprintf("prefill endpoint %s: %s", p.prefill.ep.Name, bytes.TrimSpace(data))}
 	}
-	params, err := openai.ResponseKVTransferParams(data)
+	params, err = openai.ResponseKVTransferParams(data)
 	if err != nil || params == nil {
-		return nil, openai.Errorf(http.StatusBadGateway, "prefill endpoint %s answered without kv_transfer_params (is it running with a KV connector?)", p.prefill.ep.Name)
+		return nil, -1, openai.Errorf(http.StatusBadGateway, "prefill endpoint %s answered without kv_transfer_params (is it running with a KV connector?)", p.prefill.ep.Name)
 	}
-	return params, nil
+	cached = -1
+	if n, ok := openai.ResponseCachedTokens(data); ok {
+		cached = n
+	}
+	return params, cached, nil
 }
 
 // relay copies the upstream answer to the client as it arrives (SSE is

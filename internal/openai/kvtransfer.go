@@ -206,3 +206,22 @@ func ResponseKVTransferParams(body []byte) (json.RawMessage, error) {
 	}
 	return json.RawMessage(body[m.v0:m.v1]), nil
 }
+
+// ResponseCachedTokens returns the prompt tokens a non-streamed answer's
+// usage reports as cached (usage.prompt_tokens_details.cached_tokens:
+// the engine's own prefix-cache hit) and whether it reports them; an
+// answer that is not JSON, has no such field or a negative count reports
+// none.
+func ResponseCachedTokens(body []byte) (int, bool) {
+	var r struct {
+		Usage *struct {
+			Details *struct {
+				Cached *int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(body, &r) != nil || r.Usage == nil || r.Usage.Details == nil || r.Usage.Details.Cached == nil || *r.Usage.Details.Cached < 0 {
+		return 0, false
+	}
+	return *r.Usage.Details.Cached, true
+}

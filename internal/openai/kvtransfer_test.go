@@ -143,3 +143,27 @@ func TestWriteError(t *testing.T) {
 		t.Errorf("param must be present and null: %s", w.Body)
 	}
 }
+
+func TestResponseCachedTokens(t *testing.T) {
+	tests := []struct {
+		body string
+		n    int
+		ok   bool
+	}{
+		{`{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":7}}}`, 7, true},
+		{`{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`, 0, true},
+		{`{"usage":{"prompt_tokens":10,"prompt_tokens_details":null}}`, 0, false}, // vLLM without --enable-prompt-tokens-details
+		{`{"usage":{"prompt_tokens":10}}`, 0, false},
+		{`{"choices":[]}`, 0, false},
+		{`{"usage":{"prompt_tokens_details":{"cached_tokens":-3}}}`, 0, false},
+		{`{"usage":{"prompt_tokens_details":{"cached_tokens":"7"}}}`, 0, false},
+		{`not json`, 0, false},
+		{``, 0, false},
+	}
+	for _, tc := range tests {
+		n, ok := ResponseCachedTokens([]byte(tc.body))
+		if n != tc.n || ok != tc.ok {
+			t.Errorf("%s: %d %v, want %d %v", tc.body, n, ok, tc.n, tc.ok)
+		}
+	}
+}
