@@ -18,7 +18,7 @@ import (
 type demoFlags struct {
 	format, report, runs      string
 	timeScale, rate, duration float64
-	outputTokens              int
+	outputTokens, turnTokens  int
 	seed                      uint64
 }
 
@@ -33,15 +33,18 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed of the workload")
 	fs.StringVar(&f.runs, "runs", "", "comma-separated run numbers to make (1-6; default all)")
 	// The baseline chapter's chat workload runs 120 s at 40 and 70 req/s; a
-	// demo has a few minutes, so it runs 40 s at 130 req/s: conversations
-	// grow long enough in that time for the fleet to be prefill-bound. At
-	// 2× real time a 2-core machine keeps up (engine lag under 4 %); at
+	// demo has a few minutes, so it runs 40 s at 130 req/s. With 300-token
+	// turns that is about a third of the fleet's prefill capacity (every
+	// policy that reads the learned speeds serves it in time); with
+	// --turn-tokens 600 the fleet saturates and the policies part (README).
+	// At 2× real time a 2-core machine keeps up (engine lag under 4 %); at
 	// 4× it did not (docs/bench.md).
-	f.timeScale, f.rate, f.duration, f.outputTokens = 2, 130, 40, 16
+	f.timeScale, f.rate, f.duration, f.outputTokens, f.turnTokens = 2, 130, 40, 16, 300
 	flagrange.Var(fl, &f.timeScale, "time-scale", flagrange.Range[float64]{Min: 1, Max: 20}, "the emulated engines run this many times faster than real time")
 	flagrange.Var(fl, &f.rate, "rate", flagrange.Range[float64]{Min: 1, Max: 200, Unit: "req/s"}, "arrival rate (engine time)")
 	flagrange.Var(fl, &f.duration, "duration", flagrange.Range[float64]{Min: 5, Max: 600, Unit: "seconds"}, "seconds of arrivals (engine time)")
 	flagrange.Var(fl, &f.outputTokens, "output-tokens", flagrange.Range[int]{Min: 2, Max: 4096, Unit: "tokens"}, "max_tokens per request")
+	flagrange.Var(fl, &f.turnTokens, "turn-tokens", flagrange.Range[int]{Min: 1, Max: 2048, Unit: "words"}, "words each turn adds to its conversation: the prefill load (600 saturates the fleet)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate demo [flags]\n\nStarts an emulated fleet and kvgate's gateway on loopback, sends the baseline\nchapter's chat workload through real HTTP for several policies and a P/D fleet,\nprints the comparison and writes an HTML report. Needs nothing but the binary.\n\nFlags:")
 		fs.PrintDefaults()
@@ -54,7 +57,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	cfg := demo.Config{
 		TimeScale: f.timeScale,
-		Chat: bench.ChatConfig{Systems: 20, Sessions: 400, SystemTokens: 2048, TurnTokens: 300, OutputTokens: f.outputTokens,
+		Chat: bench.ChatConfig{Systems: 20, Sessions: 400, SystemTokens: 2048, TurnTokens: f.turnTokens, OutputTokens: f.outputTokens,
 			Rate: f.rate, Duration: f.duration, Seed: f.seed},
 		SLO: bench.SLO{TTFT: 2},
 		Runs: []demo.RunSpec{
@@ -79,10 +82,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if f.format == "table" {
 		fmt.Fprintf(stdout, "kvgate demo: 8 emulated engines (20 000 prefill tokens/s each: the simulator's timing model) running %g× faster\n"+
-			"than real time; the baseline chapter's chat workload (20 system prompts of 2 048 tokens, 400 sessions, +300 tokens a turn)\n"+
+			"than real time; the baseline chapter's chat workload (20 system prompts of 2 048 tokens, 400 sessions, +%d words a turn)\n"+
 			"at %g req/s for %g s, max_tokens %d, sent through kvgate's gateway over real HTTP; TTFT SLO 2 s. Every time below is in\n"+
 			"the engines' (modelled) seconds; hit is the engines' own cached-token count.\n\n",
-			f.timeScale, f.rate, f.duration, f.outputTokens)
+			f.timeScale, f.turnTokens, f.rate, f.duration, f.outputTokens)
 	}
 	started := time.Now()
 	bar := newProgressBar(stderr, "")

@@ -15,7 +15,7 @@ import (
 // the issue gives, and that the report is written with its plots.
 func TestDemoShortRun(t *testing.T) {
 	report := filepath.Join(t.TempDir(), "demo.html")
-	out, errOut, code := runCmd(t, "demo", "--duration", "5", "--rate", "20", "--time-scale", "5", "--runs", "1,4",
+	out, errOut, code := runCmd(t, "demo", "--duration", "5", "--rate", "20", "--time-scale", "5", "--runs", "1,4", "--turn-tokens", "600",
 		"--format", "json", "--report", report)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -45,6 +45,11 @@ func TestDemoShortRun(t *testing.T) {
 	}
 	if _, errOut, code := runCmd(t, "demo", "--runs", "9"); code == 0 || !strings.Contains(errOut, "--runs") {
 		t.Errorf("bad --runs accepted: %s", errOut)
+	}
+	for _, v := range []string{"0", "2049", "x"} {
+		if _, errOut, code := runCmd(t, "demo", "--turn-tokens", v); code == 0 || !strings.Contains(errOut, "--turn-tokens") {
+			t.Errorf("bad --turn-tokens %s accepted: %s", v, errOut)
+		}
 	}
 }
 
