@@ -47,7 +47,7 @@ func TestDemoShortRun(t *testing.T) {
 		t.Errorf("bad --runs accepted: %s", errOut)
 	}
 	for _, v := range []string{"0", "2049", "x"} {
-		if _, errOut, code := runCmd(t, "demo", "--turn-tokens", v); code == 0 || !strings.Contains(errOut, "--turn-tokens") {
+		if _, errOut, code := runCmd(t, "demo", "--turn-tokens", v); code == 0 || !strings.Contains(errOut, "turn-tokens") {
 			t.Errorf("bad --turn-tokens %s accepted: %s", v, errOut)
 		}
 	}
