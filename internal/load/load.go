@@ -373,6 +373,11 @@ func (f *Fleet) predictSpeeds(eps []*Endpoint, promptTokens int, ds []sched.Endp
 		if est := e.model.Prefill(x); est.Seconds > 0 {
 			d.PrefillSpeed = float64(x.Uncached) / est.Seconds
 			d.PrefillSlack = est.Pessimistic / est.Seconds
+			if f.batching {
+				// Busy windows measure the endpoint's throughput: its
+				// error holds for the queue too (sched.Endpoint.QueueSlack).
+				d.QueueSlack = d.PrefillSlack
+			}
 		}
 	}
 }

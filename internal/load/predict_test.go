@@ -212,3 +212,27 @@ func TestFailedPrefillClosesItsWindow(t *testing.T) {
 		t.Fatalf("the next window after idle: %d samples, want 1", st.Samples)
 	}
 }
+
+// TestQueueSlackWithBatchingEngines: with batching engines (busy windows)
+// the snapshot stretches the queue wait by the same pessimistic margin as
+// the compute (sched.Endpoint.QueueSlack); with FIFO engines, whose first
+// tokens are each observed, it does not.
+func TestQueueSlackWithBatchingEngines(t *testing.T) {
+	for _, batching := range []bool{false, true} {
+		f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
+		l, err := predict.NewLearned(predict.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.SetPredictor(l)
+		f.SetBatchingEngines(batching)
+		s, _ := snap(f, 0, 2000, nil)
+		e := s.Endpoints[0]
+		if e.PrefillSlack <= 1 {
+			t.Fatalf("setup: a model without data should be unsure, slack %g", e.PrefillSlack)
+		}
+		if want := map[bool]float64{false: 0, true: e.PrefillSlack}[batching]; e.QueueSlack != want {
+			t.Errorf("batching %v: queue slack %g, want %g", batching, e.QueueSlack, want)
+		}
+	}
+}

@@ -125,10 +125,37 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 		sc.admitDecode(&req, de, &d)
 		return d
 	}
-	if sc.EarlyReject {
-		sc.rejectTTFT(&req, pe, &d)
+	if sc.EarlyReject && sc.rejectTTFT(&req, pe, &d) {
+		sc.surerEndpoint(&req, cand, v, &d)
 	}
 	return d
+}
+
+// surerEndpoint admits on another endpoint a request rejected only for
+// the pessimism of the chosen one's prediction (its predicted TTFT fits,
+// its pessimistic one does not): the endpoint of lowest pessimistic TTFT,
+// if that fits. Without it an endpoint whose predictor grew unsure (a
+// drift) would have its requests rejected instead of observed, and would
+// never be learned again.
+func (sc *Scheduler) surerEndpoint(req *Request, cand *Snapshot, v *view, d *Decision) {
+	if d.PredictedTTFT > req.SLO.TTFT {
+		return
+	}
+	best, bt := -1, req.SLO.TTFT
+	for k := range cand.Endpoints {
+		if t := PessimisticTTFT(req, &cand.Endpoints[k]); t <= bt {
+			best, bt = k, t
+		}
+	}
+	if best < 0 {
+		return
+	}
+	e := &cand.Endpoints[best]
+	if v.index != nil {
+		best = v.index[best]
+	}
+	d.Admit, d.Reason, d.Prefill = true, "", best
+	d.PredictedTTFT, d.CachedTokens = PredictTTFT(req, e), e.CachedTokens
 }
 
 // rejectTTFT rejects a request whose pessimistic TTFT on e (the

@@ -112,3 +112,61 @@ func TestAdmissionUsesPessimisticTTFT(t *testing.T) {
 		t.Fatalf("pessimistic 2.45 s against 2 s: %+v", d)
 	}
 }
+
+// TestPessimisticTTFTStretchesTheQueue: QueueSlack stretches the queue
+// wait as PrefillSlack stretches the compute; 0 or 1 trusts it.
+func TestPessimisticTTFTStretchesTheQueue(t *testing.T) {
+	r := &Request{PromptTokens: 10000} // 1 s at 10 000 tokens/s
+	for _, tc := range []struct {
+		e    Endpoint
+		want float64
+	}{
+		{Endpoint{QueueWait: 0.5}, 1.5},
+		{Endpoint{QueueWait: 0.5, PrefillSlack: 1.5}, 2},
+		{Endpoint{QueueWait: 0.5, PrefillSlack: 1.5, QueueSlack: 1.5}, 2.25},
+		{Endpoint{QueueWait: 0.5, QueueSlack: 2}, 2},
+		{Endpoint{QueueWait: 0.5, PrefillSlack: 0.5, QueueSlack: 0.5}, 1.5}, // below 1: trusted
+	} {
+		e := tc.e
+		e.PrefillSpeed = 10000
+		if got := PessimisticTTFT(r, &e); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%+v: %g, want %g", tc.e, got, tc.want)
+		}
+	}
+}
+
+// TestPessimisticRejectionFallsBack: a request the policy sends where only
+// the pessimistic TTFT misses (an endpoint whose predictor grew unsure) is
+// admitted where its pessimistic TTFT fits, not rejected; where none
+// fits, or where even the prediction misses, it is rejected.
+func TestPessimisticRejectionFallsBack(t *testing.T) {
+	sc := Scheduler{Policy: mustNew(t, "cache-only", Options{}), EarlyReject: true}
+	r := &Request{PromptTokens: 12000, PromptBlocks: 187, SLO: SLO{TTFT: 2}}
+	// a holds most of the prompt (cache-only's choice): 0.2 s queue +
+	// 0.2 s compute predicted, but unsure (×6: 2.4 s); b computes it all
+	// (1.2 s) and is trusted.
+	unsure := Endpoint{CachedTokens: 10000, QueueWait: 0.2, PrefillSlack: 6, QueueSlack: 6}
+	for _, tc := range []struct {
+		name  string
+		b     Endpoint
+		admit bool
+		to    int
+	}{
+		{"a surer endpoint fits", Endpoint{}, true, 1},
+		{"none fits", Endpoint{QueueWait: 1}, false, 0},
+	} {
+		s := snapOf(unsure, tc.b)
+		d := sc.Decide(r, s)
+		if d.Admit != tc.admit || d.Prefill != tc.to {
+			t.Errorf("%s: %+v", tc.name, d)
+		}
+		if d.Admit && (d.PredictedTTFT != 1.2 || d.CachedTokens != 0 || d.Reason != "") {
+			t.Errorf("%s: the decision describes the wrong endpoint: %+v", tc.name, d)
+		}
+	}
+	// Even the prediction misses on a: rejected, no fallback.
+	s := snapOf(Endpoint{CachedTokens: 10000, QueueWait: 1.9}, Endpoint{})
+	if d := sc.Decide(r, s); d.Admit {
+		t.Errorf("predicted 2.1 s on the chosen endpoint was admitted elsewhere: %+v", d)
+	}
+}

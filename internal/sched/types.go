@@ -87,6 +87,13 @@ type Endpoint struct {
 	// erratic endpoint is not over-trusted): admission judges by queue
 	// wait + compute × PrefillSlack. 0 or 1: the prediction is trusted.
 	PrefillSlack float64
+	// QueueSlack, when > 1, stretches the queue wait the same way: set
+	// where the predictor learns from busy windows (batching engines),
+	// whose error is the endpoint's throughput as a whole and so holds
+	// for the prefills queued ahead as for the request's own. 0 or 1:
+	// the queue wait is trusted (where each prefill is observed, its
+	// errors are its own and a queue's sum is the more accurate).
+	QueueSlack float64
 	// LastPicked is when this endpoint was last chosen (clock seconds), for
 	// LRU-style scorers; negative if never.
 	LastPicked float64
@@ -131,13 +138,10 @@ func Uncached(req *Request, e *Endpoint) int {
 }
 
 // PessimisticTTFT is PredictTTFT with the compute part stretched by the
-// endpoint's PrefillSlack: what admission judges by.
+// endpoint's PrefillSlack and the queue wait by its QueueSlack: what
+// admission judges by.
 func PessimisticTTFT(req *Request, e *Endpoint) float64 {
-	t := PredictTTFT(req, e)
-	if e.PrefillSlack > 1 {
-		t = e.QueueWait + (t-e.QueueWait)*e.PrefillSlack
-	}
-	return t
+	return e.QueueWait*max(e.QueueSlack, 1) + computeSeconds(req, e)*max(e.PrefillSlack, 1)
 }
 
 // PredictTTFT is queue wait plus the time to compute the uncached part.
