@@ -81,13 +81,7 @@ func TestBatchingEnginesTrainOnBusyWindows(t *testing.T) {
 		batching bool
 		samples  int
 	}{{true, 100}, {false, 150}} {
-		f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
-		l, err := predict.NewLearned(predict.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.SetPredictor(l)
-		f.SetBatchingEngines(tc.batching)
+		f := learnedEndpoint(t, predict.Options{}, tc.batching)
 		_, eps := snap(f, 0, 0, nil)
 		now := 0.0
 		for range 50 {
@@ -122,13 +116,7 @@ func TestBatchingEnginesTrainOnBusyWindows(t *testing.T) {
 // (100 000 tokens/s, the kvgate demo's failure: it was sent ever more and
 // never ran alone again), it is corrected.
 func TestBusyEndpointKeepsLearning(t *testing.T) {
-	f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
-	l, err := predict.NewLearned(predict.Options{Shrink: 1, NonNegative: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.SetPredictor(l)
-	f.SetBatchingEngines(true)
+	f := learnedEndpoint(t, predict.Options{Shrink: 1, NonNegative: true}, true)
 	_, eps := snap(f, 0, 0, nil)
 	// Teach it 100 000 tokens/s with lone prefills.
 	now := 0.0
@@ -189,13 +177,7 @@ func TestBusyEndpointKeepsLearning(t *testing.T) {
 // busy window, which is then not reported: the next first token on the
 // endpoint trains nothing until the endpoint has been idle.
 func TestFailedPrefillClosesItsWindow(t *testing.T) {
-	f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
-	l, err := predict.NewLearned(predict.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.SetPredictor(l)
-	f.SetBatchingEngines(true)
+	f := learnedEndpoint(t, predict.Options{}, true)
 	_, eps := snap(f, 0, 0, nil)
 	f1 := f.Route(eps[0], 0, Work{Uncached: 2000})
 	f2 := f.Route(eps[0], 0.01, Work{Uncached: 2000})
@@ -219,13 +201,7 @@ func TestFailedPrefillClosesItsWindow(t *testing.T) {
 // tokens are each observed, it does not.
 func TestQueueSlackWithBatchingEngines(t *testing.T) {
 	for _, batching := range []bool{false, true} {
-		f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
-		l, err := predict.NewLearned(predict.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.SetPredictor(l)
-		f.SetBatchingEngines(batching)
+		f := learnedEndpoint(t, predict.Options{}, batching)
 		s, _ := snap(f, 0, 2000, nil)
 		e := s.Endpoints[0]
 		if e.PrefillSlack <= 1 {
@@ -235,4 +211,19 @@ func TestQueueSlackWithBatchingEngines(t *testing.T) {
 			t.Errorf("batching %v: queue slack %g, want %g", batching, e.QueueSlack, want)
 		}
 	}
+}
+
+// learnedEndpoint is a fleet of one endpoint "a" (20 000 tokens/s, both
+// roles) with a learned predictor of options o, its engines batching or
+// not.
+func learnedEndpoint(t *testing.T, o predict.Options, batching bool) *Fleet {
+	t.Helper()
+	f := New([]Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 20000}}, false)
+	l, err := predict.NewLearned(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.SetPredictor(l)
+	f.SetBatchingEngines(batching)
+	return f
 }

@@ -405,15 +405,10 @@ func (r *rls) updatePrefill(x Features, also []Features, y float64) {
 // 10 000-token prompt was predicted at the 20× cap, 10 s for 0.5 s
 // (TestShortTurnsPredictLongPrompts; docs/predictor.md).
 func (r *rls) nonNegative() {
-	t0 := priorLinear(r.speed)
 	for pass := 0; pass < nFeat; pass++ {
 		moved := false
 		for c := range r.theta {
-			lo, hi := 0.0, math.Inf(1)
-			if c == 0 {
-				lo, hi = t0/maxSpeedFactor, t0*maxSpeedFactor
-			}
-			v := min(max(r.theta[c], lo), hi)
+			v := r.bounded(c)
 			d := v - r.theta[c]
 			if d == 0 {
 				continue
@@ -431,10 +426,19 @@ func (r *rls) nonNegative() {
 		}
 	}
 	// Whatever the passes left out of bounds is clamped.
-	r.theta[0] = min(max(r.theta[0], t0/maxSpeedFactor), t0*maxSpeedFactor)
-	for i := 1; i < nFeat; i++ {
-		r.theta[i] = max(r.theta[i], 0)
+	for c := range r.theta {
+		r.theta[c] = r.bounded(c)
 	}
+}
+
+// bounded is term c of a NonNegative fit within its bounds: the linear
+// term within maxSpeedFactor of the prior's, the others at zero or above.
+func (r *rls) bounded(c int) float64 {
+	if c == 0 {
+		t0 := priorLinear(r.speed)
+		return min(max(r.theta[0], t0/maxSpeedFactor), t0*maxSpeedFactor)
+	}
+	return max(r.theta[c], 0)
 }
 
 // maxSpeedFactor bounds every prediction against the analytic one
