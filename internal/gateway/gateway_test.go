@@ -241,6 +241,55 @@ func TestPrefillDecodeTwoLegs(t *testing.T) {
 	}
 }
 
+// TestPrefillParamsPassThrough: leg 2 carries the prefill engine's
+// kv_transfer_params byte for byte, whatever its KV connector put there
+// (here llm-d-inference-sim's placeholders, captured from it: string
+// block ids, no remote_request_id, which an earlier gateway refused with
+// a 502), and an answer that does not ask for a remote prefill is a 502
+// that reaches no decode engine.
+func TestPrefillParamsPassThrough(t *testing.T) {
+	const llmdSim = `{"do_remote_decode":false,"do_remote_prefill":true,"remote_engine_id":"DUMMY_ID","remote_block_ids":["DUMMY_ID"],"remote_host":"DUMMY","remote_port":1234,"tp_size":1}`
+	var answer atomic.Value
+	pre := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, `{"id":"cmpl-1","object":"text_completion","kv_transfer_params":%s,"choices":[{"index":0,"text":"a","finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`, answer.Load())
+	}))
+	t.Cleanup(pre.Close)
+	dec := &capture{}
+	cfg := Config{Endpoints: []fleet.Endpoint{
+		{Name: "p", URL: pre.URL, Model: testModel, Role: fleet.RolePrefill},
+		{Name: "d", URL: dec.server(t).URL, Model: testModel, Role: fleet.RoleDecode},
+	}}
+	_, url, _ := startGateway(t, cfg, Options{})
+	for _, tt := range []struct {
+		params string
+		status int
+	}{
+		{llmdSim, 200},
+		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_block_ids":[4,5],"remote_host":"10.0.0.2","remote_port":5600,"remote_handshake_port":6000}`, 200},
+		{`{"do_remote_decode":true,"do_remote_prefill":false}`, 502},
+		{`"DUMMY"`, 502},
+	} {
+		answer.Store(tt.params)
+		dec.mu.Lock()
+		before := len(dec.bodies)
+		dec.mu.Unlock()
+		r := post(t, url+"/v1/completions", completion("hello there", false, 4), nil)
+		if r.status != tt.status {
+			t.Fatalf("%s: %d %s", tt.params, r.status, r.body)
+		}
+		dec.mu.Lock()
+		sent := dec.bodies[before:]
+		dec.mu.Unlock()
+		switch {
+		case tt.status != 200 && len(sent) != 0:
+			t.Errorf("%s: the decode engine was sent %s", tt.params, sent)
+		case tt.status == 200 && (len(sent) != 1 || !strings.Contains(sent[0], `"kv_transfer_params":`+tt.params)):
+			t.Errorf("%s: leg 2 was %q, want the params verbatim", tt.params, sent)
+		}
+	}
+}
+
 // capture is an upstream that records what it was sent.
 type capture struct {
 	mu     sync.Mutex

@@ -177,16 +177,53 @@ func (r *Request) PrefillBody() []byte {
 // DecodeBody is the body of leg 2, to the decode engine: the client's
 // body (streaming allowed) with kv_transfer_params set to params, the
 // top-level kv_transfer_params of the prefill engine's answer (see
-// ResponseKVTransferParams), which must ask for a remote prefill.
+// ResponseKVTransferParams), unchanged once CheckPrefillAnswer passes.
 func (r *Request) DecodeBody(params json.RawMessage) ([]byte, error) {
-	p, err := ParseKVTransferParams(params)
-	if err != nil {
-		return nil, fmt.Errorf("prefill answer: %w", err)
+	if err := CheckPrefillAnswer(params); err != nil {
+		return nil, err
 	}
-	if p == nil || !p.DoRemotePrefill {
-		return nil, fmt.Errorf("prefill answer: kv_transfer_params do not ask for a remote prefill")
-	}
+	params = json.RawMessage(strings.TrimSpace(string(params)))
 	return r.Rewrite(Edit{Key: "kv_transfer_params", Value: params}), nil
+}
+
+// CheckPrefillAnswer checks the kv_transfer_params of a prefill engine's
+// answer before they go into leg 2: a JSON object that asks for a remote
+// prefill (do_remote_prefill true, do_remote_decode not true). Its other
+// fields are the KV connector's and pass through as the engine wrote
+// them, as vLLM's own P/D proxies pass them: NixlConnector's
+// remote_engine_id, remote_block_ids, remote_host, remote_port,
+// remote_request_id and tp_size, another connector's fields of its own
+// (remote_handshake_port, say), llm-d-inference-sim's placeholders
+// ("remote_block_ids":["DUMMY_ID"]). The decode engine, which uses them,
+// judges them; they never come from a client (StripKVTransferParams).
+func CheckPrefillAnswer(params json.RawMessage) error {
+	raw := json.RawMessage(strings.TrimSpace(string(params)))
+	if len(raw) == 0 || isNull(raw) || !valid(raw) {
+		return fmt.Errorf("prefill answer: kv_transfer_params are not a JSON object")
+	}
+	ms, err := objectMembers(raw, "kv_transfer_params")
+	if err != nil {
+		return fmt.Errorf("prefill answer: kv_transfer_params are not a JSON object")
+	}
+	flag := func(key string) (bool, error) {
+		m := find(ms, key)
+		if m == nil || isNull(raw[m.v0:m.v1]) {
+			return false, nil
+		}
+		return parseBool("kv_transfer_params."+key, raw[m.v0:m.v1])
+	}
+	decode, err := flag("do_remote_decode")
+	if err != nil {
+		return fmt.Errorf("prefill answer: %w", err)
+	}
+	prefill, err := flag("do_remote_prefill")
+	if err != nil {
+		return fmt.Errorf("prefill answer: %w", err)
+	}
+	if !prefill || decode {
+		return fmt.Errorf("prefill answer: kv_transfer_params do not ask for a remote prefill (do_remote_prefill true, do_remote_decode not true)")
+	}
+	return nil
 }
 
 // ResponseKVTransferParams returns the top-level kv_transfer_params of a

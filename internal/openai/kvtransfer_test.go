@@ -83,9 +83,6 @@ func TestPrefillDecodeBodies(t *testing.T) {
 	if _, err := r.DecodeBody(json.RawMessage(leg1KVTransferParams)); err == nil {
 		t.Error("leg 2 accepted params that ask for a remote decode")
 	}
-	if _, err := r.DecodeBody(json.RawMessage(`{"do_remote_prefill":true}`)); err == nil {
-		t.Error("leg 2 accepted incomplete params")
-	}
 	if kv, err := ResponseKVTransferParams([]byte(`{"id":"x","kv_transfer_params":null}`)); kv != nil || err != nil {
 		t.Errorf("null params: %s %v", kv, err)
 	}
@@ -100,6 +97,52 @@ func TestPrefillDecodeBodies(t *testing.T) {
 	plain, _ := ParseRequest([]byte(`{"prompt":"x"}`))
 	if got := plain.StripKVTransferParams(); &got[0] != &plain.Raw[0] {
 		t.Error("strip copied a body without kv_transfer_params")
+	}
+}
+
+// TestCheckPrefillAnswer: a prefill engine's kv_transfer_params go into
+// leg 2 as the engine wrote them, whatever its KV connector puts there,
+// once they ask for a remote prefill.
+func TestCheckPrefillAnswer(t *testing.T) {
+	r, err := ParseChat([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, params string
+		ok           bool
+	}{
+		{"NixlConnector", `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"p","remote_block_ids":[1,2],"remote_host":"10.0.0.2","remote_port":8100,"remote_request_id":"cmpl-1","tp_size":1}`, true},
+		// Captured from llm-d-inference-sim (2026-12-02): placeholder
+		// strings for block ids, no remote_request_id.
+		{"llm-d-inference-sim", `{"do_remote_decode":false,"do_remote_prefill":true,"remote_engine_id":"DUMMY_ID","remote_block_ids":["DUMMY_ID"],"remote_host":"DUMMY","remote_port":1234,"tp_size":1}`, true},
+		{"a connector's own field", `{"do_remote_prefill":true,"remote_engine_id":"p","remote_block_ids":[7],"remote_host":"h","remote_port":1,"remote_handshake_port":6000}`, true},
+		{"the flag alone", `{"do_remote_prefill":true}`, true},
+		{"do_remote_decode null", ` {"do_remote_prefill":true,"do_remote_decode":null} `, true},
+		{"leg 1's params", leg1KVTransferParams, false},
+		{"both flags", `{"do_remote_prefill":true,"do_remote_decode":true}`, false},
+		{"no flag", `{"remote_host":"h"}`, false},
+		{"flag false", `{"do_remote_prefill":false}`, false},
+		{"flag not a boolean", `{"do_remote_prefill":"true"}`, false},
+		{"do_remote_decode not a boolean", `{"do_remote_prefill":true,"do_remote_decode":1}`, false},
+		{"an array", `[{"do_remote_prefill":true}]`, false},
+		{"null", `null`, false},
+		{"empty", ``, false},
+		{"invalid JSON", `{"do_remote_prefill":true`, false},
+		{"trailing bytes", `{"do_remote_prefill":true} x`, false},
+	} {
+		err := CheckPrefillAnswer(json.RawMessage(tt.params))
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: %v, want ok=%v", tt.name, err, tt.ok)
+			continue
+		}
+		if !tt.ok {
+			continue
+		}
+		leg2, err := r.DecodeBody(json.RawMessage(tt.params))
+		if want := strings.TrimSpace(tt.params); err != nil || !strings.Contains(string(leg2), `"kv_transfer_params":`+want) {
+			t.Errorf("%s: leg 2 %s %v, want the params verbatim", tt.name, leg2, err)
+		}
 	}
 }
 
