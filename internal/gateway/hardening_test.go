@@ -159,6 +159,25 @@ func TestFailedEngineIs502(t *testing.T) {
 	}
 }
 
+// TestLoneFailedEngineIs502: with no other endpoint to retry on, the
+// client hears the engine's failure (502, its message), not a 503 saying
+// that no endpoint is healthy while the one that failed still is.
+func TestLoneFailedEngineIs502(t *testing.T) {
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, `{"error":{"message":"The server is overloaded or not ready yet."}}`, http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(busy.Close)
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "busy", URL: busy.URL, Model: testModel}}}
+	_, url, admin := startGateway(t, cfg, Options{})
+	r := post(t, url+"/v1/completions", completion("hi", false, 2), nil)
+	if r.status != http.StatusBadGateway || !containsAll(r.body, `"code":502`, "busy", "overloaded") || r.header.Get("Retry-After") != "" {
+		t.Fatalf("%d %v %s", r.status, r.header, r.body)
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="upstream_error"`) || strings.Contains(m, `outcome="unavailable"`) {
+		t.Errorf("not counted as an upstream error:\n%s", m)
+	}
+}
+
 func containsAll(s string, subs ...string) bool {
 	for _, sub := range subs {
 		if !strings.Contains(s, sub) {

@@ -90,8 +90,16 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 // the chosen one fails before sending anything.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	exclude := ""
+	var failure error // the first attempt's
 	for attempt := 0; attempt < 2; attempt++ {
 		p, err := g.decide(rt, exclude)
+		if failure != nil && errors.Is(err, errNoOtherEndpoint) {
+			// Nowhere to retry: the client hears the engine's failure,
+			// not that no endpoint is healthy (the one that failed is).
+			g.met.outcome(outcomeOf(r.Context(), failure), rt.class.Name, g.policy)
+			openai.WriteError(w, clientError(failure))
+			return
+		}
 		if err != nil {
 			g.met.outcome(decideOutcome(err), rt.class.Name, g.policy)
 			openai.WriteError(w, err)
@@ -129,7 +137,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		}
 		g.log.Warn("upstream failed before responding; retrying elsewhere", "id", rt.id, "endpoint", failed, "err", err)
 		g.met.retries.Inc()
-		exclude = failed
+		exclude, failure = failed, err
 	}
 }
 
