@@ -155,6 +155,9 @@ func (o *kvindexOptions) engines() ([]kvevents.EngineConfig, error) {
 		eps = append(eps, e)
 	}
 	eps, err := fleet.Validate(eps)
+	if err == nil {
+		err = fleet.CheckCentralMode(o.bindEvents, eps)
+	}
 	if err != nil {
 		return nil, err
 	}

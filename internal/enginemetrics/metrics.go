@@ -10,7 +10,8 @@
 // dropped when a model is given, series that differ only in tensor,
 // pipeline or expert parallel rank (tp_rank, pp_rank, moe_ep_rank,
 // attn_tp_rank: views of one scheduler) count once, and the remaining
-// series (per engine or dp_rank) are summed — or averaged for fractions.
+// series (per engine or dp_rank) are summed — or averaged for fractions —
+// unless one rank is asked for (ParseRank).
 package enginemetrics
 
 import (
@@ -18,6 +19,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -146,7 +148,19 @@ var ErrNoEngineMetrics = errors.New("no vLLM or SGLang metrics found")
 // metric this package reads is an error naming the line; other lines are
 // not looked at beyond their name. The result's Time is zero.
 func Parse(r io.Reader, model string) (Metrics, error) {
+	return ParseRank(r, model, -1)
+}
+
+// ParseRank is Parse for one data-parallel rank of an engine that serves
+// several behind one API: samples labelled with another rank (vLLM's
+// engine label, SGLang's dp_rank) are ignored, and ones without such a
+// label are kept. A negative rank keeps every rank (Parse: they are
+// summed).
+func ParseRank(r io.Reader, model string, rank int) (Metrics, error) {
 	p := parser{model: model}
+	if rank >= 0 {
+		p.rank = strconv.Itoa(rank)
+	}
 	if err := p.parse(r); err != nil {
 		return Metrics{}, err
 	}

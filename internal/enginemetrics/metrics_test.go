@@ -1,8 +1,10 @@
 package enginemetrics
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"strings"
@@ -78,6 +80,43 @@ sglang:token_usage{dp_rank="1",model_name="m"} 0.25
 		t.Fatal(err)
 	}
 	same(t, "sglang dp2", m, Metrics{Flavor: FlavorSGLang, Have: FieldWaiting | FieldKVUsage, Waiting: 5, KVUsage: 0.375})
+	for rank, want := range []Metrics{
+		{Flavor: FlavorSGLang, Have: FieldWaiting | FieldKVUsage, Waiting: 1, KVUsage: 0.5},
+		{Flavor: FlavorSGLang, Have: FieldWaiting | FieldKVUsage, Waiting: 4, KVUsage: 0.25},
+	} {
+		m, err := ParseRank(strings.NewReader(dp), "m", rank)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same(t, fmt.Sprintf("sglang dp rank %d", rank), m, want)
+	}
+}
+
+// TestParseRank: one rank of a data-parallel vLLM engine is its own
+// engine="R" series; series without the label (lora_requests_info) stay;
+// a rank the engine does not have reads as nothing of it.
+func TestParseRank(t *testing.T) {
+	raw, err := os.ReadFile("testdata/vllm_dp2.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		rank int
+		want Metrics
+	}{
+		{0, Metrics{Flavor: FlavorVLLM, Have: vllmAll, Waiting: 2, Running: 7, KVUsage: 0.25, BlockSize: 16, NumGPUBlocks: 27910, PrefixQueries: 1.2e6, PrefixHits: 6e5}},
+		{1, Metrics{Flavor: FlavorVLLM, Have: vllmAll, Waiting: 11, Running: 5, KVUsage: 0.75, BlockSize: 16, NumGPUBlocks: 27906, PrefixQueries: 8e5, PrefixHits: 2e5}},
+		{-1, Metrics{Flavor: FlavorVLLM, Have: vllmAll, Waiting: 13, Running: 12, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 27910 + 27906, PrefixQueries: 2e6, PrefixHits: 8e5}},
+	} {
+		m, err := ParseRank(bytes.NewReader(raw), "Qwen/Qwen3-8B", tt.rank)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same(t, fmt.Sprintf("vllm dp2 rank %d", tt.rank), m, tt.want)
+	}
+	if _, err := ParseRank(bytes.NewReader(raw), "Qwen/Qwen3-8B", 2); !errors.Is(err, ErrNoEngineMetrics) {
+		t.Errorf("rank 2 of 2: %v, want ErrNoEngineMetrics", err)
+	}
 }
 
 func TestParseVariants(t *testing.T) {

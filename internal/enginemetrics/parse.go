@@ -95,6 +95,7 @@ type series struct {
 // samples lookup knows and only for the wanted model.
 type parser struct {
 	model  string
+	rank   string // "": every data-parallel rank
 	line   int
 	labels []label
 	seen   [numMetrics][]series
@@ -110,6 +111,10 @@ func isReplicaLabel(name string) bool {
 	}
 	return false
 }
+
+// isRankLabel: the label naming the data-parallel rank a series is of
+// (vLLM's engine index, SGLang's dp_rank).
+func isRankLabel(name string) bool { return name == "engine" || name == "dp_rank" }
 
 // parse reads an exposition from r.
 func (p *parser) parse(r io.Reader) error {
@@ -326,6 +331,8 @@ func (p *parser) add(id metricID, v float64) error {
 	for _, l := range p.labels {
 		switch {
 		case l.name == "model_name" && p.model != "" && l.value != p.model:
+			return nil
+		case isRankLabel(l.name) && p.rank != "" && l.value != p.rank:
 			return nil
 		case isReplicaLabel(l.name):
 			continue

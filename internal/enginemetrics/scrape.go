@@ -38,6 +38,12 @@ type Scraper struct {
 // model_name label, "" keeps every model). The result's Time is when the
 // body was read.
 func (s *Scraper) Scrape(ctx context.Context, baseURL, model string) (Metrics, error) {
+	return s.ScrapeRank(ctx, baseURL, model, -1)
+}
+
+// ScrapeRank is Scrape for one data-parallel rank (ParseRank; negative:
+// every rank).
+func (s *Scraper) ScrapeRank(ctx context.Context, baseURL, model string, rank int) (Metrics, error) {
 	timeout := s.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout
@@ -72,7 +78,7 @@ func (s *Scraper) Scrape(ctx context.Context, baseURL, model string) (Metrics, e
 		limit = DefaultMaxBytes
 	}
 	lr := &limitedReader{r: resp.Body, left: limit}
-	m, err := Parse(lr, model)
+	m, err := ParseRank(lr, model, rank)
 	if lr.over {
 		return Metrics{}, fmt.Errorf("scrape %s: body larger than %d bytes", url, limit)
 	}

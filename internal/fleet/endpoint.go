@@ -36,18 +36,36 @@ type Endpoint struct {
 	// predictor's speed before live traffic teaches a better one (0: the
 	// gateway's default).
 	PrefillSpeed float64 `yaml:"prefill_speed" json:"prefill_speed,omitempty"`
+	// DPSize > 1 declares an engine that serves DPSize data-parallel ranks
+	// behind one HTTP API (vLLM --data-parallel-size with its internal load
+	// balancer, SGLang --dp-size). Each rank has a KV cache, KV events and
+	// metrics of its own, so Validate makes one endpoint of each (named
+	// NAME/dpR, its events and replay sockets at the port + R, as the
+	// engines offset them), and the gateway pins its requests to the rank
+	// with X-Data-Parallel-Rank, which vLLM and SGLang both honour.
+	DPSize int `yaml:"dp_size" json:"dp_size,omitempty"`
+	// DPRank is the rank an endpoint made by Validate from a DPSize > 1
+	// engine stands for (Ranked reports whether it is one).
+	DPRank int `yaml:"-" json:"dp_rank,omitempty"`
+	ranked bool
 }
+
+// Ranked reports whether e stands for one data-parallel rank (DPRank) of
+// an engine with DPSize ranks.
+func (e Endpoint) Ranked() bool { return e.ranked }
 
 // Limits on what a spec or file may hold.
 const (
 	MaxEndpoints    = 4096
 	maxFieldLen     = 1024
 	MaxPrefillSpeed = 1e9
+	// MaxDPSize bounds an engine's data-parallel ranks.
+	MaxDPSize = 1024
 )
 
 // ParseSpec parses the --engine text form:
 //
-//	name=N,url=http://HOST:PORT,model=M,role=both|prefill|decode,events=tcp://HOST:PORT,replay=tcp://HOST:PORT,prefill_speed=TOKENS_PER_S
+//	name=N,url=http://HOST:PORT,model=M,role=both|prefill|decode,events=tcp://HOST:PORT,replay=tcp://HOST:PORT,prefill_speed=TOKENS_PER_S,dp_size=RANKS
 //
 // Keys may come in any order; model is required, and one of name or url.
 func ParseSpec(s string) (Endpoint, error) {
@@ -76,8 +94,14 @@ func ParseSpec(s string) (Endpoint, error) {
 				return fmt.Errorf("prefill_speed %q is not a number", v)
 			}
 			e.PrefillSpeed = f
+		case "dp_size":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return fmt.Errorf("dp_size %q is not an integer", v)
+			}
+			e.DPSize = n
 		default:
-			return fmt.Errorf("unknown key %q (name, url, model, role, events, replay, prefill_speed)", k)
+			return fmt.Errorf("unknown key %q (name, url, model, role, events, replay, prefill_speed, dp_size)", k)
 		}
 		return nil
 	})
@@ -117,12 +141,71 @@ func (e *Endpoint) Normalize() error {
 	if e.PrefillSpeed < 0 || e.PrefillSpeed > MaxPrefillSpeed || e.PrefillSpeed != e.PrefillSpeed {
 		return fmt.Errorf("prefill_speed must be in [0, %g] tokens/s, got %v", float64(MaxPrefillSpeed), e.PrefillSpeed)
 	}
+	if e.DPSize < 0 || e.DPSize > MaxDPSize {
+		return fmt.Errorf("dp_size must be in [0, %d], got %d", MaxDPSize, e.DPSize)
+	}
 	var err error
 	if e.Events, err = zmqEndpoint("events", e.Events); err != nil {
 		return err
 	}
 	e.Replay, err = zmqEndpoint("replay", e.Replay)
 	return err
+}
+
+// ranks returns the endpoints e stands for: itself, or one for each
+// data-parallel rank of an engine with DPSize > 1 (not yet made).
+func (e Endpoint) ranks() ([]Endpoint, error) {
+	if e.DPSize <= 1 || e.ranked {
+		return []Endpoint{e}, nil
+	}
+	out := make([]Endpoint, e.DPSize)
+	for r := range out {
+		c := e
+		c.Name, c.DPRank, c.ranked = e.Name+"/dp"+strconv.Itoa(r), r, true
+		var err error
+		if c.Events, err = offsetPort("events", e.Events, r); err != nil {
+			return nil, err
+		}
+		if c.Replay, err = offsetPort("replay", e.Replay, r); err != nil {
+			return nil, err
+		}
+		out[r] = c
+	}
+	return out, nil
+}
+
+// CheckCentralMode refuses, in central mode (bind, the SUB engines dial,
+// set), a data-parallel rank without events=: vLLM's and SGLang's ranks
+// dial bind's port + their rank and all send their engine's one topic, so
+// central mode could hear none of them as the rank it is.
+func CheckCentralMode(bind string, eps []Endpoint) error {
+	if bind == "" {
+		return nil
+	}
+	for _, e := range eps {
+		if e.Ranked() && e.Events == "" {
+			return fmt.Errorf("endpoint %s is a data-parallel rank without events=: in central mode (bind_events) its KV events cannot be told from its engine's other ranks'; give the engine events=tcp://HOST:PORT (rank R is heard at PORT + R)", e.Name)
+		}
+	}
+	return nil
+}
+
+// offsetPort is a normalised tcp://HOST:PORT socket with its port moved up
+// by n, as vLLM and SGLang place a data-parallel rank's KV-event sockets;
+// "" stays "".
+func offsetPort(field, s string, n int) (string, error) {
+	if s == "" || n == 0 {
+		return s, nil
+	}
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(s, "tcp://"))
+	if err != nil {
+		return "", fmt.Errorf("%s %q: %w", field, s, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p+n > 65535 {
+		return "", fmt.Errorf("%s %q: rank %d's port (the port + %d) is not a port number", field, s, n, n)
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+n)), nil
 }
 
 // zmqEndpoint accepts host:port or tcp://host:port.
@@ -162,22 +245,33 @@ func ParseFile(data []byte) ([]Endpoint, error) {
 	return Validate(f.Endpoints)
 }
 
-// Validate normalises a list of endpoints and checks that names are unique.
+// Validate normalises a list of endpoints, makes one endpoint of each
+// data-parallel rank of an engine with dp_size > 1, and checks that names
+// are unique and that there are at most MaxEndpoints in all.
 func Validate(eps []Endpoint) ([]Endpoint, error) {
 	if len(eps) > MaxEndpoints {
 		return nil, fmt.Errorf("%d endpoints: at most %d", len(eps), MaxEndpoints)
 	}
-	out := make([]Endpoint, len(eps))
+	out := make([]Endpoint, 0, len(eps))
 	seen := make(map[string]int, len(eps))
 	for i, e := range eps {
 		if err := e.Normalize(); err != nil {
 			return nil, fmt.Errorf("endpoints[%d]: %w", i, err)
 		}
-		if j, dup := seen[e.Name]; dup {
-			return nil, fmt.Errorf("endpoints[%d]: name %q already used by endpoints[%d]", i, e.Name, j)
+		rs, err := e.ranks()
+		if err != nil {
+			return nil, fmt.Errorf("endpoints[%d]: %w", i, err)
 		}
-		seen[e.Name] = i
-		out[i] = e
+		if len(out)+len(rs) > MaxEndpoints {
+			return nil, fmt.Errorf("endpoints[%d]: more than %d endpoints, data-parallel ranks counted", i, MaxEndpoints)
+		}
+		for _, r := range rs {
+			if j, dup := seen[r.Name]; dup {
+				return nil, fmt.Errorf("endpoints[%d]: name %q already used by endpoints[%d]", i, r.Name, j)
+			}
+			seen[r.Name] = i
+			out = append(out, r)
+		}
 	}
 	return out, nil
 }

@@ -28,6 +28,10 @@ func TestParseSpec(t *testing.T) {
 		{in: "name=a,model=m,prefill_speed=NaN", wantErr: "prefill_speed must be in"},
 		{in: "name=a,model=m,prefill_speed=fast", wantErr: "not a number"},
 		{in: "name=" + strings.Repeat("x", 2000) + ",model=m", wantErr: "longer than"},
+		{in: "url=http://h:1,model=m,dp_size=4", want: Endpoint{Name: "h:1", URL: "http://h:1", Model: "m", DPSize: 4}},
+		{in: "name=a,model=m,dp_size=two", wantErr: "not an integer"},
+		{in: "name=a,model=m,dp_size=-1", wantErr: "dp_size must be in"},
+		{in: "name=a,model=m,dp_size=1025", wantErr: "dp_size must be in"},
 	}
 	for _, tt := range tests {
 		got, err := ParseSpec(tt.in)
@@ -65,6 +69,89 @@ endpoints:
 	}
 	if eps, err := ParseFile(nil); err != nil || len(eps) != 0 {
 		t.Fatalf("empty file: %v %v", eps, err)
+	}
+}
+
+// TestDataParallelRanks: an engine of dp_size N becomes N endpoints, one
+// a rank, named NAME/dpR, their KV-event sockets at the port + R (as vLLM
+// and SGLang offset them); validating the result again changes nothing.
+func TestDataParallelRanks(t *testing.T) {
+	eps, err := ParseFile([]byte(`
+endpoints:
+  - {url: "http://a:8000", model: m, dp_size: 3, events: "a:5557", replay: "tcp://a:6000"}
+  - {name: b, url: "http://b:8000", model: m, dp_size: 2}
+  - {name: c, url: "http://c:8000", model: m, dp_size: 1, events: "c:5557"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type rank struct {
+		name, events, replay string
+		rank                 int
+		ranked               bool
+	}
+	want := []rank{
+		{"a:8000/dp0", "tcp://a:5557", "tcp://a:6000", 0, true},
+		{"a:8000/dp1", "tcp://a:5558", "tcp://a:6001", 1, true},
+		{"a:8000/dp2", "tcp://a:5559", "tcp://a:6002", 2, true},
+		{"b/dp0", "", "", 0, true},
+		{"b/dp1", "", "", 1, true},
+		{"c", "tcp://c:5557", "", 0, false},
+	}
+	check := func(eps []Endpoint) {
+		t.Helper()
+		if len(eps) != len(want) {
+			t.Fatalf("%d endpoints, want %d: %+v", len(eps), len(want), eps)
+		}
+		for i, e := range eps {
+			got := rank{e.Name, e.Events, e.Replay, e.DPRank, e.Ranked()}
+			if got != want[i] || e.URL == "" || e.Model != "m" {
+				t.Errorf("endpoint %d: %+v, want %+v", i, e, want[i])
+			}
+		}
+	}
+	check(eps)
+	again, err := Validate(eps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(again)
+	for in, msg := range map[string]string{
+		"endpoints:\n  - {name: a, model: m, dp_size: 2, events: \"a:65535\"}":         "rank 1's port",
+		"endpoints:\n  - {name: a, model: m, dp_size: 2}\n  - {name: a/dp1, model: m}": `name "a/dp1" already used`,
+		"endpoints:\n  - {name: a, model: m, dp_size: 1025}":                           "dp_size must be in",
+		"endpoints:\n  - {name: a, model: m, dp_size: 1024}\n  - {name: b, model: m, dp_size: 1024}\n  - {name: c, model: m, dp_size: 1024}\n  - {name: d, model: m, dp_size: 1024}\n  - {name: e, model: m}": "more than 4096 endpoints",
+		"endpoints:\n  - {name: a, model: m, dp_rank: 1}": "dp_rank",
+	} {
+		if _, err := ParseFile([]byte(in)); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%q: %v, want %q", in, err, msg)
+		}
+	}
+}
+
+func TestCheckCentralMode(t *testing.T) {
+	ranks, err := Validate([]Endpoint{{Name: "a", Model: "m", DPSize: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withEvents, err := Validate([]Endpoint{{Name: "a", Model: "m", DPSize: 2, Events: "a:5557"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := []Endpoint{{Name: "b", Model: "m"}}
+	for _, tt := range []struct {
+		name, bind string
+		eps        []Endpoint
+		ok         bool
+	}{
+		{"ranks, per-engine mode", "", ranks, true},
+		{"ranks without events, central mode", "tcp://0.0.0.0:5557", ranks, false},
+		{"ranks with events, central mode", "tcp://0.0.0.0:5557", withEvents, true},
+		{"no ranks, central mode", "tcp://0.0.0.0:5557", plain, true},
+	} {
+		if err := CheckCentralMode(tt.bind, tt.eps); (err == nil) != tt.ok {
+			t.Errorf("%s: %v", tt.name, err)
+		}
 	}
 }
 

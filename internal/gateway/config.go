@@ -293,6 +293,9 @@ func (c *Config) Validate() error {
 		add(fmt.Errorf("http: %w", err))
 	}
 	eps, err := fleet.Validate(c.Endpoints)
+	if err == nil {
+		err = fleet.CheckCentralMode(c.BindEvents, eps)
+	}
 	if err != nil {
 		add(err)
 	} else {

@@ -244,6 +244,9 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 	if err != nil {
 		return err
 	}
+	if err := fleet.CheckCentralMode(g.cfg.BindEvents, eps); err != nil {
+		return err
+	}
 	g.setMu.Lock()
 	defer g.setMu.Unlock()
 	g.mu.Lock()

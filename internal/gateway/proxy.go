@@ -31,13 +31,20 @@ const (
 	hdrReason        = "X-Kvgate-Reason"
 )
 
+// hdrDPRank pins a request to one data-parallel rank of an engine (vLLM
+// and SGLang read it, case-insensitively): kvgate sets it for an
+// endpoint that stands for a rank (fleet.Endpoint.Ranked).
+const hdrDPRank = "X-Data-Parallel-Rank"
+
 // internalHeader reports whether a client-supplied header must not reach
-// an engine: kvgate's own, and the ones routers and engines trust to route
-// P/D legs (llm-d's prefiller header, Dynamo's and SGLang's bootstrap).
+// an engine: kvgate's own, the ones routers and engines trust to route
+// P/D legs (llm-d's prefiller header, Dynamo's and SGLang's bootstrap),
+// and the data-parallel rank, which is kvgate's choice.
 func internalHeader(name string) bool {
 	n := strings.ToLower(name)
 	return strings.HasPrefix(n, "x-kvgate-") || strings.HasPrefix(n, "x-prefiller") ||
-		strings.HasPrefix(n, "x-decoder") || strings.Contains(n, "bootstrap") || n == "x-session-token"
+		strings.HasPrefix(n, "x-decoder") || strings.Contains(n, "bootstrap") || n == "x-session-token" ||
+		n == "x-data-parallel-rank"
 }
 
 // hopHeaders are connection-level headers a proxy must not forward.
@@ -389,6 +396,9 @@ func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *rout
 	copyRequestHeaders(up.Header, r.Header)
 	up.Header.Set("Content-Type", "application/json")
 	up.Header.Set("X-Request-Id", rt.id)
+	if m.ep.Ranked() {
+		up.Header.Set(hdrDPRank, strconv.Itoa(m.ep.DPRank))
+	}
 	up.ContentLength = int64(len(body))
 	resp, err := g.client.Do(up)
 	if err != nil {

@@ -217,7 +217,11 @@ func (p *Prober) probe(ctx context.Context, t *target) {
 	if err != nil || p.cfg.NoMetrics {
 		return
 	}
-	m, merr := p.cfg.Scraper.Scrape(ctx, ep.URL, ep.Model)
+	rank := -1
+	if ep.Ranked() {
+		rank = ep.DPRank
+	}
+	m, merr := p.cfg.Scraper.ScrapeRank(ctx, ep.URL, ep.Model, rank)
 	if ctx.Err() != nil {
 		return
 	}

@@ -64,6 +64,11 @@ func NewEngineActuator(eps []fleet.Endpoint, o EngineOptions) (*EngineActuator, 
 		if e.URL == "" {
 			return nil, fmt.Errorf("engine actuator: endpoint %s has no url", e.Name)
 		}
+		if e.Ranked() {
+			// The role is the engine's, not a rank's: moving one rank
+			// would move them all.
+			return nil, fmt.Errorf("engine actuator: endpoint %s is a data-parallel rank; the planner switches whole engines' roles and cannot switch one rank", e.Name)
+		}
 	}
 	if o.Grace < 0 || o.Grace > 10*time.Minute {
 		return nil, fmt.Errorf("engine actuator: grace must be in [0, 10m], got %v", o.Grace)

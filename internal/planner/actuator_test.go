@@ -168,6 +168,9 @@ func TestEngineActuatorRestoresOnFailure(t *testing.T) {
 	if _, err := NewEngineActuator([]fleet.Endpoint{{Name: "x", Model: "m"}}, EngineOptions{}); err == nil {
 		t.Error("an endpoint without a url was accepted")
 	}
+	if _, err := NewEngineActuator([]fleet.Endpoint{{Name: "x", URL: "http://x:1", Model: "m", DPSize: 2}}, EngineOptions{}); err == nil || !strings.Contains(err.Error(), "data-parallel rank") {
+		t.Errorf("an engine of data-parallel ranks: %v", err)
+	}
 	if _, err := NewEngineActuator(nil, EngineOptions{Grace: -time.Second}); err == nil {
 		t.Error("a negative grace was accepted")
 	}
