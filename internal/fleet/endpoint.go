@@ -48,6 +48,12 @@ type Endpoint struct {
 	// engine stands for (Ranked reports whether it is one).
 	DPRank int `yaml:"-" json:"dp_rank,omitempty"`
 	ranked bool
+	// BootstrapPort, on a prefill endpoint, is its SGLang disaggregation
+	// bootstrap port (sglang --disaggregation-bootstrap-port, 8998 by
+	// default): requests prefilled there follow SGLang's P/D protocol
+	// (both legs at once, bootstrap_host/port/room in their bodies)
+	// instead of vLLM's NixlConnector flow. 0: vLLM's flow.
+	BootstrapPort int `yaml:"bootstrap_port" json:"bootstrap_port,omitempty"`
 }
 
 // Ranked reports whether e stands for one data-parallel rank (DPRank) of
@@ -65,7 +71,7 @@ const (
 
 // ParseSpec parses the --engine text form:
 //
-//	name=N,url=http://HOST:PORT,model=M,role=both|prefill|decode,events=tcp://HOST:PORT,replay=tcp://HOST:PORT,prefill_speed=TOKENS_PER_S,dp_size=RANKS
+//	name=N,url=http://HOST:PORT,model=M,role=both|prefill|decode,events=tcp://HOST:PORT,replay=tcp://HOST:PORT,prefill_speed=TOKENS_PER_S,dp_size=RANKS,bootstrap_port=PORT
 //
 // Keys may come in any order; model is required, and one of name or url.
 func ParseSpec(s string) (Endpoint, error) {
@@ -94,6 +100,12 @@ func ParseSpec(s string) (Endpoint, error) {
 				return fmt.Errorf("prefill_speed %q is not a number", v)
 			}
 			e.PrefillSpeed = f
+		case "bootstrap_port":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return fmt.Errorf("bootstrap_port %q is not an integer", v)
+			}
+			e.BootstrapPort = n
 		case "dp_size":
 			n, err := strconv.Atoi(v)
 			if err != nil {
@@ -101,7 +113,7 @@ func ParseSpec(s string) (Endpoint, error) {
 			}
 			e.DPSize = n
 		default:
-			return fmt.Errorf("unknown key %q (name, url, model, role, events, replay, prefill_speed, dp_size)", k)
+			return fmt.Errorf("unknown key %q (name, url, model, role, events, replay, prefill_speed, dp_size, bootstrap_port)", k)
 		}
 		return nil
 	})
@@ -143,6 +155,12 @@ func (e *Endpoint) Normalize() error {
 	}
 	if e.DPSize < 0 || e.DPSize > MaxDPSize {
 		return fmt.Errorf("dp_size must be in [0, %d], got %d", MaxDPSize, e.DPSize)
+	}
+	if e.BootstrapPort < 0 || e.BootstrapPort > 65535 {
+		return fmt.Errorf("bootstrap_port must be a port number, got %d", e.BootstrapPort)
+	}
+	if e.BootstrapPort > 0 && e.Role != RolePrefill {
+		return fmt.Errorf("bootstrap_port is an SGLang prefill endpoint's (role=prefill), not a %s endpoint's", e.Role)
 	}
 	var err error
 	if e.Events, err = zmqEndpoint("events", e.Events); err != nil {

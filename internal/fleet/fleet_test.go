@@ -30,6 +30,11 @@ func TestParseSpec(t *testing.T) {
 		{in: "name=" + strings.Repeat("x", 2000) + ",model=m", wantErr: "longer than"},
 		{in: "url=http://h:1,model=m,dp_size=4", want: Endpoint{Name: "h:1", URL: "http://h:1", Model: "m", DPSize: 4}},
 		{in: "name=a,model=m,dp_size=two", wantErr: "not an integer"},
+		{in: "url=http://h:1,model=m,role=prefill,bootstrap_port=8998", want: Endpoint{Name: "h:1", URL: "http://h:1", Model: "m", Role: RolePrefill, BootstrapPort: 8998}},
+		{in: "name=a,model=m,role=decode,bootstrap_port=8998", wantErr: "role=prefill"},
+		{in: "name=a,model=m,bootstrap_port=8998", wantErr: "role=prefill"},
+		{in: "name=a,model=m,role=prefill,bootstrap_port=70000", wantErr: "port number"},
+		{in: "name=a,model=m,role=prefill,bootstrap_port=x", wantErr: "not an integer"},
 		{in: "name=a,model=m,dp_size=-1", wantErr: "dp_size must be in"},
 		{in: "name=a,model=m,dp_size=1025", wantErr: "dp_size must be in"},
 	}

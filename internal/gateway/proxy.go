@@ -100,9 +100,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	var failure error // the first attempt's
 	for attempt := 0; attempt < 2; attempt++ {
 		p, err := g.decide(rt, exclude)
-		if failure != nil && errors.Is(err, errNoOtherEndpoint) {
-			// Nowhere to retry: the client hears the engine's failure,
-			// not that no endpoint is healthy (the one that failed is).
+		if failure != nil && (err != nil || !p.dec.Admit || p.dec.Hold) {
+			// Nowhere to retry (no other endpoint, none that can serve
+			// the request, or one that would hold or reject it): the
+			// client hears the engine's failure, not a 503 or 429 of
+			// the retry's.
 			g.met.outcome(outcomeOf(r.Context(), failure), rt.class.Name, g.policy)
 			openai.WriteError(w, clientError(failure))
 			return
@@ -277,12 +279,15 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		ctx, cancel = context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
 		defer cancel()
 	}
-	body := rt.req.StripKVTransferParams()
+	body := rt.req.StripRoutingParams()
 	target := p.prefill
 	if p.decode != nil {
 		h.Set(hdrDecode, p.decode.ep.Name)
 		lf.Decode(fl, p.dEP)
 		g.routed(p.decode, rt.prep.Keys)
+		if p.prefill.ep.BootstrapPort > 0 {
+			return g.proxySGLang(ctx, w, r, rt, p, fl)
+		}
 		params, cached, err := g.prefillLeg(ctx, r, rt, p)
 		if err != nil {
 			return p.prefill.ep.Name, err
@@ -402,7 +407,9 @@ func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *rout
 	up.ContentLength = int64(len(body))
 	resp, err := g.client.Do(up)
 	if err != nil {
-		g.reportFailure(m, err)
+		if ctx.Err() == nil { // not the engine's failure: the request was called off
+			g.reportFailure(m, err)
+		}
 		return nil, &upstreamError{m.ep.Name, err}
 	}
 	if resp.StatusCode >= 500 {

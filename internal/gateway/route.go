@@ -238,12 +238,7 @@ type fleetView struct {
 
 // fleetFor builds the snapshot of mf for rt now (the load accounting, the
 // KV index, the engines' metrics, what the hold queue holds); exclude names
-// an endpoint a retry must avoid (errNoOtherEndpoint when it was the only
-// one left).
-// errNoOtherEndpoint: a retry has nowhere to go, the endpoint that failed
-// being the only healthy one.
-var errNoOtherEndpoint = errors.New("no other endpoint to retry on")
-
+// an endpoint a retry must avoid.
 func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string) (*fleetView, error) {
 	fs := &fleetView{mf: mf, snap: sched.Snapshot{BlockSize: g.cfg.BlockSize}}
 	g.mu.RLock()
@@ -254,16 +249,11 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string) (*fleetVi
 		return nil, openai.Unavailable(time.Second, "the fleet of model %q is changing; retry", rt.req.Model)
 	}
 	g.fillEngineState(members, &fs.snap)
-	had := len(fs.snap.Endpoints) > 0
 	if exclude != "" {
 		members, eps = dropEndpoint(exclude, members, eps, &fs.snap)
 	}
 	if len(fs.snap.Endpoints) == 0 {
-		err := openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
-		if had {
-			return nil, fmt.Errorf("%w: %w", errNoOtherEndpoint, err)
-		}
-		return nil, err
+		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
 	}
 	fs.snap.HeldCompute = mf.hold.q.Compute()
 	fs.snap.SinceLoadRejection = mf.hold.q.SinceLoadRejection(fs.snap.Now)

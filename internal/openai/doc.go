@@ -23,8 +23,10 @@
 // kvgate's emulator to POST /internal/kv/release there). That is the
 // protocol, but it means kv_transfer_params are a capability: a gateway must
 // never forward the ones a client sent. It strips them
-// (Request.StripKVTransferParams) from every request it proxies as is,
+// (Request.StripRoutingParams) from every request it proxies as is,
 // and for a disaggregated request builds its own: PrefillBody for leg 1
 // (do_remote_decode) and, from its prefill engine's answer
-// (ResponseKVTransferParams), DecodeBody for leg 2.
+// (ResponseKVTransferParams), DecodeBody for leg 2. SGLang's P/D protocol
+// has the same capability in bootstrap_host and bootstrap_port, stripped
+// likewise; BootstrapBody builds both of its legs.
 package openai

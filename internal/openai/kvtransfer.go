@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 )
 
@@ -140,20 +141,47 @@ func blockIDs(v []byte, dst *[]int) bool {
 	return true
 }
 
-// StripKVTransferParams returns the body without kv_transfer_params.
+// StripRoutingParams returns the body without kv_transfer_params and
+// without SGLang's bootstrap_host, bootstrap_port and bootstrap_room.
 //
-// A gateway must call it (or build the legs with PrefillBody and
-// DecodeBody, which replace them) on every client request: leg 2 of the
-// P/D flow makes a decode engine connect to remote_host:remote_port and
-// POST there, so client-supplied kv_transfer_params would let any client
-// aim an engine at any address, and a forged do_remote_decode would make a
-// prefill engine hold KV blocks for nobody. kv_transfer_params are only
-// ever built by the gateway from its own prefill engine's answer.
-func (r *Request) StripKVTransferParams() []byte {
-	if !r.Has("kv_transfer_params") {
+// A gateway must call it (or build the legs with PrefillBody, DecodeBody
+// or BootstrapBody, which replace them) on every client request: leg 2 of
+// vLLM's P/D flow makes a decode engine connect to remote_host:remote_port,
+// and SGLang's decode engine connects to bootstrap_host:bootstrap_port, so
+// client-supplied values would let any client aim an engine at any
+// address, and a forged do_remote_decode would make a prefill engine hold
+// KV blocks for nobody. They are only ever built by the gateway, from its
+// own prefill engine's answer or endpoint.
+func (r *Request) StripRoutingParams() []byte {
+	var edits []Edit
+	for _, k := range routingKeys {
+		if r.Has(k) {
+			edits = append(edits, Edit{Key: k})
+		}
+	}
+	if len(edits) == 0 {
 		return r.Raw
 	}
-	return r.Rewrite(Edit{Key: "kv_transfer_params"})
+	return r.Rewrite(edits...)
+}
+
+// routingKeys are the body members that aim engines at each other.
+var routingKeys = [...]string{"kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room"}
+
+// BootstrapBody is the body of both legs of SGLang's P/D protocol (as
+// SGLang's router sends them, at once, to the prefill and the decode
+// engine): the client's body (streaming allowed) without kv_transfer_params,
+// with bootstrap_host and bootstrap_port naming the prefill engine's
+// bootstrap server and bootstrap_room the transfer's id (SGLang keeps it
+// as an int64: room must be below 2^63).
+func (r *Request) BootstrapBody(host string, port int, room uint64) []byte {
+	h, _ := json.Marshal(host)
+	return r.Rewrite(
+		Edit{Key: "kv_transfer_params"},
+		Edit{Key: "bootstrap_host", Value: h},
+		Edit{Key: "bootstrap_port", Value: json.RawMessage(strconv.Itoa(port))},
+		Edit{Key: "bootstrap_room", Value: json.RawMessage(strconv.FormatUint(room&math.MaxInt64, 10))},
+	)
 }
 
 // PrefillBody is the body of leg 1, to the prefill engine (DESIGN.md,
@@ -195,7 +223,7 @@ func (r *Request) DecodeBody(params json.RawMessage) ([]byte, error) {
 // remote_request_id and tp_size, another connector's fields of its own
 // (remote_handshake_port, say), llm-d-inference-sim's placeholders
 // ("remote_block_ids":["DUMMY_ID"]). The decode engine, which uses them,
-// judges them; they never come from a client (StripKVTransferParams).
+// judges them; they never come from a client (StripRoutingParams).
 func CheckPrefillAnswer(params json.RawMessage) error {
 	raw := json.RawMessage(strings.TrimSpace(string(params)))
 	if len(raw) == 0 || isNull(raw) || !valid(raw) {

@@ -90,13 +90,33 @@ func TestPrefillDecodeBodies(t *testing.T) {
 		t.Error("invalid response accepted")
 	}
 
-	stripped, _ := ParseRequest(r.StripKVTransferParams())
+	stripped, _ := ParseRequest(r.StripRoutingParams())
 	if stripped.Has("kv_transfer_params") || !stripped.Stream || *stripped.MaxTokens != 50 {
 		t.Errorf("stripped: %s", stripped.Raw)
 	}
 	plain, _ := ParseRequest([]byte(`{"prompt":"x"}`))
-	if got := plain.StripKVTransferParams(); &got[0] != &plain.Raw[0] {
+	if got := plain.StripRoutingParams(); &got[0] != &plain.Raw[0] {
 		t.Error("strip copied a body without kv_transfer_params")
+	}
+}
+
+// TestBootstrapBody: SGLang's P/D legs carry the gateway's bootstrap
+// fields, never a client's; the room stays below 2^63 (SGLang keeps it as
+// an int64); a client's own bootstrap fields are stripped from any body.
+func TestBootstrapBody(t *testing.T) {
+	client := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"bootstrap_host":"169.254.169.254","bootstrap_port":80,"bootstrap_room":1,"kv_transfer_params":{"do_remote_prefill":true}}`
+	r, err := ParseChat([]byte(client))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(r.BootstrapBody("10.0.0.5", 8998, 1<<63|42))
+	want := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"bootstrap_host":"10.0.0.5","bootstrap_port":8998,"bootstrap_room":42}`
+	if got != want {
+		t.Errorf("both legs:\n got %s\nwant %s", got, want)
+	}
+	stripped := string(r.StripRoutingParams())
+	if want := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`; stripped != want {
+		t.Errorf("stripped:\n got %s\nwant %s", stripped, want)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 // Request is a completion or chat completion request as kvgate reads it:
 // the fields kvgate acts on, typed, and the body as received (Raw), so a
 // proxy forwards everything else untouched and edits only a few top-level
-// fields (Rewrite, PrefillBody, DecodeBody, StripKVTransferParams).
+// fields (Rewrite, PrefillBody, DecodeBody, StripRoutingParams).
 //
 // Top-level keys are matched exactly (case-sensitively, as vLLM does) and a
 // key given twice is an error, so kvgate and the engine behind it never

@@ -211,7 +211,7 @@ func FuzzParseRequest(f *testing.F) {
 				t.Fatalf("max_tokens %d, encoding/json %d", *r.MaxTokens, n)
 			}
 		}
-		for _, out := range [][]byte{r.Rewrite(), r.PrefillBody(), r.StripKVTransferParams()} {
+		for _, out := range [][]byte{r.Rewrite(), r.PrefillBody(), r.StripRoutingParams()} {
 			r2, err := ParseRequest(out)
 			if err != nil {
 				t.Fatalf("rewritten body %q does not parse: %v", out, err)
@@ -227,7 +227,7 @@ func FuzzParseRequest(f *testing.F) {
 		if kv, err := ParseKVTransferParams(pre.KVTransferParams); err != nil || !kv.DoRemoteDecode {
 			t.Fatalf("prefill kv_transfer_params %s: %v", pre.KVTransferParams, err)
 		}
-		if s, _ := ParseRequest(r.StripKVTransferParams()); s.KVTransferParams != nil || s.Has("kv_transfer_params") {
+		if s, _ := ParseRequest(r.StripRoutingParams()); s.KVTransferParams != nil || s.Has("kv_transfer_params") {
 			t.Fatalf("strip left kv_transfer_params")
 		}
 		_, _ = ParseKVTransferParams(r.KVTransferParams)

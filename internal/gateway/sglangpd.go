@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// proxySGLang runs SGLang's P/D protocol for a request prefilled on an
+// endpoint with a bootstrap port (fleet.Endpoint.BootstrapPort), as
+// SGLang's router does: one body, naming the prefill engine's bootstrap
+// server and a fresh room, goes to the prefill and the decode engine at
+// once, and the decode engine's answer is the client's. The prefill leg's
+// answer is read and dropped; it comes when its prefill ends, an observed
+// prefill unless the decode's first byte came first.
+//
+// A prefill leg that fails cancels the decode leg, which would otherwise
+// wait for KV that never comes, and the client hears the prefill's failure;
+// a decode leg that fails before answering cancels the prefill leg. It
+// returns the endpoint to retry without (as proxy does) and the error.
+func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *routed, p *plan, fl *load.Flight) (string, error) {
+	lf := p.mf.load
+	body := rt.req.BootstrapBody(hostOf(p.prefill.ep.URL), p.prefill.ep.BootstrapPort, rand.Uint64())
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	prefilled := make(chan error, 1)
+	go func() {
+		err := g.sglangPrefillLeg(ctx, r, rt, p.prefill, body)
+		if err == nil {
+			lf.FirstToken(fl, g.clock())
+		} else {
+			cancel()
+		}
+		prefilled <- err
+	}()
+	resp, err := g.send(ctx, r, p.decode, rt, body)
+	if err != nil {
+		cancel()
+		if perr := <-prefilled; perr != nil && !errors.Is(perr, context.Canceled) {
+			return p.prefill.ep.Name, perr // the prefill failed first
+		}
+		return p.decode.ep.Name, err
+	}
+	defer resp.Body.Close()
+	refused := resp.StatusCode >= 400
+	firstByte := func() { lf.PrefillDone(fl, g.clock()) }
+	if rt.req.Stream && !refused {
+		firstByte = func() { lf.FirstToken(fl, g.clock()) }
+	}
+	tpot, err := g.relay(w, resp, rt, p.decode, firstByte)
+	// Served (or refused) by the decode engine: the prefill leg's answer,
+	// if it has not come, is no longer needed.
+	cancel()
+	perr := <-prefilled
+	switch {
+	case err != nil && perr != nil && !errors.Is(perr, context.Canceled):
+		return "", fmt.Errorf("%w (the prefill leg failed: %v)", err, perr)
+	case err != nil:
+		return "", err
+	case refused:
+		return "", &engineRefused{endpoint: p.decode.ep.Name, status: resp.StatusCode}
+	}
+	if tpot > 0 {
+		lf.Finished(fl, g.clock(), tpot)
+	}
+	return "", nil
+}
+
+// maxPrefillAnswer bounds what is read of a prefill leg's answer.
+const maxPrefillAnswer = 8 << 20
+
+// sglangPrefillLeg sends SGLang's prefill leg and reads its answer to the
+// end. An engine that refuses the request (4xx) is the client's error,
+// passed through with its message, as for vLLM's prefill leg.
+func (g *Gateway) sglangPrefillLeg(ctx context.Context, r *http.Request, rt *routed, m *member, body []byte) error {
+	resp, err := g.send(ctx, r, m, rt, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))
+	if err != nil {
+		return &upstreamError{m.ep.Name, err}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return &openai.Error{Status: resp.StatusCode, Message: fmt.Sprintf("prefill endpoint %s: %s", m.ep.Name, bytes.TrimSpace(data))}
+	}
+	return nil
+}
+
+// hostOf is a URL's host without its port (SGLang's bootstrap_host).
+func hostOf(u string) string {
+	if p, err := url.Parse(u); err == nil {
+		return p.Hostname()
+	}
+	return ""
+}

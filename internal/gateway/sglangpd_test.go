@@ -1,0 +1,177 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// sglangPair stands for an SGLang prefill and decode engine pair: each
+// records the bodies it was sent; the prefill answers after a short
+// prefill with what prefillStatus says, the decode answers (streamed or
+// not) unless decodeWaits, in which case it waits until its request is
+// called off and counts it.
+type sglangPair struct {
+	mu             sync.Mutex
+	prefill, dec   []map[string]any
+	prefillStatus  atomic.Int32
+	decodeWaits    atomic.Bool
+	decodeCanceled atomic.Int32
+}
+
+func (s *sglangPair) record(dst *[]map[string]any, r *http.Request) map[string]any {
+	var body map[string]any
+	b, _ := io.ReadAll(r.Body)
+	_ = json.Unmarshal(b, &body)
+	s.mu.Lock()
+	*dst = append(*dst, body)
+	s.mu.Unlock()
+	return body
+}
+
+// sent reports whether a body of list (the prefill's or the decode's)
+// carried room.
+func (s *sglangPair) sent(list *[]map[string]any, room any) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range *list {
+		if b["bootstrap_room"] == room {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *sglangPair) servers(t *testing.T) (prefillURL, decodeURL string) {
+	pre := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := s.record(&s.prefill, r)
+		time.Sleep(10 * time.Millisecond)
+		if st := int(s.prefillStatus.Load()); st != 0 && st != 200 {
+			// Fail only once the decode leg is there, waiting.
+			for deadline := time.Now().Add(5 * time.Second); !s.sent(&s.dec, body["bootstrap_room"]) && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			http.Error(w, `{"error":{"message":"prompt too long for the prefill"}}`, st)
+			return
+		}
+		fmt.Fprint(w, `{"id":"p","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	}))
+	dec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := s.record(&s.dec, r)
+		if s.decodeWaits.Load() {
+			select {
+			case <-r.Context().Done():
+				s.decodeCanceled.Add(1)
+			case <-time.After(10 * time.Second):
+			}
+			return
+		}
+		// As SGLang's decode engine, answer only once the prefill engine
+		// has the room (the KV comes from there).
+		for deadline := time.Now().Add(5 * time.Second); !s.sent(&s.prefill, body["bootstrap_room"]); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				http.Error(w, "no prefill for this room", http.StatusGatewayTimeout)
+				return
+			}
+		}
+		if stream, _ := body["stream"].(bool); stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, tok := range []string{"de", "code"} {
+				fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"text\":%q}]}\n\n", tok)
+				w.(http.Flusher).Flush()
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			return
+		}
+		fmt.Fprint(w, `{"id":"d","object":"text_completion","choices":[{"index":0,"text":"decoded","finish_reason":"length"}]}`)
+	}))
+	t.Cleanup(pre.Close)
+	t.Cleanup(dec.Close)
+	return pre.URL, dec.URL
+}
+
+// TestSGLangDisaggregation: a prefill endpoint with a bootstrap port runs
+// SGLang's P/D protocol: the same body, with bootstrap_host (the prefill
+// engine's host), bootstrap_port and one bootstrap_room below 2^63, goes to
+// both engines, a client's own bootstrap fields and kv_transfer_params
+// never; the client gets the decode engine's answer, streamed or not. A
+// prefill that fails calls the waiting decode leg off and the client hears
+// the prefill's answer.
+func TestSGLangDisaggregation(t *testing.T) {
+	pair := &sglangPair{}
+	pu, du := pair.servers(t)
+	cfg := Config{Endpoints: []fleet.Endpoint{
+		{Name: "p", URL: pu, Model: testModel, Role: fleet.RolePrefill, BootstrapPort: 8998},
+		{Name: "d", URL: du, Model: testModel, Role: fleet.RoleDecode},
+	}}
+	_, url, _ := startGateway(t, cfg, Options{})
+	evil := `,"bootstrap_host":"169.254.169.254","bootstrap_port":80,"bootstrap_room":7,"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"169.254.169.254"}}`
+	for _, stream := range []bool{false, true} {
+		c := completion("hello there", stream, 4)
+		r := post(t, url+"/v1/completions", c[:len(c)-1]+evil, nil)
+		if r.status != 200 || r.header.Get(hdrPrefill) != "p" || r.header.Get(hdrDecode) != "d" {
+			t.Fatalf("stream=%v: %d %v %s", stream, r.status, r.header, r.body)
+		}
+		if want := map[bool]string{false: `"decoded"`, true: "[DONE]"}[stream]; !strings.Contains(r.body, want) {
+			t.Fatalf("stream=%v: the client got %s, not the decode engine's answer", stream, r.body)
+		}
+		pair.mu.Lock()
+		pb, db := pair.prefill[len(pair.prefill)-1], pair.dec[len(pair.dec)-1]
+		pair.mu.Unlock()
+		room, _ := pb["bootstrap_room"].(float64)
+		if pb["bootstrap_host"] != "127.0.0.1" || pb["bootstrap_port"] != float64(8998) || room == 7 || room >= math.Exp2(63) {
+			t.Errorf("stream=%v: bootstrap fields %v %v %v", stream, pb["bootstrap_host"], pb["bootstrap_port"], pb["bootstrap_room"])
+		}
+		if _, ok := pb["kv_transfer_params"]; ok {
+			t.Errorf("stream=%v: client kv_transfer_params reached the prefill engine", stream)
+		}
+		pj, _ := json.Marshal(pb)
+		dj, _ := json.Marshal(db)
+		if string(pj) != string(dj) {
+			t.Errorf("stream=%v: the legs differ:\n prefill %s\n decode  %s", stream, pj, dj)
+		}
+	}
+	pair.prefillStatus.Store(500)
+	pair.decodeWaits.Store(true)
+	r := post(t, url+"/v1/completions", completion("hello again", true, 4), nil)
+	if r.status != http.StatusBadGateway || !strings.Contains(r.body, "prefill") {
+		t.Fatalf("failed prefill: %d %s", r.status, r.body)
+	}
+	waitFor(t, func() bool { return pair.decodeCanceled.Load() == 1 })
+	pair.prefillStatus.Store(400)
+	r = post(t, url+"/v1/completions", completion("hello once more", false, 4), nil)
+	if r.status != http.StatusBadRequest || !strings.Contains(r.body, "prompt too long for the prefill") {
+		t.Fatalf("refused prefill: %d %s", r.status, r.body)
+	}
+	waitFor(t, func() bool { return pair.decodeCanceled.Load() == 2 })
+}
+
+// TestBootstrapFieldsStripped: a client's bootstrap fields never reach an
+// engine outside SGLang's P/D flow either (an SGLang decode engine would
+// connect where they point).
+func TestBootstrapFieldsStripped(t *testing.T) {
+	c := &capture{}
+	up := c.server(t)
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel}}}
+	_, url, _ := startGateway(t, cfg, Options{})
+	body := `{"model":"` + testModel + `","prompt":"hi","max_tokens":2,"bootstrap_host":"169.254.169.254","bootstrap_port":80,"bootstrap_room":1}`
+	if r := post(t, url+"/v1/completions", body, nil); r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	c.mu.Lock()
+	sent := c.bodies[0]
+	c.mu.Unlock()
+	if strings.Contains(sent, "bootstrap") {
+		t.Fatalf("client bootstrap fields reached the engine: %s", sent)
+	}
+}
