@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 )
 
 // tokenPrompt is a completion body whose prompt is n times token id.
@@ -175,6 +176,44 @@ func TestLoneFailedEngineIs502(t *testing.T) {
 	}
 	if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="upstream_error"`) || strings.Contains(m, `outcome="unavailable"`) {
 		t.Errorf("not counted as an upstream error:\n%s", m)
+	}
+}
+
+// TestClientGoneIsNoEngineFailure: clients that give up on a slow engine
+// do not count against its health (their requests were called off, the
+// engine did not fail); an engine that runs out of upstream_timeout does.
+func TestClientGoneIsNoEngineFailure(t *testing.T) {
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(time.Second):
+		}
+	}))
+	t.Cleanup(slow.Close)
+	for _, tt := range []struct {
+		name    string
+		timeout time.Duration // upstream_timeout
+		counted bool
+	}{{"clients gone", 0, false}, {"upstream timeout", 50 * time.Millisecond, true}} {
+		pr, err := health.New(health.Config{Interval: time.Hour, EjectAfter: 2, NoMetrics: true, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pr.Close() })
+		cfg := Config{Endpoints: []fleet.Endpoint{{Name: "slow", URL: slow.URL, Model: testModel}}, UpstreamTimeout: tt.timeout}
+		_, url, _ := startGateway(t, cfg, Options{Health: pr})
+		for range 3 {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(completion("hi", false, 2)))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+			cancel()
+		}
+		st, _ := pr.State("slow")
+		if counted := st.PassiveFailures > 0; counted != tt.counted {
+			t.Errorf("%s: %d passive failures", tt.name, st.PassiveFailures)
+		}
 	}
 }
 

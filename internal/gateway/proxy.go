@@ -407,7 +407,10 @@ func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *rout
 	up.ContentLength = int64(len(body))
 	resp, err := g.client.Do(up)
 	if err != nil {
-		if ctx.Err() == nil { // not the engine's failure: the request was called off
+		// A request called off (its client gone, or the other leg of
+		// SGLang's P/D failed) is not the engine's failure; one that
+		// ran out of upstream_timeout is.
+		if !errors.Is(ctx.Err(), context.Canceled) {
 			g.reportFailure(m, err)
 		}
 		return nil, &upstreamError{m.ep.Name, err}
