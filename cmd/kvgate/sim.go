@@ -101,7 +101,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
 	fs.StringVar(&f.policies, "policies", f.policies, "comma-separated policies, or all: "+strings.Join(sched.Names(), ", "))
 	fs.StringVar(&f.earlyReject, "early-reject", f.earlyReject, "early rejection: on, off or both")
-	fs.StringVar(&f.hold, "hold", "policy", "hold at the router requests that fit nowhere (docs/policies.md; with early rejection, those that miss their SLO even on an idle instance): policy (the policies meant to: kvgate), all or off")
+	fs.StringVar(&f.hold, "hold", "policy", "hold at the router requests that fit nowhere (docs/policies.md; with early rejection, those that miss their SLO even on an idle instance): policy (the policies meant to: kvgate), on (every policy; all reads the same) or off")
 	flagrange.Var(fl, &f.holdMin, "hold-min", sl.holdMin, "a held request's deadline is at least this many TTFT SLOs after its arrival")
 	flagrange.Var(fl, &f.holdBacklog, "hold-backlog", sl.holdBacklog, "a held request's deadline: this times the fleet's backlog at its arrival (mean queue wait + held compute per instance)")
 	flagrange.Var(fl, &f.holdMax, "hold-max", sl.holdMax, "a held request's deadline is at most this long after its arrival")
@@ -218,13 +218,7 @@ type simJob struct {
 // holdSettings are --hold and the deadline's --hold-* parameters (--hold
 // is checked by runSim).
 func (f *simFlags) holdSettings() sched.HoldSettings {
-	mode := sched.HoldByPolicy
-	switch f.hold {
-	case "all":
-		mode = sched.HoldAlways
-	case "off":
-		mode = sched.HoldNever
-	}
+	mode, _ := sched.ParseHoldMode(f.hold)
 	return sched.HoldSettings{Mode: mode, Min: f.holdMin, Backlog: f.holdBacklog, Max: f.holdMax, Slack: f.holdSlack, Quiet: f.holdQuiet}
 }
 
@@ -276,8 +270,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if f.hold != "policy" && f.hold != "all" && f.hold != "off" {
-		return fmt.Errorf("--hold must be policy, all or off, got %q", f.hold)
+	if _, err := sched.ParseHoldMode(f.hold); err != nil {
+		return fmt.Errorf("--hold %w", err)
 	}
 	if f.scenario == "sweep" {
 		return runSweep(ctx, &f, policies, rejects, stdout, sweepMaxRequests)

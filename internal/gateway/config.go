@@ -111,13 +111,7 @@ const (
 // scheduler builds the scheduler the config asks for.
 func (c *Config) scheduler(pol sched.Policy) *sched.Scheduler {
 	h := c.Hold
-	mode := sched.HoldByPolicy
-	switch h.Mode {
-	case HoldOn:
-		mode = sched.HoldAlways
-	case HoldOff:
-		mode = sched.HoldNever
-	}
+	mode, _ := sched.ParseHoldMode(h.Mode) // checked by Validate
 	sc := sched.HoldSettings{Mode: mode, Min: h.Min, Backlog: h.Backlog, Max: h.Max.Seconds(), Slack: h.Slack, Quiet: h.Quiet}.
 		Scheduler(pol, *c.EarlyReject)
 	sc.Explain = true
@@ -283,8 +277,8 @@ func (c *Config) Validate() error {
 	if _, err := sched.New(c.Policy, sched.Options{}); err != nil {
 		add(fmt.Errorf("policy: %w", err))
 	}
-	if m := c.Hold.Mode; m != HoldPolicy && m != HoldOn && m != HoldOff {
-		add(fmt.Errorf("hold.mode (--hold) must be %s, %s or %s, got %q", HoldPolicy, HoldOn, HoldOff, m))
+	if _, err := sched.ParseHoldMode(c.Hold.Mode); err != nil {
+		add(fmt.Errorf("hold.mode (--hold) %w", err))
 	}
 	if _, err := newPredictor(c.Predictor); err != nil {
 		add(fmt.Errorf("predictor (--predictor): %w", err))

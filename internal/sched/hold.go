@@ -70,6 +70,21 @@ const (
 	HoldNever
 )
 
+// ParseHoldMode reads a hold mode as kvgate sim's and kvgate serve's
+// --hold take it: policy (HoldByPolicy), on (HoldAlways; all is read the
+// same) or off (HoldNever).
+func ParseHoldMode(s string) (HoldMode, error) {
+	switch s {
+	case "policy":
+		return HoldByPolicy, nil
+	case "on", "all":
+		return HoldAlways, nil
+	case "off":
+		return HoldNever, nil
+	}
+	return 0, fmt.Errorf("must be policy, on or off, got %q", s)
+}
+
 // HoldSettings are a scheduler's hold settings as its caller configures
 // them (kvgate sim's --hold-* flags, kvgate serve's hold: section): the
 // mode and the Scheduler.Hold* parameters (0: the default).

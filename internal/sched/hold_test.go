@@ -438,3 +438,24 @@ func TestHoldSettingsScheduler(t *testing.T) {
 		}
 	}
 }
+
+func TestParseHoldMode(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want HoldMode
+		ok   bool
+	}{
+		{"policy", HoldByPolicy, true},
+		{"on", HoldAlways, true},
+		{"all", HoldAlways, true},
+		{"off", HoldNever, true},
+		{"", 0, false},
+		{"On", 0, false},
+		{"yes", 0, false},
+	} {
+		got, err := ParseHoldMode(tt.in)
+		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
+			t.Errorf("%q: %v %v", tt.in, got, err)
+		}
+	}
+}
