@@ -105,3 +105,51 @@ func TestShortTurnsPredictLongPrompts(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedPrefixTrafficPredictsFreshPrompts: traffic whose cached part
+// is always one length (a shared system prompt before every request) does
+// not tell the cached-attention term from the linear one; the gateway's
+// fit (NonNegative) must then keep the cost in the linear term, so that a
+// fresh prompt and a short one after a longer cached context are still
+// predicted right all along; traffic of varied cached lengths still
+// learns a real attention cost. Before the attention prior was narrowed,
+// the shared-prefix cases wandered to 75–109 % off.
+func TestSharedPrefixTrafficPredictsFreshPrompts(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		attn   float64 // true cost: seconds per uncached token × cached token
+		cached int     // each observation's cached tokens; -1: 0–8 000
+	}{
+		{"one shared prefix", 0, 2000},
+		{"one shared prefix, a little attention", 2e-9, 2000},
+		{"varied prefixes, no attention", 0, -1},
+		{"varied prefixes, attention", 2e-8, -1},
+	} {
+		for seed := range uint64(3) {
+			l, err := NewLearned(Options{NonNegative: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := l.Model("e", 20000)
+			rng := rand.New(rand.NewPCG(seed, 7))
+			truth := func(u, c int) float64 { return float64(u)/10000 + tt.attn*float64(u)*float64(c) }
+			worst := 0.0
+			for k := 1; k <= 3000; k++ {
+				u, c := 300+rng.IntN(3000), tt.cached
+				if c < 0 {
+					c = rng.IntN(8000)
+				}
+				m.Observe(Observation{X: Features{Uncached: u, Cached: c}, Compute: truth(u, c) * (1 + 0.05*rng.NormFloat64())})
+				if k <= 300 || k%50 != 0 {
+					continue
+				}
+				for _, x := range []Features{{Uncached: 10000}, {Uncached: 300, Cached: 6000}} {
+					worst = math.Max(worst, math.Abs(m.Prefill(x).Seconds/truth(x.Uncached, x.Cached)-1))
+				}
+			}
+			if worst > 0.12 {
+				t.Errorf("%s, seed %d: predictions up to %.0f %% off", tt.name, seed, 100*worst)
+			}
+		}
+	}
+}
