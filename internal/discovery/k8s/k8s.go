@@ -35,6 +35,11 @@ const (
 	DefaultRoleLabel        = "kvgate.io/role"
 	DefaultModelLabel       = "kvgate.io/model"
 	DefaultEventsAnnotation = "kvgate.io/events-port"
+	// DPSizeAnnotation is a pod's data-parallel ranks behind its one API
+	// (fleet.Endpoint.DPSize); BootstrapPortAnnotation a prefill pod's
+	// SGLang bootstrap port (fleet.Endpoint.BootstrapPort).
+	DPSizeAnnotation        = "kvgate.io/dp-size"
+	BootstrapPortAnnotation = "kvgate.io/bootstrap-port"
 	DefaultDebounce         = 100 * time.Millisecond
 )
 
@@ -345,6 +350,18 @@ func (s *Source) endpoint(pod *corev1.Pod) (ep fleet.Endpoint, serving bool, err
 	}
 	if events != 0 {
 		ep.Events = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(events))
+	}
+	for _, a := range []struct {
+		key string
+		dst *int
+	}{{DPSizeAnnotation, &ep.DPSize}, {BootstrapPortAnnotation, &ep.BootstrapPort}} {
+		if v, ok := pod.Annotations[a.key]; ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return ep, true, fmt.Errorf("annotation %s=%q is not an integer", a.key, v)
+			}
+			*a.dst = n
+		}
 	}
 	if err := ep.Normalize(); err != nil {
 		return ep, true, err

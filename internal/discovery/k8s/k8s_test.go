@@ -82,6 +82,13 @@ func TestEndpointFromPod(t *testing.T) {
 		{name: "no model", pod: newPod("ns", "p", "10.0.0.1"), serving: true, err: "no model"},
 		{name: "no named port", cfg: func(c *Config) { c.Port, c.PortName = 0, "grpc" }, pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m")), serving: true, err: `no container port named "grpc"`},
 		{name: "bad events annotation", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(DefaultEventsAnnotation, "99999")), serving: true, err: "not a port number"},
+		{name: "data-parallel ranks, SGLang bootstrap port",
+			pod: newPod("ns", "p", "10.0.0.4", label(DefaultModelLabel, "m"), label(DefaultRoleLabel, "prefill"),
+				annotation(DPSizeAnnotation, "4"), annotation(BootstrapPortAnnotation, "8998")), serving: true,
+			want: fleet.Endpoint{Name: "10.0.0.4:8000", URL: "http://10.0.0.4:8000", Model: "m", Role: fleet.RolePrefill, DPSize: 4, BootstrapPort: 8998}},
+		{name: "bad dp-size annotation", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(DPSizeAnnotation, "four")), serving: true, err: "not an integer"},
+		{name: "dp-size out of range", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(DPSizeAnnotation, "5000")), serving: true, err: "dp_size must be in"},
+		{name: "bootstrap port on a decode pod", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), label(DefaultRoleLabel, "decode"), annotation(BootstrapPortAnnotation, "8998")), serving: true, err: "role=prefill"},
 		{name: "no named events port", cfg: func(c *Config) { c.EventsPortName = "zmq" }, pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m")), serving: true, err: `"zmq" (events)`},
 	}
 	for _, tt := range tests {
