@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/binary"
 	"hash/fnv"
+	"log/slog"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/kvindex"
@@ -124,7 +126,8 @@ func TestSGLangEvents(t *testing.T) {
 	for _, page := range []int{1, 16, 64} {
 		t.Run("page"+strconv.Itoa(page), func(t *testing.T) {
 			idx := kvindex.New(kvindex.Config{BlockSize: 16})
-			sub, err := New(Config{Engines: []EngineConfig{{Name: "sg:30000", Model: "m"}}, Logger: quietLogger()}, idx)
+			logs := &lockedBuf{}
+			sub, err := New(Config{Engines: []EngineConfig{{Name: "sg:30000", Model: "m"}}, Logger: slog.New(slog.NewTextHandler(logs, nil))}, idx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -159,6 +162,10 @@ func TestSGLangEvents(t *testing.T) {
 			send(tr.batch())
 			if got, got2 := lookup(a), lookup(b); got != shared || got2 != len(b) {
 				t.Fatalf("after A's own part was evicted: A %d (want %d), B %d of %d", got, shared, got2, len(b))
+			}
+			// Page size 1 costs the map memory: the operator is told, once.
+			if n, want := strings.Count(logs.String(), "much smaller than kvgate's"), map[bool]int{true: 1, false: 0}[page*4 <= 16]; n != want {
+				t.Errorf("%d warnings about small blocks, want %d:\n%s", n, want, logs.String())
 			}
 			sn := statsOf(sub, "sg:30000")
 			if sn.Malformed != 0 || sn.BadEvents != 0 || sn.OrphanBlocks != 0 || sn.UnknownRemoves != 0 {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,6 +89,8 @@ type stream struct {
 	started  bool
 	next     uint64 // next expected sequence number, unless past
 	past     bool   // 2^64-1 was applied: every sequence number is behind
+	// sizeChecked: warnSmallBlocks has seen the engine's block size.
+	sizeChecked bool
 }
 
 // stop ends the stream's receive loop and waits for it (no-op if none).
@@ -203,6 +206,29 @@ func (s *stream) apply(seq uint64, payload []byte) {
 	s.st.batches.Add(1)
 	s.m.apply(&s.batch)
 	s.st.mapSize.Store(int64(s.m.nodes.len()))
+	if !s.sizeChecked {
+		s.warnSmallBlocks()
+	}
+}
+
+// warnSmallBlocks logs, at the first BlockStored, an engine whose blocks are a quarter of the
+// router's or smaller: every engine block is a node of the engine→router
+// map, so at SGLang's default page size of 1 the map costs about 255 bytes
+// a cached token against 9 at 16 (docs/kvindex.md, "SGLang's events"),
+// and its bound (MaxMapBlocks) covers that many tokens only.
+func (s *stream) warnSmallBlocks() {
+	for i := range s.batch.Events {
+		e := &s.batch.Events[i]
+		if e.Kind != KindBlockStored || e.BlockSize <= 0 {
+			continue
+		}
+		s.sizeChecked = true
+		if rbs := s.m.routerBS; e.BlockSize*4 <= rbs {
+			s.log.Warn("kv events: the engine's blocks are much smaller than kvgate's; its engine→router map costs far more memory a cached token (about 255 bytes at 1-token blocks, SGLang's default page size, against 9 at 16) and holds at most max-map-blocks blocks: give the engine a block or page size of "+strconv.Itoa(rbs)+" (SGLang --page-size)",
+				"endpoint", s.cfg.Name, "engine_block_size", e.BlockSize, "block_size", rbs)
+		}
+		return
+	}
 }
 
 func (s *stream) malformed(err error) {
