@@ -86,6 +86,7 @@ type kvindexOptions struct {
 	approxTTL, replayTimeout       time.Duration
 	replayBudget                   time.Duration
 	maxCentral, maxRouted          int
+	bindRanks                      int
 	maxMsg                         int64
 	http                           httpserve.Config
 }
@@ -97,8 +98,8 @@ func newKVIndexFlagSet(o *kvindexOptions, stderr io.Writer) (*flag.FlagSet, *fla
 		admin: "127.0.0.1:8090", logLevel: "info",
 		blockSize: 16, approxTTL: 2 * time.Minute, maxKeys: 4 << 20, replayTimeout: 2 * time.Second,
 		replayBudget: kvevents.DefaultReplayBudget, maxCentral: kvevents.DefaultMaxCentralEngines, maxMsg: kvevents.DefaultMaxMsgSize,
-		maxRouted: kvindex.DefaultMaxRoutedEndpoints,
-		http:      httpserve.Config{MaxBodyBytes: kvindex.DefaultMaxBodyBytes},
+		maxRouted: kvindex.DefaultMaxRoutedEndpoints, bindRanks: 1,
+		http: httpserve.Config{MaxBodyBytes: kvindex.DefaultMaxBodyBytes},
 	}
 	fs := flag.NewFlagSet("kvindex", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -115,6 +116,7 @@ func newKVIndexFlagSet(o *kvindexOptions, stderr io.Writer) (*flag.FlagSet, *fla
 	flagrange.Var(fl, &o.replayTimeout, "replay-timeout", lim.replayTimeout, "wait for each replay reply")
 	flagrange.Var(fl, &o.replayBudget, "replay-budget", flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour}, "longest whole replay (live events wait meanwhile)")
 	flagrange.Var(fl, &o.maxCentral, "max-central-engines", flagrange.Range[int]{Min: 1, Max: 1 << 16, Unit: "engines"}, "central mode: most engines registered from topics")
+	flagrange.Var(fl, &o.bindRanks, "bind-events-ranks", flagrange.Range[int]{Min: 1, Max: fleet.MaxDPSize, Unit: "ports"}, "central mode: bind this many SUBs, at --bind-events' port + 0 … N-1, for data-parallel engines (dp_size) whose rank R dials the port + R")
 	flagrange.Var(fl, &o.maxMsg, "zmq-max-msg-bytes", flagrange.Range[int64]{Min: 1 << 10, Max: 1 << 30, Unit: "bytes"}, "largest ZMQ message accepted from an engine")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 	httpserve.AddFlags(fl, &o.http)
@@ -156,7 +158,7 @@ func (o *kvindexOptions) engines() ([]kvevents.EngineConfig, error) {
 	}
 	eps, err := fleet.Validate(eps)
 	if err == nil {
-		err = fleet.CheckCentralMode(o.bindEvents, eps)
+		err = fleet.CheckCentralMode(o.bindEvents, o.bindRanks, eps)
 	}
 	if err != nil {
 		return nil, err
@@ -240,7 +242,7 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	idx := kvindex.New(kvindex.Config{BlockSize: o.blockSize, ApproxTTL: o.approxTTL, MaxKeys: o.maxKeys})
 	sub, err := kvevents.New(kvevents.Config{
-		Engines: engines, BindEvents: zmqEndpoint(o.bindEvents),
+		Engines: engines, BindEvents: zmqEndpoint(o.bindEvents), BindRanks: o.bindRanks,
 		ReplayTimeout: o.replayTimeout, ReplayBudget: o.replayBudget, MaxCentralEngines: o.maxCentral,
 		MaxMsgSize: o.maxMsg, Logger: log,
 	}, idx)

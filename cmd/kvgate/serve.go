@@ -69,7 +69,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fl := flagrange.New(fs)
 	flagrange.Var(fl, &f.k8s.Port, "k8s-port", flagrange.Range[int]{Min: 1, Max: 65535, Zero: "use --k8s-port-name"}, "discovery: the pods' HTTP port")
 	lim := gateway.ConfigLimits()
-	c.SLOTTFT, c.BlockSize, c.PrefillSpeed, c.MaxInflight, c.ConnectTimeout = 2, tokens.DefaultBlockSize, 20000, 10000, 2*time.Second
+	c.SLOTTFT, c.BlockSize, c.PrefillSpeed, c.MaxInflight, c.ConnectTimeout, c.BindEventsRanks = 2, tokens.DefaultBlockSize, 20000, 10000, 2*time.Second, 1
 	flagrange.Var(fl, &c.SLOTTFT, "slo-ttft", lim.SLO, "TTFT SLO of the default class")
 	flagrange.Var(fl, &c.SLOTPOT, "slo-tpot", lim.SLO, "TPOT SLO of the default class")
 	flagrange.Var(fl, &c.BlockSize, "block-size", lim.BlockSize, "router block size")
@@ -78,6 +78,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	flagrange.Var(fl, &c.MaxInflight, "max-inflight", lim.MaxInflight, "requests proxied at once; more get 429")
 	flagrange.Var(fl, &c.UpstreamTimeout, "upstream-timeout", lim.UpstreamTimeout, "bound on a whole proxied request")
 	flagrange.Var(fl, &c.ConnectTimeout, "connect-timeout", lim.ConnectTimeout, "bound on connecting to an engine")
+	flagrange.Var(fl, &c.BindEventsRanks, "bind-events-ranks", lim.BindEventsRanks, "central KV events: bind this many SUBs, at --bind-events' port + 0 … N-1, for data-parallel engines (dp_size) whose rank R dials the port + R")
 	c.HTTP.MaxBodyBytes, c.HTTP.MaxConns = 32<<20, 8192
 	httpserve.AddFlags(fl, &c.HTTP)
 	fs.Usage = func() {
@@ -160,7 +161,7 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 		"policy": func() { c.Policy = flags.Policy }, "slo-ttft": func() { c.SLOTTFT = flags.SLOTTFT },
 		"predictor": func() { c.Predictor = flags.Predictor }, "hold": func() { c.Hold.Mode = flags.Hold.Mode },
 		"slo-tpot": func() { c.SLOTPOT = flags.SLOTPOT }, "early-reject": func() { c.EarlyReject = flags.EarlyReject },
-		"bind-events": func() { c.BindEvents = flags.BindEvents }, "block-size": func() { c.BlockSize = flags.BlockSize },
+		"bind-events": func() { c.BindEvents = flags.BindEvents }, "bind-events-ranks": func() { c.BindEventsRanks = flags.BindEventsRanks }, "block-size": func() { c.BlockSize = flags.BlockSize },
 		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
 		"max-inflight": func() { c.MaxInflight = flags.MaxInflight }, "log-prompts": func() { c.LogPrompts = flags.LogPrompts },
 		"no-health-checks": func() { c.NoHealthChecks = flags.NoHealthChecks },

@@ -181,11 +181,11 @@ func (e Endpoint) ranks() ([]Endpoint, error) {
 		c := e
 		c.Name, c.DPRank, c.ranked = e.Name+"/dp"+strconv.Itoa(r), r, true
 		var err error
-		if c.Events, err = offsetPort("events", e.Events, r); err != nil {
-			return nil, err
+		if c.Events, err = OffsetPort(e.Events, r); err != nil {
+			return nil, fmt.Errorf("events: %w", err)
 		}
-		if c.Replay, err = offsetPort("replay", e.Replay, r); err != nil {
-			return nil, err
+		if c.Replay, err = OffsetPort(e.Replay, r); err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
 		}
 		out[r] = c
 	}
@@ -193,35 +193,36 @@ func (e Endpoint) ranks() ([]Endpoint, error) {
 }
 
 // CheckCentralMode refuses, in central mode (bind, the SUB engines dial,
-// set), a data-parallel rank without events=: vLLM's and SGLang's ranks
-// dial bind's port + their rank and all send their engine's one topic, so
-// central mode could hear none of them as the rank it is.
-func CheckCentralMode(bind string, eps []Endpoint) error {
+// set, with ranks SUBs at its port + 0 … ranks-1), a data-parallel rank
+// without events= that central mode cannot hear: vLLM's and SGLang's
+// ranks dial bind's port + their rank, so an engine of more ranks than
+// are bound would lose the others' events.
+func CheckCentralMode(bind string, ranks int, eps []Endpoint) error {
 	if bind == "" {
 		return nil
 	}
 	for _, e := range eps {
-		if e.Ranked() && e.Events == "" {
-			return fmt.Errorf("endpoint %s is a data-parallel rank without events=: in central mode (bind_events) its KV events cannot be told from its engine's other ranks'; give the engine events=tcp://HOST:PORT (rank R is heard at PORT + R)", e.Name)
+		if e.Ranked() && e.Events == "" && e.DPRank >= max(ranks, 1) {
+			return fmt.Errorf("endpoint %s is data-parallel rank %d without events=, and central mode binds %d rank port(s): set bind_events_ranks (--bind-events-ranks) to %d, or give the engine events=tcp://HOST:PORT (rank R is heard at PORT + R)", e.Name, e.DPRank, max(ranks, 1), e.DPSize)
 		}
 	}
 	return nil
 }
 
-// offsetPort is a normalised tcp://HOST:PORT socket with its port moved up
-// by n, as vLLM and SGLang place a data-parallel rank's KV-event sockets;
-// "" stays "".
-func offsetPort(field, s string, n int) (string, error) {
+// OffsetPort is a tcp://HOST:PORT socket (or HOST:PORT) with its port
+// moved up by n, as vLLM and SGLang place a data-parallel rank's KV-event
+// sockets; "" stays "".
+func OffsetPort(s string, n int) (string, error) {
 	if s == "" || n == 0 {
 		return s, nil
 	}
 	host, port, err := net.SplitHostPort(strings.TrimPrefix(s, "tcp://"))
 	if err != nil {
-		return "", fmt.Errorf("%s %q: %w", field, s, err)
+		return "", fmt.Errorf("%q: %w", s, err)
 	}
 	p, err := strconv.Atoi(port)
-	if err != nil || p+n > 65535 {
-		return "", fmt.Errorf("%s %q: rank %d's port (the port + %d) is not a port number", field, s, n, n)
+	if err != nil || p < 0 || p+n > 65535 {
+		return "", fmt.Errorf("%q: rank %d's port (the port + %d) is not a port number", s, n, n)
 	}
 	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+n)), nil
 }

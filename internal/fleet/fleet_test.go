@@ -146,15 +146,17 @@ func TestCheckCentralMode(t *testing.T) {
 	plain := []Endpoint{{Name: "b", Model: "m"}}
 	for _, tt := range []struct {
 		name, bind string
+		ranks      int
 		eps        []Endpoint
 		ok         bool
 	}{
-		{"ranks, per-engine mode", "", ranks, true},
-		{"ranks without events, central mode", "tcp://0.0.0.0:5557", ranks, false},
-		{"ranks with events, central mode", "tcp://0.0.0.0:5557", withEvents, true},
-		{"no ranks, central mode", "tcp://0.0.0.0:5557", plain, true},
+		{"ranks, per-engine mode", "", 1, ranks, true},
+		{"ranks without events, central mode, one port", "tcp://0.0.0.0:5557", 1, ranks, false},
+		{"ranks without events, central mode, a port a rank", "tcp://0.0.0.0:5557", 2, ranks, true},
+		{"ranks with events, central mode", "tcp://0.0.0.0:5557", 1, withEvents, true},
+		{"no ranks, central mode", "tcp://0.0.0.0:5557", 1, plain, true},
 	} {
-		if err := CheckCentralMode(tt.bind, tt.eps); (err == nil) != tt.ok {
+		if err := CheckCentralMode(tt.bind, tt.ranks, tt.eps); (err == nil) != tt.ok {
 			t.Errorf("%s: %v", tt.name, err)
 		}
 	}

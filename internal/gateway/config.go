@@ -56,6 +56,10 @@ type Config struct {
 	// BindEvents, when set, binds a ZMQ SUB that engines dial (central
 	// mode).
 	BindEvents string `yaml:"bind_events"`
+	// BindEventsRanks binds that many SUBs in central mode, at
+	// BindEvents' port + 0 … BindEventsRanks-1, for data-parallel engines
+	// (dp_size) whose rank R dials the port + R (default 1).
+	BindEventsRanks int `yaml:"bind_events_ranks"`
 
 	// HTTP protects the client-facing server: timeouts, connection
 	// limit, body cap (HTTP.MaxBodyBytes, default 32 MiB) and how many
@@ -151,6 +155,7 @@ type Limits struct {
 	HoldSlack          flagrange.Range[float64]
 	HoldQuiet          flagrange.Range[float64]
 	HoldRequests       flagrange.Range[int]
+	BindEventsRanks    flagrange.Range[int]
 }
 
 // ConfigLimits returns the ranges Validate enforces.
@@ -170,6 +175,7 @@ func ConfigLimits() Limits {
 		HoldSlack:          flagrange.Range[float64]{Min: 0.001, Max: 1, Unit: "SLOs", Zero: "default"},
 		HoldQuiet:          flagrange.Range[float64]{Min: 0.001, Max: 100000, Unit: "SLOs", Zero: "default"},
 		HoldRequests:       flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "requests"},
+		BindEventsRanks:    flagrange.Range[int]{Min: 1, Max: fleet.MaxDPSize, Unit: "ports"},
 	}
 }
 
@@ -220,6 +226,9 @@ func (c *Config) Defaults() {
 	if c.MaxInflight == 0 {
 		c.MaxInflight = 10000
 	}
+	if c.BindEventsRanks == 0 {
+		c.BindEventsRanks = 1
+	}
 	if c.Hold.Mode == "" {
 		c.Hold.Mode = HoldPolicy
 	}
@@ -268,6 +277,7 @@ func (c *Config) Validate() error {
 		l.HoldSlack.Check("hold.slack_slos", c.Hold.Slack),
 		l.HoldQuiet.Check("hold.quiet_slos", c.Hold.Quiet),
 		l.HoldRequests.Check("hold.max_requests", c.Hold.MaxRequests),
+		l.BindEventsRanks.Check("bind_events_ranks (--bind-events-ranks)", c.BindEventsRanks),
 	}
 	add := func(err error) {
 		if err != nil {
@@ -288,7 +298,7 @@ func (c *Config) Validate() error {
 	}
 	eps, err := fleet.Validate(c.Endpoints)
 	if err == nil {
-		err = fleet.CheckCentralMode(c.BindEvents, eps)
+		err = fleet.CheckCentralMode(c.BindEvents, c.BindEventsRanks, eps)
 	}
 	if err != nil {
 		add(err)

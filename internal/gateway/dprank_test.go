@@ -223,15 +223,21 @@ func TestDataParallelRanks(t *testing.T) {
 	})
 }
 
-// TestDataParallelCentralMode: central mode cannot tell one rank's KV
-// events from its engine's others': such a fleet is refused.
+// TestDataParallelCentralMode: central mode hears a rank at its bound
+// port + rank only: a fleet of more ranks than rank ports is refused.
 func TestDataParallelCentralMode(t *testing.T) {
 	cfg := Config{BindEvents: "tcp://127.0.0.1:0", Endpoints: []fleet.Endpoint{{Name: "dp", URL: "http://127.0.0.1:1", Model: testModel, DPSize: 2}}}
 	cfg.Defaults()
-	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "data-parallel rank without events=") {
-		t.Fatalf("central mode with ranks: %v", err)
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "set bind_events_ranks (--bind-events-ranks) to 2") {
+		t.Fatalf("central mode with ranks, one rank port: %v", err)
 	}
-	cfg.Endpoints[0].Events = "tcp://127.0.0.1:5557"
+	cfg.BindEventsRanks = 2
+	cfg.Endpoints = []fleet.Endpoint{{Name: "dp", URL: "http://127.0.0.1:1", Model: testModel, DPSize: 2}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("central mode with a port a rank: %v", err)
+	}
+	cfg.BindEventsRanks = 1
+	cfg.Endpoints = []fleet.Endpoint{{Name: "dp", URL: "http://127.0.0.1:1", Model: testModel, DPSize: 2, Events: "tcp://127.0.0.1:5557"}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("ranks with events=: %v", err)
 	}

@@ -185,7 +185,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	// The subscriber runs even without engines with events: discovery may
 	// bring some.
-	g.sub, err = kvevents.New(kvevents.Config{Engines: evs, BindEvents: cfg.BindEvents, Logger: o.Logger}, g.idx)
+	g.sub, err = kvevents.New(kvevents.Config{Engines: evs, BindEvents: cfg.BindEvents, BindRanks: cfg.BindEventsRanks, Logger: o.Logger}, g.idx)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 	if err != nil {
 		return err
 	}
-	if err := fleet.CheckCentralMode(g.cfg.BindEvents, eps); err != nil {
+	if err := fleet.CheckCentralMode(g.cfg.BindEvents, g.cfg.BindEventsRanks, eps); err != nil {
 		return err
 	}
 	g.setMu.Lock()

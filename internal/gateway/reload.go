@@ -38,7 +38,7 @@ func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 	}{
 		{"listen", cur.Listen, next.Listen}, {"admin", cur.Admin, next.Admin}, {"policy", cur.Policy, next.Policy}, {"predictor", cur.Predictor, next.Predictor},
 		{"block_size", cur.BlockSize, next.BlockSize}, {"tokenizers", cur.Tokenizers, next.Tokenizers},
-		{"bind_events", cur.BindEvents, next.BindEvents}, {"http", cur.HTTP, next.HTTP},
+		{"bind_events", cur.BindEvents, next.BindEvents}, {"bind_events_ranks", cur.BindEventsRanks, next.BindEventsRanks}, {"http", cur.HTTP, next.HTTP},
 		{"max_inflight", cur.MaxInflight, next.MaxInflight}, {"prefill_speed", cur.PrefillSpeed, next.PrefillSpeed},
 		{"hold.max_requests", cur.Hold.MaxRequests, next.Hold.MaxRequests},
 	} {

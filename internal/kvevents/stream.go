@@ -91,6 +91,16 @@ type stream struct {
 	past     bool   // 2^64-1 was applied: every sequence number is behind
 	// sizeChecked: warnSmallBlocks has seen the engine's block size.
 	sizeChecked bool
+	// centralRank is 1 + the data-parallel rank whose central SUB feeds
+	// the stream (0: none yet): one goroutine a stream.
+	centralRank atomic.Int32
+}
+
+// claim binds the stream to the central SUB of rank (the first to ask
+// wins) and reports whether it is that SUB's.
+func (s *stream) claim(rank int) bool {
+	r := int32(rank) + 1
+	return s.centralRank.CompareAndSwap(0, r) || s.centralRank.Load() == r
 }
 
 // stop ends the stream's receive loop and waits for it (no-op if none).

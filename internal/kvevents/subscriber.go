@@ -36,11 +36,13 @@ import (
 	"log/slog"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/zmtp"
 )
@@ -75,6 +77,12 @@ type Config struct {
 	// BindEvents, when set, is a ZMQ endpoint (e.g. tcp://0.0.0.0:5557)
 	// where kvgate binds a SUB that engines dial.
 	BindEvents string
+	// BindRanks binds that many SUBs, at BindEvents' port + 0 …
+	// BindRanks-1 (default 1): a data-parallel engine's rank R dials the
+	// port + R, and its frames, all under the engine's one topic, are the
+	// rank's (the engine NAME/dpR; NAME itself for rank 0 when no
+	// NAME/dp0 is configured).
+	BindRanks int
 	// ReplayTimeout bounds the wait for each replay reply (default 2 s).
 	ReplayTimeout time.Duration
 	// ReplayBudget bounds one whole replay (default 10 s); live frames
@@ -109,8 +117,9 @@ type Subscriber struct {
 	runCtx context.Context
 	loops  sync.WaitGroup
 
-	central        atomic.Pointer[zmtp.Sub] // the bound SUB, for Stats
-	fromWire       int                      // engines registered from topics (central goroutine)
+	central        atomic.Pointer[zmtp.Sub] // the bound SUB (rank 0's), for Stats
+	wireMu         sync.Mutex               // serialises registering engines from topics
+	fromWire       int                      // engines registered from topics (under wireMu)
 	centralRefused atomic.Int64             // frames of topics past MaxCentralEngines
 	// centralUnidentified counts central-mode frames whose topic does not
 	// name an engine and whose connection matches no single engine.
@@ -132,6 +141,14 @@ func New(cfg Config, idx Index) (*Subscriber, error) {
 		return nil, errors.New("kvevents: negative limit")
 	case cfg.MaxMsgSize < 0 || cfg.MaxMsgSize > zmtp.MaxMsgSizeLimit:
 		return nil, fmt.Errorf("kvevents: ZMQ message size %d out of range [1, %d]", cfg.MaxMsgSize, zmtp.MaxMsgSizeLimit)
+	case cfg.BindRanks < 0 || cfg.BindRanks > fleet.MaxDPSize:
+		return nil, fmt.Errorf("kvevents: bind ranks %d out of range [1, %d]", cfg.BindRanks, fleet.MaxDPSize)
+	}
+	cfg.BindRanks = max(cfg.BindRanks, 1)
+	if cfg.BindEvents != "" && cfg.BindRanks > 1 {
+		if _, err := fleet.OffsetPort(cfg.BindEvents, cfg.BindRanks-1); err != nil {
+			return nil, fmt.Errorf("kvevents: bind ranks: %w", err)
+		}
 	}
 	if cfg.ReplayTimeout == 0 {
 		cfg.ReplayTimeout = DefaultReplayTimeout
@@ -199,12 +216,18 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 	}()
 	if s.cfg.BindEvents != "" {
-		sock, err := s.bindCentral()
-		if err != nil {
-			return err
+		for r := range s.cfg.BindRanks {
+			addr, _ := fleet.OffsetPort(s.cfg.BindEvents, r) // checked by New
+			sock, err := s.bindCentral(addr)
+			if err != nil {
+				return err
+			}
+			if r == 0 {
+				s.central.Store(sock)
+			}
+			socks = append(socks, sock)
+			loops = append(loops, func() { s.runCentral(ctx, sock, r) })
 		}
-		socks = append(socks, sock)
-		loops = append(loops, func() { s.runCentral(ctx, sock) })
 	}
 	var wg sync.WaitGroup
 	for _, loop := range loops {
@@ -242,9 +265,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	return startErr
 }
 
-// bindCentral binds the central-mode SUB that engines dial, subscribed to
-// every topic.
-func (s *Subscriber) bindCentral() (*zmtp.Sub, error) {
+// bindCentral binds a central-mode SUB that engines dial, at addr,
+// subscribed to every topic.
+func (s *Subscriber) bindCentral(addr string) (*zmtp.Sub, error) {
 	sock, err := zmtp.NewSub(zmtp.Options{
 		MaxMsgSize: s.cfg.MaxMsgSize, MaxPeers: s.cfg.MaxCentralEngines + len(s.cfg.Engines), Logger: s.log,
 		OnDisconnect: func(remote net.Addr, err error) {
@@ -255,12 +278,11 @@ func (s *Subscriber) bindCentral() (*zmtp.Sub, error) {
 		return nil, fmt.Errorf("kvevents: %w", err)
 	}
 	sock.Subscribe(nil)
-	if _, err := sock.Bind(s.cfg.BindEvents); err != nil {
+	if _, err := sock.Bind(addr); err != nil {
 		sock.Close()
-		return nil, fmt.Errorf("kvevents: bind %s: %w", s.cfg.BindEvents, err)
+		return nil, fmt.Errorf("kvevents: bind %s: %w", addr, err)
 	}
-	s.central.Store(sock)
-	s.log.Info("kv events: listening for engines", "bind", s.cfg.BindEvents)
+	s.log.Info("kv events: listening for engines", "bind", addr)
 	return sock, nil
 }
 
@@ -383,8 +405,9 @@ func (s *Subscriber) dialSocket(st *stream) (*zmtp.Sub, error) {
 	return sock, nil
 }
 
-// runCentral receives from every engine dialing the bound SUB.
-func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub) {
+// runCentral receives from every engine dialing the bound SUB of
+// data-parallel rank rank (0: the engines without ranks too).
+func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub, rank int) {
 	peers := peerCache{}
 	for {
 		f, from, err := sock.RecvFrom(ctx)
@@ -395,9 +418,9 @@ func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub) {
 			s.centralBad(fmt.Errorf("%d frames, want [topic, seq, payload]", len(f)))
 			continue
 		}
-		st, err := s.streamForTopic(string(f[0]))
+		st, err := s.streamForTopic(string(f[0]), rank)
 		if errors.Is(err, errNotKVTopic) {
-			st, err = s.streamForPeer(&peers, string(f[0]), from), nil
+			st, err = s.streamForPeer(&peers, string(f[0]), from, rank), nil
 		}
 		if err != nil {
 			s.centralBad(err)
@@ -424,7 +447,7 @@ const maxPeerCache = 4096
 // events endpoint whose name's host is the peer's IP, if exactly one is.
 // Otherwise the frame is refused and counted, and the first refusal per
 // connection is logged with what to change.
-func (s *Subscriber) streamForPeer(pc *peerCache, topic string, from net.Addr) *stream {
+func (s *Subscriber) streamForPeer(pc *peerCache, topic string, from net.Addr, rank int) *stream {
 	if gen := s.engineGen.Load(); pc.byAddr == nil || pc.gen != gen || len(pc.byAddr) >= maxPeerCache {
 		pc.gen, pc.byAddr = gen, map[string]*stream{}
 	}
@@ -448,7 +471,11 @@ func (s *Subscriber) streamForPeer(pc *peerCache, topic string, from net.Addr) *
 		if st.fromWire || st.cfg.Events != "" || ip == nil {
 			continue
 		}
-		if host, _, err := net.SplitHostPort(st.cfg.Name); err == nil && ip.Equal(net.ParseIP(host)) {
+		base, r := splitRank(st.cfg.Name)
+		if r != rank {
+			continue
+		}
+		if host, _, err := net.SplitHostPort(base); err == nil && ip.Equal(net.ParseIP(host)) {
 			match = append(match, st)
 		}
 	}
@@ -507,20 +534,74 @@ func ParseTopic(topic string) (name, model string, err error) {
 	return name, model, nil
 }
 
-func (s *Subscriber) streamForTopic(topic string) (*stream, error) {
+// splitRank splits an engine name NAME/dpR into NAME and R; a name
+// without the suffix is rank 0.
+func splitRank(name string) (string, int) {
+	i := strings.LastIndex(name, "/dp")
+	if i < 0 {
+		return name, 0
+	}
+	r, err := strconv.Atoi(name[i+3:])
+	if err != nil || r < 0 || strconv.Itoa(r) != name[i+3:] {
+		return name, 0
+	}
+	return name[:i], r
+}
+
+// rankName is the name of data-parallel rank rank of the engine named
+// name (name itself for rank 0 unless asDP).
+func rankName(name string, rank int, asDP bool) string {
+	if rank == 0 && !asDP {
+		return name
+	}
+	return name + "/dp" + strconv.Itoa(rank)
+}
+
+// streamForTopic finds (or, within the limit, registers) the stream of the
+// engine a kv@ topic names, heard on the SUB of data-parallel rank rank:
+// the engine's rank (NAME/dpR), or for rank 0 the engine itself when no
+// NAME/dp0 is configured.
+func (s *Subscriber) streamForTopic(topic string, rank int) (*stream, error) {
 	name, model, err := ParseTopic(topic)
 	if err != nil {
 		return nil, err
 	}
-	key := name + "@" + model
 	s.mu.Lock()
-	st := s.byTopic[key]
+	st := s.byTopic[rankName(name, rank, true)+"@"+model]
+	if st == nil {
+		// The topic names the rank's own endpoint (ranks of their own
+		// HTTP API, or no ranks): it, unless another rank's SUB feeds it
+		// (one topic for all ranks: the rank then is NAME/dpR).
+		if st = s.byTopic[name+"@"+model]; st != nil && !st.claim(rank) {
+			st = nil
+		}
+	}
 	s.mu.Unlock()
 	if st != nil {
 		return st, nil
 	}
 	// An engine not in the configuration: register it (without replay),
-	// within the limit.
+	// within the limit. The central goroutines (one a rank) register one
+	// at a time.
+	s.wireMu.Lock()
+	defer s.wireMu.Unlock()
+	s.mu.Lock()
+	if s.byTopic[name+"@"+model] != nil {
+		name = rankName(name, rank, true) // NAME is another rank's
+	}
+	key := name + "@" + model
+	st = s.byTopic[key]
+	if st != nil && !st.claim(rank) {
+		st = nil
+	}
+	s.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	if s.byTopic[key] != nil { // NAME/dpR taken by another rank's SUB: refuse
+		s.centralBad(fmt.Errorf("topic %q at rank %d: its endpoint %s is fed by another rank's socket", topic, rank, name))
+		return nil, nil
+	}
 	if s.fromWire >= s.cfg.MaxCentralEngines {
 		n := s.centralRefused.Add(1)
 		if n <= 10 || n%1000 == 0 {
@@ -535,6 +616,7 @@ func (s *Subscriber) streamForTopic(topic string) (*stream, error) {
 		return nil, err
 	}
 	st.fromWire = true
+	st.claim(rank)
 	s.log.Info("kv events: new engine from topic", "endpoint", name, "model", model)
 	s.mu.Lock()
 	s.byTopic[key] = st
@@ -580,7 +662,7 @@ func (s *Subscriber) CentralRefused() int64 { return s.centralRefused.Load() }
 func (s *Subscriber) CentralUnidentified() int64 { return s.centralUnidentified.Load() }
 
 // CentralSocketStats are the central SUB's counters (zero before Run binds
-// it), without the per-peer list.
+// it; rank 0's when BindRanks binds several), without the per-peer list.
 func (s *Subscriber) CentralSocketStats() zmtp.Stats {
 	sock := s.central.Load()
 	if sock == nil {

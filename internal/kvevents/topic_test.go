@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/kvindex"
 )
 
 // lockedBuf is a log destination safe for the subscriber's goroutines.
@@ -99,4 +102,74 @@ func TestCentralEmptyTopicAfterSetEngines(t *testing.T) {
 		pub.publish(pStored(t, a, 1, nil), false)
 		return lookup(idx, a) == 4
 	})
+}
+
+// TestCentralDataParallelRanks: with BindRanks 2, the SUBs at the bound
+// port and the next hear a data-parallel engine's two ranks, which send
+// one topic: each rank's blocks go to its own endpoint (NAME/dpR); by
+// connection (an empty topic) a rank is matched among the engines of its
+// rank only; and an engine not configured is named as its topic says
+// unless another rank's port feeds that name.
+func TestCentralDataParallelRanks(t *testing.T) {
+	var base int
+	for range 50 { // a free port whose next one is free too
+		base = freePort(t)
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+1)); err == nil {
+			l.Close()
+			break
+		}
+	}
+	bind := fmt.Sprintf("tcp://127.0.0.1:%d", base)
+	engines := []EngineConfig{{Name: "127.0.0.1:8000/dp0", Model: "m"}, {Name: "127.0.0.1:8000/dp1", Model: "m"}}
+	sub, idx := runSub(t, Config{BindEvents: bind, BindRanks: 2, Engines: engines})
+	for _, tc := range []struct {
+		topic string
+		toks  []uint32
+	}{{"kv@127.0.0.1:8000@m", seqTokens(64, 41)}, {"", seqTokens(64, 43)}} {
+		for r := range 2 {
+			pub := startPub(t, fmt.Sprintf("tcp://127.0.0.1:%d", base+r), "", tc.topic, true, false)
+			before, otherBefore := statsOf(sub, engines[r].Name).StoredBlocks, statsOf(sub, engines[1-r].Name).StoredBlocks
+			eventually(t, fmt.Sprintf("topic %q, rank %d", tc.topic, r), func() bool {
+				pub.publish(pStored(t, tc.toks, uint64(100*(r+1)+len(tc.topic)), nil), false)
+				return statsOf(sub, engines[r].Name).StoredBlocks > before
+			})
+			pub.close()
+			if statsOf(sub, engines[1-r].Name).StoredBlocks != otherBefore {
+				t.Errorf("topic %q: rank %d got rank %d's blocks", tc.topic, 1-r, r)
+			}
+		}
+		// (The next round's publishers restart their sequence: the
+		// ranks' blocks are dropped then, as for any restarted engine.)
+		if got := lookupMax(idx, tc.toks); got != 4 {
+			t.Errorf("topic %q: the ranks' blocks: %d of 4 in the index", tc.topic, got)
+		}
+	}
+	if sub.CentralUnidentified() != 0 || sub.CentralMalformed() != 0 {
+		t.Errorf("unidentified %d, malformed %d", sub.CentralUnidentified(), sub.CentralMalformed())
+	}
+	// Engines not configured, heard on rank 1's port: a topic of its own
+	// is the rank's own endpoint (as llm-d-inference-sim's ranks, each
+	// its own HTTP port, send); one that rank 0's port already feeds is
+	// the same engine's rank 1.
+	for _, tc := range []struct {
+		topic, onRank0, want string
+	}{{"kv@127.0.0.1:9000@m", "", "127.0.0.1:9000"}, {"kv@127.0.0.1:9100@m", "kv@127.0.0.1:9100@m", "127.0.0.1:9100/dp1"}} {
+		if tc.onRank0 != "" {
+			p0 := startPub(t, bind, "", tc.onRank0, true, false)
+			eventually(t, "rank 0 of "+tc.topic, func() bool {
+				p0.publish(pStored(t, seqTokens(64, 53), 950, nil), false)
+				return statsOf(sub, "127.0.0.1:9100").StoredBlocks > 0
+			})
+			p0.close()
+		}
+		pub := startPub(t, fmt.Sprintf("tcp://127.0.0.1:%d", base+1), "", tc.topic, true, false)
+		eventually(t, "registered from the wire as "+tc.want, func() bool {
+			pub.publish(pStored(t, seqTokens(64, 47), 900, nil), false)
+			return statsOf(sub, tc.want).StoredBlocks > 0
+		})
+		pub.close()
+	}
+	if _, err := New(Config{BindEvents: "tcp://127.0.0.1:65535", BindRanks: 2}, kvindex.New(kvindex.Config{BlockSize: 16})); err == nil {
+		t.Error("rank ports past 65535 accepted")
+	}
 }
