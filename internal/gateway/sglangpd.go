@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
 
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -28,7 +30,7 @@ import (
 // returns the endpoint to retry without (as proxy does) and the error.
 func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *routed, p *plan, fl *load.Flight) (string, error) {
 	lf := p.mf.load
-	body := rt.req.BootstrapBody(hostOf(p.prefill.ep.URL), p.prefill.ep.BootstrapPort, rand.Uint64())
+	body := rt.req.BootstrapBody(hostOf(p.prefill.ep.URL), p.prefill.ep.BootstrapPort, bootstrapRoom(rand.Uint64(), p.prefill.ep))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	prefilled := make(chan error, 1)
@@ -94,6 +96,24 @@ func (g *Gateway) sglangPrefillLeg(ctx context.Context, r *http.Request, rt *rou
 		return &openai.Error{Status: resp.StatusCode, Message: fmt.Sprintf("prefill endpoint %s: %s", m.ep.Name, bytes.TrimSpace(data))}
 	}
 	return nil
+}
+
+// bootstrapRoom is a random 63-bit bootstrap room for a request prefilled
+// on ep. SGLang finds a prefill's data-parallel rank from the room (room
+// mod the prefill's ranks, on the decode side as in the prefill engine's
+// own dispatch), so for an endpoint that stands for one rank the room is
+// drawn among those that name it.
+func bootstrapRoom(r uint64, ep fleet.Endpoint) uint64 {
+	r &= math.MaxInt64
+	if !ep.Ranked() || ep.DPSize <= 1 {
+		return r
+	}
+	n := uint64(ep.DPSize)
+	r = r - r%n + uint64(ep.DPRank)
+	if r > math.MaxInt64 {
+		r -= n
+	}
+	return r
 }
 
 // hostOf is a URL's host without its port (SGLang's bootstrap_host).

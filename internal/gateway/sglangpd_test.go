@@ -175,3 +175,24 @@ func TestBootstrapFieldsStripped(t *testing.T) {
 		t.Fatalf("client bootstrap fields reached the engine: %s", sent)
 	}
 }
+
+// TestBootstrapRoomNamesTheRank: SGLang finds a prefill's data-parallel
+// rank from its room (room mod ranks), so the room of a request pinned to
+// rank R of an engine of N ranks is R mod N, and always below 2^63.
+func TestBootstrapRoomNamesTheRank(t *testing.T) {
+	eps, err := fleet.Validate([]fleet.Endpoint{{Name: "p", URL: "http://h:1", Model: "m", Role: fleet.RolePrefill, DPSize: 3, BootstrapPort: 8998}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []uint64{0, 1, 2, 41, math.MaxUint64, math.MaxInt64, math.MaxInt64 - 1} {
+		for _, ep := range eps {
+			room := bootstrapRoom(r, ep)
+			if room > math.MaxInt64 || room%3 != uint64(ep.DPRank) {
+				t.Errorf("random %d, rank %d: room %d", r, ep.DPRank, room)
+			}
+		}
+		if room := bootstrapRoom(r, fleet.Endpoint{}); room > math.MaxInt64 || room != r&math.MaxInt64 {
+			t.Errorf("random %d, no ranks: room %d", r, room)
+		}
+	}
+}
