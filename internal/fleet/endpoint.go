@@ -101,17 +101,9 @@ func ParseSpec(s string) (Endpoint, error) {
 			}
 			e.PrefillSpeed = f
 		case "bootstrap_port":
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return fmt.Errorf("bootstrap_port %q is not an integer", v)
-			}
-			e.BootstrapPort = n
+			return specInt(k, v, &e.BootstrapPort)
 		case "dp_size":
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return fmt.Errorf("dp_size %q is not an integer", v)
-			}
-			e.DPSize = n
+			return specInt(k, v, &e.DPSize)
 		default:
 			return fmt.Errorf("unknown key %q (name, url, model, role, events, replay, prefill_speed, dp_size, bootstrap_port)", k)
 		}
@@ -124,6 +116,17 @@ func ParseSpec(s string) (Endpoint, error) {
 		return e, fmt.Errorf("endpoint %q: %w", s, err)
 	}
 	return e, nil
+}
+
+// specInt reads the integer value v of spec key k into dst (its range is
+// Normalize's to check).
+func specInt(k, v string, dst *int) error {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return fmt.Errorf("%s %q is not an integer", k, v)
+	}
+	*dst = n
+	return nil
 }
 
 // Normalize fills defaults (name from the URL, tcp:// on bare socket
@@ -179,7 +182,7 @@ func (e Endpoint) ranks() ([]Endpoint, error) {
 	out := make([]Endpoint, e.DPSize)
 	for r := range out {
 		c := e
-		c.Name, c.DPRank, c.ranked = e.Name+"/dp"+strconv.Itoa(r), r, true
+		c.Name, c.DPRank, c.ranked = RankName(e.Name, r), r, true
 		var err error
 		if c.Events, err = OffsetPort(e.Events, r); err != nil {
 			return nil, fmt.Errorf("events: %w", err)
@@ -190,6 +193,24 @@ func (e Endpoint) ranks() ([]Endpoint, error) {
 		out[r] = c
 	}
 	return out, nil
+}
+
+// RankName is the name of data-parallel rank rank of the engine named
+// name: NAME/dpR.
+func RankName(name string, rank int) string { return name + "/dp" + strconv.Itoa(rank) }
+
+// SplitRankName splits a rank's name NAME/dpR into NAME and R; any other
+// name is its own, rank 0.
+func SplitRankName(name string) (string, int) {
+	i := strings.LastIndex(name, "/dp")
+	if i < 0 {
+		return name, 0
+	}
+	r, err := strconv.Atoi(name[i+3:])
+	if err != nil || r < 0 || strconv.Itoa(r) != name[i+3:] {
+		return name, 0
+	}
+	return name[:i], r
 }
 
 // CheckCentralMode refuses, in central mode (bind, the SUB engines dial,

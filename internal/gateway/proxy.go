@@ -444,19 +444,9 @@ func (g *Gateway) reportFailure(m *member, err error) {
 // kv_transfer_params its answer carries for leg 2, and the prompt tokens
 // its usage reports cached (-1: not reported).
 func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p *plan) (params []byte, cached int, err error) {
-	resp, err := g.send(ctx, r, p.prefill, rt, rt.req.PrefillBody())
+	data, err := g.prefillAnswer(ctx, r, rt, p.prefill, rt.req.PrefillBody())
 	if err != nil {
 		return nil, -1, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return nil, -1, &upstreamError{p.prefill.ep.Name, err}
-	}
-	if resp.StatusCode != http.StatusOK {
-		// The engine refused the request itself (4xx): the client's
-		// error, passed through.
-		return nil, -1, &openai.Error{Status: resp.StatusCode, Message: fmt.Sprintf("prefill endpoint %s: %s", p.prefill.ep.Name, bytes.TrimSpace(data))}
 	}
 	params, err = openai.ResponseKVTransferParams(data)
 	if err != nil || params == nil {
@@ -467,6 +457,28 @@ func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p
 		cached = n
 	}
 	return params, cached, nil
+}
+
+// maxPrefillAnswer bounds what is read of a prefill leg's answer.
+const maxPrefillAnswer = 8 << 20
+
+// prefillAnswer sends a prefill leg (vLLM's or SGLang's) to m and reads
+// its answer to the end. An engine that refuses the request itself (4xx)
+// is the client's error, passed through with its message.
+func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed, m *member, body []byte) ([]byte, error) {
+	resp, err := g.send(ctx, r, m, rt, body)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))
+	if err != nil {
+		return nil, &upstreamError{m.ep.Name, err}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, &openai.Error{Status: resp.StatusCode, Message: fmt.Sprintf("prefill endpoint %s: %s", m.ep.Name, bytes.TrimSpace(data))}
+	}
+	return data, nil
 }
 
 // relay copies the upstream answer to the client as it arrives (SSE is

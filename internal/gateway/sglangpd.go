@@ -1,11 +1,9 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -13,7 +11,6 @@ import (
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/load"
-	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // proxySGLang runs SGLang's P/D protocol for a request prefilled on an
@@ -76,26 +73,11 @@ func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *htt
 	return "", nil
 }
 
-// maxPrefillAnswer bounds what is read of a prefill leg's answer.
-const maxPrefillAnswer = 8 << 20
-
 // sglangPrefillLeg sends SGLang's prefill leg and reads its answer to the
-// end. An engine that refuses the request (4xx) is the client's error,
-// passed through with its message, as for vLLM's prefill leg.
+// end (prefillAnswer), which tells nothing more.
 func (g *Gateway) sglangPrefillLeg(ctx context.Context, r *http.Request, rt *routed, m *member, body []byte) error {
-	resp, err := g.send(ctx, r, m, rt, body)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))
-	if err != nil {
-		return &upstreamError{m.ep.Name, err}
-	}
-	if resp.StatusCode != http.StatusOK {
-		return &openai.Error{Status: resp.StatusCode, Message: fmt.Sprintf("prefill endpoint %s: %s", m.ep.Name, bytes.TrimSpace(data))}
-	}
-	return nil
+	_, err := g.prefillAnswer(ctx, r, rt, m, body)
+	return err
 }
 
 // bootstrapRoom is a random 63-bit bootstrap room for a request prefilled
@@ -105,7 +87,7 @@ func (g *Gateway) sglangPrefillLeg(ctx context.Context, r *http.Request, rt *rou
 // drawn among those that name it.
 func bootstrapRoom(r uint64, ep fleet.Endpoint) uint64 {
 	r &= math.MaxInt64
-	if !ep.Ranked() || ep.DPSize <= 1 {
+	if !ep.Ranked() {
 		return r
 	}
 	n := uint64(ep.DPSize)

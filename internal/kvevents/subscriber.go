@@ -36,7 +36,6 @@ import (
 	"log/slog"
 	"net"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,9 +78,7 @@ type Config struct {
 	BindEvents string
 	// BindRanks binds that many SUBs, at BindEvents' port + 0 …
 	// BindRanks-1 (default 1): a data-parallel engine's rank R dials the
-	// port + R, and its frames, all under the engine's one topic, are the
-	// rank's (the engine NAME/dpR; NAME itself for rank 0 when no
-	// NAME/dp0 is configured).
+	// port + R, and what is heard there is rank R's (streamForTopic).
 	BindRanks int
 	// ReplayTimeout bounds the wait for each replay reply (default 2 s).
 	ReplayTimeout time.Duration
@@ -471,7 +468,7 @@ func (s *Subscriber) streamForPeer(pc *peerCache, topic string, from net.Addr, r
 		if st.fromWire || st.cfg.Events != "" || ip == nil {
 			continue
 		}
-		base, r := splitRank(st.cfg.Name)
+		base, r := fleet.SplitRankName(st.cfg.Name)
 		if r != rank {
 			continue
 		}
@@ -481,7 +478,7 @@ func (s *Subscriber) streamForPeer(pc *peerCache, topic string, from net.Addr, r
 	}
 	s.mu.Unlock()
 	var st *stream
-	if len(match) == 1 {
+	if len(match) == 1 && match[0].claim(rank) {
 		st = match[0]
 		s.log.Info("kv events: engine identified by its connection (its topic does not name it)",
 			"endpoint", st.cfg.Name, "model", st.cfg.Model, "remote", addr, "topic", topic)
@@ -534,40 +531,20 @@ func ParseTopic(topic string) (name, model string, err error) {
 	return name, model, nil
 }
 
-// splitRank splits an engine name NAME/dpR into NAME and R; a name
-// without the suffix is rank 0.
-func splitRank(name string) (string, int) {
-	i := strings.LastIndex(name, "/dp")
-	if i < 0 {
-		return name, 0
-	}
-	r, err := strconv.Atoi(name[i+3:])
-	if err != nil || r < 0 || strconv.Itoa(r) != name[i+3:] {
-		return name, 0
-	}
-	return name[:i], r
-}
-
-// rankName is the name of data-parallel rank rank of the engine named
-// name (name itself for rank 0 unless asDP).
-func rankName(name string, rank int, asDP bool) string {
-	if rank == 0 && !asDP {
-		return name
-	}
-	return name + "/dp" + strconv.Itoa(rank)
-}
-
 // streamForTopic finds (or, within the limit, registers) the stream of the
 // engine a kv@ topic names, heard on the SUB of data-parallel rank rank:
-// the engine's rank (NAME/dpR), or for rank 0 the engine itself when no
-// NAME/dp0 is configured.
+// the endpoint NAME/dpR when there is one (an engine of ranks behind one
+// API, whose ranks all send its one topic), else NAME (ranks with APIs of
+// their own, whose topics name them) unless another rank's SUB feeds it,
+// in which case the rank is registered as NAME/dpR. A stream is fed by
+// one SUB only (stream.claim).
 func (s *Subscriber) streamForTopic(topic string, rank int) (*stream, error) {
 	name, model, err := ParseTopic(topic)
 	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
-	st := s.byTopic[rankName(name, rank, true)+"@"+model]
+	st := s.byTopic[fleet.RankName(name, rank)+"@"+model]
 	if st == nil {
 		// The topic names the rank's own endpoint (ranks of their own
 		// HTTP API, or no ranks): it, unless another rank's SUB feeds it
@@ -587,20 +564,18 @@ func (s *Subscriber) streamForTopic(topic string, rank int) (*stream, error) {
 	defer s.wireMu.Unlock()
 	s.mu.Lock()
 	if s.byTopic[name+"@"+model] != nil {
-		name = rankName(name, rank, true) // NAME is another rank's
+		name = fleet.RankName(name, rank) // NAME is another rank's
 	}
 	key := name + "@" + model
 	st = s.byTopic[key]
-	if st != nil && !st.claim(rank) {
-		st = nil
-	}
+	taken := st != nil && !st.claim(rank)
 	s.mu.Unlock()
-	if st != nil {
-		return st, nil
-	}
-	if s.byTopic[key] != nil { // NAME/dpR taken by another rank's SUB: refuse
+	if taken { // NAME/dpR fed by another rank's SUB: refuse
 		s.centralBad(fmt.Errorf("topic %q at rank %d: its endpoint %s is fed by another rank's socket", topic, rank, name))
 		return nil, nil
+	}
+	if st != nil {
+		return st, nil
 	}
 	if s.fromWire >= s.cfg.MaxCentralEngines {
 		n := s.centralRefused.Add(1)

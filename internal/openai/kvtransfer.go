@@ -207,10 +207,10 @@ func (r *Request) PrefillBody() []byte {
 // top-level kv_transfer_params of the prefill engine's answer (see
 // ResponseKVTransferParams), unchanged once CheckPrefillAnswer passes.
 func (r *Request) DecodeBody(params json.RawMessage) ([]byte, error) {
+	params = json.RawMessage(strings.TrimSpace(string(params)))
 	if err := CheckPrefillAnswer(params); err != nil {
 		return nil, err
 	}
-	params = json.RawMessage(strings.TrimSpace(string(params)))
 	return r.Rewrite(Edit{Key: "kv_transfer_params", Value: params}), nil
 }
 
