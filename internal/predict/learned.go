@@ -38,7 +38,9 @@ type Options struct {
 	// NonNegative keeps a prefill fit physical for observations that
 	// cover a narrow range of prompts (live traffic): no quadratic term
 	// (prompts of one length cannot tell it from the linear one), the
-	// cached-attention and per-request terms at zero or above, the linear
+	// cached-attention term on a narrow prior (one cached length cannot
+	// tell it from the linear one either; newPrefillRLS) and with the
+	// per-request term at zero or above, the linear
 	// one within maxSpeedFactor of the prior (rls.nonNegative). Off
 	// (default): the unconstrained fit, best where the data span the
 	// range (the simulator).
