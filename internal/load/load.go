@@ -18,6 +18,8 @@
 //   - InflightRequests: requests routed here and not finished.
 //   - ActiveDecodeBlocks: distinct blocks of the sequences in flight here.
 //   - DecodeStreams: sequences decoding here.
+//   - Conversations: conversations opened here (Work.OpensConversation),
+//     each counting exp(−age / ConversationMemory).
 //
 // With a predictor (SetPredictor), PrefillSpeed is each endpoint's
 // effective speed for this request as its model predicts it (uncached
@@ -92,6 +94,8 @@ type Endpoint struct {
 	streams    int
 	inbound    int // prompt tokens of streams routed here to decode whose prefill has not ended
 	lastPicked float64
+	convs      float64 // conversations opened here, decayed to convsAt
+	convsAt    float64
 	lastDone   float64       // the last prefill's end
 	win        busyWindow    // with batching engines: the open busy window
 	model      predict.Model // nil: no predictor
@@ -163,6 +167,24 @@ type Work struct {
 	// PrefillSeconds is the predicted compute time of the uncached part;
 	// with a predictor the fleet predicts it and ignores this.
 	PrefillSeconds float64
+	// OpensConversation: the request starts a conversation
+	// (sched.Request.OpensConversation), counted in the endpoint's
+	// Conversations.
+	OpensConversation bool
+}
+
+// ConversationMemory is how long (seconds, the time constant of an
+// exponential decay) a conversation opened on an endpoint counts in its
+// Conversations. Nothing tells a router that a conversation ended; one
+// that has been quiet this long has most likely ended or lost its cache.
+const ConversationMemory = 600.0
+
+// conversations is e's count of conversations opened at time now.
+func (e *Endpoint) conversations(now float64) float64 {
+	if e.convs == 0 || now <= e.convsAt {
+		return e.convs
+	}
+	return e.convs * math.Exp(-(now-e.convsAt)/ConversationMemory)
 }
 
 // Fleet is the set of endpoints a snapshot shows, in a stable order.
@@ -407,6 +429,7 @@ func (e *Endpoint) fill(now float64, d *sched.Endpoint) {
 		DecodeStreams:       e.streams,
 		InboundKVTokens:     e.inbound,
 		LastPicked:          e.lastPicked,
+		Conversations:       e.conversations(now),
 	}
 }
 
@@ -454,6 +477,9 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	e.ublocks += fl.ublocks
 	e.requests++
 	e.lastPicked = now
+	if w.OpensConversation {
+		e.convs, e.convsAt = e.conversations(now)+1, max(now, e.convsAt)
+	}
 	if e.active != nil {
 		for _, k := range w.Keys {
 			e.active[k]++

@@ -77,17 +77,18 @@ func (p *kvgatePolicy) cost(req *Request, e *Endpoint, lambda float64) (cost flo
 // their kvgate cost; the others, when any fits, +Inf.
 func (p *kvgatePolicy) Costs(req *Request, s *Snapshot, dst []float64) []float64 {
 	lambda := p.price(req, s)
+	limit := p.conversationLimit(req, s, lambda)
 	anyFits := false
 	for i := range s.Endpoints {
 		c, fits := p.cost(req, &s.Endpoints[i], lambda)
-		if fits {
+		if fits && !passedOver(&s.Endpoints[i], limit) {
 			anyFits = true
 		}
 		dst = append(dst, c)
 	}
 	if anyFits {
 		for i := range s.Endpoints {
-			if _, fits := p.cost(req, &s.Endpoints[i], lambda); !fits {
+			if _, fits := p.cost(req, &s.Endpoints[i], lambda); !fits || passedOver(&s.Endpoints[i], limit) {
 				dst[i] = math.Inf(1)
 			}
 		}
@@ -97,15 +98,69 @@ func (p *kvgatePolicy) Costs(req *Request, s *Snapshot, dst []float64) []float64
 
 func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
 	lambda := p.price(req, s)
-	best, bestCost, bestFits := -1, math.Inf(1), false
+	limit := p.conversationLimit(req, s, lambda)
+	if best, fits := p.pick(req, s, lambda, limit); fits || math.IsInf(limit, 1) {
+		return best
+	}
+	// No endpoint with room for another conversation fits the SLO.
+	best, _ := p.pick(req, s, lambda, math.Inf(1))
+	return best
+}
+
+// pick is the cheapest endpoint among those holding fewer than limit
+// conversations (fitting the SLO first), and whether it fits.
+func (p *kvgatePolicy) pick(req *Request, s *Snapshot, lambda, limit float64) (best int, bestFits bool) {
+	best, bestCost := -1, math.Inf(1)
 	for i := range s.Endpoints {
+		if passedOver(&s.Endpoints[i], limit) {
+			continue
+		}
 		cost, fits := p.cost(req, &s.Endpoints[i], lambda)
 		switch {
 		case best < 0, fits && !bestFits, fits == bestFits && (cost < bestCost || (cost == bestCost && kvgateTie(s, i, best))):
 			best, bestCost, bestFits = i, cost, fits
 		}
 	}
-	return best
+	return best, bestFits
+}
+
+// balancePrice is the compute price λ below which kvgate bounds the
+// conversations an endpoint takes (conversationLimit): a fleet whose mean
+// queue is under 0.25 % of the SLO (λ = gain × mean queue / SLO), that is
+// idle. Passing over an endpoint that holds a conversation's shared prefix
+// computes that prefix once more; only an idle fleet has that compute to
+// spare (docs/policies.md, "Conversations in balance").
+const balancePrice = 0.02
+
+// conversationLimit bounds the conversations an endpoint may hold and
+// still take req, when req opens one (consistent hashing with bounded
+// loads, Mirrokni, Thorup and Zadimoghaddam 2018): a conversation lives
+// where it starts, its later turns claiming that endpoint's cache and
+// compute, so an endpoint that holds part of the prompt (a shared system
+// prompt pulls every conversation that starts with it to its holders)
+// takes req only while it would then hold at most ⌈(1 + ε) × the fleet's
+// mean⌉ (ε = KVGateBalance; passedOver). The conversation then computes
+// the shared prefix once more on an endpoint with room, and the next ones
+// that share it have two homes. +Inf: no limit (req continues a
+// conversation, the fleet is not idle, or balancing is off).
+func (p *kvgatePolicy) conversationLimit(req *Request, s *Snapshot, lambda float64) float64 {
+	if !req.OpensConversation || p.o.KVGateBalance < 0 || len(s.Endpoints) < 2 || lambda >= balancePrice {
+		return math.Inf(1)
+	}
+	var sum float64
+	for i := range s.Endpoints {
+		sum += s.Endpoints[i].Conversations
+	}
+	// Holding fewer than limit, an endpoint holds at most ⌈(1 + ε)·mean⌉
+	// with req (1e-9 absorbs the decayed counts' rounding).
+	return math.Ceil((1+p.o.KVGateBalance)*(sum+1)/float64(len(s.Endpoints))) - 1 + 1e-9
+}
+
+// passedOver: e is at the conversation limit and holds part of the
+// request's prompt. An endpoint that holds none of it does not pull the
+// conversation by its cache; it competes by its queue as always.
+func passedOver(e *Endpoint, limit float64) bool {
+	return e.Conversations >= limit && e.CachedTokens > 0
 }
 
 // kvgateTie orders endpoints of equal cost: the smaller prefix cache first

@@ -86,6 +86,13 @@ type Options struct {
 	KVGateGain     float64
 	KVGateFit      float64
 	KVGatePressure float64
+	// KVGateBalance is ε of kvgate's bounded-load placement of new
+	// conversations (default 0.25): on an idle fleet an endpoint holding
+	// part of a new conversation's prompt takes it only while it would
+	// hold at most ⌈(1 + ε) × the fleet's mean⌉ conversations
+	// (Endpoint.Conversations), when another endpoint that fits the SLO
+	// can; negative: off.
+	KVGateBalance float64
 }
 
 func (o Options) withDefaults() Options {
@@ -107,6 +114,7 @@ func (o Options) withDefaults() Options {
 	def(&o.KVGateGain, 8)
 	def(&o.KVGateFit, 1)
 	def(&o.KVGatePressure, 30)
+	def(&o.KVGateBalance, 0.25)
 	return o
 }
 

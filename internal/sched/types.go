@@ -34,6 +34,13 @@ type Request struct {
 	SLO          SLO
 	// Priority: higher is more important; 0 is the default class.
 	Priority int
+	// OpensConversation: the request starts a conversation whose later
+	// turns will extend its prompt (a chat request without an assistant
+	// message; a session's first request in the simulator). Where it goes
+	// its conversation lives: kvgate places it to keep the conversations
+	// each endpoint holds in balance (Endpoint.Conversations). False when
+	// unknown.
+	OpensConversation bool
 }
 
 // Endpoint is one instance as seen for one request.
@@ -97,6 +104,11 @@ type Endpoint struct {
 	// LastPicked is when this endpoint was last chosen (clock seconds), for
 	// LRU-style scorers; negative if never.
 	LastPicked float64
+	// Conversations is how many conversations were opened here recently
+	// (Request.OpensConversation routed here, a count that decays with
+	// time: load.ConversationMemory): the cache and the turns they will
+	// claim.
+	Conversations float64
 }
 
 // Snapshot is the fleet as seen for one request. Endpoints are in a stable

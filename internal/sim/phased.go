@@ -218,6 +218,7 @@ type phasedRun struct {
 	uncached []int32
 	done     []float64
 	slo      []sched.SLO
+	opens    []bool // per request: it opens its conversation
 	hitTok   int64
 	totTok   int64
 }
@@ -264,7 +265,7 @@ func newPhasedRun(cfg PhasedConfig, tr *workload.Trace, sc *sched.Scheduler) *ph
 		role:  make([]fleet.Role, n), state: make([]string, n), target: make([]fleet.Role, n),
 		epoch: make([]int, n), busy: make([]float64, n), joins: make([]float64, n), ready: make([]float64, n),
 		sw: make([]int, n), matched: make([]int, n), all: make([]int, n),
-		kind: make([]uint8, nr), uncached: make([]int32, nr), done: make([]float64, nr), slo: make([]sched.SLO, nr),
+		kind: make([]uint8, nr), uncached: make([]int32, nr), done: make([]float64, nr), slo: make([]sched.SLO, nr), opens: tr.Openings(),
 	}
 	for i := range n {
 		r.role[i], r.target[i], r.state[i] = fleet.RoleDecode, fleet.RoleDecode, StateServing
@@ -378,7 +379,7 @@ func (r *phasedRun) step(ri int) error {
 	r.fillCapacity(q.PromptTokens)
 	r.snap.SinceLoadRejection = r.rejections.Since(t)
 	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
-		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO}
+		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO, OpensConversation: r.opens[ri]}
 	d := r.sc.Decide(&req, &r.snap)
 	r.slo[ri] = d.SLO
 	r.uncached[ri] = int32(max(q.PromptTokens-d.CachedTokens, 0))
@@ -402,7 +403,7 @@ func (r *phasedRun) step(ri int) error {
 	hit := d.CachedTokens
 	unc := q.PromptTokens - hit
 	fl := r.load.Route(r.eps[d.Prefill], t, load.Work{Uncached: unc, UncachedBlocks: len(q.Keys) - hit/r.tr.BlockSize,
-		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc)})
+		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc), OpensConversation: r.opens[ri]})
 	done := r.load.PredictedPrefillEnd(fl)
 	r.busy[pi] = max(r.busy[pi], done)
 	r.cache.insert(pi, q.Keys)

@@ -186,7 +186,8 @@ type run struct {
 	truth *truthRun // nil: the engines run exactly as predicted
 
 	matched []int
-	trueHit []int // per prefill instance, when the view is not the truth
+	trueHit []int  // per prefill instance, when the view is not the truth
+	opens   []bool // per request: it opens its conversation
 	// Per request: admitted, end of prefill, the SLO it was judged by.
 	admitted    []bool
 	prefillDone []float64
@@ -209,6 +210,7 @@ func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
 		admitted:    make([]bool, len(tr.Requests)),
 		prefillDone: make([]float64, len(tr.Requests)),
 		slo:         make([]sched.SLO, len(tr.Requests)),
+		opens:       tr.Openings(),
 	}
 	if cfg.EventLag > 0 {
 		r.view = newRouterView(n, cfg.CacheTokens/tr.BlockSize, cfg.EventLag, cfg.ApproxTTL)
@@ -290,7 +292,7 @@ func (r *run) step(ri int) error {
 	r.advance(t)
 	r.snapshot(ri)
 	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
-		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO}
+		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO, OpensConversation: r.opens[ri]}
 	d := r.sc.Decide(&req, &r.snap)
 	if r.cfg.OnDecision != nil {
 		r.cfg.OnDecision(ri, d)
@@ -373,7 +375,7 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 	}
 	unc := q.PromptTokens - hit
 	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, Cached: hit, UncachedBlocks: len(q.Keys) - hitBlocks,
-		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc)})
+		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc), OpensConversation: r.opens[ri]})
 	done := r.load.PredictedPrefillEnd(fl)
 	if r.truth != nil {
 		done = r.truth.route(r.load, fl, ri, i, unc, hit, t, r.snap.Endpoints[i].FreeAt)

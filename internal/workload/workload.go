@@ -24,6 +24,22 @@ type Request struct {
 	Session int
 }
 
+// Openings reports, per request, whether it opens its conversation: the
+// first request of its Session (none for requests without a session, -1).
+func (t *Trace) Openings() []bool {
+	opens := make([]bool, len(t.Requests))
+	seen := make(map[int]struct{})
+	for i := range t.Requests {
+		if s := t.Requests[i].Session; s >= 0 {
+			if _, ok := seen[s]; !ok {
+				seen[s] = struct{}{}
+				opens[i] = true
+			}
+		}
+	}
+	return opens
+}
+
 // Trace is a workload materialised as requests in arrival order.
 type Trace struct {
 	Name      string
