@@ -118,9 +118,12 @@ type endpointLoad struct {
 	InflightRequests int     `json:"inflight_requests"`
 	InflightUncached int     `json:"inflight_uncached_tokens"`
 	DecodeStreams    int     `json:"decode_streams"`
+	// Conversations: conversations opened here recently (a decayed
+	// count, sched.Endpoint.Conversations), which kvgate keeps in balance.
+	Conversations float64 `json:"conversations"`
 }
 
 func loadOf(e *sched.Endpoint) endpointLoad {
 	return endpointLoad{QueueWait: e.QueueWait, InflightRequests: e.InflightRequests,
-		InflightUncached: e.InflightUncached, DecodeStreams: e.DecodeStreams}
+		InflightUncached: e.InflightUncached, DecodeStreams: e.DecodeStreams, Conversations: e.Conversations}
 }

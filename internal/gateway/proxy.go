@@ -251,7 +251,7 @@ func (g *Gateway) route(rt *routed, p *plan) *load.Flight {
 	uncached := max(rt.promptN-p.dec.CachedTokens, 0)
 	return p.mf.load.Route(p.pEP, g.clock(), load.Work{Uncached: uncached, Cached: min(p.dec.CachedTokens, rt.promptN),
 		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
-		Keys:           rt.prep.Keys}) // the fleet's predictor times the prefill
+		Keys:           rt.prep.Keys, OpensConversation: rt.opens}) // the fleet's predictor times the prefill
 }
 
 // proxy runs the plan: aggregated, or the two NixlConnector legs. It

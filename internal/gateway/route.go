@@ -35,6 +35,9 @@ type routed struct {
 	promptN int
 	outN    int
 	arrival time.Time
+	// opens: a chat request without an assistant message (it starts a
+	// conversation; sched.Request.OpensConversation).
+	opens bool
 }
 
 // plan is a decision turned into endpoints.
@@ -171,6 +174,7 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 			msgs[i] = tokens.TextMessage(m.Role, text)
 		}
 		in.Messages = msgs
+		rt.opens = openai.OpensConversation(req.Messages)
 	case req.Prompt.Kind == openai.PromptText || req.Prompt.Kind == openai.PromptTexts:
 		// A batch is routed as one request by its first prompt (the
 		// engine serves the batch together); its size counts them all.
@@ -264,7 +268,7 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string) (*fleetVi
 // schedRequest is what the scheduler knows of rt.
 func (g *Gateway) schedRequest(rt *routed, now float64) sched.Request {
 	return sched.Request{ID: rt.id, Arrival: now, PromptTokens: rt.promptN, PromptBlocks: len(rt.prep.Keys),
-		OutputTokens: rt.outN, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority}
+		OutputTokens: rt.outN, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority, OpensConversation: rt.opens}
 }
 
 // planFor turns a decision on fs into endpoints.

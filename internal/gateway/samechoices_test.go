@@ -72,6 +72,11 @@ func TestGatewayMatchesSimulator(t *testing.T) {
 	}
 	for i := range tr.Requests {
 		tr.Requests[i].Arrival = float64(i) * 10
+		// Completions carry no conversation structure (only a chat
+		// without an assistant message opens a conversation, which
+		// TestChatOpensConversation covers): the simulator is not told
+		// of openings either.
+		tr.Requests[i].Session = -1
 	}
 	const n = 8
 	clk := &fakeClock{t: time.Unix(1_000_000, 0)}

@@ -1,6 +1,7 @@
 package load
 
 import (
+	"math"
 	"sync"
 	"testing"
 
@@ -152,5 +153,36 @@ func TestConcurrentUse(t *testing.T) {
 		if e.InflightRequests != 0 || e.InflightUncached != 0 || e.ActivePrefillBlocks != 0 || e.ActiveDecodeBlocks != 0 || e.QueueWait != 0 {
 			t.Fatalf("leak: %+v", e)
 		}
+	}
+}
+
+// TestConversationsDecay: an endpoint counts the conversations opened on
+// it, each weighing exp(−age / ConversationMemory); other requests do not
+// count.
+func TestConversationsDecay(t *testing.T) {
+	f := New([]Info{{Name: "a", PrefillSpeed: 1000}, {Name: "b", PrefillSpeed: 1000}}, false)
+	_, eps := snap(f, 0, 100, nil)
+	f.Route(eps[0], 0, Work{Uncached: 10, OpensConversation: true})
+	f.Route(eps[0], 0, Work{Uncached: 10, OpensConversation: true})
+	f.Route(eps[0], 5, Work{Uncached: 10}) // a later turn
+	f.Route(eps[1], 5, Work{Uncached: 10})
+	s, _ := snap(f, 5, 100, nil)
+	want := 2 * math.Exp(-5/ConversationMemory)
+	if got := s.Endpoints[0].Conversations; math.Abs(got-want) > 1e-12 {
+		t.Fatalf("a: %v conversations, want %v", got, want)
+	}
+	if got := s.Endpoints[1].Conversations; got != 0 {
+		t.Fatalf("b: %v conversations, want 0 (no request opened one)", got)
+	}
+	f.Route(eps[0], ConversationMemory, Work{Uncached: 10, OpensConversation: true})
+	s, _ = snap(f, ConversationMemory, 100, nil)
+	if got, want := s.Endpoints[0].Conversations, 1+2/math.E; math.Abs(got-want) > 1e-12 {
+		t.Fatalf("a after one memory: %v, want %v", got, want)
+	}
+	// A clock that steps back (the gateway's wall clock) neither grows
+	// nor loses the count.
+	s, _ = snap(f, 1, 100, nil)
+	if got, want := s.Endpoints[0].Conversations, 1+2/math.E; math.Abs(got-want) > 1e-12 {
+		t.Fatalf("a read before its last opening: %v, want %v", got, want)
 	}
 }

@@ -427,6 +427,21 @@ func CheckMessages(msgs []Message) error {
 	return nil
 }
 
+// OpensConversation reports whether a chat request starts a conversation:
+// no message is the assistant's yet, so the client's next turn, if any,
+// will extend this prompt.
+func OpensConversation(msgs []Message) bool {
+	if len(msgs) == 0 {
+		return false
+	}
+	for _, m := range msgs {
+		if m.Role == "assistant" {
+			return false
+		}
+	}
+	return true
+}
+
 // OutputLimit is the request's bound on output tokens: for chat
 // max_completion_tokens when given, else max_tokens; nil when neither is.
 func (r *Request) OutputLimit(chat bool) *int64 {

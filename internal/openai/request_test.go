@@ -138,6 +138,31 @@ func TestMessages(t *testing.T) {
 	}
 }
 
+func TestOpensConversation(t *testing.T) {
+	tests := []struct {
+		body string
+		want bool
+	}{
+		{`{"messages":[{"role":"user","content":"hi"}]}`, true},
+		{`{"messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}]}`, true},
+		{`{"messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"and?"}]}`, false},
+		{`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure,"}]}`, false}, // a continued answer
+		{`{"messages":[{"role":"developer","content":"d"},{"role":"user","content":"q"},{"role":"tool","content":"r"}]}`, true},
+	}
+	for _, tt := range tests {
+		r, err := ParseChat([]byte(tt.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := OpensConversation(r.Messages); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.body, got, tt.want)
+		}
+	}
+	if OpensConversation(nil) {
+		t.Error("no messages (a completion) opens no conversation")
+	}
+}
+
 func TestRewrite(t *testing.T) {
 	r, err := ParseRequest([]byte(` { "model" : "m", "prompt":"a,b}", "stream":true , "x":{"y":[1,2]} } `))
 	if err != nil {

@@ -120,3 +120,84 @@ func TestKVGateUnderPressure(t *testing.T) {
 		t.Errorf("59 s after a rejection with a 20 s window: picked %d, want 1", got)
 	}
 }
+
+// TestKVGateConversationBalance: on an idle fleet a new conversation goes
+// past the holder of its shared prefix once that holder would hold more
+// than ⌈1.25 × the mean⌉ conversations, and only then, only for a new
+// conversation, only onto an endpoint that fits, and never when nothing of
+// the prompt is cached there.
+func TestKVGateConversationBalance(t *testing.T) {
+	const prompt = 2368 // a 2 048-token system prompt and a 320-token turn
+	// Holder a holds 6 conversations, b and c 1 each: the mean with the
+	// new one is 9/3 = 3, the limit ⌈1.25 · 3⌉ = 4 with it, so a (7 with
+	// it) is over.
+	hot := func() []Endpoint {
+		return []Endpoint{{CachedTokens: 2048, Conversations: 6}, {Conversations: 1}, {Conversations: 1, QueueWait: 0.001}}
+	}
+	tests := []struct {
+		name    string
+		eps     []Endpoint
+		opens   bool
+		balance float64
+		want    int
+	}{
+		{"continuing turn keeps to its holder", hot(), false, 0, 0},
+		{"new conversation passes over the full holder", hot(), true, 0, 1},
+		{"balancing off", hot(), true, -1, 0},
+		{"holder within the limit keeps it", func() []Endpoint {
+			e := hot()
+			e[0].Conversations = 2
+			return e
+		}(), true, 0, 0},
+		{"busy fleet keeps affinity", func() []Endpoint {
+			e := hot()
+			for i := range e {
+				e[i].QueueWait += 0.01 // λ = 8 · 0.01 / 2 = 0.04
+			}
+			return e
+		}(), true, 0, 0},
+		{"no other endpoint fits: the holder", func() []Endpoint {
+			e := hot()
+			e[1].QueueWait, e[2].QueueWait = 1.9, 1.95 // λ ≥ balancePrice too, so also stays
+			return e
+		}(), true, 0, 0},
+		{"an endpoint holding nothing of the prompt is not passed over", []Endpoint{
+			{Conversations: 6, FreeAt: -2}, {Conversations: 1, FreeAt: -1}, {Conversations: 1}}, true, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustNew(t, "kvgate", Options{KVGateBalance: tt.balance})
+			r := req(prompt)
+			r.OpensConversation = tt.opens
+			s := snapOf(tt.eps...)
+			if got := pick(p, r, s); got != tt.want {
+				t.Errorf("picked %d, want %d", got, tt.want)
+			}
+			// Costs says the same: the pick is the cheapest finite cost.
+			costs := p.(CostReporter).Costs(r, s, nil)
+			best := 0
+			for i, c := range costs {
+				if c < costs[best] {
+					best = i
+				}
+			}
+			if best != tt.want {
+				t.Errorf("costs %v point at %d, want %d", costs, best, tt.want)
+			}
+		})
+	}
+}
+
+// TestKVGateConversationLimitFallsBack: when every endpoint with room for
+// a conversation misses the SLO but the holder fits (λ is still below the
+// idle price because the misses are compute, not queue), the holder takes
+// it.
+func TestKVGateConversationLimitFallsBack(t *testing.T) {
+	p := mustNew(t, "kvgate", Options{})
+	r := req(30000) // 3 s on an endpoint holding none of it
+	r.OpensConversation = true
+	s := snapOf(Endpoint{CachedTokens: 29000, Conversations: 9}, Endpoint{Conversations: 0}, Endpoint{Conversations: 0})
+	if got := pick(p, r, s); got != 0 {
+		t.Fatalf("picked %d, want the holder (0): nothing else fits", got)
+	}
+}

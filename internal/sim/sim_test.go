@@ -255,23 +255,37 @@ func BenchmarkBaselineScenario70(b *testing.B) {
 // (seed-routing, seed 0): at 70 req/s with early rejection ≥ 99.0 %
 // attainment with ≤ 1.0 % rejected; without rejection above every other
 // policy; at 40 req/s a p99 TTFT no worse than the best other policy.
+// TestKVGateLeads holds kvgate to the seed scenario's bars (issue 9):
+// at 70 req/s with early rejection at least 99 % attained with at most 1 %
+// rejected, and at 40 req/s a TTFT p99 no worse than any other policy's,
+// on seeds 0-4; at 70 req/s without rejection (seed 0) the best
+// attainment. Before new conversations were placed with bounded loads the
+// 40 req/s p99 on seed 1 was 0.117 s against SGLang's 0.062 s.
 func TestKVGateLeads(t *testing.T) {
-	tr40, tr70 := chat(t, 40, 0), chat(t, 70, 0)
-	kv := runPolicy(t, baselineConfig(), tr70, "kvgate", true)
-	if kv.Attainment < 0.99 || kv.Rejected > 0.01 {
-		t.Errorf("kvgate with early rejection: attainment %.3f, rejected %.3f", kv.Attainment, kv.Rejected)
-	}
-	kvNo := runPolicy(t, baselineConfig(), tr70, "kvgate", false)
-	kv40 := runPolicy(t, baselineConfig(), tr40, "kvgate", false)
-	for _, p := range sched.Names() {
-		if p == "kvgate" {
-			continue
+	for seed := range uint64(5) {
+		tr40, tr70 := chat(t, 40, seed), chat(t, 70, seed)
+		kv := runPolicy(t, baselineConfig(), tr70, "kvgate", true)
+		if kv.Attainment < 0.99 || kv.Rejected > 0.01 {
+			t.Errorf("seed %d, kvgate with early rejection: attainment %.4f, rejected %.4f", seed, kv.Attainment, kv.Rejected)
 		}
-		if o := runPolicy(t, baselineConfig(), tr70, p, false); o.Attainment >= kvNo.Attainment {
-			t.Errorf("70 req/s: %s attains %.3f, kvgate %.3f", p, o.Attainment, kvNo.Attainment)
+		kv40 := runPolicy(t, baselineConfig(), tr40, "kvgate", false)
+		var kvNo Result
+		if seed == 0 {
+			kvNo = runPolicy(t, baselineConfig(), tr70, "kvgate", false)
 		}
-		if o := runPolicy(t, baselineConfig(), tr40, p, false); o.TTFTP99 < kv40.TTFTP99 {
-			t.Errorf("40 req/s: %s p99 %.3f below kvgate's %.3f", p, o.TTFTP99, kv40.TTFTP99)
+		for _, p := range sched.Names() {
+			if p == "kvgate" {
+				continue
+			}
+			if o := runPolicy(t, baselineConfig(), tr40, p, false); o.TTFTP99 < kv40.TTFTP99 {
+				t.Errorf("seed %d, 40 req/s: %s p99 %.4f below kvgate's %.4f", seed, p, o.TTFTP99, kv40.TTFTP99)
+			}
+			if seed != 0 {
+				continue
+			}
+			if o := runPolicy(t, baselineConfig(), tr70, p, false); o.Attainment >= kvNo.Attainment {
+				t.Errorf("70 req/s: %s attains %.3f, kvgate %.3f", p, o.Attainment, kvNo.Attainment)
+			}
 		}
 	}
 }

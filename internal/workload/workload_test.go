@@ -309,3 +309,34 @@ func TestChatKeyArrays(t *testing.T) {
 		t.Errorf("%d requests hold %d keys in %d arrays for a final prompt of %d blocks", len(tr.Requests), total, len(arrays), final)
 	}
 }
+
+// TestOpenings: a conversation opens at its session's first request;
+// requests without a session (-1) open none.
+func TestOpenings(t *testing.T) {
+	tr := &Trace{Requests: []Request{{Session: 3}, {Session: -1}, {Session: 3}, {Session: 0}, {Session: -1}, {Session: 0}, {Session: 7}}}
+	want := []bool{true, false, false, true, false, false, true}
+	got := tr.Openings()
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("openings %v, want %v", got, want)
+		}
+	}
+	c := BaselineChat(40)
+	c.Seed = 1
+	chat, err := Chat(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for i, o := range chat.Openings() {
+		if o {
+			n++
+			if p := chat.Requests[i].PromptTokens; p != c.SystemTokens+c.TurnTokens {
+				t.Fatalf("request %d opens a conversation with a %d-token prompt, want the system prompt and one turn (%d)", i, p, c.SystemTokens+c.TurnTokens)
+			}
+		}
+	}
+	if n == 0 || n > c.Sessions {
+		t.Fatalf("%d conversations opened of %d sessions", n, c.Sessions)
+	}
+}
