@@ -35,7 +35,12 @@ func TestDemoShortRun(t *testing.T) {
 				t.Errorf("run lacks %q: %v", k, r)
 			}
 		}
-		if r["requests"].(float64) < 50 || r["attainment"].(float64) <= 0 {
+		// Served, not in time: at 5× real time with 600-token turns the
+		// fleet is saturated, and with the machine's other cores busy
+		// (go test runs packages side by side) round-robin's attainment
+		// can be 0 (its engines 57 % behind their model in one CI run);
+		// attainment is the demo's to measure, not this test's.
+		if r["requests"].(float64) < 50 || r["ttft_p50"].(float64) <= 0 || r["hit_rate"].(float64) <= 0 {
 			t.Errorf("run did not serve: %v", r)
 		}
 	}
