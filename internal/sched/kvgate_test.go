@@ -70,6 +70,20 @@ func BenchmarkDecision64(b *testing.B) {
 			}
 		})
 	}
+	// A request that opens a conversation on an idle fleet: kvgate sums
+	// the endpoints' conversations and passes over those at the limit.
+	opening := *r
+	opening.OpensConversation = true
+	idle := &Snapshot{BlockSize: s.BlockSize, Endpoints: append([]Endpoint(nil), s.Endpoints...)}
+	for i := range idle.Endpoints {
+		idle.Endpoints[i].QueueWait, idle.Endpoints[i].Conversations = 0, float64(i%7)
+	}
+	b.Run("kvgate-opening-idle", func(b *testing.B) {
+		sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), EarlyReject: true}
+		for b.Loop() {
+			sc.Decide(&opening, idle)
+		}
+	})
 }
 
 // TestKVGateTieSmallerCache: of endpoints that cost the same, kvgate takes
