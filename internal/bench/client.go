@@ -63,6 +63,10 @@ func (c *Client) scale() float64 {
 	return 1
 }
 
+// historyAnswer stands for the assistant's answer to an earlier turn of a
+// generated chat (the workload does not keep the answers it got).
+const historyAnswer = "ok"
+
 func (c *Client) body(it *Item) ([]byte, string) {
 	req := map[string]any{"model": c.Model, "max_tokens": it.MaxTokens, "stream": true,
 		"stream_options": map[string]any{"include_usage": true}, "ignore_eos": true}
@@ -70,6 +74,10 @@ func (c *Client) body(it *Item) ([]byte, string) {
 		msgs := []map[string]string{}
 		if it.System != "" {
 			msgs = append(msgs, map[string]string{"role": "system", "content": it.System})
+		}
+		for _, h := range it.History {
+			msgs = append(msgs, map[string]string{"role": "user", "content": h},
+				map[string]string{"role": "assistant", "content": historyAnswer})
 		}
 		req["messages"] = append(msgs, map[string]string{"role": "user", "content": it.Prompt})
 		b, _ := json.Marshal(req)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -41,5 +42,41 @@ func TestPrefillCachedHeader(t *testing.T) {
 		if rec.Outcome != "ok" || rec.CachedTokens != tc.want {
 			t.Errorf("header %q: %s %s, cached %d, want %d", tc.header, rec.Outcome, rec.Error, rec.CachedTokens, tc.want)
 		}
+	}
+}
+
+// TestChatTurnsCarryHistory: a generated chat conversation's later turns
+// are sent as a chat client sends them (earlier turns answered by the
+// assistant, then the new one), its first turn without an answer: how the
+// gateway tells a conversation's opening (openai.OpensConversation).
+func TestChatTurnsCarryHistory(t *testing.T) {
+	items, err := Chat(ChatConfig{Systems: 2, Sessions: 3, SystemTokens: 4, TurnTokens: 3, OutputTokens: 2, Rate: 50, Duration: 2, AsChat: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{Model: "m"}
+	turns := map[int]int{}
+	for i := range items {
+		it := &items[i]
+		b, path := c.body(it)
+		var req struct {
+			Messages []struct{ Role, Content string } `json:"messages"`
+		}
+		if err := json.Unmarshal(b, &req); err != nil || path != "/v1/chat/completions" {
+			t.Fatalf("%s %s: %v", path, b, err)
+		}
+		n := turns[it.Session]
+		turns[it.Session]++
+		if len(req.Messages) != 2+2*n || req.Messages[0].Role != "system" || req.Messages[len(req.Messages)-1].Content != it.Prompt {
+			t.Fatalf("turn %d of session %d: %+v", n, it.Session, req.Messages)
+		}
+		for j := 1; j < len(req.Messages)-1; j += 2 {
+			if req.Messages[j].Role != "user" || req.Messages[j+1].Role != "assistant" {
+				t.Fatalf("turn %d of session %d: %+v", n, it.Session, req.Messages)
+			}
+		}
+	}
+	if len(turns) == 0 || len(items) < 2*len(turns) {
+		t.Fatalf("%d items over %d sessions: too few later turns", len(items), len(turns))
 	}
 }

@@ -24,9 +24,11 @@ type Item struct {
 	// traces; closed loops ignore it).
 	At float64
 	// Prompt is the completion prompt; with Chat, the conversation's
-	// messages are System then User.
+	// messages are System, then each of History as a user message
+	// answered by the assistant, then Prompt as the user's new turn.
 	Prompt    string
 	System    string
+	History   []string
 	Chat      bool
 	MaxTokens int
 	// Session groups the turns of one conversation (for reports).
@@ -79,6 +81,7 @@ func Chat(c ChatConfig) ([]Item, error) {
 	type conv struct {
 		system int
 		text   strings.Builder
+		turns  []string // with AsChat: each turn's words
 		words  int
 	}
 	convs := make([]conv, c.Sessions)
@@ -91,17 +94,23 @@ func Chat(c ChatConfig) ([]Item, error) {
 		cv := &convs[s]
 		if cv.words+c.TurnTokens > maxItemTokens {
 			cv.text.Reset()
-			cv.words = 0
+			cv.turns, cv.words = nil, 0
 		}
+		var turn strings.Builder
 		for j := 0; j < c.TurnTokens; j++ {
-			cv.text.WriteString(word('u', rng.Uint64()%1e9))
-			cv.text.WriteByte(' ')
+			turn.WriteString(word('u', rng.Uint64()%1e9))
+			turn.WriteByte(' ')
 		}
 		cv.words += c.TurnTokens
 		it := Item{At: t, MaxTokens: c.OutputTokens, Session: s, Chat: c.AsChat}
 		if c.AsChat {
-			it.System, it.Prompt = systems[cv.system], cv.text.String()
+			// A turn as a chat client sends it: the earlier turns, each
+			// answered, then the new one (the gateway tells a
+			// conversation's first turn by its having no answer yet).
+			it.System, it.History, it.Prompt = systems[cv.system], cv.turns[:len(cv.turns):len(cv.turns)], turn.String()
+			cv.turns = append(cv.turns, it.Prompt)
 		} else {
+			cv.text.WriteString(turn.String())
 			it.Prompt = systems[cv.system] + cv.text.String()
 		}
 		items = append(items, it)
