@@ -99,18 +99,7 @@ func (p *kvgatePolicy) Costs(req *Request, s *Snapshot, dst []float64) []float64
 func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
 	lambda := p.price(req, s)
 	limit := p.conversationLimit(req, s, lambda)
-	if best, fits := p.pick(req, s, lambda, limit); fits || math.IsInf(limit, 1) {
-		return best
-	}
-	// No endpoint with room for another conversation fits the SLO.
-	best, _ := p.pick(req, s, lambda, math.Inf(1))
-	return best
-}
-
-// pick is the cheapest endpoint among those holding fewer than limit
-// conversations (fitting the SLO first), and whether it fits.
-func (p *kvgatePolicy) pick(req *Request, s *Snapshot, lambda, limit float64) (best int, bestFits bool) {
-	best, bestCost := -1, math.Inf(1)
+	best, bestCost, bestFits := -1, math.Inf(1), false
 	for i := range s.Endpoints {
 		if passedOver(&s.Endpoints[i], limit) {
 			continue
@@ -121,7 +110,7 @@ func (p *kvgatePolicy) pick(req *Request, s *Snapshot, lambda, limit float64) (b
 			best, bestCost, bestFits = i, cost, fits
 		}
 	}
-	return best, bestFits
+	return best
 }
 
 // balancePrice is the compute price λ below which kvgate bounds the
@@ -142,7 +131,8 @@ const balancePrice = 0.02
 // mean⌉ (ε = KVGateBalance; passedOver). The conversation then computes
 // the shared prefix once more on an endpoint with room, and the next ones
 // that share it have two homes. +Inf: no limit (req continues a
-// conversation, the fleet is not idle, or balancing is off).
+// conversation, the fleet is not idle, balancing is off, or no endpoint
+// the limit leaves fits the SLO).
 func (p *kvgatePolicy) conversationLimit(req *Request, s *Snapshot, lambda float64) float64 {
 	if !req.OpensConversation || p.o.KVGateBalance < 0 || len(s.Endpoints) < 2 || lambda >= balancePrice {
 		return math.Inf(1)
@@ -153,7 +143,16 @@ func (p *kvgatePolicy) conversationLimit(req *Request, s *Snapshot, lambda float
 	}
 	// Holding fewer than limit, an endpoint holds at most ⌈(1 + ε)·mean⌉
 	// with req (1e-9 absorbs the decayed counts' rounding).
-	return math.Ceil((1+p.o.KVGateBalance)*(sum+1)/float64(len(s.Endpoints))) - 1 + 1e-9
+	limit := math.Ceil((1+p.o.KVGateBalance)*(sum+1)/float64(len(s.Endpoints))) - 1 + 1e-9
+	for i := range s.Endpoints {
+		if e := &s.Endpoints[i]; !passedOver(e, limit) {
+			if _, fits := p.cost(req, e, lambda); fits {
+				return limit
+			}
+		}
+	}
+	// No endpoint the limit leaves fits the SLO: none is passed over.
+	return math.Inf(1)
 }
 
 // passedOver: e is at the conversation limit and holds part of the

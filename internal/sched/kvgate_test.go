@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -213,5 +214,10 @@ func TestKVGateConversationLimitFallsBack(t *testing.T) {
 	s := snapOf(Endpoint{CachedTokens: 29000, Conversations: 9}, Endpoint{Conversations: 0}, Endpoint{Conversations: 0})
 	if got := pick(p, r, s); got != 0 {
 		t.Fatalf("picked %d, want the holder (0): nothing else fits", got)
+	}
+	// The costs that explain the decision say so too: the endpoints that
+	// miss the SLO are ruled out.
+	if costs := p.(CostReporter).Costs(r, s, nil); !math.IsInf(costs[1], 1) || !math.IsInf(costs[2], 1) || math.IsInf(costs[0], 1) {
+		t.Fatalf("costs %v, want the holder's finite and the others +Inf", costs)
 	}
 }
