@@ -3,8 +3,6 @@ package gateway
 import (
 	"encoding/json"
 	"testing"
-
-	"github.com/kvgate/kvgate/internal/fleet"
 )
 
 // TestChatOpensConversation: a chat request without an assistant message
@@ -12,10 +10,9 @@ import (
 // keeps in balance, shown in /admin/endpoints); a later turn of it and a
 // completion do not.
 func TestChatOpensConversation(t *testing.T) {
-	e1 := startEngine(t, fleet.RoleBoth, nil)
-	e2 := startEngine(t, fleet.RoleBoth, nil)
+	e1, _, eps := twoAggregated(t)
 	cfg := Config{
-		Endpoints:  []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)},
+		Endpoints:  eps,
 		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e1.URL()},
 		Policy:     "kvgate",
 	}

@@ -49,6 +49,15 @@ func startEngine(t *testing.T, role fleet.Role, mut func(*engine.Config)) *engin
 	return e
 }
 
+// twoAggregated starts two aggregated engines and returns them with their
+// endpoints, in that order.
+func twoAggregated(t *testing.T) (e1, e2 *engine.Engine, eps []fleet.Endpoint) {
+	t.Helper()
+	e1 = startEngine(t, fleet.RoleBoth, nil)
+	e2 = startEngine(t, fleet.RoleBoth, nil)
+	return e1, e2, []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)}
+}
+
 func endpointOf(e *engine.Engine, role fleet.Role) fleet.Endpoint {
 	return fleet.Endpoint{Name: e.Addr(), URL: e.URL(), Model: testModel, Role: role,
 		Events: e.KVEventsEndpoint(), Replay: e.KVEventsReplayEndpoint(), PrefillSpeed: 20000 * 50}
@@ -118,10 +127,9 @@ func prefix(tag string) string {
 }
 
 func TestAggregatedStreamingAndAffinity(t *testing.T) {
-	e1 := startEngine(t, fleet.RoleBoth, nil)
-	e2 := startEngine(t, fleet.RoleBoth, nil)
+	e1, _, eps := twoAggregated(t)
 	cfg := Config{
-		Endpoints:  []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)},
+		Endpoints:  eps,
 		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e1.URL()},
 		BlockSize:  32, // the engines use 16: the key map bridges them
 		Policy:     "kvgate",
@@ -380,9 +388,8 @@ func TestRejectionUnderOverloadSparesHigherPriority(t *testing.T) {
 }
 
 func TestEngineDownRetriesElsewhere(t *testing.T) {
-	e1 := startEngine(t, fleet.RoleBoth, nil)
-	e2 := startEngine(t, fleet.RoleBoth, nil)
-	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)}, Policy: "round-robin"}
+	e1, e2, eps := twoAggregated(t)
+	cfg := Config{Endpoints: eps, Policy: "round-robin"}
 	g, url, admin := startGateway(t, cfg, Options{})
 	e1.Close()
 	for i := 0; i < 6; i++ {

@@ -13,10 +13,9 @@ import (
 // not (its first byte comes after the whole generation). /admin/endpoints
 // and /metrics show the learned speed and the recent error.
 func TestFirstStreamedByteTrainsPredictor(t *testing.T) {
-	e1 := startEngine(t, fleet.RoleBoth, nil)
-	e2 := startEngine(t, fleet.RoleBoth, nil)
+	_, _, eps := twoAggregated(t)
 	cfg := Config{
-		Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)},
+		Endpoints: eps,
 		BlockSize: 16,
 		Policy:    "kvgate",
 	}
