@@ -113,14 +113,6 @@ func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
 	return best
 }
 
-// balancePrice is the compute price λ below which kvgate bounds the
-// conversations an endpoint takes (conversationLimit): a fleet whose mean
-// queue is under 0.25 % of the SLO (λ = gain × mean queue / SLO), that is
-// idle. Passing over an endpoint that holds a conversation's shared prefix
-// computes that prefix once more; only an idle fleet has that compute to
-// spare (docs/policies.md, "Conversations in balance").
-const balancePrice = 0.02
-
 // conversationLimit bounds the conversations an endpoint may hold and
 // still take req, when req opens one (consistent hashing with bounded
 // loads, Mirrokni, Thorup and Zadimoghaddam 2018): a conversation lives
@@ -128,22 +120,30 @@ const balancePrice = 0.02
 // compute, so an endpoint that holds part of the prompt (a shared system
 // prompt pulls every conversation that starts with it to its holders)
 // takes req only while it would then hold at most ⌈(1 + ε) × the fleet's
-// mean⌉ (ε = KVGateBalance; passedOver). The conversation then computes
-// the shared prefix once more on an endpoint with room, and the next ones
-// that share it have two homes. +Inf: no limit (req continues a
-// conversation, the fleet is not idle, balancing is off, or no endpoint
-// the limit leaves fits the SLO).
+// mean⌉ (passedOver). The conversation then computes the shared prefix
+// once more on an endpoint with room, and the next ones that share it
+// have two homes.
+//
+// ε is KVGateBalance × (1 + λ): passing over a holder spends compute,
+// which kvgate prices at 1 + λ per second in its cost, so the imbalance
+// it tolerates grows at the same rate. An idle fleet bounds at ε₀; a
+// fleet whose queues near the SLO tolerates several times the mean; a
+// compute-bound one (λ = pressurePrice) never passes a holder over.
+//
+// +Inf: no limit (req continues a conversation, balancing is off, or no
+// endpoint the limit leaves fits the SLO).
 func (p *kvgatePolicy) conversationLimit(req *Request, s *Snapshot, lambda float64) float64 {
-	if !req.OpensConversation || p.o.KVGateBalance < 0 || len(s.Endpoints) < 2 || lambda >= balancePrice {
+	if !req.OpensConversation || p.o.KVGateBalance < 0 || len(s.Endpoints) < 2 {
 		return math.Inf(1)
 	}
 	var sum float64
 	for i := range s.Endpoints {
 		sum += s.Endpoints[i].Conversations
 	}
+	eps := p.o.KVGateBalance * (1 + lambda)
 	// Holding fewer than limit, an endpoint holds at most ⌈(1 + ε)·mean⌉
 	// with req (1e-9 absorbs the decayed counts' rounding).
-	limit := math.Ceil((1+p.o.KVGateBalance)*(sum+1)/float64(len(s.Endpoints))) - 1 + 1e-9
+	limit := math.Ceil((1+eps)*(sum+1)/float64(len(s.Endpoints))) - 1 + 1e-9
 	for i := range s.Endpoints {
 		if e := &s.Endpoints[i]; !passedOver(e, limit) {
 			if _, fits := p.cost(req, e, lambda); fits {

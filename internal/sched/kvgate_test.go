@@ -71,20 +71,28 @@ func BenchmarkDecision64(b *testing.B) {
 			}
 		})
 	}
-	// A request that opens a conversation on an idle fleet: kvgate sums
-	// the endpoints' conversations and passes over those at the limit.
+	// A request that opens a conversation: kvgate sums the endpoints'
+	// conversations and passes over those at the limit, on an idle fleet
+	// (ε = ε₀) and on the loaded one (λ = 2: ε = 3 ε₀).
 	opening := *r
 	opening.OpensConversation = true
+	loaded := &Snapshot{BlockSize: s.BlockSize, Endpoints: append([]Endpoint(nil), s.Endpoints...)}
 	idle := &Snapshot{BlockSize: s.BlockSize, Endpoints: append([]Endpoint(nil), s.Endpoints...)}
 	for i := range idle.Endpoints {
+		loaded.Endpoints[i].Conversations = float64(i % 7)
 		idle.Endpoints[i].QueueWait, idle.Endpoints[i].Conversations = 0, float64(i%7)
 	}
-	b.Run("kvgate-opening-idle", func(b *testing.B) {
-		sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), EarlyReject: true}
-		for b.Loop() {
-			sc.Decide(&opening, idle)
-		}
-	})
+	for _, c := range []struct {
+		name string
+		snap *Snapshot
+	}{{"kvgate-opening-idle", idle}, {"kvgate-opening-loaded", loaded}} {
+		b.Run(c.name, func(b *testing.B) {
+			sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), EarlyReject: true}
+			for b.Loop() {
+				sc.Decide(&opening, c.snap)
+			}
+		})
+	}
 }
 
 // TestKVGateTieSmallerCache: of endpoints that cost the same, kvgate takes
@@ -136,10 +144,10 @@ func TestKVGateUnderPressure(t *testing.T) {
 	}
 }
 
-// TestKVGateConversationBalance: on an idle fleet a new conversation goes
-// past the holder of its shared prefix once that holder would hold more
-// than ⌈1.25 × the mean⌉ conversations, and only then, only for a new
-// conversation, only onto an endpoint that fits, and never when nothing of
+// TestKVGateConversationBalance: a new conversation goes past the holder
+// of its shared prefix once that holder would hold more than ⌈(1 + ε) ×
+// the mean⌉ conversations (ε = 0.25 × (1 + λ)), and only then, only for a
+// new conversation, only onto an endpoint that fits, and never when nothing of
 // the prompt is cached there.
 func TestKVGateConversationBalance(t *testing.T) {
 	const prompt = 2368 // a 2 048-token system prompt and a 320-token turn
@@ -164,16 +172,11 @@ func TestKVGateConversationBalance(t *testing.T) {
 			e[0].Conversations = 2
 			return e
 		}(), true, 0, 0},
-		{"busy fleet keeps affinity", func() []Endpoint {
-			e := hot()
-			for i := range e {
-				e[i].QueueWait += 0.01 // λ = 8 · 0.01 / 2 = 0.04
-			}
-			return e
-		}(), true, 0, 0},
+		{"a fleet with queues still balances", queued(hot(), 0.01), true, 0, 1}, // λ = 8 · 0.01 / 2 = 0.04: limit ⌈1.26 · 3⌉ = 4
+		{"a busier fleet tolerates more", queued(hot(), 1.1), true, 0, 0},       // λ = 4.4: ε = 1.35, limit ⌈2.35 · 3⌉ = 8
 		{"no other endpoint fits: the holder", func() []Endpoint {
 			e := hot()
-			e[1].QueueWait, e[2].QueueWait = 1.9, 1.95 // λ ≥ balancePrice too, so also stays
+			e[1].QueueWait, e[2].QueueWait = 1.9, 1.95
 			return e
 		}(), true, 0, 0},
 		{"an endpoint holding nothing of the prompt is not passed over", []Endpoint{
@@ -182,6 +185,17 @@ func TestKVGateConversationBalance(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := mustNew(t, "kvgate", Options{KVGateBalance: tt.balance})
+			if tt.balance == 0 {
+				// Under pressure (a rejection for the load a second ago,
+				// λ = pressurePrice) no holder is passed over.
+				r := req(prompt)
+				r.OpensConversation = tt.opens
+				s := snapOf(tt.eps...)
+				s.SinceLoadRejection = 1
+				if got := pick(p, r, s); got != 0 {
+					t.Errorf("under pressure picked %d, want the holder", got)
+				}
+			}
 			r := req(prompt)
 			r.OpensConversation = tt.opens
 			s := snapOf(tt.eps...)
@@ -203,10 +217,17 @@ func TestKVGateConversationBalance(t *testing.T) {
 	}
 }
 
+// queued adds wait to every endpoint's queue.
+func queued(e []Endpoint, wait float64) []Endpoint {
+	for i := range e {
+		e[i].QueueWait += wait
+	}
+	return e
+}
+
 // TestKVGateConversationLimitFallsBack: when every endpoint with room for
-// a conversation misses the SLO but the holder fits (λ is still below the
-// idle price because the misses are compute, not queue), the holder takes
-// it.
+// a conversation misses the SLO but the holder fits (the fleet is idle:
+// the misses are compute, not queue), the holder takes it.
 func TestKVGateConversationLimitFallsBack(t *testing.T) {
 	p := mustNew(t, "kvgate", Options{})
 	r := req(30000) // 3 s on an endpoint holding none of it

@@ -86,12 +86,12 @@ type Options struct {
 	KVGateGain     float64
 	KVGateFit      float64
 	KVGatePressure float64
-	// KVGateBalance is ε of kvgate's bounded-load placement of new
-	// conversations (default 0.25): on an idle fleet an endpoint holding
-	// part of a new conversation's prompt takes it only while it would
-	// hold at most ⌈(1 + ε) × the fleet's mean⌉ conversations
-	// (Endpoint.Conversations), when another endpoint that fits the SLO
-	// can; negative: off.
+	// KVGateBalance is ε₀ of kvgate's bounded-load placement of new
+	// conversations (default 0.25): an endpoint holding part of a new
+	// conversation's prompt takes it only while it would hold at most
+	// ⌈(1 + ε) × the fleet's mean⌉ conversations (Endpoint.Conversations),
+	// ε = ε₀ × (1 + λ), when another endpoint that fits the SLO can;
+	// negative: off.
 	KVGateBalance float64
 }
 
