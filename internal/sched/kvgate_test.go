@@ -242,3 +242,19 @@ func TestKVGateConversationLimitFallsBack(t *testing.T) {
 		t.Fatalf("costs %v, want the holder's finite and the others +Inf", costs)
 	}
 }
+
+// TestKVGateConversationLimitOddPrices: a queue wait of +Inf or NaN (an
+// endpoint whose speed is unknown, a broken prediction) makes λ, and so
+// ε, infinite or NaN; the limit then passes no holder over and kvgate
+// still picks an endpoint that fits.
+func TestKVGateConversationLimitOddPrices(t *testing.T) {
+	p := mustNew(t, "kvgate", Options{})
+	for _, wait := range []float64{math.Inf(1), math.NaN()} {
+		r := req(2368)
+		r.OpensConversation = true
+		s := snapOf(Endpoint{CachedTokens: 2048, Conversations: 6}, Endpoint{Conversations: 1}, Endpoint{Conversations: 1, QueueWait: wait})
+		if got := pick(p, r, s); got != 0 {
+			t.Errorf("queue wait %v: picked %d, want the holder (0)", wait, got)
+		}
+	}
+}
