@@ -106,7 +106,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.holdBacklog, "hold-backlog", sl.holdBacklog, "a held request's deadline: this times the fleet's backlog at its arrival (mean queue wait + held compute per instance)")
 	flagrange.Var(fl, &f.holdMax, "hold-max", sl.holdMax, "a held request's deadline is at most this long after its arrival")
 	flagrange.Var(fl, &f.holdSlack, "hold-slack", sl.holdSlack, "a held request is released early onto an idle instance or one where its predicted TTFT is within this many SLOs")
-	flagrange.Var(fl, &f.holdQuiet, "hold-quiet", sl.holdQuiet, "with early rejection, a held request is served on an idle instance only once no request has been rejected for the load for this many SLOs")
+	flagrange.Var(fl, &f.holdQuiet, "hold-quiet", sl.holdQuiet, "with early rejection, a held request is served on an idle instance (of a fleet at least half idle) only once no request has been rejected for the load for this many SLOs")
 	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents, %d for long-prompts)", wl.Rate, maxRates, longPromptRate))
 	fs.StringVar(&f.loads, "loads", "", fmt.Sprintf("instead of --rates: comma-separated loads, each %s, at most %d: multiples of the fleet's prefill capacity on the workload (instances × prefill speed / mean uncached tokens per request under cache-only routing, measured on each seed's workload first)", sl.load, maxRates))
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")

@@ -37,9 +37,11 @@ import (
 // load is rejected, but one that misses its SLO even on an idle endpoint
 // (its prompt is too long for the SLO) would be rejected on any fleet
 // state, every turn of its conversation: it would starve. It is held
-// instead, released onto an idle endpoint once the fleet has rejected no
-// request for the load for HoldQuiet SLOs (so its compute takes no room a
-// request that can make its SLO needs), and rejected at its deadline,
+// instead, released onto an idle endpoint of a mostly idle fleet (at
+// least half its prefilling endpoints idle, holdIdleShare) that has
+// rejected no request for the load for HoldQuiet SLOs (so its compute
+// takes no room a request that can make its SLO needs), and rejected at
+// its deadline,
 // arrival + HoldMin SLOs, if that slack never came. Served, it warms the
 // cache for its conversation's next turns, which then fit.
 //
@@ -438,18 +440,30 @@ func (sc *Scheduler) pickWithSlack(req *Request, s *Snapshot) int {
 	}, func(cand *Snapshot) int { return sc.Policy.Pick(req, cand) })
 }
 
+// holdIdleShare is the share of a fleet's prefilling endpoints that must
+// be idle before one takes a held request that misses its SLO even alone
+// (with early rejection): that request is a miss wherever it runs, and its
+// prefill takes an instance out of service for seconds, so it runs only
+// on a mostly idle fleet. The quiet window says the fleet has not been
+// short of compute lately; this says it is not busy now (a burst, or a
+// flood whose first rejection has not come yet, as at a run's start).
+const holdIdleShare = 0.5
+
 // pickIdle is the policy's pick among the idle prefilling endpoints, if
-// one stays idle after it (the fleet keeps an idle endpoint for what
-// arrives next); -1 otherwise.
+// at least two are idle (the fleet keeps one for what arrives next) and
+// at least holdIdleShare of them; -1 otherwise.
 func (sc *Scheduler) pickIdle(req *Request, s *Snapshot) int {
 	idle := func(e *Endpoint) bool { return e.Role.CanPrefill() && e.QueueWait <= 0 }
-	n := 0
+	n, all := 0, 0
 	for i := range s.Endpoints {
+		if s.Endpoints[i].Role.CanPrefill() {
+			all++
+		}
 		if idle(&s.Endpoints[i]) {
 			n++
 		}
 	}
-	if n < 2 {
+	if n < 2 || float64(n) < holdIdleShare*float64(all) {
 		return -1
 	}
 	return sc.pickAmong(s, idle, func(cand *Snapshot) int { return sc.Policy.Pick(req, cand) })

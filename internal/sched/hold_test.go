@@ -84,6 +84,38 @@ func (f *holdFleet) Dispatch(h *Held, d Decision) {
 	}
 }
 
+// TestHoldServesOnMostlyIdleFleet: with early rejection, a request that
+// misses its SLO even alone is served only while at least half the
+// fleet's prefilling endpoints are idle (decode endpoints do not count),
+// however long the fleet has been quiet.
+func TestHoldServesOnMostlyIdleFleet(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, Hold: true, EarlyReject: true, DefaultSLO: SLO{TTFT: 2}}
+	f := &holdFleet{snap: Snapshot{Now: 100}}
+	for i := range 6 {
+		f.snap.Endpoints = append(f.snap.Endpoints, Endpoint{Name: string(rune('a' + i)), Role: fleet.RolePrefill, PrefillSpeed: 1000, QueueWait: 1})
+	}
+	for range 4 {
+		f.snap.Endpoints = append(f.snap.Endpoints, Endpoint{Name: "decode", Role: fleet.RoleDecode, KVFreeTokens: 1 << 20})
+	}
+	q := NewHoldQueue(4)
+	if err := q.Push(&Held{Req: Request{Arrival: 100, PromptTokens: 5000}, Until: 102}); err != nil {
+		t.Fatal(err)
+	}
+	var s Snapshot
+	for idle, want := range []int{0, 0, 0, 1} {
+		for i := range idle {
+			f.snap.Endpoints[i].QueueWait = 0
+		}
+		if n := sc.ReleaseHeld(q, 100, f, &s); n != want {
+			t.Fatalf("%d of 6 prefill endpoints idle: released %d, want %d", idle, n, want)
+		}
+	}
+	if len(f.got) != 1 || !f.got[0].Admit || f.got[0].Prefill > 2 {
+		t.Fatalf("served %+v, want on one of the three idle prefill endpoints", f.got)
+	}
+}
+
 // TestHoldWithEarlyRejection: with early rejection, only a request that
 // misses its SLO even on an idle endpoint is held (one that misses for the
 // load is rejected, and counts as a rejection for the load); it is served

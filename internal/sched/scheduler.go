@@ -44,9 +44,10 @@ type Scheduler struct {
 	//
 	// With EarlyReject, Hold holds only a request that misses its SLO even
 	// on an idle endpoint (rejecting it would turn it away on any fleet
-	// state: it would starve): it is released onto an idle endpoint once
-	// no request has been rejected for the load for HoldQuiet SLOs
-	// (default DefaultHoldQuiet), and rejected at its deadline, arrival +
+	// state: it would starve): it is released onto an idle endpoint while
+	// at least half the prefilling endpoints are idle, once no request has
+	// been rejected for the load for HoldQuiet SLOs (default
+	// DefaultHoldQuiet), and rejected at its deadline, arrival +
 	// HoldMin SLOs, if no endpoint had that slack.
 	Hold                                                bool
 	HoldMin, HoldBacklog, HoldMax, HoldSlack, HoldQuiet float64
