@@ -41,9 +41,8 @@ import (
 // least half its prefilling endpoints idle, holdIdleShare) that has
 // rejected no request for the load for HoldQuiet SLOs (so its compute
 // takes no room a request that can make its SLO needs), and rejected at
-// its deadline,
-// arrival + HoldMin SLOs, if that slack never came. Served, it warms the
-// cache for its conversation's next turns, which then fit.
+// its deadline, arrival + HoldMin SLOs, if that slack never came. Served,
+// it warms the cache for its conversation's next turns, which then fit.
 //
 // The simulator and the gateway both run this code: they push what Decide
 // marks Hold, note rejections for the load (HoldQueue.NoteLoadRejection,
