@@ -196,7 +196,16 @@ type Fleet struct {
 	pred        predict.Predictor
 	// batching: the engines batch prefills (SetBatchingEngines).
 	batching bool
+	// meanPrefill is the exponential average of routed requests'
+	// predicted prefill seconds (sched.Snapshot.MeanPrefill).
+	meanPrefill float64
+	routedAny   bool
 }
+
+// MeanPrefillRequests is the memory, in requests, of the fleet's mean
+// prefill time (sched.Snapshot.MeanPrefill): each routed request weighs
+// 1/MeanPrefillRequests of it.
+const MeanPrefillRequests = 100
 
 // New returns a fleet of the given endpoints. With trackActive it keeps the
 // distinct blocks of in-flight sequences (sched.SignalActiveBlocks), which
@@ -340,6 +349,7 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 	}
 	dst.Endpoints = dst.Endpoints[:len(eps)]
 	dst.Now = now
+	dst.MeanPrefill = f.meanPrefill
 	for i, e := range eps {
 		e.fill(now, &dst.Endpoints[i])
 	}
@@ -448,6 +458,19 @@ func (f *Fleet) NextIdle(now float64) float64 {
 	return t
 }
 
+// notePrefill adds a routed request's predicted prefill seconds to the
+// fleet's mean (under the lock).
+func (f *Fleet) notePrefill(seconds float64) {
+	if math.IsNaN(seconds) || math.IsInf(seconds, 0) || seconds < 0 {
+		return
+	}
+	if !f.routedAny {
+		f.meanPrefill, f.routedAny = seconds, true
+		return
+	}
+	f.meanPrefill += (seconds - f.meanPrefill) / MeanPrefillRequests
+}
+
 // Route records that a request was sent to e for its prefill at time now
 // and returns its flight.
 func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
@@ -468,6 +491,7 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 		// An idle endpoint starts a busy window.
 		e.win = busyWindow{open: true, start: now, xs: e.win.xs[:0]}
 	}
+	f.notePrefill(fl.compute)
 	start := max(e.busy, now)
 	e.busy = start + fl.compute
 	fl.done = e.busy

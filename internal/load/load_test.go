@@ -186,3 +186,24 @@ func TestConversationsDecay(t *testing.T) {
 		t.Fatalf("a read before its last opening: %v, want %v", got, want)
 	}
 }
+
+// TestMeanPrefill: the snapshot carries the exponential average of the
+// routed requests' predicted prefill seconds (the first sets it; each
+// next moves it 1/MeanPrefillRequests of the way); a NaN, infinite or
+// negative prediction does not count.
+func TestMeanPrefill(t *testing.T) {
+	f := New([]Info{{Name: "a", PrefillSpeed: 1000}}, false)
+	if s, _ := snap(f, 0, 100, nil); s.MeanPrefill != 0 {
+		t.Fatalf("before any route: %v, want 0 (unknown)", s.MeanPrefill)
+	}
+	_, eps := snap(f, 0, 100, nil)
+	f.Route(eps[0], 0, Work{Uncached: 1000, PrefillSeconds: 1})
+	f.Route(eps[0], 0, Work{Uncached: 3000, PrefillSeconds: 3})
+	for _, bad := range []float64{math.NaN(), math.Inf(1), -1} {
+		f.notePrefill(bad)
+	}
+	want := 1 + (3-1)/float64(MeanPrefillRequests)
+	if s, _ := snap(f, 0, 100, nil); math.Abs(s.MeanPrefill-want) > 1e-12 {
+		t.Fatalf("mean prefill %v, want %v", s.MeanPrefill, want)
+	}
+}

@@ -56,12 +56,55 @@ func (p *kvgatePolicy) price(req *Request, s *Snapshot) float64 {
 	return p.o.KVGateGain * sum / float64(len(s.Endpoints)) / req.SLO.TTFT
 }
 
-// cost is endpoint e's cost for req at compute price lambda, and whether
-// its predicted TTFT fits the SLO.
-func (p *kvgatePolicy) cost(req *Request, e *Endpoint, lambda float64) (cost float64, fits bool) {
+// pricing is one decision's prices: λ, and, while the fleet is
+// compute-bound, how much compute a placement may spend beyond the least
+// the request takes anywhere.
+type pricing struct {
+	lambda float64
+	// least is the request's least compute on any endpoint (seconds);
+	// spare is how much more a placement may compute (seconds; +Inf: any).
+	least, spare float64
+}
+
+// pricing is λ and, under pressure, the spare compute: the fleet's mean
+// prefill (Snapshot.MeanPrefill). An endpoint that would compute more than
+// that beyond the request's least recomputes a prefix another endpoint
+// holds, and spends on it more than serving another request takes, which
+// a fleet that is rejecting requests for lack of compute cannot afford:
+// there the request counts as not fitting, and if nothing else fits it is
+// rejected, as its cheapest endpoint cannot take it in time. Its own
+// compute is never held against it (a long prompt competes as any other).
+func (p *kvgatePolicy) pricing(req *Request, s *Snapshot) pricing {
+	pr := pricing{lambda: p.price(req, s), spare: math.Inf(1)}
+	if pr.lambda < pressurePrice || !(s.MeanPrefill > 0) || math.IsInf(s.MeanPrefill, 1) {
+		return pr
+	}
+	pr.least = math.Inf(1)
+	for i := range s.Endpoints {
+		pr.least = min(pr.least, computeSeconds(req, &s.Endpoints[i]))
+	}
+	pr.spare = s.MeanPrefill
+	return pr
+}
+
+// wasteful: on e, req would recompute more than the spare compute beyond
+// its least.
+func (pr pricing) wasteful(compute float64) bool {
+	return compute-pr.least > pr.spare
+}
+
+// cost is endpoint e's cost for req at prices pr, and whether its
+// predicted TTFT fits the SLO (and, under pressure, its compute the spare).
+func (p *kvgatePolicy) cost(req *Request, e *Endpoint, pr pricing) (cost float64, fits bool) {
 	compute := computeSeconds(req, e)
 	ttft := e.QueueWait + compute
 	fits = req.SLO.TTFT <= 0 || ttft <= p.o.KVGateFit*req.SLO.TTFT
+	if fits && pr.wasteful(compute) {
+		// Under pressure, not worth its recompute: never chosen while an
+		// endpoint that fits or one that is lost remains (one that
+		// computes least always does: the scheduler then rejects).
+		return math.Inf(1), false
+	}
 	if !fits {
 		// The request misses its SLO wherever it goes: it is lost.
 		// Send it down the longest queue (least compute among equals),
@@ -70,17 +113,17 @@ func (p *kvgatePolicy) cost(req *Request, e *Endpoint, lambda float64) (cost flo
 		// past it.
 		return -e.QueueWait + lostComputeWeight*compute, false
 	}
-	return ttft + lambda*compute, true
+	return ttft + pr.lambda*compute, true
 }
 
 // Costs implements CostReporter: endpoints whose TTFT fits the SLO cost
 // their kvgate cost; the others, when any fits, +Inf.
 func (p *kvgatePolicy) Costs(req *Request, s *Snapshot, dst []float64) []float64 {
-	lambda := p.price(req, s)
-	limit := p.conversationLimit(req, s, lambda)
+	pr := p.pricing(req, s)
+	limit := p.conversationLimit(req, s, pr)
 	anyFits := false
 	for i := range s.Endpoints {
-		c, fits := p.cost(req, &s.Endpoints[i], lambda)
+		c, fits := p.cost(req, &s.Endpoints[i], pr)
 		if fits && !passedOver(&s.Endpoints[i], limit) {
 			anyFits = true
 		}
@@ -88,7 +131,7 @@ func (p *kvgatePolicy) Costs(req *Request, s *Snapshot, dst []float64) []float64
 	}
 	if anyFits {
 		for i := range s.Endpoints {
-			if _, fits := p.cost(req, &s.Endpoints[i], lambda); !fits || passedOver(&s.Endpoints[i], limit) {
+			if _, fits := p.cost(req, &s.Endpoints[i], pr); !fits || passedOver(&s.Endpoints[i], limit) {
 				dst[i] = math.Inf(1)
 			}
 		}
@@ -97,14 +140,14 @@ func (p *kvgatePolicy) Costs(req *Request, s *Snapshot, dst []float64) []float64
 }
 
 func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
-	lambda := p.price(req, s)
-	limit := p.conversationLimit(req, s, lambda)
+	pr := p.pricing(req, s)
+	limit := p.conversationLimit(req, s, pr)
 	best, bestCost, bestFits := -1, math.Inf(1), false
 	for i := range s.Endpoints {
 		if passedOver(&s.Endpoints[i], limit) {
 			continue
 		}
-		cost, fits := p.cost(req, &s.Endpoints[i], lambda)
+		cost, fits := p.cost(req, &s.Endpoints[i], pr)
 		switch {
 		case best < 0, fits && !bestFits, fits == bestFits && (cost < bestCost || (cost == bestCost && kvgateTie(s, i, best))):
 			best, bestCost, bestFits = i, cost, fits
@@ -132,7 +175,7 @@ func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
 //
 // +Inf: no limit (req continues a conversation, balancing is off, or no
 // endpoint the limit leaves fits the SLO).
-func (p *kvgatePolicy) conversationLimit(req *Request, s *Snapshot, lambda float64) float64 {
+func (p *kvgatePolicy) conversationLimit(req *Request, s *Snapshot, pr pricing) float64 {
 	if !req.OpensConversation || p.o.KVGateBalance < 0 || len(s.Endpoints) < 2 {
 		return math.Inf(1)
 	}
@@ -140,13 +183,13 @@ func (p *kvgatePolicy) conversationLimit(req *Request, s *Snapshot, lambda float
 	for i := range s.Endpoints {
 		sum += s.Endpoints[i].Conversations
 	}
-	eps := p.o.KVGateBalance * (1 + lambda)
+	eps := p.o.KVGateBalance * (1 + pr.lambda)
 	// Holding fewer than limit, an endpoint holds at most ⌈(1 + ε)·mean⌉
 	// with req (1e-9 absorbs the decayed counts' rounding).
 	limit := math.Ceil((1+eps)*(sum+1)/float64(len(s.Endpoints))) - 1 + 1e-9
 	for i := range s.Endpoints {
 		if e := &s.Endpoints[i]; !passedOver(e, limit) {
-			if _, fits := p.cost(req, e, lambda); fits {
+			if _, fits := p.cost(req, e, pr); fits {
 				return limit
 			}
 		}

@@ -93,6 +93,16 @@ func BenchmarkDecision64(b *testing.B) {
 			}
 		})
 	}
+	// Under pressure: the spare compute takes one more pass (the least
+	// compute over the endpoints).
+	pressed := *s
+	pressed.SinceLoadRejection, pressed.MeanPrefill = 1, 0.2
+	b.Run("kvgate-pressure", func(b *testing.B) {
+		sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), EarlyReject: true}
+		for b.Loop() {
+			sc.Decide(r, &pressed)
+		}
+	})
 }
 
 // TestKVGateTieSmallerCache: of endpoints that cost the same, kvgate takes
@@ -256,5 +266,56 @@ func TestKVGateConversationLimitOddPrices(t *testing.T) {
 		if got := pick(p, r, s); got != 0 {
 			t.Errorf("queue wait %v: picked %d, want the holder (0)", wait, got)
 		}
+	}
+}
+
+// TestKVGateSpareUnderPressure: while the fleet is compute-bound (a
+// rejection for the load a second ago), a request whose cheapest endpoint
+// cannot take it in time goes to another only if it computes there at
+// most the fleet's mean prefill more; otherwise the scheduler rejects it.
+// Its own compute is not held against it, and without pressure it moves.
+func TestKVGateSpareUnderPressure(t *testing.T) {
+	// 6 000 tokens at 10 000 tok/s: 0.6 s; the holder has 5 000 of them
+	// cached (0.1 s there) behind a 1.95 s queue; the other is idle.
+	mk := func(since, mean float64) *Snapshot {
+		s := snapOf(Endpoint{CachedTokens: 5000, QueueWait: 1.95}, Endpoint{})
+		s.SinceLoadRejection, s.MeanPrefill = since, mean
+		return s
+	}
+	tests := []struct {
+		name        string
+		since, mean float64
+		admit       bool
+		want        int
+	}{
+		{"no pressure: moves", 0, 0.2, true, 1},
+		{"pressure, the move costs more than a mean prefill: rejected", 1, 0.2, false, -1},
+		{"pressure, the move costs less than a mean prefill: moves", 1, 0.6, true, 1},
+		{"pressure, mean unknown: moves", 1, 0, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustNew(t, "kvgate", Options{})
+			sc := &Scheduler{Policy: p, EarlyReject: true, Explain: true}
+			s := mk(tt.since, tt.mean)
+			d := sc.Decide(req(6000), s)
+			if d.Admit != tt.admit || (tt.admit && d.Prefill != tt.want) {
+				t.Fatalf("decision %+v, want admit %v on %d", d, tt.admit, tt.want)
+			}
+			if !tt.admit && (d.Prefill != 0 || !RejectedForPrefill(req(6000), s, &d)) {
+				t.Errorf("rejected on %d (%s): want on the holder, for the load", d.Prefill, d.Reason)
+			}
+			// The costs that explain it agree: the move is ruled out.
+			if c := d.Costs; !tt.admit && !math.IsInf(c[1], 1) {
+				t.Errorf("costs %v: the wasteful move should be +Inf", c)
+			}
+		})
+	}
+	// A long prompt cached nowhere competes as any other: its own compute
+	// (1.5 s, far above the mean) is not waste.
+	s := snapOf(Endpoint{QueueWait: 0.1}, Endpoint{})
+	s.SinceLoadRejection, s.MeanPrefill = 1, 0.2
+	if d := (&Scheduler{Policy: mustNew(t, "kvgate", Options{}), EarlyReject: true}).Decide(req(15000), s); !d.Admit || d.Prefill != 1 {
+		t.Fatalf("long uncached prompt under pressure: %+v, want admitted on the idle endpoint", d)
 	}
 }

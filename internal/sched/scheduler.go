@@ -222,7 +222,7 @@ func candidates(s *Snapshot, v *view, keep func(*Endpoint) bool) *Snapshot {
 		return s
 	}
 	v.snap = Snapshot{Now: s.Now, BlockSize: s.BlockSize, Forecast: s.Forecast, HeldCompute: s.HeldCompute,
-		SinceLoadRejection: s.SinceLoadRejection, Endpoints: v.snap.Endpoints[:0]}
+		SinceLoadRejection: s.SinceLoadRejection, MeanPrefill: s.MeanPrefill, Endpoints: v.snap.Endpoints[:0]}
 	for i := range s.Endpoints {
 		if keep(&s.Endpoints[i]) {
 			v.snap.Endpoints = append(v.snap.Endpoints, s.Endpoints[i])

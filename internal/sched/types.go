@@ -131,6 +131,12 @@ type Snapshot struct {
 	// recent the fleet is compute-bound, and kvgate prices compute so
 	// (Options.KVGatePressure).
 	SinceLoadRejection float64
+	// MeanPrefill is the mean predicted prefill time (seconds) of the
+	// requests the fleet was sent lately (load.Fleet: an exponential
+	// average over about the last MeanPrefillRequests requests); 0:
+	// unknown. Under pressure kvgate spends no more than this on
+	// recomputing, on one endpoint, a prefix another endpoint holds.
+	MeanPrefill float64
 }
 
 // DecodeForecaster predicts a decode endpoint's state at a future clock
