@@ -455,11 +455,11 @@ func (sc *Scheduler) pickIdle(req *Request, s *Snapshot) int {
 	idle := func(e *Endpoint) bool { return e.Role.CanPrefill() && e.QueueWait <= 0 }
 	n, all := 0, 0
 	for i := range s.Endpoints {
-		if s.Endpoints[i].Role.CanPrefill() {
+		if e := &s.Endpoints[i]; e.Role.CanPrefill() {
 			all++
-		}
-		if idle(&s.Endpoints[i]) {
-			n++
+			if idle(e) {
+				n++
+			}
 		}
 	}
 	if n < 2 || float64(n) < holdIdleShare*float64(all) {
