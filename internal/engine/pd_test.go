@@ -166,8 +166,13 @@ func TestRoleSwitch(t *testing.T) {
 		b.Write(buf[:n])
 		return r, []byte(b.String())
 	}()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /admin/role after switch: %d %s", resp.StatusCode, out)
+	}
 	st = RoleStatus{}
-	json.Unmarshal(out, &st)
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("GET /admin/role after switch: %v: %s", err, out)
+	}
 	if st.Role != fleet.RolePrefill || st.State != stateServing || st.TargetRole != nil {
 		t.Errorf("after switch: %s", out)
 	}

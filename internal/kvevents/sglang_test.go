@@ -24,10 +24,9 @@ import (
 // data_parallel_rank. Only whole pages are cached (page-aligned keys), as
 // SGLang does for a page size above 1.
 type sglangTree struct {
-	page  int
-	nodes map[string]*sgNode // by path id, for the test's own bookkeeping
-	w     *mpw
-	n     int // events in w
+	page int
+	w    *mpw
+	n    int // events in w
 }
 
 type sgNode struct {

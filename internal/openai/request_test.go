@@ -9,8 +9,6 @@ import (
 	"testing"
 )
 
-func i64(v int64) *int64 { return &v }
-
 func TestParseRequestFields(t *testing.T) {
 	body := `{"model":"m","prompt":"hi","max_tokens":9223372036854775807,"max_completion_tokens":5,
 		"min_tokens":1.0,"n":1,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},

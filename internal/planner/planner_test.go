@@ -111,8 +111,6 @@ func simulate(t *testing.T, cfg Config, f *fakeFleet, src Source, seconds float6
 	return ds
 }
 
-func chatShape(float64) Shape { return SeedPhases()[0].Shape }
-
 func switchesOf(ds []Decision) []Decision {
 	var out []Decision
 	for _, d := range ds {
