@@ -220,6 +220,7 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 		return nil, err
 	}
 	sreq := g.schedRequest(rt, fs.snap.Now)
+	mf.hold.q.NoteArrival(fs.snap.Now, rt.prep.Keys)
 	start := time.Now()
 	d := g.sched.Load().Decide(&sreq, &fs.snap)
 	g.met.decision.Observe(time.Since(start).Seconds())

@@ -117,6 +117,10 @@ type Held struct {
 	// Value is the caller's (the simulator's request index, the
 	// gateway's waiting handler).
 	Value any
+	// Keys are the prompt's chained block keys, by which the hold
+	// recognises a later request that extends it when it was served late
+	// (Returns); nil when unknown.
+	Keys []uint64
 
 	seq      uint64
 	prio, dl int // heap positions; -1 when out
@@ -132,6 +136,7 @@ type HoldQueue struct {
 	seq        uint64
 	cap        int
 	rejections LoadRejections
+	returns    Returns
 }
 
 // LoadRejections remembers when the fleet last rejected a request for the
@@ -222,6 +227,11 @@ func (q *HoldQueue) SinceLoadRejection(now float64) float64 { return q.rejection
 // quietFor is how long before now the last rejection for the load was
 // (+Inf if none).
 func (q *HoldQueue) quietFor(now float64) float64 { return q.rejections.quietFor(now) }
+
+// NoteArrival tells the queue that a request with these chained block
+// keys arrived at now: it settles the investments its prompt extends
+// (Returns). The simulator and the gateway call it for every request.
+func (q *HoldQueue) NoteArrival(now float64, keys []uint64) { q.returns.NoteArrival(now, keys) }
 
 // NextDeadline is the earliest deadline held (+Inf when empty).
 func (q *HoldQueue) NextDeadline() float64 {
@@ -340,12 +350,17 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 			return n
 		}
 		f.SnapshotFor(h, s)
-		d, ok := sc.release(&h.Req, s, overdue, q.quietFor(now))
+		l := lending{quiet: q.quietFor(now), returns: q.returns.Rate(now)}
+		d, ok := sc.release(&h.Req, s, overdue, l)
 		if !ok {
 			return n
 		}
 		if !q.Remove(h) {
 			continue // removed meanwhile (its client left)
+		}
+		if sc.EarlyReject && !overdue && d.Admit {
+			// Served late, for what it leaves in the cache.
+			q.returns.Invest(now, h.Keys, sc.quietWindow(&h.Req))
 		}
 		f.Dispatch(h, d)
 		n++
@@ -355,10 +370,9 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 // release decides a held request at s.Now: overdue, where the policy says
 // (with early rejection: rejected); else, if any endpoint has slack (an
 // idle queue, or a predicted TTFT within HoldSlack SLOs; with early
-// rejection, an idle queue in a fleet quiet for HoldQuiet SLOs: quiet is
-// how long ago the last rejection for the load was), on the one the
-// policy picks among those.
-func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool, quiet float64) (Decision, bool) {
+// rejection, an idle queue in a fleet that lends the compute, l), on the
+// one the policy picks among those.
+func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool, l lending) (Decision, bool) {
 	req := *in
 	req.SLO = sc.WithDefaults(req.SLO)
 	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO, Reason: "released from hold (deadline)"}
@@ -371,7 +385,7 @@ func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool, quiet float
 		best = sc.pickOverdue(&req, s)
 	case sc.EarlyReject:
 		d.Reason = "released from hold (idle endpoint, quiet fleet)"
-		if quiet >= orDefault(sc.HoldQuiet, DefaultHoldQuiet)*req.SLO.TTFT {
+		if sc.lends(&req, s, l) {
 			best = sc.pickIdle(&req, s)
 		}
 	default:
@@ -394,6 +408,64 @@ func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool, quiet float
 		d.PredictedTPOT = de.TPOT
 	}
 	return d, true
+}
+
+// lending is what the fleet's recent past says about serving late a
+// request that misses its SLO even alone (with early rejection).
+type lending struct {
+	// quiet is how long ago the last rejection for the load was
+	// (seconds; +Inf: none yet).
+	quiet float64
+	// returns is the share of such requests served late whose prompt a
+	// later request extended (Returns.Rate).
+	returns float64
+}
+
+// Shares of the hold's investments that came back (Returns.Rate) below
+// which it stops investing (returnsKeep), and above which it lends beyond
+// the quiet window (returnsLend): while most came back, the compute a
+// late prompt takes comes back as its conversation's next turns.
+const (
+	returnsKeep = 0.25
+	returnsLend = 0.5
+)
+
+// quietWindow is HoldQuiet SLOs of req, in seconds.
+func (sc *Scheduler) quietWindow(req *Request) float64 {
+	return orDefault(sc.HoldQuiet, DefaultHoldQuiet) * sc.WithDefaults(req.SLO).TTFT
+}
+
+// lends reports whether the fleet lends req, which misses its SLO even
+// alone, the compute to serve it late (on an idle endpoint of a mostly
+// idle fleet: pickIdle): while at least returnsKeep of such requests came
+// back, once no request has been rejected for the load for the quiet
+// window; and, while most came back (returnsLend), before that, by as
+// many SLOs of overshoot (its TTFT alone beyond the SLO) as the share of
+// the window that has passed (one SLO at the full window).
+func (sc *Scheduler) lends(req *Request, s *Snapshot, l lending) bool {
+	if l.returns < returnsKeep {
+		return false
+	}
+	window := sc.quietWindow(req)
+	if l.quiet >= window {
+		return true
+	}
+	if l.returns <= returnsLend || !(l.quiet > 0) {
+		return false
+	}
+	return overshoot(req, s) <= l.quiet/window*req.SLO.TTFT
+}
+
+// overshoot is how far req's TTFT alone, on the prefilling endpoint where
+// it is shortest, exceeds its SLO (seconds; +Inf: no endpoint prefills).
+func overshoot(req *Request, s *Snapshot) float64 {
+	least := math.Inf(1)
+	for i := range s.Endpoints {
+		if e := &s.Endpoints[i]; e.Role.CanPrefill() {
+			least = min(least, aloneTTFT(req, e))
+		}
+	}
+	return least - req.SLO.TTFT
 }
 
 // OverduePicker is a policy that chooses where its overdue held requests

@@ -293,13 +293,14 @@ func (r *run) step(ri int) error {
 	r.snapshot(ri)
 	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
 		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO, OpensConversation: r.opens[ri]}
+	r.hold.NoteArrival(t, q.Keys)
 	d := r.sc.Decide(&req, &r.snap)
 	if r.cfg.OnDecision != nil {
 		r.cfg.OnDecision(ri, d)
 	}
 	r.slo[ri] = d.SLO
 	if d.Hold {
-		if err := r.hold.Push(&sched.Held{Req: req, Until: d.HoldUntil, Compute: d.HoldCompute, Value: ri}); err != nil {
+		if err := r.hold.Push(&sched.Held{Req: req, Until: d.HoldUntil, Compute: d.HoldCompute, Value: ri, Keys: q.Keys}); err != nil {
 			return fmt.Errorf("sim: request %d: %w", ri, err)
 		}
 		r.held++
