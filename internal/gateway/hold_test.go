@@ -368,3 +368,48 @@ func TestHeldWithEarlyRejection(t *testing.T) {
 		t.Fatalf("after the rejection: %d %s", r.status, r.body)
 	}
 }
+
+// TestHeldWithEarlyRejectionStopsWhenNothingComesBack: with early
+// rejection the gateway serves late a request that misses its SLO even
+// alone (600 tokens at 1 000 tokens/s against a 0.5 s SLO) on an idle
+// fleet, and remembers its prompt (sched.Returns); when no later request
+// extends three such prompts within the quiet window (30 SLOs, 15 s), it
+// stops: the fourth waits and gets 429 at its deadline.
+func TestHeldWithEarlyRejectionStopsWhenNothingComesBack(t *testing.T) {
+	inUpstream := make(chan struct{}, 4)
+	seen := &atomic.Int64{}
+	a, b := holdUpstream(t, seen, inUpstream), holdUpstream(t, seen, inUpstream)
+	clock := &atomic.Int64{}
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	on := true
+	cfg := Config{
+		Endpoints: []fleet.Endpoint{{Name: "a", URL: a.URL, Model: testModel, PrefillSpeed: 1000},
+			{Name: "b", URL: b.URL, Model: testModel, PrefillSpeed: 1000}},
+		Classes:     []Class{{Name: "standard", Priority: 1, TTFT: 0.5}},
+		EarlyReject: &on,
+		Predictor:   PredictorAnalytic,
+	}
+	g, url, _ := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	for i := range 3 {
+		r := post(t, url+"/v1/completions", tokenPrompt(20+i, 600, false), nil)
+		if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (idle endpoint, quiet fleet)") {
+			t.Fatalf("investment %d: %d %q %s", i+1, r.status, r.header.Get(hdrReason), r.body)
+		}
+		clock.Add(int64(16 * time.Second))
+		// An unrelated request: the investment's window has passed.
+		if r := post(t, url+"/v1/completions", tokenPrompt(90+i, 50, false), nil); r.status != 200 {
+			t.Fatalf("small request %d: %d %s", i+1, r.status, r.body)
+		}
+	}
+	got := make(chan result, 1)
+	go func() { got <- post(t, url+"/v1/completions", tokenPrompt(30, 600, false), nil) }()
+	waitFor(t, func() bool { return g.heldNow() == 1 })
+	time.Sleep(3 * holdPoll)
+	if g.heldNow() != 1 {
+		t.Fatalf("held %d: served after three investments that never came back", g.heldNow())
+	}
+	clock.Add(int64(600 * time.Millisecond)) // past its deadline, 0.5 s
+	if r := awaitResult(t, got); r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "even on an idle endpoint") {
+		t.Fatalf("overdue: %d %s, want 429", r.status, r.body)
+	}
+}
