@@ -94,7 +94,8 @@ type HoldConfig struct {
 	// request's deadline; Slack (SLOs) is when an endpoint has room for
 	// an early release; Quiet (SLOs), with early rejection, is how long
 	// no request must have been rejected for the load before a held one
-	// is served on an idle endpoint. 0: sched's defaults.
+	// is served on an idle endpoint (sched.Scheduler.HoldQuiet: earlier
+	// while such investments come back). 0: sched's defaults.
 	Min     float64       `yaml:"min_slos"`
 	Backlog float64       `yaml:"backlog"`
 	Max     time.Duration `yaml:"max"`

@@ -42,12 +42,17 @@ import (
 // rejected no request for the load for HoldQuiet SLOs (so its compute
 // takes no room a request that can make its SLO needs), and rejected at
 // its deadline, arrival + HoldMin SLOs, if that slack never came. Served,
-// it warms the cache for its conversation's next turns, which then fit.
+// it warms the cache for its conversation's next turns, which then fit:
+// the hold counts whether they come (Returns), stops serving such
+// requests while few do, and serves them before the quiet window has
+// passed while most do (lends).
 //
 // The simulator and the gateway both run this code: they push what Decide
-// marks Hold, note rejections for the load (HoldQueue.NoteLoadRejection,
-// RejectedForPrefill), and call Scheduler.ReleaseHeld whenever the fleet may
-// have changed (a prefill ended, a request arrived, a deadline passed).
+// marks Hold (with the prompt's block keys), note rejections for the load
+// (HoldQueue.NoteLoadRejection, RejectedForPrefill) and every arrival's
+// block keys (HoldQueue.NoteArrival), and call Scheduler.ReleaseHeld
+// whenever the fleet may have changed (a prefill ended, a request
+// arrived, a deadline passed).
 
 // Default hold parameters (Scheduler.HoldMin, HoldBacklog, HoldSlack,
 // HoldMax).

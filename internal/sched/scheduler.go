@@ -47,8 +47,9 @@ type Scheduler struct {
 	// state: it would starve): it is released onto an idle endpoint while
 	// at least half the prefilling endpoints are idle, once no request has
 	// been rejected for the load for HoldQuiet SLOs (default
-	// DefaultHoldQuiet), and rejected at its deadline, arrival +
-	// HoldMin SLOs, if no endpoint had that slack.
+	// DefaultHoldQuiet; earlier, and never, as such late answers come
+	// back or not: Returns, lends), and rejected at its deadline,
+	// arrival + HoldMin SLOs, if no endpoint had that slack.
 	Hold                                                bool
 	HoldMin, HoldBacklog, HoldMax, HoldSlack, HoldQuiet float64
 
