@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -130,5 +131,26 @@ func TestHoldStopsInvestingWhenNothingComesBack(t *testing.T) {
 	}
 	if !serve(now+3*ReturnsMemory, 5) {
 		t.Fatal("not served once the verdict faded")
+	}
+}
+
+// BenchmarkNoteArrival is the per-request cost the hold's returns add
+// (HoldQueue.NoteArrival): with no investment pending (the common case),
+// and with 16 pending, none of which the arrival settles.
+func BenchmarkNoteArrival(b *testing.B) {
+	keys := make([]uint64, 1000) // a 64 000-token prompt in 64-token blocks
+	for i := range keys {
+		keys[i] = uint64(i)*0x9E3779B97F4A7C15 + 1
+	}
+	for _, pending := range []int{0, 16} {
+		b.Run(fmt.Sprintf("pending=%d", pending), func(b *testing.B) {
+			var r Returns
+			for i := range pending {
+				r.Invest(0, []uint64{uint64(i) + 7, uint64(i) + 8}, 1e9)
+			}
+			for b.Loop() {
+				r.NoteArrival(1, keys)
+			}
+		})
 	}
 }
