@@ -45,7 +45,7 @@ import (
 // it warms the cache for its conversation's next turns, which then fit:
 // the hold counts whether they come (Returns), stops serving such
 // requests while few do, and serves them before the quiet window has
-// passed while at least half do (lends).
+// passed while most do (lends).
 //
 // The simulator and the gateway both run this code: they push what Decide
 // marks Hold (with the prompt's block keys), note rejections for the load
@@ -427,10 +427,9 @@ type lending struct {
 }
 
 // Shares of the hold's investments that came back (Returns.Rate) below
-// which it stops investing (returnsKeep), and from which on it lends
-// before the quiet window has passed (returnsLend): while at least half
-// came back (the prior's ½ counts: nothing says otherwise yet), the
-// compute a late prompt takes comes back as its conversation's next turns.
+// which it stops investing (returnsKeep), and above which it lends beyond
+// the quiet window (returnsLend): while most came back, the compute a
+// late prompt takes comes back as its conversation's next turns.
 const (
 	returnsKeep = 0.25
 	returnsLend = 0.5
@@ -445,7 +444,7 @@ func (sc *Scheduler) quietWindow(req *Request) float64 {
 // alone, the compute to serve it late (on an idle endpoint of a mostly
 // idle fleet: pickIdle): while at least returnsKeep of such requests came
 // back, once no request has been rejected for the load for the quiet
-// window; and, while at least half came back (returnsLend), before that, by as
+// window; and, while most came back (returnsLend), before that, by as
 // many SLOs of overshoot (its TTFT alone beyond the SLO) as the share of
 // the window that has passed (one SLO at the full window).
 func (sc *Scheduler) lends(req *Request, s *Snapshot, l lending) bool {
@@ -456,7 +455,7 @@ func (sc *Scheduler) lends(req *Request, s *Snapshot, l lending) bool {
 	if l.quiet >= window {
 		return true
 	}
-	if l.returns < returnsLend || !(l.quiet > 0) {
+	if l.returns <= returnsLend || !(l.quiet > 0) {
 		return false
 	}
 	return overshoot(req, s) <= l.quiet/window*req.SLO.TTFT
