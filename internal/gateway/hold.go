@@ -179,6 +179,18 @@ func (f *releaseFleet) Dispatch(h *sched.Held, d sched.Decision) {
 }
 
 // heldNow counts the requests held over every model.
+// holdReturns is each model's hold returns rate now (sched.Returns.Rate).
+func (g *Gateway) holdReturns() map[string]float64 {
+	now := g.clock()
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	out := make(map[string]float64, len(g.models))
+	for model, mf := range g.models {
+		out[model] = mf.hold.q.ReturnsRate(now)
+	}
+	return out
+}
+
 func (g *Gateway) heldNow() int {
 	g.mu.RLock()
 	defer g.mu.RUnlock()

@@ -389,7 +389,7 @@ func TestHeldWithEarlyRejectionStopsWhenNothingComesBack(t *testing.T) {
 		EarlyReject: &on,
 		Predictor:   PredictorAnalytic,
 	}
-	g, url, _ := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	g, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 	for i := range 3 {
 		r := post(t, url+"/v1/completions", tokenPrompt(20+i, 600, false), nil)
 		if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (idle endpoint, quiet fleet)") {
@@ -400,6 +400,17 @@ func TestHeldWithEarlyRejectionStopsWhenNothingComesBack(t *testing.T) {
 		if r := post(t, url+"/v1/completions", tokenPrompt(90+i, 50, false), nil); r.status != 200 {
 			t.Fatalf("small request %d: %d %s", i+1, r.status, r.body)
 		}
+	}
+	// Three lost, none came back: (0 + 1) / (3 + 2) but for the fading
+	// of the first two over 32 s and 16 s (ReturnsMemory 600 s): 0.203.
+	name := fmt.Sprintf(`kvgate_hold_returns_ratio{model=%q} `, testModel)
+	m := get(t, admin+"/metrics")
+	i := strings.Index(m, name)
+	var ratio float64
+	if i < 0 {
+		t.Errorf("/metrics lacks %s", name)
+	} else if _, err := fmt.Sscan(m[i+len(name):], &ratio); err != nil || ratio < 0.2 || ratio > 0.21 {
+		t.Errorf("%s%v (%v), want 0.203", name, ratio, err)
 	}
 	got := make(chan result, 1)
 	go func() { got <- post(t, url+"/v1/completions", tokenPrompt(30, 600, false), nil) }()

@@ -80,10 +80,11 @@ var (
 	descTPOTErr  = prometheus.NewDesc("kvgate_endpoint_tpot_prediction_error", "Recent absolute percentage error of the endpoint's predicted TPOT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
 	descLag      = prometheus.NewDesc("kvgate_kv_events_last_seq", "Last KV-event sequence number applied per engine.", []string{"endpoint", "model"}, nil)
 	descGaps     = prometheus.NewDesc("kvgate_kv_events_gaps_total", "KV-event sequence gaps per engine.", []string{"endpoint", "model"}, nil)
+	descReturns  = prometheus.NewDesc("kvgate_hold_returns_ratio", "With early rejection: the share of requests served late (they miss their SLO even alone) whose prompt a later request extended, with a Laplace prior (0.5 before any); below 0.25 the hold serves no more of them (docs/policies.md).", []string{"model"}, nil)
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descSpeed, descPredErr, descTPOT, descTPOTErr, descLag, descGaps} {
+	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descSpeed, descPredErr, descTPOT, descTPOTErr, descLag, descGaps, descReturns} {
 		ch <- d
 	}
 }
@@ -101,6 +102,9 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descTPOTErr, prometheus.GaugeValue, d.APE, st.Name, st.Model)
 		}
 		ch <- prometheus.MustNewConstMetric(descWait, prometheus.GaugeValue, st.Load.QueueWait, st.Name, st.Model)
+	}
+	for model, r := range c.g.holdReturns() {
+		ch <- prometheus.MustNewConstMetric(descReturns, prometheus.GaugeValue, r, model)
 	}
 	{
 		for _, s := range c.g.sub.Stats() {

@@ -238,6 +238,10 @@ func (q *HoldQueue) quietFor(now float64) float64 { return q.rejections.quietFor
 // (Returns). The simulator and the gateway call it for every request.
 func (q *HoldQueue) NoteArrival(now float64, keys []uint64) { q.returns.NoteArrival(now, keys) }
 
+// ReturnsRate is the share of the requests the queue served late that
+// came back, as of now (Returns.Rate).
+func (q *HoldQueue) ReturnsRate(now float64) float64 { return q.returns.Rate(now) }
+
 // NextDeadline is the earliest deadline held (+Inf when empty).
 func (q *HoldQueue) NextDeadline() float64 {
 	q.mu.Lock()
