@@ -178,7 +178,6 @@ func (f *releaseFleet) Dispatch(h *sched.Held, d sched.Decision) {
 	w.ready <- p
 }
 
-// heldNow counts the requests held over every model.
 // holdReturns is each model's hold returns rate now (sched.Returns.Rate).
 func (g *Gateway) holdReturns() map[string]float64 {
 	now := g.clock()
@@ -191,6 +190,7 @@ func (g *Gateway) holdReturns() map[string]float64 {
 	return out
 }
 
+// heldNow counts the requests held over every model.
 func (g *Gateway) heldNow() int {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
