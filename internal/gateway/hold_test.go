@@ -325,7 +325,10 @@ func TestHeldWithoutFleet(t *testing.T) {
 // idle and nothing was rejected for the load; with one endpoint busy
 // (only one idle, kept for what arrives) it waits, and at its deadline
 // (arrival + 1 SLO) it gets 429 without a class being shed.
-func TestHeldWithEarlyRejection(t *testing.T) {
+// rejectingHoldGateway runs a gateway with early rejection over two
+// upstreams (1 000 prompt tokens/s each, a 0.5 s TTFT SLO, the analytic
+// predictor) on a clock the test moves; the upstreams are holdUpstream's.
+func rejectingHoldGateway(t *testing.T) *holdRig {
 	inUpstream := make(chan struct{}, 4)
 	seen := &atomic.Int64{}
 	a, b := holdUpstream(t, seen, inUpstream), holdUpstream(t, seen, inUpstream)
@@ -339,7 +342,13 @@ func TestHeldWithEarlyRejection(t *testing.T) {
 		EarlyReject: &on,
 		Predictor:   PredictorAnalytic,
 	}
-	g, url, _ := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	g, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	return &holdRig{url: url, admin: admin, clock: clock, seen: seen, inUpstream: inUpstream, g: g}
+}
+
+func TestHeldWithEarlyRejection(t *testing.T) {
+	rig := rejectingHoldGateway(t)
+	g, url, clock, seen, inUpstream := rig.g, rig.url, rig.clock, rig.seen, rig.inUpstream
 
 	r := post(t, url+"/v1/completions", tokenPrompt(8, 600, false), nil)
 	if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (idle endpoint, quiet fleet)") {
@@ -376,20 +385,8 @@ func TestHeldWithEarlyRejection(t *testing.T) {
 // extends three such prompts within the quiet window (30 SLOs, 15 s), it
 // stops: the fourth waits and gets 429 at its deadline.
 func TestHeldWithEarlyRejectionStopsWhenNothingComesBack(t *testing.T) {
-	inUpstream := make(chan struct{}, 4)
-	seen := &atomic.Int64{}
-	a, b := holdUpstream(t, seen, inUpstream), holdUpstream(t, seen, inUpstream)
-	clock := &atomic.Int64{}
-	clock.Store(time.Unix(1000, 0).UnixNano())
-	on := true
-	cfg := Config{
-		Endpoints: []fleet.Endpoint{{Name: "a", URL: a.URL, Model: testModel, PrefillSpeed: 1000},
-			{Name: "b", URL: b.URL, Model: testModel, PrefillSpeed: 1000}},
-		Classes:     []Class{{Name: "standard", Priority: 1, TTFT: 0.5}},
-		EarlyReject: &on,
-		Predictor:   PredictorAnalytic,
-	}
-	g, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	rig := rejectingHoldGateway(t)
+	g, url, admin, clock := rig.g, rig.url, rig.admin, rig.clock
 	for i := range 3 {
 		r := post(t, url+"/v1/completions", tokenPrompt(20+i, 600, false), nil)
 		if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (idle endpoint, quiet fleet)") {
