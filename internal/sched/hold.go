@@ -359,7 +359,10 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 			return n
 		}
 		f.SnapshotFor(h, s)
-		l := lending{quiet: q.quietFor(now), returns: q.returns.Rate(now)}
+		l := lending{quiet: q.quietFor(now)}
+		if sc.EarlyReject && !overdue {
+			l.returns = q.returns.Rate(now) // read only to lend
+		}
 		d, ok := sc.release(&h.Req, s, overdue, l)
 		if !ok {
 			return n
