@@ -42,6 +42,10 @@ type Record struct {
 	OutputTokens int `json:"output_tokens"`
 	// Endpoint is kvgate's x-kvgate-prefill-endpoint, when present.
 	Endpoint string `json:"endpoint,omitempty"`
+	// PredictedTTFT is kvgate's x-kvgate-predicted-ttft-ms in seconds: the
+	// TTFT the gateway predicted when it routed the request (-1: no such
+	// header, or not a finite number of milliseconds in [0, 1e9]).
+	PredictedTTFT float64 `json:"predicted_ttft"`
 }
 
 // Client sends requests to one server.
@@ -91,7 +95,7 @@ func (c *Client) body(it *Item) ([]byte, string) {
 // Do sends one request (streamed, with usage) and measures it.
 func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Record {
 	body, path := c.body(it)
-	rec := Record{Index: idx, Session: it.Session}
+	rec := Record{Index: idx, Session: it.Session, PredictedTTFT: -1}
 	sent := time.Now()
 	rec.Sent = sent.Sub(start).Seconds() * c.scale()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.URL, "/")+path, bytes.NewReader(body))
@@ -111,6 +115,7 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	defer resp.Body.Close()
 	rec.Status = resp.StatusCode
 	rec.Endpoint = resp.Header.Get("X-Kvgate-Prefill-Endpoint")
+	rec.PredictedTTFT = predictedTTFT(resp.Header.Get("X-Kvgate-Predicted-Ttft-Ms"))
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		rec.Error = strings.TrimSpace(string(msg))
@@ -133,6 +138,16 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	}
 	rec.Outcome = "ok"
 	return rec
+}
+
+// predictedTTFT parses kvgate's predicted-TTFT header (milliseconds) into
+// seconds; -1 when it is absent or not a number in [0, 1e9] ms.
+func predictedTTFT(h string) float64 {
+	ms, err := strconv.ParseFloat(strings.TrimSpace(h), 64)
+	if err != nil || !(ms >= 0 && ms <= 1e9) {
+		return -1
+	}
+	return ms / 1000
 }
 
 // chunk is the part of a streamed chunk bench reads.

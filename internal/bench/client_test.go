@@ -4,11 +4,31 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 )
+
+// doWithHeader sends one request to a server that streams one token and
+// a usage of 100 prompt tokens, 3 of them cached, with the response
+// header name set to value (none when value is empty).
+func doWithHeader(t *testing.T, name, value string) Record {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if value != "" {
+			w.Header().Set(name, value)
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	c := &Client{URL: srv.URL, Model: "m", HTTP: srv.Client()}
+	return c.Do(context.Background(), &Item{Prompt: "hi", MaxTokens: 1}, 0, time.Now())
+}
 
 // TestPrefillCachedHeader: behind kvgate's gateway in front of a P/D
 // fleet, the answer's usage is the decode engine's; the prefill engine's
@@ -27,18 +47,7 @@ func TestPrefillCachedHeader(t *testing.T) {
 		{"0", 0},     // a miss on the prefill side
 	}
 	for _, tc := range tests {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if tc.header != "" {
-				w.Header().Set("X-Kvgate-Prefill-Cached-Tokens", tc.header)
-			}
-			w.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n")
-			fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n")
-			fmt.Fprint(w, "data: [DONE]\n\n")
-		}))
-		c := &Client{URL: srv.URL, Model: "m", HTTP: srv.Client()}
-		rec := c.Do(context.Background(), &Item{Prompt: "hi", MaxTokens: 1}, 0, time.Now())
-		srv.Close()
+		rec := doWithHeader(t, "X-Kvgate-Prefill-Cached-Tokens", tc.header)
 		if rec.Outcome != "ok" || rec.CachedTokens != tc.want {
 			t.Errorf("header %q: %s %s, cached %d, want %d", tc.header, rec.Outcome, rec.Error, rec.CachedTokens, tc.want)
 		}
@@ -78,5 +87,30 @@ func TestChatTurnsCarryHistory(t *testing.T) {
 	}
 	if len(turns) == 0 || len(items) < 2*len(turns) {
 		t.Fatalf("%d items over %d sessions: too few later turns", len(items), len(turns))
+	}
+}
+
+// TestPredictedTTFTHeader: the record keeps kvgate's predicted TTFT (the
+// header is in milliseconds, the record in seconds), and -1 when the
+// header is absent or not a sane number of milliseconds.
+func TestPredictedTTFTHeader(t *testing.T) {
+	tests := []struct {
+		header string
+		want   float64
+	}{
+		{"", -1},
+		{"1234.5", 1.2345},
+		{"0", 0},
+		{"-3", -1},
+		{"NaN", -1},
+		{"+Inf", -1},
+		{"1e12", -1},
+		{"soon", -1},
+	}
+	for _, tc := range tests {
+		rec := doWithHeader(t, "X-Kvgate-Predicted-Ttft-Ms", tc.header)
+		if rec.Outcome != "ok" || math.Abs(rec.PredictedTTFT-tc.want) > 1e-9 {
+			t.Errorf("header %q: %s %s, predicted %v, want %v", tc.header, rec.Outcome, rec.Error, rec.PredictedTTFT, tc.want)
+		}
 	}
 }
