@@ -43,9 +43,14 @@ type Record struct {
 	// Endpoint is kvgate's x-kvgate-prefill-endpoint, when present.
 	Endpoint string `json:"endpoint,omitempty"`
 	// PredictedTTFT is kvgate's x-kvgate-predicted-ttft-ms in seconds: the
-	// TTFT the gateway predicted when it routed the request (-1: no such
+	// TTFT the gateway predicted when it sent the request (-1: no such
 	// header, or not a finite number of milliseconds in [0, 1e9]).
 	PredictedTTFT float64 `json:"predicted_ttft"`
+	// Held is kvgate's x-kvgate-held-ms in seconds: how long the gateway
+	// kept the request before sending it (its hold, parsing, deciding); -1
+	// without the header. Held + PredictedTTFT is the TTFT kvgate
+	// predicted for the client.
+	Held float64 `json:"held"`
 }
 
 // Client sends requests to one server.
@@ -95,7 +100,7 @@ func (c *Client) body(it *Item) ([]byte, string) {
 // Do sends one request (streamed, with usage) and measures it.
 func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Record {
 	body, path := c.body(it)
-	rec := Record{Index: idx, Session: it.Session, PredictedTTFT: -1}
+	rec := Record{Index: idx, Session: it.Session, PredictedTTFT: -1, Held: -1}
 	sent := time.Now()
 	rec.Sent = sent.Sub(start).Seconds() * c.scale()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.URL, "/")+path, bytes.NewReader(body))
@@ -115,7 +120,8 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	defer resp.Body.Close()
 	rec.Status = resp.StatusCode
 	rec.Endpoint = resp.Header.Get("X-Kvgate-Prefill-Endpoint")
-	rec.PredictedTTFT = predictedTTFT(resp.Header.Get("X-Kvgate-Predicted-Ttft-Ms"))
+	rec.PredictedTTFT = millisHeader(resp.Header.Get("X-Kvgate-Predicted-Ttft-Ms"))
+	rec.Held = millisHeader(resp.Header.Get("X-Kvgate-Held-Ms"))
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		rec.Error = strings.TrimSpace(string(msg))
@@ -140,9 +146,9 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	return rec
 }
 
-// predictedTTFT parses kvgate's predicted-TTFT header (milliseconds) into
-// seconds; -1 when it is absent or not a number in [0, 1e9] ms.
-func predictedTTFT(h string) float64 {
+// millisHeader parses one of kvgate's millisecond headers into seconds; -1
+// when it is absent or not a number in [0, 1e9] ms.
+func millisHeader(h string) float64 {
 	ms, err := strconv.ParseFloat(strings.TrimSpace(h), 64)
 	if err != nil || !(ms >= 0 && ms <= 1e9) {
 		return -1

@@ -90,10 +90,10 @@ func TestChatTurnsCarryHistory(t *testing.T) {
 	}
 }
 
-// TestPredictedTTFTHeader: the record keeps kvgate's predicted TTFT (the
-// header is in milliseconds, the record in seconds), and -1 when the
-// header is absent or not a sane number of milliseconds.
-func TestPredictedTTFTHeader(t *testing.T) {
+// TestMillisHeaders: the record keeps kvgate's predicted TTFT and time
+// held (the headers are in milliseconds, the record in seconds), and -1
+// when a header is absent or not a sane number of milliseconds.
+func TestMillisHeaders(t *testing.T) {
 	tests := []struct {
 		header string
 		want   float64
@@ -109,8 +109,12 @@ func TestPredictedTTFTHeader(t *testing.T) {
 	}
 	for _, tc := range tests {
 		rec := doWithHeader(t, "X-Kvgate-Predicted-Ttft-Ms", tc.header)
-		if rec.Outcome != "ok" || math.Abs(rec.PredictedTTFT-tc.want) > 1e-9 {
-			t.Errorf("header %q: %s %s, predicted %v, want %v", tc.header, rec.Outcome, rec.Error, rec.PredictedTTFT, tc.want)
+		if rec.Outcome != "ok" || math.Abs(rec.PredictedTTFT-tc.want) > 1e-9 || rec.Held != -1 {
+			t.Errorf("predicted %q: %s %s, predicted %v held %v, want %v and -1", tc.header, rec.Outcome, rec.Error, rec.PredictedTTFT, rec.Held, tc.want)
+		}
+		rec = doWithHeader(t, "X-Kvgate-Held-Ms", tc.header)
+		if rec.Outcome != "ok" || math.Abs(rec.Held-tc.want) > 1e-9 || rec.PredictedTTFT != -1 {
+			t.Errorf("held %q: %s %s, held %v predicted %v, want %v and -1", tc.header, rec.Outcome, rec.Error, rec.Held, rec.PredictedTTFT, tc.want)
 		}
 	}
 }

@@ -141,7 +141,7 @@ func TestAggregatedStreamingAndAffinity(t *testing.T) {
 		t.Fatalf("non-streaming: %d %s", r.status, r.body)
 	}
 	home := r.header.Get(hdrPrefill)
-	for _, h := range []string{hdrPrefill, hdrDecode, hdrCached, hdrPredicted, hdrReason} {
+	for _, h := range []string{hdrPrefill, hdrDecode, hdrCached, hdrPredicted, hdrHeld, hdrReason} {
 		if r.header.Get(h) == "" {
 			t.Errorf("missing response header %s", h)
 		}

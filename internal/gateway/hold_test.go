@@ -115,8 +115,12 @@ func TestHeldRequestWaitsForSlack(t *testing.T) {
 		t.Fatalf("held %d, upstream saw %d: the held request left before the endpoint had slack", g.heldNow(), seen.Load())
 	}
 	clock.Add(int64(300 * time.Millisecond)) // past the first prefill's predicted end (0.2 s), before the deadline (0.5 s)
-	if r := awaitResult(t, got); r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (slack)") {
+	r := awaitResult(t, got)
+	if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (slack)") {
 		t.Fatalf("released request: %d %q %s", r.status, r.header.Get(hdrReason), r.body)
+	}
+	if h := r.header.Get(hdrHeld); h != "300.0" {
+		t.Errorf("%s = %q, want the 300 ms it was held", hdrHeld, h)
 	}
 	if g.heldNow() != 0 || seen.Load() != 2 {
 		t.Fatalf("held %d, upstream saw %d after the release", g.heldNow(), seen.Load())

@@ -29,6 +29,10 @@ const (
 	hdrPrefillCached = "X-Kvgate-Prefill-Cached-Tokens"
 	hdrPredicted     = "X-Kvgate-Predicted-Ttft-Ms"
 	hdrReason        = "X-Kvgate-Reason"
+	// hdrHeld: milliseconds from the request's arrival to its dispatch
+	// (kvgate's hold, plus parsing and deciding): the client's predicted
+	// TTFT is this plus hdrPredicted, which is the dispatch decision's.
+	hdrHeld = "X-Kvgate-Held-Ms"
 )
 
 // hdrDPRank pins a request to one data-parallel rank of an engine (vLLM
@@ -271,6 +275,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	h.Set(hdrPrefill, p.prefill.ep.Name)
 	h.Set(hdrCached, strconv.Itoa(p.dec.CachedTokens))
 	h.Set(hdrPredicted, fmtMillis(p.dec.PredictedTTFT))
+	h.Set(hdrHeld, fmtMillis(max(g.now().Sub(rt.arrival).Seconds(), 0)))
 	h.Set(hdrReason, p.reason)
 	h.Set("X-Request-Id", rt.id)
 	ctx := r.Context()
