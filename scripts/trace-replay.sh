@@ -30,7 +30,7 @@ for i in $(seq 50); do curl -sf http://127.0.0.1:18300/health >/dev/null && brea
 echo "# gateway + 8 emulated engines (${SPEED}x real time), first $N requests, timestamps x $TS"
 "$tmp/kvgate" bench --url http://127.0.0.1:18300 --model m --workload trace --trace "$tmp/trace.jsonl" \
   --arrivals trace --trace-time-scale "$TS" --time-scale $SPEED --max-output-tokens 16 --label "gateway $POLICY" --csv "$tmp/requests.csv"
-grep -v ",ok," "$tmp/requests.csv" | cut -d, -f6,16 | sort | uniq -c | sort -rn | head -5
+grep -v ",ok," "$tmp/requests.csv" | cut -d, -f6,18 | sort | uniq -c | sort -rn | head -5
 echo
 echo "# kvgate sim, same requests and fleet"
 "$tmp/kvgate" sim --trace "$tmp/trace.jsonl" --time-scale "$TS" --policies "$POLICY" --early-reject off
