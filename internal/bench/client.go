@@ -120,8 +120,8 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	defer resp.Body.Close()
 	rec.Status = resp.StatusCode
 	rec.Endpoint = resp.Header.Get("X-Kvgate-Prefill-Endpoint")
-	rec.PredictedTTFT = millisHeader(resp.Header.Get("X-Kvgate-Predicted-Ttft-Ms"))
-	rec.Held = millisHeader(resp.Header.Get("X-Kvgate-Held-Ms"))
+	rec.PredictedTTFT = c.millisHeader(resp.Header.Get("X-Kvgate-Predicted-Ttft-Ms"))
+	rec.Held = c.millisHeader(resp.Header.Get("X-Kvgate-Held-Ms"))
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		rec.Error = strings.TrimSpace(string(msg))
@@ -146,14 +146,15 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	return rec
 }
 
-// millisHeader parses one of kvgate's millisecond headers into seconds; -1
-// when it is absent or not a number in [0, 1e9] ms.
-func millisHeader(h string) float64 {
+// millisHeader parses one of kvgate's millisecond headers into seconds of
+// the server's time (× TimeScale, as every latency bench reports); -1 when
+// it is absent or not a number in [0, 1e9] ms.
+func (c *Client) millisHeader(h string) float64 {
 	ms, err := strconv.ParseFloat(strings.TrimSpace(h), 64)
 	if err != nil || !(ms >= 0 && ms <= 1e9) {
 		return -1
 	}
-	return ms / 1000
+	return ms / 1000 * c.scale()
 }
 
 // chunk is the part of a streamed chunk bench reads.

@@ -16,6 +16,13 @@ import (
 // header name set to value (none when value is empty).
 func doWithHeader(t *testing.T, name, value string) Record {
 	t.Helper()
+	return doScaled(t, name, value, 0)
+}
+
+// doScaled is doWithHeader from a client whose server runs timeScale
+// times faster than real time (0: real time).
+func doScaled(t *testing.T, name, value string, timeScale float64) Record {
+	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if value != "" {
 			w.Header().Set(name, value)
@@ -26,7 +33,7 @@ func doWithHeader(t *testing.T, name, value string) Record {
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	}))
 	defer srv.Close()
-	c := &Client{URL: srv.URL, Model: "m", HTTP: srv.Client()}
+	c := &Client{URL: srv.URL, Model: "m", HTTP: srv.Client(), TimeScale: timeScale}
 	return c.Do(context.Background(), &Item{Prompt: "hi", MaxTokens: 1}, 0, time.Now())
 }
 
@@ -116,5 +123,10 @@ func TestMillisHeaders(t *testing.T) {
 		if rec.Outcome != "ok" || math.Abs(rec.Held-tc.want) > 1e-9 || rec.PredictedTTFT != -1 {
 			t.Errorf("held %q: %s %s, held %v predicted %v, want %v and -1", tc.header, rec.Outcome, rec.Error, rec.Held, rec.PredictedTTFT, tc.want)
 		}
+	}
+	// In the server's time, as the measured latencies: a server 4× faster
+	// than real time predicting 500 ms of real time predicts 2 s of its own.
+	if rec := doScaled(t, "X-Kvgate-Predicted-Ttft-Ms", "500", 4); math.Abs(rec.PredictedTTFT-2) > 1e-9 {
+		t.Errorf("time scale 4: predicted %v, want 2", rec.PredictedTTFT)
 	}
 }
