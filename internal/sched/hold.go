@@ -373,6 +373,7 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 		if sc.EarlyReject && !overdue && d.Admit {
 			// Served late, for what it leaves in the cache.
 			q.returns.Invest(now, h.Keys, sc.quietWindow(&h.Req))
+			d.Invests = true
 		}
 		f.Dispatch(h, d)
 		n++

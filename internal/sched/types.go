@@ -204,6 +204,11 @@ type Decision struct {
 	PredictedTPOT float64
 	// CachedTokens is the chosen endpoint's cached prefix.
 	CachedTokens int
+	// Invests: a release from the hold that serves late, on an idle
+	// endpoint, a request that misses its SLO even alone (early
+	// rejection): an investment, which gives its endpoint up to a request
+	// that would otherwise be rejected for the load (YieldFor).
+	Invests bool
 	// SLO is the SLO the request was judged by: its own, with the
 	// scheduler's defaults filled in.
 	SLO SLO

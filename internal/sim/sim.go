@@ -120,7 +120,12 @@ type Result struct {
 	Unserved float64 `json:"unserved,omitempty"`
 	// Held is the share of requests held at the router before being
 	// served (sched.Scheduler.Hold): their TTFT counts the hold.
-	Held    float64 `json:"held,omitempty"`
+	Held float64 `json:"held,omitempty"`
+	// Yielded is the share of requests served late as investments that
+	// gave their endpoint up to a request that would otherwise have been
+	// rejected for the load (sched.Scheduler.YieldFor); they count as
+	// rejected.
+	Yielded float64 `json:"yielded,omitempty"`
 	Goodput float64 `json:"goodput"`
 	TPOTP50 float64 `json:"tpot_p50,omitempty"`
 	TPOTP99 float64 `json:"tpot_p99,omitempty"`
@@ -200,6 +205,21 @@ type run struct {
 	hold    *sched.HoldQueue
 	held    int
 	holdErr error
+	// investing are the investments in progress (sched.Decision.Invests):
+	// their blocks enter the cache as they finish, or, stopped for a
+	// request that would be rejected for the load, as far as they got.
+	investing []investment
+	yields    int
+}
+
+// investment is a request served late on an idle endpoint for what it
+// leaves in the cache.
+type investment struct {
+	ri, ep    int
+	fl        *load.Flight
+	start     float64 // its prefill's start and (true) end
+	end       float64
+	hitBlocks int
 }
 
 func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
@@ -246,6 +266,7 @@ func (r *run) CachedBlocks(keys []uint64, matched []int) {
 		r.cache.match(keys, matched[:r.n])
 	}
 	clear(matched[r.n:])
+	r.investedBlocks(keys, matched)
 }
 
 // HeldBlocks implements load.CacheSizer: the blocks the router knows
@@ -269,6 +290,7 @@ func (r *run) advance(t float64) {
 		r.fc.now = t
 	}
 	r.expire(t)
+	r.investmentsDone(t)
 	if r.view != nil {
 		r.view.advance(t)
 	}
@@ -295,6 +317,10 @@ func (r *run) step(ri int) error {
 		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO, OpensConversation: r.opens[ri]}
 	r.hold.NoteArrival(t, q.Keys)
 	d := r.sc.Decide(&req, &r.snap)
+	if r.yieldFor(ri, &req, &d) {
+		r.snapshot(ri)
+		d = r.sc.Decide(&req, &r.snap)
+	}
 	if r.cfg.OnDecision != nil {
 		r.cfg.OnDecision(ri, d)
 	}
@@ -372,7 +398,9 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 		r.cache.match(q.Keys, r.trueHit)
 		hitBlocks = r.trueHit[i]
 		hit = min(hitBlocks*r.tr.BlockSize, q.PromptTokens)
-		r.view.stored(t, i, q.Keys)
+		if !d.Invests {
+			r.view.stored(t, i, q.Keys)
+		}
 	}
 	unc := q.PromptTokens - hit
 	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, Cached: hit, UncachedBlocks: len(q.Keys) - hitBlocks,
@@ -381,7 +409,14 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 	if r.truth != nil {
 		done = r.truth.route(r.load, fl, ri, i, unc, hit, t, r.snap.Endpoints[i].FreeAt)
 	}
-	r.cache.insert(i, q.Keys)
+	if d.Invests && r.dec == nil {
+		r.investing = append(r.investing, investment{ri: ri, ep: i, fl: fl, start: max(t, r.snap.Endpoints[i].FreeAt), end: done, hitBlocks: hitBlocks})
+	} else {
+		if d.Invests && r.view != nil {
+			r.view.stored(t, i, q.Keys)
+		}
+		r.cache.insert(i, q.Keys)
+	}
 	r.hitTok += int64(hit)
 	r.totTok += int64(q.PromptTokens)
 	r.admitted[ri] = true
@@ -485,6 +520,7 @@ func (r *run) summarise() Result {
 		res.Rejected = float64(r.rejected) / float64(total)
 		res.Unserved = float64(unserved+r.hold.Len()) / float64(total)
 		res.Held = float64(r.held) / float64(total)
+		res.Yielded = float64(r.yields) / float64(total)
 	}
 	if r.truth != nil {
 		r.truth.summarise(r, &res)

@@ -372,3 +372,19 @@ func Heterogeneous(n int, speed, spread, noise, driftAt, driftFactor float64, se
 	}
 	return t
 }
+
+// stop ends on instance i, at time at, the flight fl, the last in its
+// queue (an investment given up: sched.Scheduler.YieldFor): the instance
+// is free from then on.
+func (tr *truthRun) stop(fl *load.Flight, i int, at float64) {
+	q := tr.pending[i]
+	for k := len(q) - 1; k >= 0; k-- {
+		if q[k].fl == fl {
+			tr.pending[i] = append(q[:k], q[k+1:]...)
+			if k == len(q)-1 {
+				tr.free[i] = min(tr.free[i], max(at, 0))
+			}
+			return
+		}
+	}
+}
