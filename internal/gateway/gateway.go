@@ -124,6 +124,8 @@ type modelFleet struct {
 	members []*member
 	matcher *kvindex.Matcher // the index, in members' order
 	hold    *holdQueue       // requests held at the router (hold.go)
+	// investing are the hold's investments in progress (invest.go).
+	investing investments
 }
 
 // New builds a gateway from a validated config.

@@ -175,6 +175,7 @@ func (f *releaseFleet) Dispatch(h *sched.Held, d sched.Decision) {
 	}
 	p := f.g.planFor(w.rt, f.view, &h.Req, d)
 	p.flight = f.g.route(w.rt, p)
+	p.invests = d.Invests
 	w.ready <- p
 }
 

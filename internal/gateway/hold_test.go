@@ -34,12 +34,19 @@ func holdGateway(t *testing.T, maxHeld int) *holdRig {
 
 // holdUpstream is an upstream that counts the requests it sees in seen
 // and holds those carrying X-Hold (telling inUpstream) until their client
-// goes away.
+// goes away; with X-Hold: headers, after sending its response headers.
 func holdUpstream(t *testing.T, seen *atomic.Int64, inUpstream chan struct{}) *httptest.Server {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		seen.Add(1)
-		if r.Header.Get("X-Hold") != "" {
+		if h := r.Header.Get("X-Hold"); h != "" {
+			if h == "headers" {
+				// As vLLM streams: the headers go at once, the
+				// body with the first token.
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.WriteHeader(http.StatusOK)
+				w.(http.Flusher).Flush()
+			}
 			inUpstream <- struct{}{}
 			<-r.Context().Done()
 			return
@@ -323,12 +330,6 @@ func TestHeldWithoutFleet(t *testing.T) {
 	waitFor(t, func() bool { return h.g.heldNow() == 0 })
 }
 
-// TestHeldWithEarlyRejection: with early rejection, a request that misses
-// its SLO even on an idle endpoint (600 tokens at 1 000 tokens/s against a
-// 0.5 s SLO) is held, not rejected: served at once while two endpoints are
-// idle and nothing was rejected for the load; with one endpoint busy
-// (only one idle, kept for what arrives) it waits, and at its deadline
-// (arrival + 1 SLO) it gets 429 without a class being shed.
 // rejectingHoldGateway runs a gateway with early rejection over two
 // upstreams (1 000 prompt tokens/s each, a 0.5 s TTFT SLO, the analytic
 // predictor) on a clock the test moves; the upstreams are holdUpstream's.
@@ -350,6 +351,12 @@ func rejectingHoldGateway(t *testing.T) *holdRig {
 	return &holdRig{url: url, admin: admin, clock: clock, seen: seen, inUpstream: inUpstream, g: g}
 }
 
+// TestHeldWithEarlyRejection: with early rejection, a request that misses
+// its SLO even on an idle endpoint (600 tokens at 1 000 tokens/s against a
+// 0.5 s SLO) is held, not rejected: served at once while two endpoints are
+// idle and nothing was rejected for the load; with one endpoint busy
+// (only one idle, kept for what arrives) it waits, and at its deadline
+// (arrival + 1 SLO) it gets 429 without a class being shed.
 func TestHeldWithEarlyRejection(t *testing.T) {
 	rig := rejectingHoldGateway(t)
 	g, url, clock, seen, inUpstream := rig.g, rig.url, rig.clock, rig.seen, rig.inUpstream
@@ -423,5 +430,49 @@ func TestHeldWithEarlyRejectionStopsWhenNothingComesBack(t *testing.T) {
 	clock.Add(int64(600 * time.Millisecond)) // past its deadline, 0.5 s
 	if r := awaitResult(t, got); r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "even on an idle endpoint") {
 		t.Fatalf("overdue: %d %s, want 429", r.status, r.body)
+	}
+}
+
+// TestInvestmentYields: with early rejection, a request that misses its
+// SLO even alone (600 tokens at 1 000 tokens/s against a 0.5 s SLO) is
+// served late on an idle endpoint of a quiet fleet, an investment; its
+// engine sends its response headers at once, as vLLM does, and its first
+// token never comes. The other endpoint takes 0.2 s of work. A 250-token
+// request then fits nowhere (the analytic predictor's first margin, 1.5,
+// makes it 0.375 s: 0.2 + 0.375 s on the other endpoint) but alone on the
+// investment's endpoint: the investment gives it up. Its upstream request
+// is aborted and its client gets 429, nothing else (the 200 headers its
+// engine sent never reach it); the new request is served there.
+func TestInvestmentYields(t *testing.T) {
+	rig := rejectingHoldGateway(t)
+	g, url, admin, inUpstream := rig.g, rig.url, rig.admin, rig.inUpstream
+	got := make(chan result, 1)
+	go func() {
+		got <- post(t, url+"/v1/completions", tokenPrompt(40, 600, true), map[string]string{"X-Hold": "headers"})
+	}()
+	select {
+	case <-inUpstream:
+	case r := <-got:
+		t.Fatalf("the investment was answered before reaching its engine: %d %s", r.status, r.body)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the investment never reached its engine")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, url, 200, inUpstream)
+
+	r := post(t, url+"/v1/completions", tokenPrompt(41, 250, false), nil)
+	if r.status != 200 {
+		t.Fatalf("the request the investment yielded to: %d %s", r.status, r.body)
+	}
+	inv := awaitResult(t, got)
+	if inv.status != http.StatusTooManyRequests || !strings.Contains(inv.body, "gave the engine up") {
+		t.Fatalf("the investment: %d %s, want 429", inv.status, inv.body)
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_hold_yielded_total 1") {
+		t.Error("kvgate_hold_yielded_total is not 1")
+	}
+	if g.heldNow() != 0 {
+		t.Fatalf("held %d", g.heldNow())
 	}
 }

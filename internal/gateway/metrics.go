@@ -22,6 +22,7 @@ type metrics struct {
 	retries      prometheus.Counter
 	held         prometheus.Counter
 	holdSeconds  prometheus.Histogram
+	yielded      prometheus.Counter
 }
 
 func newMetrics(g *Gateway) *metrics {
@@ -49,11 +50,13 @@ func newMetrics(g *Gateway) *metrics {
 		holdSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvgate_hold_seconds",
 			Help:    "Time released requests spent in the hold queue.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)}),
+		yielded: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_hold_yielded_total",
+			Help: "Requests served late as the hold's investments that gave their engine up to a request that would have been rejected for the load (their clients got 429)."}),
 	}
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
 	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries,
-		m.held, m.holdSeconds, heldNow,
+		m.held, m.holdSeconds, m.yielded, heldNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})
 	return m

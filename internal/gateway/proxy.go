@@ -136,6 +136,14 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			g.met.outcome(outcomeOK, rt.class.Name, g.policy)
 			return
 		}
+		if errors.Is(err, errYielded) {
+			// An investment stopped for a request that can meet its
+			// SLO: the 429 early rejection would have sent at once.
+			g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
+			g.met.rejections.WithLabelValues(rt.class.Name).Inc()
+			openai.WriteError(w, openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it misses its SLO even alone; served late on an idle engine, it gave the engine up to a request that can meet its SLO", rt.class.Name))
+			return
+		}
 		var refused *engineRefused
 		if errors.As(err, &refused) {
 			g.met.outcome(outcomeEngineRefused, rt.class.Name, g.policy) // its answer is the client's already
@@ -286,6 +294,16 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	}
 	body := rt.req.StripRoutingParams()
 	target := p.prefill
+	var start func() bool // nil: the answer's headers go at once
+	if p.invests && p.decode == nil {
+		ictx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		inv := &investment{m: p.prefill, flight: fl, cancel: cancel}
+		p.mf.investing.add(inv)
+		defer p.mf.investing.remove(inv)
+		ctx = ictx
+		start = func() bool { return p.mf.investing.remove(inv) }
+	}
 	if p.decode != nil {
 		h.Set(hdrDecode, p.decode.ep.Name)
 		lf.Decode(fl, p.dEP)
@@ -317,6 +335,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	}
 	resp, err := g.send(ctx, r, target, rt, body)
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errYielded) {
+			return "", errYielded
+		}
 		return target.ep.Name, err
 	}
 	defer resp.Body.Close()
@@ -328,7 +349,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	if rt.req.Stream && !refused { // the first streamed byte is an observed TTFT: the predictor learns
 		firstByte = func() { lf.FirstToken(fl, g.clock()) }
 	}
-	tpot, err := g.relay(w, resp, rt, target, firstByte)
+	tpot, err := g.relay(w, resp, rt, target, firstByte, start)
 	if err == nil && refused {
 		return "", &engineRefused{endpoint: target.ep.Name, status: resp.StatusCode}
 	}
@@ -495,19 +516,34 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 // client hanging up at once, so that the rest of the upstream body is
 // never read) fails nothing: relay succeeds.
 //
+// With start, the answer's headers wait for its first body bytes (or its
+// end), and go only if start then reports true: an investment stopped
+// before its first byte (invest.go) ends in errYielded, nothing written.
+//
 // It returns the stream's observed TPOT (0: not a stream of more than two
 // chunks).
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func()) (float64, error) {
-	h := w.Header()
-	for k, vs := range resp.Header {
-		h[k] = append([]string(nil), vs...)
-	}
-	for _, k := range hopHeaders {
-		h.Del(k)
-	}
-	w.WriteHeader(resp.StatusCode)
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func(), start func() bool) (float64, error) {
 	rc := http.NewResponseController(w)
-	_ = rc.Flush()
+	begin := func() bool {
+		if start != nil && !start() {
+			return false
+		}
+		start = nil
+		h := w.Header()
+		for k, vs := range resp.Header {
+			h[k] = append([]string(nil), vs...)
+		}
+		for _, k := range hopHeaders {
+			h.Del(k)
+		}
+		w.WriteHeader(resp.StatusCode)
+		_ = rc.Flush()
+		return true
+	}
+	deferred := start != nil
+	if !deferred {
+		begin()
+	}
 	bp, _ := g.bufs.Get().(*[]byte)
 	if bp == nil {
 		b := make([]byte, 32<<10)
@@ -524,6 +560,12 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	}
 	for {
 		n, err := resp.Body.Read(buf)
+		if deferred && (n > 0 || err == io.EOF) {
+			deferred = false
+			if !begin() {
+				return 0, errYielded
+			}
+		}
 		if n > 0 {
 			if first {
 				first = false
@@ -548,6 +590,14 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 		if err != nil {
 			if end.done() {
 				break
+			}
+			if deferred {
+				// Nothing written yet: stopped (the 429 goes), or
+				// an engine failure a retry may mend.
+				if start() {
+					return 0, &upstreamError{m.ep.Name, err}
+				}
+				return 0, errYielded
 			}
 			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
 		}

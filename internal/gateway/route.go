@@ -61,6 +61,10 @@ type plan struct {
 	// release from the hold queue routes at once, so the next release
 	// sees the endpoint busy).
 	flight *load.Flight
+	// invests: released from the hold as an investment
+	// (sched.Decision.Invests): it gives its engine up to a request that
+	// would be rejected for the load (invest.go).
+	invests bool
 }
 
 // parse reads and parses a completion or chat request. The body is
@@ -223,6 +227,15 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	mf.hold.q.NoteArrival(fs.snap.Now, rt.prep.Keys)
 	start := time.Now()
 	d := g.sched.Load().Decide(&sreq, &fs.snap)
+	if !d.Admit && !d.Hold && sched.RejectedForPrefill(&sreq, &fs.snap, &d) && g.stopFor(fs, &sreq) {
+		// An investment gave its engine up: decide on the fleet as it
+		// is now.
+		if fs, err = g.fleetFor(mf, rt, exclude); err != nil {
+			return nil, err
+		}
+		sreq = g.schedRequest(rt, fs.snap.Now)
+		d = g.sched.Load().Decide(&sreq, &fs.snap)
+	}
 	g.met.decision.Observe(time.Since(start).Seconds())
 	p := g.planFor(rt, fs, &sreq, d)
 	if d.Prefill >= 0 && !d.Admit {

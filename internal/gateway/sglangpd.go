@@ -54,7 +54,7 @@ func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *htt
 	if rt.req.Stream && !refused {
 		firstByte = func() { lf.FirstToken(fl, g.clock()) }
 	}
-	tpot, err := g.relay(w, resp, rt, p.decode, firstByte)
+	tpot, err := g.relay(w, resp, rt, p.decode, firstByte, nil)
 	// Served (or refused) by the decode engine: the prefill leg's answer,
 	// if it has not come, is no longer needed.
 	cancel()

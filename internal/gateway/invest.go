@@ -1,0 +1,100 @@
+package gateway
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// Investments (sched.Decision.Invests, docs/policies.md): with early
+// rejection the hold serves late, on an idle engine, a request that
+// misses its SLO even alone, for what its prompt leaves in the cache. It
+// gives that engine up to a request the scheduler would otherwise reject
+// for the load (sched.Scheduler.YieldFor): its upstream request is
+// aborted (vLLM keeps the blocks it computed in its prefix cache) and its
+// client gets the 429 early rejection would have given it. An investment
+// can be stopped until its first byte: its response headers are held back
+// until then (relay), so that the 429 can still be sent.
+
+// errYielded: an investment stopped for a request that can meet its SLO.
+var errYielded = errors.New("kvgate: served late, the request gave its engine up to one that can meet its SLO")
+
+// investment is one investment in progress.
+type investment struct {
+	m      *member
+	flight *load.Flight
+	cancel func(error)
+}
+
+// investments are one model fleet's investments in progress.
+type investments struct {
+	mu  sync.Mutex
+	set map[*investment]struct{}
+}
+
+func (v *investments) add(in *investment) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.set == nil {
+		v.set = map[*investment]struct{}{}
+	}
+	v.set[in] = struct{}{}
+}
+
+// remove takes in out of the set; false if it was not there (stopped, or
+// removed already).
+func (v *investments) remove(in *investment) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	_, ok := v.set[in]
+	delete(v.set, in)
+	return ok
+}
+
+// stopFor stops, for req which the scheduler rejected for the load on
+// fs's snapshot, the investment sched.Scheduler.YieldFor picks: it aborts
+// its upstream request and ends its flight now, so that the next snapshot
+// shows its engine free. It reports whether it stopped one.
+func (g *Gateway) stopFor(fs *fleetView, req *sched.Request) bool {
+	v := &fs.mf.investing
+	v.mu.Lock()
+	if len(v.set) == 0 {
+		v.mu.Unlock()
+		return false
+	}
+	index := make(map[*member]int, len(fs.members))
+	for i, m := range fs.members {
+		index[m] = i
+	}
+	var cands []*investment
+	var in []sched.Investing
+	for c := range v.set {
+		i, ok := index[c.m]
+		if !ok {
+			continue
+		}
+		cands = append(cands, c)
+		in = append(in, sched.Investing{Endpoint: i, Remaining: fs.mf.load.PredictedPrefillEnd(c.flight) - fs.snap.Now})
+	}
+	k := g.sched.Load().YieldFor(req, &fs.snap, in)
+	var stop *investment
+	for j := range in {
+		if in[j].Endpoint == k {
+			stop = cands[j]
+			break
+		}
+	}
+	if stop != nil {
+		delete(v.set, stop)
+	}
+	v.mu.Unlock()
+	if stop == nil {
+		return false
+	}
+	stop.cancel(errYielded)
+	fs.mf.load.Finish(stop.flight, g.clock())
+	g.met.yielded.Inc()
+	return true
+}
