@@ -39,3 +39,26 @@ func TestYieldFor(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkYieldFor64: what a request rejected for the load costs more
+// while investments run: the choice among 8 investments on a 64-endpoint
+// fleet (the caller then decides again), against one decision in the same
+// run.
+func BenchmarkYieldFor64(b *testing.B) {
+	r, s := benchFleet(64)
+	sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), Hold: true, EarlyReject: true}
+	in := make([]Investing, 8)
+	for k := range in {
+		in[k] = Investing{Endpoint: 8 * k, Remaining: s.Endpoints[8*k].QueueWait}
+	}
+	b.Run("decision", func(b *testing.B) {
+		for b.Loop() {
+			sc.Decide(r, s)
+		}
+	})
+	b.Run("yield-for", func(b *testing.B) {
+		for b.Loop() {
+			sc.YieldFor(r, s, in)
+		}
+	})
+}
