@@ -55,7 +55,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.Policy, "policy", "kvgate", "routing policy: "+strings.Join(sched.Names(), ", "))
 	fs.StringVar(&c.Predictor, "predictor", gateway.PredictorLearned, "latency predictor: learned (online, from observed first tokens and TPOTs) or analytic (configured prefill speeds, observed mean TPOT)")
 	fs.BoolVar(&early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
-	fs.StringVar(&c.Hold.Mode, "hold", gateway.HoldPolicy, "hold at the router requests that fit nowhere until an endpoint has slack or their deadline (with early rejection: those that miss their SLO even on an idle endpoint, served on an idle endpoint of a quiet fleet or rejected at their deadline; docs/policies.md): policy (the policies meant to: kvgate), on or off")
+	fs.StringVar(&c.Hold.Mode, "hold", gateway.HoldPolicy, "hold at the router requests that fit nowhere until an endpoint has slack or their deadline (with early rejection: those that miss their SLO even on an idle endpoint, served on an idle endpoint of a quiet fleet, which they give up to a request that would otherwise be rejected, or rejected at their deadline; docs/policies.md): policy (the policies meant to: kvgate), on or off")
 	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.LogPrompts, "log-prompts", false, "log request bodies at debug level (prompts are not logged by default)")
