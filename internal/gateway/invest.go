@@ -79,20 +79,13 @@ func (g *Gateway) stopFor(fs *fleetView, req *sched.Request) bool {
 		in = append(in, sched.Investing{Endpoint: i, Remaining: fs.mf.load.PredictedPrefillEnd(c.flight) - fs.snap.Now})
 	}
 	k := g.sched.Load().YieldFor(req, &fs.snap, in)
-	var stop *investment
-	for j := range in {
-		if in[j].Endpoint == k {
-			stop = cands[j]
-			break
-		}
-	}
-	if stop != nil {
-		delete(v.set, stop)
-	}
-	v.mu.Unlock()
-	if stop == nil {
+	if k < 0 {
+		v.mu.Unlock()
 		return false
 	}
+	stop := cands[k]
+	delete(v.set, stop)
+	v.mu.Unlock()
 	stop.cancel(errYielded)
 	fs.mf.load.Finish(stop.flight, g.clock())
 	g.met.yielded.Inc()

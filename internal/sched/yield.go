@@ -15,8 +15,8 @@ const queuedBehind = 1e-6
 // YieldFor picks the investment that gives its endpoint up to req, which
 // the scheduler rejected for the load (RejectedForPrefill): among those
 // with nothing queued behind them, the one on whose endpoint req alone
-// would have the lowest pessimistic TTFT, if that fits req's SLO; -1 if
-// none does. The caller stops it
+// would have the lowest pessimistic TTFT, if that fits req's SLO. It
+// returns its index in investing; -1 if none fits. The caller stops it
 // (its client gets the 429 that early rejection would have given it; the
 // blocks it computed stay in the engine's prefix cache), updates the load
 // and decides req again.
@@ -29,7 +29,7 @@ func (sc *Scheduler) YieldFor(req *Request, s *Snapshot, investing []Investing) 
 	r := *req
 	r.SLO = sc.WithDefaults(r.SLO)
 	best, bt := -1, r.SLO.TTFT
-	for _, in := range investing {
+	for k, in := range investing {
 		if in.Endpoint < 0 || in.Endpoint >= len(s.Endpoints) {
 			continue
 		}
@@ -41,7 +41,7 @@ func (sc *Scheduler) YieldFor(req *Request, s *Snapshot, investing []Investing) 
 			continue
 		}
 		if t := aloneTTFT(&r, e); t <= bt {
-			best, bt = in.Endpoint, t
+			best, bt = k, t
 		}
 	}
 	return best

@@ -3,8 +3,19 @@ package sim
 import (
 	"math"
 
+	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/sched"
 )
+
+// investment is a request served late on an idle endpoint for what it
+// leaves in the cache (sched.Decision.Invests).
+type investment struct {
+	ri, ep    int
+	fl        *load.Flight
+	start     float64 // its prefill's start and (true) end
+	end       float64
+	hitBlocks int
+}
 
 // investmentsDone caches the prompts of the investments that finished by
 // t.
@@ -39,10 +50,10 @@ func (r *run) investedBlocks(keys []uint64, matched []int) {
 // cacheComputed enters the first blocks of investment v's prompt in its
 // endpoint's cache (and, with event lag, in what the router will hear).
 func (r *run) cacheComputed(v investment, blocks int) {
-	keys := r.tr.Requests[v.ri].Keys[:blocks]
 	if blocks <= 0 {
 		return
 	}
+	keys := r.tr.Requests[v.ri].Keys[:blocks]
 	r.cache.insert(v.ep, keys)
 	if r.view != nil {
 		r.view.stored(r.snap.Now, v.ep, keys)
@@ -63,13 +74,9 @@ func (r *run) yieldFor(ri int, req *sched.Request, d *sched.Decision) bool {
 	for k, v := range r.investing {
 		in[k] = sched.Investing{Endpoint: v.ep, Remaining: r.load.PredictedPrefillEnd(v.fl) - t}
 	}
-	ep := r.sc.YieldFor(req, &r.snap, in)
-	if ep < 0 {
+	k := r.sc.YieldFor(req, &r.snap, in)
+	if k < 0 {
 		return false
-	}
-	k := 0
-	for r.investing[k].ep != ep {
-		k++
 	}
 	v := r.investing[k]
 	r.investing = append(r.investing[:k], r.investing[k+1:]...)

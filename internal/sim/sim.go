@@ -212,16 +212,6 @@ type run struct {
 	yields    int
 }
 
-// investment is a request served late on an idle endpoint for what it
-// leaves in the cache.
-type investment struct {
-	ri, ep    int
-	fl        *load.Flight
-	start     float64 // its prefill's start and (true) end
-	end       float64
-	hitBlocks int
-}
-
 func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
 	n := cfg.Prefill
 	r := &run{cfg: cfg, tr: tr, sc: sc, n: n,
@@ -391,6 +381,9 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 		return fmt.Errorf("sim: policy %s chose prefill endpoint %d of %d", r.sc.Policy.Name(), d.Prefill, r.n)
 	}
 	i := d.Prefill
+	// An investment on an aggregated instance has its blocks cached as it
+	// finishes or stops (invest.go); everything else at once.
+	tracked := d.Invests && r.dec == nil
 	hit, hitBlocks := r.snap.Endpoints[i].CachedTokens, r.matched[i]
 	if r.view != nil {
 		// The engine computes what its true cache lacks, whatever the
@@ -398,7 +391,7 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 		r.cache.match(q.Keys, r.trueHit)
 		hitBlocks = r.trueHit[i]
 		hit = min(hitBlocks*r.tr.BlockSize, q.PromptTokens)
-		if !d.Invests {
+		if !tracked {
 			r.view.stored(t, i, q.Keys)
 		}
 	}
@@ -409,12 +402,9 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 	if r.truth != nil {
 		done = r.truth.route(r.load, fl, ri, i, unc, hit, t, r.snap.Endpoints[i].FreeAt)
 	}
-	if d.Invests && r.dec == nil {
+	if tracked {
 		r.investing = append(r.investing, investment{ri: ri, ep: i, fl: fl, start: max(t, r.snap.Endpoints[i].FreeAt), end: done, hitBlocks: hitBlocks})
 	} else {
-		if d.Invests && r.view != nil {
-			r.view.stored(t, i, q.Keys)
-		}
 		r.cache.insert(i, q.Keys)
 	}
 	r.hitTok += int64(hit)
