@@ -23,7 +23,7 @@ import (
 
 type simFlags struct {
 	scenario, workloadName, policies, rates, earlyReject, format, trace     string
-	predictors, hold, loads, observe                                        string
+	predictors, hold, loads, observe, eviction                              string
 	promptSigma, turns                                                      float64
 	promptMedian, contextTokens                                             int
 	spread, noise, driftFactor                                              float64
@@ -133,6 +133,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.prefillSpeed, "prefill-speed", pm.PrefillTokensPerSec, "prompt tokens per second per prefill instance")
 	flagrange.Var(fl, &f.blockSize, "block-size", wl.BlockSize, "block size in tokens (traces use their own 512-token blocks)")
 	flagrange.Var(fl, &f.cacheBlocks, "cache-blocks", sl.cacheBlocks, fmt.Sprintf("prefix-cache capacity per instance, in blocks of --block-size; instances × cache blocks at most %d", maxCacheBlocks))
+	fs.StringVar(&f.eviction, "eviction", "tail-first", "the order in which an instance's prefix cache gives up a request's blocks: tail-first (as vLLM, SGLang and kvgate engine: a conversation that loses blocks keeps its prefix) or head-first (the baseline chapter's model: its first block goes first, and the whole prefix with it; docs/ figures measured before 2026-12-02)")
 	fs.StringVar(&f.format, "format", f.format, "output: table or json")
 	return fs, fl
 }
@@ -273,8 +274,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if _, err := sched.ParseHoldMode(f.hold); err != nil {
 		return fmt.Errorf("--hold %w", err)
 	}
+	eviction, err := sim.ParseEviction(f.eviction)
+	if err != nil {
+		return fmt.Errorf("--eviction: %w", err)
+	}
 	if f.scenario == "sweep" {
-		return runSweep(ctx, &f, policies, rejects, stdout, sweepMaxRequests)
+		return runSweep(ctx, &f, eviction, policies, rejects, stdout, sweepMaxRequests)
 	}
 	cacheBlocks, err := simCacheBlocks(&f)
 	if err != nil {
@@ -288,7 +293,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	model.PrefillTokensPerSec = f.prefillSpeed
 	cfg := sim.Config{Prefill: f.instances, Decode: f.decodeInstances, Model: model,
 		CacheTokens: f.cacheBlocks * f.blockSize, DecodeKVTokens: f.decodeKVTokens,
-		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL}
+		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL, Eviction: eviction}
 	if f.scenario == "heterogeneous" {
 		cfg.Truth = sim.Heterogeneous(f.instances, f.prefillSpeed, f.spread, f.noise, f.duration/2, f.driftFactor, f.seed)
 		cfg.BatchingEngines = f.observe == "windows"

@@ -155,7 +155,7 @@ type sweepOutput struct {
 
 // runSweep is kvgate sim --scenario sweep: --seeds shapes from --seed on,
 // every policy with each early-rejection setting, then the ranking.
-func runSweep(ctx context.Context, f *simFlags, policies []string, rejects []bool, stdout io.Writer, maxRequests int) error {
+func runSweep(ctx context.Context, f *simFlags, eviction sim.Eviction, policies []string, rejects []bool, stdout io.Writer, maxRequests int) error {
 	model := perfmodel.Default()
 	model.PrefillTokensPerSec = f.prefillSpeed
 	shapes := make([]sweepShape, f.seeds)
@@ -163,7 +163,7 @@ func runSweep(ctx context.Context, f *simFlags, policies []string, rejects []boo
 	for i := range shapes {
 		s := drawShape(f.seed + uint64(i))
 		s.Index = i
-		cfg := sim.Config{Prefill: s.Instances, Model: model, CacheTokens: s.CacheBlocks * f.blockSize, SLO: sched.SLO{TTFT: s.SLOTTFT}}
+		cfg := sim.Config{Prefill: s.Instances, Model: model, CacheTokens: s.CacheBlocks * f.blockSize, SLO: sched.SLO{TTFT: s.SLOTTFT}, Eviction: eviction}
 		g := s.generator(f.blockSize, maxRequests)
 		guess := 10 * float64(s.Instances)
 		if err := g.validate(guess); err != nil {

@@ -96,7 +96,7 @@ func TestSimSweepSmall(t *testing.T) {
 		newSimFlagSet(&f, &bytes.Buffer{})
 		f.seeds, f.seed, f.format = 2, 5, format
 		var out bytes.Buffer
-		if err := runSweep(context.Background(), &f, []string{"least-queue", "cache-only"}, []bool{false, true}, &out, 1500); err != nil {
+		if err := runSweep(context.Background(), &f, sim.EvictTailFirst, []string{"least-queue", "cache-only"}, []bool{false, true}, &out, 1500); err != nil {
 			t.Fatal(err)
 		}
 		return out.String()
@@ -149,7 +149,7 @@ func TestSweepShape9Balanced(t *testing.T) {
 	newSimFlagSet(&f, &bytes.Buffer{})
 	f.seeds, f.seed, f.format = 1, 9, "json"
 	var out bytes.Buffer
-	if err := runSweep(context.Background(), &f, []string{"kvgate", "llmd-weighted-blend"}, []bool{false}, &out, sweepMaxRequests); err != nil {
+	if err := runSweep(context.Background(), &f, sim.EvictTailFirst, []string{"kvgate", "llmd-weighted-blend"}, []bool{false}, &out, sweepMaxRequests); err != nil {
 		t.Fatal(err)
 	}
 	var doc sweepOutput

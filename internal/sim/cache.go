@@ -1,6 +1,9 @@
 package sim
 
-import "math/bits"
+import (
+	"fmt"
+	"math/bits"
+)
 
 // lru is one instance's prefix cache: a fixed number of block slots evicted
 // least-recently-used first. Slots live in flat slices (no per-block
@@ -79,16 +82,54 @@ func (c *lru) has(k uint64) bool {
 	return ok
 }
 
+// Eviction is the order in which an instance's prefix cache gives up the
+// blocks of one request once they are the least recently used.
+type Eviction uint8
+
+const (
+	// EvictTailFirst, the default, is the engines' order: vLLM frees a
+	// finished request's blocks in reverse so that its tail is evicted
+	// first (SGLang's radix cache evicts leaves first; kvgate's engine
+	// emulator does as vLLM), so a conversation that loses some blocks
+	// keeps its prefix and its next turn recomputes only the end.
+	EvictTailFirst Eviction = iota
+	// EvictHeadFirst is the baseline chapter's model: a request's blocks
+	// are touched in prompt order, so its first block is the least recent
+	// and goes first, taking the whole prefix with it (the rest stays
+	// until evicted in turn, unreachable). Figures in docs/ measured
+	// before 2026-12-02 used it.
+	EvictHeadFirst
+)
+
+// ParseEviction parses --eviction: tail-first or head-first.
+func ParseEviction(s string) (Eviction, error) {
+	switch s {
+	case "tail-first":
+		return EvictTailFirst, nil
+	case "head-first":
+		return EvictHeadFirst, nil
+	}
+	return 0, fmt.Errorf("unknown eviction order %q (known: tail-first, head-first)", s)
+}
+
+func (e Eviction) String() string {
+	if e == EvictHeadFirst {
+		return "head-first"
+	}
+	return "tail-first"
+}
+
 // fleetCache holds every prefill instance's LRU and, for fleets of up to 64
 // instances, a holder mask per block so that one walk over a request's keys
 // gives every instance's prefix match.
 type fleetCache struct {
 	inst    []*lru
 	holders map[uint64]uint64 // nil when the fleet has more than 64 instances
+	order   Eviction
 }
 
-func newFleetCache(n, capBlocks int) *fleetCache {
-	f := &fleetCache{inst: make([]*lru, n)}
+func newFleetCache(n, capBlocks int, order Eviction) *fleetCache {
+	f := &fleetCache{inst: make([]*lru, n), order: order}
 	for i := range f.inst {
 		f.inst[i] = newLRU(capBlocks)
 	}
@@ -135,12 +176,17 @@ func (f *fleetCache) match(keys []uint64, matched []int) {
 	}
 }
 
-// insert touches keys in order on instance i, as the baseline chapter's model does when
-// a request is dispatched.
+// insert touches keys on instance i when a request is dispatched: last
+// key first, so that its first block is the most recently used
+// (EvictTailFirst), or in prompt order (EvictHeadFirst).
 func (f *fleetCache) insert(i int, keys []uint64) {
 	c := f.inst[i]
 	bit := uint64(1) << uint(i)
-	for _, k := range keys {
+	for j := range keys {
+		k := keys[j]
+		if f.order == EvictTailFirst {
+			k = keys[len(keys)-1-j]
+		}
 		ev, ok := c.touch(k)
 		if f.holders == nil {
 			continue

@@ -32,7 +32,10 @@ type PhasedConfig struct {
 	// DecodeKVTokens a decode instance's KV capacity, in tokens.
 	CacheTokens    int
 	DecodeKVTokens int
-	SLO            sched.SLO
+	// Eviction is the order in which a cache gives up a request's blocks
+	// (default: tail first, as the engines do).
+	Eviction Eviction
+	SLO      sched.SLO
 	// Warmup is the seconds between the end of an instance's drain and
 	// its first request in the new role (load, CUDA graphs, JIT).
 	Warmup float64
@@ -260,7 +263,7 @@ func newPhasedRun(cfg PhasedConfig, tr *workload.Trace, sc *sched.Scheduler) *ph
 	n := cfg.Instances
 	nr := len(tr.Requests)
 	r := &phasedRun{cfg: cfg, tr: tr, sc: sc,
-		cache: newFleetCache(n, cfg.CacheTokens/tr.BlockSize),
+		cache: newFleetCache(n, cfg.CacheTokens/tr.BlockSize, cfg.Eviction),
 		dec:   newDecodePool(n, cfg.DecodeKVTokens, cfg.Model, nr),
 		role:  make([]fleet.Role, n), state: make([]string, n), target: make([]fleet.Role, n),
 		epoch: make([]int, n), busy: make([]float64, n), joins: make([]float64, n), ready: make([]float64, n),

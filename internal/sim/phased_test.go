@@ -236,7 +236,7 @@ func TestPhasedConfigErrors(t *testing.T) {
 // TestResetCacheForgetsInstance: an instance leaving prefill loses its
 // prefix cache; the others keep theirs.
 func TestResetCacheForgetsInstance(t *testing.T) {
-	f := newFleetCache(3, 10)
+	f := newFleetCache(3, 10, EvictTailFirst)
 	keys := []uint64{1, 2, 3}
 	f.insert(0, keys)
 	f.insert(1, keys)

@@ -36,6 +36,9 @@ type Config struct {
 	Model  perfmodel.Model
 	// CacheTokens is each prefill instance's prefix-cache capacity in tokens.
 	CacheTokens int
+	// Eviction is the order in which a cache gives up a request's blocks
+	// (default: tail first, as the engines do).
+	Eviction Eviction
 	// DecodeKVTokens is each decode instance's KV capacity in tokens.
 	DecodeKVTokens int
 	SLO            sched.SLO
@@ -215,7 +218,7 @@ type run struct {
 func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
 	n := cfg.Prefill
 	r := &run{cfg: cfg, tr: tr, sc: sc, n: n,
-		cache:       newFleetCache(n, cfg.CacheTokens/tr.BlockSize),
+		cache:       newFleetCache(n, cfg.CacheTokens/tr.BlockSize, cfg.Eviction),
 		matched:     make([]int, n+cfg.Decode),
 		admitted:    make([]bool, len(tr.Requests)),
 		prefillDone: make([]float64, len(tr.Requests)),
@@ -223,7 +226,7 @@ func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
 		opens:       tr.Openings(),
 	}
 	if cfg.EventLag > 0 {
-		r.view = newRouterView(n, cfg.CacheTokens/tr.BlockSize, cfg.EventLag, cfg.ApproxTTL)
+		r.view = newRouterView(n, cfg.CacheTokens/tr.BlockSize, cfg.Eviction, cfg.EventLag, cfg.ApproxTTL)
 		r.trueHit = make([]int, n)
 	}
 	role := fleet.RoleBoth

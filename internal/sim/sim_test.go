@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/perfmodel"
@@ -72,9 +73,15 @@ func TestLRU(t *testing.T) {
 // TestFleetCacheMaskMatchesWalk checks the holder-mask walk against the
 // per-instance walk used for fleets over 64 instances.
 func TestFleetCacheMaskMatchesWalk(t *testing.T) {
+	for _, order := range []Eviction{EvictTailFirst, EvictHeadFirst} {
+		t.Run(order.String(), func(t *testing.T) { maskMatchesWalk(t, order) })
+	}
+}
+
+func maskMatchesWalk(t *testing.T, order Eviction) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	masked := newFleetCache(5, 20)
-	walked := newFleetCache(5, 20)
+	masked := newFleetCache(5, 20, order)
+	walked := newFleetCache(5, 20, order)
 	walked.holders = nil
 	chains := make([][]uint64, 6)
 	for i := range chains {
@@ -96,6 +103,49 @@ func TestFleetCacheMaskMatchesWalk(t *testing.T) {
 		inst := rng.IntN(5)
 		masked.insert(inst, keys)
 		walked.insert(inst, keys)
+	}
+}
+
+// TestEvictionOrder: a cache that must give up two blocks of a request
+// keeps its prefix when it evicts tail first (vLLM frees a request's
+// blocks in reverse; SGLang evicts leaves), and loses the whole prefix
+// with the chapter's order (its first block was the least recent).
+func TestEvictionOrder(t *testing.T) {
+	a := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	b := []uint64{101, 102, 103, 104}
+	for _, tc := range []struct {
+		order        Eviction
+		matchA, kept int
+	}{
+		{EvictTailFirst, 6, 6},
+		{EvictHeadFirst, 0, 6},
+	} {
+		f := newFleetCache(1, 10, tc.order)
+		f.insert(0, a)
+		f.insert(0, b)
+		m := []int{0}
+		f.match(a, m)
+		kept := 0
+		for _, k := range a {
+			if f.inst[0].has(k) {
+				kept++
+			}
+		}
+		if m[0] != tc.matchA || kept != tc.kept {
+			t.Errorf("%s: prefix of A matched %d blocks (want %d), %d of its blocks kept (want %d)", tc.order, m[0], tc.matchA, kept, tc.kept)
+		}
+		f.match(b, m)
+		if m[0] != len(b) {
+			t.Errorf("%s: B matched %d blocks, want %d", tc.order, m[0], len(b))
+		}
+	}
+	for _, s := range []string{"tail-first", "head-first"} {
+		if e, err := ParseEviction(s); err != nil || e.String() != s {
+			t.Errorf("ParseEviction(%q) = %v, %v", s, e, err)
+		}
+	}
+	if _, err := ParseEviction("lru"); err == nil || !strings.Contains(err.Error(), "tail-first, head-first") {
+		t.Errorf("ParseEviction(lru): %v", err)
 	}
 }
 

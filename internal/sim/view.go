@@ -21,8 +21,8 @@ type viewEvent struct {
 	keys []uint64
 }
 
-func newRouterView(n, capBlocks int, lag, ttl float64) *routerView {
-	v := &routerView{lag: lag, ttl: ttl, precise: newFleetCache(n, capBlocks), approx: make([]map[uint64]float64, n),
+func newRouterView(n, capBlocks int, order Eviction, lag, ttl float64) *routerView {
+	v := &routerView{lag: lag, ttl: ttl, precise: newFleetCache(n, capBlocks, order), approx: make([]map[uint64]float64, n),
 		scratch: make([]int, n)}
 	for i := range v.approx {
 		v.approx[i] = map[uint64]float64{}
