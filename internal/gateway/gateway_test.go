@@ -375,6 +375,14 @@ func TestRejectionUnderOverloadSparesHigherPriority(t *testing.T) {
 	if r.status != 429 || r.header.Get("Retry-After") == "" || !strings.Contains(r.body, "rejected before any compute") {
 		t.Fatalf("standard class, 5 s predicted against 0.5 s: %d %v %s", r.status, r.header, r.body)
 	}
+	// A rejection names the request (the client's id, or one kvgate
+	// made) and says nothing of a routing that did not happen.
+	if id := r.header.Get("X-Request-Id"); !strings.HasPrefix(id, "kvgate-") || r.header.Get("X-Kvgate-Prefill-Endpoint") != "" {
+		t.Errorf("the 429's X-Request-Id %q, X-Kvgate-Prefill-Endpoint %q", id, r.header.Get("X-Kvgate-Prefill-Endpoint"))
+	}
+	if r := post(t, url+"/v1/completions", completion(long, false, 2), map[string]string{"X-Request-Id": "client-7"}); r.status != 429 || r.header.Get("X-Request-Id") != "client-7" {
+		t.Errorf("a rejection with the client's id: %d, X-Request-Id %q", r.status, r.header.Get("X-Request-Id"))
+	}
 	r = post(t, url+"/v1/completions", completion(long, false, 2), map[string]string{"X-Kvgate-Class": "interactive"})
 	if r.status != 200 {
 		t.Fatalf("interactive class must pass: %d %s", r.status, r.body)

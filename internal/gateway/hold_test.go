@@ -469,6 +469,16 @@ func TestInvestmentYields(t *testing.T) {
 	if inv.status != http.StatusTooManyRequests || !strings.Contains(inv.body, "gave the engine up") {
 		t.Fatalf("the investment: %d %s, want 429", inv.status, inv.body)
 	}
+	// Its 429 is early rejection's: no routing headers from its dispatch
+	// (the request it yielded to has them).
+	for k := range inv.header {
+		if strings.HasPrefix(strings.ToLower(k), "x-kvgate-") {
+			t.Errorf("the investment's 429 carries %s: %q", k, inv.header.Get(k))
+		}
+	}
+	if inv.header.Get("Retry-After") == "" || r.header.Get(hdrPrefill) == "" {
+		t.Errorf("Retry-After %q on the 429, %s %q on the 200", inv.header.Get("Retry-After"), hdrPrefill, r.header.Get(hdrPrefill))
+	}
 	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_hold_yielded_total 1") {
 		t.Error("kvgate_hold_yielded_total is not 1")
 	}

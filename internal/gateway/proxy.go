@@ -35,6 +35,15 @@ const (
 	hdrHeld = "X-Kvgate-Held-Ms"
 )
 
+// dropRoutingHeaders takes back the routing headers proxy set, for an
+// answer that is not the routed request's (a yielded investment's 429
+// carries what early rejection's would: no endpoint, no prediction).
+func dropRoutingHeaders(h http.Header) {
+	for _, k := range []string{hdrPrefill, hdrDecode, hdrCached, hdrPrefillCached, hdrPredicted, hdrReason, hdrHeld} {
+		h.Del(k)
+	}
+}
+
 // hdrDPRank pins a request to one data-parallel rank of an engine (vLLM
 // and SGLang read it, case-insensitively): kvgate sets it for an
 // endpoint that stands for a rank (fleet.Endpoint.Ranked).
@@ -100,6 +109,9 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 // serve decides and proxies, retrying once on the next-best endpoint when
 // the chosen one fails before sending anything.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
+	// Every answer from here on, a rejection or an error as much as a
+	// routed response, names the request for the logs.
+	w.Header().Set("X-Request-Id", rt.id)
 	exclude := ""
 	var failure error // the first attempt's
 	for attempt := 0; attempt < 2; attempt++ {
@@ -141,6 +153,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			// SLO: the 429 early rejection would have sent at once.
 			g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
 			g.met.rejections.WithLabelValues(rt.class.Name).Inc()
+			dropRoutingHeaders(w.Header())
 			openai.WriteError(w, openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it misses its SLO even alone; served late on an idle engine, it gave the engine up to a request that can meet its SLO", rt.class.Name))
 			return
 		}
@@ -285,7 +298,6 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	h.Set(hdrPredicted, fmtMillis(p.dec.PredictedTTFT))
 	h.Set(hdrHeld, fmtMillis(max(g.now().Sub(rt.arrival).Seconds(), 0)))
 	h.Set(hdrReason, p.reason)
-	h.Set("X-Request-Id", rt.id)
 	ctx := r.Context()
 	if g.cfg.UpstreamTimeout > 0 {
 		var cancel context.CancelFunc
