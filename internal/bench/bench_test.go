@@ -101,6 +101,64 @@ func TestBenchAgreesWithEngineMetrics(t *testing.T) {
 	}
 }
 
+// TestMooncakeTraceConversation: a trace hashes a prompt's last, partial
+// block on its own, so a conversation's next turn has another id there;
+// rendered, each turn still resends the previous one whole (as a chat
+// client does), while a prompt that only shares the full blocks (another
+// conversation) does not take the partial block's words, nor does one
+// after a prefix that two conversations followed; equal ids stay equal
+// words.
+func TestMooncakeTraceConversation(t *testing.T) {
+	tr := `{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3]}
+{"timestamp": 1, "input_length": 1300, "output_length": 5, "hash_ids": [1, 2, 4]}
+{"timestamp": 2, "input_length": 1700, "output_length": 5, "hash_ids": [1, 2, 5, 6]}
+{"timestamp": 3, "input_length": 2600, "output_length": 5, "hash_ids": [1, 2, 5, 7, 8, 9]}
+{"timestamp": 4, "input_length": 1050, "output_length": 5, "hash_ids": [1, 2, 10]}
+{"timestamp": 5, "input_length": 1700, "output_length": 5, "hash_ids": [1, 2, 5, 11]}
+{"timestamp": 6, "input_length": 1000, "output_length": 5, "hash_ids": [1, 12]}
+{"timestamp": 7, "input_length": 700, "output_length": 5, "hash_ids": [20, 21]}
+{"timestamp": 8, "input_length": 600, "output_length": 5, "hash_ids": [20, 22]}
+{"timestamp": 9, "input_length": 1200, "output_length": 5, "hash_ids": [20, 23, 24]}
+`
+	items, err := MooncakeTrace(strings.NewReader(tr), 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := make([][]string, len(items))
+	for i, it := range items {
+		w[i] = strings.Fields(it.Prompt)
+	}
+	shared := func(a, b []string) int {
+		n := 0
+		for n < len(a) && n < len(b) && a[n] == b[n] {
+			n++
+		}
+		return n
+	}
+	for _, tc := range []struct{ a, b, want int }{
+		{0, 1, 1100}, // turn 2 resends turn 1 whole (its 76-word partial block too)
+		{1, 2, 1300}, // turn 3, a full block where turn 2 ended partial
+		{2, 3, 1700}, // turn 4
+		{3, 4, 1024}, // a shorter prompt after the same full blocks: another conversation
+		{2, 5, 1536}, // block 5 is the same words wherever it appears
+		{0, 6, 512},
+		// Block 20 was followed by two conversations' partial blocks: whose
+		// turn request 9 continues is unknown, so it takes neither's words.
+		{7, 8, 512},
+		{7, 9, 512},
+		{8, 9, 512},
+	} {
+		if got := shared(w[tc.a], w[tc.b]); got != tc.want {
+			t.Errorf("requests %d and %d share %d words, want %d", tc.a, tc.b, got, tc.want)
+		}
+	}
+	for i, n := range []int{1100, 1300, 1700, 2600, 1050, 1700, 1000, 700, 600, 1200} {
+		if len(w[i]) != n {
+			t.Errorf("request %d: %d words, want %d", i, len(w[i]), n)
+		}
+	}
+}
+
 func TestMooncakeTraceText(t *testing.T) {
 	tr := `{"timestamp": 1000, "input_length": 1030, "output_length": 5, "hash_ids": [7, 9, 11]}
 {"timestamp": 3000, "input_length": 600, "output_length": 0, "hash_ids": [7, 12]}

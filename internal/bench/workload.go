@@ -118,13 +118,121 @@ func Chat(c ChatConfig) ([]Item, error) {
 	return items, nil
 }
 
+// traceText renders a Mooncake trace's 512-token blocks as words. Every
+// hash id becomes the same 512 words wherever it appears, so equal ids
+// share prefixes on the server too. A trace hashes a prompt's last,
+// partial block on its own, so the next turn of a conversation, whose
+// block there is full and holds the partial one's tokens and more, has
+// another id: rendered independently, the next turn would not resend the
+// previous turn's last tokens, as a chat client does, and an engine would
+// find the previous prompt cached only up to its last full 512-token
+// block. So the first time an id appears right after a prefix that the
+// latest prompt through that prefix ended in a partial block, its words
+// start with that partial block's, and the previous prompt is a prefix of
+// the next; but only while the prefix has not branched (no other id has
+// followed it but the chain of such continuations): after a prefix that
+// many conversations share (a system prompt) nothing tells whose turn
+// continues whose, and inventing a shared prefix would be worse than
+// missing one.
+type traceText struct {
+	// partial: the id of a prompt's last full block → the partial block
+	// that followed it (the most recent such prompt).
+	partial map[uint64]blockStart
+	// startsWith: an id → the block whose first k words it starts with.
+	startsWith map[uint64]blockStart
+	// next: an id → the id that last followed it; branched: ids followed
+	// by two ids that do not continue one another.
+	next     map[uint64]uint64
+	branched map[uint64]bool
+	seen     map[uint64]bool
+}
+
+// blockStart is the first k words of block id, depth links deep.
+type blockStart struct {
+	id       uint64
+	k, depth int
+}
+
+// maxStartDepth bounds the links a word is looked up through (a turn
+// that stays within one block extends the previous turn's partial block:
+// at most one link per turn there).
+const maxStartDepth = 64
+
+func newTraceText() *traceText {
+	return &traceText{partial: map[uint64]blockStart{}, startsWith: map[uint64]blockStart{},
+		next: map[uint64]uint64{}, branched: map[uint64]bool{}, seen: map[uint64]bool{}}
+}
+
+// word is word j of block id.
+func (tt *traceText) word(id uint64, j int) string {
+	for {
+		s, ok := tt.startsWith[id]
+		if !ok || j >= s.k {
+			return word('h', id*512+uint64(j))
+		}
+		id = s.id
+	}
+}
+
+// place notes block id after block prev in a prompt that has tokens
+// tokens from there on. At id's first appearance it continues the partial
+// block of the last prompt that ended right after prev, if that prompt's
+// partial block is what last followed prev, prev has not branched, and
+// this prompt goes beyond it.
+func (tt *traceText) place(prev, id uint64, tokens int) {
+	if !tt.seen[id] {
+		tt.seen[id] = true
+		s, ok := tt.partial[prev]
+		if ok && s.id != id && tokens > s.k && !tt.branched[prev] && tt.next[prev] == s.id {
+			if s.depth = tt.startsWith[s.id].depth + 1; s.depth <= maxStartDepth {
+				tt.startsWith[id] = s
+				tt.next[prev] = id
+				return
+			}
+		}
+	}
+	if n, ok := tt.next[prev]; !ok {
+		tt.next[prev] = id
+	} else if n != id {
+		tt.branched[prev] = true
+	}
+}
+
+// prompt renders one trace request of n tokens.
+func (tt *traceText) prompt(b *strings.Builder, ids []uint64, n int, line int) {
+	w := 0
+	for i, h := range ids {
+		if w >= n {
+			break
+		}
+		if i == 0 {
+			tt.seen[h] = true
+		} else {
+			tt.place(ids[i-1], h, n-w)
+		}
+		for j := 0; j < 512 && w < n; j++ {
+			b.WriteString(tt.word(h, j))
+			b.WriteByte(' ')
+			w++
+		}
+	}
+	for j := 0; w < n; j++ {
+		b.WriteString(word('r', uint64(line)<<20|uint64(j)))
+		b.WriteByte(' ')
+		w++
+	}
+	if full := n / 512; n%512 != 0 && full >= 1 && full < len(ids) {
+		tt.partial[ids[full-1]] = blockStart{id: ids[full], k: n % 512}
+	}
+}
+
 // MooncakeTrace reads a Mooncake-format trace (JSON lines with timestamp
 // in ms, input_length, output_length, hash_ids of 512-token blocks) and
-// turns each request into a completion prompt: every hash id becomes the
-// same 512 words wherever it appears, so equal ids share prefixes on the
-// server too; the part of input_length past the last full block is words
-// of the request's own. timeScale multiplies timestamps (0.5: twice the
-// rate); maxOutput caps output lengths (0: none).
+// turns each request into a completion prompt (traceText: equal ids are
+// equal words, and a turn that surely continues the previous one resends
+// it whole); the part of input_length past the last hash id is words of
+// the request's own. timeScale multiplies timestamps (0.5: twice the rate);
+// maxOutput caps output lengths (0: none).
 func MooncakeTrace(r io.Reader, timeScale float64, maxOutput int) ([]Item, error) {
 	if !(timeScale > 0) || timeScale > 1e6 {
 		return nil, fmt.Errorf("bench: trace time scale must be in (0, 1e6], got %v", timeScale)
@@ -133,6 +241,7 @@ func MooncakeTrace(r io.Reader, timeScale float64, maxOutput int) ([]Item, error
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	var items []Item
 	line := 0
+	tt := newTraceText()
 	for sc.Scan() {
 		line++
 		if strings.TrimSpace(sc.Text()) == "" {
@@ -155,19 +264,7 @@ func MooncakeTrace(r io.Reader, timeScale float64, maxOutput int) ([]Item, error
 			return nil, fmt.Errorf("bench: trace has more than %d requests", maxItems)
 		}
 		var b strings.Builder
-		n := 0
-		for _, h := range rec.HashIDs {
-			for j := 0; j < 512 && n < rec.InputLength; j++ {
-				b.WriteString(word('h', h*512+uint64(j)))
-				b.WriteByte(' ')
-				n++
-			}
-		}
-		for j := 0; n < rec.InputLength; j++ {
-			b.WriteString(word('r', uint64(line)<<20|uint64(j)))
-			b.WriteByte(' ')
-			n++
-		}
+		tt.prompt(&b, rec.HashIDs, rec.InputLength, line)
 		out := max(rec.OutputLength, 1)
 		if maxOutput > 0 {
 			out = min(out, maxOutput)
