@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -187,4 +188,68 @@ func TestMooncakeTraceText(t *testing.T) {
 			t.Errorf("%s: accepted", bad)
 		}
 	}
+}
+
+// FuzzMooncakeTrace: any input is either refused or rendered with one
+// word per input token, each prompt's words the same as an earlier
+// prompt's up to the blocks they share, and no panic.
+func FuzzMooncakeTrace(f *testing.F) {
+	f.Add(`{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3]}
+{"timestamp": 1, "input_length": 1300, "output_length": 5, "hash_ids": [1, 2, 4]}`)
+	f.Add(`{"timestamp": 7, "input_length": 700, "output_length": 5, "hash_ids": [20, 21]}
+{"timestamp": 8, "input_length": 600, "output_length": 5, "hash_ids": [20, 22]}
+{"timestamp": 9, "input_length": 1200, "output_length": 5, "hash_ids": [20, 23, 24]}`)
+	f.Add(`{"timestamp": 0, "input_length": 3, "output_length": 0, "hash_ids": []}`)
+	f.Fuzz(func(t *testing.T, in string) {
+		if len(in) > 1<<14 {
+			return
+		}
+		items, err := MooncakeTrace(strings.NewReader(in), 1, 0)
+		if err != nil {
+			return
+		}
+		var recs []struct {
+			InputLength int      `json:"input_length"`
+			HashIDs     []uint64 `json:"hash_ids"`
+		}
+		for _, l := range strings.Split(in, "\n") {
+			if strings.TrimSpace(l) == "" {
+				continue
+			}
+			var r struct {
+				InputLength int      `json:"input_length"`
+				HashIDs     []uint64 `json:"hash_ids"`
+			}
+			if json.Unmarshal([]byte(l), &r) != nil {
+				t.Fatalf("accepted a line that does not parse: %q", l)
+			}
+			recs = append(recs, r)
+		}
+		if len(recs) != len(items) {
+			t.Fatalf("%d records, %d items", len(recs), len(items))
+		}
+		words := make([][]string, len(items))
+		for i, it := range items {
+			words[i] = strings.Fields(it.Prompt)
+			if len(words[i]) != recs[i].InputLength {
+				t.Fatalf("item %d: %d words for %d tokens", i, len(words[i]), recs[i].InputLength)
+			}
+		}
+		// Two prompts whose first k hash ids are equal and both hold those k
+		// blocks whole have the same first 512·k words.
+		for i := range items {
+			for j := 0; j < i; j++ {
+				k := 0
+				for k < len(recs[i].HashIDs) && k < len(recs[j].HashIDs) && recs[i].HashIDs[k] == recs[j].HashIDs[k] {
+					k++
+				}
+				k = min(k, recs[i].InputLength/512, recs[j].InputLength/512)
+				for w := 0; w < 512*k; w++ {
+					if words[i][w] != words[j][w] {
+						t.Fatalf("items %d and %d share %d full blocks but differ at word %d", j, i, k, w)
+					}
+				}
+			}
+		}
+	})
 }
