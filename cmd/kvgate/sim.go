@@ -133,7 +133,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.prefillSpeed, "prefill-speed", pm.PrefillTokensPerSec, "prompt tokens per second per prefill instance")
 	flagrange.Var(fl, &f.blockSize, "block-size", wl.BlockSize, "block size in tokens (traces use their own 512-token blocks)")
 	flagrange.Var(fl, &f.cacheBlocks, "cache-blocks", sl.cacheBlocks, fmt.Sprintf("prefix-cache capacity per instance, in blocks of --block-size; instances × cache blocks at most %d", maxCacheBlocks))
-	fs.StringVar(&f.eviction, "eviction", "tail-first", "the order in which an instance's prefix cache gives up a request's blocks: tail-first (as vLLM, SGLang and kvgate engine do: a conversation that loses blocks keeps its prefix) or head-first (the baseline chapter's model: its first block goes first, and the whole prefix with it; docs/ figures measured before 2026-12-02)")
+	fs.StringVar(&f.eviction, "eviction", "tail-first", "the order in which an instance's prefix cache gives up a request's blocks: tail-first (as vLLM, SGLang and kvgate engine do: a conversation that loses blocks keeps its prefix) or head-first (the baseline chapter's model: its first block goes first, and the whole prefix with it; the docs/ figures that do not say tail-first)")
 	fs.StringVar(&f.format, "format", f.format, "output: table or json")
 	return fs, fl
 }
