@@ -153,9 +153,9 @@ type blockStart struct {
 	k, depth int
 }
 
-// maxStartDepth bounds the links a word is looked up through (a turn
-// that stays within one block extends the previous turn's partial block:
-// at most one link per turn there).
+// maxStartDepth bounds how deep writeWords recurses through blocks that
+// start with another's (a turn that stays within one block extends the
+// previous turn's partial block: one link per such turn).
 const maxStartDepth = 64
 
 func newTraceText() *traceText {
@@ -163,14 +163,16 @@ func newTraceText() *traceText {
 		next: map[uint64]uint64{}, branched: map[uint64]bool{}, seen: map[uint64]bool{}}
 }
 
-// word is word j of block id.
-func (tt *traceText) word(id uint64, j int) string {
-	for {
-		s, ok := tt.startsWith[id]
-		if !ok || j >= s.k {
-			return word('h', id*512+uint64(j))
-		}
-		id = s.id
+// writeWords writes words [lo, hi) of block id, each followed by a space:
+// the first k of a block that starts with another's are that block's.
+func (tt *traceText) writeWords(b *strings.Builder, id uint64, lo, hi int) {
+	if s, ok := tt.startsWith[id]; ok && lo < s.k {
+		tt.writeWords(b, s.id, lo, min(hi, s.k))
+		lo = s.k
+	}
+	for j := lo; j < hi; j++ {
+		b.WriteString(word('h', id*512+uint64(j)))
+		b.WriteByte(' ')
 	}
 }
 
@@ -210,11 +212,9 @@ func (tt *traceText) prompt(b *strings.Builder, ids []uint64, n int, line int) {
 		} else {
 			tt.place(ids[i-1], h, n-w)
 		}
-		for j := 0; j < 512 && w < n; j++ {
-			b.WriteString(tt.word(h, j))
-			b.WriteByte(' ')
-			w++
-		}
+		k := min(512, n-w)
+		tt.writeWords(b, h, 0, k)
+		w += k
 	}
 	for j := 0; w < n; j++ {
 		b.WriteString(word('r', uint64(line)<<20|uint64(j)))
