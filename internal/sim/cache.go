@@ -96,8 +96,8 @@ const (
 	// EvictHeadFirst is the baseline chapter's model: a request's blocks
 	// are touched in prompt order, so its first block is the least recent
 	// and goes first, taking the whole prefix with it (the rest stays
-	// until evicted in turn, unreachable). Figures in docs/ measured
-	// before 2026-12-02 used it.
+	// until evicted in turn, unreachable). Figures in docs/ that do not
+	// say tail-first were measured with it.
 	EvictHeadFirst
 )
 
