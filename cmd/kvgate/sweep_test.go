@@ -142,28 +142,51 @@ func TestSimSweepBadFlags(t *testing.T) {
 // and kvgate attained 95.6 % against llm-d's weighted blend's 98.8 %. With
 // the bound scaled by 1 + λ it serves every request in time.
 func TestSweepShape9Balanced(t *testing.T) {
+	att := sweepShapeAttainment(t, 9, 26, "chat", []string{"kvgate", "llmd-weighted-blend"}, false)
+	if att["kvgate"] < 0.995 || att["kvgate"] < att["llmd-weighted-blend"] {
+		t.Errorf("kvgate attained %.4f, the weighted blend %.4f", att["kvgate"], att["llmd-weighted-blend"])
+	}
+}
+
+// sweepShapeAttainment runs the sweep's shape of seed (which must have
+// the given instances and workload) with policies, with or without early
+// rejection, and returns each policy's attainment.
+func sweepShapeAttainment(t *testing.T, seed uint64, instances int, workload string, policies []string, reject bool) map[string]float64 {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("a full sweep shape")
 	}
 	var f simFlags
 	newSimFlagSet(&f, &bytes.Buffer{})
-	f.seeds, f.seed, f.format = 1, 9, "json"
+	f.seeds, f.seed, f.format = 1, seed, "json"
 	var out bytes.Buffer
-	if err := runSweep(context.Background(), &f, sim.EvictTailFirst, []string{"kvgate", "llmd-weighted-blend"}, []bool{false}, &out, sweepMaxRequests); err != nil {
+	if err := runSweep(context.Background(), &f, sim.EvictTailFirst, policies, []bool{reject}, &out, sweepMaxRequests); err != nil {
 		t.Fatal(err)
 	}
 	var doc sweepOutput
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
 		t.Fatal(err)
 	}
-	if len(doc.Shapes) != 1 || doc.Shapes[0].Instances != 26 || len(doc.Shapes[0].Runs) != 2 {
+	if len(doc.Shapes) != 1 || doc.Shapes[0].Instances != instances || doc.Shapes[0].Workload != workload || len(doc.Shapes[0].Runs) != len(policies) {
 		t.Fatalf("not the shape this test is about: %+v", doc.Shapes)
 	}
 	att := map[string]float64{}
 	for _, r := range doc.Shapes[0].Runs {
 		att[r.Policy] = r.Attainment
 	}
-	if att["kvgate"] < 0.995 || att["kvgate"] < att["llmd-weighted-blend"] {
-		t.Errorf("kvgate attained %.4f, the weighted blend %.4f", att["kvgate"], att["llmd-weighted-blend"])
+	return att
+}
+
+// TestSweepShape1007Spreads: held-out sweep shape 1007 (long documents on
+// 21 instances, 8 shared 8 700-token prefixes, a 1.41 s SLO, 0.78× load)
+// with early rejection. Documents longer than the SLO's worth of compute
+// fit only where their prefix is cached; kept on their prefix's few
+// holders, they were rejected while other instances stood idle (kvgate
+// 91.11 %, predicted-ttft 93.32 %). Rejections with an instance idle now
+// make kvgate route by TTFT, which copies the prefixes (docs/policies.md).
+func TestSweepShape1007Spreads(t *testing.T) {
+	att := sweepShapeAttainment(t, 1007, 21, "long-documents", []string{"kvgate", "predicted-ttft"}, true)
+	if att["kvgate"] < att["predicted-ttft"]-0.005 {
+		t.Errorf("kvgate attained %.4f, predicted-ttft %.4f: more than half a point behind", att["kvgate"], att["predicted-ttft"])
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,11 +75,18 @@ func holdGatewayWith(t *testing.T, maxHeld int, o Options) *holdRig {
 	return &holdRig{url: url, admin: admin, clock: clock, seen: seen, inUpstream: inUpstream, g: g}
 }
 
-// occupy sends a request that stays in the upstream until ctx ends.
+// occupy sends a request of token 7 that stays in the upstream until ctx
+// ends.
 func occupy(t *testing.T, ctx context.Context, url string, tokens int, inUpstream chan struct{}) {
 	t.Helper()
+	occupyWith(t, ctx, url, 7, tokens, inUpstream)
+}
+
+// occupyWith is occupy with a prompt of token id.
+func occupyWith(t *testing.T, ctx context.Context, url string, id, tokens int, inUpstream chan struct{}) {
+	t.Helper()
 	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(tokenPrompt(7, tokens, true)))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(tokenPrompt(id, tokens, true)))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Hold", "1")
 		if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -485,4 +493,53 @@ func TestInvestmentYields(t *testing.T) {
 	if g.heldNow() != 0 {
 		t.Fatalf("held %d", g.heldNow())
 	}
+}
+
+// TestLoadRejectionKinds: a rejection for the prefill queue while another
+// endpoint is idle is told apart from one on a fleet with no idle
+// endpoint (sched.LoadRejections; kvgate prices compute at nothing after
+// the first, first after the second). Predictions are stretched by the
+// analytic predictor's margin, 1.5. 200 tokens of token 7 occupy one
+// endpoint (0.2 s at 1 000 tokens/s); 400 tokens of token 7 then fit the
+// 0.5 s SLO alone only there (200 uncached: 0.3 s with the margin), and
+// not behind its queue (0.6 s): rejected, the other endpoint idle (0.6 s
+// alone there). With the other endpoint occupied too, 250 tokens of
+// token 9 miss on both (0.675 s) and fit alone: short.
+func TestLoadRejectionKinds(t *testing.T) {
+	rig := rejectingHoldGateway(t)
+	url, admin := rig.url, rig.admin
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	metric := func(kind string) string {
+		return fmt.Sprintf("kvgate_load_rejections_total{kind=%q} ", kind)
+	}
+	counts := func(idle, short int) {
+		t.Helper()
+		m := get(t, admin+"/metrics")
+		if !strings.Contains(m, metric("idle")+strconv.Itoa(idle)) || !strings.Contains(m, metric("short")+strconv.Itoa(short)) {
+			t.Fatalf("want idle %d, short %d:\n%s", idle, short, grepLines(m, "kvgate_load_rejections_total"))
+		}
+	}
+	counts(0, 0)
+	occupy(t, ctx, url, 200, rig.inUpstream)
+	if r := post(t, url+"/v1/completions", tokenPrompt(7, 400, false), nil); r.status != http.StatusTooManyRequests {
+		t.Fatalf("400 tokens behind 0.2 s on their prefix's endpoint: %d %s, want 429", r.status, r.body)
+	}
+	counts(1, 0)
+	occupyWith(t, ctx, url, 8, 200, rig.inUpstream)
+	if r := post(t, url+"/v1/completions", tokenPrompt(9, 250, false), nil); r.status != http.StatusTooManyRequests {
+		t.Fatalf("250 tokens behind 0.2 s everywhere: %d %s, want 429", r.status, r.body)
+	}
+	counts(1, 1)
+}
+
+// grepLines is the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

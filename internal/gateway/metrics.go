@@ -23,6 +23,10 @@ type metrics struct {
 	held         prometheus.Counter
 	holdSeconds  prometheus.Histogram
 	yielded      prometheus.Counter
+	// loadRejections counts rejections for the prefill queues by kind
+	// (sched.LoadRejections): short (no prefilling endpoint idle) or
+	// idle (one was: the request's prefix was cached only on busy ones).
+	loadRejections *prometheus.CounterVec
 }
 
 func newMetrics(g *Gateway) *metrics {
@@ -52,11 +56,17 @@ func newMetrics(g *Gateway) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)}),
 		yielded: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_hold_yielded_total",
 			Help: "Requests served late as the hold's investments that gave their engine up to a request that would have been rejected for the load (their clients got 429)."}),
+		loadRejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_load_rejections_total",
+			Help: "Requests rejected because a prefill queue pushed their predicted TTFT over the SLO, by kind: short (no prefilling endpoint was idle: the fleet is short of compute, and kvgate prices compute first) or idle (one was: the request's prefix was cached only on busy endpoints, and kvgate routes by TTFT for a while so that prefixes are copied)."},
+			[]string{"kind"}),
+	}
+	for _, kind := range []string{"short", "idle"} {
+		m.loadRejections.WithLabelValues(kind) // exported from the start, at 0
 	}
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
 	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries,
-		m.held, m.holdSeconds, m.yielded, heldNow,
+		m.held, m.holdSeconds, m.yielded, m.loadRejections, heldNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})
 	return m

@@ -246,9 +246,15 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 			g.shed.reject(rt.class.Priority, now)
 		}
 		if p.prefillBound {
-			// Short of prefill compute: what misses alone waits for a
-			// quiet fleet, and kvgate prices compute first.
-			p.mf.hold.q.NoteLoadRejection(now)
+			// Short of prefill compute (or, with an endpoint idle, of
+			// copies of the prefix): what misses alone waits for a quiet
+			// fleet, and kvgate prices compute first (or at nothing).
+			p.mf.hold.q.NoteLoadRejection(now, p.prefillIdle)
+			kind := "short"
+			if p.prefillIdle {
+				kind = "idle"
+			}
+			g.met.loadRejections.WithLabelValues(kind).Inc()
 		}
 		return g.rejectErr(rt, p.dec.Reason, p.dec.PredictedTTFT)
 	}

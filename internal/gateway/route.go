@@ -55,6 +55,9 @@ type plan struct {
 	// prefillBound: rejected because its prefill endpoint's queue pushed
 	// its TTFT over the target (sched.RejectedForPrefill).
 	prefillBound bool
+	// prefillIdle: a prefilling endpoint was idle when it was decided
+	// (sched.AnyPrefillIdle).
+	prefillIdle bool
 	// req is what the scheduler was asked.
 	req sched.Request
 	// flight, when set, is the request's flight already routed (a
@@ -241,6 +244,7 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	if d.Prefill >= 0 && !d.Admit {
 		p.missesAlone = !sched.RejectedForLoad(&sreq, &fs.snap, &d)
 		p.prefillBound = sched.RejectedForPrefill(&sreq, &fs.snap, &d)
+		p.prefillIdle = sched.AnyPrefillIdle(&fs.snap)
 	}
 	return p, nil
 }
@@ -274,7 +278,7 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string) (*fleetVi
 		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
 	}
 	fs.snap.HeldCompute = mf.hold.q.Compute()
-	fs.snap.SinceLoadRejection = mf.hold.q.SinceLoadRejection(fs.snap.Now)
+	mf.hold.q.FillRejections(&fs.snap)
 	fs.members, fs.eps = members, eps
 	return fs, nil
 }

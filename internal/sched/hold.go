@@ -145,42 +145,88 @@ type HoldQueue struct {
 }
 
 // LoadRejections remembers when the fleet last rejected a request for the
-// load on the prefill side (RejectedForPrefill): the hold queue's quiet window and kvgate's
-// pressure price (Snapshot.SinceLoadRejection) read it. The zero value
-// has seen none. It is safe for concurrent use.
+// load on the prefill side (RejectedForPrefill), in two kinds: while no
+// prefilling endpoint stood idle (the fleet is short of compute: kvgate's
+// pressure price, Snapshot.SinceLoadRejection) and while one did (the
+// compute was there, but not where the request's prefix is cached:
+// Snapshot.SinceIdleRejection). The hold queue's quiet window reads
+// both. The zero value has seen none. It is safe for concurrent use.
 type LoadRejections struct {
-	mu   sync.Mutex
+	mu                     sync.Mutex
+	last, short, misplaced stamp
+}
+
+// stamp is the clock time of the last event of a kind.
+type stamp struct {
 	at   float64 // clock seconds
 	ever bool
 }
 
-// Note records a rejection for the load at clock time now.
-func (l *LoadRejections) Note(now float64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.ever || now > l.at {
-		l.at, l.ever = now, true
+func (t *stamp) note(now float64) {
+	if !t.ever || now > t.at {
+		t.at, t.ever = now, true
 	}
 }
 
-// quietFor is how long before now the last one was (+Inf if none).
-func (l *LoadRejections) quietFor(now float64) float64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.ever {
+// ago is how long before now the event was (+Inf if never).
+func (t stamp) ago(now float64) float64 {
+	if !t.ever {
 		return math.Inf(1)
 	}
-	return now - l.at
+	return now - t.at
 }
 
-// Since is Snapshot.SinceLoadRejection at clock time now: how long ago
-// the last one was (at least a nanosecond), 0 if there was none.
-func (l *LoadRejections) Since(now float64) float64 {
-	d := l.quietFor(now)
+// since is ago as a Snapshot field: at least a nanosecond, 0 if never.
+func (t stamp) since(now float64) float64 {
+	d := t.ago(now)
 	if math.IsInf(d, 1) {
 		return 0
 	}
 	return max(d, 1e-9)
+}
+
+// Note records a rejection for the load at clock time now; idle: a
+// prefilling endpoint stood idle in the snapshot it was decided on
+// (AnyPrefillIdle).
+func (l *LoadRejections) Note(now float64, idle bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last.note(now)
+	if idle {
+		l.misplaced.note(now)
+	} else {
+		l.short.note(now)
+	}
+}
+
+// quietFor is how long before now the last one of either kind was (+Inf
+// if none).
+func (l *LoadRejections) quietFor(now float64) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last.ago(now)
+}
+
+// Fill sets s's SinceLoadRejection and SinceIdleRejection at s.Now.
+func (l *LoadRejections) Fill(s *Snapshot) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s.SinceLoadRejection = l.short.since(s.Now)
+	s.SinceIdleRejection = l.misplaced.since(s.Now)
+}
+
+// prefillIdle: e can prefill and has nothing queued to prefill.
+func prefillIdle(e *Endpoint) bool { return e.Role.CanPrefill() && e.QueueWait <= 0 }
+
+// AnyPrefillIdle reports whether some endpoint of s can prefill and has
+// nothing queued to prefill (LoadRejections.Note's idle).
+func AnyPrefillIdle(s *Snapshot) bool {
+	for i := range s.Endpoints {
+		if prefillIdle(&s.Endpoints[i]) {
+			return true
+		}
+	}
+	return false
 }
 
 // NewHoldQueue returns a queue holding at most capacity requests (> 0).
@@ -221,13 +267,13 @@ func (q *HoldQueue) Compute() float64 {
 }
 
 // NoteLoadRejection records that a request was rejected for the load at
-// clock time now (see RejectedForPrefill): with early rejection, requests
-// held because they miss their SLO even on an idle endpoint wait for a
-// quiet fleet.
-func (q *HoldQueue) NoteLoadRejection(now float64) { q.rejections.Note(now) }
+// clock time now (see RejectedForPrefill, LoadRejections.Note): with
+// early rejection, requests held because they miss their SLO even on an
+// idle endpoint wait for a quiet fleet.
+func (q *HoldQueue) NoteLoadRejection(now float64, idle bool) { q.rejections.Note(now, idle) }
 
-// SinceLoadRejection is LoadRejections.Since for the queue's fleet.
-func (q *HoldQueue) SinceLoadRejection(now float64) float64 { return q.rejections.Since(now) }
+// FillRejections is LoadRejections.Fill for the queue's fleet.
+func (q *HoldQueue) FillRejections(s *Snapshot) { q.rejections.Fill(s) }
 
 // quietFor is how long before now the last rejection for the load was
 // (+Inf if none).
@@ -537,7 +583,7 @@ const holdIdleShare = 0.5
 // at least two are idle (the fleet keeps one for what arrives next) and
 // at least holdIdleShare of them; -1 otherwise.
 func (sc *Scheduler) pickIdle(req *Request, s *Snapshot) int {
-	idle := func(e *Endpoint) bool { return e.Role.CanPrefill() && e.QueueWait <= 0 }
+	idle := prefillIdle
 	n, all := 0, 0
 	for i := range s.Endpoints {
 		if e := &s.Endpoints[i]; e.Role.CanPrefill() {

@@ -167,11 +167,11 @@ func TestHoldWithEarlyRejection(t *testing.T) {
 		t.Fatalf("one idle endpoint: released %d, want it kept for what arrives", n)
 	}
 	f.snap.Endpoints[2].QueueWait = 0
-	q.NoteLoadRejection(95) // 5 s ago: under 10 SLOs
+	q.NoteLoadRejection(95, false) // 5 s ago: under 10 SLOs
 	if n := sc.ReleaseHeld(q, 100, f, &s); n != 0 {
 		t.Fatalf("a rejection for the load 5 s ago: released %d", n)
 	}
-	q.NoteLoadRejection(70) // older than the last one: ignored
+	q.NoteLoadRejection(70, false) // older than the last one: ignored
 	if n := sc.ReleaseHeld(q, 101, f, &s); n != 0 {
 		t.Fatalf("an older rejection moved the quiet window: released %d", n)
 	}
@@ -184,7 +184,7 @@ func TestHoldWithEarlyRejection(t *testing.T) {
 	if err := q.Push(h2); err != nil {
 		t.Fatal(err)
 	}
-	q.NoteLoadRejection(101.5)
+	q.NoteLoadRejection(101.5, false)
 	if n := sc.ReleaseHeld(q, 102, f, &s); n != 1 || f.who[1] != h2 || f.got[1].Admit || f.got[1].Reason == "" {
 		t.Fatalf("overdue: n=%d %+v, want a rejection", n, f.got)
 	}
@@ -488,6 +488,51 @@ func TestParseHoldMode(t *testing.T) {
 		got, err := ParseHoldMode(tt.in)
 		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
 			t.Errorf("%q: %v %v", tt.in, got, err)
+		}
+	}
+}
+
+// TestLoadRejectionsKinds: a rejection for the load is remembered by
+// kind, short of compute (no prefilling endpoint idle) or misplaced (one
+// idle), each in its own Snapshot field; the hold's quiet window counts
+// both; an older note moves neither.
+func TestLoadRejectionsKinds(t *testing.T) {
+	var l LoadRejections
+	s := Snapshot{Now: 100}
+	l.Fill(&s)
+	if s.SinceLoadRejection != 0 || s.SinceIdleRejection != 0 || !math.IsInf(l.quietFor(100), 1) {
+		t.Fatalf("none noted: %+v, quiet %v", s, l.quietFor(100))
+	}
+	l.Note(90, true)
+	l.Fill(&s)
+	if s.SinceLoadRejection != 0 || s.SinceIdleRejection != 10 || l.quietFor(100) != 10 {
+		t.Fatalf("one with an endpoint idle 10 s ago: %v %v, quiet %v", s.SinceLoadRejection, s.SinceIdleRejection, l.quietFor(100))
+	}
+	l.Note(95, false)
+	l.Note(80, true) // older than the last idle one: ignored
+	l.Fill(&s)
+	if s.SinceLoadRejection != 5 || s.SinceIdleRejection != 10 || l.quietFor(100) != 5 {
+		t.Fatalf("then one short 5 s ago: %v %v, quiet %v", s.SinceLoadRejection, s.SinceIdleRejection, l.quietFor(100))
+	}
+	s.Now = 95
+	l.Fill(&s)
+	if s.SinceLoadRejection != 1e-9 {
+		t.Fatalf("at the rejection's own time: %v, want 1 ns", s.SinceLoadRejection)
+	}
+
+	busy := Endpoint{Role: fleet.RoleBoth, QueueWait: 0.3}
+	for _, tc := range []struct {
+		eps  []Endpoint
+		idle bool
+	}{
+		{[]Endpoint{busy, busy}, false},
+		{[]Endpoint{busy, {Role: fleet.RoleDecode}}, false},
+		{[]Endpoint{busy, {Role: fleet.RolePrefill}}, true},
+		{[]Endpoint{{Role: fleet.RoleBoth}}, true},
+		{nil, false},
+	} {
+		if got := AnyPrefillIdle(&Snapshot{Endpoints: tc.eps}); got != tc.idle {
+			t.Errorf("%+v: AnyPrefillIdle %v, want %v", tc.eps, got, tc.idle)
 		}
 	}
 }

@@ -38,16 +38,28 @@ const pressurePrice = 1000
 
 // price is λ: the fleet's mean queue wait as a fraction of the SLO, scaled
 // (0 for a request without a TTFT SLO: it minimises its TTFT); while the
-// fleet is compute-bound (it rejected a request for the load within
-// KVGatePressure SLOs, which only early rejection does), pressurePrice.
-// Admitted requests all fit their SLO then, so the latency a choice saves
-// earns nothing; the compute it spends is what the next request lacks.
+// fleet is compute-bound (it rejected a request for the load, with no
+// prefilling endpoint idle, within KVGatePressure SLOs, which only early
+// rejection does), pressurePrice. Admitted requests all fit their SLO
+// then, so the latency a choice saves earns nothing; the compute it
+// spends is what the next request lacks.
+//
+// A rejection for the load while an endpoint stood idle says the
+// opposite: the fleet had the compute, but the request's prefix was
+// cached only on endpoints whose queues were full. Keeping requests on
+// their prefix's holders made it so; for the same window λ is 0, so that
+// requests go where their TTFT is lowest, busy holders are passed over
+// for idle endpoints, and the prefixes requests share are copied there.
 func (p *kvgatePolicy) price(req *Request, s *Snapshot) float64 {
 	if len(s.Endpoints) == 0 || req.SLO.TTFT <= 0 {
 		return 0
 	}
-	if a := s.SinceLoadRejection; a > 0 && a < p.o.KVGatePressure*req.SLO.TTFT {
+	window := p.o.KVGatePressure * req.SLO.TTFT
+	if a := s.SinceLoadRejection; a > 0 && a < window {
 		return pressurePrice
+	}
+	if a := s.SinceIdleRejection; a > 0 && a < window {
+		return 0
 	}
 	var sum float64
 	for i := range s.Endpoints {
@@ -75,16 +87,34 @@ type pricing struct {
 // rejected, as its cheapest endpoint cannot take it in time. Its own
 // compute is never held against it (a long prompt competes as any other).
 func (p *kvgatePolicy) pricing(req *Request, s *Snapshot) pricing {
-	pr := pricing{lambda: p.price(req, s), spare: math.Inf(1)}
-	if pr.lambda < pressurePrice || !(s.MeanPrefill > 0) || math.IsInf(s.MeanPrefill, 1) {
-		return pr
+	pr := p.prices(req, s)
+	if pr.bounded() {
+		pr.least = leastCompute(req, s)
 	}
-	pr.least = math.Inf(1)
-	for i := range s.Endpoints {
-		pr.least = min(pr.least, computeSeconds(req, &s.Endpoints[i]))
-	}
-	pr.spare = s.MeanPrefill
 	return pr
+}
+
+// prices is pricing without the least compute, which takes a pass over
+// the endpoints of its own.
+func (p *kvgatePolicy) prices(req *Request, s *Snapshot) pricing {
+	pr := pricing{lambda: p.price(req, s), spare: math.Inf(1)}
+	if pr.lambda >= pressurePrice && s.MeanPrefill > 0 && !math.IsInf(s.MeanPrefill, 1) {
+		pr.spare = s.MeanPrefill
+	}
+	return pr
+}
+
+// bounded: a placement may not spend more than the spare compute beyond
+// the least.
+func (pr pricing) bounded() bool { return !math.IsInf(pr.spare, 1) }
+
+// leastCompute is req's least compute on any endpoint of s (seconds).
+func leastCompute(req *Request, s *Snapshot) float64 {
+	least := math.Inf(1)
+	for i := range s.Endpoints {
+		least = min(least, computeSeconds(req, &s.Endpoints[i]))
+	}
+	return least
 }
 
 // wasteful: on e, req would recompute more than the spare compute beyond
@@ -96,7 +126,11 @@ func (pr pricing) wasteful(compute float64) bool {
 // cost is endpoint e's cost for req at prices pr, and whether its
 // predicted TTFT fits the SLO (and, under pressure, its compute the spare).
 func (p *kvgatePolicy) cost(req *Request, e *Endpoint, pr pricing) (cost float64, fits bool) {
-	compute := computeSeconds(req, e)
+	return p.costOf(req, e, computeSeconds(req, e), pr)
+}
+
+// costOf is cost with e's compute for req already known.
+func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, compute float64, pr pricing) (cost float64, fits bool) {
 	ttft := e.QueueWait + compute
 	fits = req.SLO.TTFT <= 0 || ttft <= p.o.KVGateFit*req.SLO.TTFT
 	if fits && pr.wasteful(compute) {
@@ -140,7 +174,44 @@ func (p *kvgatePolicy) Costs(req *Request, s *Snapshot, dst []float64) []float64
 }
 
 func (p *kvgatePolicy) Pick(req *Request, s *Snapshot) int {
-	pr := p.pricing(req, s)
+	pr := p.prices(req, s)
+	if pr.bounded() && !req.OpensConversation {
+		// Under pressure the spare bound needs the least compute, a pass
+		// of its own; it can only turn away the endpoint that wins
+		// without it, so one pass finds that winner and the least
+		// together, and the bound is checked on the winner alone.
+		best, least := p.pickFitting(req, s, pr)
+		pr.least = least
+		if best >= 0 && !pr.wasteful(computeSeconds(req, &s.Endpoints[best])) {
+			return best
+		}
+		return p.pick(req, s, pr)
+	}
+	if pr.bounded() {
+		pr.least = leastCompute(req, s)
+	}
+	return p.pick(req, s, pr)
+}
+
+// pickFitting is the endpoint of least cost among those that fit the SLO,
+// the spare bound aside (-1: none fits), and req's least compute.
+func (p *kvgatePolicy) pickFitting(req *Request, s *Snapshot, pr pricing) (best int, least float64) {
+	pr.spare = math.Inf(1)
+	best, bestCost, least := -1, math.Inf(1), math.Inf(1)
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		compute := computeSeconds(req, e)
+		least = min(least, compute)
+		cost, fits := p.costOf(req, e, compute, pr)
+		if fits && (best < 0 || cost < bestCost || (cost == bestCost && kvgateTie(s, i, best))) {
+			best, bestCost = i, cost
+		}
+	}
+	return best, least
+}
+
+// pick is Pick at prices pr (their least compute set when bounded).
+func (p *kvgatePolicy) pick(req *Request, s *Snapshot, pr pricing) int {
 	limit := p.conversationLimit(req, s, pr)
 	best, bestCost, bestFits := -1, math.Inf(1), false
 	for i := range s.Endpoints {

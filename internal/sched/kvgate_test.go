@@ -154,6 +154,42 @@ func TestKVGateUnderPressure(t *testing.T) {
 	}
 }
 
+// TestKVGateSpreadsAfterIdleRejection: a rejection for the load while an
+// endpoint stood idle (Snapshot.SinceIdleRejection) says the compute was
+// there but the request's prefix was cached only on busy endpoints: for
+// KVGatePressure SLOs kvgate prices compute at nothing and a request goes
+// where its TTFT is lowest, which copies its prefix to the idle endpoint.
+// a: 0.7 s queued, 6 000 of 10 000 tokens cached (TTFT 1.1 s); b: idle,
+// nothing cached (1.0 s). The mean queue (λ = 1.4) and the pressure price
+// both keep the request on a; a rejection with no endpoint idle outranks
+// one with an endpoint idle. Through Scheduler.Decide with a decode-only
+// endpoint too, whose candidates view must carry the field.
+func TestKVGateSpreadsAfterIdleRejection(t *testing.T) {
+	p := mustNew(t, "kvgate", Options{})
+	for _, tc := range []struct {
+		name        string
+		idle, short float64 // seconds since each kind of rejection; 0: none
+		want        int
+	}{
+		{"no rejection", 0, 0, 0},
+		{"an idle-endpoint rejection 10 s ago", 10, 0, 1},
+		{"one 61 s ago, past the 60 s window", 61, 0, 0},
+		{"a short-of-compute one 10 s ago", 0, 10, 0},
+		{"both", 5, 10, 0},
+	} {
+		for _, decode := range []bool{false, true} {
+			s := snapOf(Endpoint{CachedTokens: 6000, QueueWait: 0.7}, Endpoint{})
+			if decode {
+				s.Endpoints = append(s.Endpoints, Endpoint{Name: "d", Role: fleet.RoleDecode, KVFreeTokens: 1 << 30})
+			}
+			s.SinceIdleRejection, s.SinceLoadRejection, s.MeanPrefill = tc.idle, tc.short, 0.5
+			if got := pick(p, req(10000), s); got != tc.want {
+				t.Errorf("%s (decode endpoint %v): picked %d, want %d", tc.name, decode, got, tc.want)
+			}
+		}
+	}
+}
+
 // TestKVGateConversationBalance: a new conversation goes past the holder
 // of its shared prefix once that holder would hold more than ⌈(1 + ε) ×
 // the mean⌉ conversations (ε = 0.25 × (1 + λ)), and only then, only for a
@@ -317,5 +353,27 @@ func TestKVGateSpareUnderPressure(t *testing.T) {
 	s.SinceLoadRejection, s.MeanPrefill = 1, 0.2
 	if d := (&Scheduler{Policy: mustNew(t, "kvgate", Options{}), EarlyReject: true}).Decide(req(15000), s); !d.Admit || d.Prefill != 1 {
 		t.Fatalf("long uncached prompt under pressure: %+v, want admitted on the idle endpoint", d)
+	}
+}
+
+// TestKVGatePickOnePassUnderPressure: under pressure Pick finds the
+// winner and the least compute in one pass and checks the spare bound on
+// the winner alone; it must pick what the two-pass rule picks (pick with
+// the least compute known), ties, misses and wasteful winners included.
+func TestKVGatePickOnePassUnderPressure(t *testing.T) {
+	p := newKVGate(Options{}.withDefaults())
+	rng := rand.New(rand.NewPCG(7, 9))
+	for n := range 3000 {
+		eps := make([]Endpoint, 1+rng.IntN(8))
+		for i := range eps {
+			eps[i] = Endpoint{Name: fmt.Sprint(i), Role: fleet.RoleBoth, PrefillSpeed: float64(10000 * (1 + rng.IntN(2))),
+				CachedTokens: 640 * rng.IntN(10), QueueWait: 0.5 * float64(rng.IntN(5)), HeldTokens: 1000 * rng.IntN(2),
+				LastPicked: float64(rng.IntN(3))}
+		}
+		s := &Snapshot{BlockSize: 64, Endpoints: eps, SinceLoadRejection: 1, MeanPrefill: 0.1 * float64(1+rng.IntN(5))}
+		r := req(640 * (1 + rng.IntN(12)))
+		if got, want := p.Pick(r, s), p.pick(r, s, p.pricing(r, s)); got != want {
+			t.Fatalf("case %d: one pass picked %d, two passes %d\n%+v", n, got, want, s)
+		}
 	}
 }

@@ -222,8 +222,10 @@ func candidates(s *Snapshot, v *view, keep func(*Endpoint) bool) *Snapshot {
 		v.index = nil
 		return s
 	}
-	v.snap = Snapshot{Now: s.Now, BlockSize: s.BlockSize, Forecast: s.Forecast, HeldCompute: s.HeldCompute,
-		SinceLoadRejection: s.SinceLoadRejection, MeanPrefill: s.MeanPrefill, Endpoints: v.snap.Endpoints[:0]}
+	// Every fleet-wide field of s, the view's own endpoints.
+	buf := v.snap.Endpoints[:0]
+	v.snap = *s
+	v.snap.Endpoints = buf
 	for i := range s.Endpoints {
 		if keep(&s.Endpoints[i]) {
 			v.snap.Endpoints = append(v.snap.Endpoints, s.Endpoints[i])

@@ -126,11 +126,18 @@ type Snapshot struct {
 	HeldCompute float64
 	// SinceLoadRejection is how long ago (seconds, > 0) the fleet last
 	// rejected a request because a prefill queue pushed its TTFT over the
-	// SLO (RejectedForPrefill, LoadRejections.Since); 0: never, or
-	// unknown. While it is
-	// recent the fleet is compute-bound, and kvgate prices compute so
+	// SLO (RejectedForPrefill) while no prefilling endpoint stood idle
+	// (LoadRejections); 0: never, or unknown. While it is recent the
+	// fleet is compute-bound, and kvgate prices compute so
 	// (Options.KVGatePressure).
 	SinceLoadRejection float64
+	// SinceIdleRejection is the same for a rejection while a prefilling
+	// endpoint stood idle: the fleet had the compute, not where the
+	// request's prefix was cached. While it is recent (and no
+	// SinceLoadRejection is), kvgate prices compute at nothing: requests
+	// go where their TTFT is lowest, and the prefixes they share are
+	// copied to the endpoints that were idle.
+	SinceIdleRejection float64
 	// MeanPrefill is the mean predicted prefill time (seconds) of the
 	// requests the fleet was sent lately (load.Fleet: an exponential
 	// average over about the last MeanPrefillRequests requests); 0:

@@ -380,7 +380,7 @@ func (r *phasedRun) step(ri int) error {
 	r.snap.Now = t
 	r.eps = r.load.Snapshot(t, q.PromptTokens, q.Keys, r, r.matched, &r.snap)
 	r.fillCapacity(q.PromptTokens)
-	r.snap.SinceLoadRejection = r.rejections.Since(t)
+	r.rejections.Fill(&r.snap)
 	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
 		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO, OpensConversation: r.opens[ri]}
 	d := r.sc.Decide(&req, &r.snap)
@@ -388,7 +388,7 @@ func (r *phasedRun) step(ri int) error {
 	r.uncached[ri] = int32(max(q.PromptTokens-d.CachedTokens, 0))
 	if !d.Admit {
 		if sched.RejectedForPrefill(&req, &r.snap, &d) {
-			r.rejections.Note(t)
+			r.rejections.Note(t, sched.AnyPrefillIdle(&r.snap))
 		}
 		r.kind[ri] = kindRejectDecode
 		if d.SLO.TTFT > 0 && d.PredictedTTFT > d.SLO.TTFT {

@@ -295,7 +295,7 @@ func (r *run) snapshot(ri int) {
 	q := &r.tr.Requests[ri]
 	r.eps = r.load.Snapshot(r.snap.Now, q.PromptTokens, q.Keys, r, r.matched, &r.snap)
 	r.snap.HeldCompute = r.hold.Compute()
-	r.snap.SinceLoadRejection = r.hold.SinceLoadRejection(r.snap.Now)
+	r.hold.FillRejections(&r.snap)
 	r.fillCapacity(q.PromptTokens)
 }
 
@@ -329,7 +329,7 @@ func (r *run) step(ri int) error {
 	if !d.Admit {
 		r.rejected++
 		if sched.RejectedForPrefill(&req, &r.snap, &d) {
-			r.hold.NoteLoadRejection(t)
+			r.hold.NoteLoadRejection(t, sched.AnyPrefillIdle(&r.snap))
 		}
 		return nil
 	}
