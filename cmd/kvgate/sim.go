@@ -23,7 +23,7 @@ import (
 
 type simFlags struct {
 	scenario, workloadName, policies, rates, earlyReject, format, trace     string
-	predictors, hold, loads, observe, eviction                              string
+	predictors, hold, loads, observe, eviction, writeTrace                  string
 	promptSigma, turns                                                      float64
 	promptMedian, contextTokens                                             int
 	spread, noise, driftFactor                                              float64
@@ -98,6 +98,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.driftFactor, "drift-factor", sl.driftFactor, "heterogeneous: instance p0 runs at this times its speed from mid-run on (1: no drift)")
 	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents, long-prompts (ignored with --trace)")
 	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-format JSON-lines trace (512-token hash blocks) instead of a generated workload")
+	fs.StringVar(&f.writeTrace, "write-trace", "", "also write the first workload simulated (the first seed at the first rate; with --scenario sweep, the first shape at its rate) to this file as a Mooncake-format trace, for kvgate bench --workload trace to replay against live engines (--block-size must divide 512)")
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
 	fs.StringVar(&f.policies, "policies", f.policies, "comma-separated policies, or all: "+strings.Join(sched.Names(), ", "))
 	fs.StringVar(&f.earlyReject, "early-reject", f.earlyReject, "early rejection: on, off or both")
@@ -306,6 +307,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	if err := writeFirstTrace(f.writeTrace, specs); err != nil {
+		return err
+	}
 	results, _, err := runJobs(ctx, cfg, specs, policies, rejects, predictors, f.holdSettings())
 	if err != nil {
 		return err
@@ -322,7 +326,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // shapes set the fleet, the workload, the SLO and the rate.
 func sweepFlags(fs *flag.FlagSet, f *simFlags) error {
 	allowed := map[string]bool{"scenario": true, "seed": true, "seeds": true, "policies": true, "early-reject": true,
-		"format": true, "prefill-speed": true, "block-size": true}
+		"format": true, "prefill-speed": true, "block-size": true, "write-trace": true}
 	var bad []string
 	fs.Visit(func(fl *flag.Flag) {
 		if !allowed[fl.Name] {
@@ -330,7 +334,7 @@ func sweepFlags(fs *flag.FlagSet, f *simFlags) error {
 		}
 	})
 	if len(bad) > 0 {
-		return fmt.Errorf("--scenario sweep draws its shapes itself: %s not allowed (use --seed, --seeds, --policies, --early-reject, --format, --prefill-speed, --block-size)", strings.Join(bad, ", "))
+		return fmt.Errorf("--scenario sweep draws its shapes itself: %s not allowed (use --seed, --seeds, --policies, --early-reject, --format, --prefill-speed, --block-size, --write-trace)", strings.Join(bad, ", "))
 	}
 	return nil
 }
@@ -370,6 +374,30 @@ func parseEarlyReject(s string) ([]bool, error) {
 
 // traceSpec is one workload to simulate, built only when its turn comes so
 // that at most a few are in memory at once.
+// writeFirstTrace writes the workload of specs[0] to path as a
+// Mooncake-format trace (nothing when path is empty).
+func writeFirstTrace(path string, specs []traceSpec) error {
+	if path == "" || len(specs) == 0 {
+		return nil
+	}
+	tr, err := specs[0].build()
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--write-trace: %w", err)
+	}
+	if err := workload.WriteMooncake(f, tr); err != nil {
+		f.Close()
+		return fmt.Errorf("--write-trace %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--write-trace %s: %w", path, err)
+	}
+	return nil
+}
+
 type traceSpec struct {
 	seed  uint64
 	build func() (*workload.Trace, error)

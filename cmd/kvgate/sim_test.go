@@ -3,8 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/workload"
 )
 
 func runCmd(t *testing.T, args ...string) (string, string, int) {
@@ -175,6 +180,48 @@ func TestSimHold(t *testing.T) {
 	for _, bad := range [][]string{{"--hold", "maybe"}, {"--hold-backlog", "0"}, {"--hold-slack", "2"}, {"--hold-quiet", "0"}, {"--hold-quiet", "-1"}, {"--hold-max", "NaN"}} {
 		if _, errOut, code := runCmd(t, append([]string{"sim", "--duration", "5"}, bad...)...); code == 0 || !strings.Contains(errOut, strings.TrimPrefix(bad[0], "--")) {
 			t.Errorf("%v: exit %d, %q", bad, code, errOut)
+		}
+	}
+}
+
+// TestSimWriteTrace: --write-trace writes the simulated workload as a
+// Mooncake-format trace that reads back with its requests, and is refused
+// clearly for blocks that do not divide 512 tokens or a path it cannot
+// create.
+func TestSimWriteTrace(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "chat.jsonl")
+	var out, errb bytes.Buffer
+	args := []string{"--rates", "10", "--duration", "5", "--policies", "kvgate", "--early-reject", "on", "--format", "json", "--write-trace", path}
+	if err := runSim(context.Background(), args, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	var doc simOutput
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.Runs) != 1 {
+		t.Fatalf("runs: %v %s", err, out.String())
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr, err := workload.ReadMooncake(f, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Requests) != doc.Runs[0].Requests {
+		t.Fatalf("the trace holds %d requests, the run %d", len(tr.Requests), doc.Runs[0].Requests)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--block-size", "96", "--write-trace", filepath.Join(dir, "x.jsonl")}, "do not divide 512"},
+		{[]string{"--write-trace", filepath.Join(dir, "no", "x.jsonl")}, "--write-trace"},
+	} {
+		err := runSim(context.Background(), append([]string{"--rates", "10", "--duration", "1", "--policies", "kvgate"}, tc.args...), &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
 		}
 	}
 }

@@ -183,6 +183,9 @@ func runSweep(ctx context.Context, f *simFlags, eviction sim.Eviction, policies 
 			build: func() (*workload.Trace, error) { return g.gen(rate) }}
 		shapes[i] = s
 	}
+	if err := writeFirstTrace(f.writeTrace, specs); err != nil {
+		return err
+	}
 	results, _, err := runJobs(ctx, sim.Config{}, specs, policies, rejects, []string{""}, f.holdSettings())
 	if err != nil {
 		return err
