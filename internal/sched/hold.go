@@ -152,8 +152,8 @@ type HoldQueue struct {
 // Snapshot.SinceIdleRejection). The hold queue's quiet window reads
 // both. The zero value has seen none. It is safe for concurrent use.
 type LoadRejections struct {
-	mu                     sync.Mutex
-	last, short, misplaced stamp
+	mu               sync.Mutex
+	short, misplaced stamp
 }
 
 // stamp is the clock time of the last event of a kind.
@@ -191,7 +191,6 @@ func (t stamp) since(now float64) float64 {
 func (l *LoadRejections) Note(now float64, idle bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.last.note(now)
 	if idle {
 		l.misplaced.note(now)
 	} else {
@@ -204,7 +203,7 @@ func (l *LoadRejections) Note(now float64, idle bool) {
 func (l *LoadRejections) quietFor(now float64) float64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.last.ago(now)
+	return min(l.short.ago(now), l.misplaced.ago(now))
 }
 
 // Fill sets s's SinceLoadRejection and SinceIdleRejection at s.Now.

@@ -2,7 +2,6 @@ package workload
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -29,44 +28,30 @@ func WriteMooncake(w io.Writer, t *Trace) error {
 		key    uint64
 		tokens int
 	}
+	var ids idSpace
 	full, partial := map[uint64]int64{}, map[tail]int64{}
-	next := int64(0)
-	id := func(ids map[uint64]int64, k uint64) int64 {
-		v, ok := ids[k]
-		if !ok {
-			v, next = next, next+1
-			ids[k] = v
-		}
-		return v
-	}
 	bw := bufio.NewWriter(w)
-	var line []byte
+	var line, hash []byte
 	for i := range t.Requests {
 		r := &t.Requests[i]
-		n := (r.PromptTokens + MooncakeBlockTokens - 1) / MooncakeBlockTokens
-		ids := make([]int64, 0, n)
-		for b := 0; b < n; b++ {
+		hash = hash[:0]
+		for b := 0; b*MooncakeBlockTokens < r.PromptTokens; b++ {
 			lo, hi := b*per, min((b+1)*per, len(r.Keys))
+			var id int64
 			switch {
 			case (b+1)*MooncakeBlockTokens <= r.PromptTokens && hi-lo == per:
-				ids = append(ids, id(full, r.Keys[hi-1]))
+				id = intern(&ids, full, r.Keys[hi-1])
 			case hi > lo:
-				tk := tail{r.Keys[hi-1], r.PromptTokens - b*MooncakeBlockTokens}
-				v, ok := partial[tk]
-				if !ok {
-					v, next = next, next+1
-					partial[tk] = v
-				}
-				ids = append(ids, v)
+				id = intern(&ids, partial, tail{r.Keys[hi-1], r.PromptTokens - b*MooncakeBlockTokens})
 			default:
-				ids = append(ids, next)
-				next++
+				id = ids.fresh()
 			}
+			if b > 0 {
+				hash = append(hash, ',')
+			}
+			hash = strconv.AppendInt(hash, id, 10)
 		}
-		var err error
-		if line, err = mooncakeJSON(line[:0], r, ids); err != nil {
-			return fmt.Errorf("mooncake trace: request %d: %w", i, err)
-		}
+		line = mooncakeLineJSON(line[:0], r, hash)
 		if _, err := bw.Write(line); err != nil {
 			return fmt.Errorf("mooncake trace: %w", err)
 		}
@@ -77,19 +62,31 @@ func WriteMooncake(w io.Writer, t *Trace) error {
 	return nil
 }
 
-// mooncakeJSON appends r's line (arrival in ms to the microsecond).
-func mooncakeJSON(b []byte, r *Request, ids []int64) ([]byte, error) {
-	hash, err := json.Marshal(ids)
-	if err != nil {
-		return nil, err
+// idSpace hands out dense hash ids from 0.
+type idSpace struct{ next int64 }
+
+func (s *idSpace) fresh() int64 { s.next++; return s.next - 1 }
+
+// intern is k's id in m, a fresh one from s at k's first appearance.
+func intern[K comparable](s *idSpace, m map[K]int64, k K) int64 {
+	v, ok := m[k]
+	if !ok {
+		v = s.fresh()
+		m[k] = v
 	}
+	return v
+}
+
+// mooncakeLineJSON appends r's line (arrival in ms to the microsecond;
+// hash: its ids, comma-separated).
+func mooncakeLineJSON(b []byte, r *Request, hash []byte) []byte {
 	b = append(b, `{"timestamp": `...)
 	b = strconv.AppendFloat(b, r.Arrival*1000, 'f', 3, 64)
 	b = append(b, `, "input_length": `...)
 	b = strconv.AppendInt(b, int64(r.PromptTokens), 10)
 	b = append(b, `, "output_length": `...)
 	b = strconv.AppendInt(b, int64(r.OutputTokens), 10)
-	b = append(b, `, "hash_ids": `...)
+	b = append(b, `, "hash_ids": [`...)
 	b = append(b, hash...)
-	return append(b, "}\n"...), nil
+	return append(b, "]}\n"...)
 }
