@@ -81,13 +81,13 @@ func (d DecodeStep) Seconds(streams, context int) float64 {
 func (a *Analytic) DecodeModel(name string) DecodeModel {
 	m := a.decode[name]
 	if m == nil {
-		m = &analyticDecode{err: newErrStats(a.o)}
+		m = &analyticDecode{err: newPooledErr(a.o, &a.decodeErr)}
 		a.decode[name] = m
 	}
 	return m
 }
 
-type analyticDecode struct{ err errStats }
+type analyticDecode struct{ err pooledErr }
 
 func (m *analyticDecode) TPOT(x DecodeFeatures) Estimate {
 	s := max(x.Prior, 0)
@@ -97,16 +97,16 @@ func (m *analyticDecode) TPOT(x DecodeFeatures) Estimate {
 func (m *analyticDecode) ObserveTPOT(o DecodeObservation) { observeDecodeErr(&m.err, o) }
 
 func (m *analyticDecode) Stats(x DecodeFeatures) DecodeStats {
-	return decodeStats(m, &m.err, x, m.err.n)
+	return decodeStats(m, &m.err, x, m.err.own.n)
 }
 
-func observeDecodeErr(s *errStats, o DecodeObservation) {
+func observeDecodeErr(s *pooledErr, o DecodeObservation) {
 	s.addError(o.TPOT, o.Predicted)
 	s.addRatio(o.TPOT, o.Predicted)
 }
 
-func decodeStats(m DecodeModel, s *errStats, x DecodeFeatures, samples int) DecodeStats {
-	return DecodeStats{TPOT: m.TPOT(x).Seconds, Analytic: max(x.Prior, 0), Samples: samples, APE: s.ape, Margin: s.margin()}
+func decodeStats(m DecodeModel, s *pooledErr, x DecodeFeatures, samples int) DecodeStats {
+	return DecodeStats{TPOT: m.TPOT(x).Seconds, Analytic: max(x.Prior, 0), Samples: samples, APE: s.own.ape, Margin: s.margin()}
 }
 
 // The learned TPOT model of an endpoint is
@@ -145,7 +145,7 @@ func newDecodeRLS(forget float64) *rls {
 func (l *Learned) DecodeModel(name string) DecodeModel {
 	m := l.decode[name]
 	if m == nil {
-		m = &learnedDecode{own: newDecodeRLS(l.o.Forget), pool: l.decodePool, err: newErrStats(l.o), min: l.o.MinSamples}
+		m = &learnedDecode{own: newDecodeRLS(l.o.Forget), pool: l.decodePool, err: newPooledErr(l.o, &l.decodeErr), min: l.o.MinSamples}
 		l.decode[name] = m
 	}
 	return m
@@ -153,7 +153,7 @@ func (l *Learned) DecodeModel(name string) DecodeModel {
 
 type learnedDecode struct {
 	own, pool *rls
-	err       errStats
+	err       pooledErr
 	min       int
 }
 

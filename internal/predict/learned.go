@@ -97,9 +97,12 @@ type Learned struct {
 	o      Options
 	models map[string]*learnedModel
 	pools  map[uint64]*rls
+	// errPools are the error statistics pooled as pools are.
+	errPools map[uint64]*errStats
 	// TPOT (decode.go): per endpoint, and one pool for all.
 	decode     map[string]*learnedDecode
 	decodePool *rls
+	decodeErr  errStats
 }
 
 // NewLearned returns a learned predictor.
@@ -108,8 +111,8 @@ func NewLearned(o Options) (*Learned, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Learned{o: o, models: map[string]*learnedModel{}, pools: map[uint64]*rls{}, decode: map[string]*learnedDecode{},
-		decodePool: newDecodeRLS(o.Forget)}, nil
+	return &Learned{o: o, models: map[string]*learnedModel{}, pools: map[uint64]*rls{}, errPools: map[uint64]*errStats{},
+		decode: map[string]*learnedDecode{}, decodePool: newDecodeRLS(o.Forget), decodeErr: newErrStats(o)}, nil
 }
 
 // Name implements Predictor.
@@ -129,7 +132,8 @@ func (l *Learned) Model(name string, speed float64) Model {
 	m := l.models[name]
 	if m == nil || m.speed != speed {
 		// New, or its configuration changed: start again from the prior.
-		m = &learnedModel{speed: speed, own: newPrefillRLS(speed, l.o), err: newErrStats(l.o), min: l.o.MinSamples, shrink: l.o.Shrink}
+		m = &learnedModel{speed: speed, own: newPrefillRLS(speed, l.o), err: newPooledErr(l.o, errPool(l.errPools, speed, l.o)),
+			min: l.o.MinSamples, shrink: l.o.Shrink}
 		l.models[name] = m
 	}
 	m.pool = pool
@@ -139,7 +143,7 @@ func (l *Learned) Model(name string, speed float64) Model {
 type learnedModel struct {
 	speed     float64
 	own, pool *rls
-	err       errStats
+	err       pooledErr
 	min       int
 	shrink    float64 // Options.Shrink
 }
@@ -214,7 +218,7 @@ func (m *learnedModel) Observe(o Observation) {
 }
 
 func (m *learnedModel) Stats() Stats {
-	st := Stats{Samples: m.own.n, APE: m.err.ape, Margin: m.err.margin()}
+	st := Stats{Samples: m.own.n, APE: m.err.own.ape, Margin: m.err.margin()}
 	if s := m.seconds(Features{Uncached: RefTokens}); s > 0 {
 		st.Speed = RefTokens / s
 	}

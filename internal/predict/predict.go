@@ -97,7 +97,8 @@ type Predictor interface {
 type errStats struct {
 	ape   float64
 	q     float64 // the quantile of ln(observed/predicted)
-	n     int
+	n     int     // error samples
+	nq    int     // ratio samples (the quantile's)
 	alpha float64
 	tau   float64
 	step  float64
@@ -130,6 +131,7 @@ func (s *errStats) addError(obs, pred float64) {
 func (s *errStats) addRatio(obs, pred float64) {
 	if finitePos(obs) && finitePos(pred) {
 		r := math.Log(obs / pred)
+		s.nq++
 		if r < s.q {
 			s.q -= s.step * (1 - s.tau)
 		} else {
@@ -145,3 +147,68 @@ func finitePos(v float64) bool { return v > 0 && !math.IsInf(v, 0) }
 const maxLogMargin = 2
 
 func (s *errStats) margin() float64 { return math.Exp(s.q) }
+
+// pooledErr is an endpoint's error statistics backed by those of its
+// pool (the endpoints alike to it, itself included), as the learned fits
+// are. The quantile tracker moves by a small step per sample, so one
+// endpoint alone takes about a hundred requests to walk its margin from
+// the initial 1.5 to the ratio it observes: a whole two-minute live
+// replay on 8 engines, which then held a quarter of its requests as
+// missing their SLO alone on the margin. The pool learns from every
+// endpoint's samples. An endpoint uses the pool's margin until it has
+// min ratio samples of its own; its own tracker then starts from the
+// pool's quantile of that moment (not from the prior, nor from the pool's
+// quantile at its first sample, which on a fleet started together is the
+// prior again), so a new or restarted endpoint inherits what the fleet
+// has learned.
+type pooledErr struct {
+	own  errStats
+	pool *errStats
+	min  int
+	q0   float64 // the prior's quantile, ln InitialMargin
+}
+
+func newPooledErr(o Options, pool *errStats) pooledErr {
+	return pooledErr{own: newErrStats(o), pool: pool, min: o.MinSamples, q0: math.Log(o.InitialMargin)}
+}
+
+// active is the statistics whose margin the endpoint uses.
+func (p *pooledErr) active() *errStats {
+	if p.own.nq < p.min {
+		return p.pool
+	}
+	return &p.own
+}
+
+func (p *pooledErr) margin() float64 { return p.active().margin() }
+
+// addError records a sample's error in the endpoint's and the pool's
+// statistics.
+func (p *pooledErr) addError(obs, pred float64) {
+	p.own.addError(obs, pred)
+	p.pool.addError(obs, pred)
+}
+
+// addRatio moves the pool's quantile and, once the endpoint has min
+// ratio samples, its own; before that its own follows the pool's, at most
+// the prior: the tracker climbs nine times faster than it descends, so an
+// endpoint faster than a pool of mixed speeds (which the pool's quantile
+// covers) would take long to walk down from the pool's, while one slower
+// than the prior climbs from it within a few samples.
+func (p *pooledErr) addRatio(obs, pred float64) {
+	n := p.pool.nq
+	p.pool.addRatio(obs, pred)
+	switch {
+	case p.pool.nq == n: // not a sample
+	case p.own.nq < p.min:
+		p.own.q = min(p.pool.q, p.q0)
+		p.own.nq++
+	default:
+		p.own.addRatio(obs, pred)
+	}
+}
+
+func (p *pooledErr) observe(o Observation) {
+	p.addError(o.TTFT, o.PredictedTTFT)
+	p.addRatio(o.Compute, o.Predicted)
+}
