@@ -108,11 +108,6 @@ func newErrStats(o Options) errStats {
 	return errStats{q: math.Log(o.InitialMargin), alpha: o.ErrorWeight, tau: o.Quantile, step: o.QuantileStep}
 }
 
-func (s *errStats) observe(o Observation) {
-	s.addError(o.TTFT, o.PredictedTTFT)
-	s.addRatio(o.Compute, o.Predicted)
-}
-
 // addError adds the absolute percentage error of pred against obs to the
 // recent error.
 func (s *errStats) addError(obs, pred float64) {
