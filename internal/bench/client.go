@@ -51,6 +51,12 @@ type Record struct {
 	// without the header. Held + PredictedTTFT is the TTFT kvgate
 	// predicted for the client.
 	Held float64 `json:"held"`
+	// PredictedCached is kvgate's x-kvgate-cached-tokens: the prompt
+	// tokens the gateway believed the chosen engine held when it routed
+	// the request (-1 without the header, or not an integer in [0, 2^31)).
+	// Beside CachedTokens, the engine's own count, it shows where the
+	// gateway's view of the caches was wrong.
+	PredictedCached int `json:"predicted_cached"`
 }
 
 // Client sends requests to one server.
@@ -100,7 +106,7 @@ func (c *Client) body(it *Item) ([]byte, string) {
 // Do sends one request (streamed, with usage) and measures it.
 func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Record {
 	body, path := c.body(it)
-	rec := Record{Index: idx, Session: it.Session, PredictedTTFT: -1, Held: -1}
+	rec := Record{Index: idx, Session: it.Session, PredictedTTFT: -1, Held: -1, PredictedCached: -1}
 	sent := time.Now()
 	rec.Sent = sent.Sub(start).Seconds() * c.scale()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.URL, "/")+path, bytes.NewReader(body))
@@ -122,6 +128,7 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	rec.Endpoint = resp.Header.Get("X-Kvgate-Prefill-Endpoint")
 	rec.PredictedTTFT = c.millisHeader(resp.Header.Get("X-Kvgate-Predicted-Ttft-Ms"))
 	rec.Held = c.millisHeader(resp.Header.Get("X-Kvgate-Held-Ms"))
+	rec.PredictedCached = countHeader(resp.Header.Get("X-Kvgate-Cached-Tokens"))
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		rec.Error = strings.TrimSpace(string(msg))
@@ -155,6 +162,16 @@ func (c *Client) millisHeader(h string) float64 {
 		return -1
 	}
 	return ms / 1000 * c.scale()
+}
+
+// countHeader parses a token count header: -1 when absent or not an
+// integer in [0, 2^31).
+func countHeader(h string) int {
+	n, err := strconv.ParseInt(strings.TrimSpace(h), 10, 64)
+	if err != nil || n < 0 || n >= 1<<31 {
+		return -1
+	}
+	return int(n)
 }
 
 // chunk is the part of a streamed chunk bench reads.

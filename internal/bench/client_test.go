@@ -130,3 +130,26 @@ func TestMillisHeaders(t *testing.T) {
 		t.Errorf("time scale 4: predicted %v, want 2", rec.PredictedTTFT)
 	}
 }
+
+// TestCachedHeader: the record keeps kvgate's x-kvgate-cached-tokens, and
+// -1 when it is absent or not a token count.
+func TestCachedHeader(t *testing.T) {
+	tests := []struct {
+		header string
+		want   int
+	}{
+		{"", -1},
+		{"12288", 12288},
+		{" 0 ", 0},
+		{"-1", -1},
+		{"1.5", -1},
+		{"2147483648", -1},
+		{"many", -1},
+	}
+	for _, tc := range tests {
+		rec := doWithHeader(t, "X-Kvgate-Cached-Tokens", tc.header)
+		if rec.Outcome != "ok" || rec.PredictedCached != tc.want {
+			t.Errorf("cached %q: %s %s, predicted cached %d, want %d", tc.header, rec.Outcome, rec.Error, rec.PredictedCached, tc.want)
+		}
+	}
+}

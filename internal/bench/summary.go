@@ -125,12 +125,12 @@ func WriteTable(w io.Writer, ss []Summary) error {
 func WriteCSV(w io.Writer, label string, recs []Record) error {
 	cw := csv.NewWriter(w)
 	_ = cw.Write([]string{"run", "index", "session", "sent", "status", "outcome", "ttft", "tpot", "mean_itl", "max_itl", "e2e",
-		"prompt_tokens", "cached_tokens", "output_tokens", "endpoint", "predicted_ttft", "held", "error"})
+		"prompt_tokens", "cached_tokens", "output_tokens", "endpoint", "predicted_ttft", "held", "predicted_cached", "error"})
 	f := func(x float64) string { return strconv.FormatFloat(x, 'f', 6, 64) }
 	for _, r := range recs {
 		_ = cw.Write([]string{label, strconv.Itoa(r.Index), strconv.Itoa(r.Session), f(r.Sent), strconv.Itoa(r.Status), r.Outcome,
 			f(r.TTFT), f(r.TPOT), f(r.MeanITL), f(r.MaxITL), f(r.E2E), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CachedTokens),
-			strconv.Itoa(r.OutputTokens), r.Endpoint, f(r.PredictedTTFT), f(r.Held), r.Error})
+			strconv.Itoa(r.OutputTokens), r.Endpoint, f(r.PredictedTTFT), f(r.Held), strconv.Itoa(r.PredictedCached), r.Error})
 	}
 	cw.Flush()
 	return cw.Error()
