@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -493,6 +494,40 @@ func TestInvestmentYields(t *testing.T) {
 	if g.heldNow() != 0 {
 		t.Fatalf("held %d", g.heldNow())
 	}
+	// The index no longer claims the investment's prompt anywhere (its
+	// engine computed none of it; routing had written it there), and
+	// still claims the served request's and the occupying one's, which
+	// is in its engine.
+	for _, c := range []struct {
+		token, n int
+		want     bool
+	}{{40, 600, false}, {41, 250, true}, {7, 200, true}} {
+		if held := indexHolds(t, admin, c.token, c.n); held != c.want {
+			t.Errorf("index holds the prompt of %d × token %d: %v, want %v", c.n, c.token, held, c.want)
+		}
+	}
+}
+
+// indexHolds: the gateway's index (/admin/kv/lookup) has some of a prompt
+// of n × token on some endpoint.
+func indexHolds(t *testing.T, admin string, token, n int) bool {
+	t.Helper()
+	ids := strings.TrimSuffix(strings.Repeat(fmt.Sprintf("%d,", token), n), ",")
+	r := post(t, admin+"/admin/kv/lookup", fmt.Sprintf(`{"model":%q,"token_ids":[%s]}`, testModel, ids), nil)
+	var out struct {
+		Endpoints []struct {
+			Matched int `json:"matched_tokens"`
+		} `json:"endpoints"`
+	}
+	if r.status != 200 || json.Unmarshal([]byte(r.body), &out) != nil {
+		t.Fatalf("lookup: %d %s", r.status, r.body)
+	}
+	for _, e := range out.Endpoints {
+		if e.Matched > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // TestLoadRejectionKinds: a rejection for the prefill queue while another

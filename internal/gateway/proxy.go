@@ -296,6 +296,11 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	}
 	defer func() { lf.Finish(fl, g.clock()) }()
 	g.routed(p.prefill, rt.prep.Keys)
+	if p.decode != nil {
+		g.routed(p.decode, rt.prep.Keys)
+	}
+	var got reached
+	defer g.withdraw(p, rt.prep.Keys, &got)
 	g.met.promptTokens.Add(float64(rt.promptN))
 	g.met.hitTokens.Add(float64(min(p.dec.CachedTokens, rt.promptN)))
 	h := w.Header()
@@ -325,14 +330,14 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	if p.decode != nil {
 		h.Set(hdrDecode, p.decode.ep.Name)
 		lf.Decode(fl, p.dEP)
-		g.routed(p.decode, rt.prep.Keys)
 		if p.prefill.ep.BootstrapPort > 0 {
-			return g.proxySGLang(ctx, w, r, rt, p, fl)
+			return g.proxySGLang(ctx, w, r, rt, p, fl, &got)
 		}
 		params, cached, err := g.prefillLeg(ctx, r, rt, p)
 		if err != nil {
 			return p.prefill.ep.Name, err
 		}
+		got.prefill = true
 		if cached >= 0 {
 			h.Set(hdrPrefillCached, strconv.Itoa(cached))
 		}
@@ -366,6 +371,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	firstByte := func() { lf.PrefillDone(fl, g.clock()) }
 	if rt.req.Stream && !refused { // the first streamed byte is an observed TTFT: the predictor learns
 		firstByte = func() { lf.FirstToken(fl, g.clock()) }
+	}
+	if !refused {
+		firstByte = got.on(firstByte)
 	}
 	tpot, err := g.relay(w, resp, rt, target, firstByte, start)
 	if err == nil && refused {
@@ -429,6 +437,41 @@ func decodeStep(predictor string) predict.DecodeStep {
 func (g *Gateway) routed(m *member, keys []uint64) {
 	if !m.removed.Load() {
 		g.idx.Routed(m.kvID, keys)
+	}
+}
+
+// reached records which of a request's engines came to hold its prompt:
+// the prefill engine once its prefill ended (the prefill leg's answer, or
+// the first byte of an aggregated answer), the decode engine at the first
+// byte of its answer.
+type reached struct{ prefill, decode bool }
+
+// on wraps a first-byte callback of the answering engine (the decode
+// engine, or the only one): it then holds the prompt, and so does the
+// prefill engine.
+func (r *reached) on(firstByte func()) func() {
+	return func() {
+		r.prefill, r.decode = true, true
+		firstByte()
+	}
+}
+
+// withdraw takes back, when a request ends, the approximate index entries
+// routed wrote for engines it never reached: a request aborted before its
+// prefill ended (a yielded investment, a client gone, an upstream
+// failure) leaves on its engine only the blocks it computed, which the
+// engine's KV events report. Left in place, its routed entries claimed
+// the whole prompt for up to twice the index's ApproxTTL: replaying a
+// long-prompt trace live, the next turn of a conversation whose
+// investment had yielded was routed to that engine believing 53 584 of
+// its 54 995 tokens cached (the engine held 3 584), and it and the eight
+// requests queued behind it were late.
+func (g *Gateway) withdraw(p *plan, keys []uint64, got *reached) {
+	if !got.prefill && !p.prefill.removed.Load() {
+		g.idx.Unrouted(p.prefill.kvID, keys)
+	}
+	if p.decode != nil && !got.decode && !p.decode.removed.Load() {
+		g.idx.Unrouted(p.decode.kvID, keys)
 	}
 }
 

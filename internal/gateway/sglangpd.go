@@ -25,7 +25,7 @@ import (
 // wait for KV that never comes, and the client hears the prefill's failure;
 // a decode leg that fails before answering cancels the prefill leg. It
 // returns the endpoint to retry without (as proxy does) and the error.
-func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *routed, p *plan, fl *load.Flight) (string, error) {
+func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *routed, p *plan, fl *load.Flight, got *reached) (string, error) {
 	lf := p.mf.load
 	body := rt.req.BootstrapBody(hostOf(p.prefill.ep.URL), p.prefill.ep.BootstrapPort, bootstrapRoom(rand.Uint64(), p.prefill.ep))
 	ctx, cancel := context.WithCancel(ctx)
@@ -53,6 +53,9 @@ func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *htt
 	firstByte := func() { lf.PrefillDone(fl, g.clock()) }
 	if rt.req.Stream && !refused {
 		firstByte = func() { lf.FirstToken(fl, g.clock()) }
+	}
+	if !refused {
+		firstByte = got.on(firstByte)
 	}
 	tpot, err := g.relay(w, resp, rt, p.decode, firstByte, nil)
 	// Served (or refused) by the decode engine: the prefill leg's answer,

@@ -566,6 +566,25 @@ func (x *Index) Routed(ep EndpointID, keys []tokens.BlockKey) {
 	}
 }
 
+// Unrouted withdraws what Routed recorded for ep and keys: the request
+// sent there ended before its prefill did (aborted, yielded, failed), so
+// ep holds of keys only what it computed, which its KV events report as
+// precise entries. Precise entries are left as they are.
+func (x *Index) Unrouted(ep EndpointID, keys []tokens.BlockKey) {
+	e := x.endpoint(ep)
+	if e == nil {
+		return
+	}
+	pg := x.pageFor(e, 0)
+	if pg == nil || pg.approx.n.Load() == 0 {
+		return
+	}
+	bit := uint64(1) << (e.slot % 64)
+	for _, k := range keys {
+		pg.approx.clearApprox(tbase(k), bit)
+	}
+}
+
 // Lookup fills dst (reset to length 0 and grown as needed) with one Match
 // per endpoint of model, in slot order, for the request's chained keys.
 func (x *Index) Lookup(modelName string, keys []tokens.BlockKey, dst []Match) []Match {

@@ -137,6 +137,33 @@ func TestApproxTTL(t *testing.T) {
 	}
 }
 
+// TestUnrouted: withdrawing a routed request's approximate entries leaves
+// what the engine reported (precise entries, of ep and of others) and
+// other endpoints' approximate entries for the same keys.
+func TestUnrouted(t *testing.T) {
+	x := New(Config{})
+	a := mustAdd(t, x, "a", "m")
+	b := mustAdd(t, x, "b", "m")
+	keys := chain(10, 3)
+	x.Routed(a, keys)
+	x.Routed(b, keys[:5])
+	x.Store(a, 0, TierGPU, keys[:3]) // a computed 3 blocks before the abort
+	x.Unrouted(a, keys)
+	ms := x.Lookup("m", keys, nil)
+	if ms[0].Blocks != 3 || ms[0].Approx {
+		t.Errorf("a after unrouted: %+v, want its 3 precise blocks", ms[0])
+	}
+	if ms[1].Blocks != 5 || !ms[1].Approx {
+		t.Errorf("b: %+v, want its 5 approximate blocks", ms[1])
+	}
+	x.Unrouted(b, keys[:5])
+	x.Unrouted(b, keys) // again, and beyond what was routed: nothing to do
+	if ms = x.Lookup("m", keys, ms); ms[1].Blocks != 0 {
+		t.Errorf("b after unrouted: %+v", ms[1])
+	}
+	x.Unrouted(EndpointID(999), keys) // unknown endpoint: ignored
+}
+
 func TestManyPages(t *testing.T) {
 	x := New(Config{})
 	var ids []EndpointID
