@@ -508,6 +508,41 @@ func TestInvestmentYields(t *testing.T) {
 	}
 }
 
+// TestYieldedInvestmentLeavesNoClaim: as TestInvestmentYields, but the
+// request the investment yields to starts with the investment's prompt
+// (250 of its 600 tokens). It is decided again right after the yield, and
+// then the index no longer claims the investment's prompt on its engine,
+// which computed none of it (its upstream sends no KV events): it is
+// routed with nothing believed cached.
+func TestYieldedInvestmentLeavesNoClaim(t *testing.T) {
+	rig := rejectingHoldGateway(t)
+	url, inUpstream := rig.url, rig.inUpstream
+	got := make(chan result, 1)
+	go func() {
+		got <- post(t, url+"/v1/completions", tokenPrompt(40, 600, true), map[string]string{"X-Hold": "headers"})
+	}()
+	select {
+	case <-inUpstream:
+	case r := <-got:
+		t.Fatalf("the investment was answered before reaching its engine: %d %s", r.status, r.body)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the investment never reached its engine")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, url, 200, inUpstream)
+	r := post(t, url+"/v1/completions", tokenPrompt(40, 250, false), nil)
+	if r.status != 200 {
+		t.Fatalf("the request the investment yielded to: %d %s", r.status, r.body)
+	}
+	if inv := awaitResult(t, got); inv.status != http.StatusTooManyRequests {
+		t.Fatalf("the investment: %d %s, want 429", inv.status, inv.body)
+	}
+	if c := r.header.Get(hdrCached); c != "0" {
+		t.Errorf("routed believing %s tokens cached, want 0 (the yielded investment computed none)", c)
+	}
+}
+
 // indexHolds: the gateway's index (/admin/kv/lookup) has some of a prompt
 // of n × token on some endpoint.
 func indexHolds(t *testing.T, admin string, token, n int) bool {

@@ -26,6 +26,7 @@ type investment struct {
 	m      *member
 	flight *load.Flight
 	cancel func(error)
+	keys   []uint64 // its prompt's block keys, routed to m
 }
 
 // investments are one model fleet's investments in progress.
@@ -87,6 +88,12 @@ func (g *Gateway) stopFor(fs *fleetView, req *sched.Request) bool {
 	delete(v.set, stop)
 	v.mu.Unlock()
 	stop.cancel(errYielded)
+	// Its engine keeps only the blocks it computed, which its KV events
+	// report: withdrawn now, not when its proxy returns, since req is
+	// decided again at once and would find the whole prompt claimed.
+	if !stop.m.removed.Load() {
+		g.idx.Unrouted(stop.m.kvID, stop.keys)
+	}
 	fs.mf.load.Finish(stop.flight, g.clock())
 	g.met.yielded.Inc()
 	return true
