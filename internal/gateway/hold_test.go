@@ -186,6 +186,25 @@ func TestHeldClientLeaves(t *testing.T) {
 	}
 }
 
+// TestClientGoneLeavesNoClaim: a request whose client leaves before its
+// first token no longer has its prompt claimed by the index on its engine
+// (which, sending no KV events here, computed none of it); while it was
+// in the engine, the index claimed it there.
+func TestClientGoneLeavesNoClaim(t *testing.T) {
+	h := holdGateway(t, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, h.url, 200, h.inUpstream)
+	if !indexHolds(t, h.admin, 7, 200) {
+		t.Fatal("the index does not claim the prompt of the request in its engine")
+	}
+	cancel()
+	waitFor(t, func() bool { return h.g.inflight.Load() == 0 })
+	if indexHolds(t, h.admin, 7, 200) {
+		t.Error("the index still claims the prompt of a request whose client left before its first token")
+	}
+}
+
 // TestHoldQueueFull: beyond hold.max_requests a request that fits nowhere
 // gets 429 at once.
 func TestHoldQueueFull(t *testing.T) {
