@@ -177,12 +177,9 @@ func (p *pooledErr) active() *errStats {
 
 func (p *pooledErr) margin() float64 { return p.active().margin() }
 
-// addError records a sample's error in the endpoint's and the pool's
-// statistics.
-func (p *pooledErr) addError(obs, pred float64) {
-	p.own.addError(obs, pred)
-	p.pool.addError(obs, pred)
-}
+// addError records a sample's error in the endpoint's statistics (the
+// recent error is reported per endpoint; the pool keeps none).
+func (p *pooledErr) addError(obs, pred float64) { p.own.addError(obs, pred) }
 
 // addRatio moves the pool's quantile and, once the endpoint has min
 // ratio samples, its own; before that its own follows the pool's, at most
