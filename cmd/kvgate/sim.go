@@ -23,7 +23,7 @@ import (
 
 type simFlags struct {
 	scenario, workloadName, policies, rates, earlyReject, format, trace     string
-	predictors, hold, loads, observe, eviction, writeTrace                  string
+	predictors, hold, loads, observe, eviction, writeTrace, eventsAt        string
 	promptSigma, turns                                                      float64
 	promptMedian, contextTokens                                             int
 	spread, noise, driftFactor                                              float64
@@ -130,7 +130,8 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.sloTTFT, "slo-ttft", sl.sloTTFT, "TTFT SLO in seconds")
 	flagrange.Var(fl, &f.sloTPOT, "slo-tpot", sl.sloTPOT, "TPOT SLO in seconds (needs --decode-instances)")
 	flagrange.Var(fl, &f.eventLag, "event-lag", sl.eventLag, "the router hears of cached blocks this late (KV-event lag)")
-	flagrange.Var(fl, &f.approxTTL, "approx-ttl", sl.approxTTL, "with --event-lag: the router's own routing decisions count as cached blocks for this long (kvindex's approximate entries)")
+	flagrange.Var(fl, &f.approxTTL, "approx-ttl", sl.approxTTL, "with --event-lag or --events-at prefill: the router's own routing decisions count as cached blocks for this long (kvindex's approximate entries)")
+	fs.StringVar(&f.eventsAt, "events-at", "dispatch", "when the router hears of a request's blocks and the evictions they cause (then --event-lag later): dispatch (the baseline chapter's model: it sees what an instance's queue will evict before it happens) or prefill (when the request's prefill starts, as vLLM allocates blocks at scheduling: it routes on prefixes the queue ahead is about to evict, as a gateway does)")
 	flagrange.Var(fl, &f.prefillSpeed, "prefill-speed", pm.PrefillTokensPerSec, "prompt tokens per second per prefill instance")
 	flagrange.Var(fl, &f.blockSize, "block-size", wl.BlockSize, "block size in tokens (traces use their own 512-token blocks)")
 	flagrange.Var(fl, &f.cacheBlocks, "cache-blocks", sl.cacheBlocks, fmt.Sprintf("prefix-cache capacity per instance, in blocks of --block-size; instances × cache blocks at most %d", maxCacheBlocks))
@@ -279,6 +280,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("--eviction: %w", err)
 	}
+	if f.eventsAt != "dispatch" && f.eventsAt != "prefill" {
+		return fmt.Errorf("--events-at must be dispatch or prefill, got %q", f.eventsAt)
+	}
 	if f.scenario == "sweep" {
 		return runSweep(ctx, &f, eviction, policies, rejects, stdout, sweepMaxRequests)
 	}
@@ -294,7 +298,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	model.PrefillTokensPerSec = f.prefillSpeed
 	cfg := sim.Config{Prefill: f.instances, Decode: f.decodeInstances, Model: model,
 		CacheTokens: f.cacheBlocks * f.blockSize, DecodeKVTokens: f.decodeKVTokens,
-		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL, Eviction: eviction}
+		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL, Eviction: eviction,
+		EventsAtPrefill: f.eventsAt == "prefill"}
 	if f.scenario == "heterogeneous" {
 		cfg.Truth = sim.Heterogeneous(f.instances, f.prefillSpeed, f.spread, f.noise, f.duration/2, f.driftFactor, f.seed)
 		cfg.BatchingEngines = f.observe == "windows"

@@ -131,6 +131,7 @@ func TestSimBadInput(t *testing.T) {
 		{[]string{"--instances", "0"}, "--instances must be in [1, 4096], got 0"},
 		{[]string{"--trace", "/nonexistent/trace.jsonl"}, "no such file"},
 		{[]string{"--seeds", "0"}, "--seeds"},
+		{[]string{"--events-at", "decode"}, "--events-at must be dispatch or prefill"},
 		{[]string{"extra"}, "unexpected arguments"},
 	}
 	for _, tt := range tests {

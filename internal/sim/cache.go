@@ -126,6 +126,10 @@ type fleetCache struct {
 	inst    []*lru
 	holders map[uint64]uint64 // nil when the fleet has more than 64 instances
 	order   Eviction
+	// onEvict, when set, hears of every block insert evicts (the
+	// router's view drops its approximate entry, as kvindex does on a
+	// KV event's removal).
+	onEvict func(inst int, key uint64)
 }
 
 func newFleetCache(n, capBlocks int, order Eviction) *fleetCache {
@@ -188,6 +192,9 @@ func (f *fleetCache) insert(i int, keys []uint64) {
 			k = keys[len(keys)-1-j]
 		}
 		ev, ok := c.touch(k)
+		if ok && f.onEvict != nil {
+			f.onEvict(i, ev)
+		}
 		if f.holders == nil {
 			continue
 		}

@@ -56,7 +56,7 @@ func (r *run) cacheComputed(v investment, blocks int) {
 	keys := r.tr.Requests[v.ri].Keys[:blocks]
 	r.cache.insert(v.ep, keys)
 	if r.view != nil {
-		r.view.stored(r.snap.Now, v.ep, keys)
+		r.view.stored(r.snap.Now, r.snap.Now, v.ep, keys)
 	}
 }
 

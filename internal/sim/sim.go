@@ -46,10 +46,18 @@ type Config struct {
 	// instance stores, as a gateway hears KV events; 0 models a router
 	// that knows every cache exactly (the baseline chapter's model).
 	EventLag float64
-	// ApproxTTL, with EventLag > 0, is how long the router's own routing
-	// decisions count as approximate cache entries (kvindex's
-	// approximate tier); 0: none.
+	// ApproxTTL, with EventLag > 0 or EventsAtPrefill, is how long the
+	// router's own routing decisions count as approximate cache entries
+	// (kvindex's approximate tier); 0: none.
 	ApproxTTL float64
+	// EventsAtPrefill: the router hears of a request's blocks (and of the
+	// evictions they cause) when its prefill starts, plus EventLag, as
+	// vLLM allocates them when it schedules the request, not when the
+	// request is dispatched. The true caches change at dispatch either
+	// way (an instance serves its queue in order, so a request finds
+	// what its queue ahead left), so the router routes on prefixes the
+	// queue ahead is about to evict, as a gateway does.
+	EventsAtPrefill bool
 	// OnDecision, when set, is called with every request's index and
 	// decision (tests compare the simulator's choices with the gateway's).
 	OnDecision func(request int, d sched.Decision)
@@ -225,7 +233,7 @@ func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
 		slo:         make([]sched.SLO, len(tr.Requests)),
 		opens:       tr.Openings(),
 	}
-	if cfg.EventLag > 0 {
+	if cfg.EventLag > 0 || cfg.EventsAtPrefill {
 		r.view = newRouterView(n, cfg.CacheTokens/tr.BlockSize, cfg.Eviction, cfg.EventLag, cfg.ApproxTTL)
 		r.trueHit = make([]int, n)
 	}
@@ -395,7 +403,11 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 		hitBlocks = r.trueHit[i]
 		hit = min(hitBlocks*r.tr.BlockSize, q.PromptTokens)
 		if !tracked {
-			r.view.stored(t, i, q.Keys)
+			from := t
+			if r.cfg.EventsAtPrefill {
+				from = r.snap.Endpoints[i].FreeAt
+			}
+			r.view.stored(t, from, i, q.Keys)
 		}
 	}
 	unc := q.PromptTokens - hit

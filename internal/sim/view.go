@@ -1,5 +1,7 @@
 package sim
 
+import "slices"
+
 // routerView is what a gateway's KV index would know of the prefill
 // instances' caches: the engines' KV events arrive lag seconds after the
 // blocks are stored, and meanwhile the gateway's own routing decisions
@@ -27,14 +29,27 @@ func newRouterView(n, capBlocks int, order Eviction, lag, ttl float64) *routerVi
 	for i := range v.approx {
 		v.approx[i] = map[uint64]float64{}
 	}
+	// A block the engine reports evicted is no longer approximately
+	// there either (kvindex.Index.Remove).
+	v.precise.onEvict = func(i int, k uint64) { delete(v.approx[i], k) }
 	return v
 }
 
-// stored records that instance i stores keys at time at (the request's
-// dispatch, as the true cache does); the router hears of it lag later,
-// and knows approximately at once.
-func (v *routerView) stored(at float64, i int, keys []uint64) {
-	v.pending = append(v.pending, viewEvent{at: at + v.lag, inst: i, keys: keys})
+// stored records that instance i stores keys, routed at time at: the
+// engine reports them from time from (at, or with Config.EventsAtPrefill
+// the start of the request's prefill) and the router hears of it lag
+// later; it knows approximately from at.
+func (v *routerView) stored(at, from float64, i int, keys []uint64) {
+	e := viewEvent{at: max(from, at) + v.lag, inst: i, keys: keys}
+	// Reports come in time order but for prefill starts, which a queue
+	// delays: kept sorted (stably, so that equal times keep their order).
+	k, _ := slices.BinarySearchFunc(v.pending[v.head:], e.at, func(p viewEvent, t float64) int {
+		if p.at <= t {
+			return -1
+		}
+		return 1
+	})
+	v.pending = slices.Insert(v.pending, v.head+k, e)
 	if v.ttl > 0 {
 		exp := at + v.ttl
 		for _, k := range keys {
