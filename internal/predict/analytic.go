@@ -1,7 +1,5 @@
 package predict
 
-import "math"
-
 // Analytic is the fallback predictor: compute time = uncached tokens /
 // configured speed. It still tracks each endpoint's error, so a wrong
 // configured speed shows in /admin/endpoints.
@@ -44,10 +42,7 @@ func (a *Analytic) Model(name string, speed float64) Model {
 // errPool is the pooled error statistics of the endpoints configured at
 // speed, created on first use.
 func errPool(pools map[uint64]*errStats, speed float64, o Options) *errStats {
-	if !(speed > 0) || math.IsInf(speed, 0) {
-		speed = 0
-	}
-	key := math.Float64bits(speed)
+	key, _ := poolKey(speed)
 	p := pools[key]
 	if p == nil {
 		s := newErrStats(o)

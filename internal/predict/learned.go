@@ -96,9 +96,7 @@ func (o Options) withDefaults() (Options, error) {
 type Learned struct {
 	o      Options
 	models map[string]*learnedModel
-	pools  map[uint64]*rls
-	// errPools are the error statistics pooled as pools are.
-	errPools map[uint64]*errStats
+	pools  map[uint64]*learnedPool // by poolKey
 	// TPOT (decode.go): per endpoint, and one pool for all.
 	decode     map[string]*learnedDecode
 	decodePool *rls
@@ -111,7 +109,7 @@ func NewLearned(o Options) (*Learned, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Learned{o: o, models: map[string]*learnedModel{}, pools: map[uint64]*rls{}, errPools: map[uint64]*errStats{},
+	return &Learned{o: o, models: map[string]*learnedModel{}, pools: map[uint64]*learnedPool{},
 		decode: map[string]*learnedDecode{}, decodePool: newDecodeRLS(o.Forget), decodeErr: newErrStats(o)}, nil
 }
 
@@ -120,24 +118,29 @@ func (*Learned) Name() string { return "learned" }
 
 // Model implements Predictor.
 func (l *Learned) Model(name string, speed float64) Model {
-	if !(speed > 0) || math.IsInf(speed, 0) {
-		speed = 0
-	}
-	key := math.Float64bits(speed)
+	key, speed := poolKey(speed)
 	pool := l.pools[key]
 	if pool == nil {
-		pool = newPrefillRLS(speed, l.o)
+		pool = &learnedPool{fit: newPrefillRLS(speed, l.o), err: newErrStats(l.o)}
 		l.pools[key] = pool
 	}
 	m := l.models[name]
 	if m == nil || m.speed != speed {
 		// New, or its configuration changed: start again from the prior.
-		m = &learnedModel{speed: speed, own: newPrefillRLS(speed, l.o), err: newPooledErr(l.o, errPool(l.errPools, speed, l.o)),
+		m = &learnedModel{speed: speed, own: newPrefillRLS(speed, l.o), err: newPooledErr(l.o, &pool.err),
 			min: l.o.MinSamples, shrink: l.o.Shrink}
 		l.models[name] = m
 	}
-	m.pool = pool
+	m.pool = pool.fit
 	return m
+}
+
+// learnedPool is what the endpoints configured at one speed share: the
+// fit that predicts those without data of their own, and the error
+// statistics whose margin they use meanwhile.
+type learnedPool struct {
+	fit *rls
+	err errStats
 }
 
 type learnedModel struct {

@@ -138,6 +138,16 @@ func (s *errStats) addRatio(obs, pred float64) {
 
 func finitePos(v float64) bool { return v > 0 && !math.IsInf(v, 0) }
 
+// poolKey is the key of the pool of endpoints configured at speed, and
+// the speed as pooled (a speed that is not finite and positive pools as
+// 0: no analytic prior).
+func poolKey(speed float64) (uint64, float64) {
+	if !finitePos(speed) {
+		speed = 0
+	}
+	return math.Float64bits(speed), speed
+}
+
 // maxLogMargin caps the pessimistic factor at e^2 ≈ 7.4.
 const maxLogMargin = 2
 
