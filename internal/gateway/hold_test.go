@@ -473,21 +473,8 @@ func TestHeldWithEarlyRejectionStopsWhenNothingComesBack(t *testing.T) {
 // engine sent never reach it); the new request is served there.
 func TestInvestmentYields(t *testing.T) {
 	rig := rejectingHoldGateway(t)
-	g, url, admin, inUpstream := rig.g, rig.url, rig.admin, rig.inUpstream
-	got := make(chan result, 1)
-	go func() {
-		got <- post(t, url+"/v1/completions", tokenPrompt(40, 600, true), map[string]string{"X-Hold": "headers"})
-	}()
-	select {
-	case <-inUpstream:
-	case r := <-got:
-		t.Fatalf("the investment was answered before reaching its engine: %d %s", r.status, r.body)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the investment never reached its engine")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	occupy(t, ctx, url, 200, inUpstream)
+	g, url, admin := rig.g, rig.url, rig.admin
+	got := startInvestment(t, rig)
 
 	r := post(t, url+"/v1/completions", tokenPrompt(41, 250, false), nil)
 	if r.status != 200 {
@@ -527,6 +514,30 @@ func TestInvestmentYields(t *testing.T) {
 	}
 }
 
+// startInvestment sends, on rig, a streamed request of 600 × token 40
+// that misses its SLO even alone: served late on an idle endpoint as an
+// investment, whose engine sends its headers and never its first token.
+// Once it is there, 200 tokens of token 7 occupy the other endpoint until
+// the test ends. It returns where the investment's answer will come.
+func startInvestment(t *testing.T, rig *holdRig) <-chan result {
+	t.Helper()
+	got := make(chan result, 1)
+	go func() {
+		got <- post(t, rig.url+"/v1/completions", tokenPrompt(40, 600, true), map[string]string{"X-Hold": "headers"})
+	}()
+	select {
+	case <-rig.inUpstream:
+	case r := <-got:
+		t.Fatalf("the investment was answered before reaching its engine: %d %s", r.status, r.body)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the investment never reached its engine")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	occupy(t, ctx, rig.url, 200, rig.inUpstream)
+	return got
+}
+
 // TestYieldedInvestmentLeavesNoClaim: as TestInvestmentYields, but the
 // request the investment yields to starts with the investment's prompt
 // (250 of its 600 tokens). It is decided again right after the yield, and
@@ -535,21 +546,8 @@ func TestInvestmentYields(t *testing.T) {
 // routed with nothing believed cached.
 func TestYieldedInvestmentLeavesNoClaim(t *testing.T) {
 	rig := rejectingHoldGateway(t)
-	url, inUpstream := rig.url, rig.inUpstream
-	got := make(chan result, 1)
-	go func() {
-		got <- post(t, url+"/v1/completions", tokenPrompt(40, 600, true), map[string]string{"X-Hold": "headers"})
-	}()
-	select {
-	case <-inUpstream:
-	case r := <-got:
-		t.Fatalf("the investment was answered before reaching its engine: %d %s", r.status, r.body)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the investment never reached its engine")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	occupy(t, ctx, url, 200, inUpstream)
+	url := rig.url
+	got := startInvestment(t, rig)
 	r := post(t, url+"/v1/completions", tokenPrompt(40, 250, false), nil)
 	if r.status != 200 {
 		t.Fatalf("the request the investment yielded to: %d %s", r.status, r.body)
