@@ -6,11 +6,11 @@ import "math"
 //
 // Cost: each candidate endpoint i is scored by
 //
-//	cost_i = q_i + (1 + λ) · u_i / s_i
+//	cost_i = q_i + u_i / s_i + λ · u_i / s̄
 //
 // where q_i is its predicted queue wait, u_i the uncached tokens it would
-// compute and s_i its prefill speed: the predicted TTFT plus λ times the
-// compute the choice consumes. λ is the shadow price of compute, derived
+// compute, s_i its prefill speed and s̄ the fleet's mean: the predicted
+// TTFT plus λ times the compute the choice consumes. λ is the shadow price of compute, derived
 // from how full the fleet's queues are measured against the SLO: idle fleet
 // λ ≈ 0 (minimise TTFT), fleet queues near the SLO λ large (save compute:
 // keep affinity), a fleet rejecting requests for the load λ = 1000
@@ -50,22 +50,34 @@ const pressurePrice = 1000
 // their prefix's holders made it so; for the same window λ is 0, so that
 // requests go where their TTFT is lowest, busy holders are passed over
 // for idle endpoints, and the prefixes requests share are copied there.
-func (p *kvgatePolicy) price(req *Request, s *Snapshot) float64 {
+//
+// perToken is λ's price of one uncached token: λ over the fleet's mean
+// prefill speed (0 when no endpoint has a speed), at which λ values
+// compute (fleetPrice); an endpoint of unknown speed counts as 0 in the
+// mean, as it computes nothing in kvgate's cost.
+func (p *kvgatePolicy) price(req *Request, s *Snapshot) (lambda, perToken float64) {
+	var queue, speeds float64
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		queue += e.QueueWait
+		speeds += e.PrefillSpeed
+	}
 	if len(s.Endpoints) == 0 || req.SLO.TTFT <= 0 {
-		return 0
+		return 0, 0
 	}
 	window := p.o.KVGatePressure * req.SLO.TTFT
-	if a := s.SinceLoadRejection; a > 0 && a < window {
-		return pressurePrice
+	switch a, b := s.SinceLoadRejection, s.SinceIdleRejection; {
+	case a > 0 && a < window:
+		lambda = pressurePrice
+	case b > 0 && b < window:
+		lambda = 0
+	default:
+		lambda = p.o.KVGateGain * queue / float64(len(s.Endpoints)) / req.SLO.TTFT
 	}
-	if a := s.SinceIdleRejection; a > 0 && a < window {
-		return 0
+	if speeds > 0 {
+		perToken = lambda * float64(len(s.Endpoints)) / speeds
 	}
-	var sum float64
-	for i := range s.Endpoints {
-		sum += s.Endpoints[i].QueueWait
-	}
-	return p.o.KVGateGain * sum / float64(len(s.Endpoints)) / req.SLO.TTFT
+	return lambda, perToken
 }
 
 // pricing is one decision's prices: λ, and, while the fleet is
@@ -73,6 +85,9 @@ func (p *kvgatePolicy) price(req *Request, s *Snapshot) float64 {
 // the request takes anywhere.
 type pricing struct {
 	lambda float64
+	// perToken is λ over the fleet's mean prefill speed: λ's price of
+	// one uncached token (fleetPrice).
+	perToken float64
 	// least is the request's least compute on any endpoint (seconds);
 	// spare is how much more a placement may compute (seconds; +Inf: any).
 	least, spare float64
@@ -93,7 +108,8 @@ func (p *kvgatePolicy) pricing(req *Request, s *Snapshot) pricing {
 // prices is pricing without the least compute, which takes a pass over
 // the endpoints of its own.
 func (p *kvgatePolicy) prices(req *Request, s *Snapshot) pricing {
-	pr := pricing{lambda: p.price(req, s), spare: math.Inf(1)}
+	pr := pricing{spare: math.Inf(1)}
+	pr.lambda, pr.perToken = p.price(req, s)
 	if pr.lambda >= pressurePrice && s.MeanPrefill > 0 && !math.IsInf(s.MeanPrefill, 1) {
 		pr.spare = s.MeanPrefill
 	}
@@ -126,18 +142,23 @@ func (pr pricing) wasteful(compute float64) bool {
 // cost is endpoint e's cost for req at prices pr, and whether its
 // predicted TTFT fits the SLO (and, under pressure, its compute the spare).
 func (p *kvgatePolicy) cost(req *Request, e *Endpoint, pr pricing) (cost float64, fits bool) {
-	return p.costOf(req, e, computeSeconds(req, e), pr)
+	cost, fits, _ = p.costOf(req, e, pr)
+	return cost, fits
 }
 
-// costOf is cost with e's compute for req already known.
-func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, compute float64, pr pricing) (cost float64, fits bool) {
+// costOf is cost and e's compute for req (seconds, computeSeconds).
+func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, pr pricing) (cost float64, fits bool, compute float64) {
+	u := Uncached(req, e)
+	if e.PrefillSpeed > 0 {
+		compute = float64(u) / e.PrefillSpeed
+	}
 	ttft := e.QueueWait + compute
 	fits = req.SLO.TTFT <= 0 || ttft <= p.o.KVGateFit*req.SLO.TTFT
 	if fits && pr.wasteful(compute) {
 		// Under pressure, not worth its recompute: never chosen while an
 		// endpoint that fits or one that is lost remains (one that
 		// computes least always does: the scheduler then rejects).
-		return math.Inf(1), false
+		return math.Inf(1), false, compute
 	}
 	if !fits {
 		// The request misses its SLO wherever it goes: it is lost.
@@ -145,9 +166,22 @@ func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, compute float64, pr pri
 		// an endpoint already written off, instead of into a short queue
 		// where it would push requests that can still make their SLO
 		// past it.
-		return -e.QueueWait + lostComputeWeight*compute, false
+		return -e.QueueWait + lostComputeWeight*compute, false, compute
 	}
-	return ttft + pr.lambda*compute, true
+	return ttft + float64(u)*pr.perToken, true, compute
+}
+
+// fleetPrice is λ times the compute req takes on e valued at the fleet's
+// mean speed: its uncached tokens times pr.perToken (costOf inlines it).
+// λ prices the
+// fleet's compute, which a request's tokens consume wherever they are
+// computed; valued at e's own predicted speed instead, a learned speed's
+// noise of a percent, times λ = 1000 under pressure, outweighs any
+// queue, and every new conversation goes to whichever endpoint is
+// believed fastest, however long its queue (docs/policies.md). An
+// endpoint's own speed still counts in its TTFT.
+func (pr pricing) fleetPrice(req *Request, e *Endpoint) float64 {
+	return float64(Uncached(req, e)) * pr.perToken
 }
 
 // Costs implements CostReporter: endpoints whose TTFT fits the SLO cost
@@ -198,10 +232,8 @@ func (p *kvgatePolicy) pickFitting(req *Request, s *Snapshot, pr pricing) (best 
 	pr.spare = math.Inf(1)
 	best, bestCost, least := -1, math.Inf(1), math.Inf(1)
 	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		compute := computeSeconds(req, e)
+		cost, fits, compute := p.costOf(req, &s.Endpoints[i], pr)
 		least = min(least, compute)
-		cost, fits := p.costOf(req, e, compute, pr)
 		if fits && (best < 0 || cost < bestCost || (cost == bestCost && kvgateTie(s, i, best))) {
 			best, bestCost = i, cost
 		}
@@ -287,14 +319,15 @@ func kvgateTie(s *Snapshot, i, b int) bool {
 
 // PickOverdue implements OverduePicker: an overdue held request has
 // missed its SLO; it goes where its TTFT plus the compute it takes, at the
-// fleet's price, is lowest (q + (1 + λ)·u/s over every endpoint), so that
+// fleet's price, is lowest (q + u/s + λ·u/s̄ over every endpoint), so that
 // under load it keeps to its cache.
 func (p *kvgatePolicy) PickOverdue(req *Request, s *Snapshot) int {
-	lambda := p.price(req, s)
+	var pr pricing
+	pr.lambda, pr.perToken = p.price(req, s)
 	best, bc := -1, math.Inf(1)
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		c := e.QueueWait + (1+lambda)*computeSeconds(req, e)
+		c := e.QueueWait + computeSeconds(req, e) + pr.fleetPrice(req, e)
 		if best < 0 || c < bc || (c == bc && kvgateTie(s, i, best)) {
 			best, bc = i, c
 		}

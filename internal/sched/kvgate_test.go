@@ -154,6 +154,33 @@ func TestKVGateUnderPressure(t *testing.T) {
 	}
 }
 
+// TestKVGatePricesFleetCompute: λ values a request's compute at the
+// fleet's mean speed, so a learned speed's noise is not multiplied by λ.
+// A new conversation cached nowhere (12 000 tokens): a is believed 1 %
+// faster (as two learned speeds differ) but has 1.2 s queued, b 0.1 s.
+// Priced at their own speeds, λ = 1000 under pressure made a's 6 ms less
+// compute outweigh its 1.1 s more queue; at the fleet's speed the compute
+// ties and the TTFT decides, under pressure, at the mean-queue price and
+// for an overdue request alike. An endpoint truly faster still wins by
+// its TTFT (c, twice as fast, same queue as b).
+func TestKVGatePricesFleetCompute(t *testing.T) {
+	p := mustNew(t, "kvgate", Options{})
+	for _, since := range []float64{0, 1} {
+		s := snapOf(Endpoint{PrefillSpeed: 20200, QueueWait: 1.2}, Endpoint{PrefillSpeed: 20000, QueueWait: 0.1})
+		s.SinceLoadRejection = since
+		if got := pick(p, req(12000), s); got != 1 {
+			t.Errorf("last rejection for the load %v s ago: picked %d, want the short queue 1", since, got)
+		}
+		if got := p.(OverduePicker).PickOverdue(req(12000), s); got != 1 {
+			t.Errorf("overdue, last rejection for the load %v s ago: picked %d, want 1", since, got)
+		}
+		s.Endpoints = append(s.Endpoints, Endpoint{Name: "c", PrefillSpeed: 40000, QueueWait: 0.1})
+		if got := pick(p, req(12000), s); got != 2 {
+			t.Errorf("last rejection for the load %v s ago: picked %d, want the faster endpoint 2", since, got)
+		}
+	}
+}
+
 // TestKVGateSpreadsAfterIdleRejection: a rejection for the load while an
 // endpoint stood idle (Snapshot.SinceIdleRejection) says the compute was
 // there but the request's prefix was cached only on busy endpoints: for
