@@ -29,6 +29,7 @@ type simFlags struct {
 	spread, noise, driftFactor                                              float64
 	instances, decodeInstances, systems, sessions, systemTokens, turnTokens int
 	outputTokens, blockSize, cacheBlocks, decodeKVTokens, seeds             int
+	engineSteps                                                             int
 	duration, sloTTFT, sloTPOT, prefillSpeed, timeScale                     float64
 	eventLag, approxTTL                                                     float64
 	holdMin, holdBacklog, holdMax, holdSlack, holdQuiet                     float64
@@ -40,6 +41,7 @@ type simFlags struct {
 // perfmodel.ModelLimits.
 type simLimits struct {
 	instances, decodeInstances, decodeKVTokens, cacheBlocks, seeds flagrange.Range[int]
+	engineSteps                                                    flagrange.Range[int]
 	sloTTFT, sloTPOT                                               flagrange.Range[float64]
 	eventLag, approxTTL                                            flagrange.Range[float64]
 	spread, noise, driftFactor                                     flagrange.Range[float64]
@@ -54,6 +56,7 @@ func simRanges() simLimits {
 		decodeKVTokens:  flagrange.Range[int]{Min: 1, Max: 1 << 34, Unit: "tokens"},
 		cacheBlocks:     flagrange.Range[int]{Min: 1, Max: maxCacheBlocks, Unit: "blocks"},
 		seeds:           flagrange.Range[int]{Min: 1, Max: 1000},
+		engineSteps:     flagrange.Range[int]{Min: 1, Max: sim.MaxStepTokens, Unit: "tokens", Zero: "each prompt prefilled whole, one after another"},
 		sloTTFT:         flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds", Zero: "none"},
 		sloTPOT:         flagrange.Range[float64]{Min: 0.0001, Max: 3600, Unit: "seconds", Zero: "none"},
 		eventLag:        flagrange.Range[float64]{Min: 0.000001, Max: 3600, Unit: "seconds", Zero: "the router knows every cache exactly"},
@@ -113,6 +116,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
 	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
 	flagrange.Var(fl, &f.decodeKVTokens, "decode-kv-tokens", sl.decodeKVTokens, "KV capacity of each decode instance in tokens")
+	flagrange.Var(fl, &f.engineSteps, "engine-steps", sl.engineSteps, "prefill instances run chunked prefill in steps of this many tokens (vLLM's --max-num-batched-tokens; kvgate engine's default is 8192): a prompt's last chunk shares its step with the next queued prompt's first chunk, whose compute delays its first token; the router then predicts as kvgate serve does (the learned predictor, from busy windows); not with --decode-instances")
 	lp := workload.LongPrompts(longPromptRate)
 	flagrange.Var(fl, &f.systems, "systems", wl.Systems, "chat: system prompts")
 	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, fmt.Sprintf("chat: conversations; long-prompts: conversation slots (default %d)", lp.Sessions))
@@ -300,12 +304,21 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		CacheTokens: f.cacheBlocks * f.blockSize, DecodeKVTokens: f.decodeKVTokens,
 		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL, Eviction: eviction,
 		EventsAtPrefill: f.eventsAt == "prefill"}
-	if f.scenario == "heterogeneous" {
+	if f.engineSteps > 0 && f.decodeInstances > 0 {
+		return fmt.Errorf("--engine-steps models aggregated instances: not with --decode-instances")
+	}
+	switch {
+	case f.scenario == "heterogeneous":
 		cfg.Truth = sim.Heterogeneous(f.instances, f.prefillSpeed, f.spread, f.noise, f.duration/2, f.driftFactor, f.seed)
+		cfg.Truth.StepTokens = f.engineSteps
 		cfg.BatchingEngines = f.observe == "windows"
 		if f.decodeInstances > 0 {
 			cfg.Truth.DecodeFactors = sim.HeterogeneousDecode(f.decodeInstances, f.spread)
 		}
+	case f.engineSteps > 0:
+		cfg.Truth = sim.Chunked(f.instances, f.prefillSpeed, f.engineSteps)
+		cfg.BatchingEngines = true
+		predictors = []string{"learned"}
 	}
 
 	specs, err := traceSpecs(ctx, &f, cfg)

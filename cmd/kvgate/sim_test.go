@@ -116,6 +116,23 @@ func TestSimDecodeAndWorkloads(t *testing.T) {
 	}
 }
 
+// TestSimEngineSteps: --engine-steps runs the instances' chunked prefill
+// behind the learned predictor, as kvgate serve predicts; on a loaded
+// long-prompt fleet the shared steps make first tokens later than the
+// whole-prompt FIFO's (cache-only, without rejection, so that both runs
+// serve the same requests in the same order).
+func TestSimEngineSteps(t *testing.T) {
+	args := []string{"--workload", "long-prompts", "--loads", "0.9", "--duration", "30", "--early-reject", "off", "--policies", "cache-only"}
+	fifo := simJSON(t, args...).Runs[0]
+	steps := simJSON(t, append(args, "--engine-steps", "8192")...).Runs[0]
+	if steps["predictor"] != "learned" || fifo["predictor"] != nil {
+		t.Fatalf("predictors: %v with steps, %v without", steps["predictor"], fifo["predictor"])
+	}
+	if s, f := steps["ttft_p50"].(float64), fifo["ttft_p50"].(float64); s <= f {
+		t.Errorf("TTFT p50 %v with 8192-token steps, %v prefilling whole prompts: want later", s, f)
+	}
+}
+
 func TestSimBadInput(t *testing.T) {
 	tests := []struct {
 		args []string
@@ -132,6 +149,9 @@ func TestSimBadInput(t *testing.T) {
 		{[]string{"--trace", "/nonexistent/trace.jsonl"}, "no such file"},
 		{[]string{"--seeds", "0"}, "--seeds"},
 		{[]string{"--events-at", "decode"}, "--events-at must be dispatch or prefill"},
+		{[]string{"--engine-steps", "-1"}, "--engine-steps must be"},
+		{[]string{"--engine-steps", "8192", "--decode-instances", "2"}, "--engine-steps models aggregated instances"},
+		{[]string{"--scenario", "sweep", "--engine-steps", "8192"}, "--engine-steps"},
 		{[]string{"extra"}, "unexpected arguments"},
 	}
 	for _, tt := range tests {

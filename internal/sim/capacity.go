@@ -26,7 +26,7 @@ type Capacity struct {
 // counts: decode instances, a fleet truth and the SLO are ignored, and
 // every instance computes at cfg.Model's speed.
 func MeasureCapacity(ctx context.Context, cfg Config, tr *workload.Trace) (Capacity, error) {
-	cfg.Decode, cfg.Truth, cfg.Predictor, cfg.OnDecision, cfg.SLO = 0, nil, "", nil, sched.SLO{}
+	cfg.Decode, cfg.Truth, cfg.Predictor, cfg.BatchingEngines, cfg.OnDecision, cfg.SLO = 0, nil, "", false, nil, sched.SLO{}
 	if len(tr.Requests) == 0 {
 		return Capacity{}, fmt.Errorf("sim: capacity of workload %s: no requests", tr.Name)
 	}

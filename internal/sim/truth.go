@@ -26,10 +26,19 @@ import (
 // DecodeFactors, when set (one per decode instance), make each decode
 // instance's step take that many times the configured model's step: the
 // router's TPOT predictor has to learn them (decodetruth.go).
+//
+// StepTokens, when above 0, has the instances prefill as vLLM's chunked
+// prefill does, in steps of at most that many tokens served first come
+// first served: a prompt's last chunk shares its step with the first
+// chunk of the prompt queued behind it (if it arrived before that step
+// began), so its first token waits for that chunk too (chunked.go). The
+// instance's throughput is the same; only first tokens move later.
+// 0: each prompt is prefilled whole, alone (the baseline chapter's FIFO).
 type Truth struct {
 	Speeds, Knees, Overheads []float64
 	DecodeFactors            []float64
 	Noise, MeasureNoise      float64
+	StepTokens               int
 	// DriftAt is when the drift starts (seconds); 0: no drift.
 	DriftAt       float64
 	DriftInstance int
@@ -57,6 +66,12 @@ func (t *Truth) validate(n, decode int) error {
 		if !(t.Speeds[i] >= 1 && t.Speeds[i] <= 1e9) || !(t.Knees[i] >= 0 && t.Knees[i] <= 1e12) || !(t.Overheads[i] >= 0 && t.Overheads[i] <= 60) {
 			errs = append(errs, fmt.Errorf("sim: instance %d: speed must be in [1, 1e9] tokens/s, knee in [0, 1e12] tokens, overhead in [0, 60] s", i))
 		}
+	}
+	if t.StepTokens < 0 || t.StepTokens > MaxStepTokens {
+		errs = append(errs, fmt.Errorf("sim: step tokens must be in [0, %d], got %d", MaxStepTokens, t.StepTokens))
+	}
+	if t.StepTokens > 0 && decode > 0 {
+		errs = append(errs, errors.New("sim: chunked prefill steps model aggregated instances (no decode instances)"))
 	}
 	if !(t.Noise >= 0 && t.Noise <= 2) || !(t.MeasureNoise >= 0 && t.MeasureNoise <= 60) {
 		errs = append(errs, errors.New("sim: noise must be in [0, 2] and measurement noise in [0, 60] s"))
@@ -95,6 +110,10 @@ type truthRun struct {
 	rng     *rand.Rand
 	free    []float64      // per instance: when its prefill queue empties
 	pending [][]completion // per instance, in completion order
+	// With Truth.StepTokens: per instance, the step its queue ends with,
+	// and what to tell when a request's first token moves later.
+	last    []lastStep
+	onDelay func(ri int, end float64)
 	// Per request: the prediction at routing and the noise-free truth.
 	predTTFT, predCompute, trueCompute []float64
 	inst                               []int
@@ -102,6 +121,7 @@ type truthRun struct {
 }
 
 type completion struct {
+	ri      int
 	fl      *load.Flight
 	end     float64 // true end
 	heardAt float64 // when the router hears of it
@@ -109,7 +129,7 @@ type completion struct {
 
 func newTruthRun(t *Truth, n, requests int) *truthRun {
 	tr := &truthRun{t: t, rng: rand.New(rand.NewPCG(t.Seed, 0x7275746821)), free: make([]float64, n),
-		pending: make([][]completion, n), predTTFT: make([]float64, requests), predCompute: make([]float64, requests),
+		pending: make([][]completion, n), last: make([]lastStep, n), predTTFT: make([]float64, requests), predCompute: make([]float64, requests),
 		trueCompute: make([]float64, requests), inst: make([]int, requests)}
 	for i := range tr.inst {
 		tr.inst[i] = -1
@@ -141,25 +161,37 @@ func (tr *truthRun) predictor(name string, names []string, clock *float64) (pred
 // of its prefill. freeAt is when the router predicted the instance's queue
 // to empty before this request.
 func (tr *truthRun) route(lf *load.Fleet, fl *load.Flight, ri, i, uncached, cached int, at, freeAt float64) float64 {
-	start := max(at, tr.free[i])
-	exact := tr.t.seconds(i, uncached, cached, start)
+	exact := tr.t.seconds(i, uncached, cached, max(at, tr.free[i]))
 	compute := exact
 	if tr.t.Noise > 0 {
 		compute *= math.Exp(tr.t.Noise * tr.rng.NormFloat64())
 	}
-	end := start + compute
-	tr.free[i] = end
+	end := tr.place(i, ri, at, uncached, compute)
 	heard := end
 	if tr.t.MeasureNoise > 0 {
 		heard = max(end+tr.t.MeasureNoise*tr.rng.NormFloat64(), at)
 	}
-	tr.pending[i] = append(tr.pending[i], completion{fl: fl, end: end, heardAt: heard})
+	tr.pending[i] = append(tr.pending[i], completion{ri: ri, fl: fl, end: end, heardAt: heard})
 	pred := lf.PredictedPrefillEnd(fl)
 	tr.predTTFT[ri] = pred - at
 	tr.predCompute[ri] = pred - max(at, freeAt)
 	tr.trueCompute[ri] = exact
 	tr.inst[ri] = i
 	return end
+}
+
+// place queues on instance i request ri, routed at time at, whose
+// prefill of uncached tokens takes compute seconds, and returns when its
+// first token comes: at the end of its prefill, or with
+// Truth.StepTokens at the end of the step its last chunk shares
+// (chunked).
+func (tr *truthRun) place(i, ri int, at float64, uncached int, compute float64) float64 {
+	start := max(at, tr.free[i])
+	tr.free[i] = start + compute
+	if tr.t.StepTokens > 0 && uncached > 0 {
+		return tr.chunked(i, ri, at, start, uncached, compute)
+	}
+	return start + compute
 }
 
 // advance reports to the router every first token heard by time now.
@@ -335,9 +367,21 @@ func (r *run) withTruth(infos []load.Info) error {
 		r.truth.withDecode(r, p, infos)
 	}
 	r.truth.name = name
+	r.truth.onDelay = r.delayed
 	r.load.SetPredictor(p)
 	r.load.SetBatchingEngines(r.cfg.BatchingEngines)
 	return nil
+}
+
+// delayed records that request ri's first token moved to end (a chunked
+// prefill step it shares: chunked.go).
+func (r *run) delayed(ri int, end float64) {
+	r.prefillDone[ri] = end
+	for k := range r.investing {
+		if r.investing[k].ri == ri {
+			r.investing[k].end = end
+		}
+	}
 }
 
 // expire ends the prefills that ended by now: at their predicted times, or
@@ -373,6 +417,18 @@ func Heterogeneous(n int, speed, spread, noise, driftAt, driftFactor float64, se
 	return t
 }
 
+// Chunked returns a fleet of n prefill instances that run exactly at the
+// configured speed (no knee, overhead or noise) but prefill in chunked
+// steps of stepTokens (Truth.StepTokens): the engines' scheduling, not
+// their speed, is what the router does not know.
+func Chunked(n int, speed float64, stepTokens int) *Truth {
+	t := &Truth{Speeds: make([]float64, n), Knees: make([]float64, n), Overheads: make([]float64, n), StepTokens: stepTokens}
+	for i := range n {
+		t.Speeds[i] = speed
+	}
+	return t
+}
+
 // stop ends on instance i, at time at, the flight fl, the last in its
 // queue (an investment given up: sched.Scheduler.YieldFor): the instance
 // is free from then on.
@@ -383,6 +439,7 @@ func (tr *truthRun) stop(fl *load.Flight, i int, at float64) {
 			tr.pending[i] = append(q[:k], q[k+1:]...)
 			if k == len(q)-1 {
 				tr.free[i] = min(tr.free[i], max(at, 0))
+				tr.last[i] = lastStep{} // nothing may join a step that will not run
 			}
 			return
 		}

@@ -135,12 +135,21 @@ func TestTruthRuns(t *testing.T) {
 		{heteroConfig(Heterogeneous(8, 20000, 2.5, 3, 0, 1, 0), ""), "noise"},
 		{heteroConfig(Heterogeneous(8, 20000, 2.5, 0, 10, 0.001, 0), ""), "drift"},
 		{heteroConfig(Heterogeneous(8, 0, 2.5, 0, 0, 1, 0), ""), "speed must be"},
+		{heteroConfig(Chunked(8, 20000, -1), ""), "step tokens must be"},
+		{heteroConfig(Chunked(8, 20000, MaxStepTokens+1), ""), "step tokens must be"},
+		{withDecode(heteroConfig(Chunked(8, 20000, 8192), "")), "aggregated"},
 	}
 	for _, b := range bad {
 		if _, err := Run(context.Background(), b.cfg, tr, &sched.Scheduler{Policy: pol}); err == nil || !strings.Contains(err.Error(), b.want) {
 			t.Errorf("config %+v: error %v, want %q", b.cfg.Truth, err, b.want)
 		}
 	}
+}
+
+// withDecode gives cfg two decode instances.
+func withDecode(cfg Config) Config {
+	cfg.Decode, cfg.DecodeKVTokens = 2, 1_000_000
+	return cfg
 }
 
 // TestHeterogeneousDecodeTPOT: with decode instances of hidden unequal
