@@ -46,7 +46,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	var f serveFlags
 	var c gateway.Config
-	early := true
+	early, stepTokens := true, gateway.DefaultEngineStepTokens
 	fs.StringVar(&f.config, "config", "", "YAML config file (docs/serve.md); flags given too override its fields; SIGHUP reloads it")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8000", "client API address (OpenAI-compatible)")
 	fs.StringVar(&c.Admin, "admin", "127.0.0.1:8090", "admin API and /metrics address (keep it private)")
@@ -74,6 +74,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	flagrange.Var(fl, &c.SLOTPOT, "slo-tpot", lim.SLO, "TPOT SLO of the default class")
 	flagrange.Var(fl, &c.BlockSize, "block-size", lim.BlockSize, "router block size")
 	flagrange.Var(fl, &c.PrefillSpeed, "prefill-speed", lim.PrefillSpeed, "prompt tokens/s assumed for endpoints without prefill_speed")
+	flagrange.Var(fl, &stepTokens, "engine-step-tokens", lim.EngineStepTokens, "the engines' chunked-prefill step budget (vLLM's --max-num-batched-tokens): a request is not queued where its first chunk would share the step ending the queue and push a first token due in it past its SLO")
 	flagrange.Var(fl, &c.LocalPrefillTokens, "local-prefill-tokens", lim.LocalPrefillTokens, "P/D: serve on the decode endpoint alone when at most this many prompt tokens are uncached there")
 	flagrange.Var(fl, &c.MaxInflight, "max-inflight", lim.MaxInflight, "requests proxied at once; more get 429")
 	flagrange.Var(fl, &c.UpstreamTimeout, "upstream-timeout", lim.UpstreamTimeout, "bound on a whole proxied request")
@@ -91,6 +92,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	c.EarlyReject = &early
+	c.EngineStepTokens = &stepTokens
 	if f.k8s.Selector != "" {
 		f.disc.Kubernetes = &f.k8s
 	}
@@ -162,7 +164,7 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 		"predictor": func() { c.Predictor = flags.Predictor }, "hold": func() { c.Hold.Mode = flags.Hold.Mode },
 		"slo-tpot": func() { c.SLOTPOT = flags.SLOTPOT }, "early-reject": func() { c.EarlyReject = flags.EarlyReject },
 		"bind-events": func() { c.BindEvents = flags.BindEvents }, "bind-events-ranks": func() { c.BindEventsRanks = flags.BindEventsRanks }, "block-size": func() { c.BlockSize = flags.BlockSize },
-		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
+		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "engine-step-tokens": func() { c.EngineStepTokens = flags.EngineStepTokens }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
 		"max-inflight": func() { c.MaxInflight = flags.MaxInflight }, "log-prompts": func() { c.LogPrompts = flags.LogPrompts },
 		"no-health-checks": func() { c.NoHealthChecks = flags.NoHealthChecks },
 		"upstream-timeout": func() { c.UpstreamTimeout = flags.UpstreamTimeout }, "connect-timeout": func() { c.ConnectTimeout = flags.ConnectTimeout },

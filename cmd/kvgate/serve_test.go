@@ -94,6 +94,8 @@ func TestServeBadInput(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("endpoints:\n  - {name: a, model: m, colour: red}\n"), 0o644)
+	badSteps := filepath.Join(dir, "steps.yaml")
+	os.WriteFile(badSteps, []byte("engine_step_tokens: 99999999999\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
 	badPred := filepath.Join(dir, "pred.yaml")
 	os.WriteFile(badPred, []byte("predictor: psychic\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
 	for _, tt := range []struct {
@@ -112,6 +114,8 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"--config", bad}, "colour"},
 		{[]string{"--engine", "url=http://h:1,model=m", "--predictor", "oracle"}, `predictor (--predictor): unknown predictor "oracle" (learned or analytic)`},
 		{[]string{"--config", badPred}, `unknown predictor "psychic"`},
+		{[]string{"--engine", "url=http://h:1,model=m", "--engine-step-tokens", "-1"}, "--engine-step-tokens must be"},
+		{[]string{"--config", badSteps}, "engine_step_tokens (--engine-step-tokens) must be"},
 		{[]string{"--config", filepath.Join(dir, "missing.yaml")}, "no such file"},
 	} {
 		_, errOut, code := runCmd(t, append([]string{"serve"}, tt.args...)...)

@@ -48,6 +48,13 @@ type Config struct {
 	// PrefillSpeed is the prompt tokens per second assumed for endpoints
 	// that do not declare their own.
 	PrefillSpeed float64 `yaml:"prefill_speed"`
+	// EngineStepTokens is the engines' chunked-prefill step budget
+	// (vLLM's --max-num-batched-tokens; kvgate engine's
+	// --max-num-batched-tokens): the router then tells when a request's
+	// first chunk would share the step that ends an endpoint's queue and
+	// push a first token due in it past its SLO (docs/policies.md). nil:
+	// DefaultEngineStepTokens; 0: unknown, not considered.
+	EngineStepTokens *int `yaml:"engine_step_tokens"`
 	// LocalPrefillTokens: in a P/D fleet, a request whose uncached part on
 	// the chosen decode endpoint is at most this many tokens is served by
 	// that endpoint alone (conditional disaggregation); 0 disables.
@@ -148,6 +155,7 @@ type Limits struct {
 	MaxBodyBytes       flagrange.Range[int64]
 	MaxInflight        flagrange.Range[int]
 	LocalPrefillTokens flagrange.Range[int]
+	EngineStepTokens   flagrange.Range[int]
 	UpstreamTimeout    flagrange.Range[time.Duration]
 	ConnectTimeout     flagrange.Range[time.Duration]
 	HoldMin            flagrange.Range[float64]
@@ -168,6 +176,7 @@ func ConfigLimits() Limits {
 		MaxBodyBytes:       flagrange.Range[int64]{Min: 1024, Max: 1 << 30, Unit: "bytes"},
 		MaxInflight:        flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "requests"},
 		LocalPrefillTokens: flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens", Zero: "always disaggregate"},
+		EngineStepTokens:   flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens", Zero: "unknown"},
 		UpstreamTimeout:    flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "none"},
 		ConnectTimeout:     flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour},
 		HoldMin:            flagrange.Range[float64]{Min: 0.01, Max: 1000, Unit: "SLOs", Zero: "default"},
@@ -178,6 +187,19 @@ func ConfigLimits() Limits {
 		HoldRequests:       flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "requests"},
 		BindEventsRanks:    flagrange.Range[int]{Min: 1, Max: fleet.MaxDPSize, Unit: "ports"},
 	}
+}
+
+// DefaultEngineStepTokens is engine_step_tokens when the config does not
+// say: vLLM's default --max-num-batched-tokens for an OpenAI API server,
+// and kvgate engine's.
+const DefaultEngineStepTokens = 8192
+
+// engineStepTokens is EngineStepTokens, 0 when unset.
+func (c *Config) engineStepTokens() int {
+	if c.EngineStepTokens == nil {
+		return 0
+	}
+	return *c.EngineStepTokens
 }
 
 const (
@@ -213,6 +235,10 @@ func (c *Config) Defaults() {
 	}
 	if c.PrefillSpeed == 0 {
 		c.PrefillSpeed = 20000
+	}
+	if c.EngineStepTokens == nil {
+		n := DefaultEngineStepTokens
+		c.EngineStepTokens = &n
 	}
 	if c.HTTP.MaxBodyBytes == 0 {
 		c.HTTP.MaxBodyBytes = defaultBodyBytes
@@ -270,6 +296,7 @@ func (c *Config) Validate() error {
 		l.MaxBodyBytes.Check("http.max_body_bytes (--max-body-bytes)", c.HTTP.MaxBodyBytes),
 		l.MaxInflight.Check("max_inflight (--max-inflight)", c.MaxInflight),
 		l.LocalPrefillTokens.Check("local_prefill_tokens (--local-prefill-tokens)", c.LocalPrefillTokens),
+		l.EngineStepTokens.Check("engine_step_tokens (--engine-step-tokens)", c.engineStepTokens()),
 		l.UpstreamTimeout.Check("upstream_timeout (--upstream-timeout)", c.UpstreamTimeout),
 		l.ConnectTimeout.Check("connect_timeout (--connect-timeout)", c.ConnectTimeout),
 		l.HoldMin.Check("hold.min_slos", c.Hold.Min),

@@ -330,7 +330,8 @@ func (g *Gateway) refresh() {
 			if speed == 0 {
 				speed = g.cfg.PrefillSpeed
 			}
-			infos[i] = load.Info{Name: m.ep.Name, Role: m.ep.Role, PrefillSpeed: speed, Decode: decodeStep(g.cfg.Predictor)}
+			infos[i] = load.Info{Name: m.ep.Name, Role: m.ep.Role, PrefillSpeed: speed, Decode: decodeStep(g.cfg.Predictor),
+				StepTokens: g.cfg.engineStepTokens()}
 		}
 		mf := g.models[name]
 		if mf == nil {

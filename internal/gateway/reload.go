@@ -40,6 +40,7 @@ func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 		{"block_size", cur.BlockSize, next.BlockSize}, {"tokenizers", cur.Tokenizers, next.Tokenizers},
 		{"bind_events", cur.BindEvents, next.BindEvents}, {"bind_events_ranks", cur.BindEventsRanks, next.BindEventsRanks}, {"http", cur.HTTP, next.HTTP},
 		{"max_inflight", cur.MaxInflight, next.MaxInflight}, {"prefill_speed", cur.PrefillSpeed, next.PrefillSpeed},
+		{"engine_step_tokens", cur.engineStepTokens(), next.engineStepTokens()},
 		{"hold.max_requests", cur.Hold.MaxRequests, next.Hold.MaxRequests},
 	} {
 		if !reflect.DeepEqual(f.a, f.b) {

@@ -76,6 +76,10 @@ type Info struct {
 	// Decode is the analytic decode step, the prior of a learned TPOT
 	// (zero: DecodeTPOT is not predicted from the fleet's state).
 	Decode predict.DecodeStep
+	// StepTokens is the endpoint's chunked-prefill step budget (vLLM's
+	// --max-num-batched-tokens; 0: unknown), from which Snapshot tells
+	// the last step of its queue (sched.Endpoint.TailRoom).
+	StepTokens int
 }
 
 // Endpoint is one endpoint's in-flight state. Its fields are guarded by
@@ -96,10 +100,14 @@ type Endpoint struct {
 	lastPicked float64
 	convs      float64 // conversations opened here, decayed to convsAt
 	convsAt    float64
-	lastDone   float64       // the last prefill's end
-	win        busyWindow    // with batching engines: the open busy window
-	model      predict.Model // nil: no predictor
-	dmodel     predict.DecodeModel
+	lastDone   float64 // the last prefill's end
+	// With Info.StepTokens: the flight whose last chunk ends the queue's
+	// last step, and the tokens that step holds.
+	tail   *Flight
+	phase  int
+	win    busyWindow    // with batching engines: the open busy window
+	model  predict.Model // nil: no predictor
+	dmodel predict.DecodeModel
 	// ctx is the prompt tokens of the sequences in flight that decode
 	// here.
 	ctx int
@@ -129,10 +137,18 @@ type Flight struct {
 	x               predict.Features
 	compute         float64 // predicted compute seconds
 	ttft            float64 // predicted at routing
-	prefilled       bool
-	inbound         bool // counted in its decode endpoint's inbound
-	finished        bool
-	prompt          int
+	// With Info.StepTokens: when the step holding its last chunk is
+	// predicted to start, the tokens that step has free, and the earliest
+	// deadline among the requests whose first tokens that step brings and
+	// that are predicted on time (0: none).
+	lastStart float64
+	room      int
+	atRisk    float64
+	deadline  float64
+	prefilled bool
+	inbound   bool // counted in its decode endpoint's inbound
+	finished  bool
+	prompt    int
 	// The decode prediction for the endpoint that decodes it.
 	dx    predict.DecodeFeatures
 	dpred float64
@@ -171,6 +187,9 @@ type Work struct {
 	// (sched.Request.OpensConversation), counted in the endpoint's
 	// Conversations.
 	OpensConversation bool
+	// Deadline is when its first token is due (the caller's clock:
+	// arrival + TTFT SLO); 0: none.
+	Deadline float64
 }
 
 // ConversationMemory is how long (seconds, the time constant of an
@@ -441,6 +460,9 @@ func (e *Endpoint) fill(now float64, d *sched.Endpoint) {
 		LastPicked:          e.lastPicked,
 		Conversations:       e.conversations(now),
 	}
+	if t := e.tail; t != nil && !t.prefilled && t.room > 0 && t.atRisk > 0 && now <= t.lastStart {
+		d.TailRoom, d.TailSlack = t.room, t.atRisk-t.done
+	}
 }
 
 // NextIdle is the earliest time after now at which a prefilling
@@ -496,6 +518,8 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	e.busy = start + fl.compute
 	fl.done = e.busy
 	fl.ttft = fl.done - now
+	fl.deadline = max(w.Deadline, 0)
+	e.steps(fl, start > now)
 	e.queue = append(e.queue, fl)
 	e.uncached += fl.uncached
 	e.ublocks += fl.ublocks
@@ -510,6 +534,50 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 		}
 	}
 	return fl
+}
+
+// steps places flight fl, just queued on e (behind other prefills if
+// queued), into e's chunked-prefill steps (Info.StepTokens): the engine
+// runs its queue in steps of at most StepTokens tokens, first come first
+// served, so a prompt's last chunk shares its step with the first chunk
+// of the prompt queued behind it, if that one arrives before the step
+// begins, and its first token waits for that chunk too. The queue's last
+// step is the tail's: when it is predicted to begin, the tokens it has
+// free, and the earliest on-time deadline among the requests it ends.
+func (e *Endpoint) steps(fl *Flight, queued bool) {
+	b := e.info.StepTokens
+	if b <= 0 || fl.uncached <= 0 {
+		return
+	}
+	prev := e.tail
+	if !queued || prev == nil || prev.prefilled {
+		e.phase, prev = 0, nil
+	}
+	total := e.phase + fl.uncached
+	last := total % b
+	if last == 0 {
+		last = b
+	}
+	fl.room = b - last
+	perToken := fl.compute / float64(fl.uncached)
+	fl.lastStart = fl.done - float64(min(last, fl.uncached))*perToken
+	onTime := func(deadline float64) float64 {
+		if deadline > 0 && deadline >= fl.done {
+			return deadline
+		}
+		return 0
+	}
+	fl.atRisk = onTime(fl.deadline)
+	if prev != nil && total <= b {
+		// The whole prompt joins the step its predecessor ends: that step
+		// brings both first tokens.
+		fl.lastStart = prev.lastStart
+		if r := onTime(prev.atRisk); r > 0 && (fl.atRisk == 0 || r < fl.atRisk) {
+			fl.atRisk = r
+		}
+	}
+	e.phase = total % b
+	e.tail = fl
 }
 
 // Decode records that the flight's sequence decodes on d (disaggregated
@@ -685,6 +753,7 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 		e.busy += d
 		for _, q := range e.queue[e.head:] {
 			q.done += d
+			q.lastStart += d
 		}
 	}
 	if e.head > 1024 && e.head*2 > len(e.queue) {

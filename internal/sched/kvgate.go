@@ -154,6 +154,14 @@ func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, pr pricing) (cost float
 	}
 	ttft := e.QueueWait + compute
 	fits = req.SLO.TTFT <= 0 || ttft <= p.o.KVGateFit*req.SLO.TTFT
+	if fits && e.TailRoom > 0 && u > 0 && e.PrefillSpeed > 0 && float64(min(e.TailRoom, u))/e.PrefillSpeed > e.TailSlack {
+		// Its first chunk would share the step that ends e's queue and
+		// push a first token due in that step past its SLO: a request
+		// already admitted would be lost for this one. As a wasteful
+		// endpoint, never chosen while another remains: if none fits,
+		// the new request is the one lost.
+		return math.Inf(1), false, compute
+	}
 	if fits && pr.wasteful(compute) {
 		// Under pressure, not worth its recompute: never chosen while an
 		// endpoint that fits or one that is lost remains (one that

@@ -181,6 +181,39 @@ func TestKVGatePricesFleetCompute(t *testing.T) {
 	}
 }
 
+// TestKVGateSparesTheQueuedTail: an endpoint whose queue ends in a
+// chunked-prefill step with room (TailRoom) is passed over when the
+// request's first chunk there would push a first token that step brings
+// past its SLO (TailSlack), while another endpoint fits. a holds 6 000 of
+// the 6 400 tokens (0.04 s of compute, 0.3 s queued), b nothing (0.64 s,
+// idle); a's tail step has 4 000 tokens free, so the request's 400
+// uncached tokens would delay it 0.04 s.
+func TestKVGateSparesTheQueuedTail(t *testing.T) {
+	p := mustNew(t, "kvgate", Options{})
+	for _, tc := range []struct {
+		room  int
+		slack float64
+		want  int
+	}{
+		{0, 0, 0},       // no step to share: the holder
+		{4000, 0.5, 0},  // the tail can take the delay
+		{4000, 0.01, 1}, // it cannot: the idle endpoint
+		{200, 0.015, 1}, // a 200-token chunk still costs 0.02 s
+		{100, 0.015, 0}, // a 100-token one 0.01 s
+	} {
+		s := snapOf(Endpoint{CachedTokens: 6000, QueueWait: 0.3, TailRoom: tc.room, TailSlack: tc.slack}, Endpoint{})
+		if got := pick(p, req(6400), s); got != tc.want {
+			t.Errorf("tail room %d slack %v: picked %d, want %d", tc.room, tc.slack, got, tc.want)
+		}
+	}
+	// With nothing else fitting, the request admitted before keeps its
+	// SLO: the new one is lost (rejected, with early rejection).
+	s := snapOf(Endpoint{CachedTokens: 6000, QueueWait: 0.3, TailRoom: 4000, TailSlack: 0.01}, Endpoint{QueueWait: 1.9})
+	if d := (&Scheduler{Policy: p, EarlyReject: true}).Decide(req(6400), s); d.Admit {
+		t.Errorf("no other endpoint fits: admitted on %d, want rejected", d.Prefill)
+	}
+}
+
 // TestKVGateSpreadsAfterIdleRejection: a rejection for the load while an
 // endpoint stood idle (Snapshot.SinceIdleRejection) says the compute was
 // there but the request's prefix was cached only on busy endpoints: for

@@ -101,6 +101,15 @@ type Endpoint struct {
 	// the queue wait is trusted (where each prefill is observed, its
 	// errors are its own and a queue's sum is the more accurate).
 	QueueSlack float64
+	// TailRoom and TailSlack describe the chunked-prefill step that ends
+	// the endpoint's queue (load.Info.StepTokens), if a request routed
+	// now would share it: the tokens it has free (0: none, or no request
+	// there to protect), which the new prompt's first chunk would fill,
+	// and how many seconds the first tokens that step brings may slip
+	// before the earliest of them misses its SLO. Sharing the step
+	// delays them by that chunk's compute.
+	TailRoom  int
+	TailSlack float64
 	// LastPicked is when this endpoint was last chosen (clock seconds), for
 	// LRU-style scorers; negative if never.
 	LastPicked float64

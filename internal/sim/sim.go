@@ -247,6 +247,11 @@ func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
 	infos := make([]load.Info, n+cfg.Decode)
 	for i := range infos {
 		infos[i] = load.Info{Name: fmt.Sprintf("p%d", i), Role: role, PrefillSpeed: cfg.Model.PrefillTokensPerSec}
+		if cfg.Truth != nil {
+			// The router is told the engines' step budget, as kvgate
+			// serve's engine_step_tokens tells it.
+			infos[i].StepTokens = cfg.Truth.StepTokens
+		}
 		if i >= n {
 			infos[i] = load.Info{Name: fmt.Sprintf("d%d", i-n), Role: fleet.RoleDecode}
 		}
@@ -412,7 +417,7 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 	}
 	unc := q.PromptTokens - hit
 	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, Cached: hit, UncachedBlocks: len(q.Keys) - hitBlocks,
-		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc), OpensConversation: r.opens[ri]})
+		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc), OpensConversation: r.opens[ri], Deadline: r.deadline(ri)})
 	done := r.load.PredictedPrefillEnd(fl)
 	if r.truth != nil {
 		done = r.truth.route(r.load, fl, ri, i, unc, hit, t, r.snap.Endpoints[i].FreeAt)
@@ -437,6 +442,14 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 		r.dec.join(done+r.cfg.Model.TransferTime(q.PromptTokens), dj, ri, q.PromptTokens, q.OutputTokens)
 	}
 	return nil
+}
+
+// deadline is when request ri's first token is due (0: no TTFT SLO).
+func (r *run) deadline(ri int) float64 {
+	if s := r.slo[ri].TTFT; s > 0 {
+		return r.tr.Requests[ri].Arrival + s
+	}
+	return 0
 }
 
 // fillCapacity sets the snapshot's KV fields: prefix-cache occupancy on
