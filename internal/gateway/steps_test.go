@@ -34,7 +34,9 @@ func TestQueueTailStepFromConfig(t *testing.T) {
 		}
 		g, url, _ := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 		done := make(chan result, 1)
-		go func() { done <- post(t, url+"/v1/completions", tokenPrompt(40, 400, true), map[string]string{"X-Hold": "headers"}) }()
+		go func() {
+			done <- post(t, url+"/v1/completions", tokenPrompt(40, 400, true), map[string]string{"X-Hold": "headers"})
+		}()
 		select {
 		case <-inUpstream:
 		case r := <-done:
