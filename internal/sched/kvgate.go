@@ -31,6 +31,11 @@ func (*kvgatePolicy) Name() string { return "kvgate" }
 // HoldsLost: kvgate holds at the router what fits nowhere (hold.go).
 func (*kvgatePolicy) HoldsLost() bool { return true }
 
+// tailPenalty ranks an endpoint where a request would make a queued one
+// late after every endpoint where it would not (costs are seconds, and
+// λ·compute stays far below it).
+const tailPenalty = 1e9
+
 // pressurePrice is λ while the fleet is compute-bound: a second of
 // compute outweighs any latency within the SLO, so among the endpoints
 // that fit the one that computes least wins (ties by TTFT).
@@ -154,14 +159,6 @@ func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, pr pricing) (cost float
 	}
 	ttft := e.QueueWait + compute
 	fits = req.SLO.TTFT <= 0 || ttft <= p.o.KVGateFit*req.SLO.TTFT
-	if fits && e.TailRoom > 0 && u > 0 && e.PrefillSpeed > 0 && float64(min(e.TailRoom, u))/e.PrefillSpeed > e.TailSlack {
-		// Its first chunk would share the step that ends e's queue and
-		// push a first token due in that step past its SLO: a request
-		// already admitted would be lost for this one. As a wasteful
-		// endpoint, never chosen while another remains: if none fits,
-		// the new request is the one lost.
-		return math.Inf(1), false, compute
-	}
 	if fits && pr.wasteful(compute) {
 		// Under pressure, not worth its recompute: never chosen while an
 		// endpoint that fits or one that is lost remains (one that
@@ -176,7 +173,15 @@ func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, pr pricing) (cost float
 		// past it.
 		return -e.QueueWait + lostComputeWeight*compute, false, compute
 	}
-	return ttft + float64(u)*pr.perToken, true, compute
+	cost = ttft + float64(u)*pr.perToken
+	if e.TailRoom > 0 && u > 0 && e.PrefillSpeed > 0 && float64(min(e.TailRoom, u))/e.PrefillSpeed > e.TailSlack {
+		// Its first chunk would share the step that ends e's queue and
+		// push a first token due in that step past its SLO: a request
+		// already admitted would be lost for this one. Chosen only if no
+		// other endpoint fits, when it is one request for the other.
+		cost += tailPenalty
+	}
+	return cost, true, compute
 }
 
 // fleetPrice is λ times the compute req takes on e valued at the fleet's

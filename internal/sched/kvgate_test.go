@@ -206,11 +206,15 @@ func TestKVGateSparesTheQueuedTail(t *testing.T) {
 			t.Errorf("tail room %d slack %v: picked %d, want %d", tc.room, tc.slack, got, tc.want)
 		}
 	}
-	// With nothing else fitting, the request admitted before keeps its
-	// SLO: the new one is lost (rejected, with early rejection).
-	s := snapOf(Endpoint{CachedTokens: 6000, QueueWait: 0.3, TailRoom: 4000, TailSlack: 0.01}, Endpoint{QueueWait: 1.9})
-	if d := (&Scheduler{Policy: p, EarlyReject: true}).Decide(req(6400), s); d.Admit {
-		t.Errorf("no other endpoint fits: admitted on %d, want rejected", d.Prefill)
+	// With nothing else fitting it is one request for the other, and the
+	// new one is served where it fits (a rejected turn of a conversation
+	// comes back with more to compute), under pressure too.
+	for _, since := range []float64{0, 1} {
+		s := snapOf(Endpoint{CachedTokens: 6000, QueueWait: 0.3, TailRoom: 4000, TailSlack: 0.01}, Endpoint{QueueWait: 1.9})
+		s.SinceLoadRejection = since
+		if d := (&Scheduler{Policy: p, EarlyReject: true}).Decide(req(6400), s); !d.Admit || d.Prefill != 0 {
+			t.Errorf("no other endpoint fits (last rejection for the load %v s ago): admit %v on %d, want the holder", since, d.Admit, d.Prefill)
+		}
 	}
 }
 
