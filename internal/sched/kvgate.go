@@ -10,12 +10,16 @@ import "math"
 //
 // where q_i is its predicted queue wait, u_i the uncached tokens it would
 // compute, s_i its prefill speed and s̄ the fleet's mean: the predicted
-// TTFT plus λ times the compute the choice consumes. λ is the shadow price of compute, derived
-// from how full the fleet's queues are measured against the SLO: idle fleet
-// λ ≈ 0 (minimise TTFT), fleet queues near the SLO λ large (save compute:
-// keep affinity), a fleet rejecting requests for the load λ = 1000
-// (compute first). Only endpoints whose predicted TTFT fits the SLO compete
-// when any does; a request that fits nowhere goes down the longest queue.
+// TTFT plus λ times the compute the choice consumes (fleetPrice). λ is
+// the shadow price of compute, derived from how full the fleet's queues
+// are measured against the SLO: idle fleet λ ≈ 0 (minimise TTFT), fleet
+// queues near the SLO λ large (save compute: keep affinity), a fleet
+// rejecting requests for the load λ = 1000 (compute first). Only
+// endpoints whose predicted TTFT fits the SLO compete when any does; a
+// request that fits nowhere goes down the longest queue. An endpoint
+// where the request would make the request queued last there late
+// (Endpoint.TailRoom: chunked-prefill engines) ranks after every other
+// that fits.
 type kvgatePolicy struct {
 	o Options
 }
@@ -173,7 +177,7 @@ func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, pr pricing) (cost float
 		// past it.
 		return -e.QueueWait + lostComputeWeight*compute, false, compute
 	}
-	cost = ttft + float64(u)*pr.perToken
+	cost = ttft + pr.fleetPrice(u)
 	if e.TailRoom > 0 && u > 0 && e.PrefillSpeed > 0 && float64(min(e.TailRoom, u))/e.PrefillSpeed > e.TailSlack {
 		// Its first chunk would share the step that ends e's queue and
 		// push a first token due in that step past its SLO: a request
@@ -184,17 +188,16 @@ func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, pr pricing) (cost float
 	return cost, true, compute
 }
 
-// fleetPrice is λ times the compute req takes on e valued at the fleet's
-// mean speed: its uncached tokens times pr.perToken (costOf inlines it).
-// λ prices the
-// fleet's compute, which a request's tokens consume wherever they are
-// computed; valued at e's own predicted speed instead, a learned speed's
-// noise of a percent, times λ = 1000 under pressure, outweighs any
-// queue, and every new conversation goes to whichever endpoint is
+// fleetPrice is λ times the compute of u uncached tokens valued at the
+// fleet's mean speed (u times pr.perToken). λ prices the fleet's
+// compute, which a request's tokens consume wherever they are computed;
+// valued at each endpoint's own predicted speed instead, a learned
+// speed's noise of a percent, times λ = 1000 under pressure, outweighs
+// any queue, and every new conversation goes to whichever endpoint is
 // believed fastest, however long its queue (docs/policies.md). An
 // endpoint's own speed still counts in its TTFT.
-func (pr pricing) fleetPrice(req *Request, e *Endpoint) float64 {
-	return float64(Uncached(req, e)) * pr.perToken
+func (pr pricing) fleetPrice(u int) float64 {
+	return float64(u) * pr.perToken
 }
 
 // Costs implements CostReporter: endpoints whose TTFT fits the SLO cost
@@ -340,7 +343,7 @@ func (p *kvgatePolicy) PickOverdue(req *Request, s *Snapshot) int {
 	best, bc := -1, math.Inf(1)
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		c := e.QueueWait + computeSeconds(req, e) + pr.fleetPrice(req, e)
+		c := e.QueueWait + computeSeconds(req, e) + pr.fleetPrice(Uncached(req, e))
 		if best < 0 || c < bc || (c == bc && kvgateTie(s, i, best)) {
 			best, bc = i, c
 		}
