@@ -116,7 +116,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
 	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
 	flagrange.Var(fl, &f.decodeKVTokens, "decode-kv-tokens", sl.decodeKVTokens, "KV capacity of each decode instance in tokens")
-	flagrange.Var(fl, &f.engineSteps, "engine-steps", sl.engineSteps, "prefill instances run chunked prefill in steps of this many tokens (vLLM's --max-num-batched-tokens; kvgate engine's default is 8192): a prompt's last chunk shares its step with the next queued prompt's first chunk, whose compute delays its first token; the router then predicts as kvgate serve does (the learned predictor, from busy windows); not with --decode-instances")
+	flagrange.Var(fl, &f.engineSteps, "engine-steps", sl.engineSteps, "prefill instances run chunked prefill in steps of this many tokens (vLLM's --max-num-batched-tokens; kvgate engine's default is 8192): a prompt's last chunk shares its step with the next queued prompt's first chunk, whose compute delays its first token; the router is told the budget and, outside --scenario heterogeneous (whose --predictors and --observe stay), predicts as kvgate serve does (the learned predictor, from busy windows); not with --decode-instances")
 	lp := workload.LongPrompts(longPromptRate)
 	flagrange.Var(fl, &f.systems, "systems", wl.Systems, "chat: system prompts")
 	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, fmt.Sprintf("chat: conversations; long-prompts: conversation slots (default %d)", lp.Sessions))

@@ -144,7 +144,6 @@ type Flight struct {
 	lastStart float64
 	room      int
 	atRisk    float64
-	deadline  float64
 	prefilled bool
 	inbound   bool // counted in its decode endpoint's inbound
 	finished  bool
@@ -518,8 +517,7 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	e.busy = start + fl.compute
 	fl.done = e.busy
 	fl.ttft = fl.done - now
-	fl.deadline = max(w.Deadline, 0)
-	e.steps(fl, start > now)
+	e.steps(fl, start > now, w.Deadline)
 	e.queue = append(e.queue, fl)
 	e.uncached += fl.uncached
 	e.ublocks += fl.ublocks
@@ -537,14 +535,15 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 }
 
 // steps places flight fl, just queued on e (behind other prefills if
-// queued), into e's chunked-prefill steps (Info.StepTokens): the engine
+// queued) and due at deadline (0: none), into e's chunked-prefill steps
+// (Info.StepTokens): the engine
 // runs its queue in steps of at most StepTokens tokens, first come first
 // served, so a prompt's last chunk shares its step with the first chunk
 // of the prompt queued behind it, if that one arrives before the step
 // begins, and its first token waits for that chunk too. The queue's last
 // step is the tail's: when it is predicted to begin, the tokens it has
 // free, and the earliest on-time deadline among the requests it ends.
-func (e *Endpoint) steps(fl *Flight, queued bool) {
+func (e *Endpoint) steps(fl *Flight, queued bool, deadline float64) {
 	b := e.info.StepTokens
 	if b <= 0 || fl.uncached <= 0 {
 		return
@@ -567,7 +566,7 @@ func (e *Endpoint) steps(fl *Flight, queued bool) {
 		}
 		return 0
 	}
-	fl.atRisk = onTime(fl.deadline)
+	fl.atRisk = onTime(deadline)
 	if prev != nil && total <= b {
 		// The whole prompt joins the step its predecessor ends: that step
 		// brings both first tokens.
