@@ -94,8 +94,8 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 		holdMin: sched.DefaultHoldMin, holdBacklog: sched.DefaultHoldBacklog, holdMax: sched.DefaultHoldMax,
 		holdSlack: sched.DefaultHoldSlack, holdQuiet: sched.DefaultHoldQuiet}
 	fs.StringVar(&f.scenario, "scenario", "", "preset: seed-routing (the baseline chapter's routing experiment: 8 instances, 40 and 70 req/s, every policy with and without early rejection); heterogeneous (instances of hidden, unequal, non-linear speeds, one slowing mid-run; the kvgate policy with each predictor, see docs/predictor.md); sweep (--seeds random shapes: fleet, cache, workload, SLO and load drawn by seed, every policy, then a ranking; see docs/sim.md)")
-	fs.StringVar(&f.predictors, "predictors", f.predictors, "heterogeneous: comma-separated predictors, or all: "+strings.Join(sim.Predictors, ", "))
-	fs.StringVar(&f.observe, "observe", "first-token", "heterogeneous: what the learned predictor learns from: first-token (each first token, exact on the simulator's FIFO engines) or windows (busy windows, as the gateway does in front of batching engines; docs/predictor.md)")
+	fs.StringVar(&f.predictors, "predictors", f.predictors, "heterogeneous or --engine-steps: comma-separated predictors, or all: "+strings.Join(sim.Predictors, ", "))
+	fs.StringVar(&f.observe, "observe", "first-token", "heterogeneous or --engine-steps (default there: windows): what the learned predictor learns from: first-token (each first token, exact on the simulator's FIFO engines) or windows (busy windows, as the gateway does in front of batching engines; docs/predictor.md)")
 	flagrange.Var(fl, &f.spread, "spread", sl.spread, "heterogeneous: how many times faster the fast half of the instances is than the slow half")
 	flagrange.Var(fl, &f.noise, "noise", sl.noise, "heterogeneous: lognormal sigma of each prefill's time")
 	flagrange.Var(fl, &f.driftFactor, "drift-factor", sl.driftFactor, "heterogeneous: instance p0 runs at this times its speed from mid-run on (1: no drift)")
@@ -116,7 +116,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
 	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
 	flagrange.Var(fl, &f.decodeKVTokens, "decode-kv-tokens", sl.decodeKVTokens, "KV capacity of each decode instance in tokens")
-	flagrange.Var(fl, &f.engineSteps, "engine-steps", sl.engineSteps, "prefill instances run chunked prefill in steps of this many tokens (vLLM's --max-num-batched-tokens; kvgate engine's default is 8192): a prompt's last chunk shares its step with the next queued prompt's first chunk, whose compute delays its first token; the router is told the budget and, outside --scenario heterogeneous (whose --predictors and --observe stay), predicts as kvgate serve does (the learned predictor, from busy windows); not with --decode-instances")
+	flagrange.Var(fl, &f.engineSteps, "engine-steps", sl.engineSteps, "prefill instances run chunked prefill in steps of this many tokens (vLLM's --max-num-batched-tokens; kvgate engine's default is 8192): a prompt's last chunk shares its step with the next queued prompt's first chunk, whose compute delays its first token; the router is told the budget and, outside --scenario heterogeneous (whose --predictors and --observe stay), predicts as kvgate serve does (the learned predictor, from busy windows) unless --predictors or --observe say; not with --decode-instances")
 	lp := workload.LongPrompts(longPromptRate)
 	flagrange.Var(fl, &f.systems, "systems", wl.Systems, "chat: system prompts")
 	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, fmt.Sprintf("chat: conversations; long-prompts: conversation slots (default %d)", lp.Sessions))
@@ -262,7 +262,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("unknown scenario %q (known: seed-routing, heterogeneous, sweep)", f.scenario)
 	}
 	if f.scenario != "heterogeneous" {
-		if err := heteroOnly(fs); err != nil {
+		if err := heteroOnly(fs, f.engineSteps > 0); err != nil {
 			return err
 		}
 	}
@@ -317,8 +317,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	case f.engineSteps > 0:
 		cfg.Truth = sim.Chunked(f.instances, f.prefillSpeed, f.engineSteps)
-		cfg.BatchingEngines = true
-		predictors = []string{"learned"}
+		if predictors, cfg.BatchingEngines, err = stepsPredictors(fs, &f); err != nil {
+			return err
+		}
 	}
 
 	specs, err := traceSpecs(ctx, &f, cfg)
@@ -728,17 +729,26 @@ func printTable(w io.Writer, rs []sim.Result) error {
 }
 
 // heteroOnly rejects the heterogeneous scenario's flags given without it
-// (they would be ignored).
-func heteroOnly(fs *flag.FlagSet) error {
+// (they would be ignored); with a truth of chunked steps (--engine-steps)
+// --predictors and --observe apply too.
+func heteroOnly(fs *flag.FlagSet, steps bool) error {
 	var set []string
 	fs.Visit(func(fl *flag.Flag) {
 		switch fl.Name {
-		case "predictors", "observe", "spread", "noise", "drift-factor":
+		case "predictors", "observe":
+			if !steps {
+				set = append(set, "--"+fl.Name)
+			}
+		case "spread", "noise", "drift-factor":
 			set = append(set, "--"+fl.Name)
 		}
 	})
 	if len(set) > 0 {
-		return fmt.Errorf("%s: only with --scenario heterogeneous", strings.Join(set, ", "))
+		hint := ""
+		if !steps {
+			hint = " (--predictors and --observe also with --engine-steps)"
+		}
+		return fmt.Errorf("%s: only with --scenario heterogeneous%s", strings.Join(set, ", "), hint)
 	}
 	return nil
 }
@@ -757,11 +767,38 @@ func heteroScenario(fs *flag.FlagSet, f *simFlags) ([]string, error) {
 	if f.observe != "first-token" && f.observe != "windows" {
 		return nil, fmt.Errorf("--observe must be first-token or windows, got %q", f.observe)
 	}
-	if f.predictors == "all" {
+	return parsePredictors(f.predictors)
+}
+
+// stepsPredictors is the predictors and the learning of a run with
+// --engine-steps outside the heterogeneous scenario: as kvgate serve
+// (learned, from busy windows) unless --predictors or --observe say.
+func stepsPredictors(fs *flag.FlagSet, f *simFlags) ([]string, bool, error) {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	preds, windows := []string{"learned"}, true
+	if set["predictors"] {
+		var err error
+		if preds, err = parsePredictors(f.predictors); err != nil {
+			return nil, false, err
+		}
+	}
+	if set["observe"] {
+		if f.observe != "first-token" && f.observe != "windows" {
+			return nil, false, fmt.Errorf("--observe must be first-token or windows, got %q", f.observe)
+		}
+		windows = f.observe == "windows"
+	}
+	return preds, windows, nil
+}
+
+// parsePredictors reads --predictors: all, or a comma-separated list.
+func parsePredictors(list string) ([]string, error) {
+	if list == "all" {
 		return sim.Predictors, nil
 	}
 	var out []string
-	for _, p := range strings.Split(f.predictors, ",") {
+	for _, p := range strings.Split(list, ",") {
 		p = strings.TrimSpace(p)
 		if !slices.Contains(sim.Predictors, p) {
 			return nil, fmt.Errorf("unknown predictor %q (known: %s)", p, strings.Join(sim.Predictors, ", "))

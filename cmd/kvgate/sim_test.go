@@ -131,6 +131,11 @@ func TestSimEngineSteps(t *testing.T) {
 	if s, f := steps["ttft_p50"].(float64), fifo["ttft_p50"].(float64); s <= f {
 		t.Errorf("TTFT p50 %v with 8192-token steps, %v prefilling whole prompts: want later", s, f)
 	}
+	// --predictors and --observe choose otherwise.
+	runs := simJSON(t, append(args, "--engine-steps", "8192", "--predictors", "analytic,learned", "--observe", "first-token")...).Runs
+	if len(runs) != 2 || runs[0]["predictor"] != "analytic" || runs[1]["predictor"] != "learned" {
+		t.Fatalf("--predictors analytic,learned with steps: %d runs, %v", len(runs), runs)
+	}
 }
 
 func TestSimBadInput(t *testing.T) {
@@ -152,6 +157,10 @@ func TestSimBadInput(t *testing.T) {
 		{[]string{"--engine-steps", "-1"}, "--engine-steps must be"},
 		{[]string{"--engine-steps", "8192", "--decode-instances", "2"}, "--engine-steps models aggregated instances"},
 		{[]string{"--scenario", "sweep", "--engine-steps", "8192"}, "--engine-steps"},
+		{[]string{"--predictors", "learned"}, "also with --engine-steps"},
+		{[]string{"--engine-steps", "8192", "--predictors", "psychic"}, "unknown predictor"},
+		{[]string{"--engine-steps", "8192", "--observe", "sometimes"}, "--observe must be"},
+		{[]string{"--engine-steps", "8192", "--spread", "2"}, "--spread: only with --scenario heterogeneous"},
 		{[]string{"extra"}, "unexpected arguments"},
 	}
 	for _, tt := range tests {
