@@ -266,6 +266,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 	}
+	if f.observe != "first-token" && f.observe != "windows" {
+		return fmt.Errorf("--observe must be first-token or windows, got %q", f.observe)
+	}
 	if f.format != "table" && f.format != "json" {
 		return fmt.Errorf("unknown format %q (table or json)", f.format)
 	}
@@ -764,9 +767,6 @@ func heteroScenario(fs *flag.FlagSet, f *simFlags) ([]string, error) {
 	if f.trace != "" {
 		return nil, fmt.Errorf("--scenario heterogeneous runs generated workloads (no --trace)")
 	}
-	if f.observe != "first-token" && f.observe != "windows" {
-		return nil, fmt.Errorf("--observe must be first-token or windows, got %q", f.observe)
-	}
 	return parsePredictors(f.predictors)
 }
 
@@ -784,9 +784,6 @@ func stepsPredictors(fs *flag.FlagSet, f *simFlags) ([]string, bool, error) {
 		}
 	}
 	if set["observe"] {
-		if f.observe != "first-token" && f.observe != "windows" {
-			return nil, false, fmt.Errorf("--observe must be first-token or windows, got %q", f.observe)
-		}
 		windows = f.observe == "windows"
 	}
 	return preds, windows, nil

@@ -280,13 +280,12 @@ func (e *upstreamError) Unwrap() error { return e.err }
 // route records in the load accounting that rt goes where p says.
 func (g *Gateway) route(rt *routed, p *plan) *load.Flight {
 	uncached := max(rt.promptN-p.dec.CachedTokens, 0)
-	now := g.clock()
 	var deadline float64
 	if s := p.dec.SLO.TTFT; s > 0 {
 		// On the fleet's clock: the arrival, plus the SLO.
-		deadline = max(now-g.now().Sub(rt.arrival).Seconds(), 0) + s
+		deadline = max(rt.arrival.Sub(g.start).Seconds(), 0) + s
 	}
-	return p.mf.load.Route(p.pEP, now, load.Work{Uncached: uncached, Cached: min(p.dec.CachedTokens, rt.promptN),
+	return p.mf.load.Route(p.pEP, g.clock(), load.Work{Uncached: uncached, Cached: min(p.dec.CachedTokens, rt.promptN),
 		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
 		Keys:           rt.prep.Keys, OpensConversation: rt.opens, Deadline: deadline}) // the fleet's predictor times the prefill
 }
