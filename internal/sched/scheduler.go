@@ -92,11 +92,15 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 	if sc.Hold && sc.hold(&req, cand, &d) {
 		return d
 	}
-	p := -1
-	if len(cand.Endpoints) > 0 {
-		p = sc.Policy.Pick(&req, cand)
+	p := pickIn(sc.Policy, &req, cand)
+	if p >= 0 && cand.Endpoints[p].Role == fleet.RolePrefill && !decodes(s) {
+		// A prefill-only endpoint with nothing to decode what it prefills
+		// (a fleet whose roles are changing): the endpoints that serve a
+		// request alone are the candidates.
+		cand = candidates(s, v, func(e *Endpoint) bool { return e.Role == fleet.RoleBoth })
+		p = pickIn(sc.Policy, &req, cand)
 	}
-	if p < 0 || p >= len(cand.Endpoints) {
+	if p < 0 {
 		d.Reason = "no endpoint can serve the prompt"
 		return d
 	}
@@ -204,6 +208,28 @@ func (sc *Scheduler) costs(req *Request, s, cand *Snapshot, v *view) []float64 {
 		}
 	}
 	return out
+}
+
+// pickIn is pol's choice among cand's endpoints (-1: none, or an answer
+// out of range).
+func pickIn(pol Policy, req *Request, cand *Snapshot) int {
+	if len(cand.Endpoints) == 0 {
+		return -1
+	}
+	if p := pol.Pick(req, cand); p >= 0 && p < len(cand.Endpoints) {
+		return p
+	}
+	return -1
+}
+
+// decodes: some endpoint of s is decode-only.
+func decodes(s *Snapshot) bool {
+	for i := range s.Endpoints {
+		if s.Endpoints[i].Role == fleet.RoleDecode {
+			return true
+		}
+	}
+	return false
 }
 
 // candidates returns s itself when every endpoint passes keep (no copy),

@@ -170,3 +170,23 @@ func TestPessimisticRejectionFallsBack(t *testing.T) {
 		t.Errorf("predicted 2.1 s on the chosen endpoint was admitted elsewhere: %+v", d)
 	}
 }
+
+// TestPrefillOnlyWithoutDecoder: in a fleet whose roles are changing, a
+// prefill-only endpoint with no decode-only endpoint to hand its requests
+// to is passed over for one that serves them alone, however much better
+// it looks (it holds the whole prompt); with a decoder it is chosen.
+func TestPrefillOnlyWithoutDecoder(t *testing.T) {
+	for _, name := range []string{"kvgate", "cache-only", "llmd-token-aware"} {
+		s := snapOf(Endpoint{Role: fleet.RolePrefill, CachedTokens: 6400}, Endpoint{Role: fleet.RoleBoth, QueueWait: 0.5})
+		d := (&Scheduler{Policy: mustNew(t, name, Options{}), EarlyReject: true}).Decide(req(6400), s)
+		if !d.Admit || d.Prefill != 1 || d.Decode != -1 {
+			t.Errorf("%s without a decoder: admit %v prefill %d decode %d (%s), want the endpoint that serves alone", name, d.Admit, d.Prefill, d.Decode, d.Reason)
+		}
+		s = snapOf(Endpoint{Role: fleet.RolePrefill, CachedTokens: 6400}, Endpoint{Role: fleet.RoleBoth, QueueWait: 0.5},
+			Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 1 << 20})
+		d = (&Scheduler{Policy: mustNew(t, name, Options{}), EarlyReject: true}).Decide(req(6400), s)
+		if !d.Admit || d.Prefill != 0 || d.Decode != 2 {
+			t.Errorf("%s with a decoder: admit %v prefill %d decode %d (%s), want 0 then 2", name, d.Admit, d.Prefill, d.Decode, d.Reason)
+		}
+	}
+}
