@@ -413,13 +413,7 @@ const (
 func newPredictor(name string) (predict.Predictor, error) {
 	switch name {
 	case PredictorLearned:
-		// Shrink 1: engines batch prefills and first tokens cross a
-		// network; alike endpoints are predicted alike unless their
-		// fits differ beyond their noise (predict.Options.Shrink).
-		// NonNegative: what an endpoint observes is mostly short
-		// follow-up turns, too narrow a range to fit the non-linear
-		// terms freely (predict.Options.NonNegative).
-		return predict.NewLearned(predict.Options{Shrink: 1, NonNegative: true})
+		return predict.NewLearned(predict.LiveOptions())
 	case PredictorAnalytic:
 		return predict.NewAnalytic(predict.Options{})
 	}

@@ -47,6 +47,15 @@ type Options struct {
 	NonNegative bool
 }
 
+// LiveOptions are the learned predictor's options for endpoints that
+// are real engines, observed through busy windows of batched prefills
+// and a network (kvgate serve, and kvgate sim's engines that prefill in
+// steps): Shrink 1, alike endpoints predicted alike unless their fits
+// differ beyond their noise; NonNegative, since what such an endpoint
+// observes is mostly short follow-up turns, too narrow a range to fit
+// the non-linear terms freely.
+func LiveOptions() Options { return Options{Shrink: 1, NonNegative: true} }
+
 func (o Options) withDefaults() (Options, error) {
 	def := func(v *float64, d float64) {
 		if *v == 0 {

@@ -139,12 +139,18 @@ func newTruthRun(t *Truth, n, requests int) *truthRun {
 
 // predictor returns the predictor a run with this truth uses: "analytic"
 // (the configured speed), "learned" or "true" (an oracle that knows the
-// hidden timing, noise aside).
-func (tr *truthRun) predictor(name string, names []string, clock *float64) (predict.Predictor, error) {
+// hidden timing, noise aside). A learned predictor of engines that
+// prefill in steps, observed through busy windows (windows), is the
+// gateway's (predict.LiveOptions); otherwise the unconstrained fit, best
+// where observations are exact.
+func (tr *truthRun) predictor(name string, names []string, clock *float64, windows bool) (predict.Predictor, error) {
 	switch name {
 	case "analytic":
 		return predict.NewAnalytic(predict.Options{})
 	case "learned":
+		if windows && tr.t.StepTokens > 0 {
+			return predict.NewLearned(predict.LiveOptions())
+		}
 		return predict.NewLearned(predict.Options{})
 	case "true":
 		idx := make(map[string]int, len(names))
@@ -359,7 +365,7 @@ func (r *run) withTruth(infos []load.Info) error {
 	for i := range names {
 		names[i] = infos[i].Name
 	}
-	p, err := r.truth.predictor(name, names, &r.snap.Now)
+	p, err := r.truth.predictor(name, names, &r.snap.Now, r.cfg.BatchingEngines)
 	if err != nil {
 		return err
 	}

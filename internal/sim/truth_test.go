@@ -2,10 +2,12 @@ package sim
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/perfmodel"
+	"github.com/kvgate/kvgate/internal/predict"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/workload"
 )
@@ -185,5 +187,54 @@ func TestHeterogeneousDecodeTPOT(t *testing.T) {
 	pol, _ := sched.New("kvgate", sched.Options{})
 	if _, err := Run(context.Background(), bad, tr, &sched.Scheduler{Policy: pol}); err == nil || !strings.Contains(err.Error(), "decode factors") {
 		t.Errorf("one decode factor for two instances: error %v", err)
+	}
+}
+
+// TestStepsLearnAsTheGateway: engines that prefill in steps, observed
+// through busy windows, are predicted as kvgate serve predicts them
+// (predict.LiveOptions: no quadratic term, pooled alike endpoints), and
+// FIFO engines or exact observations keep the unconstrained fit.
+func TestStepsLearnAsTheGateway(t *testing.T) {
+	// Long prompts only, whose time grows faster than linearly: the free
+	// fit learns a quadratic term, the gateway's has none.
+	obs := make([]predict.Observation, 60)
+	for i := range obs {
+		u := 4000 + 500*(i%12)
+		k := float64(u) / 1000
+		sec := 0.05*k + 0.004*k*k
+		obs[i] = predict.Observation{X: predict.Features{Uncached: u}, Compute: sec, Predicted: sec}
+	}
+	probe := predict.Features{Uncached: 20000}
+	learnt := func(p predict.Predictor) float64 {
+		m := p.Model("e0", 20000)
+		for _, o := range obs {
+			m.Observe(o)
+		}
+		return m.Prefill(probe).Seconds
+	}
+	want := func(o predict.Options) float64 {
+		p, err := predict.NewLearned(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return learnt(p)
+	}
+	live, free := want(predict.LiveOptions()), want(predict.Options{})
+	if math.Abs(live-free) < 0.01*free {
+		t.Fatalf("the two fits predict alike (%.4f s, %.4f s): the test cannot tell them apart", live, free)
+	}
+	for _, c := range []struct {
+		steps   int
+		windows bool
+		want    float64
+	}{{8192, true, live}, {8192, false, free}, {0, true, free}} {
+		tr := newTruthRun(&Truth{Speeds: []float64{20000}, StepTokens: c.steps}, 1, 1)
+		p, err := tr.predictor("learned", []string{"e0"}, new(float64), c.windows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := learnt(p); got != c.want {
+			t.Errorf("steps %d, windows %v: predicts %.4f s, want %.4f s (live %.4f, free %.4f)", c.steps, c.windows, got, c.want, live, free)
+		}
 	}
 }
