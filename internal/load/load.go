@@ -549,7 +549,9 @@ func (e *Endpoint) steps(fl *Flight, queued bool, deadline float64) {
 		return
 	}
 	prev := e.tail
-	if !queued || prev == nil || prev.prefilled {
+	// A prompt joins the step its predecessor ends only if it is routed
+	// before that step begins: the engine fills a step when it starts it.
+	if !queued || prev == nil || prev.prefilled || fl.routed > prev.lastStart {
 		e.phase, prev = 0, nil
 	}
 	total := e.phase + fl.uncached

@@ -59,16 +59,45 @@ func TestQueueTailStepEnds(t *testing.T) {
 	_, eps := snap(f, 0, 100, nil)
 	head := f.Route(eps[0], 0, Work{Uncached: 2000, PrefillSeconds: 0.1, Deadline: 5})
 	tail := f.Route(eps[0], 0.05, Work{Uncached: 12000, PrefillSeconds: 0.6, Deadline: 0.9})
-	// The tail starts at 0.1 in the head's step (6 192 tokens there),
-	// ends at 0.7 in a step of 5 808 tokens from 0.4096 s.
+	// The head's only step began at 0, before the tail arrived, so the
+	// tail starts steps of its own at 0.1 and ends at 0.7 in a step of
+	// 3 808 tokens from 0.5096 s.
 	f.PrefillDone(head, 0.3) // 0.2 s late: the tail moves to 0.9
 	s, _ := snap(f, 0.55, 100, nil)
-	if e := s.Endpoints[0]; e.TailRoom != 2384 || math.Abs(e.TailSlack) > 1e-9 {
-		t.Errorf("after a late head: tail room %d slack %v, want 2384 0", e.TailRoom, e.TailSlack)
+	if e := s.Endpoints[0]; e.TailRoom != 4384 || math.Abs(e.TailSlack) > 1e-9 {
+		t.Errorf("after a late head: tail room %d slack %v, want 4384 0", e.TailRoom, e.TailSlack)
 	}
 	f.PrefillDone(tail, 0.9)
 	s, _ = snap(f, 0.95, 100, nil)
 	if e := s.Endpoints[0]; e.TailRoom != 0 {
 		t.Errorf("idle endpoint: tail room %d", e.TailRoom)
+	}
+}
+
+// TestQueueTailStepAfterItBegan: a prompt routed after the queue's last
+// step began cannot join it (the engine schedules a step's requests when
+// it begins) and starts steps of its own at the queue's end: A (12 000
+// tokens at 0) ends in a step of 3 808 tokens from 0.4096 s; B (10 000
+// tokens) routed at 0.5 starts at 0.6 and ends in a step of 1 808 tokens
+// (6 384 free) from 1.0096 s, due 1.2 with its first token at 1.1.
+// Routed at 0.3 instead, B joins A's last step (4 384 tokens of its first
+// chunk there) and ends in a step of 5 616 tokens (2 576 free).
+func TestQueueTailStepAfterItBegan(t *testing.T) {
+	for _, tc := range []struct {
+		at        float64
+		room      int
+		lastStart float64
+	}{{0.5, 6384, 1.0096}, {0.3, 2576, 0.8192}} {
+		f := New([]Info{{Name: "a", PrefillSpeed: 20000, StepTokens: 8192}}, false)
+		_, eps := snap(f, 0, 100, nil)
+		f.Route(eps[0], 0, Work{Uncached: 12000, PrefillSeconds: 0.6, Deadline: 0.65})
+		b := f.Route(eps[0], tc.at, Work{Uncached: 10000, PrefillSeconds: 0.5, Deadline: 1.2})
+		if math.Abs(b.lastStart-tc.lastStart) > 1e-9 {
+			t.Errorf("routed at %v: its last step begins at %v, want %v", tc.at, b.lastStart, tc.lastStart)
+		}
+		s, _ := snap(f, 0.55, 100, nil)
+		if e := s.Endpoints[0]; e.TailRoom != tc.room || math.Abs(e.TailSlack-0.1) > 1e-9 {
+			t.Errorf("routed at %v: tail room %d slack %v, want %d 0.1", tc.at, e.TailRoom, e.TailSlack, tc.room)
+		}
 	}
 }

@@ -178,7 +178,7 @@ func (p *kvgatePolicy) costOf(req *Request, e *Endpoint, pr pricing) (cost float
 		return -e.QueueWait + lostComputeWeight*compute, false, compute
 	}
 	cost = ttft + pr.fleetPrice(u)
-	if e.TailRoom > 0 && u > 0 && e.PrefillSpeed > 0 && float64(min(e.TailRoom, u))/e.PrefillSpeed > e.TailSlack {
+	if HarmsTail(req, e) {
 		// Its first chunk would share the step that ends e's queue and
 		// push a first token due in that step past its SLO: a request
 		// already admitted would be lost for this one. Chosen only if no

@@ -178,6 +178,18 @@ func PessimisticTTFT(req *Request, e *Endpoint) float64 {
 	return e.QueueWait*max(e.QueueSlack, 1) + computeSeconds(req, e)*max(e.PrefillSlack, 1)
 }
 
+// HarmsTail reports whether req's first chunk, routed to e now, would
+// share the step that ends e's queue and push a first token due in that
+// step past its SLO (Endpoint.TailRoom, TailSlack): a request already
+// admitted would be lost for this one.
+func HarmsTail(req *Request, e *Endpoint) bool {
+	if e.TailRoom <= 0 || e.PrefillSpeed <= 0 {
+		return false
+	}
+	u := Uncached(req, e)
+	return u > 0 && float64(min(e.TailRoom, u))/e.PrefillSpeed > e.TailSlack
+}
+
 // PredictTTFT is queue wait plus the time to compute the uncached part.
 func PredictTTFT(req *Request, e *Endpoint) float64 {
 	return e.QueueWait + computeSeconds(req, e)
