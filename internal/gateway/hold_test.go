@@ -439,14 +439,9 @@ func TestHeldWithEarlyRejectionStopsWhenNothingComesBack(t *testing.T) {
 	}
 	// Three lost, none came back: (0 + 1) / (3 + 2) but for the fading
 	// of the first two over 32 s and 16 s (ReturnsMemory 600 s): 0.203.
-	name := fmt.Sprintf(`kvgate_hold_returns_ratio{model=%q} `, testModel)
-	m := get(t, admin+"/metrics")
-	i := strings.Index(m, name)
-	var ratio float64
-	if i < 0 {
-		t.Errorf("/metrics lacks %s", name)
-	} else if _, err := fmt.Sscan(m[i+len(name):], &ratio); err != nil || ratio < 0.2 || ratio > 0.21 {
-		t.Errorf("%s%v (%v), want 0.203", name, ratio, err)
+	name := fmt.Sprintf(`kvgate_hold_returns_ratio{model=%q}`, testModel)
+	if ratio, err := gauge(t, admin, name); err != nil || ratio < 0.2 || ratio > 0.21 {
+		t.Errorf("%s %v (%v), want 0.203", name, ratio, err)
 	}
 	got := make(chan result, 1)
 	go func() { got <- post(t, url+"/v1/completions", tokenPrompt(30, 600, false), nil) }()

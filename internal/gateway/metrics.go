@@ -84,20 +84,21 @@ func (m *metrics) handler() http.Handler {
 type fleetCollector struct{ g *Gateway }
 
 var (
-	descInflight = prometheus.NewDesc("kvgate_endpoint_inflight_requests", "Requests routed to the endpoint and not finished.", []string{"endpoint", "model"}, nil)
-	descUncached = prometheus.NewDesc("kvgate_endpoint_inflight_uncached_tokens", "Uncached prompt tokens routed to the endpoint and not yet past their prefill.", []string{"endpoint", "model"}, nil)
-	descWait     = prometheus.NewDesc("kvgate_endpoint_predicted_queue_seconds", "Predicted prefill queue wait.", []string{"endpoint", "model"}, nil)
-	descSpeed    = prometheus.NewDesc("kvgate_endpoint_learned_prefill_speed", "Prefill speed (tokens/s) the endpoint's predictor expects for a 2048-token uncached prompt.", []string{"endpoint", "model"}, nil)
-	descPredErr  = prometheus.NewDesc("kvgate_endpoint_ttft_prediction_error", "Recent absolute percentage error of the endpoint's predicted TTFT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
-	descTPOT     = prometheus.NewDesc("kvgate_endpoint_learned_tpot_seconds", "TPOT (seconds per output token) the endpoint's learned model predicts for one more stream now.", []string{"endpoint", "model"}, nil)
-	descTPOTErr  = prometheus.NewDesc("kvgate_endpoint_tpot_prediction_error", "Recent absolute percentage error of the endpoint's predicted TPOT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
-	descLag      = prometheus.NewDesc("kvgate_kv_events_last_seq", "Last KV-event sequence number applied per engine.", []string{"endpoint", "model"}, nil)
-	descGaps     = prometheus.NewDesc("kvgate_kv_events_gaps_total", "KV-event sequence gaps per engine.", []string{"endpoint", "model"}, nil)
-	descReturns  = prometheus.NewDesc("kvgate_hold_returns_ratio", "With early rejection: the share of requests served late (they miss their SLO even alone) whose prompt a later request extended, with a Laplace prior (0.5 before any); below 0.25 the hold serves no more of them (docs/policies.md).", []string{"model"}, nil)
+	descInflight  = prometheus.NewDesc("kvgate_endpoint_inflight_requests", "Requests routed to the endpoint and not finished.", []string{"endpoint", "model"}, nil)
+	descUncached  = prometheus.NewDesc("kvgate_endpoint_inflight_uncached_tokens", "Uncached prompt tokens routed to the endpoint and not yet past their prefill.", []string{"endpoint", "model"}, nil)
+	descWait      = prometheus.NewDesc("kvgate_endpoint_predicted_queue_seconds", "Predicted prefill queue wait.", []string{"endpoint", "model"}, nil)
+	descSpeed     = prometheus.NewDesc("kvgate_endpoint_learned_prefill_speed", "Prefill speed (tokens/s) the endpoint's predictor expects for a 2048-token uncached prompt.", []string{"endpoint", "model"}, nil)
+	descPredErr   = prometheus.NewDesc("kvgate_endpoint_ttft_prediction_error", "Recent absolute percentage error of the endpoint's predicted TTFT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
+	descTPOT      = prometheus.NewDesc("kvgate_endpoint_learned_tpot_seconds", "TPOT (seconds per output token) the endpoint's learned model predicts for one more stream now.", []string{"endpoint", "model"}, nil)
+	descTPOTErr   = prometheus.NewDesc("kvgate_endpoint_tpot_prediction_error", "Recent absolute percentage error of the endpoint's predicted TPOT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
+	descLag       = prometheus.NewDesc("kvgate_kv_events_last_seq", "Last KV-event sequence number applied per engine.", []string{"endpoint", "model"}, nil)
+	descGaps      = prometheus.NewDesc("kvgate_kv_events_gaps_total", "KV-event sequence gaps per engine.", []string{"endpoint", "model"}, nil)
+	descStepSlack = prometheus.NewDesc("kvgate_step_slack_seconds", "On engines that prefill in steps (engine_step_tokens): how much later than predicted the first tokens of requests routed near their SLO come (the 0.9 quantile), which admission adds to the pessimistic TTFT of a request that would queue (docs/predictor.md).", []string{"model"}, nil)
+	descReturns   = prometheus.NewDesc("kvgate_hold_returns_ratio", "With early rejection: the share of requests served late (they miss their SLO even alone) whose prompt a later request extended, with a Laplace prior (0.5 before any); below 0.25 the hold serves no more of them (docs/policies.md).", []string{"model"}, nil)
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descSpeed, descPredErr, descTPOT, descTPOTErr, descLag, descGaps, descReturns} {
+	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descSpeed, descPredErr, descTPOT, descTPOTErr, descLag, descGaps, descReturns, descStepSlack} {
 		ch <- d
 	}
 }
@@ -118,6 +119,9 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for model, r := range c.g.holdReturns() {
 		ch <- prometheus.MustNewConstMetric(descReturns, prometheus.GaugeValue, r, model)
+	}
+	for model, v := range c.g.stepSlacks() {
+		ch <- prometheus.MustNewConstMetric(descStepSlack, prometheus.GaugeValue, v, model)
 	}
 	{
 		for _, s := range c.g.sub.Stats() {
@@ -143,4 +147,15 @@ type endpointLoad struct {
 func loadOf(e *sched.Endpoint) endpointLoad {
 	return endpointLoad{QueueWait: e.QueueWait, InflightRequests: e.InflightRequests,
 		InflightUncached: e.InflightUncached, DecodeStreams: e.DecodeStreams, Conversations: e.Conversations}
+}
+
+// stepSlacks is each model fleet's step slack (load.Fleet.StepSlack).
+func (g *Gateway) stepSlacks() map[string]float64 {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	out := make(map[string]float64, len(g.models))
+	for model, mf := range g.models {
+		out[model] = mf.load.StepSlack()
+	}
+	return out
 }

@@ -1,12 +1,15 @@
 package gateway
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/sched"
 )
 
@@ -55,4 +58,51 @@ func TestQueueTailStepFromConfig(t *testing.T) {
 		up.CloseClientConnections()
 		<-done
 	}
+}
+
+// TestStepSlackMetric: kvgate_step_slack_seconds reports the model
+// fleet's step slack, which its load accounting learns from first tokens
+// that come late near their deadline (at 1 000 tokens/s in 256-token
+// steps, 0.1 s late each time: about 0.1 s).
+func TestStepSlackMetric(t *testing.T) {
+	steps := 256
+	cfg := Config{
+		Endpoints:        []fleet.Endpoint{{Name: "a", URL: "http://127.0.0.1:1", Model: testModel, PrefillSpeed: 1000}},
+		Classes:          []Class{{Name: "standard", Priority: 1, TTFT: 2}},
+		Predictor:        PredictorAnalytic,
+		EngineStepTokens: &steps,
+	}
+	g, _, admin := startGateway(t, cfg, Options{})
+	g.mu.RLock()
+	lf := g.models[testModel].load
+	g.mu.RUnlock()
+	var s sched.Snapshot
+	eps := lf.Snapshot(0, 10, nil, nil, nil, &s)
+	for k := range 300 {
+		at := float64(k)
+		lf.FirstToken(lf.Route(eps[0], at, load.Work{Uncached: 100, PrefillSeconds: 0.1}), at+0.1)
+		lf.FirstToken(lf.Route(eps[0], at, load.Work{Uncached: 100, PrefillSeconds: 0.1, Deadline: at + 0.25}), at+0.3)
+	}
+	want := lf.StepSlack()
+	if math.Abs(want-0.1) > 0.01 {
+		t.Fatalf("the fleet learned a step slack of %v s, want about 0.1", want)
+	}
+	name := fmt.Sprintf(`kvgate_step_slack_seconds{model=%q}`, testModel)
+	if got, err := gauge(t, admin, name); err != nil || math.Abs(got-want) > 1e-9 {
+		t.Errorf("%s %v (%v), want %v", name, got, err, want)
+	}
+}
+
+// gauge is the value of the sample named name (with its labels) on the
+// admin server's /metrics.
+func gauge(t *testing.T, admin, name string) (float64, error) {
+	t.Helper()
+	m := get(t, admin+"/metrics")
+	i := strings.Index(m, name+" ")
+	if i < 0 {
+		return 0, fmt.Errorf("/metrics lacks %s", name)
+	}
+	var v float64
+	_, err := fmt.Sscan(m[i+len(name):], &v)
+	return v, err
 }

@@ -145,9 +145,12 @@ type Flight struct {
 	room      int
 	atRisk    float64
 	prefilled bool
-	inbound   bool // counted in its decode endpoint's inbound
-	finished  bool
-	prompt    int
+	// queued: routed behind another prefill; deadline: Work.Deadline.
+	queued   bool
+	deadline float64
+	inbound  bool // counted in its decode endpoint's inbound
+	finished bool
+	prompt   int
 	// The decode prediction for the endpoint that decodes it.
 	dx    predict.DecodeFeatures
 	dpred float64
@@ -218,6 +221,8 @@ type Fleet struct {
 	// predicted prefill seconds (sched.Snapshot.MeanPrefill).
 	meanPrefill float64
 	routedAny   bool
+	// stepSlack is the step slack (stepslack.go; seconds).
+	stepSlack float64
 }
 
 // MeanPrefillRequests is the memory, in requests, of the fleet's mean
@@ -369,7 +374,7 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 	dst.Now = now
 	dst.MeanPrefill = f.meanPrefill
 	for i, e := range eps {
-		e.fill(now, &dst.Endpoints[i])
+		e.fill(now, &dst.Endpoints[i], f.stepSlack)
 	}
 	predicted := f.pred != nil
 	f.mu.Unlock()
@@ -443,7 +448,9 @@ func satMul(a, b int) int {
 	return a * b
 }
 
-func (e *Endpoint) fill(now float64, d *sched.Endpoint) {
+// fill sets d to e's state at time now; stepSlack is the fleet's step
+// slack, which a request that would queue on e meets.
+func (e *Endpoint) fill(now float64, d *sched.Endpoint, stepSlack float64) {
 	*d = sched.Endpoint{
 		Name:                e.info.Name,
 		Role:                e.info.Role,
@@ -461,6 +468,9 @@ func (e *Endpoint) fill(now float64, d *sched.Endpoint) {
 	}
 	if t := e.tail; t != nil && !t.prefilled && t.room > 0 && t.atRisk > 0 && now <= t.lastStart {
 		d.TailRoom, d.TailSlack = t.room, t.atRisk-t.done
+	}
+	if d.QueueWait > 0 {
+		d.StepSlack = min(stepSlack, e.fullStep())
 	}
 }
 
@@ -517,7 +527,8 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	e.busy = start + fl.compute
 	fl.done = e.busy
 	fl.ttft = fl.done - now
-	e.steps(fl, start > now, w.Deadline)
+	fl.queued, fl.deadline = start > now, w.Deadline
+	e.steps(fl, fl.queued, w.Deadline)
 	e.queue = append(e.queue, fl)
 	e.uncached += fl.uncached
 	e.ublocks += fl.ublocks
@@ -683,6 +694,7 @@ func (f *Fleet) FirstToken(fl *Flight, at float64) {
 	}
 	e := fl.prefill
 	start := max(fl.routed, e.lastDone)
+	f.noteStepSlack(e, fl, at)
 	f.prefillDone(fl, at)
 	if e.model == nil {
 		return

@@ -171,6 +171,26 @@ func TestPessimisticRejectionFallsBack(t *testing.T) {
 	}
 }
 
+// TestStepSlackRejects: admission adds the endpoint's step slack (the
+// delay the steps it shares bring its first token) to the pessimistic
+// TTFT: 1.2 s of queue and 0.6 s of compute fit a 2 s SLO with 0.15 s of
+// step slack, not with 0.25 s, for every policy.
+func TestStepSlackRejects(t *testing.T) {
+	for _, name := range []string{"kvgate", "cache-only", "predicted-ttft"} {
+		sc := Scheduler{Policy: mustNew(t, name, Options{}), EarlyReject: true}
+		for _, tc := range []struct {
+			slack float64
+			admit bool
+		}{{0, true}, {0.15, true}, {0.25, false}} {
+			s := snapOf(Endpoint{QueueWait: 1.2, StepSlack: tc.slack})
+			d := sc.Decide(&Request{PromptTokens: 6000, PromptBlocks: 94, SLO: SLO{TTFT: 2}}, s)
+			if d.Admit != tc.admit {
+				t.Errorf("%s, step slack %v: admitted %v, want %v (%s)", name, tc.slack, d.Admit, tc.admit, d.Reason)
+			}
+		}
+	}
+}
+
 // TestPrefillOnlyWithoutDecoder: in a fleet whose roles are changing, a
 // prefill-only endpoint with no decode-only endpoint to hand its requests
 // to is passed over for one that serves them alone, however much better

@@ -110,6 +110,11 @@ type Endpoint struct {
 	// delays them by that chunk's compute.
 	TailRoom  int
 	TailSlack float64
+	// StepSlack is how much later than predicted, on engines that
+	// prefill in steps, the first token of a request that queues here
+	// may come (seconds; load.Fleet.StepSlack: the steps it shares with
+	// requests routed after it): PessimisticTTFT adds it.
+	StepSlack float64
 	// LastPicked is when this endpoint was last chosen (clock seconds), for
 	// LRU-style scorers; negative if never.
 	LastPicked float64
@@ -172,10 +177,10 @@ func Uncached(req *Request, e *Endpoint) int {
 }
 
 // PessimisticTTFT is PredictTTFT with the compute part stretched by the
-// endpoint's PrefillSlack and the queue wait by its QueueSlack: what
-// admission judges by.
+// endpoint's PrefillSlack, the queue wait by its QueueSlack, and the
+// StepSlack added: what admission judges by.
 func PessimisticTTFT(req *Request, e *Endpoint) float64 {
-	return e.QueueWait*max(e.QueueSlack, 1) + computeSeconds(req, e)*max(e.PrefillSlack, 1)
+	return e.QueueWait*max(e.QueueSlack, 1) + computeSeconds(req, e)*max(e.PrefillSlack, 1) + max(e.StepSlack, 0)
 }
 
 // HarmsTail reports whether req's first chunk, routed to e now, would
