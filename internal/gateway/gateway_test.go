@@ -613,3 +613,17 @@ func TestRoleChangeUnderTraffic(t *testing.T) {
 	}
 	<-done
 }
+
+// gauge is the value of the sample named name (with its labels) on the
+// admin server's /metrics.
+func gauge(t *testing.T, admin, name string) (float64, error) {
+	t.Helper()
+	m := get(t, admin+"/metrics")
+	i := strings.Index(m, name+" ")
+	if i < 0 {
+		return 0, fmt.Errorf("/metrics lacks %s", name)
+	}
+	var v float64
+	_, err := fmt.Sscan(m[i+len(name):], &v)
+	return v, err
+}

@@ -3,7 +3,6 @@ package gateway
 import (
 	"fmt"
 	"math"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -91,18 +90,4 @@ func TestStepSlackMetric(t *testing.T) {
 	if got, err := gauge(t, admin, name); err != nil || math.Abs(got-want) > 1e-9 {
 		t.Errorf("%s %v (%v), want %v", name, got, err, want)
 	}
-}
-
-// gauge is the value of the sample named name (with its labels) on the
-// admin server's /metrics.
-func gauge(t *testing.T, admin, name string) (float64, error) {
-	t.Helper()
-	m := get(t, admin+"/metrics")
-	i := strings.Index(m, name+" ")
-	if i < 0 {
-		return 0, fmt.Errorf("/metrics lacks %s", name)
-	}
-	var v float64
-	_, err := fmt.Sscan(m[i+len(name):], &v)
-	return v, err
 }
