@@ -74,7 +74,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	flagrange.Var(fl, &c.SLOTPOT, "slo-tpot", lim.SLO, "TPOT SLO of the default class")
 	flagrange.Var(fl, &c.BlockSize, "block-size", lim.BlockSize, "router block size")
 	flagrange.Var(fl, &c.PrefillSpeed, "prefill-speed", lim.PrefillSpeed, "prompt tokens/s assumed for endpoints without prefill_speed")
-	flagrange.Var(fl, &stepTokens, "engine-step-tokens", lim.EngineStepTokens, "the engines' chunked-prefill step budget (vLLM's --max-num-batched-tokens): the kvgate policy queues a request where its first chunk would share the step ending the queue and push a first token due in it past its SLO only when no other endpoint fits")
+	flagrange.Var(fl, &stepTokens, "engine-step-tokens", lim.EngineStepTokens, "the engines' chunked-prefill step budget (vLLM's --max-num-batched-tokens): the kvgate policy queues a request where its first chunk would share the step ending the queue and push a first token due in it past its SLO only when no other endpoint fits, and admission adds the learned step slack to the pessimistic TTFT of a request that would queue (docs/predictor.md); 0: neither")
 	flagrange.Var(fl, &c.LocalPrefillTokens, "local-prefill-tokens", lim.LocalPrefillTokens, "P/D: serve on the decode endpoint alone when at most this many prompt tokens are uncached there")
 	flagrange.Var(fl, &c.MaxInflight, "max-inflight", lim.MaxInflight, "requests proxied at once; more get 429")
 	flagrange.Var(fl, &c.UpstreamTimeout, "upstream-timeout", lim.UpstreamTimeout, "bound on a whole proxied request")
