@@ -528,7 +528,7 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	fl.done = e.busy
 	fl.ttft = fl.done - now
 	fl.queued, fl.deadline = start > now, w.Deadline
-	e.steps(fl, fl.queued, w.Deadline)
+	e.steps(fl)
 	e.queue = append(e.queue, fl)
 	e.uncached += fl.uncached
 	e.ublocks += fl.ublocks
@@ -545,8 +545,8 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	return fl
 }
 
-// steps places flight fl, just queued on e (behind other prefills if
-// queued) and due at deadline (0: none), into e's chunked-prefill steps
+// steps places flight fl, just routed to e (behind other prefills if
+// fl.queued; due at fl.deadline, 0: none), into e's chunked-prefill steps
 // (Info.StepTokens): the engine
 // runs its queue in steps of at most StepTokens tokens, first come first
 // served, so a prompt's last chunk shares its step with the first chunk
@@ -554,7 +554,7 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 // begins, and its first token waits for that chunk too. The queue's last
 // step is the tail's: when it is predicted to begin, the tokens it has
 // free, and the earliest on-time deadline among the requests it ends.
-func (e *Endpoint) steps(fl *Flight, queued bool, deadline float64) {
+func (e *Endpoint) steps(fl *Flight) {
 	b := e.info.StepTokens
 	if b <= 0 || fl.uncached <= 0 {
 		return
@@ -562,7 +562,7 @@ func (e *Endpoint) steps(fl *Flight, queued bool, deadline float64) {
 	prev := e.tail
 	// A prompt joins the step its predecessor ends only if it is routed
 	// before that step begins: the engine fills a step when it starts it.
-	if !queued || prev == nil || prev.prefilled || fl.routed > prev.lastStart {
+	if !fl.queued || prev == nil || prev.prefilled || fl.routed > prev.lastStart {
 		e.phase, prev = 0, nil
 	}
 	total := e.phase + fl.uncached
@@ -579,7 +579,7 @@ func (e *Endpoint) steps(fl *Flight, queued bool, deadline float64) {
 		}
 		return 0
 	}
-	fl.atRisk = onTime(deadline)
+	fl.atRisk = onTime(fl.deadline)
 	if prev != nil && total <= b {
 		// The whole prompt joins the step its predecessor ends: that step
 		// brings both first tokens.
