@@ -352,6 +352,36 @@ func (q *HoldQueue) peek(now float64) (*Held, bool) {
 	return q.byPrio.h[0], false
 }
 
+// oldest appends to dst the first k held requests by priority then
+// arrival, in that order: a best-first walk down the priority heap, whose
+// frontier never holds more than k+1 entries.
+func (q *HoldQueue) oldest(k int, dst []*Held) []*Held {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	h := q.byPrio.h
+	if len(h) == 0 || k <= 0 {
+		return dst
+	}
+	frontier := make([]int, 1, min(k+1, len(h)))
+	for len(frontier) > 0 && k > 0 {
+		m := 0
+		for j := 1; j < len(frontier); j++ {
+			if q.byPrio.less(h[frontier[j]], h[frontier[m]]) {
+				m = j
+			}
+		}
+		i := frontier[m]
+		frontier[m] = frontier[len(frontier)-1]
+		frontier = frontier[:len(frontier)-1]
+		dst = append(dst, h[i])
+		k--
+		for c := 2*i + 1; c <= 2*i+2 && c < len(h); c++ {
+			frontier = append(frontier, c)
+		}
+	}
+	return dst
+}
+
 // heldHeap is a binary heap of held requests under less, keeping each
 // one's position in the field pos returns.
 type heldHeap struct {
@@ -403,6 +433,9 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 		if h == nil {
 			return n
 		}
+		if !overdue && !sc.EarlyReject {
+			h = sc.cacheFirst(q, h, now, f, s)
+		}
 		f.SnapshotFor(h, s)
 		l := lending{quiet: q.quietFor(now)}
 		if sc.EarlyReject && !overdue {
@@ -423,6 +456,65 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 		f.Dispatch(h, d)
 		n++
 	}
+}
+
+// cacheFirstCandidates is how many of the oldest held requests a release
+// pass weighs against each other once their caches are at risk
+// (cacheFirst): each costs a snapshot and a pick. docs/policies.md has
+// what more would gain and cost.
+const cacheFirstCandidates = 64
+
+// cacheFirst is the held request a release on slack (without early
+// rejection) serves next, head being the first by priority then arrival.
+//
+// A held request has missed its SLO; the order the hold serves such
+// requests in moves little attainment, but it decides how much of their
+// prompts is still cached when they are served. Endpoints evict least
+// recently used blocks first, so a held request's cached prefix is gone
+// once its endpoint has computed about as many new tokens as its cache
+// holds, whoever they were for. While the head has waited less than that
+// turnover (turnover), nothing held is at risk yet and the hold serves in
+// order. Once it has waited longer, the hold serves first, among the
+// cacheFirstCandidates oldest of the head's priority, the one with the
+// most tokens cached where it would be released (the policy's pick among
+// the endpoints with slack; ties to the older): what it saves is compute
+// the backlog no longer holds, and a request whose prefix is cached
+// nowhere loses nothing by waiting. Every request's deadline still bounds
+// its wait: overdue requests go first, in deadline order (peek).
+func (sc *Scheduler) cacheFirst(q *HoldQueue, head *Held, now float64, f HoldFleet, s *Snapshot) *Held {
+	f.SnapshotFor(head, s)
+	if t := turnover(s); !(t > 0) || now-head.Req.Arrival <= t {
+		return head
+	}
+	best, most := head, -1
+	for _, c := range q.oldest(cacheFirstCandidates, make([]*Held, 0, cacheFirstCandidates)) {
+		if c.Req.Priority != head.Req.Priority {
+			break
+		}
+		f.SnapshotFor(c, s)
+		if i := sc.pickWithSlack(&c.Req, s); i >= 0 && s.Endpoints[i].CachedTokens > most {
+			best, most = c, s.Endpoints[i].CachedTokens
+		}
+	}
+	return best
+}
+
+// turnover is how long the prefilling endpoints of s take to compute as
+// many tokens as their caches hold (Endpoint.HeldTokens over their summed
+// prefill speed; seconds, 0 when either is unknown): about when a block
+// no request uses again is evicted from a full cache.
+func turnover(s *Snapshot) float64 {
+	var held, speed float64
+	for i := range s.Endpoints {
+		if e := &s.Endpoints[i]; e.Role.CanPrefill() && e.PrefillSpeed > 0 {
+			held += float64(max(e.HeldTokens, 0))
+			speed += e.PrefillSpeed
+		}
+	}
+	if speed <= 0 || math.IsInf(speed, 1) {
+		return 0
+	}
+	return held / speed
 }
 
 // release decides a held request at s.Now: overdue, where the policy says

@@ -2,7 +2,10 @@ package sched
 
 import (
 	"errors"
+	"fmt"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/fleet"
@@ -533,6 +536,174 @@ func TestLoadRejectionsKinds(t *testing.T) {
 	} {
 		if got := AnyPrefillIdle(&Snapshot{Endpoints: tc.eps}); got != tc.idle {
 			t.Errorf("%+v: AnyPrefillIdle %v, want %v", tc.eps, got, tc.idle)
+		}
+	}
+}
+
+func TestHoldQueueOldest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	q := NewHoldQueue(1000)
+	var held []*Held
+	for range 300 {
+		h := &Held{Req: Request{Priority: rng.IntN(3), Arrival: float64(rng.IntN(50))}, Until: 1e9}
+		if err := q.Push(h); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, h)
+	}
+	for _, h := range held {
+		if rng.IntN(4) == 0 {
+			q.Remove(h)
+		}
+	}
+	var want []*Held
+	for _, h := range held {
+		if h.prio >= 0 {
+			want = append(want, h)
+		}
+	}
+	slices.SortFunc(want, func(a, b *Held) int {
+		switch {
+		case q.byPrio.less(a, b):
+			return -1
+		case q.byPrio.less(b, a):
+			return 1
+		}
+		return 0
+	})
+	for _, k := range []int{0, 1, 2, 7, 64, len(want), len(want) + 10} {
+		got := q.oldest(k, nil)
+		if n := min(k, len(want)); !slices.Equal(got, want[:n]) {
+			t.Fatalf("oldest(%d): %d requests, not the first %d by priority then arrival", k, len(got), n)
+		}
+	}
+	if got := NewHoldQueue(4).oldest(5, nil); len(got) != 0 {
+		t.Fatalf("oldest on an empty queue: %d", len(got))
+	}
+}
+
+// cacheFleet is one prefill endpoint whose cache holds, of each held
+// request (by its Value, a name), the tokens cached says; Dispatch
+// records and makes the endpoint busy, as routing would.
+type cacheFleet struct {
+	snap   Snapshot
+	cached map[string]int
+	who    []string
+}
+
+func (f *cacheFleet) SnapshotFor(h *Held, s *Snapshot) {
+	*s = f.snap
+	s.Endpoints = append([]Endpoint(nil), f.snap.Endpoints...)
+	s.Endpoints[0].CachedTokens = f.cached[h.Value.(string)]
+}
+
+func (f *cacheFleet) Dispatch(h *Held, d Decision) {
+	f.who = append(f.who, h.Value.(string))
+	if d.Admit {
+		f.snap.Endpoints[d.Prefill].QueueWait += 10
+	}
+}
+
+// TestReleaseHeldCacheFirst: while the oldest held request has waited
+// less than the fleet's cache turnover (held tokens over speed: 5 s here)
+// the hold releases in order; once it has waited longer, the one of the
+// oldest of its priority with the most tokens cached where it would go
+// (ties to the older), and a head with no slack no longer blocks the rest.
+func TestReleaseHeldCacheFirst(t *testing.T) {
+	type held struct {
+		name    string
+		prio    int
+		arrival float64
+		prompt  int
+		cached  int
+	}
+	cold := held{"cold", 0, 0, 3000, 0}
+	warm := held{"warm", 0, 1, 3200, 3000}
+	lukewarm := held{"lukewarm", 0, 2, 3200, 1000}
+	tests := []struct {
+		name      string
+		held      []held
+		queueWait float64 // the endpoint's
+		heldToks  int     // its cache's size
+		now       float64
+		want      []string // released, in order
+	}{
+		{"within the turnover: in order", []held{cold, warm, lukewarm}, 0, 5000, 5, []string{"cold"}},
+		{"past it: the most cached first", []held{cold, warm, lukewarm}, 0, 5000, 6, []string{"warm"}},
+		{"ties to the older", []held{cold, {"warm2", 0, 3, 3200, 3000}, warm}, 0, 5000, 6, []string{"warm"}},
+		{"only the head's priority", []held{{"urgent", 1, 0.5, 3000, 0}, cold, warm}, 0, 5000, 6, []string{"urgent"}},
+		{"no cache size known: in order", []held{cold, warm}, 0, 0, 6, []string{"cold"}},
+		// 0.5 s queued, SLO 2 s, slack ½: only a prompt computed within
+		// 0.5 s has slack. In order, the cold head blocks the warm one.
+		{"a head without slack blocks, in order", []held{cold, warm}, 0.5, 5000, 5, nil},
+		{"past the turnover it does not", []held{cold, warm}, 0.5, 5000, 6, []string{"warm"}},
+	}
+	pol, _ := New("kvgate", Options{})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+			f := &cacheFleet{cached: map[string]int{}, snap: Snapshot{Now: tt.now, Endpoints: []Endpoint{
+				{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 1000, QueueWait: tt.queueWait, HeldTokens: tt.heldToks}}}}
+			q := NewHoldQueue(8)
+			for _, h := range tt.held {
+				f.cached[h.name] = h.cached
+				r := Request{Priority: h.prio, Arrival: h.arrival, PromptTokens: h.prompt, SLO: SLO{TTFT: 2}}
+				if err := q.Push(&Held{Req: r, Until: 100, Value: h.name}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var s Snapshot
+			sc.ReleaseHeld(q, tt.now, f, &s)
+			if !slices.Equal(f.who, tt.want) {
+				t.Fatalf("released %v, want %v", f.who, tt.want)
+			}
+		})
+	}
+}
+
+// TestReleaseHeldCacheFirstBounded: only the cacheFirstCandidates oldest
+// are weighed; a warm request behind them waits its turn.
+func TestReleaseHeldCacheFirstBounded(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+	f := &cacheFleet{cached: map[string]int{}, snap: Snapshot{Now: 100, Endpoints: []Endpoint{
+		{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 1000, HeldTokens: 5000}}}}
+	q := NewHoldQueue(cacheFirstCandidates + 2)
+	push := func(name string, arrival float64, cached int) {
+		f.cached[name] = cached
+		if err := q.Push(&Held{Req: Request{Arrival: arrival, PromptTokens: 3200}, Until: 1000, Value: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range cacheFirstCandidates {
+		push(fmt.Sprint("cold", i), float64(i), 0)
+	}
+	push("warm", cacheFirstCandidates, 3000)
+	var s Snapshot
+	sc.ReleaseHeld(q, 100, f, &s)
+	if !slices.Equal(f.who, []string{"cold0"}) {
+		t.Fatalf("released %v, want the head: the warm request is not among the %d oldest", f.who, cacheFirstCandidates)
+	}
+}
+
+func TestTurnover(t *testing.T) {
+	tests := []struct {
+		name string
+		eps  []Endpoint
+		want float64
+	}{
+		{"held tokens over summed speed", []Endpoint{
+			{Role: fleet.RoleBoth, PrefillSpeed: 1000, HeldTokens: 3000},
+			{Role: fleet.RolePrefill, PrefillSpeed: 3000, HeldTokens: 5000}}, 2},
+		{"decode endpoints do not count", []Endpoint{
+			{Role: fleet.RolePrefill, PrefillSpeed: 1000, HeldTokens: 1000},
+			{Role: fleet.RoleDecode, PrefillSpeed: 1000, HeldTokens: 9000}}, 1},
+		{"no speed known", []Endpoint{{Role: fleet.RoleBoth, HeldTokens: 1000}}, 0},
+		{"no endpoints", nil, 0},
+	}
+	for _, tt := range tests {
+		if got := turnover(&Snapshot{Endpoints: tt.eps}); got != tt.want {
+			t.Errorf("%s: turnover %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }
