@@ -433,10 +433,11 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 		if h == nil {
 			return n
 		}
-		if !overdue && !sc.EarlyReject {
-			h = sc.cacheFirst(q, h, now, f, s)
-		}
 		f.SnapshotFor(h, s)
+		if !overdue && !sc.EarlyReject && cachesAtRisk(h, now, s) {
+			h = sc.cacheFirst(q, h, f, s)
+			f.SnapshotFor(h, s)
+		}
 		l := lending{quiet: q.quietFor(now)}
 		if sc.EarlyReject && !overdue {
 			l.returns = q.returns.Rate(now) // read only to lend
@@ -465,7 +466,9 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 const cacheFirstCandidates = 64
 
 // cacheFirst is the held request a release on slack (without early
-// rejection) serves next, head being the first by priority then arrival.
+// rejection) serves next once the held requests' caches are at risk
+// (cachesAtRisk), head being the first by priority then arrival; s is
+// scratch.
 //
 // A held request has missed its SLO; the order the hold serves such
 // requests in moves little attainment, but it decides how much of their
@@ -481,11 +484,7 @@ const cacheFirstCandidates = 64
 // the backlog no longer holds, and a request whose prefix is cached
 // nowhere loses nothing by waiting. Every request's deadline still bounds
 // its wait: overdue requests go first, in deadline order (peek).
-func (sc *Scheduler) cacheFirst(q *HoldQueue, head *Held, now float64, f HoldFleet, s *Snapshot) *Held {
-	f.SnapshotFor(head, s)
-	if t := turnover(s); !(t > 0) || now-head.Req.Arrival <= t {
-		return head
-	}
+func (sc *Scheduler) cacheFirst(q *HoldQueue, head *Held, f HoldFleet, s *Snapshot) *Held {
 	best, most := head, -1
 	for _, c := range q.oldest(cacheFirstCandidates, make([]*Held, 0, cacheFirstCandidates)) {
 		if c.Req.Priority != head.Req.Priority {
@@ -497,6 +496,13 @@ func (sc *Scheduler) cacheFirst(q *HoldQueue, head *Held, now float64, f HoldFle
 		}
 	}
 	return best
+}
+
+// cachesAtRisk: the first held request, head, has waited at now longer
+// than the turnover of the fleet s shows (cacheFirst).
+func cachesAtRisk(head *Held, now float64, s *Snapshot) bool {
+	t := turnover(s)
+	return t > 0 && now-head.Req.Arrival > t
 }
 
 // turnover is how long the prefilling endpoints of s take to compute as
