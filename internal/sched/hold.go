@@ -23,7 +23,9 @@ import (
 //     predicted TTFT from now is within HoldSlack × its SLO (the endpoint
 //     keeps room for the requests that fit; typically the endpoint that
 //     just took the previous turn of its conversation), the policy
-//     choosing among those; or
+//     choosing among those; once the oldest has waited longer than the
+//     fleet takes to turn its caches over, the one of the oldest with the
+//     most tokens cached where it would go first (cacheFirst); or
 //   - when its age wins: at its deadline, arrival + max(HoldMin × SLO,
 //     HoldBacklog × the fleet's backlog at its arrival), capped at
 //     HoldMax. The backlog is

@@ -410,6 +410,63 @@ func BenchmarkDecisionHold64(b *testing.B) {
 	})
 }
 
+// oneSlackFleet has one endpoint with slack until a request is
+// dispatched, so that a release pass releases one request.
+type oneSlackFleet struct {
+	snap  *Snapshot
+	idle  int
+	taken bool
+}
+
+func (f *oneSlackFleet) SnapshotFor(_ *Held, s *Snapshot) {
+	*s = *f.snap
+	if f.taken {
+		s.Endpoints = append(s.Endpoints[:0:0], f.snap.Endpoints...)
+		s.Endpoints[f.idle].QueueWait = 3
+	}
+}
+func (f *oneSlackFleet) Dispatch(*Held, Decision) { f.taken = true }
+
+// BenchmarkReleaseHeldBacklog is one release pass over 64 endpoints with
+// 200 requests held: in order (the head has waited less than the cache
+// turnover), and with the held requests' caches at risk, when the pass
+// weighs the cacheFirstCandidates oldest (a snapshot and a pick each).
+func BenchmarkReleaseHeldBacklog(b *testing.B) {
+	r, s := benchFleet(64)
+	fl := *s
+	fl.Endpoints = append([]Endpoint(nil), s.Endpoints...)
+	for i := range fl.Endpoints {
+		fl.Endpoints[i].QueueWait += 3
+		fl.Endpoints[i].HeldTokens = 20000 // turnover: 1 s
+	}
+	fl.Endpoints[7].QueueWait = 0
+	for _, bc := range []struct {
+		name string
+		now  float64
+	}{{"in-order", 0.5}, {"caches-at-risk", 1000}} {
+		b.Run(bc.name, func(b *testing.B) {
+			sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), Hold: true}
+			q := NewHoldQueue(256)
+			for i := range 200 {
+				if err := q.Push(&Held{Req: *r, Until: 1e9}); err != nil {
+					b.Fatalf("held %d: %v", i, err)
+				}
+			}
+			f := &oneSlackFleet{snap: &fl, idle: 7}
+			var scratch Snapshot
+			for b.Loop() {
+				f.taken = false
+				if err := q.Push(&Held{Req: *r, Until: 1e9}); err != nil {
+					b.Fatal(err)
+				}
+				if sc.ReleaseHeld(q, bc.now, f, &scratch) != 1 {
+					b.Fatal("not one released")
+				}
+			}
+		})
+	}
+}
+
 // TestRejectedForPrefill: a rejection for the load on the prefill side
 // (the queue pushed the TTFT over the SLO) counts for the quiet window and
 // the pressure price; one on the decode side (no KV room) is for the load
