@@ -694,6 +694,8 @@ func TestReleaseHeldCacheFirst(t *testing.T) {
 		// 0.5 s has slack. In order, the cold head blocks the warm one.
 		{"a head without slack blocks, in order", []held{cold, warm}, 0.5, 5000, 5, nil},
 		{"past the turnover it does not", []held{cold, warm}, 0.5, 5000, 6, []string{"warm"}},
+		// Age still wins: an overdue request goes first, cached or not.
+		{"the overdue first", []held{{"overdue", 0, 0.5, 3000, 0}, cold, warm}, 0, 5000, 6, []string{"overdue"}},
 	}
 	pol, _ := New("kvgate", Options{})
 	for _, tt := range tests {
@@ -705,7 +707,11 @@ func TestReleaseHeldCacheFirst(t *testing.T) {
 			for _, h := range tt.held {
 				f.cached[h.name] = h.cached
 				r := Request{Priority: h.prio, Arrival: h.arrival, PromptTokens: h.prompt, SLO: SLO{TTFT: 2}}
-				if err := q.Push(&Held{Req: r, Until: 100, Value: h.name}); err != nil {
+				until := 100.0
+				if h.name == "overdue" {
+					until = 6
+				}
+				if err := q.Push(&Held{Req: r, Until: until, Value: h.name}); err != nil {
 					t.Fatal(err)
 				}
 			}
