@@ -673,10 +673,11 @@ func TestReleaseHeldCacheFirst(t *testing.T) {
 		arrival float64
 		prompt  int
 		cached  int
+		until   float64 // its deadline (0: 100, far off)
 	}
-	cold := held{"cold", 0, 0, 3000, 0}
-	warm := held{"warm", 0, 1, 3200, 3000}
-	lukewarm := held{"lukewarm", 0, 2, 3200, 1000}
+	cold := held{"cold", 0, 0, 3000, 0, 0}
+	warm := held{"warm", 0, 1, 3200, 3000, 0}
+	lukewarm := held{"lukewarm", 0, 2, 3200, 1000, 0}
 	tests := []struct {
 		name      string
 		held      []held
@@ -687,15 +688,15 @@ func TestReleaseHeldCacheFirst(t *testing.T) {
 	}{
 		{"within the turnover: in order", []held{cold, warm, lukewarm}, 0, 5000, 5, []string{"cold"}},
 		{"past it: the most cached first", []held{cold, warm, lukewarm}, 0, 5000, 6, []string{"warm"}},
-		{"ties to the older", []held{cold, {"warm2", 0, 3, 3200, 3000}, warm}, 0, 5000, 6, []string{"warm"}},
-		{"only the head's priority", []held{{"urgent", 1, 0.5, 3000, 0}, cold, warm}, 0, 5000, 6, []string{"urgent"}},
+		{"ties to the older", []held{cold, {"warm2", 0, 3, 3200, 3000, 0}, warm}, 0, 5000, 6, []string{"warm"}},
+		{"only the head's priority", []held{{"urgent", 1, 0.5, 3000, 0, 0}, cold, warm}, 0, 5000, 6, []string{"urgent"}},
 		{"no cache size known: in order", []held{cold, warm}, 0, 0, 6, []string{"cold"}},
 		// 0.5 s queued, SLO 2 s, slack ½: only a prompt computed within
 		// 0.5 s has slack. In order, the cold head blocks the warm one.
 		{"a head without slack blocks, in order", []held{cold, warm}, 0.5, 5000, 5, nil},
 		{"past the turnover it does not", []held{cold, warm}, 0.5, 5000, 6, []string{"warm"}},
 		// Age still wins: an overdue request goes first, cached or not.
-		{"the overdue first", []held{{"overdue", 0, 0.5, 3000, 0}, cold, warm}, 0, 5000, 6, []string{"overdue"}},
+		{"the overdue first", []held{{"overdue", 0, 0.5, 3000, 0, 6}, cold, warm}, 0, 5000, 6, []string{"overdue"}},
 	}
 	pol, _ := New("kvgate", Options{})
 	for _, tt := range tests {
@@ -707,9 +708,9 @@ func TestReleaseHeldCacheFirst(t *testing.T) {
 			for _, h := range tt.held {
 				f.cached[h.name] = h.cached
 				r := Request{Priority: h.prio, Arrival: h.arrival, PromptTokens: h.prompt, SLO: SLO{TTFT: 2}}
-				until := 100.0
-				if h.name == "overdue" {
-					until = 6
+				until := h.until
+				if until == 0 {
+					until = 100
 				}
 				if err := q.Push(&Held{Req: r, Until: until, Value: h.name}); err != nil {
 					t.Fatal(err)
