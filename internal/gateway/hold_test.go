@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/kvgate/kvgate/internal/tokens"
 )
 
 // holdGateway runs a gateway without early rejection over one upstream
@@ -60,6 +62,11 @@ func holdUpstream(t *testing.T, seen *atomic.Int64, inUpstream chan struct{}) *h
 }
 
 func holdGatewayWith(t *testing.T, maxHeld int, o Options) *holdRig {
+	return holdGatewayHold(t, HoldConfig{MaxRequests: maxHeld}, o)
+}
+
+// holdGatewayHold is holdGatewayWith with the hold's settings.
+func holdGatewayHold(t *testing.T, hold HoldConfig, o Options) *holdRig {
 	seen, inUpstream := &atomic.Int64{}, make(chan struct{}, 16)
 	up := holdUpstream(t, seen, inUpstream)
 	clock := &atomic.Int64{}
@@ -69,7 +76,7 @@ func holdGatewayWith(t *testing.T, maxHeld int, o Options) *holdRig {
 		Endpoints:   []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}},
 		Classes:     []Class{{Name: "standard", Priority: 1, TTFT: 0.5}},
 		EarlyReject: &off,
-		Hold:        HoldConfig{MaxRequests: maxHeld},
+		Hold:        hold,
 	}
 	o.Now = func() time.Time { return time.Unix(0, clock.Load()) }
 	g, url, admin := startGateway(t, cfg, o)
@@ -624,4 +631,66 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestHeldCachedFirstOnceAtRisk: the gateway's release loop runs the
+// hold's cache-first order (sched.Scheduler.ReleaseHeld) on the caches its
+// KV index reports. Three requests that fit nowhere are held in order A,
+// B, C; the endpoint is reported holding B's whole prompt (592 tokens: a
+// turnover of 0.59 s at 1 000 tokens/s). Once they have waited 1 s and the
+// endpoint has slack, B goes first, and A and C wait for more slack.
+func TestHeldCachedFirstOnceAtRisk(t *testing.T) {
+	// Deadlines 10 s after arrival: nothing goes overdue here.
+	h := holdGatewayHold(t, HoldConfig{Min: 20}, Options{})
+	g, url, clock := h.g, h.url, h.clock
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, url, 200, h.inUpstream) // the endpoint is busy for 0.2 s
+	ids := map[string]int{"A": 8, "B": 9, "C": 10}
+	got := map[string]chan result{}
+	for i, name := range []string{"A", "B", "C"} {
+		got[name] = make(chan result, 1)
+		body := tokenPrompt(ids[name], 600, false) // 0.6 s alone: fits nowhere against 0.5 s
+		go func() { got[name] <- post(t, url+"/v1/completions", body, nil) }()
+		waitFor(t, func() bool { return g.heldNow() == i+1 })
+	}
+	b := make([]uint32, 600)
+	for i := range b {
+		b[i] = uint32(ids["B"])
+	}
+	prep, err := g.toks.Prepare(context.Background(), testModel, tokens.Input{TokenIDs: b}, g.cfg.BlockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := g.idx.Endpoints(testModel)
+	if len(eps) != 1 {
+		t.Fatalf("%d index endpoints, want 1", len(eps))
+	}
+	g.idx.Store(eps[0], 0, kvindex.TierGPU, prep.Keys)
+	clock.Add(int64(time.Second))
+	var first string
+	var r result
+	select {
+	case r = <-got["A"]:
+		first = "A"
+	case r = <-got["B"]:
+		first = "B"
+	case r = <-got["C"]:
+		first = "C"
+	case <-time.After(30 * time.Second):
+		t.Fatal("no held request was released")
+	}
+	if first != "B" || r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (slack)") {
+		t.Fatalf("first released %s (%d %q), want B, whose prompt the endpoint holds", first, r.status, r.header.Get(hdrReason))
+	}
+	time.Sleep(3 * holdPoll) // release passes run; B's 8 uncached tokens keep the endpoint busy
+	if g.heldNow() != 2 {
+		t.Fatalf("held %d after B's release, want A and C still held", g.heldNow())
+	}
+	for _, name := range []string{"A", "C"} {
+		clock.Add(int64(time.Second))
+		if r := awaitResult(t, got[name]); r.status != 200 {
+			t.Fatalf("%s: %d %q", name, r.status, r.header.Get(hdrReason))
+		}
+	}
 }
