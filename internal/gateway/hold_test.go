@@ -649,9 +649,10 @@ func TestHeldCachedFirstOnceAtRisk(t *testing.T) {
 	ids := map[string]int{"A": 8, "B": 9, "C": 10}
 	got := map[string]chan result{}
 	for i, name := range []string{"A", "B", "C"} {
-		got[name] = make(chan result, 1)
+		ch := make(chan result, 1)
+		got[name] = ch
 		body := tokenPrompt(ids[name], 600, false) // 0.6 s alone: fits nowhere against 0.5 s
-		go func() { got[name] <- post(t, url+"/v1/completions", body, nil) }()
+		go func() { ch <- post(t, url+"/v1/completions", body, nil) }()
 		waitFor(t, func() bool { return g.heldNow() == i+1 })
 	}
 	b := make([]uint32, 600)
@@ -683,7 +684,7 @@ func TestHeldCachedFirstOnceAtRisk(t *testing.T) {
 	if first != "B" || r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold (slack)") {
 		t.Fatalf("first released %s (%d %q), want B, whose prompt the endpoint holds", first, r.status, r.header.Get(hdrReason))
 	}
-	time.Sleep(3 * holdPoll) // release passes run; B's 8 uncached tokens keep the endpoint busy
+	time.Sleep(3 * holdPoll) // release passes run; until the clock moves, neither A nor C has slack
 	if g.heldNow() != 2 {
 		t.Fatalf("held %d after B's release, want A and C still held", g.heldNow())
 	}
