@@ -182,13 +182,7 @@ func (f *releaseFleet) Dispatch(h *sched.Held, d sched.Decision) {
 // holdReturns is each model's hold returns rate now (sched.Returns.Rate).
 func (g *Gateway) holdReturns() map[string]float64 {
 	now := g.clock()
-	g.mu.RLock()
-	defer g.mu.RUnlock()
-	out := make(map[string]float64, len(g.models))
-	for model, mf := range g.models {
-		out[model] = mf.hold.q.ReturnsRate(now)
-	}
-	return out
+	return g.perModel(func(mf *modelFleet) float64 { return mf.hold.q.ReturnsRate(now) })
 }
 
 // heldNow counts the requests held over every model.

@@ -151,11 +151,16 @@ func loadOf(e *sched.Endpoint) endpointLoad {
 
 // stepSlacks is each model fleet's step slack (load.Fleet.StepSlack).
 func (g *Gateway) stepSlacks() map[string]float64 {
+	return g.perModel(func(mf *modelFleet) float64 { return mf.load.StepSlack() })
+}
+
+// perModel is v of each model's fleet, by model name.
+func (g *Gateway) perModel(v func(*modelFleet) float64) map[string]float64 {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	out := make(map[string]float64, len(g.models))
 	for model, mf := range g.models {
-		out[model] = mf.load.StepSlack()
+		out[model] = v(mf)
 	}
 	return out
 }
