@@ -469,8 +469,8 @@ const cacheFirstCandidates = 64
 
 // cacheFirst is the held request a release on slack (without early
 // rejection) serves next once the held requests' caches are at risk
-// (cachesAtRisk), head being the first by priority then arrival; s is
-// scratch.
+// (cachesAtRisk), head being the first by priority then arrival; s holds
+// the head's snapshot and is scratch after.
 //
 // A held request has missed its SLO; the order the hold serves such
 // requests in moves little attainment, but it decides how much of their
@@ -492,7 +492,9 @@ func (sc *Scheduler) cacheFirst(q *HoldQueue, head *Held, f HoldFleet, s *Snapsh
 		if c.Req.Priority != head.Req.Priority {
 			break
 		}
-		f.SnapshotFor(c, s)
+		if c != head {
+			f.SnapshotFor(c, s) // s holds the head's already
+		}
 		if i := sc.pickWithSlack(&c.Req, s); i >= 0 && s.Endpoints[i].CachedTokens > most {
 			best, most = c, s.Endpoints[i].CachedTokens
 		}
