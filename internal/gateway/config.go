@@ -108,6 +108,10 @@ type HoldConfig struct {
 	Max     time.Duration `yaml:"max"`
 	Slack   float64       `yaml:"slack_slos"`
 	Quiet   float64       `yaml:"quiet_slos"`
+	// Touch (default true), without early rejection: keep held
+	// requests' cached prefixes warm with one-token requests
+	// (sched.Scheduler.TouchHeld); false sends none.
+	Touch *bool `yaml:"touch"`
 	// MaxRequests caps the requests held per model (default 4096);
 	// beyond it a request that fits nowhere gets 429.
 	MaxRequests int `yaml:"max_requests"`
@@ -124,7 +128,8 @@ const (
 func (c *Config) scheduler(pol sched.Policy) *sched.Scheduler {
 	h := c.Hold
 	mode, _ := sched.ParseHoldMode(h.Mode) // checked by Validate
-	sc := sched.HoldSettings{Mode: mode, Min: h.Min, Backlog: h.Backlog, Max: h.Max.Seconds(), Slack: h.Slack, Quiet: h.Quiet}.
+	sc := sched.HoldSettings{Mode: mode, Min: h.Min, Backlog: h.Backlog, Max: h.Max.Seconds(), Slack: h.Slack, Quiet: h.Quiet,
+		NoTouch: h.Touch != nil && !*h.Touch}.
 		Scheduler(pol, *c.EarlyReject)
 	sc.Explain = true
 	return sc

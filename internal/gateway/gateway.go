@@ -126,6 +126,8 @@ type modelFleet struct {
 	hold    *holdQueue       // requests held at the router (hold.go)
 	// investing are the hold's investments in progress (invest.go).
 	investing investments
+	// touching counts its touches in flight (touch.go).
+	touching atomic.Int64
 }
 
 // New builds a gateway from a validated config.

@@ -126,7 +126,9 @@ func (g *Gateway) releaseLoop(mf *modelFleet) {
 	defer t.Stop()
 	for {
 		now := g.clock()
-		g.sched.Load().ReleaseHeld(hq.q, now, rf, &snap)
+		sc := g.sched.Load()
+		sc.ReleaseHeld(hq.q, now, rf, &snap)
+		sc.TouchHeld(hq.q, g.clock(), rf, &snap)
 		hq.mu.Lock()
 		if hq.q.Len() == 0 {
 			hq.running = false

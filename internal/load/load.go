@@ -192,6 +192,9 @@ type Work struct {
 	// Deadline is when its first token is due (the caller's clock:
 	// arrival + TTFT SLO); 0: none.
 	Deadline float64
+	// Touch: a touch of a held request's cached prefix (sched.Toucher),
+	// not a request's prefill: the fleet's mean prefill leaves it out.
+	Touch bool
 }
 
 // ConversationMemory is how long (seconds, the time constant of an
@@ -522,7 +525,9 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 		// An idle endpoint starts a busy window.
 		e.win = busyWindow{open: true, start: now, xs: e.win.xs[:0]}
 	}
-	f.notePrefill(fl.compute)
+	if !w.Touch {
+		f.notePrefill(fl.compute)
+	}
 	start := max(e.busy, now)
 	e.busy = start + fl.compute
 	fl.done = e.busy

@@ -99,6 +99,8 @@ func ParseHoldMode(s string) (HoldMode, error) {
 type HoldSettings struct {
 	Mode                            HoldMode
 	Min, Backlog, Max, Slack, Quiet float64
+	// NoTouch: Scheduler.HoldNoTouch.
+	NoTouch bool
 }
 
 // Scheduler returns the scheduler of pol, with early rejection or not, that
@@ -106,7 +108,8 @@ type HoldSettings struct {
 func (h HoldSettings) Scheduler(pol Policy, earlyReject bool) *Scheduler {
 	return &Scheduler{Policy: pol, EarlyReject: earlyReject,
 		Hold:    h.Mode == HoldAlways || (h.Mode == HoldByPolicy && HoldsLost(pol)),
-		HoldMin: h.Min, HoldBacklog: h.Backlog, HoldMax: h.Max, HoldSlack: h.Slack, HoldQuiet: h.Quiet}
+		HoldMin: h.Min, HoldBacklog: h.Backlog, HoldMax: h.Max, HoldSlack: h.Slack, HoldQuiet: h.Quiet,
+		HoldNoTouch: h.NoTouch}
 }
 
 // ErrHoldFull is returned by HoldQueue.Push when the queue is at its cap.
@@ -129,6 +132,7 @@ type Held struct {
 	// (Returns); nil when unknown.
 	Keys []uint64
 
+	touch    touchState // TouchHeld's, on its goroutine only
 	seq      uint64
 	prio, dl int // heap positions; -1 when out
 }
@@ -144,6 +148,11 @@ type HoldQueue struct {
 	cap        int
 	rejections LoadRejections
 	returns    Returns
+	// Touch passes' (touch.go): the turnover the last pass saw, when
+	// the head it saw would be at risk, and the touches sent.
+	turnover float64
+	riskAt   float64
+	touches  uint64
 }
 
 // LoadRejections remembers when the fleet last rejected a request for the

@@ -69,7 +69,7 @@ func (tr *truthRun) delay(i, ri int, d, end float64) {
 			break
 		}
 	}
-	if tr.onDelay != nil {
+	if tr.onDelay != nil && ri >= 0 {
 		tr.onDelay(ri, end)
 	}
 }

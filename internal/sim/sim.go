@@ -137,6 +137,11 @@ type Result struct {
 	// rejected for the load (sched.Scheduler.YieldFor); they count as
 	// rejected.
 	Yielded float64 `json:"yielded,omitempty"`
+	// Touches is the number of touches per request: one-token requests
+	// that kept held requests' cached prefixes warm
+	// (sched.Scheduler.TouchHeld), engine work the requests' figures
+	// do not count.
+	Touches float64 `json:"touches,omitempty"`
 	Goodput float64 `json:"goodput"`
 	TPOTP50 float64 `json:"tpot_p50,omitempty"`
 	TPOTP99 float64 `json:"tpot_p99,omitempty"`
@@ -174,6 +179,7 @@ func Run(ctx context.Context, cfg Config, tr *workload.Trace, sc *sched.Schedule
 		if err := r.step(ri); err != nil {
 			return Result{}, err
 		}
+		r.touchHeld()
 	}
 	if err := r.releaseUntil(math.Inf(1)); err != nil {
 		return Result{}, err
@@ -221,6 +227,9 @@ type run struct {
 	// request that would be rejected for the load, as far as they got.
 	investing []investment
 	yields    int
+	// touches counts the touches of held requests' prefixes sent
+	// (touch.go); touchSeq numbers them for the true engine.
+	touches, touchSeq int
 }
 
 func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
@@ -364,6 +373,7 @@ func (r *run) releaseUntil(t float64) error {
 		if r.holdErr != nil {
 			return r.holdErr
 		}
+		r.touchHeld()
 		if n == 0 && te <= last {
 			// Nothing can be released (no decode endpoint): what is
 			// still held stays unserved.
@@ -539,6 +549,7 @@ func (r *run) summarise() Result {
 		res.Unserved = float64(unserved+r.hold.Len()) / float64(total)
 		res.Held = float64(r.held) / float64(total)
 		res.Yielded = float64(r.yields) / float64(total)
+		res.Touches = float64(r.touches) / float64(total)
 	}
 	if r.truth != nil {
 		r.truth.summarise(r, &res)

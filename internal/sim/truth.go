@@ -162,9 +162,9 @@ func (tr *truthRun) predictor(name string, names []string, clock *float64, windo
 	return nil, fmt.Errorf("sim: unknown predictor %q (known: analytic, learned, true)", name)
 }
 
-// route runs request ri, routed at time at to instance i with the given
-// uncached and cached tokens, on the true engine; it returns the true end
-// of its prefill. freeAt is when the router predicted the instance's queue
+// route runs request ri (< 0: a touch, touch.go), routed at time at to
+// instance i with the given uncached and cached tokens, on the true
+// engine; it returns the true end of its prefill. freeAt is when the router predicted the instance's queue
 // to empty before this request.
 func (tr *truthRun) route(lf *load.Fleet, fl *load.Flight, ri, i, uncached, cached int, at, freeAt float64) float64 {
 	exact := tr.t.seconds(i, uncached, cached, max(at, tr.free[i]))
@@ -178,6 +178,9 @@ func (tr *truthRun) route(lf *load.Fleet, fl *load.Flight, ri, i, uncached, cach
 		heard = max(end+tr.t.MeasureNoise*tr.rng.NormFloat64(), at)
 	}
 	tr.pending[i] = append(tr.pending[i], completion{ri: ri, fl: fl, end: end, heardAt: heard})
+	if ri < 0 {
+		return end // a touch (touch.go): no request's record
+	}
 	pred := lf.PredictedPrefillEnd(fl)
 	tr.predTTFT[ri] = pred - at
 	tr.predCompute[ri] = pred - max(at, freeAt)
@@ -206,9 +209,10 @@ func (tr *truthRun) advance(lf *load.Fleet, now float64) {
 		k := 0
 		for k < len(q) && q[k].heardAt <= now {
 			lf.FirstToken(q[k].fl, q[k].heardAt)
-			if tr.dec == nil {
+			if tr.dec == nil || q[k].ri < 0 {
 				// Prefill only: the request ends at its first token (with
-				// decode instances, at its stream's end).
+				// decode instances, at its stream's end; a touch has
+				// none).
 				lf.Finish(q[k].fl, q[k].heardAt)
 			}
 			q[k] = completion{}

@@ -29,6 +29,11 @@ type Input struct {
 type Prepared struct {
 	Tokens []uint32
 	Keys   []BlockKey
+	// EngineIDs: Tokens are the engine's own ids (given by the client, or
+	// from the model's real tokenizer and, for a conversation, its own
+	// chat template), so a request of these ids finds the blocks this
+	// request leaves cached; not so with the estimate.
+	EngineIDs bool
 }
 
 // ErrNoInput is returned when an Input holds none or more than one form.
@@ -51,18 +56,20 @@ func (s *Set) Prepare(ctx context.Context, model string, in Input, blockSize int
 	if given != 1 {
 		return Prepared{}, ErrNoInput
 	}
-	ids := in.TokenIDs
+	ids, engine := in.TokenIDs, true
 	if ids == nil {
 		tk := s.For(model)
 		var err error
 		if in.Prompt != nil {
 			ids, err = tk.Prompt(ctx, *in.Prompt)
+			engine = tk.realIDs()
 		} else {
 			ids, err = tk.Chat(ctx, in.Messages)
+			engine = tk.realIDs() && tk.exactChats()
 		}
 		if err != nil {
 			return Prepared{}, fmt.Errorf("tokenize: %w", err)
 		}
 	}
-	return Prepared{Tokens: ids, Keys: NewHasher(blockSize).Keys(ids, LoRAExtra(in.LoRA))}, nil
+	return Prepared{Tokens: ids, Keys: NewHasher(blockSize).Keys(ids, LoRAExtra(in.LoRA)), EngineIDs: engine}, nil
 }

@@ -47,6 +47,17 @@ func NewTokenizer(src Source, tmpl Template, cache *Cache, exactChat bool, names
 	return &Tokenizer{src: src, tmpl: tmpl, cache: cache, exact: exactChat && ok, ns: xxhash.Sum64String(namespace)}
 }
 
+// realIDs reports whether the source gives the model's real token ids
+// (the estimate's mean nothing to an engine).
+func (t *Tokenizer) realIDs() bool {
+	_, est := t.src.(EstimateSource)
+	return !est
+}
+
+// exactChats reports whether conversations are tokenized with the
+// engine's own chat template now (Chat).
+func (t *Tokenizer) exactChats() bool { return t.exact && !t.noMessages.Load() }
+
 // Prompt tokenizes a completion prompt.
 func (t *Tokenizer) Prompt(ctx context.Context, prompt string) ([]uint32, error) {
 	ids, err := t.cached(ctx, 'p', prompt, t.src.Tokenize)
@@ -71,7 +82,7 @@ func (t *Tokenizer) Prompt(ctx context.Context, prompt string) ([]uint32, error)
 // Otherwise each rendered message segment is cached, so a growing
 // conversation re-tokenizes only its new messages.
 func (t *Tokenizer) Chat(ctx context.Context, msgs []Message) ([]uint32, error) {
-	if t.exact && !t.noMessages.Load() {
+	if t.exactChats() {
 		ids, err := t.exactChat(ctx, msgs)
 		var se *StatusError
 		if err == nil || !errors.As(err, &se) || !se.refused() {

@@ -1,0 +1,129 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// Touches of held requests' cached prefixes (sched.Scheduler.TouchHeld,
+// docs/policies.md): the release loop's touch pass picks them, and the
+// gateway sends each as a real request, the prefix's token ids and one
+// token more to POST /v1/completions with max_tokens 1, accounted in the
+// load as a one-token prefill on its endpoint.
+
+// maxTouchesInFlight bounds each model fleet's touches in flight. A touch
+// is one token of work; more than this in flight means an engine is not
+// answering, and more touches would only queue behind them.
+const maxTouchesInFlight = 64
+
+// touchTimeout bounds how long a touch waits for its answer.
+const touchTimeout = 30 * time.Second
+
+// maxTouchAnswer bounds what is read of a touch's answer.
+const maxTouchAnswer = 1 << 20
+
+// touchRequest is a touch's body: the completions API's fields vLLM needs
+// to find the prefix (the model, and so its LoRA adapter; the cache salt
+// its block hashes mix in) and to compute no more than one token.
+type touchRequest struct {
+	Model       string   `json:"model"`
+	Prompt      []uint32 `json:"prompt"`
+	MaxTokens   int      `json:"max_tokens"`
+	Temperature float64  `json:"temperature"`
+	CacheSalt   string   `json:"cache_salt,omitempty"`
+}
+
+// Touch implements sched.Toucher: it sends the first tokens tokens of h's
+// prompt to endpoint i of the snapshot SnapshotFor last took for h. Only
+// prompts whose token ids are the engine's own are touched (with the
+// estimating tokenizer they would find nothing cached); a touch over the
+// fleet's bound in flight is skipped.
+func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
+	w := h.Value.(*waiter)
+	fv, prep := f.view, w.rt.prep
+	if fv == nil || i < 0 || i >= len(fv.members) || tokens <= 0 {
+		return
+	}
+	if !prep.EngineIDs {
+		f.g.met.touches.WithLabelValues(touchNotEngineIDs).Inc()
+		return
+	}
+	if f.mf.touching.Add(1) > maxTouchesInFlight {
+		f.mf.touching.Add(-1)
+		f.g.met.touches.WithLabelValues(touchSkipped).Inc()
+		return
+	}
+	ids := prep.Tokens[:min(tokens, len(prep.Tokens))]
+	body, err := json.Marshal(touchRequest{Model: w.rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: w.rt.req.CacheSalt})
+	if err != nil {
+		f.mf.touching.Add(-1)
+		f.g.log.Error("kvgate: touch", "err", err)
+		return
+	}
+	m := fv.members[i]
+	fl := f.mf.load.Route(fv.eps[i], f.g.clock(), load.Work{Uncached: 1, Cached: len(ids) - 1, Touch: true})
+	go f.g.touch(f.mf, m, fl, body)
+}
+
+// Outcomes of touches (kvgate_hold_touches_total).
+const (
+	touchDone         = "done"
+	touchFailed       = "failed"
+	touchSkipped      = "skipped"
+	touchNotEngineIDs = "not_engine_ids"
+)
+
+// touch sends a touch's body to m and ends its flight when the answer
+// comes (its first and only token) or the touch fails.
+func (g *Gateway) touch(mf *modelFleet, m *member, fl *load.Flight, body []byte) {
+	defer mf.touching.Add(-1)
+	ctx, cancel := context.WithTimeout(context.Background(), touchTimeout)
+	defer cancel()
+	err := g.sendTouch(ctx, m, body)
+	now := g.clock()
+	if err != nil {
+		mf.load.Finish(fl, now)
+		g.met.touches.WithLabelValues(touchFailed).Inc()
+		g.log.Debug("kvgate: touch failed", "endpoint", m.ep.Name, "err", err)
+		return
+	}
+	mf.load.FirstToken(fl, now)
+	mf.load.Finish(fl, now)
+	g.met.touches.WithLabelValues(touchDone).Inc()
+}
+
+// sendTouch posts body to m's completions API and reads the answer.
+func (g *Gateway) sendTouch(ctx context.Context, m *member, body []byte) error {
+	if m.ep.URL == "" {
+		return fmt.Errorf("endpoint %s has no url", m.ep.Name)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, m.ep.URL+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if m.ep.Ranked() {
+		req.Header.Set(hdrDPRank, fmt.Sprint(m.ep.DPRank))
+	}
+	resp, err := g.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	msg, err := io.ReadAll(io.LimitReader(resp.Body, maxTouchAnswer))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg[:min(len(msg), 512)]))
+	}
+	return nil
+}

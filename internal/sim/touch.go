@@ -1,0 +1,40 @@
+package sim
+
+import (
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// Touch implements sched.Toucher: a one-token request on held request h's
+// cached prefix, sent to prefill instance i at the current time. It is
+// routed as any request (a prefill of one token behind the instance's
+// queue, on the true engine when there is one) and, as a dispatch does,
+// refreshes the prefix's blocks in the instance's cache; it has no decode
+// leg and counts in no request's result.
+func (r *run) Touch(h *sched.Held, i, tokens int) {
+	if i < 0 || i >= r.n {
+		return
+	}
+	q := &r.tr.Requests[h.Value.(int)]
+	bs := r.tr.BlockSize
+	blocks := min(tokens/bs, len(q.Keys))
+	cached := blocks * bs
+	unc := max(tokens-cached, 1)
+	t := r.snap.Now
+	freeAt := r.snap.Endpoints[i].FreeAt
+	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, Cached: cached,
+		PrefillSeconds: r.cfg.Model.PrefillTime(unc), Touch: true})
+	if r.truth != nil {
+		r.touchSeq++
+		r.truth.route(r.load, fl, -r.touchSeq, i, unc, cached, t, freeAt)
+	}
+	r.cache.insert(i, q.Keys[:blocks])
+	r.touches++
+}
+
+// touchHeld runs a touch pass at the current time.
+func (r *run) touchHeld() {
+	if r.hold.Len() > 0 {
+		r.sc.TouchHeld(r.hold, r.snap.Now, r, &r.snap)
+	}
+}
