@@ -130,7 +130,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			openai.WriteError(w, err)
 			return
 		}
-		if p.dec.Hold {
+		if !p.dec.Hold {
+			rt.touchIDs = nil // not held: nothing to touch
+		} else {
 			if p, err = g.hold(r.Context(), rt, p); err != nil {
 				g.met.outcome(holdOutcome(r.Context(), err), rt.class.Name, g.policy)
 				openai.WriteError(w, err)

@@ -38,6 +38,10 @@ type routed struct {
 	// opens: a chat request without an assistant message (it starts a
 	// conversation; sched.Request.OpensConversation).
 	opens bool
+	// touchIDs are the prompt's token ids while a hold may touch its
+	// cached prefix (touch.go): the engine's own ids, kept only until
+	// the request is decided without being held.
+	touchIDs []uint32
 }
 
 // plan is a decision turned into endpoints.
@@ -207,7 +211,12 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	// From here on the counts, the keys and the raw body are all a request
 	// needs: let the parsed prompt go, so that once its large-body slot is
 	// released a request holds about its body, not 3 times it (16 Mi token
-	// ids are a 32 MiB body but 64 MiB parsed).
+	// ids are a 32 MiB body but 64 MiB parsed). Only a request the hold
+	// may touch keeps its ids (4 bytes a token), until it is decided
+	// without being held.
+	if sc := g.sched.Load(); p.EngineIDs && sc.Hold && !sc.EarlyReject && !sc.HoldNoTouch {
+		rt.touchIDs = p.Tokens
+	}
 	rt.prep.Tokens = nil
 	req.Prompt, req.Messages = openai.Prompt{}, nil
 	return nil

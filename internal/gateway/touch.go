@@ -48,11 +48,11 @@ type touchRequest struct {
 // fleet's bound in flight is skipped.
 func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 	w := h.Value.(*waiter)
-	fv, prep := f.view, w.rt.prep
+	fv, prompt := f.view, w.rt.touchIDs
 	if fv == nil || i < 0 || i >= len(fv.members) || tokens <= 0 {
 		return
 	}
-	if !prep.EngineIDs {
+	if prompt == nil {
 		f.g.met.touches.WithLabelValues(touchNotEngineIDs).Inc()
 		return
 	}
@@ -61,7 +61,7 @@ func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 		f.g.met.touches.WithLabelValues(touchSkipped).Inc()
 		return
 	}
-	ids := prep.Tokens[:min(tokens, len(prep.Tokens))]
+	ids := prompt[:min(tokens, len(prompt))]
 	body, err := json.Marshal(touchRequest{Model: w.rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: w.rt.req.CacheSalt})
 	if err != nil {
 		f.mf.touching.Add(-1)

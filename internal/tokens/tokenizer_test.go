@@ -175,6 +175,9 @@ func TestPrepare(t *testing.T) {
 	if err != nil || ids.Keys[1] != p.Keys[1] {
 		t.Fatal("token ids and the prompt they came from must give the same keys", err)
 	}
+	if p.EngineIDs || !ids.EngineIDs {
+		t.Fatalf("engine ids: estimated %v, given %v; want false, true", p.EngineIDs, ids.EngineIDs)
+	}
 	lora, _ := set.Prepare(ctx, "m", Input{TokenIDs: p.Tokens, LoRA: "x"}, 16)
 	if lora.Keys[0] == p.Keys[0] {
 		t.Fatal("a LoRA adapter must change the keys")
@@ -186,5 +189,34 @@ func TestPrepare(t *testing.T) {
 	}
 	if _, err := set.Prepare(ctx, "m", Input{Prompt: &text}, 0); err == nil {
 		t.Error("block size 0 accepted")
+	}
+}
+
+// TestEngineIDs: a tokenizer gives the engine's own ids for prompts unless
+// it estimates, and for conversations only while it renders them with the
+// engine's own chat template.
+func TestEngineIDs(t *testing.T) {
+	engine := &EngineSource{BaseURL: "http://127.0.0.1:1", Model: "m"}
+	tests := []struct {
+		name          string
+		tk            *Tokenizer
+		refused       bool // the engine refused a conversation once
+		prompt, chats bool
+	}{
+		{"estimate", NewTokenizer(EstimateSource{}, builtinTemplates["chatml"], nil, true, "e"), false, false, false},
+		{"engine, exact chats", NewTokenizer(engine, builtinTemplates["chatml"], nil, true, "a"), false, true, true},
+		{"engine, chats by template", NewTokenizer(engine, builtinTemplates["chatml"], nil, false, "b"), false, true, false},
+		{"engine that refused a chat", NewTokenizer(engine, builtinTemplates["chatml"], nil, true, "c"), true, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.tk.noMessages.Store(tt.refused)
+			if got := tt.tk.realIDs(); got != tt.prompt {
+				t.Errorf("real ids %v, want %v", got, tt.prompt)
+			}
+			if got := tt.tk.realIDs() && tt.tk.exactChats(); got != tt.chats {
+				t.Errorf("engine ids for chats %v, want %v", got, tt.chats)
+			}
+		})
 	}
 }

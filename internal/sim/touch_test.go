@@ -1,0 +1,47 @@
+package sim
+
+import (
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/kvgate/kvgate/internal/workload"
+)
+
+// TestTouchesKeepHeldPrefixes: on the long-prompt workload at 1.5× the
+// fleet's capacity (seed 0), without early rejection, requests wait at the
+// router for longer than the caches take to turn over. Touching their
+// cached prefixes keeps more of them cached until they are served: more
+// of the prompt tokens hit and more requests make their SLO than with
+// touches off, on the simulator's engines and on engines that prefill in
+// steps (the touches run there as one-token requests). With early
+// rejection nothing waits that long and nothing is touched.
+func TestTouchesKeepHeldPrefixes(t *testing.T) {
+	tr, err := workload.LongPrompt(workload.LongPrompts(25.5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := sched.New("kvgate", sched.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := baselineConfig()
+	steps.Truth = Chunked(steps.Prefill, steps.Model.PrefillTokensPerSec, 8192)
+	for name, cfg := range map[string]Config{"whole prompts": baselineConfig(), "steps": steps} {
+		t.Run(name, func(t *testing.T) {
+			on := runScheduler(t, cfg, tr, &sched.Scheduler{Policy: pol, Hold: true})
+			off := runScheduler(t, cfg, tr, &sched.Scheduler{Policy: pol, Hold: true, HoldNoTouch: true})
+			t.Logf("touches %.3f per request: hit %.3f attained %.4f p99 %.1f s; off: hit %.3f attained %.4f p99 %.1f s",
+				on.Touches, on.HitRate, on.Attainment, on.TTFTP99, off.HitRate, off.Attainment, off.TTFTP99)
+			if on.Touches == 0 || off.Touches != 0 {
+				t.Fatalf("touches per request %.3f on, %.3f off", on.Touches, off.Touches)
+			}
+			if on.HitRate <= off.HitRate || on.Attainment <= off.Attainment || on.Unserved != 0 {
+				t.Errorf("with touches hit %.3f attained %.4f unserved %.4f; without hit %.3f attained %.4f",
+					on.HitRate, on.Attainment, on.Unserved, off.HitRate, off.Attainment)
+			}
+		})
+	}
+	if er := runScheduler(t, baselineConfig(), tr, &sched.Scheduler{Policy: pol, Hold: true, EarlyReject: true}); er.Touches != 0 {
+		t.Errorf("with early rejection %.3f touches per request, want none", er.Touches)
+	}
+}
