@@ -7,10 +7,12 @@ import (
 
 // Touch implements sched.Toucher: a one-token request on held request h's
 // cached prefix, sent to prefill instance i at the current time. It is
-// routed as any request (a prefill of one token behind the instance's
-// queue, on the true engine when there is one) and, as a dispatch does,
-// refreshes the prefix's blocks in the instance's cache; it has no decode
-// leg and counts in no request's result.
+// routed as any request (behind the instance's queue, on the true engine
+// when there is one) and, as a dispatch does, refreshes the prefix's
+// blocks in the instance's cache; it has no decode leg and counts in no
+// request's result. Its compute is its token's prefill plus what one more
+// sequence of its context adds to a step (the model's per-sequence and
+// per-context decode costs): the query reads the whole cached prefix.
 func (r *run) Touch(h *sched.Held, i, tokens int) {
 	if i < 0 || i >= r.n {
 		return
@@ -22,8 +24,9 @@ func (r *run) Touch(h *sched.Held, i, tokens int) {
 	unc := max(tokens-cached, 1)
 	t := r.snap.Now
 	freeAt := r.snap.Endpoints[i].FreeAt
-	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, Cached: cached,
-		PrefillSeconds: r.cfg.Model.PrefillTime(unc), Touch: true})
+	m := r.cfg.Model
+	compute := m.PrefillTime(unc) + m.DecodeStepPerSeq + m.DecodeStepPerKContext*float64(tokens)/1000
+	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, Cached: cached, PrefillSeconds: compute, Touch: true})
 	if r.truth != nil {
 		r.touchSeq++
 		r.truth.route(r.load, fl, -r.touchSeq, i, unc, cached, t, freeAt)
