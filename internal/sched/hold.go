@@ -365,7 +365,7 @@ func (q *HoldQueue) peek(now float64) (*Held, bool) {
 
 // oldest appends to dst the first k held requests by priority then
 // arrival, in that order: a best-first walk down the priority heap, whose
-// frontier never holds more than k+1 entries.
+// frontier (itself a heap) never holds more than k+1 entries.
 func (q *HoldQueue) oldest(k int, dst []*Held) []*Held {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -373,24 +373,35 @@ func (q *HoldQueue) oldest(k int, dst []*Held) []*Held {
 	if len(h) == 0 || k <= 0 {
 		return dst
 	}
-	frontier := make([]int, 1, min(k+1, len(h)))
-	for len(frontier) > 0 && k > 0 {
-		m := 0
-		for j := 1; j < len(frontier); j++ {
-			if q.byPrio.less(h[frontier[j]], h[frontier[m]]) {
-				m = j
-			}
-		}
-		i := frontier[m]
-		frontier[m] = frontier[len(frontier)-1]
-		frontier = frontier[:len(frontier)-1]
+	f := &frontier{at: make([]int, 1, min(k+1, len(h))), h: h, less: q.byPrio.less}
+	for f.Len() > 0 && k > 0 {
+		i := heap.Pop(f).(int)
 		dst = append(dst, h[i])
 		k--
 		for c := 2*i + 1; c <= 2*i+2 && c < len(h); c++ {
-			frontier = append(frontier, c)
+			heap.Push(f, c)
 		}
 	}
 	return dst
+}
+
+// frontier is oldest's walk: positions in a held heap h, as a heap under
+// less.
+type frontier struct {
+	at   []int
+	h    []*Held
+	less func(a, b *Held) bool
+}
+
+func (f *frontier) Len() int           { return len(f.at) }
+func (f *frontier) Less(i, j int) bool { return f.less(f.h[f.at[i]], f.h[f.at[j]]) }
+func (f *frontier) Swap(i, j int)      { f.at[i], f.at[j] = f.at[j], f.at[i] }
+func (f *frontier) Push(x any)         { f.at = append(f.at, x.(int)) }
+func (f *frontier) Pop() any {
+	n := len(f.at) - 1
+	x := f.at[n]
+	f.at = f.at[:n]
+	return x
 }
 
 // heldHeap is a binary heap of held requests under less, keeping each

@@ -137,3 +137,56 @@ func pushHeld(t *testing.T, q *HoldQueue, name string, prio int, arrival float64
 		t.Fatal(err)
 	}
 }
+
+// countFleet is a Toucher over one snapshot that only counts touches.
+type countFleet struct {
+	snap *Snapshot
+	n    int
+}
+
+func (f *countFleet) SnapshotFor(_ *Held, s *Snapshot) { *s = *f.snap }
+func (f *countFleet) Dispatch(*Held, Decision)         {}
+func (f *countFleet) Touch(*Held, int, int)            { f.n++ }
+
+// BenchmarkTouchHeld is one touch pass over 64 endpoints with 300
+// requests held and their caches at risk: with every one of the
+// touchCandidates oldest due (a snapshot each), and with none due (the
+// pass right after).
+func BenchmarkTouchHeld(b *testing.B) {
+	_, s := benchFleet(64)
+	fl := *s
+	fl.Endpoints = append([]Endpoint(nil), s.Endpoints...)
+	for i := range fl.Endpoints {
+		fl.Endpoints[i].Role = fleet.RoleBoth
+		fl.Endpoints[i].HeldTokens = 1 << 20 // turnover: 52 s
+	}
+	fl.Now = 1000
+	for _, due := range []bool{true, false} {
+		b.Run(map[bool]string{true: "all-due", false: "none-due"}[due], func(b *testing.B) {
+			sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), Hold: true}
+			q := NewHoldQueue(512)
+			var held []*Held
+			for i := range 300 {
+				h := &Held{Req: Request{Arrival: float64(i), PromptTokens: 6400, SLO: SLO{TTFT: 2}}, Until: 1e9}
+				if err := q.Push(h); err != nil {
+					b.Fatal(err)
+				}
+				held = append(held, h)
+			}
+			f := &countFleet{snap: &fl}
+			var scratch Snapshot
+			sc.TouchHeld(q, 1000, f, &scratch)
+			if f.n == 0 {
+				b.Fatal("nothing touched")
+			}
+			for b.Loop() {
+				if due {
+					for _, h := range held {
+						h.touch = touchState{}
+					}
+				}
+				sc.TouchHeld(q, 1000, f, &scratch)
+			}
+		})
+	}
+}
