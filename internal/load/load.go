@@ -145,6 +145,8 @@ type Flight struct {
 	room      int
 	atRisk    float64
 	prefilled bool
+	// touch: Work.Touch.
+	touch bool
 	// queued: routed behind another prefill; deadline: Work.Deadline.
 	queued   bool
 	deadline float64
@@ -193,7 +195,8 @@ type Work struct {
 	// arrival + TTFT SLO); 0: none.
 	Deadline float64
 	// Touch: a touch of a held request's cached prefix (sched.Toucher),
-	// not a request's prefill: the fleet's mean prefill leaves it out.
+	// not a request's prefill: the fleet's mean prefill and the
+	// predictor leave it out (FirstToken).
 	Touch bool
 }
 
@@ -508,7 +511,7 @@ func (f *Fleet) notePrefill(seconds float64) {
 // Route records that a request was sent to e for its prefill at time now
 // and returns its flight.
 func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
-	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now}
+	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now, touch: w.Touch}
 	fl.prompt = fl.uncached + max(w.Cached, 0)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -695,6 +698,13 @@ func (f *Fleet) FirstToken(fl *Flight, at float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fl.prefilled {
+		return
+	}
+	if fl.touch {
+		// A touch's one token is not what the predictor models (a
+		// prompt's prefill): it ends inside its busy window, unobserved,
+		// without closing it.
+		f.prefillDone(fl, at)
 		return
 	}
 	e := fl.prefill

@@ -199,6 +199,7 @@ func TestMeanPrefill(t *testing.T) {
 	_, eps := snap(f, 0, 100, nil)
 	f.Route(eps[0], 0, Work{Uncached: 1000, PrefillSeconds: 1})
 	f.Route(eps[0], 0, Work{Uncached: 3000, PrefillSeconds: 3})
+	f.Route(eps[0], 0, Work{Uncached: 1, Cached: 3000, PrefillSeconds: 0.001, Touch: true}) // not a prefill's
 	for _, bad := range []float64{math.NaN(), math.Inf(1), -1} {
 		f.notePrefill(bad)
 	}

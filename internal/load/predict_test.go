@@ -227,3 +227,34 @@ func learnedEndpoint(t *testing.T, o predict.Options, batching bool) *Fleet {
 	f.SetBatchingEngines(batching)
 	return f
 }
+
+// TestTouchesTrainNothing: a touch (Work.Touch) of a held request's
+// prefix ends inside a busy window without being observed and without
+// closing it, with batching engines or not: the window of the two
+// prefills around it is reported as before, and a lone touch teaches
+// nothing.
+func TestTouchesTrainNothing(t *testing.T) {
+	for _, batching := range []bool{true, false} {
+		f := learnedEndpoint(t, predict.Options{}, batching)
+		_, eps := snap(f, 0, 0, nil)
+		f1 := f.Route(eps[0], 0, Work{Uncached: 2000})
+		tc := f.Route(eps[0], 0.01, Work{Uncached: 1, Cached: 4000, Touch: true})
+		f2 := f.Route(eps[0], 0.02, Work{Uncached: 2000})
+		f.FirstToken(tc, 0.05)
+		f.Finish(tc, 0.05)
+		f.FirstToken(f1, 0.1)
+		f.FirstToken(f2, 0.2)
+		want := 1
+		if !batching {
+			want = 2 // each first token is observed
+		}
+		if st, _ := f.PredictorStats("a"); st.Samples != want {
+			t.Errorf("batching %v: %d samples around a touch, want %d", batching, st.Samples, want)
+		}
+		lone := f.Route(eps[0], 1, Work{Uncached: 1, Cached: 4000, Touch: true})
+		f.FirstToken(lone, 1.01)
+		if st, _ := f.PredictorStats("a"); st.Samples != want {
+			t.Errorf("batching %v: a lone touch was observed (%d samples)", batching, st.Samples)
+		}
+	}
+}
