@@ -19,10 +19,12 @@ import (
 // token more to POST /v1/completions with max_tokens 1, accounted in the
 // load as a one-token prefill on its endpoint.
 
-// maxTouchesInFlight bounds each model fleet's touches in flight. A touch
-// is one token of work; more than this in flight means an engine is not
-// answering, and more touches would only queue behind them.
-const maxTouchesInFlight = 64
+// maxTouchesInFlight bounds each model fleet's touches in flight: one
+// touch pass's worth. A touch is one token of work; more than that in
+// flight means an engine is not answering, and more touches would only
+// queue behind them. A skipped touch's request is touched again half a
+// turnover later, as a sent one's.
+const maxTouchesInFlight = sched.TouchCandidates
 
 // touchTimeout bounds how long a touch waits for its answer.
 const touchTimeout = 30 * time.Second

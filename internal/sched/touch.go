@@ -24,9 +24,10 @@ import "math"
 // once the held requests' caches are at risk (the oldest has waited
 // longer than the turnover, as for cacheFirst).
 
-// touchCandidates is how many of the oldest held requests a touch pass
-// walks: each due one costs a snapshot.
-const touchCandidates = 256
+// TouchCandidates is how many of the oldest held requests a touch pass
+// walks (each due one costs a snapshot), so the most touches one pass
+// sends.
+const TouchCandidates = 256
 
 // touchCacheShare is the share of an endpoint's cache that the held
 // prefixes kept warm on it may fill.
@@ -59,7 +60,7 @@ func (sc *Scheduler) TouchHeld(q *HoldQueue, now float64, f Toucher, s *Snapshot
 	if sc.EarlyReject || !sc.Hold || sc.HoldNoTouch {
 		return 0
 	}
-	cands := q.oldest(touchCandidates, make([]*Held, 0, touchCandidates))
+	cands := q.oldest(TouchCandidates, make([]*Held, 0, TouchCandidates))
 	if len(cands) == 0 {
 		return 0
 	}

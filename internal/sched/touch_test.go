@@ -150,7 +150,7 @@ func (f *countFleet) Touch(*Held, int, int)            { f.n++ }
 
 // BenchmarkTouchHeld is one touch pass over 64 endpoints with 300
 // requests held and their caches at risk: with every one of the
-// touchCandidates oldest due (a snapshot each), and with none due (the
+// TouchCandidates oldest due (a snapshot each), and with none due (the
 // pass right after).
 func BenchmarkTouchHeld(b *testing.B) {
 	_, s := benchFleet(64)
