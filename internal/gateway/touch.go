@@ -71,7 +71,11 @@ func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 		return
 	}
 	m := fv.members[i]
-	fl := f.mf.load.Route(fv.eps[i], f.g.clock(), load.Work{Uncached: 1, Cached: len(ids) - 1, Touch: true})
+	var compute float64 // its one token's prefill
+	if sp := fv.snap.Endpoints[i].PrefillSpeed; sp > 0 {
+		compute = 1 / sp
+	}
+	fl := f.mf.load.Route(fv.eps[i], f.g.clock(), load.Work{Uncached: 1, Cached: len(ids) - 1, PrefillSeconds: compute, Touch: true})
 	go f.g.touch(f.mf, m, fl, body)
 }
 

@@ -145,7 +145,7 @@ type Flight struct {
 	room      int
 	atRisk    float64
 	prefilled bool
-	// touch: Work.Touch.
+	// touch: Work.Touch (routeTouch).
 	touch bool
 	// queued: routed behind another prefill; deadline: Work.Deadline.
 	queued   bool
@@ -195,8 +195,8 @@ type Work struct {
 	// arrival + TTFT SLO); 0: none.
 	Deadline float64
 	// Touch: a touch of a held request's cached prefix (sched.Toucher),
-	// not a request's prefill: the fleet's mean prefill and the
-	// predictor leave it out (FirstToken).
+	// not a request: it only takes its place, PrefillSeconds long, in
+	// the endpoint's queue (routeTouch).
 	Touch bool
 }
 
@@ -511,10 +511,13 @@ func (f *Fleet) notePrefill(seconds float64) {
 // Route records that a request was sent to e for its prefill at time now
 // and returns its flight.
 func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
-	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now, touch: w.Touch}
-	fl.prompt = fl.uncached + max(w.Cached, 0)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if w.Touch {
+		return f.routeTouch(e, now, max(w.PrefillSeconds, 0))
+	}
+	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now}
+	fl.prompt = fl.uncached + max(w.Cached, 0)
 	fl.x = e.features(fl.uncached, max(w.Cached, 0))
 	if e.info.Role.CanDecode() {
 		// Aggregated unless Decode moves it: the stream decodes here.
@@ -528,9 +531,7 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 		// An idle endpoint starts a busy window.
 		e.win = busyWindow{open: true, start: now, xs: e.win.xs[:0]}
 	}
-	if !w.Touch {
-		f.notePrefill(fl.compute)
-	}
+	f.notePrefill(fl.compute)
 	start := max(e.busy, now)
 	e.busy = start + fl.compute
 	fl.done = e.busy
@@ -550,6 +551,24 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 			e.active[k]++
 		}
 	}
+	return fl
+}
+
+// routeTouch queues a touch (Work.Touch) on e, taking compute seconds: it
+// takes its place in the FIFO queue, but is no request of the endpoint's
+// (not in its requests, uncached tokens, decode streams, steps or the
+// mean prefill), and the predictor neither times it nor learns from it
+// (FirstToken). Counted as a request, a touch of a 30 000-token prefix
+// weighed on its endpoint as a 30 000-token decode stream.
+func (f *Fleet) routeTouch(e *Endpoint, now, compute float64) *Flight {
+	fl := &Flight{prefill: e, routed: now, touch: true, compute: compute}
+	if e.head == len(e.queue) {
+		e.win = busyWindow{open: true, start: now, xs: e.win.xs[:0]}
+	}
+	start := max(e.busy, now)
+	e.busy = start + compute
+	fl.done, fl.ttft, fl.queued = e.busy, e.busy-now, start > now
+	e.queue = append(e.queue, fl)
 	return fl
 }
 
@@ -828,6 +847,9 @@ func (f *Fleet) finish(fl *Flight, at float64) {
 	f.unobserved(fl)
 	f.prefillDone(fl, at)
 	fl.finished = true
+	if fl.touch {
+		return // it held nothing else (routeTouch)
+	}
 	if d := fl.decoder(); d != nil {
 		d.ctx -= fl.prompt
 	}
