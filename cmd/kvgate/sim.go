@@ -111,7 +111,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.holdBacklog, "hold-backlog", sl.holdBacklog, "a held request's deadline: this times the fleet's backlog at its arrival (mean queue wait + held compute per instance)")
 	flagrange.Var(fl, &f.holdMax, "hold-max", sl.holdMax, "a held request's deadline is at most this long after its arrival")
 	flagrange.Var(fl, &f.holdSlack, "hold-slack", sl.holdSlack, "a held request is released early onto an idle instance or one where its predicted TTFT is within this many SLOs")
-	fs.BoolVar(&f.holdTouch, "hold-touch", true, "without early rejection, keep the cached prefixes of requests held longer than the fleet's cache turnover warm with one-token requests, within half of each instance's cache (docs/policies.md); false sends none")
+	fs.BoolVar(&f.holdTouch, "hold-touch", false, "without early rejection, keep the cached prefixes of requests held longer than the fleet's cache turnover warm with one-token requests, within half of each instance's cache (experimental: the simulator gains, a live replay lost; docs/policies.md)")
 	flagrange.Var(fl, &f.holdQuiet, "hold-quiet", sl.holdQuiet, "with early rejection, a held request is served on an idle instance (of a fleet at least half idle) once no request has been rejected for the load for this many SLOs (earlier, by the share of them that has passed, while most such late answers were followed by their conversation's next turn; never while fewer than a quarter were); it gives the instance up to an arrival that would otherwise be rejected for the load")
 	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents, %d for long-prompts)", wl.Rate, maxRates, longPromptRate))
 	fs.StringVar(&f.loads, "loads", "", fmt.Sprintf("instead of --rates: comma-separated loads, each %s, at most %d: multiples of the fleet's prefill capacity on the workload (instances × prefill speed / mean uncached tokens per request under cache-only routing, measured on each seed's workload first)", sl.load, maxRates))
@@ -229,7 +229,7 @@ type simJob struct {
 func (f *simFlags) holdSettings() sched.HoldSettings {
 	mode, _ := sched.ParseHoldMode(f.hold)
 	return sched.HoldSettings{Mode: mode, Min: f.holdMin, Backlog: f.holdBacklog, Max: f.holdMax, Slack: f.holdSlack, Quiet: f.holdQuiet,
-		NoTouch: !f.holdTouch}
+		Touch: f.holdTouch}
 }
 
 type simOutput struct {

@@ -108,10 +108,10 @@ type HoldConfig struct {
 	Max     time.Duration `yaml:"max"`
 	Slack   float64       `yaml:"slack_slos"`
 	Quiet   float64       `yaml:"quiet_slos"`
-	// Touch (default true), without early rejection: keep held
-	// requests' cached prefixes warm with one-token requests
-	// (sched.Scheduler.TouchHeld); false sends none.
-	Touch *bool `yaml:"touch"`
+	// Touch, without early rejection: keep held requests' cached
+	// prefixes warm with one-token requests (sched.Scheduler.TouchHeld;
+	// experimental, off by default: docs/policies.md).
+	Touch bool `yaml:"touch"`
 	// MaxRequests caps the requests held per model (default 4096);
 	// beyond it a request that fits nowhere gets 429.
 	MaxRequests int `yaml:"max_requests"`
@@ -129,7 +129,7 @@ func (c *Config) scheduler(pol sched.Policy) *sched.Scheduler {
 	h := c.Hold
 	mode, _ := sched.ParseHoldMode(h.Mode) // checked by Validate
 	sc := sched.HoldSettings{Mode: mode, Min: h.Min, Backlog: h.Backlog, Max: h.Max.Seconds(), Slack: h.Slack, Quiet: h.Quiet,
-		NoTouch: h.Touch != nil && !*h.Touch}.
+		Touch: h.Touch}.
 		Scheduler(pol, *c.EarlyReject)
 	sc.Explain = true
 	return sc

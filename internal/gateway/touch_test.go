@@ -65,7 +65,7 @@ func TestHeldPrefixTouched(t *testing.T) {
 		Endpoints:   []fleet.Endpoint{{Name: "up", URL: srv.URL, Model: testModel, PrefillSpeed: 1000}},
 		Classes:     []Class{{Name: "standard", Priority: 1, TTFT: 0.5}},
 		EarlyReject: &off,
-		Hold:        HoldConfig{Min: 20},
+		Hold:        HoldConfig{Min: 20, Touch: true},
 	}
 	g, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 	ctx, cancel := context.WithCancel(context.Background())

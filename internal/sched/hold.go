@@ -99,8 +99,8 @@ func ParseHoldMode(s string) (HoldMode, error) {
 type HoldSettings struct {
 	Mode                            HoldMode
 	Min, Backlog, Max, Slack, Quiet float64
-	// NoTouch: Scheduler.HoldNoTouch.
-	NoTouch bool
+	// Touch: Scheduler.HoldTouch.
+	Touch bool
 }
 
 // Scheduler returns the scheduler of pol, with early rejection or not, that
@@ -109,7 +109,7 @@ func (h HoldSettings) Scheduler(pol Policy, earlyReject bool) *Scheduler {
 	return &Scheduler{Policy: pol, EarlyReject: earlyReject,
 		Hold:    h.Mode == HoldAlways || (h.Mode == HoldByPolicy && HoldsLost(pol)),
 		HoldMin: h.Min, HoldBacklog: h.Backlog, HoldMax: h.Max, HoldSlack: h.Slack, HoldQuiet: h.Quiet,
-		HoldNoTouch: h.NoTouch}
+		HoldTouch: h.Touch}
 }
 
 // ErrHoldFull is returned by HoldQueue.Push when the queue is at its cap.

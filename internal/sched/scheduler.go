@@ -52,9 +52,9 @@ type Scheduler struct {
 	// arrival + HoldMin SLOs, if no endpoint had that slack.
 	Hold                                                bool
 	HoldMin, HoldBacklog, HoldMax, HoldSlack, HoldQuiet float64
-	// HoldNoTouch turns off TouchHeld: held requests' cached prefixes
-	// are not kept warm (touch.go).
-	HoldNoTouch bool
+	// HoldTouch turns on TouchHeld: held requests' cached prefixes are
+	// kept warm (touch.go; experimental, off by default).
+	HoldTouch bool
 
 	scratch sync.Pool // *view
 }

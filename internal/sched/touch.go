@@ -57,7 +57,7 @@ type touchState struct {
 // nothing is held long): it returns how many touches it sent. s is
 // scratch for the snapshots.
 func (sc *Scheduler) TouchHeld(q *HoldQueue, now float64, f Toucher, s *Snapshot) int {
-	if sc.EarlyReject || !sc.Hold || sc.HoldNoTouch {
+	if sc.EarlyReject || !sc.Hold || !sc.HoldTouch {
 		return 0
 	}
 	cands := q.oldest(TouchCandidates, make([]*Held, 0, TouchCandidates))

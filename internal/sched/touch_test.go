@@ -70,12 +70,12 @@ func TestTouchHeld(t *testing.T) {
 		{"the serving order: priority first", []held{x, {"urgent", 1, 0.2, 8000, [2]int{4000, 0}}}, 10.5, nil, []string{"urgent@a:4001"}},
 		{"early rejection: none", []held{x}, 10.5, func(sc *Scheduler) { sc.EarlyReject = true }, nil},
 		{"no hold: none", []held{x}, 10.5, func(sc *Scheduler) { sc.Hold = false }, nil},
-		{"turned off: none", []held{x}, 10.5, func(sc *Scheduler) { sc.HoldNoTouch = true }, nil},
+		{"not turned on: none", []held{x}, 10.5, func(sc *Scheduler) { sc.HoldTouch = false }, nil},
 	}
 	pol, _ := New("kvgate", Options{})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+			sc := &Scheduler{Policy: pol, Hold: true, HoldTouch: true, DefaultSLO: SLO{TTFT: 2}}
 			if tt.mutate != nil {
 				tt.mutate(sc)
 			}
@@ -98,7 +98,7 @@ func TestTouchHeld(t *testing.T) {
 // one found with nothing cached is looked at again only then too.
 func TestTouchHeldAgainAfterHalfTurnover(t *testing.T) {
 	pol, _ := New("kvgate", Options{})
-	sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+	sc := &Scheduler{Policy: pol, Hold: true, HoldTouch: true, DefaultSLO: SLO{TTFT: 2}}
 	f, q := newTouchFleet(t, 11)
 	f.cached["x"] = [2]int{2000, 0}
 	pushHeld(t, q, "x", 0, 0, 3000)
@@ -163,7 +163,7 @@ func BenchmarkTouchHeld(b *testing.B) {
 	fl.Now = 1000
 	for _, due := range []bool{true, false} {
 		b.Run(map[bool]string{true: "all-due", false: "none-due"}[due], func(b *testing.B) {
-			sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), Hold: true}
+			sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), Hold: true, HoldTouch: true}
 			q := NewHoldQueue(512)
 			var held []*Held
 			for i := range 300 {

@@ -28,8 +28,8 @@ func TestTouchesKeepHeldPrefixes(t *testing.T) {
 	steps.Truth = Chunked(steps.Prefill, steps.Model.PrefillTokensPerSec, 8192)
 	for name, cfg := range map[string]Config{"whole prompts": baselineConfig(), "steps": steps} {
 		t.Run(name, func(t *testing.T) {
-			on := runScheduler(t, cfg, tr, &sched.Scheduler{Policy: pol, Hold: true})
-			off := runScheduler(t, cfg, tr, &sched.Scheduler{Policy: pol, Hold: true, HoldNoTouch: true})
+			on := runScheduler(t, cfg, tr, &sched.Scheduler{Policy: pol, Hold: true, HoldTouch: true})
+			off := runScheduler(t, cfg, tr, &sched.Scheduler{Policy: pol, Hold: true})
 			t.Logf("touches %.3f per request: hit %.3f attained %.4f p99 %.1f s; off: hit %.3f attained %.4f p99 %.1f s",
 				on.Touches, on.HitRate, on.Attainment, on.TTFTP99, off.HitRate, off.Attainment, off.TTFTP99)
 			if on.Touches == 0 || off.Touches != 0 {
@@ -41,7 +41,7 @@ func TestTouchesKeepHeldPrefixes(t *testing.T) {
 			}
 		})
 	}
-	if er := runScheduler(t, baselineConfig(), tr, &sched.Scheduler{Policy: pol, Hold: true, EarlyReject: true}); er.Touches != 0 {
+	if er := runScheduler(t, baselineConfig(), tr, &sched.Scheduler{Policy: pol, Hold: true, HoldTouch: true, EarlyReject: true}); er.Touches != 0 {
 		t.Errorf("with early rejection %.3f touches per request, want none", er.Touches)
 	}
 }
