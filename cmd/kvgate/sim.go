@@ -351,7 +351,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // shapes set the fleet, the workload, the SLO and the rate.
 func sweepFlags(fs *flag.FlagSet, f *simFlags) error {
 	allowed := map[string]bool{"scenario": true, "seed": true, "seeds": true, "policies": true, "early-reject": true,
-		"format": true, "prefill-speed": true, "block-size": true, "write-trace": true}
+		"format": true, "prefill-speed": true, "block-size": true, "write-trace": true, "hold-touch": true}
 	var bad []string
 	fs.Visit(func(fl *flag.Flag) {
 		if !allowed[fl.Name] {
@@ -359,7 +359,7 @@ func sweepFlags(fs *flag.FlagSet, f *simFlags) error {
 		}
 	})
 	if len(bad) > 0 {
-		return fmt.Errorf("--scenario sweep draws its shapes itself: %s not allowed (use --seed, --seeds, --policies, --early-reject, --format, --prefill-speed, --block-size, --write-trace)", strings.Join(bad, ", "))
+		return fmt.Errorf("--scenario sweep draws its shapes itself: %s not allowed (use --seed, --seeds, --policies, --early-reject, --hold-touch, --format, --prefill-speed, --block-size, --write-trace)", strings.Join(bad, ", "))
 	}
 	return nil
 }
