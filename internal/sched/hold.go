@@ -49,6 +49,10 @@ import (
 // requests while few do, and serves them before the quiet window has
 // passed while most do (lends).
 //
+// With HoldTouch (experimental, off by default), a touch pass after each
+// release pass keeps held requests' cached prefixes warm with one-token
+// requests once they are at risk (TouchHeld, touch.go).
+//
 // The simulator and the gateway both run this code: they push what Decide
 // marks Hold (with the prompt's block keys), note rejections for the load
 // (HoldQueue.NoteLoadRejection, RejectedForPrefill) and every arrival's
