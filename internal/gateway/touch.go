@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/sched"
 )
 
@@ -70,13 +71,13 @@ func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 		f.g.log.Error("kvgate: touch", "err", err)
 		return
 	}
-	m := fv.members[i]
+	m, n := fv.members[i], len(ids)
 	var compute float64 // its one token's prefill
 	if sp := fv.snap.Endpoints[i].PrefillSpeed; sp > 0 {
 		compute = 1 / sp
 	}
 	fl := f.mf.load.Route(fv.eps[i], f.g.clock(), load.Work{Uncached: 1, Cached: len(ids) - 1, PrefillSeconds: compute, Touch: true})
-	go f.g.touch(f.mf, m, fl, body)
+	go f.g.touch(f.mf, m, fl, body, n)
 }
 
 // Outcomes of touches (kvgate_hold_touches_total).
@@ -87,13 +88,17 @@ const (
 	touchNotEngineIDs = "not_engine_ids"
 )
 
-// touch sends a touch's body to m and ends its flight when the answer
-// comes (its first and only token) or the touch fails.
-func (g *Gateway) touch(mf *modelFleet, m *member, fl *load.Flight, body []byte) {
+// touch sends a touch's body (of n prompt tokens) to m and ends its
+// flight when the answer comes (its first and only token) or the touch
+// fails. An answer that reports its cached tokens (vLLM with
+// --enable-prompt-tokens-details, kvgate's engine) tells how much the
+// touch found cached and how much it computed: a prefix evicted before
+// the touch came is computed again.
+func (g *Gateway) touch(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int) {
 	defer mf.touching.Add(-1)
 	ctx, cancel := context.WithTimeout(context.Background(), touchTimeout)
 	defer cancel()
-	err := g.sendTouch(ctx, m, body)
+	answer, err := g.sendTouch(ctx, m, body)
 	now := g.clock()
 	if err != nil {
 		mf.load.Finish(fl, now)
@@ -104,16 +109,21 @@ func (g *Gateway) touch(mf *modelFleet, m *member, fl *load.Flight, body []byte)
 	mf.load.FirstToken(fl, now)
 	mf.load.Finish(fl, now)
 	g.met.touches.WithLabelValues(touchDone).Inc()
+	if cached, ok := openai.ResponseCachedTokens(answer); ok {
+		cached = min(cached, n)
+		g.met.touchTokens.WithLabelValues("cached").Add(float64(cached))
+		g.met.touchTokens.WithLabelValues("computed").Add(float64(n - cached))
+	}
 }
 
-// sendTouch posts body to m's completions API and reads the answer.
-func (g *Gateway) sendTouch(ctx context.Context, m *member, body []byte) error {
+// sendTouch posts body to m's completions API and returns the answer.
+func (g *Gateway) sendTouch(ctx context.Context, m *member, body []byte) ([]byte, error) {
 	if m.ep.URL == "" {
-		return fmt.Errorf("endpoint %s has no url", m.ep.Name)
+		return nil, fmt.Errorf("endpoint %s has no url", m.ep.Name)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, m.ep.URL+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if m.ep.Ranked() {
@@ -121,15 +131,15 @@ func (g *Gateway) sendTouch(ctx context.Context, m *member, body []byte) error {
 	}
 	resp, err := g.client.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	msg, err := io.ReadAll(io.LimitReader(resp.Body, maxTouchAnswer))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg[:min(len(msg), 512)]))
+		return nil, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg[:min(len(msg), 512)]))
 	}
-	return nil
+	return msg, nil
 }

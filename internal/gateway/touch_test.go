@@ -55,7 +55,9 @@ func TestHeldPrefixTouched(t *testing.T) {
 		up.mu.Lock()
 		up.bodies = append(up.bodies, string(body))
 		up.mu.Unlock()
-		fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+		// As vLLM with --enable-prompt-tokens-details: the touch finds
+		// all but its last token cached.
+		fmt.Fprint(w, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens_details":{"cached_tokens":592}}}`)
 	}))
 	t.Cleanup(srv.Close)
 	clock := &atomic.Int64{}
@@ -112,7 +114,9 @@ func TestHeldPrefixTouched(t *testing.T) {
 	waitFor(t, func() bool {
 		m := get(t, admin+"/metrics")
 		return strings.Contains(m, `kvgate_hold_touches_total{outcome="done"} 1`) &&
-			strings.Contains(m, `kvgate_hold_touches_total{outcome="not_engine_ids"} 1`)
+			strings.Contains(m, `kvgate_hold_touches_total{outcome="not_engine_ids"} 1`) &&
+			strings.Contains(m, `kvgate_hold_touch_tokens_total{kind="cached"} 592`) &&
+			strings.Contains(m, `kvgate_hold_touch_tokens_total{kind="computed"} 1`)
 	})
 	if g.heldNow() != 4 {
 		t.Fatalf("held %d, want all 4 still held (the endpoint is busy)", g.heldNow())
