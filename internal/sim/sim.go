@@ -142,6 +142,10 @@ type Result struct {
 	// (sched.Scheduler.TouchHeld), engine work the requests' figures
 	// do not count.
 	Touches float64 `json:"touches,omitempty"`
+	// TouchTokens is the prompt tokens the touches computed per touch:
+	// one each, and what their instance no longer held of the prefix
+	// the router believed cached.
+	TouchTokens float64 `json:"touch_tokens,omitempty"`
 	Goodput float64 `json:"goodput"`
 	TPOTP50 float64 `json:"tpot_p50,omitempty"`
 	TPOTP99 float64 `json:"tpot_p99,omitempty"`
@@ -228,8 +232,9 @@ type run struct {
 	investing []investment
 	yields    int
 	// touches counts the touches of held requests' prefixes sent
-	// (touch.go); touchSeq numbers them for the true engine.
-	touches, touchSeq int
+	// (touch.go), touchComputed the prompt tokens they computed;
+	// touchSeq numbers them for the true engine.
+	touches, touchSeq, touchComputed int
 }
 
 func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
@@ -550,6 +555,9 @@ func (r *run) summarise() Result {
 		res.Held = float64(r.held) / float64(total)
 		res.Yielded = float64(r.yields) / float64(total)
 		res.Touches = float64(r.touches) / float64(total)
+	}
+	if r.touches > 0 {
+		res.TouchTokens = float64(r.touchComputed) / float64(r.touches)
 	}
 	if r.truth != nil {
 		r.truth.summarise(r, &res)

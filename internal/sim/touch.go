@@ -12,7 +12,10 @@ import (
 // blocks in the instance's cache; it has no decode leg and counts in no
 // request's result. Its compute is its token's prefill plus what one more
 // sequence of its context adds to a step (the model's per-sequence and
-// per-context decode costs): the query reads the whole cached prefix.
+// per-context decode costs): the query reads the whole cached prefix. The
+// router picked the prefix by what it knows of the caches; where the
+// instance no longer holds all of it (events lag, --event-lag), the touch
+// computes the rest, as an engine does.
 func (r *run) Touch(h *sched.Held, i, tokens int) {
 	if i < 0 || i >= r.n {
 		return
@@ -20,8 +23,13 @@ func (r *run) Touch(h *sched.Held, i, tokens int) {
 	q := &r.tr.Requests[h.Value.(int)]
 	bs := r.tr.BlockSize
 	blocks := min(tokens/bs, len(q.Keys))
-	cached := blocks * bs
+	held := 0 // the leading blocks the instance truly holds
+	for held < blocks && r.cache.inst[i].has(q.Keys[held]) {
+		held++
+	}
+	cached := held * bs
 	unc := max(tokens-cached, 1)
+	r.touchComputed += unc
 	t := r.snap.Now
 	freeAt := r.snap.Endpoints[i].FreeAt
 	m := r.cfg.Model
@@ -30,6 +38,14 @@ func (r *run) Touch(h *sched.Held, i, tokens int) {
 	if r.truth != nil {
 		r.touchSeq++
 		r.truth.route(r.load, fl, -r.touchSeq, i, unc, cached, t, freeAt)
+	}
+	if r.view != nil && held < blocks {
+		// The blocks it computed are reported as any prefill's.
+		from := t
+		if r.cfg.EventsAtPrefill {
+			from = freeAt
+		}
+		r.view.stored(t, from, i, q.Keys[held:blocks])
 	}
 	r.cache.insert(i, q.Keys[:blocks])
 	r.touches++

@@ -35,6 +35,9 @@ func TestTouchesKeepHeldPrefixes(t *testing.T) {
 			if on.Touches == 0 || off.Touches != 0 {
 				t.Fatalf("touches per request %.3f on, %.3f off", on.Touches, off.Touches)
 			}
+			if on.TouchTokens != 1 {
+				t.Errorf("a touch computed %.1f tokens on average; the router knows the caches exactly: want 1", on.TouchTokens)
+			}
 			if on.HitRate <= off.HitRate || on.Attainment <= off.Attainment || on.Unserved != 0 {
 				t.Errorf("with touches hit %.3f attained %.4f unserved %.4f; without hit %.3f attained %.4f",
 					on.HitRate, on.Attainment, on.Unserved, off.HitRate, off.Attainment)
@@ -43,5 +46,28 @@ func TestTouchesKeepHeldPrefixes(t *testing.T) {
 	}
 	if er := runScheduler(t, baselineConfig(), tr, &sched.Scheduler{Policy: pol, Hold: true, HoldTouch: true, EarlyReject: true}); er.Touches != 0 {
 		t.Errorf("with early rejection %.3f touches per request, want none", er.Touches)
+	}
+}
+
+// TestTouchesComputeWhatWasEvicted: when the router hears of blocks as
+// a gateway does (at prefill, its own routing counted cached for two
+// minutes), it touches prefixes the instance has already evicted in
+// part, and each such touch computes what is missing, as an engine
+// would: more than one token per touch on average.
+func TestTouchesComputeWhatWasEvicted(t *testing.T) {
+	tr, err := workload.LongPrompt(workload.LongPrompts(25.5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := sched.New("kvgate", sched.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := baselineConfig()
+	cfg.EventsAtPrefill, cfg.ApproxTTL = true, 120
+	r := runScheduler(t, cfg, tr, &sched.Scheduler{Policy: pol, Hold: true, HoldTouch: true})
+	t.Logf("touches %.3f per request, %.0f tokens computed each", r.Touches, r.TouchTokens)
+	if r.Touches == 0 || !(r.TouchTokens > 1) {
+		t.Fatalf("touches %.3f per request computing %.1f tokens each: want touches that recompute evicted blocks", r.Touches, r.TouchTokens)
 	}
 }
