@@ -146,9 +146,9 @@ type Result struct {
 	// one each, and what their instance no longer held of the prefix
 	// the router believed cached.
 	TouchTokens float64 `json:"touch_tokens,omitempty"`
-	Goodput float64 `json:"goodput"`
-	TPOTP50 float64 `json:"tpot_p50,omitempty"`
-	TPOTP99 float64 `json:"tpot_p99,omitempty"`
+	Goodput     float64 `json:"goodput"`
+	TPOTP50     float64 `json:"tpot_p50,omitempty"`
+	TPOTP99     float64 `json:"tpot_p99,omitempty"`
 	// With a Truth: the router's predictor and its TTFT error (absolute
 	// percentage, median and p90) over admitted requests after warm-up;
 	// with drift, the error's recovery and the stale routing (truth.go).
