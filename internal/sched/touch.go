@@ -23,6 +23,11 @@ import "math"
 // each one again once half a turnover has passed since the last, and only
 // once the held requests' caches are at risk (the oldest has waited
 // longer than the turnover, as for cacheFirst).
+//
+// Experimental and off by default (Scheduler.HoldTouch): the simulator
+// gains with touches, but live they lost, touching prefixes the engines
+// had already evicted while the index still reported them, each touch
+// then computing them again (docs/policies.md).
 
 // TouchCandidates is how many of the oldest held requests a touch pass
 // walks (each due one costs a snapshot), so the most touches one pass
@@ -77,12 +82,7 @@ func (sc *Scheduler) TouchHeld(q *HoldQueue, now float64, f Toucher, s *Snapshot
 		return 0
 	}
 	q.setTurnover(t, now)
-	budget := make(map[string]float64, len(s.Endpoints))
-	for i := range s.Endpoints {
-		if e := &s.Endpoints[i]; e.Role.CanPrefill() {
-			budget[e.Name] = touchCacheShare * float64(max(e.HeldTokens, 0))
-		}
-	}
+	budget := touchBudgets(s)
 	n := 0
 	for _, c := range cands {
 		ts := &c.touch
@@ -91,24 +91,46 @@ func (sc *Scheduler) TouchHeld(q *HoldQueue, now float64, f Toucher, s *Snapshot
 			continue
 		}
 		if c != cands[0] {
-			f.SnapshotFor(c, s)
+			f.SnapshotFor(c, s) // s holds the first's already
 		}
-		i := holdingMost(s)
-		ts.at, ts.ever, ts.endpoint, ts.tokens = now, true, "", 0
-		if i < 0 {
-			continue
+		if touch(c, now, f, s, budget) {
+			n++
 		}
-		e := &s.Endpoints[i]
-		if float64(e.CachedTokens) > budget[e.Name] {
-			continue
-		}
-		budget[e.Name] -= float64(e.CachedTokens)
-		ts.endpoint, ts.tokens = e.Name, e.CachedTokens
-		f.Touch(c, i, min(e.CachedTokens+1, c.Req.PromptTokens))
-		n++
 	}
 	q.noteTouches(n)
 	return n
+}
+
+// touchBudgets are the tokens the held prefixes kept warm may fill on
+// each prefilling endpoint of s: touchCacheShare of what its cache holds.
+func touchBudgets(s *Snapshot) map[string]float64 {
+	budget := make(map[string]float64, len(s.Endpoints))
+	for i := range s.Endpoints {
+		if e := &s.Endpoints[i]; e.Role.CanPrefill() {
+			budget[e.Name] = touchCacheShare * float64(max(e.HeldTokens, 0))
+		}
+	}
+	return budget
+}
+
+// touch touches c's longest cached prefix on the endpoint of s (c's
+// snapshot) holding it, if its budget has room, and records when: a
+// request found with nothing to touch is looked at again only as late.
+func touch(c *Held, now float64, f Toucher, s *Snapshot, budget map[string]float64) bool {
+	ts := &c.touch
+	*ts = touchState{at: now, ever: true}
+	i := holdingMost(s)
+	if i < 0 {
+		return false
+	}
+	e := &s.Endpoints[i]
+	if float64(e.CachedTokens) > budget[e.Name] {
+		return false
+	}
+	budget[e.Name] -= float64(e.CachedTokens)
+	ts.endpoint, ts.tokens = e.Name, e.CachedTokens
+	f.Touch(c, i, min(e.CachedTokens+1, c.Req.PromptTokens))
+	return true
 }
 
 // anyDue reports whether a candidate is due a touch at now, interval
