@@ -95,7 +95,9 @@ func TestTouchHeld(t *testing.T) {
 
 // TestTouchHeldAgainAfterHalfTurnover: a held request is touched again
 // only once half the turnover (5 s here) has passed since its last touch;
-// one found with nothing cached is looked at again only then too.
+// one found with nothing cached is looked at again only then too; one
+// held later is touched at the next pass, the others not again before
+// their time.
 func TestTouchHeldAgainAfterHalfTurnover(t *testing.T) {
 	pol, _ := New("kvgate", Options{})
 	sc := &Scheduler{Policy: pol, Hold: true, HoldTouch: true, DefaultSLO: SLO{TTFT: 2}}
@@ -107,16 +109,20 @@ func TestTouchHeldAgainAfterHalfTurnover(t *testing.T) {
 	for _, step := range []struct {
 		now  float64
 		want int
-	}{{11, 1}, {11.1, 0}, {15.9, 0}, {16, 2}, {17, 0}, {21, 2}} {
+	}{{11, 1}, {11.1, 0}, {12, 1}, {15.9, 0}, {16, 2}, {17, 1}, {21, 2}} {
 		f.snap.Now = step.now
-		if step.now == 15.9 {
+		switch step.now {
+		case 12:
+			f.cached["late"] = [2]int{0, 300}
+			pushHeld(t, q, "late", 0, 11.5, 3000)
+		case 15.9:
 			f.cached["cold"] = [2]int{0, 500} // looked at again at 16, not before
 		}
 		if n := sc.TouchHeld(q, step.now, f, &s); n != step.want {
 			t.Fatalf("at %v: %d touches, want %d (so far %v)", step.now, n, step.want, f.touched)
 		}
 	}
-	if want := []string{"x@a:2001", "x@a:2001", "cold@b:501", "x@a:2001", "cold@b:501"}; !slices.Equal(f.touched, want) {
+	if want := []string{"x@a:2001", "late@b:301", "x@a:2001", "cold@b:501", "late@b:301", "x@a:2001", "cold@b:501"}; !slices.Equal(f.touched, want) {
 		t.Fatalf("touched %v, want %v", f.touched, want)
 	}
 }

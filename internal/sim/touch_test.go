@@ -71,3 +71,38 @@ func TestTouchesComputeWhatWasEvicted(t *testing.T) {
 		t.Fatalf("touches %.3f per request computing %.1f tokens each: want touches that recompute evicted blocks", r.Touches, r.TouchTokens)
 	}
 }
+
+// TestTouchRefreshesItsPrefix: a touch makes its prefix the most recently
+// used on its instance. One instance caches 4 blocks: A's two, then B's
+// two; A's prefix is touched; C's two blocks then evict B's, not A's.
+// Untouched, they evict A's.
+func TestTouchRefreshesItsPrefix(t *testing.T) {
+	tr := &workload.Trace{Name: "touch", BlockSize: 16, Requests: []workload.Request{
+		{PromptTokens: 40, OutputTokens: 1, Keys: []uint64{11, 12}, Session: -1},
+		{PromptTokens: 40, OutputTokens: 1, Keys: []uint64{21, 22}, Session: -1},
+		{PromptTokens: 40, OutputTokens: 1, Keys: []uint64{31, 32}, Session: -1},
+	}}
+	pol, err := sched.New("kvgate", sched.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, touched := range []bool{true, false} {
+		cfg := baselineConfig()
+		cfg.Prefill, cfg.CacheTokens = 1, 4*16
+		r, err := newRun(cfg, tr, &sched.Scheduler{Policy: pol})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.cache.insert(0, tr.Requests[0].Keys)
+		r.cache.insert(0, tr.Requests[1].Keys)
+		if touched {
+			r.snapshot(0)
+			r.Touch(&sched.Held{Req: sched.Request{PromptTokens: 40}, Value: 0}, 0, 33)
+		}
+		r.cache.insert(0, tr.Requests[2].Keys)
+		a, b := r.cache.inst[0].has(11) && r.cache.inst[0].has(12), r.cache.inst[0].has(21) || r.cache.inst[0].has(22)
+		if touched && (!a || b) || !touched && (a || !b) {
+			t.Errorf("touched %v: A cached %v, B cached %v", touched, a, b)
+		}
+	}
+}
