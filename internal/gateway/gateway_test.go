@@ -134,7 +134,20 @@ func TestAggregatedStreamingAndAffinity(t *testing.T) {
 		BlockSize:  32, // the engines use 16: the key map bridges them
 		Policy:     "kvgate",
 	}
-	_, url, admin := startGateway(t, cfg, Options{})
+	g, url, admin := startGateway(t, cfg, Options{})
+	// The engines publish their first request's KV events once: a
+	// subscriber not yet connected to them never hears of them (nothing
+	// follows that would show the gap). Under a loaded CI machine the
+	// handshake took longer than that request.
+	waitFor(t, func() bool {
+		st := g.sub.Stats()
+		for _, e := range st {
+			if e.Connects < 1 {
+				return false
+			}
+		}
+		return len(st) == 2
+	})
 	// Non-streaming.
 	r := post(t, url+"/v1/completions", completion(prefix("alpha")+" first question", false, 4), nil)
 	if r.status != 200 || !strings.Contains(r.body, `"choices"`) {
