@@ -214,7 +214,7 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	// ids are a 32 MiB body but 64 MiB parsed). Only a request the hold
 	// may touch keeps its ids (4 bytes a token), until it is decided
 	// without being held.
-	if sc := g.sched.Load(); p.EngineIDs && sc.Hold && !sc.EarlyReject && sc.HoldTouch {
+	if p.EngineIDs && g.sched.Load().Touches() {
 		rt.touchIDs = p.Tokens
 	}
 	rt.prep.Tokens = nil

@@ -152,11 +152,10 @@ type HoldQueue struct {
 	cap        int
 	rejections LoadRejections
 	returns    Returns
-	// Touch passes' (touch.go): the turnover the last pass saw, when
-	// the head it saw would be at risk, and the touches sent.
+	// Touch passes' (touch.go): the turnover the last pass saw, and when
+	// the head it saw would be at risk.
 	turnover float64
 	riskAt   float64
-	touches  uint64
 }
 
 // LoadRejections remembers when the fleet last rejected a request for the

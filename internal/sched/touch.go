@@ -62,7 +62,7 @@ type touchState struct {
 // nothing is held long): it returns how many touches it sent. s is
 // scratch for the snapshots.
 func (sc *Scheduler) TouchHeld(q *HoldQueue, now float64, f Toucher, s *Snapshot) int {
-	if sc.EarlyReject || !sc.Hold || !sc.HoldTouch {
+	if !sc.Touches() {
 		return 0
 	}
 	cands := q.oldest(TouchCandidates, make([]*Held, 0, TouchCandidates))
@@ -97,7 +97,6 @@ func (sc *Scheduler) TouchHeld(q *HoldQueue, now float64, f Toucher, s *Snapshot
 			n++
 		}
 	}
-	q.noteTouches(n)
 	return n
 }
 
@@ -132,6 +131,10 @@ func touch(c *Held, now float64, f Toucher, s *Snapshot, budget map[string]float
 	f.Touch(c, i, min(e.CachedTokens+1, c.Req.PromptTokens))
 	return true
 }
+
+// Touches reports whether the scheduler touches held requests' prefixes:
+// it holds, without early rejection, with HoldTouch on.
+func (sc *Scheduler) Touches() bool { return sc.Hold && !sc.EarlyReject && sc.HoldTouch }
 
 // anyDue reports whether a candidate is due a touch at now, interval
 // seconds after its last (interval 0: not known yet, every one is due).
@@ -175,17 +178,4 @@ func (q *HoldQueue) setTurnover(t, riskAt float64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.turnover, q.riskAt = t, riskAt
-}
-
-func (q *HoldQueue) noteTouches(n int) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.touches += uint64(n)
-}
-
-// Touches is how many touches the queue's passes have sent.
-func (q *HoldQueue) Touches() uint64 {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.touches
 }

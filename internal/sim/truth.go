@@ -164,8 +164,8 @@ func (tr *truthRun) predictor(name string, names []string, clock *float64, windo
 
 // route runs request ri (< 0: a touch, touch.go), routed at time at to
 // instance i with the given uncached and cached tokens, on the true
-// engine; it returns the true end of its prefill. freeAt is when the router predicted the instance's queue
-// to empty before this request.
+// engine; it returns the true end of its prefill. freeAt is when the
+// router predicted the instance's queue to empty before this request.
 func (tr *truthRun) route(lf *load.Fleet, fl *load.Flight, ri, i, uncached, cached int, at, freeAt float64) float64 {
 	exact := tr.t.seconds(i, uncached, cached, max(at, tr.free[i]))
 	compute := exact

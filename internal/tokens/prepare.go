@@ -62,11 +62,10 @@ func (s *Set) Prepare(ctx context.Context, model string, in Input, blockSize int
 		var err error
 		if in.Prompt != nil {
 			ids, err = tk.Prompt(ctx, *in.Prompt)
-			engine = tk.realIDs()
 		} else {
 			ids, err = tk.Chat(ctx, in.Messages)
-			engine = tk.realIDs() && tk.exactChats()
 		}
+		engine = tk.engineIDs(in.Prompt == nil)
 		if err != nil {
 			return Prepared{}, fmt.Errorf("tokenize: %w", err)
 		}

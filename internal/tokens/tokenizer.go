@@ -47,11 +47,13 @@ func NewTokenizer(src Source, tmpl Template, cache *Cache, exactChat bool, names
 	return &Tokenizer{src: src, tmpl: tmpl, cache: cache, exact: exactChat && ok, ns: xxhash.Sum64String(namespace)}
 }
 
-// realIDs reports whether the source gives the model's real token ids
-// (the estimate's mean nothing to an engine).
-func (t *Tokenizer) realIDs() bool {
+// engineIDs reports whether the ids it gives a prompt (chat: a
+// conversation) now are the engine's own: the source is not the estimate,
+// whose ids mean nothing to an engine, and a conversation is rendered
+// with the engine's own chat template.
+func (t *Tokenizer) engineIDs(chat bool) bool {
 	_, est := t.src.(EstimateSource)
-	return !est
+	return !est && (!chat || t.exactChats())
 }
 
 // exactChats reports whether conversations are tokenized with the

@@ -211,10 +211,10 @@ func TestEngineIDs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.tk.noMessages.Store(tt.refused)
-			if got := tt.tk.realIDs(); got != tt.prompt {
-				t.Errorf("real ids %v, want %v", got, tt.prompt)
+			if got := tt.tk.engineIDs(false); got != tt.prompt {
+				t.Errorf("engine ids for prompts %v, want %v", got, tt.prompt)
 			}
-			if got := tt.tk.realIDs() && tt.tk.exactChats(); got != tt.chats {
+			if got := tt.tk.engineIDs(true); got != tt.chats {
 				t.Errorf("engine ids for chats %v, want %v", got, tt.chats)
 			}
 		})
