@@ -128,7 +128,7 @@ func (g *Gateway) releaseLoop(mf *modelFleet) {
 		now := g.clock()
 		sc := g.sched.Load()
 		sc.ReleaseHeld(hq.q, now, rf, &snap)
-		sc.TouchHeld(hq.q, g.clock(), rf, &snap)
+		sc.TouchHeld(hq.q, now, rf, &snap)
 		hq.mu.Lock()
 		if hq.q.Len() == 0 {
 			hq.running = false

@@ -68,7 +68,12 @@ func holdGatewayWith(t *testing.T, maxHeld int, o Options) *holdRig {
 // holdGatewayHold is holdGatewayWith with the hold's settings.
 func holdGatewayHold(t *testing.T, hold HoldConfig, o Options) *holdRig {
 	seen, inUpstream := &atomic.Int64{}, make(chan struct{}, 16)
-	up := holdUpstream(t, seen, inUpstream)
+	return holdGatewayOver(t, holdUpstream(t, seen, inUpstream), seen, inUpstream, hold, o)
+}
+
+// holdGatewayOver is holdGatewayHold over the test's own upstream, which
+// counts in seen and tells inUpstream as holdUpstream does.
+func holdGatewayOver(t *testing.T, up *httptest.Server, seen *atomic.Int64, inUpstream chan struct{}, hold HoldConfig, o Options) *holdRig {
 	clock := &atomic.Int64{}
 	clock.Store(time.Unix(1000, 0).UnixNano())
 	off := false

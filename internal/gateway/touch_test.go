@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
@@ -44,9 +43,10 @@ func (u *touchUpstream) seen() []string {
 // counted as such. Every request is served once the endpoint frees.
 func TestHeldPrefixTouched(t *testing.T) {
 	up := &touchUpstream{}
-	inUpstream := make(chan struct{}, 4)
+	seen, inUpstream := &atomic.Int64{}, make(chan struct{}, 4)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
+		seen.Add(1)
 		if r.Header.Get("X-Hold") != "" {
 			inUpstream <- struct{}{}
 			<-r.Context().Done()
@@ -60,16 +60,8 @@ func TestHeldPrefixTouched(t *testing.T) {
 		fmt.Fprint(w, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens_details":{"cached_tokens":592}}}`)
 	}))
 	t.Cleanup(srv.Close)
-	clock := &atomic.Int64{}
-	clock.Store(time.Unix(1000, 0).UnixNano())
-	off := false
-	cfg := Config{
-		Endpoints:   []fleet.Endpoint{{Name: "up", URL: srv.URL, Model: testModel, PrefillSpeed: 1000}},
-		Classes:     []Class{{Name: "standard", Priority: 1, TTFT: 0.5}},
-		EarlyReject: &off,
-		Hold:        HoldConfig{Min: 20, Touch: true},
-	}
-	g, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	h := holdGatewayOver(t, srv, seen, inUpstream, HoldConfig{Min: 20, Touch: true}, Options{})
+	g, url, admin, clock := h.g, h.url, h.admin, h.clock
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	occupy(t, ctx, url, 20000, inUpstream) // busy for 20 s and more

@@ -16,14 +16,7 @@ import (
 // steps (the touches run there as one-token requests). With early
 // rejection nothing waits that long and nothing is touched.
 func TestTouchesKeepHeldPrefixes(t *testing.T) {
-	tr, err := workload.LongPrompt(workload.LongPrompts(25.5))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := sched.New("kvgate", sched.Options{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, pol := overloadedLongPrompts(t)
 	steps := baselineConfig()
 	steps.Truth = Chunked(steps.Prefill, steps.Model.PrefillTokensPerSec, 8192)
 	for name, cfg := range map[string]Config{"whole prompts": baselineConfig(), "steps": steps} {
@@ -55,14 +48,7 @@ func TestTouchesKeepHeldPrefixes(t *testing.T) {
 // part, and each such touch computes what is missing, as an engine
 // would: more than one token per touch on average.
 func TestTouchesComputeWhatWasEvicted(t *testing.T) {
-	tr, err := workload.LongPrompt(workload.LongPrompts(25.5))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := sched.New("kvgate", sched.Options{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, pol := overloadedLongPrompts(t)
 	cfg := baselineConfig()
 	cfg.EventsAtPrefill, cfg.ApproxTTL = true, 120
 	r := runScheduler(t, cfg, tr, &sched.Scheduler{Policy: pol, Hold: true, HoldTouch: true})
@@ -105,4 +91,19 @@ func TestTouchRefreshesItsPrefix(t *testing.T) {
 			t.Errorf("touched %v: A cached %v, B cached %v", touched, a, b)
 		}
 	}
+}
+
+// overloadedLongPrompts is the long-prompt workload at 1.5× the baseline
+// fleet's capacity (25.5 req/s, seed 0) and kvgate's policy.
+func overloadedLongPrompts(t *testing.T) (*workload.Trace, sched.Policy) {
+	t.Helper()
+	tr, err := workload.LongPrompt(workload.LongPrompts(25.5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := sched.New("kvgate", sched.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr, pol
 }
