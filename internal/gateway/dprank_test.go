@@ -140,7 +140,8 @@ func TestDataParallelRanks(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pr.Close() })
-	_, gw, admin := startGateway(t, cfg, Options{Health: pr})
+	g, gw, admin := startGateway(t, cfg, Options{Health: pr})
+	waitSubscribed(t, g)
 
 	homes := map[string]string{}
 	for _, conv := range []string{"alpha", "beta", "gamma", "delta"} {
