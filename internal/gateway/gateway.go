@@ -126,7 +126,8 @@ type modelFleet struct {
 	hold    *holdQueue       // requests held at the router (hold.go)
 	// investing are the hold's investments in progress (invest.go).
 	investing investments
-	// touching counts its touches in flight (touch.go).
+	// touching counts its prefix requests in flight: the hold's touches
+	// (touch.go) and copies ahead of the conversation balance (copy.go).
 	touching atomic.Int64
 }
 

@@ -25,6 +25,8 @@ type metrics struct {
 	yielded      prometheus.Counter
 	touches      *prometheus.CounterVec
 	touchTokens  *prometheus.CounterVec
+	copies       *prometheus.CounterVec
+	copyTokens   *prometheus.CounterVec
 	// loadRejections counts rejections for the prefill queues by kind
 	// (sched.LoadRejections): short (no prefilling endpoint idle) or
 	// idle (one was: the request's prefix was cached only on busy ones).
@@ -64,6 +66,12 @@ func newMetrics(g *Gateway) *metrics {
 		touchTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_hold_touch_tokens_total",
 			Help: "Prompt tokens of done touches, by kind: cached (found in the engine's prefix cache, as meant) or computed (one a touch, plus what the engine had evicted before the touch came); from the answers' usage.prompt_tokens_details."},
 			[]string{"kind"}),
+		copies: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_prefix_copies_total",
+			Help: "One-token requests that copied a new conversation's cached shared prefix (its system prompt) to the endpoint kvgate's conversation balance sends the next such conversations to, ahead of them, on an idle fleet (docs/policies.md), by outcome: done, failed, skipped (too many prefix requests in flight)."},
+			[]string{"outcome"}),
+		copyTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_prefix_copy_tokens_total",
+			Help: "Prompt tokens of done prefix copies, by kind: computed (the copy, as meant) or cached (the endpoint held them already); from the answers' usage.prompt_tokens_details."},
+			[]string{"kind"}),
 		loadRejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_load_rejections_total",
 			Help: "Requests rejected because a prefill queue pushed their predicted TTFT over the SLO, by kind: short (no prefilling endpoint was idle: the fleet is short of compute, and kvgate prices compute first) or idle (one was: the request's prefix was cached only on busy endpoints, and kvgate routes by TTFT for a while so that prefixes are copied)."},
 			[]string{"kind"}),
@@ -71,8 +79,12 @@ func newMetrics(g *Gateway) *metrics {
 	for _, o := range []string{touchDone, touchFailed, touchSkipped, touchNotEngineIDs} {
 		m.touches.WithLabelValues(o)
 	}
+	for _, o := range []string{touchDone, touchFailed, touchSkipped} {
+		m.copies.WithLabelValues(o)
+	}
 	for _, k := range []string{"cached", "computed"} {
 		m.touchTokens.WithLabelValues(k)
+		m.copyTokens.WithLabelValues(k)
 	}
 	for _, kind := range []string{"short", "idle"} {
 		m.loadRejections.WithLabelValues(kind) // exported from the start, at 0
@@ -80,7 +92,7 @@ func newMetrics(g *Gateway) *metrics {
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
 	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries,
-		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.loadRejections, heldNow,
+		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, heldNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})
 	return m

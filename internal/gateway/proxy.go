@@ -130,9 +130,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			openai.WriteError(w, err)
 			return
 		}
-		if !p.dec.Hold {
-			rt.touchIDs = nil // not held: nothing to touch
-		} else {
+		if p.dec.Hold {
 			if p, err = g.hold(r.Context(), rt, p); err != nil {
 				g.met.outcome(holdOutcome(r.Context(), err), rt.class.Name, g.policy)
 				openai.WriteError(w, err)
@@ -145,6 +143,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			openai.WriteError(w, err)
 			return
 		}
+		g.copyPrefix(rt, p)
+		rt.engineIDs = nil // admitted: nothing more to touch or copy
 		failed, err := g.proxy(w, r, rt, p)
 		if err == nil {
 			g.met.outcome(outcomeOK, rt.class.Name, g.policy)

@@ -38,10 +38,12 @@ type routed struct {
 	// opens: a chat request without an assistant message (it starts a
 	// conversation; sched.Request.OpensConversation).
 	opens bool
-	// touchIDs are the prompt's token ids while a hold may touch its
-	// cached prefix (touch.go): the engine's own ids, kept only until
-	// the request is decided without being held.
-	touchIDs []uint32
+	// engineIDs are the prompt's token ids, the engine's own, while the
+	// gateway may send a request on a prefix of them: a hold's touch of
+	// its cached prefix (touch.go) or, for a request that opens a
+	// conversation, a copy of it ahead of the conversation balance
+	// (copy.go). Kept only until the request is admitted or rejected.
+	engineIDs []uint32
 }
 
 // plan is a decision turned into endpoints.
@@ -72,6 +74,9 @@ type plan struct {
 	// (sched.Decision.Invests): it gives its engine up to a request that
 	// would be rejected for the load (invest.go).
 	invests bool
+	// copy, when set, is the prefix to copy ahead of the conversation
+	// balance once the request is admitted (sched.Decision.CopyTokens).
+	copy *prefixCopy
 }
 
 // parse reads and parses a completion or chat request. The body is
@@ -212,10 +217,10 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	// needs: let the parsed prompt go, so that once its large-body slot is
 	// released a request holds about its body, not 3 times it (16 Mi token
 	// ids are a 32 MiB body but 64 MiB parsed). Only a request the hold
-	// may touch keeps its ids (4 bytes a token), until it is decided
-	// without being held.
-	if p.EngineIDs && g.sched.Load().Touches() {
-		rt.touchIDs = p.Tokens
+	// may touch or whose prefix may be copied keeps its ids (4 bytes a
+	// token), until it is admitted or rejected.
+	if sc := g.sched.Load(); p.EngineIDs && (sc.Touches() || rt.opens && sc.Copies()) {
+		rt.engineIDs = p.Tokens
 	}
 	rt.prep.Tokens = nil
 	req.Prompt, req.Messages = openai.Prompt{}, nil
@@ -295,7 +300,8 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string) (*fleetVi
 // schedRequest is what the scheduler knows of rt.
 func (g *Gateway) schedRequest(rt *routed, now float64) sched.Request {
 	return sched.Request{ID: rt.id, Arrival: now, PromptTokens: rt.promptN, PromptBlocks: len(rt.prep.Keys),
-		OutputTokens: rt.outN, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority, OpensConversation: rt.opens}
+		OutputTokens: rt.outN, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority, OpensConversation: rt.opens,
+		CanCopy: rt.opens && rt.engineIDs != nil}
 }
 
 // planFor turns a decision on fs into endpoints.
@@ -312,6 +318,10 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 			p.prefill, p.pEP, p.decode, p.dEP = p.decode, p.dEP, nil, nil
 			p.dec.CachedTokens = fs.snap.Endpoints[d.Decode].CachedTokens
 		}
+	}
+	if d.Admit && d.CopyTokens > 0 {
+		to := &fs.snap.Endpoints[d.CopyTo]
+		p.copy = &prefixCopy{to: fs.members[d.CopyTo], ep: fs.eps[d.CopyTo], tokens: d.CopyTokens, cached: to.CachedTokens, speed: to.PrefillSpeed}
 	}
 	p.reason = g.explain(&fs.snap, &d, rt.promptN)
 	if d.Admit && d.Reason != "" {

@@ -51,7 +51,7 @@ type touchRequest struct {
 // fleet's bound in flight is skipped.
 func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 	w := h.Value.(*waiter)
-	fv, prompt := f.view, w.rt.touchIDs
+	fv, prompt := f.view, w.rt.engineIDs
 	if fv == nil || i < 0 || i >= len(fv.members) || tokens <= 0 {
 		return
 	}
@@ -88,13 +88,31 @@ const (
 	touchNotEngineIDs = "not_engine_ids"
 )
 
-// touch sends a touch's body (of n prompt tokens) to m and ends its
-// flight when the answer comes (its first and only token) or the touch
-// fails. An answer that reports its cached tokens (vLLM with
-// --enable-prompt-tokens-details, kvgate's engine) tells how much the
-// touch found cached and how much it computed: a prefix evicted before
-// the touch came is computed again.
+// touch sends a touch's body (of n prompt tokens) to m (sendPrefix). An
+// answer that reports its cached tokens tells how much the touch found
+// cached and how much it computed: a prefix evicted before the touch
+// came is computed again.
 func (g *Gateway) touch(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int) {
+	cached, reported, err := g.sendPrefix(mf, m, fl, body, n)
+	if err != nil {
+		g.met.touches.WithLabelValues(touchFailed).Inc()
+		g.log.Debug("kvgate: touch failed", "endpoint", m.ep.Name, "err", err)
+		return
+	}
+	g.met.touches.WithLabelValues(touchDone).Inc()
+	if reported {
+		g.met.touchTokens.WithLabelValues("cached").Add(float64(cached))
+		g.met.touchTokens.WithLabelValues("computed").Add(float64(n - cached))
+	}
+}
+
+// sendPrefix sends the body of a request on a prompt's prefix (n prompt
+// tokens, one output token: a touch or a copy) to m, ends its flight fl
+// when the answer comes (its first and only token) or the request fails,
+// and gives back its slot among the model fleet's prefix requests in
+// flight. It returns the prompt tokens the answer says were cached
+// (reported: vLLM with --enable-prompt-tokens-details, kvgate's engine).
+func (g *Gateway) sendPrefix(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int) (cached int, reported bool, err error) {
 	defer mf.touching.Add(-1)
 	ctx, cancel := context.WithTimeout(context.Background(), touchTimeout)
 	defer cancel()
@@ -102,18 +120,12 @@ func (g *Gateway) touch(mf *modelFleet, m *member, fl *load.Flight, body []byte,
 	now := g.clock()
 	if err != nil {
 		mf.load.Finish(fl, now)
-		g.met.touches.WithLabelValues(touchFailed).Inc()
-		g.log.Debug("kvgate: touch failed", "endpoint", m.ep.Name, "err", err)
-		return
+		return 0, false, err
 	}
 	mf.load.FirstToken(fl, now)
 	mf.load.Finish(fl, now)
-	g.met.touches.WithLabelValues(touchDone).Inc()
-	if cached, ok := openai.ResponseCachedTokens(answer); ok {
-		cached = min(cached, n)
-		g.met.touchTokens.WithLabelValues("cached").Add(float64(cached))
-		g.met.touchTokens.WithLabelValues("computed").Add(float64(n - cached))
-	}
+	cached, reported = openai.ResponseCachedTokens(answer)
+	return min(cached, n), reported, nil
 }
 
 // sendTouch posts body to m's completions API and returns the answer.

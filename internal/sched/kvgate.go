@@ -257,9 +257,58 @@ func (p *kvgatePolicy) pickFitting(req *Request, s *Snapshot, pr pricing) (best 
 	return best, least
 }
 
+// PickCopy implements CopyPicker: the conversation balance's move made
+// ahead of time. When the balance passes over the endpoints holding the
+// prompt's shared prefix for one that holds less of it (conversationLimit),
+// the conversation computes the prefix once more there, a cold start on
+// its first request's critical path: at light load such starts are the
+// TTFT tail (docs/policies.md). So on an idle fleet (the endpoint it
+// would move to, and the holder that would win without the limit, both
+// with nothing queued) the request stays on the holder, and the holder's
+// cached prefix is copied to the endpoint it would have moved to: the next
+// conversation that opens with the prefix finds it there (the holder is
+// still at the limit, the copy's endpoint is not) and moves without a
+// cold start. The copy costs the compute the move would have, at a time
+// its endpoint has nothing else to do; under load the move is made as
+// before.
+func (p *kvgatePolicy) PickCopy(req *Request, s *Snapshot) (pick, copyTo, tokens int) {
+	pr := p.prices(req, s)
+	if !req.OpensConversation || pr.bounded() {
+		return p.Pick(req, s), 0, 0
+	}
+	pr = pr.withLeast(req, s)
+	limit := p.conversationLimit(req, s, pr)
+	moved := p.pickUnder(req, s, pr, limit)
+	if moved < 0 || math.IsInf(limit, 1) {
+		return moved, 0, 0
+	}
+	held := p.pickUnder(req, s, pr, math.Inf(1))
+	if held == moved || !p.copyAhead(req, s, pr, held, moved) {
+		return moved, 0, 0
+	}
+	return held, moved, s.Endpoints[held].CachedTokens
+}
+
+// copyAhead: request req, which the balance moves from endpoint held
+// (its choice without the limit) to endpoint moved, may stay on held and
+// have held's cached prefix copied to moved instead: held holds more of
+// the prompt, fits the SLO, and both are idle.
+func (p *kvgatePolicy) copyAhead(req *Request, s *Snapshot, pr pricing, held, moved int) bool {
+	h, m := &s.Endpoints[held], &s.Endpoints[moved]
+	if h.CachedTokens <= m.CachedTokens || h.QueueWait > 0 || m.QueueWait > 0 {
+		return false
+	}
+	_, fits := p.cost(req, h, pr)
+	return fits
+}
+
 // pick is Pick at prices pr (their least compute set when bounded).
 func (p *kvgatePolicy) pick(req *Request, s *Snapshot, pr pricing) int {
-	limit := p.conversationLimit(req, s, pr)
+	return p.pickUnder(req, s, pr, p.conversationLimit(req, s, pr))
+}
+
+// pickUnder is pick with the conversation limit given.
+func (p *kvgatePolicy) pickUnder(req *Request, s *Snapshot, pr pricing, limit float64) int {
 	best, bestCost, bestFits := -1, math.Inf(1), false
 	for i := range s.Endpoints {
 		if passedOver(&s.Endpoints[i], limit) {

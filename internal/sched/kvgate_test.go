@@ -441,3 +441,109 @@ func TestKVGatePickOnePassUnderPressure(t *testing.T) {
 		}
 	}
 }
+
+// TestKVGateCopiesAheadOfTheBalance: on an idle fleet a new conversation
+// that the balance would move off the full holder of its system prompt
+// stays there, and the prompt's cached prefix is copied to the endpoint
+// it would have moved to; anywhere else the move is made as before.
+func TestKVGateCopiesAheadOfTheBalance(t *testing.T) {
+	const prompt = 2368 // a 2 048-token system prompt and a 320-token turn
+	// As in TestKVGateConversationBalance: the holder a is over the
+	// limit, b (idle) is where the balance moves the conversation.
+	hot := func() []Endpoint {
+		return []Endpoint{{CachedTokens: 2048, Conversations: 6}, {Conversations: 1}, {Conversations: 1, QueueWait: 0.001}}
+	}
+	tests := []struct {
+		name     string
+		eps      []Endpoint
+		opens    bool
+		pressure bool
+		want     int
+		copyTo   int // -1: no copy
+	}{
+		{"idle fleet: kept on the holder, the prefix copied", hot(), true, false, 0, 1},
+		{"continuing turn: no balance, no copy", hot(), false, false, 0, -1},
+		{"holder within the limit: no copy", func() []Endpoint {
+			e := hot()
+			e[0].Conversations = 2
+			return e
+		}(), true, false, 0, -1},
+		{"holder busy: moved", func() []Endpoint {
+			e := hot()
+			e[0].QueueWait = 0.01
+			return e
+		}(), true, false, 1, -1},
+		{"endpoint moved to busy: moved", func() []Endpoint {
+			e := hot()
+			e[1].QueueWait, e[2].QueueWait = 0.001, 0.002
+			return e
+		}(), true, false, 1, -1},
+		{"holder misses the SLO: moved", func() []Endpoint {
+			e := hot()
+			e[0].PrefillSpeed = 100 // its 320 uncached tokens take 3.2 s
+			return e
+		}(), true, false, 1, -1},
+		{"under pressure: no balance, no copy", hot(), true, true, 0, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustNew(t, "kvgate", Options{})
+			r := req(prompt)
+			r.OpensConversation = tt.opens
+			s := snapOf(tt.eps...)
+			if tt.pressure {
+				s.SinceLoadRejection = 1
+			}
+			got, to, tokens := p.(CopyPicker).PickCopy(r, s)
+			if got != tt.want {
+				t.Errorf("picked %d, want %d", got, tt.want)
+			}
+			switch {
+			case tt.copyTo < 0 && tokens != 0:
+				t.Errorf("copy of %d tokens to %d, want none", tokens, to)
+			case tt.copyTo >= 0 && (to != tt.copyTo || tokens != 2048):
+				t.Errorf("copy of %d tokens to %d, want the holder's 2048 to %d", tokens, to, tt.copyTo)
+			}
+			if tokens == 0 {
+				if plain := pick(p, r, s); plain != got {
+					t.Errorf("without a copy PickCopy picked %d, Pick %d", got, plain)
+				}
+			}
+		})
+	}
+}
+
+// TestDecideCopies: the scheduler asks the policy for a copy only when
+// the request's prefix can be copied (Request.CanCopy), maps the copy's
+// endpoint back through the candidates (a decode-only endpoint is not
+// one), and drops the copy with a request it does not admit.
+func TestDecideCopies(t *testing.T) {
+	p := mustNew(t, "kvgate", Options{})
+	snap := func() *Snapshot {
+		return snapOf(Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 1 << 20},
+			Endpoint{CachedTokens: 2048, Conversations: 6}, Endpoint{Conversations: 1}, Endpoint{Conversations: 1, QueueWait: 0.001})
+	}
+	r := req(2368)
+	r.OpensConversation = true
+	sc := &Scheduler{Policy: p}
+	if d := sc.Decide(r, snap()); d.Prefill != 2 || d.CopyTokens != 0 {
+		t.Fatalf("cannot copy: prefill %d, copy %d tokens; want the move to 2 and no copy", d.Prefill, d.CopyTokens)
+	}
+	r.CanCopy = true
+	if d := sc.Decide(r, snap()); !d.Admit || d.Prefill != 1 || d.CopyTo != 2 || d.CopyTokens != 2048 {
+		t.Fatalf("can copy: admit %v, prefill %d, copy %d tokens to %d; want 1, and 2048 to 2", d.Admit, d.Prefill, d.CopyTokens, d.CopyTo)
+	}
+	// A policy without copies: never asked.
+	if d := (&Scheduler{Policy: mustNew(t, "cache-only", Options{})}).Decide(r, snap()); d.Prefill != 1 || d.CopyTokens != 0 {
+		t.Fatalf("cache-only: prefill %d, copy %d tokens", d.Prefill, d.CopyTokens)
+	}
+	// Not admitted (the holder's decode side has no room): no copy.
+	s := snap()
+	for i := 1; i < 4; i++ {
+		s.Endpoints[i].Role = fleet.RolePrefill
+	}
+	s.Endpoints[0].KVFreeTokens = 0
+	if d := (&Scheduler{Policy: p, EarlyReject: true}).Decide(r, s); d.Admit || d.CopyTokens != 0 {
+		t.Fatalf("rejected: admit %v, copy %d tokens", d.Admit, d.CopyTokens)
+	}
+}

@@ -28,6 +28,16 @@ type CostReporter interface {
 	Costs(req *Request, s *Snapshot, dst []float64) []float64
 }
 
+// CopyPicker is a Policy that, for a request whose prefix the fleet can
+// copy (Request.CanCopy), may keep the request where its prefix is cached
+// and have the prefix warmed on another endpoint instead of moving the
+// request there (kvgate's conversation balance: Decision.CopyTokens).
+type CopyPicker interface {
+	// PickCopy is Pick, with the endpoint to warm the first tokens
+	// tokens of the prompt on (tokens 0: none).
+	PickCopy(req *Request, s *Snapshot) (pick, copyTo, tokens int)
+}
+
 var nan = math.NaN()
 
 // lockedRand is a random source safe for concurrent use.

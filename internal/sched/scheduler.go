@@ -83,6 +83,14 @@ func (sc *Scheduler) WithDefaults(s SLO) SLO {
 // With a Snapshot.Forecast, the decode side is judged on its forecast for
 // the end of the prefill.
 func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
+	d := sc.decide(in, s)
+	if !d.Admit {
+		d.CopyTo, d.CopyTokens = 0, 0 // a copy goes with the request only
+	}
+	return d
+}
+
+func (sc *Scheduler) decide(in *Request, s *Snapshot) Decision {
 	req := *in
 	req.SLO = sc.WithDefaults(req.SLO)
 	v, _ := sc.scratch.Get().(*view)
@@ -95,13 +103,14 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 	if sc.Hold && sc.hold(&req, cand, &d) {
 		return d
 	}
-	p := pickIn(sc.Policy, &req, cand)
+	p, copyTo, copyTokens := pickCopying(sc.Policy, &req, cand)
 	if p >= 0 && cand.Endpoints[p].Role == fleet.RolePrefill && !decodes(s) {
 		// A prefill-only endpoint with nothing to decode what it prefills
 		// (a fleet whose roles are changing): the endpoints that serve a
 		// request alone are the candidates.
 		cand = candidates(s, v, func(e *Endpoint) bool { return e.Role == fleet.RoleBoth })
 		p = pickIn(sc.Policy, &req, cand)
+		copyTokens = 0
 	}
 	if p < 0 {
 		d.Reason = "no endpoint can serve the prompt"
@@ -112,9 +121,15 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 	}
 	if v.index != nil {
 		p = v.index[p]
+		if copyTokens > 0 {
+			copyTo = v.index[copyTo]
+		}
 	}
 	pe := &s.Endpoints[p]
 	d.Admit, d.Prefill = true, p
+	if copyTokens > 0 {
+		d.CopyTo, d.CopyTokens = copyTo, copyTokens
+	}
 	d.PredictedTTFT = PredictTTFT(&req, pe)
 	d.CachedTokens = pe.CachedTokens
 	if pe.Role == fleet.RolePrefill {
@@ -136,6 +151,9 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 	}
 	if sc.EarlyReject && sc.rejectTTFT(&req, pe, &d) {
 		sc.surerEndpoint(&req, cand, v, &d)
+		if d.Prefill != p {
+			d.CopyTo, d.CopyTokens = 0, 0 // not kept on the holder
+		}
 	}
 	return d
 }
@@ -223,6 +241,31 @@ func pickIn(pol Policy, req *Request, cand *Snapshot) int {
 		return p
 	}
 	return -1
+}
+
+// Copies reports whether the policy may ask for prefix copies
+// (CopyPicker), for requests that can have them (Request.CanCopy).
+func (sc *Scheduler) Copies() bool {
+	_, ok := sc.Policy.(CopyPicker)
+	return ok
+}
+
+// pickCopying is pickIn, with the copy a CopyPicker asks for when req's
+// prefix can be copied (tokens 0: none, or an answer out of range).
+func pickCopying(pol Policy, req *Request, cand *Snapshot) (p, to, tokens int) {
+	cp, ok := pol.(CopyPicker)
+	if !ok || !req.CanCopy || len(cand.Endpoints) == 0 {
+		return pickIn(pol, req, cand), 0, 0
+	}
+	n := len(cand.Endpoints)
+	p, to, tokens = cp.PickCopy(req, cand)
+	switch {
+	case p < 0 || p >= n:
+		return -1, 0, 0
+	case tokens <= 0 || to < 0 || to >= n || to == p:
+		return p, 0, 0
+	}
+	return p, to, min(tokens, req.PromptTokens)
 }
 
 // decodes: some endpoint of s is decode-only.

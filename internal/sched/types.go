@@ -41,6 +41,11 @@ type Request struct {
 	// each endpoint holds in balance (Endpoint.Conversations). False when
 	// unknown.
 	OpensConversation bool
+	// CanCopy: the fleet can warm a prefix of this request's prompt on an
+	// endpoint ahead of later requests (Decision.CopyTokens): the
+	// simulator always, the gateway when it holds the engine's own token
+	// ids of the prompt.
+	CanCopy bool
 }
 
 // Endpoint is one instance as seen for one request.
@@ -242,6 +247,11 @@ type Decision struct {
 	// rejection): an investment, which gives its endpoint up to a request
 	// that would otherwise be rejected for the load (YieldFor).
 	Invests bool
+	// CopyTokens > 0: warm the first CopyTokens tokens of the prompt on
+	// endpoint CopyTo too, ahead of the requests that will share them (a
+	// one-token request; kvgate's conversation balance, "Copies ahead of
+	// the balance" in docs/policies.md).
+	CopyTo, CopyTokens int
 	// SLO is the SLO the request was judged by: its own, with the
 	// scheduler's defaults filled in.
 	SLO SLO

@@ -146,9 +146,16 @@ type Result struct {
 	// one each, and what their instance no longer held of the prefix
 	// the router believed cached.
 	TouchTokens float64 `json:"touch_tokens,omitempty"`
-	Goodput     float64 `json:"goodput"`
-	TPOTP50     float64 `json:"tpot_p50,omitempty"`
-	TPOTP99     float64 `json:"tpot_p99,omitempty"`
+	// Copies is the number of prefix copies per request: one-token
+	// requests that warmed a shared prefix on an instance ahead of the
+	// conversations kvgate's balance sends there
+	// (sched.Decision.CopyTokens); CopyTokens the prompt tokens each
+	// computed.
+	Copies     float64 `json:"copies,omitempty"`
+	CopyTokens float64 `json:"copy_tokens,omitempty"`
+	Goodput    float64 `json:"goodput"`
+	TPOTP50    float64 `json:"tpot_p50,omitempty"`
+	TPOTP99    float64 `json:"tpot_p99,omitempty"`
 	// With a Truth: the router's predictor and its TTFT error (absolute
 	// percentage, median and p90) over admitted requests after warm-up;
 	// with drift, the error's recovery and the stale routing (truth.go).
@@ -235,6 +242,10 @@ type run struct {
 	// (touch.go), touchComputed the prompt tokens they computed;
 	// touchSeq numbers them for the true engine.
 	touches, touchSeq, touchComputed int
+	// copies counts the prefixes copied ahead of the conversation
+	// balance (sched.Decision.CopyTokens), copyComputed the prompt
+	// tokens they computed.
+	copies, copyComputed int
 }
 
 func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
@@ -334,7 +345,7 @@ func (r *run) step(ri int) error {
 	r.advance(t)
 	r.snapshot(ri)
 	req := sched.Request{Arrival: t, PromptTokens: q.PromptTokens, PromptBlocks: len(q.Keys),
-		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO, OpensConversation: r.opens[ri]}
+		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO, OpensConversation: r.opens[ri], CanCopy: true}
 	r.hold.NoteArrival(t, q.Keys)
 	d := r.sc.Decide(&req, &r.snap)
 	if r.yieldFor(ri, &req, &d) {
@@ -441,6 +452,9 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 		r.investing = append(r.investing, investment{ri: ri, ep: i, fl: fl, start: max(t, r.snap.Endpoints[i].FreeAt), end: done, hitBlocks: hitBlocks})
 	} else {
 		r.cache.insert(i, q.Keys)
+	}
+	if d.CopyTokens > 0 {
+		r.copyPrefix(ri, d.CopyTo, d.CopyTokens)
 	}
 	r.hitTok += int64(hit)
 	r.totTok += int64(q.PromptTokens)
@@ -555,9 +569,13 @@ func (r *run) summarise() Result {
 		res.Held = float64(r.held) / float64(total)
 		res.Yielded = float64(r.yields) / float64(total)
 		res.Touches = float64(r.touches) / float64(total)
+		res.Copies = float64(r.copies) / float64(total)
 	}
 	if r.touches > 0 {
 		res.TouchTokens = float64(r.touchComputed) / float64(r.touches)
+	}
+	if r.copies > 0 {
+		res.CopyTokens = float64(r.copyComputed) / float64(r.copies)
 	}
 	if r.truth != nil {
 		r.truth.summarise(r, &res)

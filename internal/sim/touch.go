@@ -20,7 +20,26 @@ func (r *run) Touch(h *sched.Held, i, tokens int) {
 	if i < 0 || i >= r.n {
 		return
 	}
-	q := &r.tr.Requests[h.Value.(int)]
+	r.touchComputed += r.prefixRequest(h.Value.(int), i, tokens)
+	r.touches++
+}
+
+// copyPrefix warms the first tokens tokens of request ri's prompt on
+// instance i (sched.Decision.CopyTokens): a one-token request as a touch
+// is, which computes whatever of the prefix the instance lacks.
+func (r *run) copyPrefix(ri, i, tokens int) {
+	if i < 0 || i >= r.n {
+		return
+	}
+	r.copyComputed += r.prefixRequest(ri, i, tokens)
+	r.copies++
+}
+
+// prefixRequest sends, to instance i at the current time, a one-token
+// request on the first tokens tokens of request ri's prompt (Touch,
+// copyPrefix), and returns the prompt tokens it computes.
+func (r *run) prefixRequest(ri, i, tokens int) int {
+	q := &r.tr.Requests[ri]
 	bs := r.tr.BlockSize
 	blocks := min(tokens/bs, len(q.Keys))
 	held := 0 // the leading blocks the instance truly holds
@@ -29,7 +48,6 @@ func (r *run) Touch(h *sched.Held, i, tokens int) {
 	}
 	cached := held * bs
 	unc := max(tokens-cached, 1)
-	r.touchComputed += unc
 	t := r.snap.Now
 	freeAt := r.snap.Endpoints[i].FreeAt
 	m := r.cfg.Model
@@ -48,7 +66,7 @@ func (r *run) Touch(h *sched.Held, i, tokens int) {
 		r.view.stored(t, from, i, q.Keys[held:blocks])
 	}
 	r.cache.insert(i, q.Keys[:blocks])
-	r.touches++
+	return unc
 }
 
 // touchHeld runs a touch pass at the current time.

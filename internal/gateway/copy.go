@@ -1,0 +1,83 @@
+package gateway
+
+import (
+	"encoding/json"
+	"slices"
+
+	"github.com/kvgate/kvgate/internal/load"
+)
+
+// Copies ahead of the conversation balance (sched.CopyPicker,
+// docs/policies.md): on an idle fleet, a request that opens a
+// conversation stays on the endpoint holding its shared prefix (a system
+// prompt) even when kvgate's balance would move it, and the gateway
+// copies that prefix to the endpoint the balance would have moved it to,
+// with a request on the prompt's first tokens (the engine's own ids) and
+// one output token, sent as touches are (touch.go). The next conversation
+// that opens with the prefix moves there and finds it cached.
+
+// prefixCopy is a prefix to copy (sched.Decision.CopyTokens): the first
+// tokens tokens of the prompt, to endpoint to (ep in the load
+// accounting), which holds cached of them and prefills at speed.
+type prefixCopy struct {
+	to     *member
+	ep     *load.Endpoint
+	tokens int
+	cached int
+	speed  float64
+}
+
+// copyPrefix sends the copy p asks for, if any, once rt is admitted. The
+// copy is accounted in the load as a prefill of what its endpoint lacks
+// (Work.Touch: a place in the queue, not a request), and its blocks are
+// recorded approximately in the index at once, as a routed request's
+// are, so that the next conversation sees them before the engine's KV
+// events; a copy that fails takes them back. A copy over the fleet's
+// bound on prefix requests in flight is skipped.
+func (g *Gateway) copyPrefix(rt *routed, p *plan) {
+	c := p.copy
+	if c == nil || rt.engineIDs == nil {
+		return
+	}
+	if p.mf.touching.Add(1) > maxTouchesInFlight {
+		p.mf.touching.Add(-1)
+		g.met.copies.WithLabelValues(touchSkipped).Inc()
+		return
+	}
+	ids := rt.engineIDs[:min(c.tokens+1, len(rt.engineIDs))] // its prefix and one token more
+	body, err := json.Marshal(touchRequest{Model: rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: rt.req.CacheSalt})
+	if err != nil {
+		p.mf.touching.Add(-1)
+		g.log.Error("kvgate: prefix copy", "err", err)
+		return
+	}
+	n := len(ids)
+	uncached := max(n-c.cached, 1)
+	var compute float64
+	if c.speed > 0 {
+		compute = float64(uncached) / c.speed
+	}
+	fl := p.mf.load.Route(c.ep, g.clock(), load.Work{Uncached: uncached, Cached: n - uncached, PrefillSeconds: compute, Touch: true})
+	keys := slices.Clone(rt.prep.Keys[:min(c.tokens/g.cfg.BlockSize, len(rt.prep.Keys))])
+	g.routed(c.to, keys)
+	go g.sendCopy(p.mf, c.to, fl, body, n, keys)
+}
+
+// sendCopy sends a copy's body (of n prompt tokens, the blocks keys) to
+// m (sendPrefix).
+func (g *Gateway) sendCopy(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int, keys []uint64) {
+	cached, reported, err := g.sendPrefix(mf, m, fl, body, n)
+	if err != nil {
+		if !m.removed.Load() {
+			g.idx.Unrouted(m.kvID, keys)
+		}
+		g.met.copies.WithLabelValues(touchFailed).Inc()
+		g.log.Debug("kvgate: prefix copy failed", "endpoint", m.ep.Name, "err", err)
+		return
+	}
+	g.met.copies.WithLabelValues(touchDone).Inc()
+	if reported {
+		g.met.copyTokens.WithLabelValues("cached").Add(float64(cached))
+		g.met.copyTokens.WithLabelValues("computed").Add(float64(n - cached))
+	}
+}

@@ -1,0 +1,88 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestPrefixCopiedAheadOfTheBalance: on an idle fleet of two engines,
+// conversations opening with one system prompt stay on its holder until
+// kvgate's balance would move one; that one stays too, and the gateway
+// copies the system prompt to the other engine (a one-token request of
+// the prompt's engine ids), so the next conversation moves there and
+// finds it cached. With ids that are not the engine's own (the
+// estimating tokenizer) nothing can be copied, and the balance moves the
+// conversation itself.
+func TestPrefixCopiedAheadOfTheBalance(t *testing.T) {
+	for _, exact := range []bool{true, false} {
+		t.Run(fmt.Sprintf("engine ids %v", exact), func(t *testing.T) {
+			e1, _, eps := twoAggregated(t)
+			tok := "model=" + testModel + ",source=engine,url=" + e1.URL()
+			if !exact {
+				tok = "model=" + testModel + ",source=estimate"
+			}
+			g, url, admin := startGateway(t, Config{Endpoints: eps, Tokenizers: []string{tok}, Policy: "kvgate"}, Options{})
+			waitSubscribed(t, g)
+			sys := map[string]string{"role": "system", "content": prefix("sys")}
+			open := func(i int) result {
+				t.Helper()
+				user := map[string]string{"role": "user", "content": fmt.Sprintf("question %d", i)}
+				b, _ := json.Marshal(map[string]any{"model": testModel, "messages": []any{sys, user}, "max_tokens": 2})
+				r := post(t, url+"/v1/chat/completions", string(b), nil)
+				if r.status != 200 {
+					t.Fatalf("conversation %d: %d %s", i, r.status, r.body)
+				}
+				return r
+			}
+			home := open(0).header.Get(hdrPrefill)
+			waitFor(t, func() bool { return endpointBlocks(t, admin, home) > 0 })
+			// Conversation 1 stays (the decayed count of 1 is under the
+			// limit); conversation 2 is the one the balance moves.
+			if r := open(1); r.header.Get(hdrPrefill) != home {
+				t.Fatalf("conversation 1 went to %s, its system prompt is on %s", r.header.Get(hdrPrefill), home)
+			}
+			r := open(2)
+			cached, _ := strconv.Atoi(r.header.Get(hdrCached))
+			if !exact {
+				if r.header.Get(hdrPrefill) == home || cached != 0 {
+					t.Fatalf("conversation 2: %s with %d tokens cached, want moved off %s, computing all", r.header.Get(hdrPrefill), cached, home)
+				}
+				if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_prefix_copies_total{outcome="done"} 0`) {
+					t.Fatal("a prefix copied without the engine's ids")
+				}
+				return
+			}
+			if r.header.Get(hdrPrefill) != home || cached == 0 {
+				t.Fatalf("conversation 2: %s with %d tokens cached, want kept on %s", r.header.Get(hdrPrefill), cached, home)
+			}
+			waitFor(t, func() bool {
+				m := get(t, admin+"/metrics")
+				return strings.Contains(m, `kvgate_prefix_copies_total{outcome="done"} 1`) &&
+					!strings.Contains(m, `kvgate_prefix_copy_tokens_total{kind="computed"} 0`)
+			})
+			r = open(3)
+			if r.header.Get(hdrPrefill) == home || r.header.Get(hdrCached) == "0" {
+				t.Fatalf("conversation 3: %s with %s tokens cached, want the copy's engine with the system prompt cached (reason %q)",
+					r.header.Get(hdrPrefill), r.header.Get(hdrCached), r.header.Get(hdrReason))
+			}
+		})
+	}
+}
+
+// endpointBlocks is the KV blocks the index holds for the named endpoint.
+func endpointBlocks(t *testing.T, admin, name string) int {
+	t.Helper()
+	var st struct {
+		Endpoints []EndpointState `json:"endpoints"`
+	}
+	getJSON(t, admin+"/admin/endpoints", &st)
+	for _, e := range st.Endpoints {
+		if e.Name == name {
+			return int(e.KVBlocks)
+		}
+	}
+	return 0
+}
