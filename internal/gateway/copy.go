@@ -28,12 +28,14 @@ type prefixCopy struct {
 }
 
 // copyPrefix sends the copy p asks for, if any, once rt is admitted. The
-// copy is accounted in the load as a prefill of what its endpoint lacks
-// (Work.Touch: a place in the queue, not a request), and its blocks are
-// recorded approximately in the index at once, as a routed request's
-// are, so that the next conversation sees them before the engine's KV
-// events; a copy that fails takes them back. A copy over the fleet's
-// bound on prefix requests in flight is skipped.
+// copy is accounted in the load as the prefill it is, of what its
+// endpoint lacks: the predictor times it and learns from its answer
+// (unlike a touch's one token, which it does not model, a copy's compute
+// inside a busy window would otherwise be taken for the window's
+// requests'). Its blocks are recorded approximately in the index at
+// once, as a routed request's are, so that the next conversation sees
+// them before the engine's KV events; a copy that fails takes them back.
+// A copy over the fleet's bound on prefix requests in flight is skipped.
 func (g *Gateway) copyPrefix(rt *routed, p *plan) {
 	c := p.copy
 	if c == nil || rt.engineIDs == nil {
@@ -57,8 +59,9 @@ func (g *Gateway) copyPrefix(rt *routed, p *plan) {
 	if c.speed > 0 {
 		compute = float64(uncached) / c.speed
 	}
-	fl := p.mf.load.Route(c.ep, g.clock(), load.Work{Uncached: uncached, Cached: n - uncached, PrefillSeconds: compute, Touch: true})
 	keys := slices.Clone(rt.prep.Keys[:min(c.tokens/g.cfg.BlockSize, len(rt.prep.Keys))])
+	fl := p.mf.load.Route(c.ep, g.clock(), load.Work{Uncached: uncached, Cached: n - uncached,
+		UncachedBlocks: max(len(keys)-c.cached/g.cfg.BlockSize, 0), Keys: keys, PrefillSeconds: compute})
 	g.routed(c.to, keys)
 	go g.sendCopy(p.mf, c.to, fl, body, n, keys)
 }

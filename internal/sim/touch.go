@@ -20,25 +20,30 @@ func (r *run) Touch(h *sched.Held, i, tokens int) {
 	if i < 0 || i >= r.n {
 		return
 	}
-	r.touchComputed += r.prefixRequest(h.Value.(int), i, tokens)
+	r.touchComputed += r.prefixRequest(h.Value.(int), i, tokens, false)
 	r.touches++
 }
 
 // copyPrefix warms the first tokens tokens of request ri's prompt on
-// instance i (sched.Decision.CopyTokens): a one-token request as a touch
-// is, which computes whatever of the prefix the instance lacks.
+// instance i (sched.Decision.CopyTokens), with a one-token request on
+// them and one token more, as the gateway sends it: it computes whatever
+// of the prefix the instance lacks. Unlike a touch, whose one token is
+// not what the router's predictor models, a copy is an ordinary prefill
+// in the load accounting: timed by the predictor, and observed by it
+// (in a busy window, a touch's compute is negligible, a copy's is not).
 func (r *run) copyPrefix(ri, i, tokens int) {
 	if i < 0 || i >= r.n {
 		return
 	}
-	r.copyComputed += r.prefixRequest(ri, i, tokens)
+	tokens = min(tokens+1, r.tr.Requests[ri].PromptTokens)
+	r.copyComputed += r.prefixRequest(ri, i, tokens, true)
 	r.copies++
 }
 
 // prefixRequest sends, to instance i at the current time, a one-token
-// request on the first tokens tokens of request ri's prompt (Touch,
-// copyPrefix), and returns the prompt tokens it computes.
-func (r *run) prefixRequest(ri, i, tokens int) int {
+// request on the first tokens tokens of request ri's prompt (Touch, or
+// copyPrefix when copy), and returns the prompt tokens it computes.
+func (r *run) prefixRequest(ri, i, tokens int, copy bool) int {
 	q := &r.tr.Requests[ri]
 	bs := r.tr.BlockSize
 	blocks := min(tokens/bs, len(q.Keys))
@@ -52,7 +57,11 @@ func (r *run) prefixRequest(ri, i, tokens int) int {
 	freeAt := r.snap.Endpoints[i].FreeAt
 	m := r.cfg.Model
 	compute := m.PrefillTime(unc) + m.DecodeStepPerSeq + m.DecodeStepPerKContext*float64(tokens)/1000
-	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, Cached: cached, PrefillSeconds: compute, Touch: true})
+	w := load.Work{Uncached: unc, Cached: cached, PrefillSeconds: compute, Touch: true}
+	if copy {
+		w = load.Work{Uncached: unc, Cached: cached, UncachedBlocks: blocks - held, Keys: q.Keys[:blocks], PrefillSeconds: compute}
+	}
+	fl := r.load.Route(r.eps[i], t, w)
 	if r.truth != nil {
 		r.touchSeq++
 		r.truth.route(r.load, fl, -r.touchSeq, i, unc, cached, t, freeAt)
