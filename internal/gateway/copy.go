@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
 	"slices"
 
 	"github.com/kvgate/kvgate/internal/load"
@@ -41,19 +40,12 @@ func (g *Gateway) copyPrefix(rt *routed, p *plan) {
 	if c == nil || rt.engineIDs == nil {
 		return
 	}
-	if p.mf.touching.Add(1) > maxTouchesInFlight {
-		p.mf.touching.Add(-1)
+	if !p.mf.claimPrefixRequest() {
 		g.met.copies.WithLabelValues(touchSkipped).Inc()
 		return
 	}
 	ids := rt.engineIDs[:min(c.tokens+1, len(rt.engineIDs))] // its prefix and one token more
-	body, err := json.Marshal(touchRequest{Model: rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: rt.req.CacheSalt})
-	if err != nil {
-		p.mf.touching.Add(-1)
-		g.log.Error("kvgate: prefix copy", "err", err)
-		return
-	}
-	n := len(ids)
+	body, n := prefixBody(rt, ids), len(ids)
 	uncached := max(n-c.cached, 1)
 	var compute float64
 	if c.speed > 0 {

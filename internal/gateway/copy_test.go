@@ -58,6 +58,9 @@ func TestPrefixCopiedAheadOfTheBalance(t *testing.T) {
 			if r.header.Get(hdrPrefill) != home || cached == 0 {
 				t.Fatalf("conversation 2: %s with %d tokens cached, want kept on %s", r.header.Get(hdrPrefill), cached, home)
 			}
+			if why := r.header.Get(hdrReason); !strings.Contains(why, "tokens copied to ") || strings.Contains(why, "copied to "+home) {
+				t.Fatalf("conversation 2's reason %q does not name the copy to the other engine", why)
+			}
 			waitFor(t, func() bool {
 				m := get(t, admin+"/metrics")
 				return strings.Contains(m, `kvgate_prefix_copies_total{outcome="done"} 1`) &&

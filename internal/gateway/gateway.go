@@ -126,9 +126,9 @@ type modelFleet struct {
 	hold    *holdQueue       // requests held at the router (hold.go)
 	// investing are the hold's investments in progress (invest.go).
 	investing investments
-	// touching counts its prefix requests in flight: the hold's touches
+	// prefixRequests counts its prefix requests in flight: the hold's touches
 	// (touch.go) and copies ahead of the conversation balance (copy.go).
-	touching atomic.Int64
+	prefixRequests atomic.Int64
 }
 
 // New builds a gateway from a validated config.

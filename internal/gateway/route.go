@@ -390,6 +390,10 @@ func (g *Gateway) explain(s *sched.Snapshot, d *sched.Decision, promptN int) str
 			fmt.Fprintf(&b, "; cost %.4g vs next best %s %.4g", d.Costs[d.Prefill], s.Endpoints[second].Name, sc)
 		}
 	}
+	if d.CopyTokens > 0 {
+		fmt.Fprintf(&b, "; kept on its prefix's holder, its first %d tokens copied to %s ahead of the conversation balance",
+			d.CopyTokens, s.Endpoints[d.CopyTo].Name)
+	}
 	return b.String()
 }
 

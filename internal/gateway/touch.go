@@ -20,12 +20,13 @@ import (
 // token more to POST /v1/completions with max_tokens 1, accounted in the
 // load as a one-token prefill on its endpoint.
 
-// maxTouchesInFlight bounds each model fleet's touches in flight: one
-// touch pass's worth. A touch is one token of work; more than that in
-// flight means an engine is not answering, and more touches would only
-// queue behind them. A skipped touch's request is touched again half a
-// turnover later, as a sent one's.
-const maxTouchesInFlight = sched.TouchCandidates
+// maxPrefixRequests bounds each model fleet's prefix requests in flight
+// (touches, and copies ahead of the conversation balance: copy.go): one
+// touch pass's worth. A touch is one token of work, and copies are made
+// only on an idle fleet; more than that in flight means an engine is not
+// answering, and more would only queue behind them. A skipped touch's
+// request is touched again half a turnover later, as a sent one's.
+const maxPrefixRequests = sched.TouchCandidates
 
 // touchTimeout bounds how long a touch waits for its answer.
 const touchTimeout = 30 * time.Second
@@ -59,18 +60,12 @@ func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 		f.g.met.touches.WithLabelValues(touchNotEngineIDs).Inc()
 		return
 	}
-	if f.mf.touching.Add(1) > maxTouchesInFlight {
-		f.mf.touching.Add(-1)
+	if !f.mf.claimPrefixRequest() {
 		f.g.met.touches.WithLabelValues(touchSkipped).Inc()
 		return
 	}
 	ids := prompt[:min(tokens, len(prompt))]
-	body, err := json.Marshal(touchRequest{Model: w.rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: w.rt.req.CacheSalt})
-	if err != nil {
-		f.mf.touching.Add(-1)
-		f.g.log.Error("kvgate: touch", "err", err)
-		return
-	}
+	body := prefixBody(w.rt, ids)
 	m, n := fv.members[i], len(ids)
 	var compute float64 // its one token's prefill
 	if sp := fv.snap.Endpoints[i].PrefillSpeed; sp > 0 {
@@ -78,6 +73,25 @@ func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 	}
 	fl := f.mf.load.Route(fv.eps[i], f.g.clock(), load.Work{Uncached: 1, Cached: len(ids) - 1, PrefillSeconds: compute, Touch: true})
 	go f.g.touch(f.mf, m, fl, body, n)
+}
+
+// claimPrefixRequest takes one of mf's slots for prefix requests in
+// flight (false: all taken); sendPrefix gives it back.
+func (mf *modelFleet) claimPrefixRequest() bool {
+	if mf.prefixRequests.Add(1) > maxPrefixRequests {
+		mf.prefixRequests.Add(-1)
+		return false
+	}
+	return true
+}
+
+// prefixBody is the body of a request on ids, a prefix of rt's prompt:
+// rt's model and cache salt, one output token.
+func prefixBody(rt *routed, ids []uint32) []byte {
+	// A struct of a string, numbers and a slice of numbers always
+	// marshals.
+	body, _ := json.Marshal(touchRequest{Model: rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: rt.req.CacheSalt})
+	return body
 }
 
 // Outcomes of touches (kvgate_hold_touches_total).
@@ -113,7 +127,7 @@ func (g *Gateway) touch(mf *modelFleet, m *member, fl *load.Flight, body []byte,
 // flight. It returns the prompt tokens the answer says were cached
 // (reported: vLLM with --enable-prompt-tokens-details, kvgate's engine).
 func (g *Gateway) sendPrefix(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int) (cached int, reported bool, err error) {
-	defer mf.touching.Add(-1)
+	defer mf.prefixRequests.Add(-1)
 	ctx, cancel := context.WithTimeout(context.Background(), touchTimeout)
 	defer cancel()
 	answer, err := g.sendTouch(ctx, m, body)
