@@ -278,28 +278,38 @@ func (p *kvgatePolicy) PickCopy(req *Request, s *Snapshot) (pick, copyTo, tokens
 	}
 	pr = pr.withLeast(req, s)
 	limit := p.conversationLimit(req, s, pr)
-	moved := p.pickUnder(req, s, pr, limit)
-	if moved < 0 || math.IsInf(limit, 1) {
-		return moved, 0, 0
+	if math.IsInf(limit, 1) || !twoIdle(s) {
+		// No move, or no two idle endpoints to keep the request and
+		// take the copy: the choice needs no second pass.
+		return p.pickUnder(req, s, pr, limit), 0, 0
 	}
-	held := p.pickUnder(req, s, pr, math.Inf(1))
-	if held == moved || !p.copyAhead(req, s, pr, held, moved) {
-		return moved, 0, 0
+	moved, held := p.pickBoth(req, s, pr, limit)
+	if moved.i < 0 || held.i == moved.i || !copyAhead(s, held, moved) {
+		return moved.i, 0, 0
 	}
-	return held, moved, s.Endpoints[held].CachedTokens
+	return held.i, moved.i, s.Endpoints[held.i].CachedTokens
 }
 
-// copyAhead: request req, which the balance moves from endpoint held
-// (its choice without the limit) to endpoint moved, may stay on held and
-// have held's cached prefix copied to moved instead: held holds more of
-// the prompt, fits the SLO, and both are idle.
-func (p *kvgatePolicy) copyAhead(req *Request, s *Snapshot, pr pricing, held, moved int) bool {
-	h, m := &s.Endpoints[held], &s.Endpoints[moved]
-	if h.CachedTokens <= m.CachedTokens || h.QueueWait > 0 || m.QueueWait > 0 {
-		return false
+// twoIdle: at least two of s's endpoints have nothing queued.
+func twoIdle(s *Snapshot) bool {
+	n := 0
+	for i := range s.Endpoints {
+		if s.Endpoints[i].QueueWait <= 0 {
+			if n++; n == 2 {
+				return true
+			}
+		}
 	}
-	_, fits := p.cost(req, h, pr)
-	return fits
+	return false
+}
+
+// copyAhead: a request that the balance moves from endpoint held (its
+// choice without the limit) to endpoint moved may stay on held and have
+// held's cached prefix copied to moved instead: held holds more of the
+// prompt, fits the SLO, and both are idle.
+func copyAhead(s *Snapshot, held, moved choice) bool {
+	h, m := &s.Endpoints[held.i], &s.Endpoints[moved.i]
+	return held.fits && h.CachedTokens > m.CachedTokens && h.QueueWait <= 0 && m.QueueWait <= 0
 }
 
 // pick is Pick at prices pr (their least compute set when bounded).
@@ -309,18 +319,50 @@ func (p *kvgatePolicy) pick(req *Request, s *Snapshot, pr pricing) int {
 
 // pickUnder is pick with the conversation limit given.
 func (p *kvgatePolicy) pickUnder(req *Request, s *Snapshot, pr pricing, limit float64) int {
-	best, bestCost, bestFits := -1, math.Inf(1), false
+	best := choice{i: -1}
 	for i := range s.Endpoints {
 		if passedOver(&s.Endpoints[i], limit) {
 			continue
 		}
 		cost, fits := p.cost(req, &s.Endpoints[i], pr)
-		switch {
-		case best < 0, fits && !bestFits, fits == bestFits && (cost < bestCost || (cost == bestCost && kvgateTie(s, i, best))):
-			best, bestCost, bestFits = i, cost, fits
+		best.offer(s, i, cost, fits)
+	}
+	return best.i
+}
+
+// pickBoth is pickUnder at limit (moved) and without a limit (held), in
+// one pass: the best of the endpoints the limit passes over, offered to
+// the best of the others, is the best of all.
+func (p *kvgatePolicy) pickBoth(req *Request, s *Snapshot, pr pricing, limit float64) (moved, held choice) {
+	m, over := choice{i: -1}, choice{i: -1}
+	for i := range s.Endpoints {
+		cost, fits := p.cost(req, &s.Endpoints[i], pr)
+		if passedOver(&s.Endpoints[i], limit) {
+			over.offer(s, i, cost, fits)
+		} else {
+			m.offer(s, i, cost, fits)
 		}
 	}
-	return best
+	held = m
+	if over.i >= 0 {
+		held.offer(s, over.i, over.cost, over.fits)
+	}
+	return m, held
+}
+
+// choice is a pick's best endpoint so far: one that fits the SLO before
+// one that does not, then the lower cost, then kvgateTie.
+type choice struct {
+	i    int // -1: none yet
+	cost float64
+	fits bool
+}
+
+func (c *choice) offer(s *Snapshot, i int, cost float64, fits bool) {
+	switch {
+	case c.i < 0, fits && !c.fits, fits == c.fits && (cost < c.cost || (cost == c.cost && kvgateTie(s, i, c.i))):
+		c.i, c.cost, c.fits = i, cost, fits
+	}
 }
 
 // conversationLimit bounds the conversations an endpoint may hold and

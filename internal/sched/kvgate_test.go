@@ -82,14 +82,20 @@ func BenchmarkDecision64(b *testing.B) {
 		loaded.Endpoints[i].Conversations = float64(i % 7)
 		idle.Endpoints[i].QueueWait, idle.Endpoints[i].Conversations = 0, float64(i%7)
 	}
+	// One whose prefix can be copied (CanCopy): on the idle fleet the
+	// choice without the limit is made too (PickCopy).
+	copying := opening
+	copying.CanCopy = true
 	for _, c := range []struct {
 		name string
+		req  *Request
 		snap *Snapshot
-	}{{"kvgate-opening-idle", idle}, {"kvgate-opening-loaded", loaded}} {
+	}{{"kvgate-opening-idle", &opening, idle}, {"kvgate-opening-loaded", &opening, loaded},
+		{"kvgate-opening-idle-copy", &copying, idle}, {"kvgate-opening-loaded-copy", &copying, loaded}} {
 		b.Run(c.name, func(b *testing.B) {
 			sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), EarlyReject: true}
 			for b.Loop() {
-				sc.Decide(&opening, c.snap)
+				sc.Decide(c.req, c.snap)
 			}
 		})
 	}
