@@ -306,10 +306,11 @@ func twoIdle(s *Snapshot) bool {
 // copyAhead: a request that the balance moves from endpoint held (its
 // choice without the limit) to endpoint moved may stay on held and have
 // held's cached prefix copied to moved instead: held holds more of the
-// prompt, fits the SLO, and both are idle.
+// prompt and both are idle. (held fits the SLO: moved does, a finite
+// limit says so, and a pick prefers what fits.)
 func copyAhead(s *Snapshot, held, moved choice) bool {
 	h, m := &s.Endpoints[held.i], &s.Endpoints[moved.i]
-	return held.fits && h.CachedTokens > m.CachedTokens && h.QueueWait <= 0 && m.QueueWait <= 0
+	return h.CachedTokens > m.CachedTokens && h.QueueWait <= 0 && m.QueueWait <= 0
 }
 
 // pick is Pick at prices pr (their least compute set when bounded).

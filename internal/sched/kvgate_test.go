@@ -484,6 +484,14 @@ func TestKVGateCopiesAheadOfTheBalance(t *testing.T) {
 			e[1].QueueWait, e[2].QueueWait = 0.001, 0.002
 			return e
 		}(), true, false, 1, -1},
+		{"holder busy, two others idle: moved", func() []Endpoint {
+			e := hot()
+			e[0].QueueWait, e[2].QueueWait = 0.01, 0
+			return e
+		}(), true, false, 1, -1},
+		{"endpoint moved to busy, two others idle: moved", []Endpoint{
+			{CachedTokens: 2048, Conversations: 6}, {Conversations: 1, QueueWait: 0.001},
+			{Conversations: 1, QueueWait: 0.002}, {CachedTokens: 1024, Conversations: 6}}, true, false, 1, -1},
 		{"holder misses the SLO: moved", func() []Endpoint {
 			e := hot()
 			e[0].PrefillSpeed = 100 // its 320 uncached tokens take 3.2 s
