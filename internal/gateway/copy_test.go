@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
 )
 
 // TestPrefixCopiedAheadOfTheBalance: on an idle fleet of two engines,
@@ -72,6 +74,45 @@ func TestPrefixCopiedAheadOfTheBalance(t *testing.T) {
 					r.header.Get(hdrPrefill), r.header.Get(hdrCached), r.header.Get(hdrReason))
 			}
 		})
+	}
+}
+
+// TestPrefixCopyFails: a copy the other engine does not answer (it is
+// gone, and no health check has noticed) is counted failed, and the
+// index entries that claimed the prefix there are taken back: nothing
+// routes to that engine believing it holds the system prompt.
+func TestPrefixCopyFails(t *testing.T) {
+	e1, e2, eps := twoAggregated(t)
+	tok := startEngine(t, fleet.RoleBoth, nil) // tokenizes; not in the fleet, so it stays up
+	cfg := Config{Endpoints: eps, Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + tok.URL()},
+		Policy: "kvgate", NoHealthChecks: true}
+	g, url, admin := startGateway(t, cfg, Options{})
+	waitSubscribed(t, g)
+	sys := map[string]string{"role": "system", "content": prefix("sys")}
+	open := func(i int) result {
+		t.Helper()
+		user := map[string]string{"role": "user", "content": fmt.Sprintf("question %d", i)}
+		b, _ := json.Marshal(map[string]any{"model": testModel, "messages": []any{sys, user}, "max_tokens": 2})
+		return post(t, url+"/v1/chat/completions", string(b), nil)
+	}
+	home := open(0).header.Get(hdrPrefill)
+	waitFor(t, func() bool { return endpointBlocks(t, admin, home) > 0 })
+	if r := open(1); r.header.Get(hdrPrefill) != home {
+		t.Fatalf("conversation 1 went to %s, its system prompt is on %s", r.header.Get(hdrPrefill), home)
+	}
+	other := e2
+	if home == e2.Addr() {
+		other = e1
+	}
+	other.Close()
+	if r := open(2); r.status != 200 || r.header.Get(hdrPrefill) != home {
+		t.Fatalf("conversation 2: %d on %s, want served on %s", r.status, r.header.Get(hdrPrefill), home)
+	}
+	waitFor(t, func() bool {
+		return strings.Contains(get(t, admin+"/metrics"), `kvgate_prefix_copies_total{outcome="failed"} 1`)
+	})
+	if n := endpointBlocks(t, admin, other.Addr()); n != 0 {
+		t.Fatalf("after the failed copy the index holds %d blocks on %s, want none", n, other.Addr())
 	}
 }
 
