@@ -79,8 +79,10 @@ func TestPrefixCopiedAheadOfTheBalance(t *testing.T) {
 
 // TestPrefixCopyFails: a copy the other engine does not answer (it is
 // gone, and no health check has noticed) is counted failed, and the
-// index entries that claimed the prefix there are taken back: nothing
-// routes to that engine believing it holds the system prompt.
+// index entries that claimed the prefix there are taken back: the next
+// conversation is not sent there believing it holds the system prompt
+// (which would fail and be retried), but kept on the holder with
+// another copy tried.
 func TestPrefixCopyFails(t *testing.T) {
 	e1, e2, eps := twoAggregated(t)
 	tok := startEngine(t, fleet.RoleBoth, nil) // tokenizes; not in the fleet, so it stays up
@@ -111,8 +113,14 @@ func TestPrefixCopyFails(t *testing.T) {
 	waitFor(t, func() bool {
 		return strings.Contains(get(t, admin+"/metrics"), `kvgate_prefix_copies_total{outcome="failed"} 1`)
 	})
-	if n := endpointBlocks(t, admin, other.Addr()); n != 0 {
-		t.Fatalf("after the failed copy the index holds %d blocks on %s, want none", n, other.Addr())
+	if r := open(3); r.status != 200 || r.header.Get(hdrPrefill) != home {
+		t.Fatalf("conversation 3: %d on %s, want served on %s", r.status, r.header.Get(hdrPrefill), home)
+	}
+	waitFor(t, func() bool {
+		return strings.Contains(get(t, admin+"/metrics"), `kvgate_prefix_copies_total{outcome="failed"} 2`)
+	})
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_retries_total 0") {
+		t.Fatal("a conversation was sent to the engine whose copy failed and retried")
 	}
 }
 
