@@ -17,7 +17,7 @@ import (
 
 // engineFlags are the kvgate engine flags that are not Config fields.
 type engineFlags struct {
-	role, format, style, logLevel string
+	role, format, style, logLevel, scheduling string
 }
 
 // newEngineFlagSet registers the engine flags on cfg (defaults from its
@@ -39,6 +39,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	flagrange.Var(fl, &cfg.Perf.KVTransferTokensPerSec, "kv-transfer-speed", pm.KVTransferTokensPerSec, "KV transfer rate from a prefill engine, tokens per second")
 	flagrange.Var(fl, &cfg.MaxNumBatchedTokens, "max-num-batched-tokens", lim.MaxNumBatchedTokens, "token budget of one step (chunked prefill)")
 	flagrange.Var(fl, &cfg.MaxNumSeqs, "max-num-seqs", lim.MaxNumSeqs, "maximum running sequences")
+	fs.StringVar(&ef.scheduling, "scheduling-policy", "fcfs", "waiting queue order: fcfs (first come, first served; a request with a priority other than 0 is refused) or priority (by each request's priority, lower first, then arrival), as vLLM's flag")
 	flagrange.Var(fl, &cfg.NumGPUBlocks, "num-gpu-blocks", lim.NumGPUBlocks, "KV cache capacity in blocks")
 	flagrange.Var(fl, &cfg.BlockSize, "block-size", lim.BlockSize, "tokens per KV block")
 	flagrange.Var(fl, &cfg.MaxModelLen, "max-model-len", lim.MaxModelLen, "maximum prompt + output tokens of a request")
@@ -75,6 +76,14 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var err error
 	if cfg.Role, err = fleet.ParseRole(ef.role); err != nil || ef.role == "" { // "" is not a role here
 		return fmt.Errorf("role must be both, prefill or decode, got %q", ef.role)
+	}
+	switch ef.scheduling {
+	case "fcfs":
+		cfg.PriorityScheduling = false
+	case "priority":
+		cfg.PriorityScheduling = true
+	default:
+		return fmt.Errorf("scheduling-policy must be fcfs or priority, got %q", ef.scheduling)
 	}
 	if cfg.KVEventsFormat, err = kvpub.ParseFormat(ef.format); err != nil {
 		return err

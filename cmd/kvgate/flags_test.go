@@ -165,6 +165,7 @@ func TestEngineFlagRanges(t *testing.T) {
 		{[]string{"--kv-hold-timeout", "1000h"}, "--kv-hold-timeout must be in [0s, 24h0m0s], got 1000h0m0s"},
 		{[]string{"--role", "sideways"}, `role must be both, prefill or decode, got "sideways"`},
 		{[]string{"--role", ""}, `role must be both, prefill or decode, got ""`},
+		{[]string{"--scheduling-policy", "lifo"}, `scheduling-policy must be fcfs or priority, got "lifo"`},
 	}
 	for _, tt := range tests {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // hang guard

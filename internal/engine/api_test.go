@@ -210,6 +210,8 @@ func TestErrors(t *testing.T) {
 		{"tokenize empty ids", "/tokenize", `{"prompt":[]}`, 400, "must not be empty"},
 		{"tokenize out of vocabulary", "/tokenize", `{"prompt":[4000000000]}`, 400, "out of vocabulary"},
 		{"no route", "/v1/embeddings", `{}`, 404, "no route"},
+		{"priority without priority scheduling", "/v1/completions", `{"prompt":"x","priority":-1}`, 400, "priority scheduling is not enabled"},
+		{"priority not an integer", "/v1/completions", `{"prompt":"x","priority":"high"}`, 400, "priority must be an integer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -40,6 +40,11 @@ type Config struct {
 	MaxNumBatchedTokens int
 	// MaxNumSeqs bounds the running batch.
 	MaxNumSeqs int
+	// PriorityScheduling orders the waiting queue by each request's
+	// priority, lower first, then by arrival (vLLM's --scheduling-policy
+	// priority); without it the queue is first come, first served and a
+	// request with a priority other than 0 is refused, as vLLM does.
+	PriorityScheduling bool
 	// NumGPUBlocks is the KV capacity in blocks of BlockSize tokens.
 	NumGPUBlocks int
 	// BlockSize is the tokens per KV block.

@@ -47,7 +47,12 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role flee
 	if err != nil {
 		return nil, nil, err
 	}
+	prio, err := e.priority(req)
+	if err != nil {
+		return nil, nil, err
+	}
 	rq := e.newRequest(r, req, chat, toks, maxTokens)
+	rq.priority = prio
 	rq.naturalEnd = natural
 	rq.remoteDecode = remoteDecode
 	if kv != nil && kv.DoRemotePrefill {
@@ -57,6 +62,23 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role flee
 		}
 	}
 	return rq, req, nil
+}
+
+// priority is req's priority: any 32-bit integer when the engine
+// schedules by priority; otherwise only 0, as vLLM refuses any other
+// without --scheduling-policy priority.
+func (e *Engine) priority(req *openai.Request) (int, error) {
+	if req.Priority == nil || *req.Priority == 0 {
+		return 0, nil
+	}
+	p := *req.Priority
+	if !e.cfg.PriorityScheduling {
+		return 0, openai.BadRequest("got priority %d but priority scheduling is not enabled (kvgate engine --scheduling-policy priority)", p).WithParam("priority")
+	}
+	if p < math.MinInt32 || p > math.MaxInt32 {
+		return 0, openai.BadRequest("priority must be in [%d, %d], got %d", math.MinInt32, math.MaxInt32, p).WithParam("priority")
+	}
+	return int(p), nil
 }
 
 // parseGeneration parses a completion or chat body for this engine's model

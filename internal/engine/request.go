@@ -29,6 +29,9 @@ type request struct {
 	seed       uint32
 	extra      []byte // cache salt, mixed into block hashes
 	stream     bool
+	// priority orders the waiting queue with Config.PriorityScheduling
+	// (lower first); 0 otherwise.
+	priority int
 
 	// remotePrefill (decode side): the prompt's KV comes from a prefill
 	// engine; remoteDecode (prefill side): keep the blocks for a decode

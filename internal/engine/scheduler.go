@@ -224,12 +224,30 @@ func (s *scheduler) nextDeadline() time.Time {
 	return t
 }
 
+// enqueueByPriority puts r in the waiting queue behind every request of
+// its priority or lower (vLLM's priority policy: by priority, then by
+// arrival). A preempted request and one whose KV transfer finished go to
+// the head whatever their priority, as in FCFS.
+func (s *scheduler) enqueueByPriority(r *request) {
+	k := len(s.waiting)
+	for k > 0 && s.waiting[k-1].priority > r.priority {
+		k--
+	}
+	s.waiting = slices.Insert(s.waiting, k, r)
+}
+
 func (s *scheduler) drainInbox() {
 	s.inboxMu.Lock()
 	in, ab, cmds := s.inbox, s.aborts, s.commands
 	s.inbox, s.aborts, s.commands = nil, nil, nil
 	s.inboxMu.Unlock()
-	s.waiting = append(s.waiting, in...)
+	if s.cfg.PriorityScheduling {
+		for _, r := range in {
+			s.enqueueByPriority(r)
+		}
+	} else {
+		s.waiting = append(s.waiting, in...)
+	}
 	for _, f := range cmds {
 		f()
 	}

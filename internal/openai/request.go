@@ -34,6 +34,10 @@ type Request struct {
 	KVTransferParams    json.RawMessage
 	CacheSalt           string
 	AddGenerationPrompt *bool
+	// Priority is vLLM's request priority (lower is served earlier; an
+	// engine without priority scheduling refuses any but 0); nil when
+	// absent or null.
+	Priority *int64
 
 	// Raw is the body as received.
 	Raw     []byte
@@ -239,6 +243,8 @@ func (r *Request) setField(key string, v []byte) error {
 		}
 	case "cache_salt":
 		r.CacheSalt, err = parseString(key, v)
+	case "priority":
+		r.Priority, err = parseInt(key, v)
 	case "add_generation_prompt":
 		r.AddGenerationPrompt, err = parseOptBool(key, v)
 	}
