@@ -112,6 +112,13 @@ type HoldConfig struct {
 	// prefixes warm with one-token requests (sched.Scheduler.TouchHeld;
 	// experimental, off by default: docs/policies.md).
 	Touch bool `yaml:"touch"`
+	// TouchPriority is the vLLM priority touches are sent with (lower is
+	// served earlier; 0: none sent). An engine run with
+	// --scheduling-policy priority then serves a touch before the
+	// requests queued ahead of it, so it refreshes its prefix before
+	// they evict it; an engine without priority scheduling refuses any
+	// priority but 0.
+	TouchPriority int `yaml:"touch_priority"`
 	// MaxRequests caps the requests held per model (default 4096);
 	// beyond it a request that fits nowhere gets 429.
 	MaxRequests int `yaml:"max_requests"`
@@ -169,6 +176,7 @@ type Limits struct {
 	HoldSlack          flagrange.Range[float64]
 	HoldQuiet          flagrange.Range[float64]
 	HoldRequests       flagrange.Range[int]
+	HoldTouchPriority  flagrange.Range[int]
 	BindEventsRanks    flagrange.Range[int]
 }
 
@@ -190,6 +198,7 @@ func ConfigLimits() Limits {
 		HoldSlack:          flagrange.Range[float64]{Min: 0.001, Max: 1, Unit: "SLOs", Zero: "default"},
 		HoldQuiet:          flagrange.Range[float64]{Min: 0.001, Max: 100000, Unit: "SLOs", Zero: "default"},
 		HoldRequests:       flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "requests"},
+		HoldTouchPriority:  flagrange.Range[int]{Min: math.MinInt32, Max: math.MaxInt32, Zero: "none sent"},
 		BindEventsRanks:    flagrange.Range[int]{Min: 1, Max: fleet.MaxDPSize, Unit: "ports"},
 	}
 }
@@ -310,6 +319,7 @@ func (c *Config) Validate() error {
 		l.HoldSlack.Check("hold.slack_slos", c.Hold.Slack),
 		l.HoldQuiet.Check("hold.quiet_slos", c.Hold.Quiet),
 		l.HoldRequests.Check("hold.max_requests", c.Hold.MaxRequests),
+		l.HoldTouchPriority.Check("hold.touch_priority", c.Hold.TouchPriority),
 		l.BindEventsRanks.Check("bind_events_ranks (--bind-events-ranks)", c.BindEventsRanks),
 	}
 	add := func(err error) {

@@ -45,7 +45,7 @@ func (g *Gateway) copyPrefix(rt *routed, p *plan) {
 		return
 	}
 	ids := rt.engineIDs[:min(c.tokens+1, len(rt.engineIDs))] // its prefix and one token more
-	body, n := prefixBody(rt, ids), len(ids)
+	body, n := prefixBody(rt, ids, 0), len(ids)
 	uncached := max(n-c.cached, 1)
 	var compute float64
 	if c.speed > 0 {

@@ -251,6 +251,7 @@ func TestHoldConfigValidation(t *testing.T) {
 		{HoldConfig{Quiet: 1e9}, "hold.quiet_slos"},
 		{HoldConfig{Max: 2 * time.Hour}, "hold.max"},
 		{HoldConfig{MaxRequests: -3}, "hold.max_requests"},
+		{HoldConfig{TouchPriority: 1 << 40}, "hold.touch_priority"},
 	} {
 		c := Config{Hold: tc.h}
 		c.Defaults()

@@ -43,6 +43,8 @@ type touchRequest struct {
 	MaxTokens   int      `json:"max_tokens"`
 	Temperature float64  `json:"temperature"`
 	CacheSalt   string   `json:"cache_salt,omitempty"`
+	// Priority: vLLM's (hold.touch_priority; 0 is not sent).
+	Priority int `json:"priority,omitempty"`
 }
 
 // Touch implements sched.Toucher: it sends the first tokens tokens of h's
@@ -65,7 +67,7 @@ func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 		return
 	}
 	ids := prompt[:min(tokens, len(prompt))]
-	body := prefixBody(w.rt, ids)
+	body := prefixBody(w.rt, ids, f.g.cfg.Hold.TouchPriority)
 	m, n := fv.members[i], len(ids)
 	var compute float64 // its one token's prefill
 	if sp := fv.snap.Endpoints[i].PrefillSpeed; sp > 0 {
@@ -86,11 +88,11 @@ func (mf *modelFleet) claimPrefixRequest() bool {
 }
 
 // prefixBody is the body of a request on ids, a prefix of rt's prompt:
-// rt's model and cache salt, one output token.
-func prefixBody(rt *routed, ids []uint32) []byte {
+// rt's model and cache salt, one output token, vLLM's priority (0: none).
+func prefixBody(rt *routed, ids []uint32, priority int) []byte {
 	// A struct of a string, numbers and a slice of numbers always
 	// marshals.
-	body, _ := json.Marshal(touchRequest{Model: rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: rt.req.CacheSalt})
+	body, _ := json.Marshal(touchRequest{Model: rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: rt.req.CacheSalt, Priority: priority})
 	return body
 }
 

@@ -60,7 +60,7 @@ func TestHeldPrefixTouched(t *testing.T) {
 		fmt.Fprint(w, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens_details":{"cached_tokens":592}}}`)
 	}))
 	t.Cleanup(srv.Close)
-	h := holdGatewayOver(t, srv, seen, inUpstream, HoldConfig{Min: 20, Touch: true}, Options{})
+	h := holdGatewayOver(t, srv, seen, inUpstream, HoldConfig{Min: 20, Touch: true, TouchPriority: -1}, Options{})
 	g, url, admin, clock := h.g, h.url, h.admin, h.clock
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -96,12 +96,16 @@ func TestHeldPrefixTouched(t *testing.T) {
 		Model     string   `json:"model"`
 		Prompt    []uint32 `json:"prompt"`
 		MaxTokens int      `json:"max_tokens"`
+		Priority  *int     `json:"priority"`
 	}
 	if err := json.Unmarshal([]byte(up.seen()[0]), &touch); err != nil {
 		t.Fatal(err)
 	}
 	if touch.Model != testModel || touch.MaxTokens != 1 || len(touch.Prompt) != 593 || touch.Prompt[0] != 9 || touch.Prompt[592] != 9 {
 		t.Fatalf("touch %q: want B's 592 cached tokens and one more, max_tokens 1", up.seen()[0])
+	}
+	if touch.Priority == nil || *touch.Priority != -1 {
+		t.Fatalf("touch %q: want hold.touch_priority's -1", up.seen()[0])
 	}
 	waitFor(t, func() bool {
 		m := get(t, admin+"/metrics")
