@@ -28,12 +28,9 @@ func TestPrefixCopiedAheadOfTheBalance(t *testing.T) {
 			}
 			g, url, admin := startGateway(t, Config{Endpoints: eps, Tokenizers: []string{tok}, Policy: "kvgate"}, Options{})
 			waitSubscribed(t, g)
-			sys := map[string]string{"role": "system", "content": prefix("sys")}
 			open := func(i int) result {
 				t.Helper()
-				user := map[string]string{"role": "user", "content": fmt.Sprintf("question %d", i)}
-				b, _ := json.Marshal(map[string]any{"model": testModel, "messages": []any{sys, user}, "max_tokens": 2})
-				r := post(t, url+"/v1/chat/completions", string(b), nil)
+				r := openConversation(t, url, i)
 				if r.status != 200 {
 					t.Fatalf("conversation %d: %d %s", i, r.status, r.body)
 				}
@@ -90,13 +87,7 @@ func TestPrefixCopyFails(t *testing.T) {
 		Policy: "kvgate", NoHealthChecks: true}
 	g, url, admin := startGateway(t, cfg, Options{})
 	waitSubscribed(t, g)
-	sys := map[string]string{"role": "system", "content": prefix("sys")}
-	open := func(i int) result {
-		t.Helper()
-		user := map[string]string{"role": "user", "content": fmt.Sprintf("question %d", i)}
-		b, _ := json.Marshal(map[string]any{"model": testModel, "messages": []any{sys, user}, "max_tokens": 2})
-		return post(t, url+"/v1/chat/completions", string(b), nil)
-	}
+	open := func(i int) result { return openConversation(t, url, i) }
 	home := open(0).header.Get(hdrPrefill)
 	waitFor(t, func() bool { return endpointBlocks(t, admin, home) > 0 })
 	if r := open(1); r.header.Get(hdrPrefill) != home {
@@ -122,6 +113,16 @@ func TestPrefixCopyFails(t *testing.T) {
 	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_retries_total 0") {
 		t.Fatal("a conversation was sent to the engine whose copy failed and retried")
 	}
+}
+
+// openConversation sends conversation i's opening turn: one system
+// prompt shared by every conversation, and its own question.
+func openConversation(t *testing.T, url string, i int) result {
+	t.Helper()
+	sys := map[string]string{"role": "system", "content": prefix("sys")}
+	user := map[string]string{"role": "user", "content": fmt.Sprintf("question %d", i)}
+	b, _ := json.Marshal(map[string]any{"model": testModel, "messages": []any{sys, user}, "max_tokens": 2})
+	return post(t, url+"/v1/chat/completions", string(b), nil)
 }
 
 // endpointBlocks is the KV blocks the index holds for the named endpoint.

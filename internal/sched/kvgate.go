@@ -272,8 +272,11 @@ func (p *kvgatePolicy) pickFitting(req *Request, s *Snapshot, pr pricing) (best 
 // its endpoint has nothing else to do; under load the move is made as
 // before.
 func (p *kvgatePolicy) PickCopy(req *Request, s *Snapshot) (pick, copyTo, tokens int) {
+	if !req.OpensConversation {
+		return p.Pick(req, s), 0, 0
+	}
 	pr := p.prices(req, s)
-	if !req.OpensConversation || pr.bounded() {
+	if pr.bounded() {
 		return p.Pick(req, s), 0, 0
 	}
 	pr = pr.withLeast(req, s)

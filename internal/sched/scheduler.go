@@ -90,6 +90,8 @@ func (sc *Scheduler) Decide(in *Request, s *Snapshot) Decision {
 	return d
 }
 
+// decide is Decide, before the copy of a request it does not admit is
+// dropped.
 func (sc *Scheduler) decide(in *Request, s *Snapshot) Decision {
 	req := *in
 	req.SLO = sc.WithDefaults(req.SLO)

@@ -42,8 +42,9 @@ func (r *run) copyPrefix(ri, i, tokens int) {
 
 // prefixRequest sends, to instance i at the current time, a one-token
 // request on the first tokens tokens of request ri's prompt (Touch, or
-// copyPrefix when copy), and returns the prompt tokens it computes.
-func (r *run) prefixRequest(ri, i, tokens int, copy bool) int {
+// copyPrefix when asPrefill: accounted as an ordinary prefill), and
+// returns the prompt tokens it computes.
+func (r *run) prefixRequest(ri, i, tokens int, asPrefill bool) int {
 	q := &r.tr.Requests[ri]
 	bs := r.tr.BlockSize
 	blocks := min(tokens/bs, len(q.Keys))
@@ -58,7 +59,7 @@ func (r *run) prefixRequest(ri, i, tokens int, copy bool) int {
 	m := r.cfg.Model
 	compute := m.PrefillTime(unc) + m.DecodeStepPerSeq + m.DecodeStepPerKContext*float64(tokens)/1000
 	w := load.Work{Uncached: unc, Cached: cached, PrefillSeconds: compute, Touch: true}
-	if copy {
+	if asPrefill {
 		w = load.Work{Uncached: unc, Cached: cached, UncachedBlocks: blocks - held, Keys: q.Keys[:blocks], PrefillSeconds: compute}
 	}
 	fl := r.load.Route(r.eps[i], t, w)
