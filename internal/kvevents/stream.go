@@ -204,11 +204,15 @@ func (s *stream) expected() string {
 	return fmt.Sprint(s.next)
 }
 
-// apply decodes and applies one batch with sequence number seq.
+// apply decodes and applies one batch with sequence number seq; the
+// stream's last_seq says seq once the batch is applied (or refused as
+// malformed), so an index read after seeing it reflects the batch.
 func (s *stream) apply(seq uint64, payload []byte) {
 	s.next, s.past = seq+1, seq == endSeq
-	s.st.lastSeq.Store(seq)
-	s.st.started.Store(true)
+	defer func() {
+		s.st.lastSeq.Store(seq)
+		s.st.started.Store(true)
+	}()
 	if err := Decode(payload, &s.batch); err != nil {
 		s.malformed(fmt.Errorf("seq %d: %w", seq, err))
 		return
