@@ -29,7 +29,10 @@ type scheduler struct {
 	hasher  *tokens.Hasher
 	metrics *metrics
 	pub     *kvpub.Publisher // nil without KV events
-	onHold  func(*request) *kvTransferResponse
+	// committed are the requests the step just committed has to wake
+	// (signalCommitted), after its KV events are published.
+	committed []*request
+	onHold    func(*request) *kvTransferResponse
 	// onTransfer is called when a remote prefill's KV has arrived.
 	onTransfer func(*request)
 
@@ -170,7 +173,20 @@ func (s *scheduler) run(ctx context.Context) {
 		s.commit(p, end)
 		s.lastEnd = end
 		s.publish(end)
+		s.signalCommitted()
 	}
+}
+
+// signalCommitted wakes the requests the last commit gave a token or an
+// end, once the step's KV events are published: a client that sends its
+// next request on the answer finds a router that has heard of the blocks
+// the step stored and evicted (TestIndexExactOnAQuietEngine).
+func (s *scheduler) signalCommitted() {
+	for i, r := range s.committed {
+		r.signal()
+		s.committed[i] = nil
+	}
+	s.committed = s.committed[:0]
 }
 
 // sleep waits for a poke, the deadline (if not zero) or ctx.
@@ -540,14 +556,14 @@ func (s *scheduler) commit(p plan, end time.Time) {
 			r.mu.Lock()
 			r.out.generated, r.out.done, r.out.finishReason, r.out.kvParams = r.generated, true, reason, kv
 			r.mu.Unlock()
-			r.signal()
+			s.committed = append(s.committed, r)
 			continue
 		}
 		r.mu.Lock()
 		r.out.generated = r.generated
 		r.mu.Unlock()
 		if r.stream && (r.generated == 1 || r.generated%s.cfg.StreamInterval == 0) {
-			r.signal()
+			s.committed = append(s.committed, r)
 		}
 	}
 	if generated > 0 {
