@@ -697,7 +697,7 @@ func TestHeldCachedFirstOnceAtRisk(t *testing.T) {
 	// A and C go one a second as the clock moves (both cached nowhere:
 	// the older first). The test waits for either, not for A alone, which
 	// would hang for good if C went first; one CI run (2026-12-03) hung
-	// waiting for A, and 95 runs under -race since, some on one core,
+	// waiting for A, and 65 runs under -race since, some on one core,
 	// did not show why: a failure now says how many are still held.
 	for left := 2; left > 0; left-- {
 		clock.Add(int64(time.Second))
