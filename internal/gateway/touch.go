@@ -34,10 +34,10 @@ const touchTimeout = 30 * time.Second
 // maxTouchAnswer bounds what is read of a touch's answer.
 const maxTouchAnswer = 1 << 20
 
-// touchRequest is a touch's body: the completions API's fields vLLM needs
+// prefixRequestBody is the body of a touch or a copy: the completions API's fields vLLM needs
 // to find the prefix (the model, and so its LoRA adapter; the cache salt
 // its block hashes mix in) and to compute no more than one token.
-type touchRequest struct {
+type prefixRequestBody struct {
 	Model       string   `json:"model"`
 	Prompt      []uint32 `json:"prompt"`
 	MaxTokens   int      `json:"max_tokens"`
@@ -92,7 +92,7 @@ func (mf *modelFleet) claimPrefixRequest() bool {
 func prefixBody(rt *routed, ids []uint32, priority int) []byte {
 	// A struct of a string, numbers and a slice of numbers always
 	// marshals.
-	body, _ := json.Marshal(touchRequest{Model: rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: rt.req.CacheSalt, Priority: priority})
+	body, _ := json.Marshal(prefixRequestBody{Model: rt.req.Model, Prompt: ids, MaxTokens: 1, CacheSalt: rt.req.CacheSalt, Priority: priority})
 	return body
 }
 
