@@ -34,9 +34,10 @@ const touchTimeout = 30 * time.Second
 // maxTouchAnswer bounds what is read of a touch's answer.
 const maxTouchAnswer = 1 << 20
 
-// prefixRequestBody is the body of a touch or a copy: the completions API's fields vLLM needs
-// to find the prefix (the model, and so its LoRA adapter; the cache salt
-// its block hashes mix in) and to compute no more than one token.
+// prefixRequestBody is the body of a touch or a copy: the completions
+// API's fields vLLM needs to find the prefix (the model, and so its LoRA
+// adapter; the cache salt its block hashes mix in) and to compute no more
+// than one token.
 type prefixRequestBody struct {
 	Model       string   `json:"model"`
 	Prompt      []uint32 `json:"prompt"`
