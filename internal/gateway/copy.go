@@ -59,20 +59,10 @@ func (g *Gateway) copyPrefix(rt *routed, p *plan) {
 }
 
 // sendCopy sends a copy's body (of n prompt tokens, the blocks keys) to
-// m (sendPrefix).
+// m (sendPrefix); a copy that fails takes back its index entries.
 func (g *Gateway) sendCopy(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int, keys []uint64) {
-	cached, reported, err := g.sendPrefix(mf, m, fl, body, n)
-	if err != nil {
-		if !m.removed.Load() {
-			g.idx.Unrouted(m.kvID, keys)
-		}
-		g.met.copies.WithLabelValues(touchFailed).Inc()
-		g.log.Debug("kvgate: prefix copy failed", "endpoint", m.ep.Name, "err", err)
-		return
-	}
-	g.met.copies.WithLabelValues(touchDone).Inc()
-	if reported {
-		g.met.copyTokens.WithLabelValues("cached").Add(float64(cached))
-		g.met.copyTokens.WithLabelValues("computed").Add(float64(n - cached))
+	k := prefixKind{name: "prefix copy", outcomes: g.met.copies, tokens: g.met.copyTokens}
+	if err := g.sendPrefix(k, mf, m, fl, body, n); err != nil && !m.removed.Load() {
+		g.idx.Unrouted(m.kvID, keys)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Touches of held requests' cached prefixes (sched.Scheduler.TouchHeld,
@@ -75,7 +76,7 @@ func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 		compute = 1 / sp
 	}
 	fl := f.mf.load.Route(fv.eps[i], f.g.clock(), load.Work{Uncached: 1, Cached: len(ids) - 1, PrefillSeconds: compute, Touch: true})
-	go f.g.touch(f.mf, m, fl, body, n)
+	go func() { _ = f.g.sendPrefix(f.g.touchKind(), f.mf, m, fl, body, n) }() // counted; nothing to undo
 }
 
 // claimPrefixRequest takes one of mf's slots for prefix requests in
@@ -105,31 +106,26 @@ const (
 	touchNotEngineIDs = "not_engine_ids"
 )
 
-// touch sends a touch's body (of n prompt tokens) to m (sendPrefix). An
-// answer that reports its cached tokens tells how much the touch found
-// cached and how much it computed: a prefix evicted before the touch
-// came is computed again.
-func (g *Gateway) touch(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int) {
-	cached, reported, err := g.sendPrefix(mf, m, fl, body, n)
-	if err != nil {
-		g.met.touches.WithLabelValues(touchFailed).Inc()
-		g.log.Debug("kvgate: touch failed", "endpoint", m.ep.Name, "err", err)
-		return
-	}
-	g.met.touches.WithLabelValues(touchDone).Inc()
-	if reported {
-		g.met.touchTokens.WithLabelValues("cached").Add(float64(cached))
-		g.met.touchTokens.WithLabelValues("computed").Add(float64(n - cached))
-	}
+// prefixKind is what a prefix request is (a touch, a copy): its name in
+// the logs and the metrics its outcome and its prompt tokens count in.
+type prefixKind struct {
+	name             string
+	outcomes, tokens *prometheus.CounterVec
 }
 
-// sendPrefix sends the body of a request on a prompt's prefix (n prompt
-// tokens, one output token: a touch or a copy) to m, ends its flight fl
-// when the answer comes (its first and only token) or the request fails,
-// and gives back its slot among the model fleet's prefix requests in
-// flight. It returns the prompt tokens the answer says were cached
-// (reported: vLLM with --enable-prompt-tokens-details, kvgate's engine).
-func (g *Gateway) sendPrefix(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int) (cached int, reported bool, err error) {
+func (g *Gateway) touchKind() prefixKind {
+	return prefixKind{name: "touch", outcomes: g.met.touches, tokens: g.met.touchTokens}
+}
+
+// sendPrefix sends the body of a request of kind k on a prompt's prefix
+// (n prompt tokens, one output token) to m, ends its flight fl when the
+// answer comes (its first and only token) or the request fails, gives
+// back its slot among the model fleet's prefix requests in flight, and
+// counts its outcome. An answer that reports its cached tokens (vLLM
+// with --enable-prompt-tokens-details, kvgate's engine) tells how much
+// it found cached and how much it computed: a prefix evicted before a
+// touch came is computed again.
+func (g *Gateway) sendPrefix(k prefixKind, mf *modelFleet, m *member, fl *load.Flight, body []byte, n int) error {
 	defer mf.prefixRequests.Add(-1)
 	ctx, cancel := context.WithTimeout(context.Background(), touchTimeout)
 	defer cancel()
@@ -137,12 +133,19 @@ func (g *Gateway) sendPrefix(mf *modelFleet, m *member, fl *load.Flight, body []
 	now := g.clock()
 	if err != nil {
 		mf.load.Finish(fl, now)
-		return 0, false, err
+		k.outcomes.WithLabelValues(touchFailed).Inc()
+		g.log.Debug("kvgate: "+k.name+" failed", "endpoint", m.ep.Name, "err", err)
+		return err
 	}
 	mf.load.FirstToken(fl, now)
 	mf.load.Finish(fl, now)
-	cached, reported = openai.ResponseCachedTokens(answer)
-	return min(cached, n), reported, nil
+	k.outcomes.WithLabelValues(touchDone).Inc()
+	if cached, ok := openai.ResponseCachedTokens(answer); ok {
+		cached = min(cached, n)
+		k.tokens.WithLabelValues("cached").Add(float64(cached))
+		k.tokens.WithLabelValues("computed").Add(float64(n - cached))
+	}
+	return nil
 }
 
 // sendTouch posts body to m's completions API and returns the answer.

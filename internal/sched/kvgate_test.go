@@ -267,12 +267,6 @@ func TestKVGateSpreadsAfterIdleRejection(t *testing.T) {
 // the prompt is cached there.
 func TestKVGateConversationBalance(t *testing.T) {
 	const prompt = 2368 // a 2 048-token system prompt and a 320-token turn
-	// Holder a holds 6 conversations, b and c 1 each: the mean with the
-	// new one is 9/3 = 3, the limit ⌈1.25 · 3⌉ = 4 with it, so a (7 with
-	// it) is over.
-	hot := func() []Endpoint {
-		return []Endpoint{{CachedTokens: 2048, Conversations: 6}, {Conversations: 1}, {Conversations: 1, QueueWait: 0.001}}
-	}
 	tests := []struct {
 		name    string
 		eps     []Endpoint
@@ -331,6 +325,14 @@ func TestKVGateConversationBalance(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hot is a fleet whose holder of a 2 048-token system prompt, a, holds 6
+// conversations, b and c 1 each (c with a short queue): the mean with a
+// new one is 9/3 = 3, the limit ⌈1.25 · 3⌉ = 4 with it, so a (7 with it)
+// is over.
+func hot() []Endpoint {
+	return []Endpoint{{CachedTokens: 2048, Conversations: 6}, {Conversations: 1}, {Conversations: 1, QueueWait: 0.001}}
 }
 
 // queued adds wait to every endpoint's queue.
@@ -454,11 +456,8 @@ func TestKVGatePickOnePassUnderPressure(t *testing.T) {
 // it would have moved to; anywhere else the move is made as before.
 func TestKVGateCopiesAheadOfTheBalance(t *testing.T) {
 	const prompt = 2368 // a 2 048-token system prompt and a 320-token turn
-	// As in TestKVGateConversationBalance: the holder a is over the
-	// limit, b (idle) is where the balance moves the conversation.
-	hot := func() []Endpoint {
-		return []Endpoint{{CachedTokens: 2048, Conversations: 6}, {Conversations: 1}, {Conversations: 1, QueueWait: 0.001}}
-	}
+	// hot: the holder a is over the limit, b (idle) is where the
+	// balance moves the conversation.
 	tests := []struct {
 		name     string
 		eps      []Endpoint
@@ -534,8 +533,7 @@ func TestKVGateCopiesAheadOfTheBalance(t *testing.T) {
 func TestDecideCopies(t *testing.T) {
 	p := mustNew(t, "kvgate", Options{})
 	snap := func() *Snapshot {
-		return snapOf(Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 1 << 20},
-			Endpoint{CachedTokens: 2048, Conversations: 6}, Endpoint{Conversations: 1}, Endpoint{Conversations: 1, QueueWait: 0.001})
+		return snapOf(append([]Endpoint{{Role: fleet.RoleDecode, KVFreeTokens: 1 << 20}}, hot()...)...)
 	}
 	r := req(2368)
 	r.OpensConversation = true
