@@ -154,13 +154,13 @@ type releaseFleet struct {
 	view *fleetView // the last snapshot's, for Dispatch
 }
 
-func (f *releaseFleet) SnapshotFor(h *sched.Held, s *sched.Snapshot) {
+func (f *releaseFleet) SnapshotFor(h *sched.Held, now float64, s *sched.Snapshot) {
 	w := h.Value.(*waiter)
-	fv, err := f.g.fleetFor(f.mf, w.rt, "")
+	fv, err := f.g.fleetFor(f.mf, w.rt, "", now)
 	if err != nil {
 		// No endpoint now: nothing can be released.
 		f.view = nil
-		*s = sched.Snapshot{Now: f.g.clock(), BlockSize: f.g.cfg.BlockSize}
+		*s = sched.Snapshot{Now: now, BlockSize: f.g.cfg.BlockSize}
 		return
 	}
 	f.view = fv

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
@@ -695,28 +697,51 @@ func TestHeldCachedFirstOnceAtRisk(t *testing.T) {
 		t.Fatalf("held %d after B's release, want A and C still held", g.heldNow())
 	}
 	// A and C go one a second as the clock moves (both cached nowhere:
-	// the older first). One CI run (2026-12-03) hung here waiting for A
-	// and was not reproduced in about 500 runs since (under -race, on one
-	// core, beside other packages' tests); the release order cannot put C
-	// first, so waiting for either is not the fix, but a failure now
-	// shows what the release passes saw: what is held and the endpoint's
-	// load.
-	for left := 2; left > 0; left-- {
+	// the older first). A release pass sees one instant
+	// (sched.HoldFleet.SnapshotFor): when each snapshot read the clock,
+	// a move of the clock between A's and C's in a pass put C first, and
+	// one CI run (2026-12-03) waited here for A
+	// (TestReleasePassSnapshotsOneInstant).
+	for _, name := range []string{"A", "C"} {
 		clock.Add(int64(time.Second))
 		select {
-		case r := <-got["A"]:
+		case r := <-got[name]:
 			if r.status != 200 {
-				t.Fatalf("A: %d %q", r.status, r.header.Get(hdrReason))
+				t.Fatalf("%s: %d %q", name, r.status, r.header.Get(hdrReason))
 			}
-			got["A"] = nil
-		case r := <-got["C"]:
-			if r.status != 200 {
-				t.Fatalf("C: %d %q", r.status, r.header.Get(hdrReason))
-			}
-			got["C"] = nil
 		case <-time.After(30 * time.Second):
-			t.Fatalf("no held request released a second after the last: %d still held, clock %v, endpoints %s",
-				g.heldNow(), time.Unix(0, clock.Load()), get(t, h.admin+"/admin/endpoints"))
+			t.Fatalf("%s not released a second after the last: %d still held, clock %v, endpoints %s",
+				name, g.heldNow(), time.Unix(0, clock.Load()), get(t, h.admin+"/admin/endpoints"))
 		}
+	}
+}
+
+// TestReleasePassSnapshotsOneInstant: a release pass's snapshots are the
+// fleet at the pass's time, not at whatever the clock reads when each is
+// taken. On a clock read per snapshot, a held request looked at later in
+// a pass could find slack that an older one was refused a moment before,
+// and go first (the ordering TestHeldCachedFirstOnceAtRisk checks).
+func TestReleasePassSnapshotsOneInstant(t *testing.T) {
+	h := holdGatewayHold(t, HoldConfig{}, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, h.url, 200, h.inUpstream) // busy 0.2 s from the clock's start
+	pass := h.g.clock() + 0.05
+	h.clock.Add(int64(5 * time.Second)) // the clock has moved on since the pass began
+	prep, err := h.g.toks.Prepare(context.Background(), testModel, tokens.Input{TokenIDs: make([]uint32, 600)}, h.g.cfg.BlockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.g.mu.RLock()
+	mf := h.g.models[testModel]
+	h.g.mu.RUnlock()
+	rt := &routed{req: &openai.Request{Model: testModel}, prep: prep, promptN: 600}
+	var s sched.Snapshot
+	(&releaseFleet{g: h.g, mf: mf}).SnapshotFor(&sched.Held{Value: &waiter{rt: rt}}, pass, &s)
+	if s.Now != pass || len(s.Endpoints) != 1 {
+		t.Fatalf("snapshot at %v with %d endpoints, want the pass's time %v and one endpoint", s.Now, len(s.Endpoints), pass)
+	}
+	if w := s.Endpoints[0].QueueWait; math.Abs(w-0.15) > 1e-6 {
+		t.Fatalf("queue wait %v at the pass's time, want 0.15 s (busy until 0.2 s)", w)
 	}
 }

@@ -236,7 +236,7 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	if mf == nil {
 		return nil, openai.NotFound("The model `%s` does not exist.", rt.req.Model).WithParam("model")
 	}
-	fs, err := g.fleetFor(mf, rt, exclude)
+	fs, err := g.fleetFor(mf, rt, exclude, g.clock())
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +247,7 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	if !d.Admit && !d.Hold && sched.RejectedForPrefill(&sreq, &fs.snap, &d) && g.stopFor(fs, &sreq) {
 		// An investment gave its engine up: decide on the fleet as it
 		// is now.
-		if fs, err = g.fleetFor(mf, rt, exclude); err != nil {
+		if fs, err = g.fleetFor(mf, rt, exclude, g.clock()); err != nil {
 			return nil, err
 		}
 		sreq = g.schedRequest(rt, fs.snap.Now)
@@ -275,11 +275,11 @@ type fleetView struct {
 // fleetFor builds the snapshot of mf for rt now (the load accounting, the
 // KV index, the engines' metrics, what the hold queue holds); exclude names
 // an endpoint a retry must avoid.
-func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string) (*fleetView, error) {
+func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float64) (*fleetView, error) {
 	fs := &fleetView{mf: mf, snap: sched.Snapshot{BlockSize: g.cfg.BlockSize}}
 	g.mu.RLock()
 	members, matcher := mf.members, mf.matcher
-	eps := mf.load.Snapshot(g.clock(), rt.promptN, rt.prep.Keys, matcher, nil, &fs.snap)
+	eps := mf.load.Snapshot(now, rt.promptN, rt.prep.Keys, matcher, nil, &fs.snap)
 	g.mu.RUnlock()
 	if len(eps) != len(members) {
 		return nil, openai.Unavailable(time.Second, "the fleet of model %q is changing; retry", rt.req.Model)

@@ -438,9 +438,13 @@ func (h *heldHeap) Pop() any {
 
 // HoldFleet is what a release pass needs of its caller.
 type HoldFleet interface {
-	// SnapshotFor fills s with the fleet as seen now for h's request
-	// (its cached prefix on each endpoint, Snapshot.HeldCompute).
-	SnapshotFor(h *Held, s *Snapshot)
+	// SnapshotFor fills s with the fleet as seen at now, the pass's
+	// time, for h's request (its cached prefix on each endpoint,
+	// Snapshot.HeldCompute). One pass compares its held requests on
+	// snapshots of one instant: on a clock read per snapshot, a request
+	// looked at later could find slack an older one was refused a moment
+	// before, and go first.
+	SnapshotFor(h *Held, now float64, s *Snapshot)
 	// Dispatch sends h's request where d says, or, with d.Admit false
 	// (early rejection: no slack came before its deadline), rejects it
 	// with d.Reason. h is out of the queue by then.
@@ -458,10 +462,10 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 		if h == nil {
 			return n
 		}
-		f.SnapshotFor(h, s)
+		f.SnapshotFor(h, now, s)
 		if !overdue && !sc.EarlyReject && cachesAtRisk(h, now, s) {
-			h = sc.cacheFirst(q, h, f, s)
-			f.SnapshotFor(h, s)
+			h = sc.cacheFirst(q, h, now, f, s)
+			f.SnapshotFor(h, now, s)
 		}
 		l := lending{quiet: q.quietFor(now)}
 		if sc.EarlyReject && !overdue {
@@ -492,8 +496,8 @@ const cacheFirstCandidates = 64
 
 // cacheFirst is the held request a release on slack (without early
 // rejection) serves next once the held requests' caches are at risk
-// (cachesAtRisk), head being the first by priority then arrival; s holds
-// the head's snapshot and is scratch after.
+// (cachesAtRisk) in the pass at now, head being the first by priority then
+// arrival; s holds the head's snapshot and is scratch after.
 //
 // A held request has missed its SLO; the order the hold serves such
 // requests in moves little attainment, but it decides how much of their
@@ -509,14 +513,14 @@ const cacheFirstCandidates = 64
 // the backlog no longer holds, and a request whose prefix is cached
 // nowhere loses nothing by waiting. Every request's deadline still bounds
 // its wait: overdue requests go first, in deadline order (peek).
-func (sc *Scheduler) cacheFirst(q *HoldQueue, head *Held, f HoldFleet, s *Snapshot) *Held {
+func (sc *Scheduler) cacheFirst(q *HoldQueue, head *Held, now float64, f HoldFleet, s *Snapshot) *Held {
 	best, most := head, -1
 	for _, c := range q.oldest(cacheFirstCandidates, make([]*Held, 0, cacheFirstCandidates)) {
 		if c.Req.Priority != head.Req.Priority {
 			break
 		}
 		if c != head {
-			f.SnapshotFor(c, s) // s holds the head's already
+			f.SnapshotFor(c, now, s) // s holds the head's already
 		}
 		if i := sc.pickWithSlack(&c.Req, s); i >= 0 && s.Endpoints[i].CachedTokens > most {
 			best, most = c, s.Endpoints[i].CachedTokens

@@ -74,7 +74,7 @@ type holdFleet struct {
 	who  []*Held
 }
 
-func (f *holdFleet) SnapshotFor(_ *Held, s *Snapshot) {
+func (f *holdFleet) SnapshotFor(_ *Held, _ float64, s *Snapshot) {
 	*s = f.snap
 	s.Endpoints = append([]Endpoint(nil), f.snap.Endpoints...)
 }
@@ -356,8 +356,8 @@ func TestOverdueReleaseKeepsToCacheUnderLoad(t *testing.T) {
 // caller's, as for Decide) and dispatches nothing.
 type staticFleet struct{ snap *Snapshot }
 
-func (f staticFleet) SnapshotFor(_ *Held, s *Snapshot) { *s = *f.snap }
-func (staticFleet) Dispatch(*Held, Decision)           {}
+func (f staticFleet) SnapshotFor(_ *Held, _ float64, s *Snapshot) { *s = *f.snap }
+func (staticFleet) Dispatch(*Held, Decision)                      {}
 
 // BenchmarkDecisionHold64 is kvgate's decision cost with the hold queue
 // over 64 endpoints, against llm-d's token-aware policy in the same run:
@@ -418,7 +418,7 @@ type oneSlackFleet struct {
 	taken bool
 }
 
-func (f *oneSlackFleet) SnapshotFor(_ *Held, s *Snapshot) {
+func (f *oneSlackFleet) SnapshotFor(_ *Held, _ float64, s *Snapshot) {
 	*s = *f.snap
 	if f.taken {
 		s.Endpoints = append(s.Endpoints[:0:0], f.snap.Endpoints...)
@@ -648,7 +648,7 @@ type cacheFleet struct {
 	who    []string
 }
 
-func (f *cacheFleet) SnapshotFor(h *Held, s *Snapshot) {
+func (f *cacheFleet) SnapshotFor(h *Held, _ float64, s *Snapshot) {
 	*s = f.snap
 	s.Endpoints = append([]Endpoint(nil), f.snap.Endpoints...)
 	s.Endpoints[0].CachedTokens = f.cached[h.Value.(string)]

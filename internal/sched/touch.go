@@ -73,7 +73,7 @@ func (sc *Scheduler) TouchHeld(q *HoldQueue, now float64, f Toucher, s *Snapshot
 	if now < riskAt || !anyDue(cands, now, interval) {
 		return 0
 	}
-	f.SnapshotFor(cands[0], s)
+	f.SnapshotFor(cands[0], now, s)
 	t := turnover(s)
 	if t <= 0 || now-cands[0].Req.Arrival <= t {
 		// Not at risk before the head has waited the turnover (a later
@@ -91,7 +91,7 @@ func (sc *Scheduler) TouchHeld(q *HoldQueue, now float64, f Toucher, s *Snapshot
 			continue
 		}
 		if c != cands[0] {
-			f.SnapshotFor(c, s) // s holds the first's already
+			f.SnapshotFor(c, now, s) // s holds the first's already
 		}
 		if touch(c, now, f, s, budget) {
 			n++

@@ -17,7 +17,7 @@ type touchFleet struct {
 	touched []string // name@endpoint:tokens
 }
 
-func (f *touchFleet) SnapshotFor(h *Held, s *Snapshot) {
+func (f *touchFleet) SnapshotFor(h *Held, _ float64, s *Snapshot) {
 	*s = f.snap
 	s.Endpoints = append([]Endpoint(nil), f.snap.Endpoints...)
 	c := f.cached[h.Value.(string)]
@@ -150,9 +150,9 @@ type countFleet struct {
 	n    int
 }
 
-func (f *countFleet) SnapshotFor(_ *Held, s *Snapshot) { *s = *f.snap }
-func (f *countFleet) Dispatch(*Held, Decision)         {}
-func (f *countFleet) Touch(*Held, int, int)            { f.n++ }
+func (f *countFleet) SnapshotFor(_ *Held, _ float64, s *Snapshot) { *s = *f.snap }
+func (f *countFleet) Dispatch(*Held, Decision)                    {}
+func (f *countFleet) Touch(*Held, int, int)                       { f.n++ }
 
 // BenchmarkTouchHeld is one touch pass over 64 endpoints with 300
 // requests held and their caches at risk: with every one of the

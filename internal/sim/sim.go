@@ -401,7 +401,7 @@ func (r *run) releaseUntil(t float64) error {
 }
 
 // SnapshotFor implements sched.HoldFleet.
-func (r *run) SnapshotFor(h *sched.Held, _ *sched.Snapshot) { r.snapshot(h.Value.(int)) }
+func (r *run) SnapshotFor(h *sched.Held, _ float64, _ *sched.Snapshot) { r.snapshot(h.Value.(int)) }
 
 // Dispatch implements sched.HoldFleet: a held request leaves the hold,
 // served or (early rejection, no slack before its deadline) rejected.
