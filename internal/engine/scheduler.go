@@ -240,16 +240,27 @@ func (s *scheduler) nextDeadline() time.Time {
 	return t
 }
 
-// enqueueByPriority puts r in the waiting queue behind every request of
-// its priority or lower (vLLM's priority policy: by priority, then by
-// arrival). A preempted request and one whose KV transfer finished go to
-// the head whatever their priority, as in FCFS.
+// enqueueByPriority puts r in the waiting queue behind every request that
+// comes before it in vLLM's priority policy: by priority (lower first),
+// then by arrival. A new request goes behind every request of its
+// priority; a preempted one goes back ahead of the later arrivals of its
+// priority. One whose KV transfer finished goes to the head whatever its
+// priority, as in FCFS.
 func (s *scheduler) enqueueByPriority(r *request) {
 	k := len(s.waiting)
-	for k > 0 && s.waiting[k-1].priority > r.priority {
+	for k > 0 && comesBefore(r, s.waiting[k-1]) {
 		k--
 	}
 	s.waiting = slices.Insert(s.waiting, k, r)
+}
+
+// comesBefore: a is served before b in vLLM's priority policy (lower
+// priority first, then earlier arrival).
+func comesBefore(a, b *request) bool {
+	if a.priority != b.priority {
+		return a.priority < b.priority
+	}
+	return a.arrival.Before(b.arrival)
 }
 
 func (s *scheduler) drainInbox() {
@@ -353,14 +364,34 @@ func (s *scheduler) ensureHashes(r *request) {
 	r.hashes = s.hasher.AppendKeys(r.hashes, parent, r.tokens[from:full*s.cfg.BlockSize], r.extra)
 }
 
-// preempt frees a running request's blocks and sends it back to the head
-// of the waiting queue to be recomputed (vLLM's recompute preemption).
+// preempt frees a running request's blocks and sends it back to the
+// waiting queue to be recomputed (vLLM's recompute preemption): to its
+// head, or with priority scheduling to its place by priority and arrival.
 func (s *scheduler) preempt(r *request) {
 	s.pool.release(r.blocks)
 	r.blocks = r.blocks[:0]
 	r.numComputed, r.storedBlocks, r.kvLoaded = 0, 0, false
-	s.waiting = append([]*request{r}, s.waiting...)
+	if s.cfg.PriorityScheduling {
+		s.enqueueByPriority(r)
+	} else {
+		s.waiting = append([]*request{r}, s.waiting...)
+	}
 	s.metrics.preemptions.Inc()
+}
+
+// victim is the index in running of the request to preempt for blocks:
+// the last scheduled (FCFS), or with priority scheduling the one served
+// last by priority and arrival (vLLM's choice in both).
+func (s *scheduler) victim() int {
+	v := len(s.running) - 1
+	if s.cfg.PriorityScheduling {
+		for i, r := range s.running {
+			if comesBefore(s.running[v], r) {
+				v = i
+			}
+		}
+	}
+	return v
 }
 
 // schedule plans one step.
@@ -377,8 +408,15 @@ func (s *scheduler) schedule(now time.Time) plan {
 		need := s.blocksFor(r.numComputed+n) - len(r.blocks)
 		ok := true
 		for need > s.pool.numFree {
-			victim := s.running[len(s.running)-1]
-			s.running = s.running[:len(s.running)-1]
+			v := s.victim()
+			victim := s.running[v]
+			s.running = slices.Delete(s.running, v, v+1)
+			if v < i {
+				// Scheduled earlier in this step (priority scheduling
+				// only): its tokens leave the step.
+				budget += p.remove(victim)
+				i--
+			}
 			s.preempt(victim)
 			preempted = true
 			if victim == r {
@@ -445,6 +483,25 @@ func (p *plan) add(r *request, n int) {
 	} else {
 		p.prefillTokens += n
 	}
+}
+
+// remove takes r out of the plan (before its blocks are freed: its
+// numComputed still says what add counted) and returns the tokens it had.
+func (p *plan) remove(r *request) int {
+	for k, it := range p.items {
+		if it.r != r {
+			continue
+		}
+		p.items = slices.Delete(p.items, k, k+1)
+		if r.decoding(it.n) {
+			p.decodes--
+			p.decodeContext -= r.numComputed + 1
+		} else {
+			p.prefillTokens -= it.n
+		}
+		return it.n
+	}
+	return 0
 }
 
 // stepTime is the modelled duration of a step: the prefill work of its
