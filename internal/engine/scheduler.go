@@ -394,11 +394,22 @@ func (s *scheduler) victim() int {
 	return v
 }
 
-// schedule plans one step.
+// schedule plans one step: the running requests first, then, unless one
+// was preempted, waiting ones while the budget and --max-num-seqs allow
+// (vLLM v1's order).
 func (s *scheduler) schedule(now time.Time) plan {
 	var p plan
-	budget := s.cfg.MaxNumBatchedTokens
-	preempted := false
+	budget, preempted := s.scheduleRunning(&p, s.cfg.MaxNumBatchedTokens)
+	if !preempted {
+		s.scheduleWaiting(&p, budget, now)
+	}
+	return p
+}
+
+// scheduleRunning plans the running requests' next tokens (a prefill
+// chunk or one decode token each) within budget, preempting for blocks,
+// and returns the budget left and whether it preempted.
+func (s *scheduler) scheduleRunning(p *plan, budget int) (left int, preempted bool) {
 	for i := 0; i < len(s.running) && budget > 0; i++ {
 		r := s.running[i]
 		n := min(len(r.tokens)-r.numComputed, budget)
@@ -406,32 +417,49 @@ func (s *scheduler) schedule(now time.Time) plan {
 			continue
 		}
 		need := s.blocksFor(r.numComputed+n) - len(r.blocks)
-		ok := true
-		for need > s.pool.numFree {
-			v := s.victim()
-			victim := s.running[v]
-			s.running = slices.Delete(s.running, v, v+1)
-			if v < i {
-				// Scheduled earlier in this step (priority scheduling
-				// only): its tokens leave the step.
-				budget += p.remove(victim)
-				i--
-			}
-			s.preempt(victim)
+		if need > s.pool.numFree {
 			preempted = true
-			if victim == r {
-				ok = false
+			var self bool
+			if i, budget, self = s.preemptFor(p, need, i, budget); self {
 				break
 			}
-		}
-		if !ok {
-			break
 		}
 		r.blocks, _ = s.pool.allocate(r.blocks, need)
 		p.add(r, n)
 		budget -= n
 	}
-	for !preempted && len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs {
+	return budget, preempted
+}
+
+// preemptFor preempts running requests (victim) until need blocks are
+// free for running[i], and returns i and the budget as they then are
+// (a victim scheduled earlier in the step moves i and gives its tokens
+// back) and whether running[i] itself was preempted.
+func (s *scheduler) preemptFor(p *plan, need, i, budget int) (int, int, bool) {
+	r := s.running[i]
+	for need > s.pool.numFree {
+		v := s.victim()
+		victim := s.running[v]
+		s.running = slices.Delete(s.running, v, v+1)
+		if v < i {
+			// Scheduled earlier in this step (priority scheduling only):
+			// its tokens leave the step.
+			budget += p.remove(victim)
+			i--
+		}
+		s.preempt(victim)
+		if victim == r {
+			return i, budget, true
+		}
+	}
+	return i, budget, false
+}
+
+// scheduleWaiting admits waiting requests in queue order while budget,
+// free blocks and --max-num-seqs allow: a new prompt's prefill skips its
+// longest cached prefix; a decode-side request starts its KV transfer.
+func (s *scheduler) scheduleWaiting(p *plan, budget int, now time.Time) {
+	for len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs {
 		r := s.waiting[0]
 		if r.remotePrefill != nil && !r.transferred {
 			if !s.startTransfer(r, now) {
@@ -440,39 +468,46 @@ func (s *scheduler) schedule(now time.Time) plan {
 			s.waiting = s.waiting[1:]
 			continue
 		}
-		if len(r.blocks) == 0 {
-			s.ensureHashes(r)
-			maxHit := (len(r.tokens) - 1) / s.cfg.BlockSize
-			hit, hitFree := s.pool.lookup(r.hashes, maxHit)
-			n := min(len(r.tokens)-hit*s.cfg.BlockSize, budget)
-			need := s.blocksFor(hit*s.cfg.BlockSize+n) - hit
-			if need > s.pool.numFree-hitFree {
-				break
-			}
-			r.blocks = s.pool.acquireCached(r.blocks, r.hashes[:hit])
-			r.blocks, _ = s.pool.allocate(r.blocks, need)
-			r.numComputed, r.storedBlocks = hit*s.cfg.BlockSize, hit
-			s.recordHit(r, hit*s.cfg.BlockSize)
-			p.add(r, n)
-			budget -= n
-		} else {
-			// KV already in place (received from a remote prefill).
-			n := min(len(r.tokens)-r.numComputed, budget)
-			need := s.blocksFor(r.numComputed+n) - len(r.blocks)
-			if need > s.pool.numFree {
-				break
-			}
-			r.blocks, _ = s.pool.allocate(r.blocks, need)
-			p.add(r, n)
-			budget -= n
+		n, ok := s.admit(r, budget)
+		if !ok {
+			break
 		}
+		p.add(r, n)
+		budget -= n
 		if r.scheduledAt.IsZero() {
 			r.scheduledAt = now
 		}
 		s.waiting = s.waiting[1:]
 		s.running = append(s.running, r)
 	}
-	return p
+}
+
+// admit gives waiting request r its blocks for its first n tokens of the
+// step (at most budget), or false if the free blocks do not allow.
+func (s *scheduler) admit(r *request, budget int) (n int, ok bool) {
+	if len(r.blocks) > 0 {
+		// KV already in place (received from a remote prefill).
+		n = min(len(r.tokens)-r.numComputed, budget)
+		need := s.blocksFor(r.numComputed+n) - len(r.blocks)
+		if need > s.pool.numFree {
+			return 0, false
+		}
+		r.blocks, _ = s.pool.allocate(r.blocks, need)
+		return n, true
+	}
+	s.ensureHashes(r)
+	maxHit := (len(r.tokens) - 1) / s.cfg.BlockSize
+	hit, hitFree := s.pool.lookup(r.hashes, maxHit)
+	n = min(len(r.tokens)-hit*s.cfg.BlockSize, budget)
+	need := s.blocksFor(hit*s.cfg.BlockSize+n) - hit
+	if need > s.pool.numFree-hitFree {
+		return 0, false
+	}
+	r.blocks = s.pool.acquireCached(r.blocks, r.hashes[:hit])
+	r.blocks, _ = s.pool.allocate(r.blocks, need)
+	r.numComputed, r.storedBlocks = hit*s.cfg.BlockSize, hit
+	s.recordHit(r, hit*s.cfg.BlockSize)
+	return n, true
 }
 
 func (p *plan) add(r *request, n int) {
