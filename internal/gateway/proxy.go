@@ -308,14 +308,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	}
 	var got reached
 	defer g.withdraw(p, rt.prep.Keys, &got)
-	g.met.promptTokens.Add(float64(rt.promptN))
-	g.met.hitTokens.Add(float64(min(p.dec.CachedTokens, rt.promptN)))
-	h := w.Header()
-	h.Set(hdrPrefill, p.prefill.ep.Name)
-	h.Set(hdrCached, strconv.Itoa(p.dec.CachedTokens))
-	h.Set(hdrPredicted, fmtMillis(p.dec.PredictedTTFT))
-	h.Set(hdrHeld, fmtMillis(max(g.now().Sub(rt.arrival).Seconds(), 0)))
-	h.Set(hdrReason, p.reason)
+	g.announce(w.Header(), rt, p)
 	ctx := r.Context()
 	if g.cfg.UpstreamTimeout > 0 {
 		var cancel context.CancelFunc
@@ -335,26 +328,19 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		start = func() bool { return p.mf.investing.remove(inv) }
 	}
 	if p.decode != nil {
-		h.Set(hdrDecode, p.decode.ep.Name)
+		w.Header().Set(hdrDecode, p.decode.ep.Name)
 		lf.Decode(fl, p.dEP)
 		if p.prefill.ep.BootstrapPort > 0 {
 			return g.proxySGLang(ctx, w, r, rt, p, fl, &got)
 		}
-		params, cached, err := g.prefillLeg(ctx, r, rt, p)
-		if err != nil {
-			return p.prefill.ep.Name, err
-		}
-		got.prefill = true
-		if cached >= 0 {
-			h.Set(hdrPrefillCached, strconv.Itoa(cached))
-		}
-		lf.FirstToken(fl, g.clock()) // the prefill leg's answer: an observed prefill
-		if body, err = rt.req.DecodeBody(params); err != nil {
-			return "", openai.Errorf(http.StatusBadGateway, "prefill endpoint %s: %v", p.prefill.ep.Name, err)
+		var avoid string
+		var err error
+		if body, avoid, err = g.prefillFirst(ctx, w.Header(), r, rt, p, fl, &got); err != nil {
+			return avoid, err
 		}
 		target = p.decode
 	} else {
-		h.Set(hdrDecode, p.prefill.ep.Name)
+		w.Header().Set(hdrDecode, p.prefill.ep.Name)
 		// A non-streamed answer says nothing about when its prefill
 		// ended: take the prediction, unless the answer comes first.
 		if !rt.req.Stream {
@@ -371,6 +357,44 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		return target.ep.Name, err
 	}
 	defer resp.Body.Close()
+	return g.answer(w, resp, rt, target, lf, fl, &got, start)
+}
+
+// announce counts the routed prompt and sets the answer's routing headers.
+func (g *Gateway) announce(h http.Header, rt *routed, p *plan) {
+	g.met.promptTokens.Add(float64(rt.promptN))
+	g.met.hitTokens.Add(float64(min(p.dec.CachedTokens, rt.promptN)))
+	h.Set(hdrPrefill, p.prefill.ep.Name)
+	h.Set(hdrCached, strconv.Itoa(p.dec.CachedTokens))
+	h.Set(hdrPredicted, fmtMillis(p.dec.PredictedTTFT))
+	h.Set(hdrHeld, fmtMillis(max(g.now().Sub(rt.arrival).Seconds(), 0)))
+	h.Set(hdrReason, p.reason)
+}
+
+// prefillFirst runs the NixlConnector prefill leg of a disaggregated
+// plan and returns the decode leg's body (its kv_transfer_params from
+// the prefill's answer), or the endpoint a retry should avoid ("": none)
+// with the error. The prefill's answer is its observed end.
+func (g *Gateway) prefillFirst(ctx context.Context, h http.Header, r *http.Request, rt *routed, p *plan, fl *load.Flight, got *reached) ([]byte, string, error) {
+	params, cached, err := g.prefillLeg(ctx, r, rt, p)
+	if err != nil {
+		return nil, p.prefill.ep.Name, err
+	}
+	got.prefill = true
+	if cached >= 0 {
+		h.Set(hdrPrefillCached, strconv.Itoa(cached))
+	}
+	p.mf.load.FirstToken(fl, g.clock()) // the prefill leg's answer: an observed prefill
+	body, err := rt.req.DecodeBody(params)
+	if err != nil {
+		return nil, "", openai.Errorf(http.StatusBadGateway, "prefill endpoint %s: %v", p.prefill.ep.Name, err)
+	}
+	return body, "", nil
+}
+
+// answer relays target's response resp to the client and feeds the
+// flight's first token and TPOT back to the load accounting lf.
+func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed, target *member, lf *load.Fleet, fl *load.Flight, got *reached, start func() bool) (string, error) {
 	// An engine that refuses the request (vLLM's 400 for a prompt longer
 	// than the model's context, say) answers at once: relayed as is, but
 	// its first byte is no prefill and must not train the predictor.
@@ -591,15 +615,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			return false
 		}
 		start = nil
-		h := w.Header()
-		for k, vs := range resp.Header {
-			h[k] = append([]string(nil), vs...)
-		}
-		for _, k := range hopHeaders {
-			h.Del(k)
-		}
-		w.WriteHeader(resp.StatusCode)
-		_ = rc.Flush()
+		writeHeaders(w, rc, resp)
 		return true
 	}
 	deferred := start != nil
@@ -664,17 +680,38 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
 		}
 	}
-	tpot := 0.0
 	if rt.req.Stream && chunks > 2 && resp.StatusCode == http.StatusOK {
-		tpot = g.now().Sub(firstAt).Seconds() / float64(chunks-1)
-		m.obs.addTPOT(tpot)
-		if g.traffic != nil {
-			slo := rt.class.slo(rt.promptN)
-			ttft := firstAt.Sub(rt.arrival).Seconds()
-			g.traffic.Answered(g.clock(), ttft, tpot, slo.TTFT > 0 && ttft > slo.TTFT, slo.TPOT > 0 && tpot > slo.TPOT)
-		}
+		return g.streamed(rt, m, firstAt, chunks), nil
 	}
-	return tpot, nil
+	return 0, nil
+}
+
+// writeHeaders sends resp's status and headers, without the hop-by-hop
+// ones, to the client.
+func writeHeaders(w http.ResponseWriter, rc *http.ResponseController, resp *http.Response) {
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = append([]string(nil), vs...)
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+	w.WriteHeader(resp.StatusCode)
+	_ = rc.Flush()
+}
+
+// streamed records a stream of chunks relayed from m whose first came at
+// firstAt (the endpoint's observed TPOT, the planner's traffic) and
+// returns its TPOT.
+func (g *Gateway) streamed(rt *routed, m *member, firstAt time.Time, chunks int) float64 {
+	tpot := g.now().Sub(firstAt).Seconds() / float64(chunks-1)
+	m.obs.addTPOT(tpot)
+	if g.traffic != nil {
+		slo := rt.class.slo(rt.promptN)
+		ttft := firstAt.Sub(rt.arrival).Seconds()
+		g.traffic.Answered(g.clock(), ttft, tpot, slo.TTFT > 0 && ttft > slo.TTFT, slo.TPOT > 0 && tpot > slo.TPOT)
+	}
+	return tpot
 }
 
 // writeFlush writes p to the client and flushes it: a failed flush is a
