@@ -357,23 +357,8 @@ func RunDay(ctx context.Context, c DayConfig, o DayOptions) (*DayReport, error) 
 			rep.Requests++
 		}
 	}
-	// Every fixed split, in parallel.
-	n := c.Instances - 1
-	fixed := make([]sim.PhasedResult, n)
-	errs := make([]error, n)
-	sem := make(chan struct{}, par)
-	var wg sync.WaitGroup
-	for q := 1; q <= n; q++ {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			fixed[q-1], errs[q-1] = runFixed(ctx, &c, tr, q)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	fixed, err := runEveryFixed(ctx, &c, tr, par)
+	if err != nil {
 		return nil, err
 	}
 	best := 0
@@ -387,19 +372,7 @@ func RunDay(ctx context.Context, c DayConfig, o DayOptions) (*DayReport, error) 
 	rep.Runs = append(rep.Runs,
 		fixedRun(fmt.Sprintf("fixed %dP%dD", o.FixedPrefill, c.Instances-o.FixedPrefill), fixed[o.FixedPrefill-1], o.FixedPrefill, c.Instances),
 		fixedRun("best fixed (hindsight)", fixed[best], best+1, c.Instances))
-	// The oracle's split per phase: the best fixed split in that phase.
-	oracle := make([]int, len(c.Phases))
-	for ph := range c.Phases {
-		b := 0
-		for i, r := range fixed {
-			if r.Segments[ph].Attainment > fixed[b].Segments[ph].Attainment {
-				b = i
-			}
-		}
-		oracle[ph] = b + 1
-		rep.OracleSplits = append(rep.OracleSplits, Candidate{Prefill: b + 1, Decode: c.Instances - b - 1,
-			Attainment: fixed[b].Segments[ph].Attainment})
-	}
+	oracle := oracleSplits(fixed, len(c.Phases), c.Instances, rep)
 	planned, err := runPlanned(ctx, &c, tr, o.FixedPrefill, false)
 	if err != nil {
 		return nil, err
@@ -423,6 +396,49 @@ func RunDay(ctx context.Context, c DayConfig, o DayOptions) (*DayReport, error) 
 	}
 	rep.Runs = append(rep.Runs, fo)
 	return rep, nil
+}
+
+// runEveryFixed simulates the day under every fixed split (1 to
+// Instances−1 prefill instances, in that order), par at a time.
+func runEveryFixed(ctx context.Context, c *DayConfig, tr *workload.Trace, par int) ([]sim.PhasedResult, error) {
+	n := c.Instances - 1
+	fixed := make([]sim.PhasedResult, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, par)
+	var wg sync.WaitGroup
+	for q := 1; q <= n; q++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			fixed[q-1], errs[q-1] = runFixed(ctx, c, tr, q)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return fixed, nil
+}
+
+// oracleSplits is the oracle's prefill instances per phase: the best
+// fixed split in that phase (fixed[i] has i+1), each also reported in
+// rep.OracleSplits.
+func oracleSplits(fixed []sim.PhasedResult, phases, instances int, rep *DayReport) []int {
+	oracle := make([]int, phases)
+	for ph := range phases {
+		b := 0
+		for i, r := range fixed {
+			if r.Segments[ph].Attainment > fixed[b].Segments[ph].Attainment {
+				b = i
+			}
+		}
+		oracle[ph] = b + 1
+		rep.OracleSplits = append(rep.OracleSplits, Candidate{Prefill: b + 1, Decode: instances - b - 1,
+			Attainment: fixed[b].Segments[ph].Attainment})
+	}
+	return oracle
 }
 
 func runFixed(ctx context.Context, c *DayConfig, tr *workload.Trace, prefill int) (sim.PhasedResult, error) {

@@ -381,49 +381,93 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 		return p.hold(d, fmt.Sprintf("the current split %dP%dD meets its targets: prefill %.0f%%, decode %.0f%% utilised",
 			np, total-np, 100*up, 100*ud))
 	}
-	hb := 1 + p.cfg.Band
-	best := p.formulaBest(lp*hb, ld*hb, lo, hi, np, total, c)
-	d.TargetPrefill, d.TargetDecode = best, total-best
-	gainOf := func(q int) float64 { return cur - p.loss(lp, ld, q, total-q, c) }
-	source := "formula"
-	// Simulate when the formula wants a change, expects misses, or the
-	// fleet measures misses the formula does not explain.
-	if w := p.cfg.WhatIf; w != nil && obs.Recent != nil && (best != np || cur > 0 || unexplained) &&
-		obs.Now-p.lastWhatIf >= w.Every &&
-		p.fc.steady(p.cfg.Interval+p.cfg.Warmup, w.Steady) {
-		p.lastWhatIf = obs.Now
-		cands, err := w.evaluate(ctx, obs.Recent, obs.Window, candidateSplits(best, np, lo, hi, w.Spread), total)
-		if err != nil {
-			p.log.Warn("planner: what-if simulation failed; using the formula", "err", err)
-		} else {
-			d.WhatIf = cands
-			best, gainOf = pickSimulated(cands, np, best)
-			d.TargetPrefill, d.TargetDecode = best, total-best
-			source = "simulation"
-		}
-	}
-	if best == np {
+	t := p.target(ctx, &d, obs, lo, hi, total, cur, unexplained)
+	if t.best == np {
 		p.pendingN = 0
 		return p.hold(d, fmt.Sprintf("the current split %dP%dD is best (%s): prefill %.0f%%, decode %.0f%% utilised",
-			np, total-np, source, 100*d.PrefillUtil, 100*d.DecodeUtil))
+			np, total-np, t.source, 100*d.PrefillUtil, 100*d.DecodeUtil))
 	}
 	dir := 1
-	if best < np {
+	if t.best < np {
 		dir = -1
 	}
-	// The largest worthwhile step towards best that the giving side can
-	// absorb, priced with the time its instances are out of service.
-	steps := abs(best - np)
+	sw := p.switchSeconds(obs, dir)
+	chosen, why := p.step(&d, t, dir, sw, cur, total)
+	if chosen == 0 {
+		p.pendingN = 0
+		return p.hold(d, "no worthwhile change: "+strings.Join(dedupe(why), "; "))
+	}
+	if p.pendingDir != dir {
+		p.pendingDir, p.pendingN = dir, 0
+	}
+	p.pendingN++
+	q := np + dir*chosen
+	d.Gain = t.gainOf(q)
+	d.SwitchSeconds = sw
+	// A simulated choice replayed minutes of traffic: it is not a one-window
+	// blip and needs no confirmation.
+	if p.pendingN < p.cfg.Confirm && now < p.cfg.BigGain && d.WhatIf == nil {
+		return p.hold(d, fmt.Sprintf("%dP%dD proposed (%d of %d confirmations)", q, total-q, p.pendingN, p.cfg.Confirm))
+	}
+	p.pendingN = 0
+	return p.switchTo(d, obs, inst, t.source, dir, chosen, total)
+}
+
+// target is the split plan aims at: the formula's best, or the what-if
+// simulation's when one ran, with the gain of each split as its source
+// measures it.
+type target struct {
+	best   int
+	gainOf func(prefill int) float64
+	source string
+}
+
+// target picks the split to aim at from d's loads (cur: the expected
+// misses of the current split): the formula's best split at the loads
+// plus the band, replaced by the what-if simulation's pick when the
+// formula wants a change, expects misses, or the fleet measures misses it
+// does not explain (unexplained), and a simulation is due and the load
+// steady. It sets d's target and, after a simulation, d.WhatIf.
+func (p *Planner) target(ctx context.Context, d *Decision, obs *Observation, lo, hi, total int, cur float64, unexplained bool) target {
+	np, c := d.Prefill, d.Capacity
+	lp, ld := d.PrefillLoad, d.DecodeLoad
+	hb := 1 + p.cfg.Band
+	t := target{best: p.formulaBest(lp*hb, ld*hb, lo, hi, np, total, c), source: "formula"}
+	t.gainOf = func(q int) float64 { return cur - p.loss(lp, ld, q, total-q, c) }
+	d.TargetPrefill, d.TargetDecode = t.best, total-t.best
+	w := p.cfg.WhatIf
+	if w == nil || obs.Recent == nil || !(t.best != np || cur > 0 || unexplained) ||
+		obs.Now-p.lastWhatIf < w.Every || !p.fc.steady(p.cfg.Interval+p.cfg.Warmup, w.Steady) {
+		return t
+	}
+	p.lastWhatIf = obs.Now
+	cands, err := w.evaluate(ctx, obs.Recent, obs.Window, candidateSplits(t.best, np, lo, hi, w.Spread), total)
+	if err != nil {
+		p.log.Warn("planner: what-if simulation failed; using the formula", "err", err)
+		return t
+	}
+	d.WhatIf = cands
+	t.best, t.gainOf = pickSimulated(cands, np, t.best)
+	t.source = "simulation"
+	d.TargetPrefill, d.TargetDecode = t.best, total-t.best
+	return t
+}
+
+// step is the largest worthwhile step towards t.best in direction dir
+// that the giving side can absorb, priced with the sw seconds its
+// instances are out of service (0: none; why says what each step lacked).
+func (p *Planner) step(d *Decision, t target, dir int, sw, cur float64, total int) (chosen int, why []string) {
+	np, c := d.Prefill, d.Capacity
+	lp, ld := d.PrefillLoad, d.DecodeLoad
+	steps := abs(t.best - np)
 	if p.cfg.MaxStep > 0 {
 		steps = min(steps, p.cfg.MaxStep)
 	}
 	hp, hd := p.fc.lastP, p.fc.lastD
-	sw := p.switchSeconds(obs, dir)
-	var why []string
-	chosen, chosenNet := 0, 0.0
+	chosenNet := 0.0
 	for k := steps; k >= 1; k-- {
 		q := np + dir*k
-		g := gainOf(q)
+		g := t.gainOf(q)
 		if g < p.cfg.Margin {
 			why = append(why, fmt.Sprintf("%dP%dD gains %.1f points, under the %.1f-point margin", q, total-q, 100*g, 100*p.cfg.Margin))
 			continue
@@ -448,23 +492,14 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 			chosen, chosenNet = k, net
 		}
 	}
-	if chosen == 0 {
-		p.pendingN = 0
-		return p.hold(d, "no worthwhile change: "+strings.Join(dedupe(why), "; "))
-	}
-	if p.pendingDir != dir {
-		p.pendingDir, p.pendingN = dir, 0
-	}
-	p.pendingN++
-	q := np + dir*chosen
-	d.Gain = gainOf(q)
-	d.SwitchSeconds = sw
-	// A simulated choice replayed minutes of traffic: it is not a one-window
-	// blip and needs no confirmation.
-	if p.pendingN < p.cfg.Confirm && now < p.cfg.BigGain && d.WhatIf == nil {
-		return p.hold(d, fmt.Sprintf("%dP%dD proposed (%d of %d confirmations)", q, total-q, p.pendingN, p.cfg.Confirm))
-	}
-	p.pendingN = 0
+	return chosen, why
+}
+
+// switchTo turns d into the switch of chosen instances in direction dir
+// (which instances, the reason) and starts the cool-down.
+func (p *Planner) switchTo(d Decision, obs *Observation, inst []Instance, source string, dir, chosen, total int) Decision {
+	c, lp, ld := d.Capacity, d.PrefillLoad, d.DecodeLoad
+	q := d.Prefill + dir*chosen
 	from, to := fleet.RoleDecode, fleet.RolePrefill
 	if dir < 0 {
 		from, to = fleet.RolePrefill, fleet.RoleDecode
@@ -479,7 +514,7 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	d.Action = ActionSwitch
 	d.Reason = fmt.Sprintf("%s: %dP%dD → %dP%dD: load prefill %.0f tok/s, decode %.0f tok/s (capacity %.0f / %.0f per instance); utilisation now %.0f%% / %.0f%%, after %.0f%% / %.0f%%; predicted attainment +%.1f points; moving %d %s→%s instance(s) takes ~%.0fs (drain + warm-up)",
 		source, d.Prefill, d.Decode, q, total-q, lp, ld, c.Prefill, c.Decode, 100*d.PrefillUtil, 100*d.DecodeUtil,
-		100*util(lp, q, c.Prefill), 100*util(ld, total-q, c.Decode), 100*d.Gain, chosen, from, to, sw)
+		100*util(lp, q, c.Prefill), 100*util(ld, total-q, c.Decode), 100*d.Gain, chosen, from, to, d.SwitchSeconds)
 	p.coolUntil = obs.Now + p.cfg.Cooldown
 	p.log.Info("planner: switch", "at", d.At, "to_prefill", d.ToPrefill, "to_decode", d.ToDecode, "reason", d.Reason)
 	return d
