@@ -50,22 +50,15 @@ func SimulateEngine(cfg EngineConfig, reqs []EngineRequest) ([]EngineLatency, er
 	if cfg.MaxBatchedTokens <= 0 {
 		return nil, fmt.Errorf("engine sim: max batched tokens must be > 0")
 	}
-	type state struct {
-		left, out     int
-		first, last   float64
-		arrival       float64
-		context, want int
-	}
-	st := make([]state, len(reqs))
-	order := make([]int, len(reqs))
+	e := &engineSim{cfg: cfg, st: make([]engineSeq, len(reqs)), order: make([]int, len(reqs))}
 	for i, r := range reqs {
 		if r.Uncached < 1 || r.Output < 1 || r.Context < r.Uncached {
 			return nil, fmt.Errorf("engine sim: request %d needs uncached >= 1, output >= 1 and context >= uncached", i)
 		}
-		st[i] = state{left: r.Uncached, arrival: r.Arrival, context: r.Context, want: r.Output}
-		order[i] = i
+		e.st[i] = engineSeq{left: r.Uncached, arrival: r.Arrival, context: r.Context, want: r.Output}
+		e.order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int {
+	slices.SortStableFunc(e.order, func(a, b int) int {
 		switch {
 		case reqs[a].Arrival < reqs[b].Arrival:
 			return -1
@@ -74,72 +67,109 @@ func SimulateEngine(cfg EngineConfig, reqs []EngineRequest) ([]EngineLatency, er
 		}
 		return 0
 	})
-	type item struct{ r, n int }
-	var waiting, running []int
-	var items []item
-	t, next, done := 0.0, 0, 0
-	for done < len(reqs) {
-		for next < len(order) && st[order[next]].arrival <= t {
-			waiting = append(waiting, order[next])
-			next++
-		}
-		if len(running) == 0 && len(waiting) == 0 {
-			t = st[order[next]].arrival
+	t := 0.0
+	for e.done < len(reqs) {
+		e.arrive(t)
+		if len(e.running) == 0 && len(e.waiting) == 0 {
+			t = e.st[e.order[e.next]].arrival
 			continue
 		}
-		budget := cfg.MaxBatchedTokens
-		prefill, decodes, ctx := 0, 0, 0
-		items = items[:0]
-		for _, r := range running {
-			if budget == 0 {
-				break
-			}
-			s := &st[r]
-			if s.left > 0 {
-				n := min(s.left, budget)
-				items = append(items, item{r, n})
-				prefill += n
-				budget -= n
-				continue
-			}
-			items = append(items, item{r, 1})
-			decodes++
-			ctx += s.context + s.out
-			budget--
-		}
-		for len(waiting) > 0 && budget > 0 && (cfg.MaxSeqs <= 0 || len(running) < cfg.MaxSeqs) {
-			r := waiting[0]
-			waiting = waiting[1:]
-			running = append(running, r)
-			n := min(st[r].left, budget)
-			items = append(items, item{r, n})
-			prefill += n
-			budget -= n
-		}
-		t += cfg.Model.StepTime(prefill, decodes, ctx)
-		for _, it := range items {
-			s := &st[it.r]
-			if s.left > 0 {
-				s.left -= it.n
-				if s.left == 0 { // the last prefill chunk emits the first token
-					s.out, s.first, s.last = 1, t, t
-				}
-			} else {
-				s.out++
-				s.last = t
-			}
-			if s.left == 0 && s.out == s.want {
-				done++
-			}
-		}
-		running = slices.DeleteFunc(running, func(r int) bool { return st[r].left == 0 && st[r].out == st[r].want })
+		t += e.plan()
+		e.commit(t)
 	}
 	out := make([]EngineLatency, len(reqs))
-	for i, s := range st {
+	for i, s := range e.st {
 		out[i].TTFT = s.first - s.arrival
 		if s.want > 1 {
 			out[i].TPOT = (s.last - s.first) / float64(s.want-1)
 		}
 	}
 	return out, nil
+}
+
+// engineSim is SimulateEngine's engine: its sequences, queues and the
+// step being planned.
+type engineSim struct {
+	cfg              EngineConfig
+	st               []engineSeq
+	order            []int // requests by arrival
+	next, done       int   // the next arrival in order; sequences finished
+	waiting, running []int
+	items            []engineItem // the step's work
+}
+
+// engineSeq is one request's progress.
+type engineSeq struct {
+	left, out     int // prompt tokens left to prefill; tokens out
+	first, last   float64
+	arrival       float64
+	context, want int
+}
+
+// engineItem is n tokens of sequence r in a step.
+type engineItem struct{ r, n int }
+
+// arrive queues the requests arrived by t.
+func (e *engineSim) arrive(t float64) {
+	for e.next < len(e.order) && e.st[e.order[e.next]].arrival <= t {
+		e.waiting = append(e.waiting, e.order[e.next])
+		e.next++
+	}
+}
+
+// plan fills the step (the running sequences in admission order, then
+// waiting requests first come first served, within the token budget) and
+// returns its duration.
+func (e *engineSim) plan() float64 {
+	budget := e.cfg.MaxBatchedTokens
+	prefill, decodes, ctx := 0, 0, 0
+	e.items = e.items[:0]
+	for _, r := range e.running {
+		if budget == 0 {
+			break
+		}
+		s := &e.st[r]
+		if s.left > 0 {
+			n := min(s.left, budget)
+			e.items = append(e.items, engineItem{r, n})
+			prefill += n
+			budget -= n
+			continue
+		}
+		e.items = append(e.items, engineItem{r, 1})
+		decodes++
+		ctx += s.context + s.out
+		budget--
+	}
+	for len(e.waiting) > 0 && budget > 0 && (e.cfg.MaxSeqs <= 0 || len(e.running) < e.cfg.MaxSeqs) {
+		r := e.waiting[0]
+		e.waiting = e.waiting[1:]
+		e.running = append(e.running, r)
+		n := min(e.st[r].left, budget)
+		e.items = append(e.items, engineItem{r, n})
+		prefill += n
+		budget -= n
+	}
+	return e.cfg.Model.StepTime(prefill, decodes, ctx)
+}
+
+// commit ends the step at t: prefill chunks computed, tokens out, and
+// finished sequences leave.
+func (e *engineSim) commit(t float64) {
+	for _, it := range e.items {
+		s := &e.st[it.r]
+		if s.left > 0 {
+			s.left -= it.n
+			if s.left == 0 { // the last prefill chunk emits the first token
+				s.out, s.first, s.last = 1, t, t
+			}
+		} else {
+			s.out++
+			s.last = t
+		}
+		if s.left == 0 && s.out == s.want {
+			e.done++
+		}
+	}
+	e.running = slices.DeleteFunc(e.running, func(r int) bool { return e.st[r].left == 0 && e.st[r].out == e.st[r].want })
 }
