@@ -126,6 +126,36 @@ func TestPreemptionUnderKVPressure(t *testing.T) {
 	}
 }
 
+// TestFollowerFindsBlocksOfTheStepItJoins: a step's blocks enter the
+// prefix cache when the step is planned, as in vLLM v1
+// (KVCacheManager.allocate_slots caches the blocks of the tokens it
+// schedules). A request that extends a 100-token prompt and is admitted
+// into the step of that prompt's last chunk (a 64-token budget: 64, then
+// 36 + the follower) finds all six of its full blocks, not only the four
+// of the step before.
+func TestFollowerFindsBlocksOfTheStepItJoins(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxNumBatchedTokens, cfg.BlockSize = 64, 16
+	s := newScheduler(cfg, cfg.Logger, newMetrics(cfg), nil)
+	prompt := seqTokens(100, 7)
+	leader := &request{id: "leader", tokens: prompt, promptLen: 100, maxTokens: 2, notify: make(chan struct{}, 1)}
+	s.waiting = []*request{leader}
+	s.commit(s.schedule(leader.arrival), leader.arrival)
+	if leader.numComputed != 64 {
+		t.Fatalf("the leader computed %d tokens in its first step, want 64", leader.numComputed)
+	}
+	followerTokens := append(append([]uint32(nil), prompt...), seqTokens(20, 5000)...)
+	follower := &request{id: "follower", tokens: followerTokens, promptLen: 120, maxTokens: 2, notify: make(chan struct{}, 1)}
+	s.waiting = []*request{follower}
+	p := s.schedule(leader.arrival)
+	if len(p.items) != 2 || p.items[1].r != follower {
+		t.Fatalf("the step plans %d items, want the leader's last chunk and the follower", len(p.items))
+	}
+	if follower.numComputed != 96 {
+		t.Fatalf("the follower found %d tokens cached, want the leader's 96 (six full blocks)", follower.numComputed)
+	}
+}
+
 func TestChunkedPrefillStepBudget(t *testing.T) {
 	// A 1000-token prompt with a 256-token budget takes 4 prefill steps;
 	// the plan of each step never exceeds the budget.

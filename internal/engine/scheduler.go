@@ -321,7 +321,7 @@ func (s *scheduler) expire(now time.Time) {
 		for _, r := range ready {
 			r.numComputed = r.promptLen - 1
 			r.kvLoaded = true
-			s.storeFull(r)
+			s.storeFull(r, r.numComputed)
 			if s.onTransfer != nil {
 				s.onTransfer(r)
 			}
@@ -425,6 +425,7 @@ func (s *scheduler) scheduleRunning(p *plan, budget int) (left int, preempted bo
 			}
 		}
 		r.blocks, _ = s.pool.allocate(r.blocks, need)
+		s.storeFull(r, r.numComputed+n)
 		p.add(r, n)
 		budget -= n
 	}
@@ -493,6 +494,7 @@ func (s *scheduler) admit(r *request, budget int) (n int, ok bool) {
 			return 0, false
 		}
 		r.blocks, _ = s.pool.allocate(r.blocks, need)
+		s.storeFull(r, r.numComputed+n)
 		return n, true
 	}
 	s.ensureHashes(r)
@@ -507,6 +509,7 @@ func (s *scheduler) admit(r *request, budget int) (n int, ok bool) {
 	r.blocks, _ = s.pool.allocate(r.blocks, need)
 	r.numComputed, r.storedBlocks = hit*s.cfg.BlockSize, hit
 	s.recordHit(r, hit*s.cfg.BlockSize)
+	s.storeFull(r, r.numComputed+n)
 	return n, true
 }
 
@@ -580,9 +583,14 @@ func (s *scheduler) startTransfer(r *request, now time.Time) bool {
 	return true
 }
 
-// storeFull registers r's newly computed full blocks in the prefix cache.
-func (s *scheduler) storeFull(r *request) {
-	full := r.numComputed / s.cfg.BlockSize
+// storeFull registers r's full blocks of its first upTo tokens in the
+// prefix cache (those not registered yet). A step's blocks are registered
+// when the step is planned, not when it ends, as vLLM v1 does
+// (KVCacheManager.allocate_slots caches the blocks of the tokens it
+// schedules): a request admitted later in the same step, or in the next,
+// finds them, as it finds a prompt whose last chunk shares its step.
+func (s *scheduler) storeFull(r *request, upTo int) {
+	full := min(upTo, len(r.tokens)) / s.cfg.BlockSize
 	if full <= r.storedBlocks {
 		return
 	}
@@ -604,8 +612,7 @@ func (s *scheduler) commit(p plan, end time.Time) {
 	finishedAny := false
 	for _, it := range p.items {
 		r := it.r
-		r.numComputed += it.n
-		s.storeFull(r)
+		r.numComputed += it.n // its full blocks were registered when planned (storeFull)
 		if r.numComputed < len(r.tokens) {
 			continue // more prefill chunks to go
 		}
