@@ -400,7 +400,8 @@ func (r *run) releaseUntil(t float64) error {
 	return nil
 }
 
-// SnapshotFor implements sched.HoldFleet.
+// SnapshotFor implements sched.HoldFleet: the run has advanced to the
+// pass's time before the pass (r.snap.Now), so every snapshot is at it.
 func (r *run) SnapshotFor(h *sched.Held, _ float64, _ *sched.Snapshot) { r.snapshot(h.Value.(int)) }
 
 // Dispatch implements sched.HoldFleet: a held request leaves the hold,
