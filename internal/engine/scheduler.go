@@ -424,8 +424,7 @@ func (s *scheduler) scheduleRunning(p *plan, budget int) (left int, preempted bo
 				break
 			}
 		}
-		r.blocks, _ = s.pool.allocate(r.blocks, need)
-		s.storeFull(r, r.numComputed+n)
+		s.allocate(r, need, n)
 		p.add(r, n)
 		budget -= n
 	}
@@ -493,8 +492,7 @@ func (s *scheduler) admit(r *request, budget int) (n int, ok bool) {
 		if need > s.pool.numFree {
 			return 0, false
 		}
-		r.blocks, _ = s.pool.allocate(r.blocks, need)
-		s.storeFull(r, r.numComputed+n)
+		s.allocate(r, need, n)
 		return n, true
 	}
 	s.ensureHashes(r)
@@ -506,10 +504,9 @@ func (s *scheduler) admit(r *request, budget int) (n int, ok bool) {
 		return 0, false
 	}
 	r.blocks = s.pool.acquireCached(r.blocks, r.hashes[:hit])
-	r.blocks, _ = s.pool.allocate(r.blocks, need)
 	r.numComputed, r.storedBlocks = hit*s.cfg.BlockSize, hit
 	s.recordHit(r, hit*s.cfg.BlockSize)
-	s.storeFull(r, r.numComputed+n)
+	s.allocate(r, need, n)
 	return n, true
 }
 
@@ -581,6 +578,14 @@ func (s *scheduler) startTransfer(r *request, now time.Time) bool {
 	r.readyAt = now.Add(s.cfg.real(s.cfg.Perf.TransferTime(r.promptLen - hit*s.cfg.BlockSize)))
 	s.transferring = append(s.transferring, r)
 	return true
+}
+
+// allocate gives r need more blocks for its next n tokens, planned in
+// this step, and registers the step's full blocks in the prefix cache
+// (storeFull). The caller has checked that need blocks are free.
+func (s *scheduler) allocate(r *request, need, n int) {
+	r.blocks, _ = s.pool.allocate(r.blocks, need)
+	s.storeFull(r, r.numComputed+n)
 }
 
 // storeFull registers r's full blocks of its first upTo tokens in the
