@@ -41,7 +41,7 @@ func (g *Gateway) copyPrefix(rt *routed, p *plan) {
 		return
 	}
 	if !p.mf.claimPrefixRequest() {
-		g.met.copies.WithLabelValues(touchSkipped).Inc()
+		g.met.copies.WithLabelValues(prefixSkipped).Inc()
 		return
 	}
 	ids := rt.engineIDs[:min(c.tokens+1, len(rt.engineIDs))] // its prefix and one token more
@@ -61,8 +61,7 @@ func (g *Gateway) copyPrefix(rt *routed, p *plan) {
 // sendCopy sends a copy's body (of n prompt tokens, the blocks keys) to
 // m (sendPrefix); a copy that fails takes back its index entries.
 func (g *Gateway) sendCopy(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int, keys []uint64) {
-	k := prefixKind{name: "prefix copy", outcomes: g.met.copies, tokens: g.met.copyTokens}
-	if err := g.sendPrefix(k, mf, m, fl, body, n); err != nil && !m.removed.Load() {
+	if err := g.sendPrefix(g.copyKind(), mf, m, fl, body, n); err != nil && !m.removed.Load() {
 		g.idx.Unrouted(m.kvID, keys)
 	}
 }

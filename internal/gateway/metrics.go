@@ -76,10 +76,10 @@ func newMetrics(g *Gateway) *metrics {
 			Help: "Requests rejected because a prefill queue pushed their predicted TTFT over the SLO, by kind: short (no prefilling endpoint was idle: the fleet is short of compute, and kvgate prices compute first) or idle (one was: the request's prefix was cached only on busy endpoints, and kvgate routes by TTFT for a while so that prefixes are copied)."},
 			[]string{"kind"}),
 	}
-	for _, o := range []string{touchDone, touchFailed, touchSkipped, touchNotEngineIDs} {
+	for _, o := range []string{prefixDone, prefixFailed, prefixSkipped, touchNotEngineIDs} {
 		m.touches.WithLabelValues(o)
 	}
-	for _, o := range []string{touchDone, touchFailed, touchSkipped} {
+	for _, o := range []string{prefixDone, prefixFailed, prefixSkipped} {
 		m.copies.WithLabelValues(o)
 	}
 	for _, k := range []string{"cached", "computed"} {

@@ -29,11 +29,12 @@ import (
 // request is touched again half a turnover later, as a sent one's.
 const maxPrefixRequests = sched.TouchCandidates
 
-// touchTimeout bounds how long a touch waits for its answer.
-const touchTimeout = 30 * time.Second
+// prefixTimeout bounds how long a prefix request (a touch, a copy) waits
+// for its answer.
+const prefixTimeout = 30 * time.Second
 
-// maxTouchAnswer bounds what is read of a touch's answer.
-const maxTouchAnswer = 1 << 20
+// maxPrefixAnswer bounds what is read of a prefix request's answer.
+const maxPrefixAnswer = 1 << 20
 
 // prefixRequestBody is the body of a touch or a copy: the completions
 // API's fields vLLM needs to find the prefix (the model, and so its LoRA
@@ -65,7 +66,7 @@ func (f *releaseFleet) Touch(h *sched.Held, i, tokens int) {
 		return
 	}
 	if !f.mf.claimPrefixRequest() {
-		f.g.met.touches.WithLabelValues(touchSkipped).Inc()
+		f.g.met.touches.WithLabelValues(prefixSkipped).Inc()
 		return
 	}
 	ids := prompt[:min(tokens, len(prompt))]
@@ -98,11 +99,12 @@ func prefixBody(rt *routed, ids []uint32, priority int) []byte {
 	return body
 }
 
-// Outcomes of touches (kvgate_hold_touches_total).
+// Outcomes of prefix requests (kvgate_hold_touches_total,
+// kvgate_prefix_copies_total; not_engine_ids: touches only).
 const (
-	touchDone         = "done"
-	touchFailed       = "failed"
-	touchSkipped      = "skipped"
+	prefixDone        = "done"
+	prefixFailed      = "failed"
+	prefixSkipped     = "skipped"
 	touchNotEngineIDs = "not_engine_ids"
 )
 
@@ -117,6 +119,10 @@ func (g *Gateway) touchKind() prefixKind {
 	return prefixKind{name: "touch", outcomes: g.met.touches, tokens: g.met.touchTokens}
 }
 
+func (g *Gateway) copyKind() prefixKind {
+	return prefixKind{name: "prefix copy", outcomes: g.met.copies, tokens: g.met.copyTokens}
+}
+
 // sendPrefix sends the body of a request of kind k on a prompt's prefix
 // (n prompt tokens, one output token) to m, ends its flight fl when the
 // answer comes (its first and only token) or the request fails, gives
@@ -127,19 +133,19 @@ func (g *Gateway) touchKind() prefixKind {
 // touch came is computed again.
 func (g *Gateway) sendPrefix(k prefixKind, mf *modelFleet, m *member, fl *load.Flight, body []byte, n int) error {
 	defer mf.prefixRequests.Add(-1)
-	ctx, cancel := context.WithTimeout(context.Background(), touchTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), prefixTimeout)
 	defer cancel()
-	answer, err := g.sendTouch(ctx, m, body)
+	answer, err := g.postPrefix(ctx, m, body)
 	now := g.clock()
 	if err != nil {
 		mf.load.Finish(fl, now)
-		k.outcomes.WithLabelValues(touchFailed).Inc()
+		k.outcomes.WithLabelValues(prefixFailed).Inc()
 		g.log.Debug("kvgate: "+k.name+" failed", "endpoint", m.ep.Name, "err", err)
 		return err
 	}
 	mf.load.FirstToken(fl, now)
 	mf.load.Finish(fl, now)
-	k.outcomes.WithLabelValues(touchDone).Inc()
+	k.outcomes.WithLabelValues(prefixDone).Inc()
 	if cached, ok := openai.ResponseCachedTokens(answer); ok {
 		cached = min(cached, n)
 		k.tokens.WithLabelValues("cached").Add(float64(cached))
@@ -148,8 +154,8 @@ func (g *Gateway) sendPrefix(k prefixKind, mf *modelFleet, m *member, fl *load.F
 	return nil
 }
 
-// sendTouch posts body to m's completions API and returns the answer.
-func (g *Gateway) sendTouch(ctx context.Context, m *member, body []byte) ([]byte, error) {
+// postPrefix posts body to m's completions API and returns the answer.
+func (g *Gateway) postPrefix(ctx context.Context, m *member, body []byte) ([]byte, error) {
 	if m.ep.URL == "" {
 		return nil, fmt.Errorf("endpoint %s has no url", m.ep.Name)
 	}
@@ -166,7 +172,7 @@ func (g *Gateway) sendTouch(ctx context.Context, m *member, body []byte) ([]byte
 		return nil, err
 	}
 	defer resp.Body.Close()
-	msg, err := io.ReadAll(io.LimitReader(resp.Body, maxTouchAnswer))
+	msg, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefixAnswer))
 	if err != nil {
 		return nil, err
 	}
