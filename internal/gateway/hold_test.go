@@ -745,3 +745,30 @@ func TestReleasePassSnapshotsOneInstant(t *testing.T) {
 		t.Fatalf("queue wait %v at the pass's time, want 0.15 s (busy until 0.2 s)", w)
 	}
 }
+
+// TestSlowAnswerLeavesEndpointIdle: a non-streamed answer slower than its
+// predicted prefill has its prefill ended by the prediction's timer,
+// which runs on the machine's time; on a gateway clock that stands still
+// the prefill must end at that clock, not at its predicted end ahead of
+// it, or the endpoint stays predicted busy for good and a held request
+// that needs it idle is never released (TestHeldPrefixTouched hung so
+// in CI when its upstream answered slowly).
+func TestSlowAnswerLeavesEndpointIdle(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		time.Sleep(150 * time.Millisecond) // the prediction: 10 tokens at 1 000 tokens/s
+		fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	h := holdGatewayOver(t, srv, &atomic.Int64{}, make(chan struct{}, 1), HoldConfig{}, Options{})
+	if r := post(t, h.url+"/v1/completions", tokenPrompt(8, 10, false), nil); r.status != http.StatusOK {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	h.g.mu.RLock()
+	lf := h.g.models[testModel].load
+	h.g.mu.RUnlock()
+	now := h.g.clock()
+	if next := lf.NextIdle(now); !math.IsInf(next, 1) {
+		t.Fatalf("endpoint predicted busy until %v after its answer, at %v: want idle", next, now)
+	}
+}

@@ -344,8 +344,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		// A non-streamed answer says nothing about when its prefill
 		// ended: take the prediction, unless the answer comes first.
 		if !rt.req.Stream {
-			end := lf.PredictedPrefillEnd(fl)
-			t := time.AfterFunc(time.Duration(max(end-g.clock(), 0)*float64(time.Second)), func() { lf.PrefillDone(fl, end) })
+			t := g.prefillEndsAsPredicted(lf, fl)
 			defer t.Stop()
 		}
 	}
@@ -358,6 +357,20 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	}
 	defer resp.Body.Close()
 	return g.answer(w, resp, rt, target, lf, fl, &got, start)
+}
+
+// prefillEndsAsPredicted ends fl's prefill in lf at its predicted end,
+// once the timer it returns fires: at that end, or at the gateway's clock
+// if that reads earlier. The timer runs on the machine's time, the load
+// accounting on the gateway's clock (Options.Now); a prefill recorded as
+// ending after the clock would leave its endpoint's queue predicted busy
+// until then, and on a clock that lags (a test's, stopped) busy for good,
+// holding back every held request that needs the endpoint idle.
+func (g *Gateway) prefillEndsAsPredicted(lf *load.Fleet, fl *load.Flight) *time.Timer {
+	end := lf.PredictedPrefillEnd(fl)
+	return time.AfterFunc(time.Duration(max(end-g.clock(), 0)*float64(time.Second)), func() {
+		lf.PrefillDone(fl, min(end, g.clock()))
+	})
 }
 
 // announce counts the routed prompt and sets the answer's routing headers.
