@@ -10,7 +10,8 @@
 //   - QueueWait: predicted seconds before a new prefill could start, from
 //     the predicted prefill times of the requests routed and not yet past
 //     their prefill (FIFO; corrected when a prefill ends earlier or later
-//     than predicted).
+//     than predicted, and while the first in the queue runs past its
+//     predicted end: catchUp).
 //   - FreeAt: when the prefill queue empties (or emptied).
 //   - InflightUncached, ActivePrefillBlocks: uncached tokens and blocks of
 //     requests routed and not yet past their prefill (released at the first
@@ -133,10 +134,13 @@ type Flight struct {
 	ublocks         int
 	keys            []uint64
 	done            float64 // predicted end of the prefill
-	routed          float64
-	x               predict.Features
-	compute         float64 // predicted compute seconds
-	ttft            float64 // predicted at routing
+	// due is done before any catch-up (catchUp): the end predicted from
+	// the queue's observed progress alone.
+	due     float64
+	routed  float64
+	x       predict.Features
+	compute float64 // predicted compute seconds
+	ttft    float64 // predicted at routing
 	// With Info.StepTokens: when the step holding its last chunk is
 	// predicted to start, the tokens that step has free, and the earliest
 	// deadline among the requests whose first tokens that step brings and
@@ -380,6 +384,7 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 	dst.Now = now
 	dst.MeanPrefill = f.meanPrefill
 	for i, e := range eps {
+		e.catchUp(now)
 		e.fill(now, &dst.Endpoints[i], f.stepSlack)
 	}
 	predicted := f.pred != nil
@@ -488,6 +493,7 @@ func (f *Fleet) NextIdle(now float64) float64 {
 	defer f.mu.Unlock()
 	t := math.Inf(1)
 	for _, e := range f.eps {
+		e.catchUp(now)
 		if e.info.Role.CanPrefill() && e.busy > now {
 			t = min(t, e.busy)
 		}
@@ -513,8 +519,9 @@ func (f *Fleet) notePrefill(seconds float64) {
 func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	e.catchUp(now) // what it queues behind
 	if w.Touch {
-		return f.routeTouch(e, now, max(w.PrefillSeconds, 0))
+		return f.routeTouch(e, now, max(w.PrefillSeconds, 0), max(w.Uncached, 0)+max(w.Cached, 0))
 	}
 	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now}
 	fl.prompt = fl.uncached + max(w.Cached, 0)
@@ -534,7 +541,7 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	f.notePrefill(fl.compute)
 	start := max(e.busy, now)
 	e.busy = start + fl.compute
-	fl.done = e.busy
+	fl.done, fl.due = e.busy, e.busy
 	fl.ttft = fl.done - now
 	fl.queued, fl.deadline = start > now, w.Deadline
 	e.steps(fl)
@@ -560,14 +567,14 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 // mean prefill), and the predictor neither times it nor learns from it
 // (FirstToken). Counted as a request, a touch of a 30 000-token prefix
 // weighed on its endpoint as a 30 000-token decode stream.
-func (f *Fleet) routeTouch(e *Endpoint, now, compute float64) *Flight {
-	fl := &Flight{prefill: e, routed: now, touch: true, compute: compute}
+func (f *Fleet) routeTouch(e *Endpoint, now, compute float64, prompt int) *Flight {
+	fl := &Flight{prefill: e, routed: now, touch: true, compute: compute, prompt: prompt}
 	if e.head == len(e.queue) {
 		e.win = busyWindow{open: true, start: now, xs: e.win.xs[:0]}
 	}
 	start := max(e.busy, now)
 	e.busy = start + compute
-	fl.done, fl.ttft, fl.queued = e.busy, e.busy-now, start > now
+	fl.done, fl.due, fl.ttft, fl.queued = e.busy, e.busy, e.busy-now, start > now
 	e.queue = append(e.queue, fl)
 	return fl
 }
@@ -801,6 +808,7 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 		for _, q := range e.queue[e.head:] {
 			q.done += d
 			q.lastStart += d
+			q.due = q.done // the queue's progress is observed again
 		}
 	}
 	if e.head > 1024 && e.head*2 > len(e.queue) {
@@ -813,6 +821,58 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 		e.requests--
 		f.release(e, fl.keys)
 	}
+}
+
+// catchUp moves e's queue later when its head runs late at now (under
+// the lock): the head's prefill was predicted to end at its due time,
+// and no first token has come since. FIFO, nothing behind it has
+// started, so the queue empties no earlier than the head's end plus the
+// rest's compute; without this the queue would be predicted to drain as
+// if the head had ended on time, and every request routed here while it
+// runs late would be predicted to start at once. A prefix the router
+// counted cached but the engine had evicted is the common cause: the
+// engine computes it again. The head is predicted to end as late again
+// as it already is (the longer it has overrun, the more is likely left),
+// but no later than its whole prompt computed from its start would
+// (lateRemaining). Its first token sets the queue right (prefillDone).
+// On an engine that prefills in steps (Info.StepTokens) a first token
+// comes up to one step's compute late by design, the step that ends the
+// prompt also starting the next one's (steps): the queue behind has
+// started, and the head counts as late only past that.
+func (e *Endpoint) catchUp(now float64) {
+	if e.head >= len(e.queue) {
+		return
+	}
+	h := e.queue[e.head]
+	due := h.due + e.fullStep()
+	if h.prefilled || now <= due {
+		return
+	}
+	end := now + min(now-due, max(e.lateRemaining(h, now), 0))
+	if d := end - h.done; d > 0 {
+		e.busy += d
+		for _, q := range e.queue[e.head:] {
+			q.done += d
+			q.lastStart += d
+		}
+	}
+}
+
+// lateRemaining is the most head h, late at now, can have left: its whole
+// prompt's compute, cached part included, from when it started (its due
+// time less its predicted compute), less the time since (seconds; +Inf
+// when e's speed is unknown).
+func (e *Endpoint) lateRemaining(h *Flight, now float64) float64 {
+	var whole float64
+	switch {
+	case e.model != nil && !h.touch:
+		whole = e.model.Prefill(e.features(h.prompt, 0)).Seconds
+	case e.info.PrefillSpeed > 0:
+		whole = float64(h.prompt) / e.info.PrefillSpeed
+	default:
+		return math.Inf(1)
+	}
+	return whole - (now - (h.due - h.compute))
 }
 
 // Finish records that the request ended at time at (completed, failed or

@@ -208,3 +208,77 @@ func TestMeanPrefill(t *testing.T) {
 		t.Fatalf("mean prefill %v, want %v", s.MeanPrefill, want)
 	}
 }
+
+// TestLateHeadHoldsTheQueue: a queue whose head runs past its predicted
+// end without a first token is predicted to empty as late again as the
+// head already is plus the compute behind it (no later than the head's
+// whole prompt computed from its start), and is set right by the head's
+// first token.
+func TestLateHeadHoldsTheQueue(t *testing.T) {
+	cases := []struct {
+		name      string
+		now       float64
+		wantWait  float64 // queue wait at now, head A and B behind
+		wantA     float64 // A's predicted end at now
+		firstA    float64 // A's first token
+		wantAfter float64 // queue wait at firstA
+	}{
+		// A (1 000 tokens, 900 counted cached: 0.1 s at 1 000 tokens/s)
+		// and B (0.5 s) routed at 0: due 0.1 and 0.6.
+		{name: "on time", now: 0.05, wantWait: 0.55, wantA: 0.1, firstA: 0.1, wantAfter: 0.5},
+		{name: "late by 0.2", now: 0.3, wantWait: 0.2 + 0.5, wantA: 0.5, firstA: 0.35, wantAfter: 0.5},
+		// Late by 0.6: its whole prompt (1 s from its start at 0) leaves
+		// at most 0.3 s, not 0.6.
+		{name: "late by 0.6, whole prompt bounds", now: 0.7, wantWait: 0.3 + 0.5, wantA: 1.0, firstA: 0.9, wantAfter: 0.5},
+		// Past its whole prompt's compute: it ends, at the earliest, now.
+		{name: "late past its whole prompt", now: 1.5, wantWait: 0.5, wantA: 1.5, firstA: 1.6, wantAfter: 0.5},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := New([]Info{{Name: "a", PrefillSpeed: 1000}}, false)
+			_, eps := snap(f, 0, 100, nil)
+			a := f.Route(eps[0], 0, Work{Uncached: 100, Cached: 900, PrefillSeconds: 0.1})
+			f.Route(eps[0], 0, Work{Uncached: 500, PrefillSeconds: 0.5})
+			s, _ := snap(f, tc.now, 100, nil)
+			if got := s.Endpoints[0].QueueWait; math.Abs(got-tc.wantWait) > 1e-9 {
+				t.Errorf("queue wait at %v: %v, want %v", tc.now, got, tc.wantWait)
+			}
+			if got := f.PredictedPrefillEnd(a); math.Abs(got-tc.wantA) > 1e-9 {
+				t.Errorf("A predicted to end at %v, want %v", got, tc.wantA)
+			}
+			if got := f.NextIdle(tc.now); math.Abs(got-(tc.now+tc.wantWait)) > 1e-9 {
+				t.Errorf("next idle %v, want %v", got, tc.now+tc.wantWait)
+			}
+			f.FirstToken(a, tc.firstA)
+			s, _ = snap(f, tc.firstA, 100, nil)
+			if got := s.Endpoints[0].QueueWait; math.Abs(got-tc.wantAfter) > 1e-9 {
+				t.Errorf("queue wait after A's first token at %v: %v, want %v", tc.firstA, got, tc.wantAfter)
+			}
+			// A request routed behind it queues behind B.
+			c := f.Route(eps[0], tc.firstA, Work{Uncached: 100, PrefillSeconds: 0.1})
+			if got, want := f.PredictedPrefillEnd(c), tc.firstA+tc.wantAfter+0.1; math.Abs(got-want) > 1e-9 {
+				t.Errorf("C predicted to end at %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestLateHeadOnSteps: on an engine that prefills in steps, a first token
+// up to one step's compute past its prediction is the step's join, not a
+// late head (the queue behind has started): the queue moves later only
+// past that.
+func TestLateHeadOnSteps(t *testing.T) {
+	f := New([]Info{{Name: "a", PrefillSpeed: 1000, StepTokens: 200}}, false) // a step: 0.2 s
+	_, eps := snap(f, 0, 100, nil)
+	f.Route(eps[0], 0, Work{Uncached: 100, Cached: 900, PrefillSeconds: 0.1})
+	f.Route(eps[0], 0, Work{Uncached: 500, PrefillSeconds: 0.5})
+	for _, tc := range []struct{ now, wait float64 }{
+		{0.25, 0.35},     // 0.15 s past its due time, within a step: as predicted
+		{0.4, 0.1 + 0.5}, // 0.1 s past a step: ends 0.1 s from now, then B
+	} {
+		s, _ := snap(f, tc.now, 100, nil)
+		if got := s.Endpoints[0].QueueWait; math.Abs(got-tc.wait) > 1e-9 {
+			t.Errorf("queue wait at %v: %v, want %v", tc.now, got, tc.wait)
+		}
+	}
+}
