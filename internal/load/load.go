@@ -831,10 +831,15 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 // if the head had ended on time, and every request routed here while it
 // runs late would be predicted to start at once. A prefix the router
 // counted cached but the engine had evicted is the common cause: the
-// engine computes it again. The head is predicted to end as late again
-// as it already is (the longer it has overrun, the more is likely left),
-// but no later than its whole prompt computed from its start would
-// (lateRemaining). Its first token sets the queue right (prefillDone).
+// engine computes it again.
+//
+// Once the head's predicted end has passed, it is predicted anew: to end
+// as late again as it already is (the longer it has overrun, the more is
+// likely left), but no later than its whole prompt computed from its
+// start would (lateRemaining); the queue behind it moves with it. Each
+// new prediction stands until it passes in turn, so a head that runs
+// late moves its queue a few times (its overrun doubles each time), not
+// at every snapshot. Its first token sets the queue right (prefillDone).
 // On an engine that prefills in steps (Info.StepTokens) a first token
 // comes up to one step's compute late by design, the step that ends the
 // prompt also starting the next one's (steps): the queue behind has
@@ -845,7 +850,7 @@ func (e *Endpoint) catchUp(now float64) {
 	}
 	h := e.queue[e.head]
 	due := h.due + e.fullStep()
-	if h.prefilled || now <= due {
+	if h.prefilled || now <= due || now <= h.done {
 		return
 	}
 	end := now + min(now-due, max(e.lateRemaining(h, now), 0))

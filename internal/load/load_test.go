@@ -282,3 +282,31 @@ func TestLateHeadOnSteps(t *testing.T) {
 		}
 	}
 }
+
+// TestLateHeadPredictedAnewWhenPassed: a late head's new predicted end
+// stands until it passes; then it is predicted anew from its overrun so
+// far (bounded by its whole prompt), and the queue behind moves each time.
+func TestLateHeadPredictedAnewWhenPassed(t *testing.T) {
+	f := New([]Info{{Name: "a", PrefillSpeed: 1000}}, false)
+	_, eps := snap(f, 0, 100, nil)
+	// A: 2 000 tokens, 1 900 counted cached (0.1 s; whole 2 s); B: 0.5 s.
+	a := f.Route(eps[0], 0, Work{Uncached: 100, Cached: 1900, PrefillSeconds: 0.1})
+	f.Route(eps[0], 0, Work{Uncached: 500, PrefillSeconds: 0.5})
+	for _, tc := range []struct{ now, end float64 }{
+		{0.05, 0.1}, // on time
+		{0.3, 0.5},  // late by 0.2: as late again
+		{0.4, 0.5},  // that prediction stands
+		{0.6, 1.1},  // passed: late by 0.5, as late again
+		{1.0, 1.1},  // stands
+		{1.5, 2.0},  // passed: late by 1.4, but its whole prompt ends at 2
+		{2.5, 2.5},  // past its whole prompt: ends no earlier than now
+	} {
+		s, _ := snap(f, tc.now, 100, nil)
+		if got := f.PredictedPrefillEnd(a); math.Abs(got-tc.end) > 1e-9 {
+			t.Errorf("at %v A predicted to end at %v, want %v", tc.now, got, tc.end)
+		}
+		if got, want := s.Endpoints[0].QueueWait, tc.end+0.5-tc.now; math.Abs(got-want) > 1e-9 {
+			t.Errorf("at %v queue wait %v, want %v", tc.now, got, want)
+		}
+	}
+}
