@@ -521,7 +521,7 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	defer f.mu.Unlock()
 	e.catchUp(now) // what it queues behind
 	if w.Touch {
-		return f.routeTouch(e, now, max(w.PrefillSeconds, 0), max(w.Uncached, 0)+max(w.Cached, 0))
+		return f.routeTouch(e, now, max(w.PrefillSeconds, 0))
 	}
 	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now}
 	fl.prompt = fl.uncached + max(w.Cached, 0)
@@ -567,8 +567,8 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 // mean prefill), and the predictor neither times it nor learns from it
 // (FirstToken). Counted as a request, a touch of a 30 000-token prefix
 // weighed on its endpoint as a 30 000-token decode stream.
-func (f *Fleet) routeTouch(e *Endpoint, now, compute float64, prompt int) *Flight {
-	fl := &Flight{prefill: e, routed: now, touch: true, compute: compute, prompt: prompt}
+func (f *Fleet) routeTouch(e *Endpoint, now, compute float64) *Flight {
+	fl := &Flight{prefill: e, routed: now, touch: true, compute: compute}
 	if e.head == len(e.queue) {
 		e.win = busyWindow{open: true, start: now, xs: e.win.xs[:0]}
 	}
@@ -833,13 +833,12 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 // counted cached but the engine had evicted is the common cause: the
 // engine computes it again.
 //
-// Once the head's predicted end has passed, it is predicted anew: to end
+// Once the head's predicted end has passed, it is predicted anew, to end
 // as late again as it already is (the longer it has overrun, the more is
-// likely left), but no later than its whole prompt computed from its
-// start would (lateRemaining); the queue behind it moves with it. Each
-// new prediction stands until it passes in turn, so a head that runs
-// late moves its queue a few times (its overrun doubles each time), not
-// at every snapshot. Its first token sets the queue right (prefillDone).
+// likely left), and the queue behind it moves with it. Each new
+// prediction stands until it passes in turn, so a head that runs late
+// moves its queue a few times (its overrun doubles each time), not at
+// every snapshot. Its first token sets the queue right (prefillDone).
 // On an engine that prefills in steps (Info.StepTokens) a first token
 // comes up to one step's compute late by design, the step that ends the
 // prompt also starting the next one's (steps): the queue behind has
@@ -850,34 +849,15 @@ func (e *Endpoint) catchUp(now float64) {
 	}
 	h := e.queue[e.head]
 	due := h.due + e.fullStep()
-	if h.prefilled || now <= due || now <= h.done {
+	if h.prefilled || !(now > due && now > h.done) { // NaN-safe: a NaN prediction moves nothing
 		return
 	}
-	end := now + min(now-due, max(e.lateRemaining(h, now), 0))
-	if d := end - h.done; d > 0 {
-		e.busy += d
-		for _, q := range e.queue[e.head:] {
-			q.done += d
-			q.lastStart += d
-		}
+	d := now + (now - due) - h.done
+	e.busy += d
+	for _, q := range e.queue[e.head:] {
+		q.done += d
+		q.lastStart += d
 	}
-}
-
-// lateRemaining is the most head h, late at now, can have left: its whole
-// prompt's compute, cached part included, from when it started (its due
-// time less its predicted compute), less the time since (seconds; +Inf
-// when e's speed is unknown).
-func (e *Endpoint) lateRemaining(h *Flight, now float64) float64 {
-	var whole float64
-	switch {
-	case e.model != nil && !h.touch:
-		whole = e.model.Prefill(e.features(h.prompt, 0)).Seconds
-	case e.info.PrefillSpeed > 0:
-		whole = float64(h.prompt) / e.info.PrefillSpeed
-	default:
-		return math.Inf(1)
-	}
-	return whole - (now - (h.due - h.compute))
 }
 
 // Finish records that the request ended at time at (completed, failed or

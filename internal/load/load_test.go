@@ -211,9 +211,8 @@ func TestMeanPrefill(t *testing.T) {
 
 // TestLateHeadHoldsTheQueue: a queue whose head runs past its predicted
 // end without a first token is predicted to empty as late again as the
-// head already is plus the compute behind it (no later than the head's
-// whole prompt computed from its start), and is set right by the head's
-// first token.
+// head already is plus the compute behind it, and is set right by the
+// head's first token.
 func TestLateHeadHoldsTheQueue(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -227,11 +226,7 @@ func TestLateHeadHoldsTheQueue(t *testing.T) {
 		// and B (0.5 s) routed at 0: due 0.1 and 0.6.
 		{name: "on time", now: 0.05, wantWait: 0.55, wantA: 0.1, firstA: 0.1, wantAfter: 0.5},
 		{name: "late by 0.2", now: 0.3, wantWait: 0.2 + 0.5, wantA: 0.5, firstA: 0.35, wantAfter: 0.5},
-		// Late by 0.6: its whole prompt (1 s from its start at 0) leaves
-		// at most 0.3 s, not 0.6.
-		{name: "late by 0.6, whole prompt bounds", now: 0.7, wantWait: 0.3 + 0.5, wantA: 1.0, firstA: 0.9, wantAfter: 0.5},
-		// Past its whole prompt's compute: it ends, at the earliest, now.
-		{name: "late past its whole prompt", now: 1.5, wantWait: 0.5, wantA: 1.5, firstA: 1.6, wantAfter: 0.5},
+		{name: "late by 1.4", now: 1.5, wantWait: 1.4 + 0.5, wantA: 2.9, firstA: 1.6, wantAfter: 0.5},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -285,11 +280,10 @@ func TestLateHeadOnSteps(t *testing.T) {
 
 // TestLateHeadPredictedAnewWhenPassed: a late head's new predicted end
 // stands until it passes; then it is predicted anew from its overrun so
-// far (bounded by its whole prompt), and the queue behind moves each time.
+// far, and the queue behind moves each time.
 func TestLateHeadPredictedAnewWhenPassed(t *testing.T) {
 	f := New([]Info{{Name: "a", PrefillSpeed: 1000}}, false)
 	_, eps := snap(f, 0, 100, nil)
-	// A: 2 000 tokens, 1 900 counted cached (0.1 s; whole 2 s); B: 0.5 s.
 	a := f.Route(eps[0], 0, Work{Uncached: 100, Cached: 1900, PrefillSeconds: 0.1})
 	f.Route(eps[0], 0, Work{Uncached: 500, PrefillSeconds: 0.5})
 	for _, tc := range []struct{ now, end float64 }{
@@ -298,8 +292,7 @@ func TestLateHeadPredictedAnewWhenPassed(t *testing.T) {
 		{0.4, 0.5},  // that prediction stands
 		{0.6, 1.1},  // passed: late by 0.5, as late again
 		{1.0, 1.1},  // stands
-		{1.5, 2.0},  // passed: late by 1.4, but its whole prompt ends at 2
-		{2.5, 2.5},  // past its whole prompt: ends no earlier than now
+		{1.5, 2.9},  // passed: late by 1.4
 	} {
 		s, _ := snap(f, tc.now, 100, nil)
 		if got := f.PredictedPrefillEnd(a); math.Abs(got-tc.end) > 1e-9 {
