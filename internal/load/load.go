@@ -90,7 +90,10 @@ type Endpoint struct {
 	// pub is info for readers without the fleet's lock (Info).
 	pub atomic.Pointer[Info]
 
-	busy       float64 // predicted time the prefill queue empties
+	busy float64 // predicted time the prefill queue empties
+	// late is how far catchUp has moved the queue since its head's
+	// progress was last observed (a prefill's end at the head).
+	late       float64
 	queue      []*Flight
 	head       int
 	uncached   int
@@ -134,13 +137,10 @@ type Flight struct {
 	ublocks         int
 	keys            []uint64
 	done            float64 // predicted end of the prefill
-	// due is done before any catch-up (catchUp): the end predicted from
-	// the queue's observed progress alone.
-	due     float64
-	routed  float64
-	x       predict.Features
-	compute float64 // predicted compute seconds
-	ttft    float64 // predicted at routing
+	routed          float64
+	x               predict.Features
+	compute         float64 // predicted compute seconds
+	ttft            float64 // predicted at routing
 	// With Info.StepTokens: when the step holding its last chunk is
 	// predicted to start, the tokens that step has free, and the earliest
 	// deadline among the requests whose first tokens that step brings and
@@ -541,7 +541,7 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	f.notePrefill(fl.compute)
 	start := max(e.busy, now)
 	e.busy = start + fl.compute
-	fl.done, fl.due = e.busy, e.busy
+	fl.done = e.busy
 	fl.ttft = fl.done - now
 	fl.queued, fl.deadline = start > now, w.Deadline
 	e.steps(fl)
@@ -574,7 +574,7 @@ func (f *Fleet) routeTouch(e *Endpoint, now, compute float64) *Flight {
 	}
 	start := max(e.busy, now)
 	e.busy = start + compute
-	fl.done, fl.due, fl.ttft, fl.queued = e.busy, e.busy, e.busy-now, start > now
+	fl.done, fl.ttft, fl.queued = e.busy, e.busy-now, start > now
 	e.queue = append(e.queue, fl)
 	return fl
 }
@@ -795,21 +795,18 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 			}
 		}
 	}
+	if head {
+		e.late = 0 // the queue's progress is observed again
+	}
 	switch {
 	case e.head == len(e.queue):
 		// Idle: the queue emptied at the end of this prefill.
-		e.busy = at
+		e.busy, e.late = at, 0
 		e.queue, e.head = e.queue[:0], 0
 	case head && at != fl.done:
 		// The head ended earlier or later than predicted: the rest of
 		// the queue moves with it.
-		d := at - fl.done
-		e.busy += d
-		for _, q := range e.queue[e.head:] {
-			q.done += d
-			q.lastStart += d
-			q.due = q.done // the queue's progress is observed again
-		}
+		e.move(at - fl.done)
 	}
 	if e.head > 1024 && e.head*2 > len(e.queue) {
 		n := copy(e.queue, e.queue[e.head:])
@@ -824,8 +821,9 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 }
 
 // catchUp moves e's queue later when its head runs late at now (under
-// the lock): the head's prefill was predicted to end at its due time,
-// and no first token has come since. FIFO, nothing behind it has
+// the lock): the head's prefill was predicted to end at its due time
+// (its predicted end less what catchUp moved it, e.late), and no first
+// token has come since. FIFO, nothing behind it has
 // started, so the queue empties no earlier than the head's end plus the
 // rest's compute; without this the queue would be predicted to drain as
 // if the head had ended on time, and every request routed here while it
@@ -848,11 +846,18 @@ func (e *Endpoint) catchUp(now float64) {
 		return
 	}
 	h := e.queue[e.head]
-	due := h.due + e.fullStep()
+	due := h.done - e.late + e.fullStep()
 	if h.prefilled || !(now > due && now > h.done) { // NaN-safe: a NaN prediction moves nothing
 		return
 	}
 	d := now + (now - due) - h.done
+	e.move(d)
+	e.late += d
+}
+
+// move moves e's queue d seconds later (earlier if negative): when it
+// empties, and when each prefill in it ends and its last step starts.
+func (e *Endpoint) move(d float64) {
 	e.busy += d
 	for _, q := range e.queue[e.head:] {
 		q.done += d
