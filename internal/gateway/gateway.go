@@ -58,6 +58,10 @@ type Options struct {
 	// HoldGrace is how long past its deadline a held request waits for
 	// an endpoint before it gets 503 (default 30 s).
 	HoldGrace time.Duration
+	// HoldPoll bounds how long the hold's release loop sleeps between
+	// passes (default 50 ms; tests set it long so that only a wake can
+	// release).
+	HoldPoll time.Duration
 	// TokenizeTimeout bounds tokenizing one request (an engine's
 	// /tokenize, say); past it the client gets 504 (default 10 s).
 	TokenizeTimeout time.Duration
@@ -81,8 +85,8 @@ type Gateway struct {
 	start   time.Time
 	health  *health.Prober
 	traffic Traffic
-	// holdGrace: Options.HoldGrace.
-	holdGrace time.Duration
+	// holdGrace, holdPoll: Options.HoldGrace, Options.HoldPoll.
+	holdGrace, holdPoll time.Duration
 	// tokenizeTimeout: Options.TokenizeTimeout.
 	tokenizeTimeout time.Duration
 
@@ -146,6 +150,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if o.HoldGrace <= 0 {
 		o.HoldGrace = defaultHoldGrace
 	}
+	if o.HoldPoll <= 0 {
+		o.HoldPoll = holdPoll
+	}
 	if o.TokenizeTimeout <= 0 {
 		o.TokenizeTimeout = defaultTokenizeTimeout
 	}
@@ -167,7 +174,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g := &Gateway{
 		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic, holdGrace: o.HoldGrace,
-		tokenizeTimeout: o.TokenizeTimeout, policy: cfg.Policy,
+		holdPoll: o.HoldPoll, tokenizeTimeout: o.TokenizeTimeout, policy: cfg.Policy,
 		toks:    toks,
 		idx:     kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),
 		members: map[string]*member{},
@@ -340,6 +347,9 @@ func (g *Gateway) refresh() {
 		if mf == nil {
 			mf = &modelFleet{name: name, load: load.New(nil, load.NeedsActive(g.sched.Load().Policy)),
 				hold: newHoldQueue(g.cfg.Hold.MaxRequests)}
+			// A prefill that frees its endpoint sooner than predicted
+			// wakes the release loop (releaseLoop).
+			mf.load.WakeOnSlack(mf.hold.wake)
 			p, err := newPredictor(g.cfg.Predictor)
 			if err != nil {
 				panic(err) // Validate checked the name

@@ -160,6 +160,33 @@ func TestHeldRequestWaitsForSlack(t *testing.T) {
 	}
 }
 
+// TestPrefillEndWakesRelease: a prefill that ends long before its
+// predicted end wakes the release loop, which sends the held request to
+// the endpoint it freed at once. The clock stands still and the loop's
+// poll is an hour, so only the wake can release it before the first
+// prefill's predicted end (20 s of real time away).
+func TestPrefillEndWakesRelease(t *testing.T) {
+	h := holdGatewayWith(t, 0, Options{HoldPoll: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	occupy(t, ctx, h.url, 20000, h.inUpstream) // 20 s of predicted prefill
+	got := make(chan result, 1)
+	go func() { got <- post(t, h.url+"/v1/completions", tokenPrompt(8, 600, false), nil) }()
+	waitFor(t, func() bool { return h.g.heldNow() == 1 })
+	cancel() // the first request's client leaves: its prefill ends now, 20 s early
+	select {
+	case r := <-got:
+		if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "released from hold") {
+			t.Fatalf("released request: %d %q %s", r.status, r.header.Get(hdrReason), r.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request waited for the first prefill's predicted end: the release loop was not woken")
+	}
+	if h.seen.Load() != 2 {
+		t.Fatalf("upstream saw %d requests, want 2", h.seen.Load())
+	}
+}
+
 // TestHeldClientLeaves: a client that gives up while held leaves the
 // queue; nothing reaches the upstream and nothing stays accounted.
 func TestHeldClientLeaves(t *testing.T) {
@@ -752,23 +779,33 @@ func TestReleasePassSnapshotsOneInstant(t *testing.T) {
 // the prefill must end at that clock, not at its predicted end ahead of
 // it, or the endpoint stays predicted busy for good and a held request
 // that needs it idle is never released (TestHeldPrefixTouched hung so
-// in CI when its upstream answered slowly).
+// in CI when its upstream answered slowly). The upstream answers only
+// once the endpoint reads idle (or after 10 s), so the answer cannot
+// end the prefill before the timer does, however late the timer fires.
 func TestSlowAnswerLeavesEndpointIdle(t *testing.T) {
+	var gw atomic.Pointer[Gateway]
+	idle := func() bool {
+		g := gw.Load()
+		g.mu.RLock()
+		lf := g.models[testModel].load
+		g.mu.RUnlock()
+		return math.IsInf(lf.NextIdle(g.clock()), 1)
+	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		time.Sleep(150 * time.Millisecond) // the prediction: 10 tokens at 1 000 tokens/s
+		// The prediction: 10 tokens at 1 000 tokens/s, 10 ms.
+		for deadline := time.Now().Add(10 * time.Second); !idle() && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
 		fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
 	}))
 	t.Cleanup(srv.Close)
 	h := holdGatewayOver(t, srv, &atomic.Int64{}, make(chan struct{}, 1), HoldConfig{}, Options{})
+	gw.Store(h.g)
 	if r := post(t, h.url+"/v1/completions", tokenPrompt(8, 10, false), nil); r.status != http.StatusOK {
 		t.Fatalf("%d %s", r.status, r.body)
 	}
-	h.g.mu.RLock()
-	lf := h.g.models[testModel].load
-	h.g.mu.RUnlock()
-	now := h.g.clock()
-	if next := lf.NextIdle(now); !math.IsInf(next, 1) {
-		t.Fatalf("endpoint predicted busy until %v after its answer, at %v: want idle", next, now)
+	if !idle() {
+		t.Fatal("endpoint still predicted busy after its answer: want idle")
 	}
 }

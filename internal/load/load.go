@@ -233,6 +233,9 @@ type Fleet struct {
 	routedAny   bool
 	// stepSlack is the step slack (stepslack.go; seconds).
 	stepSlack float64
+	// slack, when set, is told of prefill ends that leave slack sooner
+	// than predicted (WakeOnSlack).
+	slack chan<- struct{}
 }
 
 // MeanPrefillRequests is the memory, in requests, of the fleet's mean
@@ -499,6 +502,32 @@ func (f *Fleet) NextIdle(now float64) float64 {
 		}
 	}
 	return t
+}
+
+// WakeOnSlack has the fleet tell c, without blocking (c should be
+// buffered), whenever a prefill ends and leaves its endpoint sooner free
+// than predicted: its queue ran empty, the head ended earlier than
+// predicted and the rest moved with it, or a flight behind the head left
+// the queue (its client gone). A router holding requests
+// (sched.HoldQueue) looks for slack at NextIdle; such an end makes slack
+// before it. Prefill ends that keep to the prediction or run late say
+// nothing new. A nil c stops the signals.
+func (f *Fleet) WakeOnSlack(c chan<- struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.slack = c
+}
+
+// signalSlack tells the WakeOnSlack channel, if any, without blocking
+// (under the lock).
+func (f *Fleet) signalSlack() {
+	if f.slack == nil {
+		return
+	}
+	select {
+	case f.slack <- struct{}{}:
+	default:
+	}
 }
 
 // notePrefill adds a routed request's predicted prefill seconds to the
@@ -803,10 +832,16 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 		// Idle: the queue emptied at the end of this prefill.
 		e.busy, e.late = at, 0
 		e.queue, e.head = e.queue[:0], 0
+		f.signalSlack()
 	case head && at != fl.done:
 		// The head ended earlier or later than predicted: the rest of
 		// the queue moves with it.
+		if at < fl.done {
+			f.signalSlack()
+		}
 		e.move(at - fl.done)
+	case !head:
+		f.signalSlack() // the queue behind the head shortened
 	}
 	if e.head > 1024 && e.head*2 > len(e.queue) {
 		n := copy(e.queue, e.queue[e.head:])

@@ -303,3 +303,71 @@ func TestLateHeadPredictedAnewWhenPassed(t *testing.T) {
 		}
 	}
 }
+
+// TestWakeOnSlack: the fleet signals prefill ends that free an endpoint
+// sooner than predicted (a router holding requests looks for slack then),
+// and only those.
+func TestWakeOnSlack(t *testing.T) {
+	type end struct {
+		flight int // index of the flight routed below
+		at     float64
+		finish bool // Finish (client gone) rather than FirstToken
+	}
+	// Three prefills of 1 s each routed at 0 on one endpoint: predicted
+	// to end at 1, 2 and 3.
+	cases := []struct {
+		name string
+		end  end
+		want bool
+	}{
+		{"head on time", end{0, 1, false}, false},
+		{"head late", end{0, 1.3, false}, false},
+		{"head early", end{0, 0.7, false}, true},
+		{"head abandoned early", end{0, 0.2, true}, true},
+		{"behind the head, client gone", end{1, 0.5, true}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := New([]Info{{Name: "a", PrefillSpeed: 1000}}, false)
+			wake := make(chan struct{}, 1)
+			f.WakeOnSlack(wake)
+			_, eps := snap(f, 0, 1000, nil)
+			var fls []*Flight
+			for range 3 {
+				fls = append(fls, f.Route(eps[0], 0, Work{Uncached: 1000, PrefillSeconds: 1}))
+			}
+			if len(wake) != 0 {
+				t.Fatal("routing signalled slack")
+			}
+			if c.end.finish {
+				f.Finish(fls[c.end.flight], c.end.at)
+			} else {
+				f.FirstToken(fls[c.end.flight], c.end.at)
+			}
+			if got := len(wake) == 1; got != c.want {
+				t.Fatalf("signalled %v, want %v", got, c.want)
+			}
+		})
+	}
+	t.Run("queue runs empty late", func(t *testing.T) {
+		f := New([]Info{{Name: "a", PrefillSpeed: 1000}}, false)
+		wake := make(chan struct{}, 1)
+		f.WakeOnSlack(wake)
+		_, eps := snap(f, 0, 1000, nil)
+		fl := f.Route(eps[0], 0, Work{Uncached: 1000, PrefillSeconds: 1})
+		f.FirstToken(fl, 1.5)
+		if len(wake) != 1 {
+			t.Fatal("an endpoint that went idle was not signalled")
+		}
+		// A full channel does not block the fleet; a nil one is silent.
+		fl = f.Route(eps[0], 2, Work{Uncached: 1000, PrefillSeconds: 1})
+		f.FirstToken(fl, 2.5)
+		f.WakeOnSlack(nil)
+		<-wake
+		fl = f.Route(eps[0], 3, Work{Uncached: 1000, PrefillSeconds: 1})
+		f.FirstToken(fl, 3.5)
+		if len(wake) != 0 {
+			t.Fatal("signalled after WakeOnSlack(nil)")
+		}
+	})
+}
