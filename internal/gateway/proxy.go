@@ -419,7 +419,11 @@ func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed,
 	if !refused {
 		firstByte = got.on(firstByte)
 	}
-	tpot, err := g.relay(w, resp, rt, target, firstByte, start)
+	var probe func(float64)
+	if !refused {
+		probe = func(tpot float64) { lf.TPOTProbe(fl, tpot) } // an early reading trains the decode model
+	}
+	tpot, err := g.relay(w, resp, rt, target, firstByte, probe, start)
 	if err == nil && refused {
 		return "", &engineRefused{endpoint: target.ep.Name, status: resp.StatusCode}
 	}
@@ -615,13 +619,16 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 // client hanging up at once, so that the rest of the upstream body is
 // never read) fails nothing: relay succeeds.
 //
+// A stream's chunk load.TPOTProbeTokens past its first calls probe, if
+// set, with the TPOT so far (load.Fleet.TPOTProbe).
+//
 // With start, the answer's headers wait for its first body bytes (or its
 // end), and go only if start then reports true: an investment stopped
 // before its first byte (invest.go) ends in errYielded, nothing written.
 //
 // It returns the stream's observed TPOT (0: not a stream of more than two
 // chunks).
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func(), start func() bool) (float64, error) {
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func(), probe func(tpot float64), start func() bool) (float64, error) {
 	rc := http.NewResponseController(w)
 	begin := func() bool {
 		if start != nil && !start() {
@@ -648,6 +655,8 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	var end *streamEnd // an SSE answer's [DONE] line, once the client has it
 	if rt.req.Stream && resp.StatusCode == http.StatusOK {
 		end = &streamEnd{}
+	} else {
+		probe = nil
 	}
 	for {
 		n, err := resp.Body.Read(buf)
@@ -667,6 +676,9 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 				}
 			}
 			chunks++
+			if chunks == load.TPOTProbeTokens+1 && probe != nil {
+				probe(g.now().Sub(firstAt).Seconds() / load.TPOTProbeTokens)
+			}
 			if werr := writeFlush(w, rc, buf[:n]); werr != nil {
 				if end.done() {
 					break

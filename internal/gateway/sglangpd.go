@@ -57,7 +57,11 @@ func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *htt
 	if !refused {
 		firstByte = got.on(firstByte)
 	}
-	tpot, err := g.relay(w, resp, rt, p.decode, firstByte, nil)
+	var probe func(float64)
+	if !refused {
+		probe = func(tpot float64) { lf.TPOTProbe(fl, tpot) }
+	}
+	tpot, err := g.relay(w, resp, rt, p.decode, firstByte, probe, nil)
 	// Served (or refused) by the decode engine: the prefill leg's answer,
 	// if it has not come, is no longer needed.
 	cancel()

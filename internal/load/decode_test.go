@@ -115,3 +115,51 @@ func TestDecodeWith(t *testing.T) {
 		t.Error("a prefill-only endpoint has a TPOT model")
 	}
 }
+
+// TestTPOTProbeTrainsOnce: a stream's early TPOT reading trains its decode
+// endpoint's model at once, and its end does not train it again; a
+// reading of 0, a second one, or one after the stream ended trains
+// nothing, and a stream never probed trains at its end as before.
+func TestTPOTProbeTrainsOnce(t *testing.T) {
+	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1e6, Decode: testStep},
+		{Name: "d", Role: fleet.RoleDecode, Decode: testStep}}, false)
+	p, _ := predict.NewLearned(predict.Options{})
+	f.SetPredictor(p)
+	_, eps := snap(f, 0, 0, nil)
+	samples := func() int {
+		st, ok := f.DecodeStats("d", 100)
+		if !ok {
+			t.Fatal("no decode stats for d")
+		}
+		return st.Samples
+	}
+	stream := func() *Flight {
+		fl := f.Route(eps[0], 0, Work{Uncached: 100})
+		f.Decode(fl, eps[1])
+		f.FirstToken(fl, 0.01)
+		return fl
+	}
+	steps := []struct {
+		name  string
+		do    func(*Flight)
+		fresh bool // on a new stream
+		want  int  // samples after
+	}{
+		{"a probe of 0 trains nothing", func(fl *Flight) { f.TPOTProbe(fl, 0) }, true, 0},
+		{"a probe trains", func(fl *Flight) { f.TPOTProbe(fl, 0.02) }, false, 1},
+		{"a second probe does not", func(fl *Flight) { f.TPOTProbe(fl, 0.03) }, false, 1},
+		{"nor its end", func(fl *Flight) { f.Finished(fl, 1, 0.025) }, false, 1},
+		{"a probe after the end does not", func(fl *Flight) { f.TPOTProbe(fl, 0.02) }, false, 1},
+		{"a stream never probed trains at its end", func(fl *Flight) { f.Finished(fl, 2, 0.025) }, true, 2},
+	}
+	var fl *Flight
+	for _, s := range steps {
+		if s.fresh {
+			fl = stream()
+		}
+		s.do(fl)
+		if got := samples(); got != s.want {
+			t.Fatalf("%s: %d samples, want %d", s.name, got, s.want)
+		}
+	}
+}

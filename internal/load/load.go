@@ -157,9 +157,11 @@ type Flight struct {
 	inbound  bool // counted in its decode endpoint's inbound
 	finished bool
 	prompt   int
-	// The decode prediction for the endpoint that decodes it.
-	dx    predict.DecodeFeatures
-	dpred float64
+	// The decode prediction for the endpoint that decodes it, and
+	// whether its TPOT has trained that endpoint's model (TPOTProbe).
+	dx       predict.DecodeFeatures
+	dpred    float64
+	dtrained bool
 }
 
 // busyWindow is an endpoint's stretch of back-to-back prefills since it
@@ -911,18 +913,48 @@ func (f *Fleet) Finish(fl *Flight, at float64) {
 
 // Finished is Finish for a stream that ended normally with the observed
 // TPOT (seconds per output token after the first): the decode endpoint's
-// TPOT model, if any, learns from it. A TPOT <= 0 (one token, unknown)
-// does not train.
+// TPOT model, if any, learns from it, unless TPOTProbe already taught it
+// this stream's. A TPOT <= 0 (one token, unknown) does not train.
 func (f *Fleet) Finished(fl *Flight, at, tpot float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fl.finished {
 		return
 	}
-	if d := fl.decoder(); d != nil && d.dmodel != nil && tpot > 0 {
+	f.trainTPOT(fl, tpot)
+	f.finish(fl, at)
+}
+
+// TPOTProbeTokens is how many tokens past its first a stream runs before
+// it reports its TPOT so far (TPOTProbe): about a second of decoding.
+const TPOTProbeTokens = 32
+
+// TPOTProbe records the TPOT a stream has shown over its first
+// TPOTProbeTokens tokens after the first: its decode endpoint's model, if
+// any, learns from it now, and not again at the stream's end (Finished).
+// A stream of hundreds of tokens ends tens of seconds after it starts; a
+// decode endpoint slower than its prior would take that long to be
+// known, and every stream sent to it meanwhile would miss its TPOT. A
+// TPOT <= 0 does not train; a second probe, or one after Finish, does
+// nothing.
+func (f *Fleet) TPOTProbe(fl *Flight, tpot float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !fl.finished {
+		f.trainTPOT(fl, tpot)
+	}
+}
+
+// trainTPOT has fl's decode endpoint's model learn the stream's TPOT,
+// once per flight (under the lock).
+func (f *Fleet) trainTPOT(fl *Flight, tpot float64) {
+	if fl.dtrained || !(tpot > 0) {
+		return
+	}
+	if d := fl.decoder(); d != nil && d.dmodel != nil {
+		fl.dtrained = true
 		d.dmodel.ObserveTPOT(predict.DecodeObservation{X: fl.dx, TPOT: tpot, Predicted: fl.dpred})
 	}
-	f.finish(fl, at)
 }
 
 func (f *Fleet) finish(fl *Flight, at float64) {

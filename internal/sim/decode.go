@@ -5,6 +5,7 @@ import (
 	"context"
 	"math"
 
+	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 )
 
@@ -23,6 +24,9 @@ type decodeInst struct {
 	pendingCtx    int
 	waiting       []int // no KV room yet
 	firstStep     []int // streams whose first token ends the current step
+	// probes: streams by the step that ends their probe token
+	// (decodePool.onProbe).
+	probes streamHeap
 	// inbound: requests routed here whose prefill (and transfer) has not
 	// ended; they will take inboundKV tokens of KV (and add inboundCtx
 	// context) when they join.
@@ -92,6 +96,10 @@ type decodePool struct {
 	// onFinish, when set, hears of each request's end (its stream's last
 	// token, or its drop) with its TPOT (0: one token or dropped).
 	onFinish func(r int, at, tpot float64)
+	// onProbe, when set, hears of each stream longer than
+	// load.TPOTProbeTokens + 1 tokens at its token that many past its
+	// first, with its TPOT so far (load.Fleet.TPOTProbe).
+	onProbe func(r int, at, tpot float64)
 }
 
 func newDecodePool(n, kvTokens int, m perfmodel.Model, requests int) *decodePool {
@@ -181,6 +189,9 @@ func (p *decodePool) startStep(at float64, i int) {
 		d.batch++
 		d.ctx += p.prompt[r]
 		d.firstStep = append(d.firstStep, r)
+		if p.onProbe != nil && p.out[r] > load.TPOTProbeTokens+1 {
+			heap.Push(&d.probes, stream{finishStep: d.step + load.TPOTProbeTokens, req: r})
+		}
 	}
 	d.pending, d.pendingCtx = d.pending[:0], 0
 	d.running = true
@@ -197,6 +208,10 @@ func (p *decodePool) endStep(at float64, i int) {
 		p.first[r] = at
 	}
 	d.ctx += d.batch
+	for len(d.probes) > 0 && d.probes[0].finishStep <= d.step {
+		r := heap.Pop(&d.probes).(stream).req
+		p.onProbe(r, at, (at-p.first[r])/load.TPOTProbeTokens)
+	}
 	for len(d.streams) > 0 && d.streams[0].finishStep <= d.step {
 		s := heap.Pop(&d.streams).(stream)
 		p.finish[s.req] = at

@@ -33,6 +33,7 @@ func (tr *truthRun) withDecode(r *run, p predict.Predictor, infos []load.Info) {
 		pred: make([]float64, nr), obs: make([]float64, nr)}
 	r.dec.slow = tr.t.DecodeFactors
 	r.dec.onFinish = dt.finished
+	r.dec.onProbe = dt.probed
 	r.fc.truth = dt
 	tr.dec = dt
 	if o, ok := p.(*oracle); ok {
@@ -73,6 +74,13 @@ func (dt *decodeTruth) finished(ri int, at, tpot float64) {
 	dt.obs[ri] = tpot
 	if fl := dt.flights[ri]; fl != nil {
 		dt.r.load.Finished(fl, at, tpot)
+	}
+}
+
+// probed reports a stream's TPOT over its first tokens to the router.
+func (dt *decodeTruth) probed(ri int, _, tpot float64) {
+	if fl := dt.flights[ri]; fl != nil {
+		dt.r.load.TPOTProbe(fl, tpot)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/workload"
@@ -383,6 +384,43 @@ func TestDecodeForecastFreesFinishingStreams(t *testing.T) {
 	p.advance(0)
 	if free, _ := p.forecast(0, 0, 3.5*step, 100); free != 10000-7010 {
 		t.Fatalf("the waiting stream takes the freed room: free %d", free)
+	}
+}
+
+// TestDecodeProbe: a stream longer than load.TPOTProbeTokens + 1 tokens
+// reports its TPOT so far at its token that many past its first, once,
+// before its end; a shorter stream reports only its end.
+func TestDecodeProbe(t *testing.T) {
+	m := perfmodel.Default()
+	const n = load.TPOTProbeTokens
+	p := newDecodePool(1, 1000000, m, 3)
+	type report struct {
+		r        int
+		at, tpot float64
+		finished bool
+	}
+	var got []report
+	p.onProbe = func(r int, at, tpot float64) { got = append(got, report{r, at, tpot, false}) }
+	p.onFinish = func(r int, at, tpot float64) { got = append(got, report{r, at, tpot, true}) }
+	p.join(0, 0, 0, 1000, n+2) // probed at its token n past its first, then one more
+	p.join(0, 0, 1, 1000, n+1) // ends at that token: no probe
+	if err := p.drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	step := m.DecodeStepTime(2, 2000)
+	if len(got) != 3 || got[0].r != 0 || got[0].finished {
+		t.Fatalf("reports %+v: want the probe of stream 0 first, then both ends", got)
+	}
+	if pr := got[0]; math.Abs(pr.at-p.first[0]-float64(n)*pr.tpot) > 1e-9 || pr.at >= p.finish[0] {
+		t.Errorf("probe at %v with TPOT %v: want %d tokens past the first (at %v), before the end (%v)", pr.at, pr.tpot, n, p.first[0], p.finish[0])
+	}
+	if pr := got[0]; pr.tpot < step || pr.tpot > 2*step {
+		t.Errorf("probe TPOT %v: want about a step of two streams (%v)", pr.tpot, step)
+	}
+	for _, rp := range got[1:] {
+		if !rp.finished {
+			t.Errorf("a second probe: %+v", rp)
+		}
 	}
 }
 

@@ -157,7 +157,12 @@ func withDecode(cfg Config) Config {
 // TestHeterogeneousDecodeTPOT: with decode instances of hidden unequal
 // speeds (two 1.25× faster than configured, two 2× slower), the learned
 // TPOT's error after warm-up is a fraction of the analytic model's, and
-// the oracle that knows each instance's factor is the floor.
+// the oracle that knows each instance's factor is as good. The oracle is
+// no floor: it predicts from the batch at admission, not from how the
+// batch will change while the stream runs, which the learned model,
+// trained on what streams showed, can absorb (with early readings,
+// load.Fleet.TPOTProbe, its median error is 1.3 % against the oracle's
+// 1.6 % on this seed).
 func TestHeterogeneousDecodeTPOT(t *testing.T) {
 	errs := map[string][2]float64{}
 	for _, p := range Predictors {
@@ -177,8 +182,8 @@ func TestHeterogeneousDecodeTPOT(t *testing.T) {
 	if l[0] > 0.1 || l[1] > 0.25 || l[0] > a[0]/2 {
 		t.Errorf("learned TPOT error p50 %.3f p90 %.3f, want < 0.10, < 0.25 and under half the analytic %.3f", l[0], l[1], a[0])
 	}
-	if o[0] > l[0] {
-		t.Errorf("the oracle's TPOT error %.3f above the learned %.3f", o[0], l[0])
+	if o[0] > a[0]/4 || o[0] > l[0]+0.02 {
+		t.Errorf("the oracle's TPOT error %.3f: want under a quarter of the analytic %.3f and within 2 points of the learned %.3f", o[0], a[0], l[0])
 	}
 	bad := heteroConfig(Heterogeneous(8, 20000, 2.5, 0, 0, 1, 0), "")
 	bad.Decode, bad.DecodeKVTokens, bad.Truth.DecodeFactors = 2, 1000, []float64{1}
@@ -187,6 +192,30 @@ func TestHeterogeneousDecodeTPOT(t *testing.T) {
 	pol, _ := sched.New("kvgate", sched.Options{})
 	if _, err := Run(context.Background(), bad, tr, &sched.Scheduler{Policy: pol}); err == nil || !strings.Contains(err.Error(), "decode factors") {
 		t.Errorf("one decode factor for two instances: error %v", err)
+	}
+}
+
+// TestTPOTProbeFindsSlowDecodeEarly: with a TPOT SLO that binds (30 ms)
+// on the heterogeneous decode fleet, the learned predictor admits by a
+// TPOT that knows the two slow decode instances a second into their
+// first streams (load.Fleet.TPOTProbe), not at their ends tens of
+// seconds later: its attainment is within a point of the oracle's (it
+// was six points behind: every stream sent to a slow instance before
+// the first ones ended missed its TPOT).
+func TestTPOTProbeFindsSlowDecodeEarly(t *testing.T) {
+	att := map[string]float64{}
+	for _, p := range []string{"learned", "true"} {
+		truth := Heterogeneous(8, 20000, 2.5, 0.05, 60, 0.5, 0)
+		truth.DecodeFactors = HeterogeneousDecode(4, 2.5)
+		cfg := heteroConfig(truth, p)
+		cfg.Decode, cfg.DecodeKVTokens = 4, 1_000_000
+		cfg.SLO.TPOT = 0.03
+		res := heteroRun(t, cfg, 40, 0)
+		t.Logf("%-8s attainment %.4f rejected %.4f TPOT p99 %.4f", p, res.Attainment, res.Rejected, res.TPOTP99)
+		att[p] = res.Attainment
+	}
+	if att["learned"] < att["true"]-0.01 {
+		t.Errorf("learned attainment %.4f, more than a point below the oracle's %.4f", att["learned"], att["true"])
 	}
 }
 

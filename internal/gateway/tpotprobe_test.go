@@ -1,0 +1,93 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/load"
+)
+
+// TestTPOTProbeTrainsMidStream: a stream's chunk load.TPOTProbeTokens past
+// its first trains its endpoint's TPOT model while the stream still runs,
+// and the stream's end does not train it again. The upstream sends each
+// chunk only once the client has the one before, so every chunk is a read
+// of its own at the gateway however the machine schedules it.
+func TestTPOTProbeTrainsMidStream(t *testing.T) {
+	const chunks = load.TPOTProbeTokens + 8
+	ack := make(chan struct{}, 1)
+	sent, release := make(chan struct{}), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for range chunks {
+			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"x\"}]}\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-ack:
+			case <-time.After(10 * time.Second):
+				return
+			}
+		}
+		close(sent)
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}}
+	_, url, admin := startGateway(t, cfg, Options{})
+	samples := func() int {
+		d := adminEndpoints(t, admin)[0].DecodePredictor
+		if d == nil {
+			t.Fatal("no decode predictor state: the learned predictor is the default")
+		}
+		return d.Samples
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(tokenPrompt(8, 10, true)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	done := make(chan int)
+	go func() {
+		n := 0
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "data: {") {
+				n++
+				ack <- struct{}{}
+			}
+		}
+		done <- n
+	}()
+	select {
+	case <-sent:
+	case <-ctx.Done():
+		t.Fatal("the stream stalled")
+	}
+	if got := samples(); got != 1 {
+		t.Fatalf("%d TPOT samples with the stream %d chunks in and still open, want 1", got, chunks)
+	}
+	close(release)
+	if n := <-done; n != chunks {
+		t.Fatalf("client read %d chunks, want %d", n, chunks)
+	}
+	// The end's Finished runs after the last byte; it ends the flight.
+	waitFor(t, func() bool { return adminEndpoints(t, admin)[0].Load.InflightRequests == 0 })
+	if got := samples(); got != 1 {
+		t.Fatalf("%d TPOT samples after the stream ended, want 1: its end trained again", got)
+	}
+}
