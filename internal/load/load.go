@@ -415,14 +415,14 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 	return eps
 }
 
-// predictTPOT sets DecodeTPOT of each endpoint with a TPOT model and an
-// analytic step (under the lock).
+// predictTPOT sets DecodeTPOT and DecodeUnproven of each endpoint with a
+// TPOT model and an analytic step (under the lock).
 func (e *Endpoint) predictTPOT(prompt int, d *sched.Endpoint) {
 	if e.dmodel == nil || e.info.Decode == (predict.DecodeStep{}) {
 		return
 	}
 	if est := e.dmodel.TPOT(e.decodeFeatures(prompt)); est.Seconds > 0 {
-		d.DecodeTPOT = est.Seconds
+		d.DecodeTPOT, d.DecodeUnproven = est.Seconds, est.Unproven
 	}
 }
 

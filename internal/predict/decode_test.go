@@ -111,6 +111,19 @@ func TestLearnedTPOTStartsAnalytic(t *testing.T) {
 	if e := l.DecodeModel("a").TPOT(DecodeFeatures{Streams: 3}); e.Seconds != 0 {
 		t.Errorf("no prior: %g, want 0", e.Seconds)
 	}
+	// Unproven until the endpoint's own MinSamples streams; the analytic
+	// model never learns, so never claims to have.
+	if !l.DecodeModel("new").TPOT(x).Unproven || l.DecodeModel("a").TPOT(x).Unproven || a.DecodeModel("a").TPOT(x).Unproven {
+		t.Error("Unproven: want it for the endpoint without streams only")
+	}
+	trainDecode(l.DecodeModel("new"), tr, 15, rng)
+	if !l.DecodeModel("new").TPOT(x).Unproven {
+		t.Error("proven after 15 of its own streams, want 16")
+	}
+	trainDecode(l.DecodeModel("new"), tr, 1, rng)
+	if l.DecodeModel("new").TPOT(x).Unproven {
+		t.Error("still unproven after 16 of its own streams")
+	}
 }
 
 func TestLearnedTPOTRecoversFromDrift(t *testing.T) {

@@ -33,6 +33,13 @@ type Estimate struct {
 	// can judge with it so that an endpoint with little data or erratic
 	// outcomes is not over-trusted. Pessimistic >= Seconds.
 	Pessimistic float64
+	// Unproven (TPOT models): the endpoint has fewer than
+	// Options.MinSamples observations of its own, and the estimate is
+	// its pool's (other endpoints') or its prior's. A router should not
+	// reject by it: judged by others' streams, a fast endpoint in a pool
+	// of slow ones is predicted to miss, is sent nothing, and is never
+	// observed.
+	Unproven bool
 }
 
 // Observation is the outcome of one prefill, or of a busy window: the

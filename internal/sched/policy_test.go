@@ -187,9 +187,15 @@ func TestDecodeChoiceAndAdmission(t *testing.T) {
 	if d := sc.Decide(r, s); d.Admit || !strings.Contains(d.Reason, "TPOT") {
 		t.Fatalf("want a TPOT rejection, got %+v", d)
 	}
-	full := snapOf(Endpoint{Role: fleet.RolePrefill}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 10})
+	// A TPOT not yet learned from the endpoint's own streams rejects
+	// nothing: it is other endpoints' (the predictor's pool's).
+	s.Endpoints[3].DecodeUnproven = true
+	if d := sc.Decide(r, s); !d.Admit || d.Decode != 3 {
+		t.Fatalf("want an unproven endpoint's TPOT not to reject, got %+v", d)
+	}
+	full := snapOf(Endpoint{Role: fleet.RolePrefill}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 10, DecodeUnproven: true})
 	if d := sc.Decide(r, full); d.Admit || !strings.Contains(d.Reason, "KV") {
-		t.Fatalf("want a KV-room rejection, got %+v", d)
+		t.Fatalf("want a KV-room rejection, unproven or not, got %+v", d)
 	}
 }
 

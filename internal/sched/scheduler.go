@@ -198,12 +198,15 @@ func (sc *Scheduler) rejectTTFT(req *Request, e *Endpoint, d *Decision) bool {
 	return false
 }
 
+// admitDecode rejects a request whose sequence fits no decode endpoint's
+// KV, or whose predicted TPOT on the chosen one exceeds its target,
+// unless that prediction is not yet the endpoint's own (Unproven).
 func (sc *Scheduler) admitDecode(req *Request, de DecodeView, d *Decision) {
 	if need, ok := addInts(req.PromptTokens, req.OutputTokens); !ok || de.KVFreeTokens < need {
 		d.Admit, d.Reason = false, "no KV room on any decode endpoint"
 		return
 	}
-	if req.SLO.TPOT > 0 && de.TPOT > req.SLO.TPOT {
+	if req.SLO.TPOT > 0 && de.TPOT > req.SLO.TPOT && !de.Unproven {
 		d.Admit = false
 		d.Reason = fmt.Sprintf("predicted TPOT %.4fs exceeds SLO %.4fs", de.TPOT, req.SLO.TPOT)
 	}
@@ -340,11 +343,13 @@ type DecodeView struct {
 	KVFreeTokens int
 	TPOT         float64
 	Streams      int
+	// Unproven is the endpoint's DecodeUnproven.
+	Unproven bool
 }
 
 func decodeView(s *Snapshot, i int, at float64, req *Request) DecodeView {
 	e := &s.Endpoints[i]
-	dv := DecodeView{KVFreeTokens: e.KVFreeTokens, TPOT: e.DecodeTPOT, Streams: e.DecodeStreams}
+	dv := DecodeView{KVFreeTokens: e.KVFreeTokens, TPOT: e.DecodeTPOT, Streams: e.DecodeStreams, Unproven: e.DecodeUnproven}
 	if s.Forecast != nil {
 		// Mooncake's Conductor judges decode when the prefill ends.
 		dv.KVFreeTokens, dv.TPOT = s.Forecast.ForecastDecode(i, at, req)

@@ -56,6 +56,14 @@ func (dt *decodeTruth) forecast(j int, now, at float64, prompt int) (int, float6
 	return kv, x.Prior
 }
 
+// unproven is decode instance j's DecodeUnproven: the router's predictor
+// has not yet learned its TPOT from its own streams.
+func (dt *decodeTruth) unproven(j int) bool {
+	x := predict.DecodeFeatures{Streams: 1, Prior: dt.r.dec.model.DecodeStepTime(1, 0)}
+	est, ok := dt.r.load.PredictTPOT(dt.r.eps[dt.r.n+j], x)
+	return ok && est.Unproven
+}
+
 // decode records that request ri decodes on decode instance j with the
 // predicted TPOT.
 func (tr *truthRun) decode(r *run, fl *load.Flight, ri, j int, predicted float64) {

@@ -497,7 +497,11 @@ func (r *run) fillCapacity(prompt int) {
 		return
 	}
 	for j := range r.dec.inst {
-		r.dec.fill(j, &r.snap.Endpoints[r.n+j], prompt)
+		e := &r.snap.Endpoints[r.n+j]
+		r.dec.fill(j, e, prompt)
+		if r.fc.truth != nil {
+			e.DecodeUnproven = r.fc.truth.unproven(j)
+		}
 	}
 }
 

@@ -219,6 +219,25 @@ func TestTPOTProbeFindsSlowDecodeEarly(t *testing.T) {
 	}
 }
 
+// TestUnprovenDecodeIsNotRejectedBy: two decode instances, one 0.8× and
+// one 3× the configured step, and a 15 ms TPOT target that only the fast
+// one meets. Until each has streams of its own, both are predicted by
+// the pool, the mean of the two, above the target; rejecting by it sent
+// nothing anywhere, so neither was ever observed again and 99 % of the
+// requests were rejected for good. TPOT admission does not reject by an
+// unproven endpoint's TPOT (sched.Endpoint.DecodeUnproven).
+func TestUnprovenDecodeIsNotRejectedBy(t *testing.T) {
+	truth := Heterogeneous(8, 20000, 2.5, 0.05, 60, 0.5, 0)
+	truth.DecodeFactors = HeterogeneousDecode(2, 3.75)
+	cfg := heteroConfig(truth, "learned")
+	cfg.Decode, cfg.DecodeKVTokens = 2, 1_000_000
+	cfg.SLO.TPOT = 0.015
+	res := heteroRun(t, cfg, 10, 0)
+	if res.Attainment < 0.9 || res.Rejected > 0.05 {
+		t.Errorf("attainment %.4f with %.4f rejected: want at least 0.9 and at most 0.05", res.Attainment, res.Rejected)
+	}
+}
+
 // TestStepsLearnAsTheGateway: engines that prefill in steps, observed
 // through busy windows, are predicted as kvgate serve predicts them
 // (predict.LiveOptions: no quadratic term, pooled alike endpoints), and
