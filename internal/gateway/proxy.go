@@ -619,7 +619,7 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 // client hanging up at once, so that the rest of the upstream body is
 // never read) fails nothing: relay succeeds.
 //
-// A stream's chunk load.TPOTProbeTokens past its first calls probe, if
+// A stream's event load.TPOTProbeTokens past its first calls probe, if
 // set, with the TPOT so far (load.Fleet.TPOTProbe).
 //
 // With start, the answer's headers wait for its first body bytes (or its
@@ -627,7 +627,9 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 // before its first byte (invest.go) ends in errYielded, nothing written.
 //
 // It returns the stream's observed TPOT (0: not a stream of more than two
-// chunks).
+// events). A stream's tokens are its SSE events (streamEnd), not the
+// reads that bring them: a read can bring several when the gateway lags,
+// and counted as one token each they made the TPOT read high.
 func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func(), probe func(tpot float64), start func() bool) (float64, error) {
 	rc := http.NewResponseController(w)
 	begin := func() bool {
@@ -651,7 +653,6 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	buf := *bp
 	first := true
 	var firstAt time.Time
-	chunks := 0
 	var end *streamEnd // an SSE answer's [DONE] line, once the client has it
 	if rt.req.Stream && resp.StatusCode == http.StatusOK {
 		end = &streamEnd{}
@@ -675,10 +676,6 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 					g.met.ttft.WithLabelValues(rt.class.Name).Observe(firstAt.Sub(rt.arrival).Seconds())
 				}
 			}
-			chunks++
-			if chunks == load.TPOTProbeTokens+1 && probe != nil {
-				probe(g.now().Sub(firstAt).Seconds() / load.TPOTProbeTokens)
-			}
 			if werr := writeFlush(w, rc, buf[:n]); werr != nil {
 				if end.done() {
 					break
@@ -686,6 +683,10 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 				return 0, fmt.Errorf("%w: client: %w", errStreamBroken, werr)
 			}
 			end.scan(buf[:n])
+			if probe != nil && end.events > load.TPOTProbeTokens {
+				probe(g.now().Sub(firstAt).Seconds() / float64(end.events-1))
+				probe = nil
+			}
 		}
 		if err == io.EOF {
 			break
@@ -705,8 +706,8 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
 		}
 	}
-	if rt.req.Stream && chunks > 2 && resp.StatusCode == http.StatusOK {
-		return g.streamed(rt, m, firstAt, chunks), nil
+	if end != nil && end.events > 2 {
+		return g.streamed(rt, m, firstAt, end.events), nil
 	}
 	return 0, nil
 }
@@ -725,11 +726,11 @@ func writeHeaders(w http.ResponseWriter, rc *http.ResponseController, resp *http
 	_ = rc.Flush()
 }
 
-// streamed records a stream of chunks relayed from m whose first came at
+// streamed records a stream of events relayed from m whose first came at
 // firstAt (the endpoint's observed TPOT, the planner's traffic) and
 // returns its TPOT.
-func (g *Gateway) streamed(rt *routed, m *member, firstAt time.Time, chunks int) float64 {
-	tpot := g.now().Sub(firstAt).Seconds() / float64(chunks-1)
+func (g *Gateway) streamed(rt *routed, m *member, firstAt time.Time, events int) float64 {
+	tpot := g.now().Sub(firstAt).Seconds() / float64(events-1)
 	m.obs.addTPOT(tpot)
 	if g.traffic != nil {
 		slo := rt.class.slo(rt.promptN)
@@ -753,11 +754,14 @@ func writeFlush(w http.ResponseWriter, rc *http.ResponseController, p []byte) er
 
 // streamEnd finds the end of an OpenAI stream in the bytes written to the
 // client: a line "data: [DONE]" (SSE allows "data:[DONE]") ended by a line
-// break. A nil *streamEnd never ends (not a stream).
+// break. It counts the stream's other data lines, one per event (a token,
+// or one decode step's tokens, as the engine streams them). A nil
+// *streamEnd never ends (not a stream).
 type streamEnd struct {
-	n    int                    // bytes of the current line so far
-	head [len(sseDoneLine)]byte // its first bytes
-	end  bool
+	n      int                    // bytes of the current line so far
+	head   [len(sseDoneLine)]byte // its first bytes
+	end    bool
+	events int // data lines before [DONE] the client has
 }
 
 const sseDoneLine = "data: [DONE]"
@@ -773,6 +777,9 @@ func (s *streamEnd) scan(p []byte) {
 		s.add(p[:i])
 		line := s.head[:min(s.n, len(s.head))]
 		s.end = s.n <= len(s.head) && (string(line) == sseDoneLine || string(line) == "data:[DONE]")
+		if !s.end && len(line) >= len("data:") && string(line[:len("data:")]) == "data:" {
+			s.events++
+		}
 		s.n, p = 0, p[i+1:]
 	}
 }

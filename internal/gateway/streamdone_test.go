@@ -182,31 +182,35 @@ func TestStreamCompleteAtDone(t *testing.T) {
 }
 
 // TestStreamEnd: the [DONE] line ends a stream however the upstream's
-// reads cut it, and only a whole line of its own does.
+// reads cut it, and only a whole line of its own does; the data lines
+// before it are counted, however many a read brings.
 func TestStreamEnd(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		pieces []string
 		done   bool
+		events int // data lines before [DONE]
 	}{
-		{"one read", []string{"data: {\"a\":1}\n\ndata: [DONE]\n\n"}, true},
-		{"own read", []string{"data: {\"a\":1}\n\n", "data: [DONE]\n\n"}, true},
-		{"cut in the line", []string{"data: {\"a\":1}\n\ndata: [DO", "NE]", "\n\n"}, true},
-		{"CRLF", []string{"data: {}\r\n\r\ndata: [DONE]\r\n\r\n"}, true},
-		{"no space", []string{"data:[DONE]\n\n"}, true},
-		{"line break not yet read", []string{"data: {}\n\ndata: [DONE]"}, false},
-		{"in a chunk's text", []string{`data: {"text":"data: [DONE]\n"}` + "\n\n"}, false},
-		{"longer line", []string{"data: [DONE]]\n", "xdata: [DONE]\n"}, false},
-		{"not yet", []string{"data: {\"a\":1}\n\n"}, false},
-		{"line cut long", []string{"data: [DONE", "E]\n"}, false},
+		{"one read", []string{"data: {\"a\":1}\n\ndata: [DONE]\n\n"}, true, 1},
+		{"own read", []string{"data: {\"a\":1}\n\n", "data: [DONE]\n\n"}, true, 1},
+		{"cut in the line", []string{"data: {\"a\":1}\n\ndata: [DO", "NE]", "\n\n"}, true, 1},
+		{"CRLF", []string{"data: {}\r\n\r\ndata: [DONE]\r\n\r\n"}, true, 1},
+		{"no space", []string{"data:[DONE]\n\n"}, true, 0},
+		{"line break not yet read", []string{"data: {}\n\ndata: [DONE]"}, false, 1},
+		{"in a chunk's text", []string{`data: {"text":"data: [DONE]\n"}` + "\n\n"}, false, 1},
+		{"longer line", []string{"data: [DONE]]\n", "xdata: [DONE]\n"}, false, 1},
+		{"not yet", []string{"data: {\"a\":1}\n\n"}, false, 1},
+		{"line cut long", []string{"data: [DONE", "E]\n"}, false, 1},
+		{"events cut across reads, comments", []string{"da", "ta: {}\n\nda", "ta: {}\n\n: ping\n\ndata:{}\n", "\ndata: [DONE]\n\n"}, true, 3},
+		{"several events a read", []string{"data: {}\n\ndata: {}\n\ndata: {}\n\n", "data: {}\n\ndata: [DONE]\n\n"}, true, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &streamEnd{}
 			for _, p := range tc.pieces {
 				s.scan([]byte(p))
 			}
-			if s.done() != tc.done {
-				t.Errorf("done %v, want %v", s.done(), tc.done)
+			if s.done() != tc.done || s.events != tc.events {
+				t.Errorf("done %v with %d events, want %v with %d", s.done(), s.events, tc.done, tc.events)
 			}
 		})
 	}
