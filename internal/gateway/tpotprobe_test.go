@@ -15,11 +15,11 @@ import (
 	"github.com/kvgate/kvgate/internal/load"
 )
 
-// TestTPOTProbeTrainsMidStream: a stream's chunk load.TPOTProbeTokens past
+// TestTPOTProbeTrainsMidStream: a stream's event load.TPOTProbeTokens past
 // its first trains its endpoint's TPOT model while the stream still runs,
 // and the stream's end does not train it again. The upstream sends each
-// chunk only once the client has the one before, so every chunk is a read
-// of its own at the gateway however the machine schedules it.
+// event only once the client has the one before, so the probe comes
+// before the stream's end however the machine schedules it.
 func TestTPOTProbeTrainsMidStream(t *testing.T) {
 	const chunks = load.TPOTProbeTokens + 8
 	ack := make(chan struct{}, 1)
