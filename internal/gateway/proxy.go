@@ -412,18 +412,9 @@ func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed,
 	// than the model's context, say) answers at once: relayed as is, but
 	// its first byte is no prefill and must not train the predictor.
 	refused := resp.StatusCode >= 400
-	firstByte := func() { lf.PrefillDone(fl, g.clock()) }
-	if rt.req.Stream && !refused { // the first streamed byte is an observed TTFT: the predictor learns
-		firstByte = func() { lf.FirstToken(fl, g.clock()) }
-	}
-	if !refused {
-		firstByte = got.on(firstByte)
-	}
-	var probe func(float64)
-	if !refused {
-		probe = func(tpot float64) { lf.TPOTProbe(fl, tpot) } // an early reading trains the decode model
-	}
-	tpot, err := g.relay(w, resp, rt, target, firstByte, probe, start)
+	hooks := g.feedback(rt, lf, fl, got, refused)
+	hooks.start = start
+	tpot, err := g.relay(w, resp, rt, target, hooks)
 	if err == nil && refused {
 		return "", &engineRefused{endpoint: target.ep.Name, status: resp.StatusCode}
 	}
@@ -431,6 +422,35 @@ func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed,
 		lf.Finished(fl, g.clock(), tpot) // the stream's TPOT trains its decode endpoint's model
 	}
 	return "", err
+}
+
+// relayHooks are what relay calls as the answer comes (each may be nil
+// but firstByte): firstByte at its first body bytes, probe with a
+// stream's TPOT at its event load.TPOTProbeTokens past the first, and
+// start, when set, before its headers go (relay).
+type relayHooks struct {
+	firstByte func()
+	probe     func(tpot float64)
+	start     func() bool
+}
+
+// feedback is the relay's feedback to the load accounting lf for the
+// flight fl: the answer's first byte ends the prefill (an observed one,
+// which the predictor learns from, when streamed), and a stream's early
+// TPOT reading trains its decode endpoint's model (load.Fleet.TPOTProbe).
+// A refused answer (the engine's 4xx, at once) ends the prefill and
+// teaches nothing, nor counts as reached (got).
+func (g *Gateway) feedback(rt *routed, lf *load.Fleet, fl *load.Flight, got *reached, refused bool) relayHooks {
+	h := relayHooks{firstByte: func() { lf.PrefillDone(fl, g.clock()) }}
+	if refused {
+		return h
+	}
+	if rt.req.Stream { // the first streamed byte is an observed TTFT: the predictor learns
+		h.firstByte = func() { lf.FirstToken(fl, g.clock()) }
+	}
+	h.firstByte = got.on(h.firstByte)
+	h.probe = func(tpot float64) { lf.TPOTProbe(fl, tpot) }
+	return h
 }
 
 // engineRefused: the engine answered with a 4xx, relayed to the client
@@ -630,7 +650,8 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 // events). A stream's tokens are its SSE events (streamEnd), not the
 // reads that bring them: a read can bring several when the gateway lags,
 // and counted as one token each they made the TPOT read high.
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, firstByte func(), probe func(tpot float64), start func() bool) (float64, error) {
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, h relayHooks) (float64, error) {
+	firstByte, probe, start := h.firstByte, h.probe, h.start
 	rc := http.NewResponseController(w)
 	begin := func() bool {
 		if start != nil && !start() {

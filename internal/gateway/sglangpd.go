@@ -50,18 +50,7 @@ func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *htt
 	}
 	defer resp.Body.Close()
 	refused := resp.StatusCode >= 400
-	firstByte := func() { lf.PrefillDone(fl, g.clock()) }
-	if rt.req.Stream && !refused {
-		firstByte = func() { lf.FirstToken(fl, g.clock()) }
-	}
-	if !refused {
-		firstByte = got.on(firstByte)
-	}
-	var probe func(float64)
-	if !refused {
-		probe = func(tpot float64) { lf.TPOTProbe(fl, tpot) }
-	}
-	tpot, err := g.relay(w, resp, rt, p.decode, firstByte, probe, nil)
+	tpot, err := g.relay(w, resp, rt, p.decode, g.feedback(rt, lf, fl, got, refused))
 	// Served (or refused) by the decode engine: the prefill leg's answer,
 	// if it has not come, is no longer needed.
 	cancel()
