@@ -193,6 +193,22 @@ func TestDecodeChoiceAndAdmission(t *testing.T) {
 	if d := sc.Decide(r, s); !d.Admit || d.Decode != 3 {
 		t.Fatalf("want an unproven endpoint's TPOT not to reject, got %+v", d)
 	}
+	s.Endpoints[3].DecodeUnproven = false
+	// The proven choice misses the target, but an unproven endpoint with
+	// room, predicted higher by its pool, is tried instead of rejecting;
+	// the fewest streams first. Without room it is not.
+	s.Endpoints[2].DecodeUnproven = true
+	if d := sc.Decide(r, s); !d.Admit || d.Decode != 2 || d.PredictedTPOT != 0.04 {
+		t.Fatalf("want the unproven endpoint 2 tried, got %+v", d)
+	}
+	s.Endpoints = append(s.Endpoints, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 100000, DecodeTPOT: 0.05, DecodeStreams: 3, DecodeUnproven: true})
+	if d := sc.Decide(r, s); !d.Admit || d.Decode != 4 {
+		t.Fatalf("want the unproven endpoint with the fewest streams (4), got %+v", d)
+	}
+	s.Endpoints[2].KVFreeTokens, s.Endpoints[4].KVFreeTokens = 100, 100
+	if d := sc.Decide(r, s); d.Admit || !strings.Contains(d.Reason, "TPOT") {
+		t.Fatalf("unproven endpoints without room: want the TPOT rejection, got %+v", d)
+	}
 	full := snapOf(Endpoint{Role: fleet.RolePrefill}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 10, DecodeUnproven: true})
 	if d := sc.Decide(r, full); d.Admit || !strings.Contains(d.Reason, "KV") {
 		t.Fatalf("want a KV-room rejection, unproven or not, got %+v", d)

@@ -148,6 +148,13 @@ func (sc *Scheduler) decide(in *Request, s *Snapshot) Decision {
 		if sc.rejectTTFT(&req, pe, &d) {
 			return d
 		}
+		if missesTPOT(&req, de) {
+			// Before rejecting for a TPOT the fleet has measured, try
+			// an endpoint it has not (ExploreDecode).
+			if i, e := ExploreDecode(&req, s, s.Now+d.PredictedTTFT); i >= 0 {
+				d.Decode, de, d.PredictedTPOT = i, e, e.TPOT
+			}
+		}
 		sc.admitDecode(&req, de, &d)
 		return d
 	}
@@ -199,14 +206,14 @@ func (sc *Scheduler) rejectTTFT(req *Request, e *Endpoint, d *Decision) bool {
 }
 
 // admitDecode rejects a request whose sequence fits no decode endpoint's
-// KV, or whose predicted TPOT on the chosen one exceeds its target,
-// unless that prediction is not yet the endpoint's own (Unproven).
+// KV, or whose predicted TPOT on the chosen one exceeds its target
+// (missesTPOT).
 func (sc *Scheduler) admitDecode(req *Request, de DecodeView, d *Decision) {
 	if need, ok := addInts(req.PromptTokens, req.OutputTokens); !ok || de.KVFreeTokens < need {
 		d.Admit, d.Reason = false, "no KV room on any decode endpoint"
 		return
 	}
-	if req.SLO.TPOT > 0 && de.TPOT > req.SLO.TPOT && !de.Unproven {
+	if missesTPOT(req, de) {
 		d.Admit = false
 		d.Reason = fmt.Sprintf("predicted TPOT %.4fs exceeds SLO %.4fs", de.TPOT, req.SLO.TPOT)
 	}
@@ -355,6 +362,45 @@ func decodeView(s *Snapshot, i int, at float64, req *Request) DecodeView {
 		dv.KVFreeTokens, dv.TPOT = s.Forecast.ForecastDecode(i, at, req)
 	}
 	return dv
+}
+
+// missesTPOT: req's predicted TPOT on the decode endpoint de exceeds its
+// target, and the prediction is the endpoint's own: an unproven one (its
+// predictor's pool's, other endpoints' streams) rejects nothing, or an
+// endpoint predicted by a pool of slower ones would be sent nothing and
+// never observed (sched.Endpoint.DecodeUnproven).
+func missesTPOT(req *Request, de DecodeView) bool {
+	return req.SLO.TPOT > 0 && de.TPOT > req.SLO.TPOT && !de.Unproven
+}
+
+// ExploreDecode is the decode endpoint to try for req when the one
+// PickDecode chose would miss its TPOT target by a TPOT it has measured:
+// among unproven decode endpoints (sched.Endpoint.DecodeUnproven) with KV
+// room for the whole sequence at time at, the one with the fewest streams
+// (ties by the lower TPOT); -1 if none. Without it an unproven endpoint,
+// predicted by its pool, can rank behind a proven one that misses the
+// target: every request is then rejected on the proven one, and the
+// unproven one, sent nothing, never shows its speed.
+func ExploreDecode(req *Request, s *Snapshot, at float64) (int, DecodeView) {
+	need, ok := addInts(req.PromptTokens, req.OutputTokens)
+	if !ok {
+		return -1, DecodeView{}
+	}
+	best := -1
+	var b DecodeView
+	for i := range s.Endpoints {
+		if s.Endpoints[i].Role != fleet.RoleDecode || !s.Endpoints[i].DecodeUnproven {
+			continue
+		}
+		e := decodeView(s, i, at, req)
+		if e.KVFreeTokens < need {
+			continue
+		}
+		if best < 0 || e.Streams < b.Streams || (e.Streams == b.Streams && e.TPOT < b.TPOT) {
+			best, b = i, e
+		}
+	}
+	return best, b
 }
 
 // PickDecode chooses the decode endpoint as Mooncake's Conductor does: among
