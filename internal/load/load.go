@@ -927,7 +927,7 @@ func (f *Fleet) Finished(fl *Flight, at, tpot float64) {
 
 // TPOTProbeTokens is how many tokens past its first a stream runs before
 // it reports its TPOT so far (TPOTProbe): about a second of decoding.
-const TPOTProbeTokens = 32
+const TPOTProbeTokens = 96
 
 // TPOTProbe records the TPOT a stream has shown over its first
 // TPOTProbeTokens tokens after the first: its decode endpoint's model, if

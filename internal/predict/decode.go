@@ -167,7 +167,7 @@ func (r *rls) predictTPOT(x DecodeFeatures) float64 {
 
 func (m *learnedDecode) TPOT(x DecodeFeatures) Estimate {
 	s := activeFit(m.own, m.pool, m.min).predictTPOT(x)
-	return Estimate{Seconds: s, Pessimistic: s * m.err.margin(), Unproven: m.own.n < m.min}
+	return Estimate{Seconds: s, Pessimistic: s * m.err.margin(), Unproven: max(m.min-m.own.n, 0)}
 }
 
 func (m *learnedDecode) ObserveTPOT(o DecodeObservation) {

@@ -111,18 +111,18 @@ func TestLearnedTPOTStartsAnalytic(t *testing.T) {
 	if e := l.DecodeModel("a").TPOT(DecodeFeatures{Streams: 3}); e.Seconds != 0 {
 		t.Errorf("no prior: %g, want 0", e.Seconds)
 	}
-	// Unproven until the endpoint's own MinSamples streams; the analytic
-	// model never learns, so never claims to have.
-	if !l.DecodeModel("new").TPOT(x).Unproven || l.DecodeModel("a").TPOT(x).Unproven || a.DecodeModel("a").TPOT(x).Unproven {
-		t.Error("Unproven: want it for the endpoint without streams only")
+	// Unproven until the endpoint's own MinSamples streams, counting
+	// down; the analytic model never learns, so never claims to have.
+	if u := [3]int{l.DecodeModel("new").TPOT(x).Unproven, l.DecodeModel("a").TPOT(x).Unproven, a.DecodeModel("a").TPOT(x).Unproven}; u != [3]int{16, 0, 0} {
+		t.Errorf("Unproven %v, want 16 for the endpoint without streams, 0 for the others", u)
 	}
 	trainDecode(l.DecodeModel("new"), tr, 15, rng)
-	if !l.DecodeModel("new").TPOT(x).Unproven {
-		t.Error("proven after 15 of its own streams, want 16")
+	if u := l.DecodeModel("new").TPOT(x).Unproven; u != 1 {
+		t.Errorf("after 15 of its own streams Unproven %d, want 1", u)
 	}
 	trainDecode(l.DecodeModel("new"), tr, 1, rng)
-	if l.DecodeModel("new").TPOT(x).Unproven {
-		t.Error("still unproven after 16 of its own streams")
+	if u := l.DecodeModel("new").TPOT(x).Unproven; u != 0 {
+		t.Errorf("after 16 of its own streams Unproven %d, want 0", u)
 	}
 }
 

@@ -33,13 +33,14 @@ type Estimate struct {
 	// can judge with it so that an endpoint with little data or erratic
 	// outcomes is not over-trusted. Pessimistic >= Seconds.
 	Pessimistic float64
-	// Unproven (TPOT models): the endpoint has fewer than
-	// Options.MinSamples observations of its own, and the estimate is
-	// its pool's (other endpoints') or its prior's. A router should not
-	// reject by it: judged by others' streams, a fast endpoint in a pool
-	// of slow ones is predicted to miss, is sent nothing, and is never
-	// observed.
-	Unproven bool
+	// Unproven (TPOT models) is how many more observations of its own
+	// the endpoint needs (Options.MinSamples) before the estimate is
+	// its own; until then it is its pool's (other endpoints') or its
+	// prior's. A router should not reject by such an estimate: judged by
+	// others' streams, a fast endpoint in a pool of slow ones is
+	// predicted to miss, is sent nothing, and is never observed. 0: the
+	// estimate is the endpoint's own.
+	Unproven int
 }
 
 // Observation is the outcome of one prefill, or of a busy window: the

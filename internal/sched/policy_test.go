@@ -189,27 +189,38 @@ func TestDecodeChoiceAndAdmission(t *testing.T) {
 	}
 	// A TPOT not yet learned from the endpoint's own streams rejects
 	// nothing: it is other endpoints' (the predictor's pool's).
-	s.Endpoints[3].DecodeUnproven = true
+	s.Endpoints[3].DecodeUnproven = 16
 	if d := sc.Decide(r, s); !d.Admit || d.Decode != 3 {
 		t.Fatalf("want an unproven endpoint's TPOT not to reject, got %+v", d)
 	}
-	s.Endpoints[3].DecodeUnproven = false
+	// An unproven endpoint with as many streams as it still needs has
+	// enough in flight to prove itself: the others with room go first.
+	s.Endpoints[3].DecodeUnproven = 12
+	if d := sc.Decide(r, s); d.Admit || d.Decode != 2 || !strings.Contains(d.Reason, "TPOT") {
+		t.Fatalf("want the proven endpoint 2 chosen (and missing the target), got %+v", d)
+	}
+	s.Endpoints[3].DecodeUnproven = 0
 	// The proven choice misses the target, but an unproven endpoint with
 	// room, predicted higher by its pool, is tried instead of rejecting;
-	// the fewest streams first. Without room it is not.
-	s.Endpoints[2].DecodeUnproven = true
+	// the fewest streams first, and only while it has fewer streams than
+	// it still needs. Without room it is not.
+	s.Endpoints[2].DecodeUnproven = 16
 	if d := sc.Decide(r, s); !d.Admit || d.Decode != 2 || d.PredictedTPOT != 0.04 {
 		t.Fatalf("want the unproven endpoint 2 tried, got %+v", d)
 	}
-	s.Endpoints = append(s.Endpoints, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 100000, DecodeTPOT: 0.05, DecodeStreams: 3, DecodeUnproven: true})
+	s.Endpoints = append(s.Endpoints, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 100000, DecodeTPOT: 0.05, DecodeStreams: 3, DecodeUnproven: 16})
 	if d := sc.Decide(r, s); !d.Admit || d.Decode != 4 {
 		t.Fatalf("want the unproven endpoint with the fewest streams (4), got %+v", d)
+	}
+	s.Endpoints[4].DecodeUnproven = 3
+	if d := sc.Decide(r, s); !d.Admit || d.Decode != 2 {
+		t.Fatalf("want endpoint 4, with the 3 streams it needs, passed over for 2, got %+v", d)
 	}
 	s.Endpoints[2].KVFreeTokens, s.Endpoints[4].KVFreeTokens = 100, 100
 	if d := sc.Decide(r, s); d.Admit || !strings.Contains(d.Reason, "TPOT") {
 		t.Fatalf("unproven endpoints without room: want the TPOT rejection, got %+v", d)
 	}
-	full := snapOf(Endpoint{Role: fleet.RolePrefill}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 10, DecodeUnproven: true})
+	full := snapOf(Endpoint{Role: fleet.RolePrefill}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 10, DecodeUnproven: 16})
 	if d := sc.Decide(r, full); d.Admit || !strings.Contains(d.Reason, "KV") {
 		t.Fatalf("want a KV-room rejection, unproven or not, got %+v", d)
 	}

@@ -351,7 +351,7 @@ type DecodeView struct {
 	TPOT         float64
 	Streams      int
 	// Unproven is the endpoint's DecodeUnproven.
-	Unproven bool
+	Unproven int
 }
 
 func decodeView(s *Snapshot, i int, at float64, req *Request) DecodeView {
@@ -370,14 +370,15 @@ func decodeView(s *Snapshot, i int, at float64, req *Request) DecodeView {
 // endpoint predicted by a pool of slower ones would be sent nothing and
 // never observed (sched.Endpoint.DecodeUnproven).
 func missesTPOT(req *Request, de DecodeView) bool {
-	return req.SLO.TPOT > 0 && de.TPOT > req.SLO.TPOT && !de.Unproven
+	return req.SLO.TPOT > 0 && de.TPOT > req.SLO.TPOT && de.Unproven == 0
 }
 
 // ExploreDecode is the decode endpoint to try for req when the one
 // PickDecode chose would miss its TPOT target by a TPOT it has measured:
 // among unproven decode endpoints (sched.Endpoint.DecodeUnproven) with KV
-// room for the whole sequence at time at, the one with the fewest streams
-// (ties by the lower TPOT); -1 if none. Without it an unproven endpoint,
+// room for the whole sequence at time at and fewer streams than they
+// still need to prove themselves (exploring), the one with the fewest
+// streams (ties by the lower TPOT); -1 if none. Without it an unproven endpoint,
 // predicted by its pool, can rank behind a proven one that misses the
 // target: every request is then rejected on the proven one, and the
 // unproven one, sent nothing, never shows its speed.
@@ -389,11 +390,11 @@ func ExploreDecode(req *Request, s *Snapshot, at float64) (int, DecodeView) {
 	best := -1
 	var b DecodeView
 	for i := range s.Endpoints {
-		if s.Endpoints[i].Role != fleet.RoleDecode || !s.Endpoints[i].DecodeUnproven {
+		if s.Endpoints[i].Role != fleet.RoleDecode || s.Endpoints[i].DecodeUnproven == 0 {
 			continue
 		}
 		e := decodeView(s, i, at, req)
-		if e.KVFreeTokens < need {
+		if e.KVFreeTokens < need || !e.exploring() {
 			continue
 		}
 		if best < 0 || e.Streams < b.Streams || (e.Streams == b.Streams && e.TPOT < b.TPOT) {
@@ -403,35 +404,50 @@ func ExploreDecode(req *Request, s *Snapshot, at float64) (int, DecodeView) {
 	return best, b
 }
 
+// exploring: the endpoint is unproven and has fewer streams than the
+// samples it still needs; one with as many has enough in flight to prove
+// itself, and more sent before they report would be sent on its pool's
+// prediction alone.
+func (dv DecodeView) exploring() bool { return dv.Unproven > 0 && dv.Streams < dv.Unproven }
+
 // PickDecode chooses the decode endpoint as Mooncake's Conductor does: among
 // decode endpoints with KV room for the whole sequence (at time at, when a
 // Forecast is set), the lowest predicted TPOT, ties by fewer streams; if none
 // has room, the one with the most free KV (admission may still reject it).
+// An unproven endpoint (DecodeUnproven) that has as many streams as it
+// still needs to prove itself comes after every other endpoint with room.
 // It returns -1 if there is no decode endpoint.
 func PickDecode(req *Request, s *Snapshot, at float64) (int, DecodeView) {
 	need, ok := addInts(req.PromptTokens, req.OutputTokens)
 	if !ok {
 		need = int(^uint(0) >> 1)
 	}
-	best, roomy := -1, false
+	best, bestTier := -1, -1
 	var b DecodeView
 	for i := range s.Endpoints {
 		if s.Endpoints[i].Role != fleet.RoleDecode {
 			continue
 		}
 		e := decodeView(s, i, at, req)
-		fits := e.KVFreeTokens >= need
+		tier := 0 // no room
+		if e.KVFreeTokens >= need {
+			tier = 2
+			if e.Unproven > 0 && !e.exploring() {
+				tier = 1 // room, but enough streams in flight to prove it
+			}
+		}
 		better := false
 		switch {
-		case best < 0, fits && !roomy:
+		case best < 0, tier > bestTier:
 			better = true
-		case fits == roomy && fits:
+		case tier < bestTier:
+		case tier > 0:
 			better = e.TPOT < b.TPOT || (e.TPOT == b.TPOT && e.Streams < b.Streams)
-		case fits == roomy:
+		default:
 			better = e.KVFreeTokens > b.KVFreeTokens
 		}
 		if better {
-			best, roomy, b = i, fits, e
+			best, bestTier, b = i, tier, e
 		}
 	}
 	return best, b

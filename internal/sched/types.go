@@ -94,13 +94,16 @@ type Endpoint struct {
 	// DecodeTPOT is the predicted time per output token if one more stream
 	// joined (seconds); 0 if unknown.
 	DecodeTPOT float64
-	// DecodeUnproven: DecodeTPOT is not yet learned from this endpoint's
-	// own streams (its predictor's pool's, or the prior's). TPOT admission
-	// does not reject by it: the endpoint takes requests until it has
-	// shown its own speed (predict.Options.MinSamples streams); judged by
-	// other endpoints' streams it could be predicted to miss, sent
-	// nothing, and never observed (docs/predictor.md).
-	DecodeUnproven bool
+	// DecodeUnproven is how many more streams of its own this endpoint
+	// needs before DecodeTPOT is learned from them (0: it is; until then
+	// it is its predictor's pool's, or the prior's). TPOT admission does
+	// not reject by an unproven TPOT, and sends an unproven endpoint
+	// requests, but no more at once than it needs: judged by other
+	// endpoints' streams it could be predicted to miss, sent nothing, and
+	// never observed; sent everything while unproven, a slow one would
+	// take every stream until the first of them report (docs/predictor.md,
+	// PickDecode, ExploreDecode).
+	DecodeUnproven int
 	// PrefillSlack, when > 1, is how much longer than predicted the
 	// prefill may take at the predictor's pessimistic quantile (a new or
 	// erratic endpoint is not over-trusted): admission judges by queue

@@ -56,12 +56,14 @@ func (dt *decodeTruth) forecast(j int, now, at float64, prompt int) (int, float6
 	return kv, x.Prior
 }
 
-// unproven is decode instance j's DecodeUnproven: the router's predictor
-// has not yet learned its TPOT from its own streams.
-func (dt *decodeTruth) unproven(j int) bool {
+// unproven is decode instance j's DecodeUnproven: how many more streams
+// of its own the router's predictor needs to learn its TPOT from them.
+func (dt *decodeTruth) unproven(j int) int {
 	x := predict.DecodeFeatures{Streams: 1, Prior: dt.r.dec.model.DecodeStepTime(1, 0)}
-	est, ok := dt.r.load.PredictTPOT(dt.r.eps[dt.r.n+j], x)
-	return ok && est.Unproven
+	if est, ok := dt.r.load.PredictTPOT(dt.r.eps[dt.r.n+j], x); ok {
+		return est.Unproven
+	}
+	return 0
 }
 
 // decode records that request ri decodes on decode instance j with the

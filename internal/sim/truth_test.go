@@ -225,7 +225,8 @@ func TestTPOTProbeFindsSlowDecodeEarly(t *testing.T) {
 // the pool, the mean of the two, above the target; rejecting by it sent
 // nothing anywhere, so neither was ever observed again and 99 % of the
 // requests were rejected for good. TPOT admission does not reject by an
-// unproven endpoint's TPOT (sched.Endpoint.DecodeUnproven).
+// unproven endpoint's TPOT (sched.Endpoint.DecodeUnproven), and an
+// unproven endpoint takes no more streams at once than it still needs.
 func TestUnprovenDecodeIsNotRejectedBy(t *testing.T) {
 	truth := Heterogeneous(8, 20000, 2.5, 0.05, 60, 0.5, 0)
 	truth.DecodeFactors = HeterogeneousDecode(2, 3.75)
