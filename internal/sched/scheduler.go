@@ -365,20 +365,20 @@ func decodeView(s *Snapshot, i int, at float64, req *Request) DecodeView {
 }
 
 // missesTPOT: req's predicted TPOT on the decode endpoint de exceeds its
-// target, and the prediction is the endpoint's own: an unproven one (its
-// predictor's pool's, other endpoints' streams) rejects nothing, or an
-// endpoint predicted by a pool of slower ones would be sent nothing and
-// never observed (sched.Endpoint.DecodeUnproven).
+// target, and the prediction is de's own. An unproven endpoint's TPOT is
+// its predictor's pool's (other endpoints' streams); judged by it, a fast
+// endpoint in a pool of slower ones would be sent nothing and never
+// observed (Endpoint.DecodeUnproven).
 func missesTPOT(req *Request, de DecodeView) bool {
 	return req.SLO.TPOT > 0 && de.TPOT > req.SLO.TPOT && de.Unproven == 0
 }
 
 // ExploreDecode is the decode endpoint to try for req when the one
 // PickDecode chose would miss its TPOT target by a TPOT it has measured:
-// among unproven decode endpoints (sched.Endpoint.DecodeUnproven) with KV
-// room for the whole sequence at time at and fewer streams than they
-// still need to prove themselves (exploring), the one with the fewest
-// streams (ties by the lower TPOT); -1 if none. Without it an unproven endpoint,
+// among unproven decode endpoints (Endpoint.DecodeUnproven) with KV room
+// for the whole sequence at time at and fewer streams than they still
+// need to prove themselves (exploring), the one with the fewest streams
+// (ties by the lower TPOT); -1 if none. Without it an unproven endpoint,
 // predicted by its pool, can rank behind a proven one that misses the
 // target: every request is then rejected on the proven one, and the
 // unproven one, sent nothing, never shows its speed.

@@ -24,8 +24,8 @@ type decodeInst struct {
 	pendingCtx    int
 	waiting       []int // no KV room yet
 	firstStep     []int // streams whose first token ends the current step
-	// probes: streams by the step that ends their probe token
-	// (decodePool.onProbe).
+	// probes: streams by the step that ends their probe token (held in
+	// finishStep; decodePool.onProbe).
 	probes streamHeap
 	// inbound: requests routed here whose prefill (and transfer) has not
 	// ended; they will take inboundKV tokens of KV (and add inboundCtx
