@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -96,20 +97,25 @@ func TestTPOTProbeTrainsMidStream(t *testing.T) {
 // TestTPOTCountsEvents: an engine whose writes each bring two tokens
 // (two SSE events) is measured per token: the observed TPOT is the time
 // from the first event to the last over the events less one, not over
-// the reads, which would double it.
+// the reads, which would double it. The gateway's clock moves 10 ms
+// between writes, and only once the client has the write before, so the
+// times the gateway reads are exact: 21 writes, 42 events, 200 ms.
 func TestTPOTCountsEvents(t *testing.T) {
 	const writes = 21
-	var span atomic.Int64 // nanoseconds from the first write to the last
+	clock := &atomic.Int64{}
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	ack := make(chan struct{}, 1)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
-		start := time.Now()
 		for i := range writes {
 			if i > 0 {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if i == writes-1 {
-				span.Store(int64(time.Since(start)))
+				select {
+				case <-ack: // the client has the write before
+				case <-time.After(10 * time.Second):
+					return
+				}
+				clock.Add(int64(10 * time.Millisecond))
 			}
 			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n")
 			w.(http.Flusher).Flush()
@@ -118,16 +124,25 @@ func TestTPOTCountsEvents(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}}
-	_, url, admin := startGateway(t, cfg, Options{})
-	if r := post(t, url+"/v1/completions", tokenPrompt(8, 10, true), nil); r.status != http.StatusOK {
-		t.Fatalf("%d %s", r.status, r.body)
+	_, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(tokenPrompt(8, 10, true)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for events := 0; sc.Scan(); {
+		if strings.HasPrefix(sc.Text(), "data: {") {
+			if events++; events%2 == 0 && events < 2*writes {
+				ack <- struct{}{}
+			}
+		}
 	}
 	waitFor(t, func() bool { return adminEndpoints(t, admin)[0].TPOT > 0 })
-	// The first read brings the first two events; the span runs from
-	// the first write to the last, 2 × writes − 1 events after the first.
-	d := time.Duration(span.Load())
-	want := d.Seconds() / float64(2*writes-1)
-	if got := adminEndpoints(t, admin)[0].TPOT; got < 0.7*want || got > 1.4*want {
-		t.Fatalf("observed TPOT %.4f s, want about %.4f s (%d events in %v): counted per read it is twice that", got, want, 2*writes, d)
+	want := 0.2 / (2*writes - 1)
+	if got := adminEndpoints(t, admin)[0].TPOT; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("observed TPOT %.6f s, want %.6f s (%d events in 200 ms); counted per read it is %.6f s", got, want, 2*writes, 0.2/(writes-1))
 	}
 }
