@@ -163,3 +163,42 @@ func TestTPOTProbeTrainsOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestTPOTStale: a decode endpoint whose TPOT it has learned from its own
+// streams is unproven again (one stream) once it has been sent none for
+// TPOTStaleAfter and decodes nothing; a stream in flight, or one sent
+// within that time, keeps it proven.
+func TestTPOTStale(t *testing.T) {
+	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1e6, Decode: testStep},
+		{Name: "d", Role: fleet.RoleDecode, Decode: testStep}}, false)
+	p, _ := predict.NewLearned(predict.Options{MinSamples: 16})
+	f.SetPredictor(p)
+	_, eps := snap(f, 0, 0, nil)
+	var last *Flight
+	for i := range 16 {
+		at := float64(i)
+		last = f.Route(eps[0], at, Work{Uncached: 100})
+		f.Decode(last, eps[1])
+		f.FirstToken(last, at+0.01)
+		if i < 15 {
+			f.Finished(last, at+0.5, 0.02)
+		}
+	}
+	unproven := func(now float64) int {
+		s, _ := snap(f, now, 100, nil)
+		return s.Endpoints[1].DecodeUnproven
+	}
+	f.TPOTProbe(last, 0.02) // its 16th stream, still decoding
+	if u := unproven(15 + TPOTStaleAfter + 5); u != 0 {
+		t.Fatalf("a stream in flight: DecodeUnproven %d, want 0", u)
+	}
+	f.Finished(last, 16, 0.02)
+	for _, c := range []struct {
+		now  float64
+		want int
+	}{{15 + TPOTStaleAfter - 1, 0}, {15 + TPOTStaleAfter + 1, 1}} {
+		if u := unproven(c.now); u != c.want {
+			t.Errorf("at %v, the last stream sent at 15: DecodeUnproven %d, want %d", c.now, u, c.want)
+		}
+	}
+}

@@ -100,7 +100,8 @@ type Endpoint struct {
 	ublocks    int
 	requests   int
 	streams    int
-	inbound    int // prompt tokens of streams routed here to decode whose prefill has not ended
+	dlast      float64 // when the last stream was routed here to decode
+	inbound    int     // prompt tokens of streams routed here to decode whose prefill has not ended
 	lastPicked float64
 	convs      float64 // conversations opened here, decayed to convsAt
 	convsAt    float64
@@ -410,30 +411,65 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 		}
 	}
 	if predicted {
-		f.predictSpeeds(eps, promptTokens, dst.Endpoints)
+		f.predictSpeeds(eps, now, promptTokens, dst.Endpoints)
 	}
 	return eps
 }
 
-// predictTPOT sets DecodeTPOT and DecodeUnproven of each endpoint with a
-// TPOT model and an analytic step (under the lock).
-func (e *Endpoint) predictTPOT(prompt int, d *sched.Endpoint) {
+// predictTPOT sets DecodeTPOT and DecodeUnproven (at now) of each
+// endpoint with a TPOT model and an analytic step (under the lock).
+func (e *Endpoint) predictTPOT(now float64, prompt int, d *sched.Endpoint) {
 	if e.dmodel == nil || e.info.Decode == (predict.DecodeStep{}) {
 		return
 	}
 	if est := e.dmodel.TPOT(e.decodeFeatures(prompt)); est.Seconds > 0 {
-		d.DecodeTPOT, d.DecodeUnproven = est.Seconds, est.Unproven
+		d.DecodeTPOT, d.DecodeUnproven = est.Seconds, e.unproven(now, est)
 	}
+}
+
+// TPOTStaleAfter is how long (seconds) a decode endpoint whose TPOT was
+// learned from its own streams may go without being sent one before its
+// TPOT is unproven again (sched.Endpoint.DecodeUnproven 1): a model only
+// learns from the streams it is sent, and an endpoint learned slow is
+// sent none while others are faster, so an engine that was slow for a
+// while (warming up, sharing its GPU) would stay predicted slow for good.
+// As unproven it is tried, one stream, before a request is rejected for
+// another endpoint's TPOT (sched.ExploreDecode).
+const TPOTStaleAfter = 30.0
+
+// unproven is e's DecodeUnproven at now given its model's estimate est
+// (under the lock): est's, or 1 once e has decoded nothing for
+// TPOTStaleAfter.
+func (e *Endpoint) unproven(now float64, est predict.Estimate) int {
+	if est.Unproven > 0 {
+		return est.Unproven
+	}
+	if e.streams == 0 && e.dlast > 0 && now-e.dlast > TPOTStaleAfter {
+		return 1
+	}
+	return 0
+}
+
+// DecodeUnproven is e's sched.Endpoint.DecodeUnproven at now, its model
+// asked about a stream with features x (the simulator's, which predicts
+// TPOT from its own decode state); 0 without a TPOT model.
+func (f *Fleet) DecodeUnproven(e *Endpoint, now float64, x predict.DecodeFeatures) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e.dmodel == nil {
+		return 0
+	}
+	return e.unproven(now, e.dmodel.TPOT(x))
 }
 
 // predictSpeeds sets each prefilling endpoint's PrefillSpeed to the
 // effective speed its model predicts for this request.
-func (f *Fleet) predictSpeeds(eps []*Endpoint, promptTokens int, ds []sched.Endpoint) {
+func (f *Fleet) predictSpeeds(eps []*Endpoint, now float64, promptTokens int, ds []sched.Endpoint) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, e := range eps {
 		d := &ds[i]
-		e.predictTPOT(promptTokens, d)
+		e.predictTPOT(now, promptTokens, d)
 		if e.model == nil || d.Role == fleet.RoleDecode {
 			continue
 		}
@@ -701,6 +737,7 @@ func (f *Fleet) decode(fl *Flight, d *Endpoint, x predict.DecodeFeatures) {
 func (f *Fleet) decodeOn(fl *Flight, e *Endpoint, x predict.DecodeFeatures) {
 	e.ctx += fl.prompt
 	fl.dx, fl.dpred = x, 0
+	e.dlast = max(e.dlast, fl.routed)
 	if e.dmodel != nil {
 		fl.dpred = e.dmodel.TPOT(x).Seconds
 	}
@@ -926,7 +963,8 @@ func (f *Fleet) Finished(fl *Flight, at, tpot float64) {
 }
 
 // TPOTProbeTokens is how many tokens past its first a stream runs before
-// it reports its TPOT so far (TPOTProbe): about a second of decoding.
+// it reports its TPOT so far (TPOTProbe): about two seconds of decoding
+// at 20 ms a token (docs/predictor.md, "Why token 96").
 const TPOTProbeTokens = 96
 
 // TPOTProbe records the TPOT a stream has shown over its first

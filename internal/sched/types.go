@@ -96,7 +96,9 @@ type Endpoint struct {
 	DecodeTPOT float64
 	// DecodeUnproven is how many more streams of its own this endpoint
 	// needs before DecodeTPOT is learned from them (0: it is; until then
-	// it is its predictor's pool's, or the prior's). TPOT admission does
+	// it is its predictor's pool's, or the prior's; the load accounting
+	// also sets 1 on an endpoint sent no stream for a while, whose TPOT
+	// is stale). TPOT admission does
 	// not reject by an unproven TPOT, and sends an unproven endpoint
 	// requests, but no more at once than it needs: judged by other
 	// endpoints' streams it could be predicted to miss, sent nothing, and

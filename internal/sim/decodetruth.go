@@ -32,6 +32,7 @@ func (tr *truthRun) withDecode(r *run, p predict.Predictor, infos []load.Info) {
 	dt := &decodeTruth{r: r, x: make([]predict.DecodeFeatures, r.cfg.Decode), flights: make([]*load.Flight, nr),
 		pred: make([]float64, nr), obs: make([]float64, nr)}
 	r.dec.slow = tr.t.DecodeFactors
+	r.dec.slowThen, r.dec.slowAt = tr.t.DecodeFactorsThen, tr.t.DecodeChangeAt
 	r.dec.onFinish = dt.finished
 	r.dec.onProbe = dt.probed
 	r.fc.truth = dt
@@ -56,14 +57,12 @@ func (dt *decodeTruth) forecast(j int, now, at float64, prompt int) (int, float6
 	return kv, x.Prior
 }
 
-// unproven is decode instance j's DecodeUnproven: how many more streams
-// of its own the router's predictor needs to learn its TPOT from them.
+// unproven is decode instance j's DecodeUnproven now: how many more
+// streams of its own the router's predictor needs to learn its TPOT from
+// them (load.Fleet.DecodeUnproven).
 func (dt *decodeTruth) unproven(j int) int {
 	x := predict.DecodeFeatures{Streams: 1, Prior: dt.r.dec.model.DecodeStepTime(1, 0)}
-	if est, ok := dt.r.load.PredictTPOT(dt.r.eps[dt.r.n+j], x); ok {
-		return est.Unproven
-	}
-	return 0
+	return dt.r.load.DecodeUnproven(dt.r.eps[dt.r.n+j], dt.r.snap.Now, x)
 }
 
 // decode records that request ri decodes on decode instance j with the

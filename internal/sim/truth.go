@@ -25,7 +25,10 @@ import (
 //
 // DecodeFactors, when set (one per decode instance), make each decode
 // instance's step take that many times the configured model's step: the
-// router's TPOT predictor has to learn them (decodetruth.go).
+// router's TPOT predictor has to learn them (decodetruth.go). From
+// DecodeChangeAt (seconds; 0: never) on, DecodeFactorsThen (one per decode
+// instance) replace them: an engine slow at first (warming up, sharing its
+// GPU) that recovers, or one that slows.
 //
 // StepTokens, when above 0, has the instances prefill as vLLM's chunked
 // prefill does, in steps of at most that many tokens served first come
@@ -37,6 +40,8 @@ import (
 type Truth struct {
 	Speeds, Knees, Overheads []float64
 	DecodeFactors            []float64
+	DecodeFactorsThen        []float64
+	DecodeChangeAt           float64
 	Noise, MeasureNoise      float64
 	StepTokens               int
 	// DriftAt is when the drift starts (seconds); 0: no drift.
@@ -57,9 +62,12 @@ func (t *Truth) validate(n, decode int) error {
 	if t.DecodeFactors != nil && len(t.DecodeFactors) != decode {
 		errs = append(errs, fmt.Errorf("sim: truth has %d decode factors for %d decode instances", len(t.DecodeFactors), decode))
 	}
-	for j, f := range t.DecodeFactors {
+	if (t.DecodeChangeAt != 0 || t.DecodeFactorsThen != nil) && (t.DecodeFactors == nil || len(t.DecodeFactorsThen) != decode || !(t.DecodeChangeAt > 0 && t.DecodeChangeAt <= 86400)) {
+		errs = append(errs, fmt.Errorf("sim: a decode change needs decode factors, %d factors after it and a time in (0, 86400] s", decode))
+	}
+	for j, f := range append(append([]float64(nil), t.DecodeFactors...), t.DecodeFactorsThen...) {
 		if !(f >= 0.01 && f <= 100) {
-			errs = append(errs, fmt.Errorf("sim: decode instance %d: factor must be in [0.01, 100], got %v", j, f))
+			errs = append(errs, fmt.Errorf("sim: decode factor %d: must be in [0.01, 100], got %v", j, f))
 		}
 	}
 	for i := range n {

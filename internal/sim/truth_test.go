@@ -239,6 +239,39 @@ func TestUnprovenDecodeIsNotRejectedBy(t *testing.T) {
 	}
 }
 
+// TestStaleDecodeIsProbedAgain: two of four decode instances run at 3.2×
+// the configured step for the first 20 s and at 0.8× after, like the
+// others; with a 20 ms TPOT target they are learned slow at first and
+// then sent nothing. Without a new stream their model never learned they
+// recovered (79.2 % attained, as if they never had); a decode endpoint
+// sent no stream for load.TPOTStaleAfter is unproven again and tried
+// before a request is rejected.
+func TestStaleDecodeIsProbedAgain(t *testing.T) {
+	truth := Heterogeneous(8, 20000, 2.5, 0.05, 60, 0.5, 0)
+	truth.DecodeFactors = HeterogeneousDecode(4, 4)
+	truth.DecodeFactorsThen, truth.DecodeChangeAt = []float64{0.8, 0.8, 0.8, 0.8}, 20
+	cfg := heteroConfig(truth, "learned")
+	cfg.Decode, cfg.DecodeKVTokens = 4, 1_000_000
+	cfg.SLO.TPOT = 0.02
+	res := heteroRun(t, cfg, 40, 0)
+	if res.Attainment < 0.9 {
+		t.Errorf("attainment %.4f with %.4f rejected: want at least 0.9 once the recovered instances are tried again", res.Attainment, res.Rejected)
+	}
+	bad := []*Truth{
+		{DecodeFactorsThen: []float64{1, 1, 1, 1}, DecodeChangeAt: 20},
+		{DecodeFactors: []float64{1, 1, 1, 1}, DecodeFactorsThen: []float64{1, 1}, DecodeChangeAt: 20},
+		{DecodeFactors: []float64{1, 1, 1, 1}, DecodeFactorsThen: []float64{1, 1, 1, 1}},
+		{DecodeFactors: []float64{1, 1, 1, 1}, DecodeFactorsThen: []float64{1, 1, 1, 0}, DecodeChangeAt: 20},
+	}
+	for i, b := range bad {
+		tr := Heterogeneous(8, 20000, 2.5, 0, 0, 1, 0)
+		tr.DecodeFactors, tr.DecodeFactorsThen, tr.DecodeChangeAt = b.DecodeFactors, b.DecodeFactorsThen, b.DecodeChangeAt
+		if err := tr.validate(8, 4); err == nil {
+			t.Errorf("bad decode change %d accepted: %+v", i, b)
+		}
+	}
+}
+
 // TestStepsLearnAsTheGateway: engines that prefill in steps, observed
 // through busy windows, are predicted as kvgate serve predicts them
 // (predict.LiveOptions: no quadratic term, pooled alike endpoints), and
