@@ -98,13 +98,12 @@ type Endpoint struct {
 	// needs before DecodeTPOT is learned from them (0: it is; until then
 	// it is its predictor's pool's, or the prior's; the load accounting
 	// also sets 1 on an endpoint sent no stream for a while, whose TPOT
-	// is stale). TPOT admission does
-	// not reject by an unproven TPOT, and sends an unproven endpoint
-	// requests, but no more at once than it needs: judged by other
-	// endpoints' streams it could be predicted to miss, sent nothing, and
-	// never observed; sent everything while unproven, a slow one would
-	// take every stream until the first of them report (docs/predictor.md,
-	// PickDecode, ExploreDecode).
+	// is stale). TPOT admission does not reject by an unproven TPOT, and
+	// sends an unproven endpoint requests, but no more at once than it
+	// needs: judged by other endpoints' streams it could be predicted to
+	// miss, sent nothing, and never observed; sent everything while
+	// unproven, a slow one would take every stream until the first of
+	// them report (docs/predictor.md, PickDecode, ExploreDecode).
 	DecodeUnproven int
 	// PrefillSlack, when > 1, is how much longer than predicted the
 	// prefill may take at the predictor's pessimistic quantile (a new or

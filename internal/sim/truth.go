@@ -65,9 +65,14 @@ func (t *Truth) validate(n, decode int) error {
 	if (t.DecodeChangeAt != 0 || t.DecodeFactorsThen != nil) && (t.DecodeFactors == nil || len(t.DecodeFactorsThen) != decode || !(t.DecodeChangeAt > 0 && t.DecodeChangeAt <= 86400)) {
 		errs = append(errs, fmt.Errorf("sim: a decode change needs decode factors, %d factors after it and a time in (0, 86400] s", decode))
 	}
-	for j, f := range append(append([]float64(nil), t.DecodeFactors...), t.DecodeFactorsThen...) {
-		if !(f >= 0.01 && f <= 100) {
-			errs = append(errs, fmt.Errorf("sim: decode factor %d: must be in [0.01, 100], got %v", j, f))
+	for _, fs := range []struct {
+		name string
+		fs   []float64
+	}{{"factor", t.DecodeFactors}, {"factor after the change", t.DecodeFactorsThen}} {
+		for j, f := range fs.fs {
+			if !(f >= 0.01 && f <= 100) {
+				errs = append(errs, fmt.Errorf("sim: decode instance %d: %s must be in [0.01, 100], got %v", j, fs.name, f))
+			}
 		}
 	}
 	for i := range n {
