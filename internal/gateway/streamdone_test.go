@@ -5,6 +5,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -203,6 +204,20 @@ func TestStreamEnd(t *testing.T) {
 		{"line cut long", []string{"data: [DONE", "E]\n"}, false, 1},
 		{"events cut across reads, comments", []string{"da", "ta: {}\n\nda", "ta: {}\n\n: ping\n\ndata:{}\n", "\ndata: [DONE]\n\n"}, true, 3},
 		{"several events a read", []string{"data: {}\n\ndata: {}\n\ndata: {}\n\n", "data: {}\n\ndata: [DONE]\n\n"}, true, 4},
+		// vLLM's chat stream: the role event, two tokens, a finish
+		// reason alone, the usage event (stream_options.include_usage).
+		{"chat: role, finish and usage events bring no token", []string{
+			`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n",
+			`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}` + "\n\n",
+			`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" there"},"logprobs":null,"finish_reason":null}]}` + "\n\n",
+			`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}` + "\n\n",
+			`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2}}` + "\n\n",
+			"data: [DONE]\n\n",
+		}, true, 2},
+		{"completions: an empty text with spaces", []string{`data: {"choices": [{"text": "a"}]}` + "\n\n" + `data: {"choices": [{"text": "", "finish_reason": "length"}]}` + "\n\n" + `data: {"choices": [], "usage": {}}` + "\n\ndata: [DONE]\n\n"}, true, 1},
+		{"an empty field cut across reads", []string{`data: {"choices":[{"delta":{"role":"assistant","cont`, `ent":""}}]}` + "\n", `data: {"choices":[{"delta":{"content":"x"}}]}` + "\n"}, false, 1},
+		{"a line longer than kept brings text", []string{"data: {\"choices\":[{\"text\":\"" + strings.Repeat("x", sseLineCap) + "\"}],\"content\":\"\"}\n"}, false, 1},
+		{"an empty reasoning field is not an empty content", []string{`data: {"choices":[{"delta":{"reasoning_content":"","content":"x"}}]}` + "\n"}, false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &streamEnd{}
@@ -219,4 +234,46 @@ func TestStreamEnd(t *testing.T) {
 	if none.done() {
 		t.Error("a non-stream ended at [DONE]")
 	}
+}
+
+// BenchmarkStreamEndScan: the relay's per-event cost of finding the end
+// of a vLLM chat stream (500 token events, the role and usage events) and
+// classifying its events, in reads of 16 events, against finding its
+// line breaks alone in the same run (the floor of any scan).
+func BenchmarkStreamEndScan(b *testing.B) {
+	const head = `data: {"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk","created":1764000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":`
+	var events []string
+	events = append(events, head+`{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n")
+	for i := range 500 {
+		events = append(events, fmt.Sprintf(head+`{"content":" word%d"},"logprobs":null,"finish_reason":null}]}`+"\n\n", i))
+	}
+	events = append(events, `data: {"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk","created":1764000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[],"usage":{"prompt_tokens":5,"total_tokens":505,"completion_tokens":500}}`+"\n\n", "data: [DONE]\n\n")
+	var reads [][]byte
+	for i := 0; i < len(events); i += 16 {
+		reads = append(reads, []byte(strings.Join(events[i:min(i+16, len(events))], "")))
+	}
+	b.Run("line-breaks", func(b *testing.B) {
+		for range b.N {
+			n := 0
+			for _, r := range reads {
+				n += bytes.Count(r, []byte("\n"))
+			}
+			if n != 2*len(events) {
+				b.Fatal(n)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
+	})
+	b.Run("streamEnd", func(b *testing.B) {
+		for range b.N {
+			s := streamEnd{}
+			for _, r := range reads {
+				s.scan(r)
+			}
+			if !s.done() || s.events != 500 {
+				b.Fatal(s.events)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
+	})
 }
