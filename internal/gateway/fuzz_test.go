@@ -82,3 +82,26 @@ func FuzzGatewayRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzStreamEnd: however the upstream's reads cut a stream, its end and
+// its token events are found as in one read, and nothing panics.
+func FuzzStreamEnd(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\ndata: {\"choices\": [], \"usage\": {}}\n\ndata: [DONE]\n\n"), []byte{3, 40, 7})
+	f.Add([]byte("data:[DONE]\r"), []byte{1})
+	f.Add([]byte(": ping\ndata: x:\"\"\ndata: \"text\" :  \"\"\n"), []byte{0, 2, 250})
+	f.Fuzz(func(t *testing.T, data, cuts []byte) {
+		whole := &streamEnd{}
+		whole.scan(data)
+		pieces := &streamEnd{}
+		rest := data
+		for _, c := range cuts {
+			n := min(int(c), len(rest))
+			pieces.scan(rest[:n])
+			rest = rest[n:]
+		}
+		pieces.scan(rest)
+		if whole.done() != pieces.done() || whole.events != pieces.events {
+			t.Fatalf("in one read: done %v, %d events; in pieces %v: done %v, %d events", whole.done(), whole.events, cuts, pieces.done(), pieces.events)
+		}
+	})
+}
