@@ -775,13 +775,11 @@ func writeFlush(w http.ResponseWriter, rc *http.ResponseController, p []byte) er
 
 // streamEnd finds the end of an OpenAI stream in the bytes written to the
 // client: a line "data: [DONE]" (SSE allows "data:[DONE]") ended by a line
-// break. It counts the stream's other data lines that bring tokens, one
-// per event (a token, or one decode step's tokens, as the engine streams
-// them): not the chat API's first event (the role, with empty content),
-// an event whose text is empty (a last event carrying only the finish
-// reason) or the usage event (no choices), which vLLM and SGLang send
-// with the tokens' events and which, counted, made a stream's TPOT read
-// about 1/(n-1) low. A nil *streamEnd never ends (not a stream).
+// break. It counts the stream's other data lines that bring tokens
+// (bringsToken), one per event (a token, or one decode step's tokens, as
+// the engine streams them): counting the role, finish and usage events
+// too made a stream's TPOT read about 1/(n-1) low. A nil *streamEnd never
+// ends (not a stream).
 type streamEnd struct {
 	n      int              // bytes of the current line so far
 	line   [sseLineCap]byte // its first bytes
@@ -834,19 +832,20 @@ func (s *streamEnd) endLine() {
 	if !bytes.HasPrefix(line, []byte("data:")) {
 		return
 	}
-	if s.n > len(s.line) || !tokenless(line) {
+	if s.n > len(s.line) || bringsToken(line) {
 		s.events++
 	}
 }
 
-// tokenless reports whether the data line brings no token: it has no
-// choices (the usage event) or an empty content or text (the chat API's
-// role event, a finish reason alone). It looks at each colon's key and
-// value (spaces between allowed, as Python's json writes them by
-// default): searching the line for each mark instead cost 1.4 µs an
-// event (BenchmarkStreamEndScan), most of it in false starts at every
-// quote.
-func tokenless(line []byte) bool {
+// bringsToken reports whether the data line carries generated text: a
+// non-empty string under "content" or "text", or under a reasoning
+// model's "reasoning_content" or "reasoning", or a tool call's
+// "arguments". The events without one are the chat API's role event (vLLM
+// and SGLang send {"role":"assistant","content":""}, llm-d-inference-sim
+// {"role":"assistant"}), a finish reason alone and the usage event. It
+// looks at each colon's key and value (spaces between allowed, as
+// Python's json writes them by default).
+func bringsToken(line []byte) bool {
 	for i := 0; ; {
 		j := bytes.IndexByte(line[i:], ':')
 		if j < 0 {
@@ -858,13 +857,14 @@ func tokenless(line []byte) bool {
 		for len(v) > 0 && v[0] == ' ' {
 			v = v[1:]
 		}
-		if len(v) < 2 || string(v[:2]) != `""` && string(v[:2]) != `[]` {
-			continue
+		if len(v) < 2 || v[0] != '"' || v[1] == '"' {
+			continue // not a non-empty string
 		}
 		key := bytes.TrimRight(line[:j], " ")
-		if v[0] == '[' && bytes.HasSuffix(key, []byte(`"choices"`)) ||
-			v[0] == '"' && (bytes.HasSuffix(key, []byte(`"content"`)) || bytes.HasSuffix(key, []byte(`"text"`))) {
-			return true
+		for _, k := range [...]string{`"content"`, `"text"`, `_content"`, `"reasoning"`, `"arguments"`} {
+			if bytes.HasSuffix(key, []byte(k)) {
+				return true
+			}
 		}
 	}
 }

@@ -184,26 +184,26 @@ func TestStreamCompleteAtDone(t *testing.T) {
 
 // TestStreamEnd: the [DONE] line ends a stream however the upstream's
 // reads cut it, and only a whole line of its own does; the data lines
-// before it are counted, however many a read brings.
+// before it that bring tokens are counted, however many a read brings.
 func TestStreamEnd(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		pieces []string
 		done   bool
-		events int // data lines before [DONE]
+		events int // data lines before [DONE] that bring tokens
 	}{
-		{"one read", []string{"data: {\"a\":1}\n\ndata: [DONE]\n\n"}, true, 1},
-		{"own read", []string{"data: {\"a\":1}\n\n", "data: [DONE]\n\n"}, true, 1},
-		{"cut in the line", []string{"data: {\"a\":1}\n\ndata: [DO", "NE]", "\n\n"}, true, 1},
-		{"CRLF", []string{"data: {}\r\n\r\ndata: [DONE]\r\n\r\n"}, true, 1},
+		{"one read", []string{"data: {\"text\":\"a\"}\n\ndata: [DONE]\n\n"}, true, 1},
+		{"own read", []string{"data: {\"text\":\"a\"}\n\n", "data: [DONE]\n\n"}, true, 1},
+		{"cut in the line", []string{"data: {\"text\":\"a\"}\n\ndata: [DO", "NE]", "\n\n"}, true, 1},
+		{"CRLF", []string{"data: {\"text\":\"a\"}\r\n\r\ndata: [DONE]\r\n\r\n"}, true, 1},
 		{"no space", []string{"data:[DONE]\n\n"}, true, 0},
-		{"line break not yet read", []string{"data: {}\n\ndata: [DONE]"}, false, 1},
+		{"line break not yet read", []string{"data: {\"text\":\"a\"}\n\ndata: [DONE]"}, false, 1},
 		{"in a chunk's text", []string{`data: {"text":"data: [DONE]\n"}` + "\n\n"}, false, 1},
-		{"longer line", []string{"data: [DONE]]\n", "xdata: [DONE]\n"}, false, 1},
-		{"not yet", []string{"data: {\"a\":1}\n\n"}, false, 1},
-		{"line cut long", []string{"data: [DONE", "E]\n"}, false, 1},
-		{"events cut across reads, comments", []string{"da", "ta: {}\n\nda", "ta: {}\n\n: ping\n\ndata:{}\n", "\ndata: [DONE]\n\n"}, true, 3},
-		{"several events a read", []string{"data: {}\n\ndata: {}\n\ndata: {}\n\n", "data: {}\n\ndata: [DONE]\n\n"}, true, 4},
+		{"longer line", []string{"data: [DONE]]\n", "xdata: [DONE]\n", "data: {\"text\":\"a\"}\n"}, false, 1},
+		{"not yet", []string{"data: {\"text\":\"a\"}\n\n"}, false, 1},
+		{"line cut long", []string{"data: [DONE", "E]\n"}, false, 0},
+		{"events cut across reads, comments", []string{"da", "ta: {\"text\":\"a\"}\n\nda", "ta: {\"te", "xt\":\"a\"}\n\n: ping\n\ndata:{\"text\":\"a\"}\n", "\ndata: [DONE]\n\n"}, true, 3},
+		{"several events a read", []string{"data: {\"text\":\"a\"}\n\ndata: {\"text\":\"a\"}\n\ndata: {\"text\":\"a\"}\n\n", "data: {\"text\":\"a\"}\n\ndata: [DONE]\n\n"}, true, 4},
 		// vLLM's chat stream: the role event, two tokens, a finish
 		// reason alone, the usage event (stream_options.include_usage).
 		{"chat: role, finish and usage events bring no token", []string{
@@ -217,7 +217,21 @@ func TestStreamEnd(t *testing.T) {
 		{"completions: an empty text with spaces", []string{`data: {"choices": [{"text": "a"}]}` + "\n\n" + `data: {"choices": [{"text": "", "finish_reason": "length"}]}` + "\n\n" + `data: {"choices": [], "usage": {}}` + "\n\ndata: [DONE]\n\n"}, true, 1},
 		{"an empty field cut across reads", []string{`data: {"choices":[{"delta":{"role":"assistant","cont`, `ent":""}}]}` + "\n", `data: {"choices":[{"delta":{"content":"x"}}]}` + "\n"}, false, 1},
 		{"a line longer than kept brings text", []string{"data: {\"choices\":[{\"text\":\"" + strings.Repeat("x", sseLineCap) + "\"}],\"content\":\"\"}\n"}, false, 1},
-		{"an empty reasoning field is not an empty content", []string{`data: {"choices":[{"delta":{"reasoning_content":"","content":"x"}}]}` + "\n"}, false, 1},
+		{"an empty reasoning field and a text", []string{`data: {"choices":[{"delta":{"reasoning_content":"","content":"x"}}]}` + "\n"}, false, 1},
+		// llm-d-inference-sim: the role event has no content at all, a
+		// finish reason alone an empty delta.
+		{"chat without empty contents", []string{
+			`data: {"id":"chatcmpl-2","created":1,"model":"m","object":"chat.completion.chunk","choices":[{"index":0,"finish_reason":null,"delta":{"role":"assistant"}}]}` + "\n\n" +
+				`data: {"id":"chatcmpl-2","created":1,"model":"m","object":"chat.completion.chunk","choices":[{"index":0,"finish_reason":null,"delta":{"content":"Today"}}]}` + "\n\n" +
+				`data: {"id":"chatcmpl-2","created":1,"model":"m","object":"chat.completion.chunk","choices":[{"index":0,"finish_reason":"stop","delta":{}}]}` + "\n\n" +
+				`data: {"id":"chatcmpl-2","created":1,"model":"m","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}` + "\n\ndata: [DONE]\n\n",
+		}, true, 1},
+		{"reasoning, tool call arguments, a null content", []string{
+			`data: {"choices":[{"delta":{"reasoning_content":"Let"}}]}` + "\n\n",
+			`data: {"choices":[{"delta":{"reasoning":" me"}}]}` + "\n\n",
+			`data: {"choices":[{"delta":{"content":null,"tool_calls":[{"index":0,"function":{"arguments":"{\"city"}}]}}]}` + "\n\n",
+			`data: {"choices":[{"delta":{"content":null},"logprobs":{"content":[{"token":"x","logprob":-1}]}}]}` + "\n\n",
+		}, false, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &streamEnd{}
