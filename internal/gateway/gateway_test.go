@@ -348,6 +348,7 @@ func TestClientInputIsCheckedAndSanitised(t *testing.T) {
 		{`{"model":"nope","prompt":"a"}`, 404, "does not exist"},
 		{`{"model":"` + testModel + `","prompt":"` + strings.Repeat("x", 5000) + `"}`, 413, "larger than"},
 		{`{"model":"` + testModel + `","prompt":"a","max_tokens":0}`, 400, "max_tokens"},
+		{`{"model":"` + testModel + `","prompt":"a","n":0}`, 400, "n must be at least 1"},
 		{`{"model":"` + testModel + `","prompt":""}`, 400, "empty"},
 	} {
 		r := post(t, url+"/v1/completions", tt.body, nil)

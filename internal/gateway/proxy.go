@@ -289,7 +289,7 @@ func (g *Gateway) route(rt *routed, p *plan) *load.Flight {
 	}
 	return p.mf.load.Route(p.pEP, g.clock(), load.Work{Uncached: uncached, Cached: min(p.dec.CachedTokens, rt.promptN),
 		UncachedBlocks: max(len(rt.prep.Keys)-p.dec.CachedTokens/g.cfg.BlockSize, 0),
-		Keys:           rt.prep.Keys, OpensConversation: rt.opens, Deadline: deadline}) // the fleet's predictor times the prefill
+		Keys:           rt.prep.Keys, OpensConversation: rt.opens, Deadline: deadline, Sequences: rt.seqs}) // the fleet's predictor times the prefill
 }
 
 // proxy runs the plan: aggregated, or the two NixlConnector legs. It
@@ -639,17 +639,19 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 // client hanging up at once, so that the rest of the upstream body is
 // never read) fails nothing: relay succeeds.
 //
-// A stream's event load.TPOTProbeTokens past its first calls probe, if
-// set, with the TPOT so far (load.Fleet.TPOTProbe).
+// A stream's token load.TPOTProbeTokens past its first (per sequence,
+// with n > 1) calls probe, if set, with the TPOT so far
+// (load.Fleet.TPOTProbe).
 //
 // With start, the answer's headers wait for its first body bytes (or its
 // end), and go only if start then reports true: an investment stopped
 // before its first byte (invest.go) ends in errYielded, nothing written.
 //
 // It returns the stream's observed TPOT (0: not a stream of more than two
-// events). A stream's tokens are its SSE events (streamEnd), not the
-// reads that bring them: a read can bring several when the gateway lags,
-// and counted as one token each they made the TPOT read high.
+// tokens a sequence). A stream's tokens are its SSE events that bring
+// text (streamEnd), not the reads that bring them: a read can bring
+// several when the gateway lags, and counted as one token each they made
+// the TPOT read high.
 func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, h relayHooks) (float64, error) {
 	firstByte, probe, start := h.firstByte, h.probe, h.start
 	rc := http.NewResponseController(w)
@@ -704,8 +706,8 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 				return 0, fmt.Errorf("%w: client: %w", errStreamBroken, werr)
 			}
 			end.scan(buf[:n])
-			if probe != nil && end.events > load.TPOTProbeTokens {
-				probe(g.now().Sub(firstAt).Seconds() / float64(end.events-1))
+			if t := end.tokens(rt.seqs); probe != nil && t > load.TPOTProbeTokens {
+				probe(g.now().Sub(firstAt).Seconds() / float64(t-1))
 				probe = nil
 			}
 		}
@@ -727,8 +729,8 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
 		}
 	}
-	if end != nil && end.events > 2 {
-		return g.streamed(rt, m, firstAt, end.events), nil
+	if t := end.tokens(rt.seqs); t > 2 {
+		return g.streamed(rt, m, firstAt, t), nil
 	}
 	return 0, nil
 }
@@ -747,11 +749,11 @@ func writeHeaders(w http.ResponseWriter, rc *http.ResponseController, resp *http
 	_ = rc.Flush()
 }
 
-// streamed records a stream of events relayed from m whose first came at
-// firstAt (the endpoint's observed TPOT, the planner's traffic) and
-// returns its TPOT.
-func (g *Gateway) streamed(rt *routed, m *member, firstAt time.Time, events int) float64 {
-	tpot := g.now().Sub(firstAt).Seconds() / float64(events-1)
+// streamed records a stream of tokens per sequence relayed from m whose
+// first came at firstAt (the endpoint's observed TPOT, the planner's
+// traffic) and returns its TPOT.
+func (g *Gateway) streamed(rt *routed, m *member, firstAt time.Time, tokens int) float64 {
+	tpot := g.now().Sub(firstAt).Seconds() / float64(tokens-1)
 	m.obs.addTPOT(tpot)
 	if g.traffic != nil {
 		slo := rt.class.slo(rt.promptN)
@@ -874,6 +876,16 @@ func (s *streamEnd) add(p []byte) {
 		copy(s.line[s.n:], p)
 	}
 	s.n += len(p)
+}
+
+// tokens is how many tokens each of a stream's seqs sequences has had:
+// their events interleave in one stream (vLLM sends one choice an event),
+// so a TPOT counted over all events read n times low (0: not a stream).
+func (s *streamEnd) tokens(seqs int) int {
+	if s == nil {
+		return 0
+	}
+	return s.events / max(seqs, 1)
 }
 
 // done reports whether the client has the stream's [DONE] line.

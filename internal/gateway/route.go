@@ -24,6 +24,10 @@ const defaultOutputTokens = 256
 // maxOutputTokens caps the output length kvgate plans for.
 const maxOutputTokens = 1 << 24
 
+// maxSequences caps the sequences per request (n) kvgate plans for; the
+// engine is sent the client's n.
+const maxSequences = 1 << 16
+
 // routed is one request on its way through the gateway.
 type routed struct {
 	id      string
@@ -34,6 +38,9 @@ type routed struct {
 	prep    tokens.Prepared
 	promptN int
 	outN    int
+	// seqs is how many sequences it samples (OpenAI's n, at least 1):
+	// its stream interleaves their events.
+	seqs    int
 	arrival time.Time
 	// opens: a chat request without an assistant message (it starts a
 	// conversation; sched.Request.OpensConversation).
@@ -126,6 +133,13 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, chat bool) (*routed, e
 			return nil, openai.BadRequest("max_tokens must be at least 1, got %d", *lim).WithParam("max_tokens")
 		}
 		rt.outN = int(min(*lim, maxOutputTokens))
+	}
+	rt.seqs = 1
+	if n := req.N; n != nil {
+		if *n < 1 {
+			return nil, openai.BadRequest("n must be at least 1, got %d", *n).WithParam("n")
+		}
+		rt.seqs = int(min(*n, maxSequences))
 	}
 	return rt, nil
 }
@@ -300,7 +314,7 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 // schedRequest is what the scheduler knows of rt.
 func (g *Gateway) schedRequest(rt *routed, now float64) sched.Request {
 	return sched.Request{ID: rt.id, Arrival: now, PromptTokens: rt.promptN, PromptBlocks: len(rt.prep.Keys),
-		OutputTokens: rt.outN, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority, OpensConversation: rt.opens,
+		OutputTokens: rt.outN, Sequences: rt.seqs, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority, OpensConversation: rt.opens,
 		CanCopy: rt.opens && rt.engineIDs != nil}
 }
 

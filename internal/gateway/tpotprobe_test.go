@@ -99,9 +99,29 @@ func TestTPOTProbeTrainsMidStream(t *testing.T) {
 // from the first event to the last over the events less one, not over
 // the reads, which would double it. The gateway's clock moves 10 ms
 // between writes, and only once the client has the write before, so the
-// times the gateway reads are exact: 21 writes, 42 events, 200 ms.
+// times the gateway reads are exact: 21 writes, 42 events, 200 ms. A
+// request sampling n sequences (OpenAI's n) has their events interleaved,
+// one choice an event, as vLLM streams them: its TPOT is per sequence,
+// the same, where counted over all events it read n times low.
 func TestTPOTCountsEvents(t *testing.T) {
-	const writes = 21
+	for _, seqs := range []int{1, 3} {
+		t.Run(fmt.Sprintf("n=%d", seqs), func(t *testing.T) {
+			const writes = 21
+			got := streamTPOT(t, writes, seqs)
+			want := 0.2 / (2*writes - 1)
+			if math.Abs(got-want) > 1e-9 {
+				t.Fatalf("observed TPOT %.6f s, want %.6f s (%d events a sequence in 200 ms); counted per read it is %.6f s, over all sequences' events %.6f s",
+					got, want, 2*writes, 0.2/(writes-1), 0.2/float64(2*writes*seqs-1))
+			}
+		})
+	}
+}
+
+// streamTPOT is the TPOT the gateway observes of a completion with n =
+// seqs whose upstream writes, writes times, two events for each sequence,
+// its clock moved 10 ms between writes once the client has the one
+// before.
+func streamTPOT(t *testing.T, writes, seqs int) float64 {
 	clock := &atomic.Int64{}
 	clock.Store(time.Unix(1000, 0).UnixNano())
 	ack := make(chan struct{}, 1)
@@ -117,7 +137,11 @@ func TestTPOTCountsEvents(t *testing.T) {
 				}
 				clock.Add(int64(10 * time.Millisecond))
 			}
-			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n")
+			for range 2 {
+				for c := range seqs {
+					fmt.Fprintf(w, "data: {\"choices\":[{\"index\":%d,\"text\":\"a\"}]}\n\n", c)
+				}
+			}
 			w.(http.Flusher).Flush()
 		}
 		fmt.Fprint(w, "data: [DONE]\n\n")
@@ -125,7 +149,8 @@ func TestTPOTCountsEvents(t *testing.T) {
 	t.Cleanup(up.Close)
 	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}}
 	_, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(tokenPrompt(8, 10, true)))
+	body := strings.Replace(tokenPrompt(8, 10, true), `"stream"`, fmt.Sprintf(`"n":%d,"stream"`, seqs), 1)
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -133,16 +158,14 @@ func TestTPOTCountsEvents(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
+	perWrite := 2 * seqs
 	for events := 0; sc.Scan(); {
 		if strings.HasPrefix(sc.Text(), "data: {") {
-			if events++; events%2 == 0 && events < 2*writes {
+			if events++; events%perWrite == 0 && events < perWrite*writes {
 				ack <- struct{}{}
 			}
 		}
 	}
 	waitFor(t, func() bool { return adminEndpoints(t, admin)[0].TPOT > 0 })
-	want := 0.2 / (2*writes - 1)
-	if got := adminEndpoints(t, admin)[0].TPOT; math.Abs(got-want) > 1e-9 {
-		t.Fatalf("observed TPOT %.6f s, want %.6f s (%d events in 200 ms); counted per read it is %.6f s", got, want, 2*writes, 0.2/(writes-1))
-	}
+	return adminEndpoints(t, admin)[0].TPOT
 }

@@ -202,3 +202,31 @@ func TestTPOTStale(t *testing.T) {
 		}
 	}
 }
+
+// TestSequencesAreStreams: a request sampling n sequences decodes n
+// streams on its decode endpoint until it ends.
+func TestSequencesAreStreams(t *testing.T) {
+	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1e6, Decode: testStep},
+		{Name: "d", Role: fleet.RoleDecode, Decode: testStep}}, false)
+	_, eps := snap(f, 0, 0, nil)
+	streams := func() int {
+		s, _ := snap(f, 1, 0, nil)
+		return s.Endpoints[1].DecodeStreams
+	}
+	one := f.Route(eps[0], 0, Work{Uncached: 100})
+	f.Decode(one, eps[1])
+	four := f.Route(eps[0], 0, Work{Uncached: 100, Sequences: 4})
+	f.Decode(four, eps[1])
+	if got := streams(); got != 5 {
+		t.Fatalf("%d decode streams, want 1 + 4", got)
+	}
+	f.Finish(four, 1)
+	f.Finish(four, 1)
+	if got := streams(); got != 1 {
+		t.Fatalf("%d decode streams after the 4 ended (twice), want 1", got)
+	}
+	f.Finish(one, 1)
+	if got := streams(); got != 0 {
+		t.Fatalf("%d decode streams at the end, want 0", got)
+	}
+}

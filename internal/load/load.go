@@ -158,6 +158,7 @@ type Flight struct {
 	inbound  bool // counted in its decode endpoint's inbound
 	finished bool
 	prompt   int
+	seqs     int // sequences it decodes (Work.Sequences, at least 1)
 	// The decode prediction for the endpoint that decodes it, and
 	// whether its TPOT has trained that endpoint's model (TPOTProbe).
 	dx       predict.DecodeFeatures
@@ -205,6 +206,9 @@ type Work struct {
 	// not a request: it only takes its place, PrefillSeconds long, in
 	// the endpoint's queue (routeTouch).
 	Touch bool
+	// Sequences is how many sequences it samples (OpenAI's n; 0 counts
+	// as 1): a decode endpoint counts each as a stream.
+	Sequences int
 }
 
 // ConversationMemory is how long (seconds, the time constant of an
@@ -590,7 +594,7 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	if w.Touch {
 		return f.routeTouch(e, now, max(w.PrefillSeconds, 0))
 	}
-	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now}
+	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now, seqs: max(w.Sequences, 1)}
 	fl.prompt = fl.uncached + max(w.Cached, 0)
 	fl.x = e.features(fl.uncached, max(w.Cached, 0))
 	if e.info.Role.CanDecode() {
@@ -722,7 +726,7 @@ func (f *Fleet) decode(fl *Flight, d *Endpoint, x predict.DecodeFeatures) {
 		p.ctx -= fl.prompt
 	}
 	fl.decode = d
-	d.streams++
+	d.streams += fl.seqs
 	d.requests++
 	if !fl.prefilled && d != fl.prefill {
 		// Its KV arrives when the prefill ends: reserved until then.
@@ -1009,7 +1013,7 @@ func (f *Fleet) finish(fl *Flight, at float64) {
 		d.ctx -= fl.prompt
 	}
 	if d := fl.decode; d != nil {
-		d.streams--
+		d.streams -= fl.seqs
 		d.requests--
 		return
 	}

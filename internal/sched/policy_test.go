@@ -272,3 +272,37 @@ func TestDecodeForecast(t *testing.T) {
 		t.Fatalf("no room at the end of the prefill rejects: %+v", d)
 	}
 }
+
+// TestKVTokens: a request's sequences share the prompt's KV and each
+// holds its own output's; sums and products that overflow are refused.
+func TestKVTokens(t *testing.T) {
+	const maxInt = int(^uint(0) >> 1)
+	for _, tc := range []struct {
+		prompt, out, seqs, want int
+		ok                      bool
+	}{
+		{6400, 500, 0, 6900, true},
+		{6400, 500, 1, 6900, true},
+		{6400, 500, 8, 10400, true},
+		{6400, maxInt / 4, 8, 0, false},
+		{maxInt, 1, 1, 0, false},
+		{6400, -1, 8, 0, false},
+	} {
+		r := Request{PromptTokens: tc.prompt, OutputTokens: tc.out, Sequences: tc.seqs}
+		if got, ok := r.KVTokens(); got != tc.want || ok != tc.ok {
+			t.Errorf("%d + %d × %d: got %d %v, want %d %v", tc.prompt, tc.out, tc.seqs, got, ok, tc.want, tc.ok)
+		}
+	}
+	// Decode admission asks room for every sequence.
+	s := snapOf(Endpoint{Role: fleet.RolePrefill}, Endpoint{Role: fleet.RoleDecode, KVFreeTokens: 8000, DecodeTPOT: 0.01})
+	r := req(6400)
+	r.OutputTokens = 500
+	sc := Scheduler{Policy: mustNew(t, "least-queue", Options{}), EarlyReject: true}
+	if d := sc.Decide(r, s); !d.Admit {
+		t.Fatalf("one sequence fits 8 000 tokens of room: %+v", d)
+	}
+	r.Sequences = 4
+	if d := sc.Decide(r, s); d.Admit || !strings.Contains(d.Reason, "KV") {
+		t.Fatalf("four sequences need 8 400 tokens: want a KV-room rejection, got %+v", d)
+	}
+}

@@ -209,7 +209,7 @@ func (sc *Scheduler) rejectTTFT(req *Request, e *Endpoint, d *Decision) bool {
 // KV, or whose predicted TPOT on the chosen one exceeds its target
 // (missesTPOT).
 func (sc *Scheduler) admitDecode(req *Request, de DecodeView, d *Decision) {
-	if need, ok := addInts(req.PromptTokens, req.OutputTokens); !ok || de.KVFreeTokens < need {
+	if need, ok := req.KVTokens(); !ok || de.KVFreeTokens < need {
 		d.Admit, d.Reason = false, "no KV room on any decode endpoint"
 		return
 	}
@@ -383,7 +383,7 @@ func missesTPOT(req *Request, de DecodeView) bool {
 // target: every request is then rejected on the proven one, and the
 // unproven one, sent nothing, never shows its speed.
 func ExploreDecode(req *Request, s *Snapshot, at float64) (int, DecodeView) {
-	need, ok := addInts(req.PromptTokens, req.OutputTokens)
+	need, ok := req.KVTokens()
 	if !ok {
 		return -1, DecodeView{}
 	}
@@ -418,7 +418,7 @@ func (dv DecodeView) exploring() bool { return dv.Unproven > 0 && dv.Streams < d
 // still needs to prove itself comes after every other endpoint with room.
 // It returns -1 if there is no decode endpoint.
 func PickDecode(req *Request, s *Snapshot, at float64) (int, DecodeView) {
-	need, ok := addInts(req.PromptTokens, req.OutputTokens)
+	need, ok := req.KVTokens()
 	if !ok {
 		need = int(^uint(0) >> 1)
 	}

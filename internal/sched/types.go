@@ -31,7 +31,10 @@ type Request struct {
 	// OutputTokens is the expected output length (max_tokens or a
 	// prediction).
 	OutputTokens int
-	SLO          SLO
+	// Sequences is how many sequences the request samples from its prompt
+	// (OpenAI's n; 0 counts as 1): each holds its own output's KV.
+	Sequences int
+	SLO       SLO
 	// Priority: higher is more important; 0 is the default class.
 	Priority int
 	// OpensConversation: the request starts a conversation whose later
@@ -46,6 +49,20 @@ type Request struct {
 	// simulator always, the gateway when it holds the engine's own token
 	// ids of the prompt.
 	CanCopy bool
+}
+
+// KVTokens is the KV the request's sequences need at their longest: the
+// prompt once (its blocks are shared) and each sequence's output; false
+// if that overflows an int.
+func (r *Request) KVTokens() (int, bool) {
+	out := r.OutputTokens
+	if n := r.Sequences; n > 1 {
+		if out < 0 || out > int(^uint(0)>>1)/n {
+			return 0, false
+		}
+		out *= n
+	}
+	return addInts(r.PromptTokens, out)
 }
 
 // Endpoint is one instance as seen for one request.
