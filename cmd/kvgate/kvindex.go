@@ -165,7 +165,7 @@ func (o *kvindexOptions) engines() ([]kvevents.EngineConfig, error) {
 	}
 	engines := make([]kvevents.EngineConfig, len(eps))
 	for i, e := range eps {
-		engines[i] = kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay}
+		engines[i] = kvevents.EngineFor(e)
 	}
 	if len(engines) == 0 && o.bindEvents == "" {
 		return nil, errors.New("nothing to subscribe to: give --engine, --engines or --bind-events")

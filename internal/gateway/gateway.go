@@ -189,15 +189,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.met = newMetrics(g)
 	g.bodies = cfg.HTTP.BodyLimiter(defaultBodyBytes)
-	var evs []kvevents.EngineConfig
-	for _, e := range cfg.Endpoints {
-		if e.Events != "" {
-			evs = append(evs, kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay})
-		}
-	}
 	// The subscriber runs even without engines with events: discovery may
 	// bring some.
-	g.sub, err = kvevents.New(kvevents.Config{Engines: evs, BindEvents: cfg.BindEvents, BindRanks: cfg.BindEventsRanks, Logger: o.Logger}, g.idx)
+	g.sub, err = kvevents.New(kvevents.Config{Engines: subscribed(cfg.Endpoints, cfg.BindEvents != ""),
+		BindEvents: cfg.BindEvents, BindRanks: cfg.BindEventsRanks, Logger: o.Logger}, g.idx)
 	if err != nil {
 		return nil, err
 	}
@@ -277,13 +272,7 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 	g.mu.Unlock()
 	// Streams of gone engines stop before their index ids are freed, so
 	// no late event lands on a reused id.
-	var evs []kvevents.EngineConfig
-	for _, e := range eps {
-		if e.Events != "" {
-			evs = append(evs, kvevents.EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay})
-		}
-	}
-	subErr := g.sub.SetEngines(evs)
+	subErr := g.sub.SetEngines(subscribed(eps, g.cfg.BindEvents != ""))
 	for _, m := range gone {
 		m.removed.Store(true)
 		_ = g.idx.RemoveEndpoint(m.kvID) // absent already: nothing to free
@@ -314,6 +303,25 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 		return fmt.Errorf("kv events: %w", subErr)
 	}
 	return nil
+}
+
+// subscribed are the engines whose KV events the subscriber hears: those
+// with an events endpoint to dial and, in central mode (the engines dial
+// kvgate), every endpoint, so that an engine whose topic does not name it
+// is known by its connection. Each carries its HTTP API's host:port when
+// its name is not that (a name the user or discovery chose): a central
+// topic kv@<host:port>@<model>, as vLLM is told to send, then reaches it;
+// before, such an endpoint's events went to an engine of their own that
+// no request was routed by.
+func subscribed(eps []fleet.Endpoint, central bool) []kvevents.EngineConfig {
+	var out []kvevents.EngineConfig
+	for _, e := range eps {
+		if e.Events == "" && !central {
+			continue
+		}
+		out = append(out, kvevents.EngineFor(e))
+	}
+	return out
 }
 
 // refresh recomputes each model's eligible endpoints (discovered and

@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -68,6 +69,70 @@ type EngineConfig struct {
 	Model  string `yaml:"model" json:"model"`   // served model
 	Events string `yaml:"events" json:"events"` // its PUB endpoint to dial, e.g. tcp://10.0.0.5:5557; empty: none (central mode or no events)
 	Replay string `yaml:"replay" json:"replay"` // its replay ROUTER endpoint; empty: no replay
+	// Addr is host:port of its HTTP API when Name is not that (an
+	// endpoint named by the user or after its pod): in central mode a
+	// topic kv@<Addr>@<model>, and a connection from Addr's host, name it
+	// as they would an engine named Addr.
+	Addr string `yaml:"addr,omitempty" json:"addr,omitempty"`
+}
+
+// EngineFor is the subscriber's view of endpoint e: its name, model and
+// event sockets, and its URL's host:port as Addr when e is named otherwise.
+func EngineFor(e fleet.Endpoint) EngineConfig {
+	ec := EngineConfig{Name: e.Name, Model: e.Model, Events: e.Events, Replay: e.Replay}
+	if u, err := url.Parse(e.URL); err == nil && u.Host != "" && u.Host != e.Name {
+		ec.Addr = u.Host
+	}
+	return ec
+}
+
+// aliasKey is the byTopic key ec's Addr gives it besides its name's (a
+// rank NAME/dpR's is Addr/dpR's); "" when Addr is unset or its name.
+func (ec EngineConfig) aliasKey() string {
+	if ec.Addr == "" {
+		return ""
+	}
+	a := ec.Addr
+	if base, r := fleet.SplitRankName(ec.Name); base != ec.Name {
+		a = fleet.RankName(ec.Addr, r)
+	}
+	if a == ec.Name {
+		return ""
+	}
+	return a + "@" + ec.Model
+}
+
+// apiHost is the host of ec's HTTP API: Addr's, else its name's (a rank's
+// without its rank), with the rank.
+func (ec EngineConfig) apiHost() (host string, rank int, ok bool) {
+	base, r := fleet.SplitRankName(ec.Name)
+	if ec.Addr != "" {
+		base = ec.Addr
+	}
+	h, _, err := net.SplitHostPort(base)
+	return h, r, err == nil
+}
+
+// register makes st the stream of its engine's topics (under the lock): its
+// name's, and its Addr's unless a configured engine holds that key (one
+// named so, or another with the same Addr: the first keeps it); one
+// registered from the wire before st was configured gives it up.
+func (s *Subscriber) register(st *stream) {
+	s.byTopic[st.cfg.Name+"@"+st.cfg.Model] = st
+	if k := st.cfg.aliasKey(); k != "" {
+		if cur := s.byTopic[k]; cur == nil || cur.fromWire {
+			s.byTopic[k] = st
+		}
+	}
+}
+
+// unregister removes st's topics (under the lock).
+func (s *Subscriber) unregister(st *stream) {
+	for _, k := range [...]string{st.cfg.Name + "@" + st.cfg.Model, st.cfg.aliasKey()} {
+		if k != "" && s.byTopic[k] == st {
+			delete(s.byTopic, k)
+		}
+	}
 }
 
 // Config configures a Subscriber.
@@ -174,7 +239,7 @@ func New(cfg Config, idx Index) (*Subscriber, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.byTopic[ec.Name+"@"+ec.Model] = st
+		s.register(st)
 	}
 	return s, nil
 }
@@ -343,7 +408,7 @@ func (s *Subscriber) SetEngines(engines []EngineConfig) error {
 			continue
 		}
 		stopped = append(stopped, st)
-		delete(s.byTopic, key)
+		s.unregister(st)
 	}
 	s.streams = keep
 	ctx := s.runCtx
@@ -353,14 +418,14 @@ func (s *Subscriber) SetEngines(engines []EngineConfig) error {
 		st.stop()
 	}
 	var errs []error
-	for key, ec := range want {
+	for _, ec := range want {
 		st, err := s.newStream(ec)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		s.mu.Lock()
-		s.byTopic[key] = st
+		s.register(st)
 		s.mu.Unlock()
 		started = append(started, st)
 	}
@@ -468,11 +533,7 @@ func (s *Subscriber) streamForPeer(pc *peerCache, topic string, from net.Addr, r
 		if st.fromWire || st.cfg.Events != "" || ip == nil {
 			continue
 		}
-		base, r := fleet.SplitRankName(st.cfg.Name)
-		if r != rank {
-			continue
-		}
-		if host, _, err := net.SplitHostPort(base); err == nil && ip.Equal(net.ParseIP(host)) {
+		if host, r, ok := st.cfg.apiHost(); ok && r == rank && ip.Equal(net.ParseIP(host)) {
 			match = append(match, st)
 		}
 	}

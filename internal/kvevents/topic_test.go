@@ -46,6 +46,7 @@ func TestCentralEmptyTopic(t *testing.T) {
 		{"two engines on the peer's IP", []EngineConfig{{Name: "127.0.0.1:8000", Model: "m"}, {Name: "127.0.0.1:8001", Model: "m"}}, ""},
 		{"no engine configured", nil, ""},
 		{"engine named by host name", []EngineConfig{{Name: "localhost:8000", Model: "m"}}, ""},
+		{"an engine named otherwise whose API is on the peer's IP", []EngineConfig{{Name: "vllm-0", Model: "m", Addr: "127.0.0.1:8000"}}, "vllm-0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,6 +81,44 @@ func TestCentralEmptyTopic(t *testing.T) {
 				t.Errorf("want one refusal log naming vLLM's topic setting, got:\n%s", log)
 			}
 		})
+	}
+}
+
+// TestCentralTopicNamesAddr: a topic kv@<host:port>@<model> reaches the
+// engine whose HTTP API is at host:port (EngineConfig.Addr) whatever its
+// name; an engine registered from such a topic before the endpoint was
+// configured gives its topic up to it, and an engine named host:port
+// keeps its own topic from another whose Addr it is.
+func TestCentralTopicNamesAddr(t *testing.T) {
+	bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	sub, idx := runSub(t, Config{BindEvents: bind})
+	pub := startPub(t, bind, "", "kv@10.0.0.5:8000@m", true, false)
+	defer pub.close()
+	a, b := seqTokens(64, 41), seqTokens(64, 42)
+	eventually(t, "blocks of a topic nobody configured", func() bool {
+		pub.publish(pStored(t, a, 1, nil), false)
+		return statsOf(sub, "10.0.0.5:8000").StoredBlocks > 0
+	})
+	if err := sub.SetEngines([]EngineConfig{{Name: "vllm-0", Model: "m", Addr: "10.0.0.5:8000"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the configured engine's blocks", func() bool {
+		pub.publish(pStored(t, b, 100, nil), false)
+		return statsOf(sub, "vllm-0").StoredBlocks > 0 && lookupMax(idx, b) == 4
+	})
+	// Two engines: one named host:port, one whose Addr that is. The name
+	// wins, in either order of configuration.
+	for _, engines := range [][]EngineConfig{
+		{{Name: "vllm-0", Model: "m", Addr: "10.0.0.5:8000"}, {Name: "10.0.0.5:8000", Model: "m"}},
+		{{Name: "10.0.0.5:8000", Model: "m"}, {Name: "vllm-0", Model: "m", Addr: "10.0.0.5:8000"}},
+	} {
+		s, err := New(Config{Engines: engines}, kvindex.New(kvindex.Config{BlockSize: 16}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := s.streamForTopic("kv@10.0.0.5:8000@m", 0); err != nil || st == nil || st.cfg.Name != "10.0.0.5:8000" {
+			t.Fatalf("%v: the topic reached %+v (%v), want the engine named 10.0.0.5:8000", engines, st, err)
+		}
 	}
 }
 
