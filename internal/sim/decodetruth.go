@@ -116,23 +116,38 @@ func apeQuantiles(apes []float64) (mdape, p90 float64) {
 }
 
 // DecodeModel makes the oracle a predict.DecodePredictor: it knows each
-// decode instance's hidden factor (not how its batch will evolve).
+// decode instance's hidden factor, and the factor it changes to at
+// Truth.DecodeChangeAt (not how its batch will evolve).
 func (o *oracle) DecodeModel(name string) predict.DecodeModel {
-	f := 1.0
-	if j, ok := o.didx[name]; ok && o.t.DecodeFactors != nil {
-		f = o.t.DecodeFactors[j]
+	j, ok := o.didx[name]
+	if !ok || o.t.DecodeFactors == nil {
+		j = -1
 	}
 	a, _ := predict.NewAnalytic(predict.Options{InitialMargin: 1})
-	return &oracleDecode{f: f, err: a.DecodeModel(name)}
+	return &oracleDecode{o: o, j: j, err: a.DecodeModel(name)}
 }
 
 type oracleDecode struct {
-	f   float64
+	o   *oracle
+	j   int                 // the decode instance (-1: no hidden factor)
 	err predict.DecodeModel // tracks the error only
 }
 
+// factor is the instance's hidden factor on its step time now.
+func (m *oracleDecode) factor() float64 {
+	t := m.o.t
+	switch {
+	case m.j < 0:
+		return 1
+	case t.DecodeFactorsThen != nil && *m.o.now >= t.DecodeChangeAt:
+		return t.DecodeFactorsThen[m.j]
+	default:
+		return t.DecodeFactors[m.j]
+	}
+}
+
 func (m *oracleDecode) TPOT(x predict.DecodeFeatures) predict.Estimate {
-	s := x.Prior * m.f
+	s := x.Prior * m.factor()
 	return predict.Estimate{Seconds: s, Pessimistic: s}
 }
 

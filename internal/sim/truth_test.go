@@ -285,6 +285,11 @@ func TestStaleDecodeIsProbedAgain(t *testing.T) {
 	if res.Attainment < 0.9 {
 		t.Errorf("attainment %.4f with %.4f rejected: want at least 0.9 once the recovered instances are tried again", res.Attainment, res.Rejected)
 	}
+	// The oracle knows the change too: it predicts the factor in force.
+	cfg.Predictor = "true"
+	if or := heteroRun(t, cfg, 40, 0); or.Attainment < res.Attainment-0.02 || or.TPOTAPEP90 > 0.25 {
+		t.Errorf("the oracle attains %.4f (TPOT error p90 %.3f) against the learned %.4f: want within 2 points, error p90 under 0.25", or.Attainment, or.TPOTAPEP90, res.Attainment)
+	}
 	bad := []*Truth{
 		{DecodeFactorsThen: []float64{1, 1, 1, 1}, DecodeChangeAt: 20},
 		{DecodeFactors: []float64{1, 1, 1, 1}, DecodeFactorsThen: []float64{1, 1}, DecodeChangeAt: 20},
