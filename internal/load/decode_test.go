@@ -203,6 +203,57 @@ func TestTPOTStale(t *testing.T) {
 	}
 }
 
+// TestReprobeAfterSurprise: a stream sent to a stale decode endpoint
+// whose reading agrees with the model ends the doubt; one whose reading
+// is more than twice off (the engine recovered while it was sent
+// nothing) has the endpoint explored with ReprobeStreams streams at once,
+// until a reading of a stream sent to test it agrees with its prediction.
+func TestReprobeAfterSurprise(t *testing.T) {
+	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1e6, Decode: testStep},
+		{Name: "d", Role: fleet.RoleDecode, Decode: testStep}}, false)
+	p, _ := predict.NewLearned(predict.Options{MinSamples: 16})
+	f.SetPredictor(p)
+	_, eps := snap(f, 0, 0, nil)
+	stream := func(at float64) *Flight {
+		fl := f.Route(eps[0], at, Work{Uncached: 100})
+		f.Decode(fl, eps[1])
+		f.FirstToken(fl, at+0.01)
+		return fl
+	}
+	for i := range 16 {
+		f.Finished(stream(float64(i)), float64(i)+0.5, 0.02)
+	}
+	unproven := func(now float64) int {
+		s, _ := snap(f, now, 100, nil)
+		return s.Endpoints[1].DecodeUnproven
+	}
+	steps := []struct {
+		name    string
+		at      float64
+		reading func(fl *Flight) float64
+		want    int // DecodeUnproven a second later
+	}{
+		{"a stale endpoint's reading agrees", 50, func(fl *Flight) float64 { return fl.dpred }, 0},
+		{"a stale endpoint's reading is 4× faster", 90, func(fl *Flight) float64 { return fl.dpred / 4 }, ReprobeStreams},
+		{"a test stream's reading is still 3× faster", 91, func(fl *Flight) float64 { return fl.dpred / 3 }, ReprobeStreams},
+		{"a test stream's reading agrees", 92, func(fl *Flight) float64 { return fl.dpred }, 0},
+		{"a stream of a proven endpoint surprises nobody", 93, func(fl *Flight) float64 { return fl.dpred / 4 }, 0},
+	}
+	for _, st := range steps {
+		if st.at >= 90 && st.at < 91 {
+			if u := unproven(st.at); u != 1 {
+				t.Fatalf("%s: DecodeUnproven %d before, want 1 (stale)", st.name, u)
+			}
+		}
+		fl := stream(st.at)
+		f.TPOTProbe(fl, st.reading(fl))
+		if u := unproven(st.at + 1); u != st.want {
+			t.Fatalf("%s: DecodeUnproven %d, want %d", st.name, u, st.want)
+		}
+		f.Finished(fl, st.at+0.5, 0)
+	}
+}
+
 // TestSequencesAreStreams: a request sampling n sequences decodes n
 // streams on its decode endpoint until it ends.
 func TestSequencesAreStreams(t *testing.T) {

@@ -93,15 +93,18 @@ type Endpoint struct {
 	busy float64 // predicted time the prefill queue empties
 	// late is how far catchUp has moved the queue since its head's
 	// progress was last observed (a prefill's end at the head).
-	late       float64
-	queue      []*Flight
-	head       int
-	uncached   int
-	ublocks    int
-	requests   int
-	streams    int
-	dlast      float64 // when the last stream was routed here to decode
-	inbound    int     // prompt tokens of streams routed here to decode whose prefill has not ended
+	late     float64
+	queue    []*Flight
+	head     int
+	uncached int
+	ublocks  int
+	requests int
+	streams  int
+	dlast    float64 // when the last stream was routed here to decode
+	// reprobe is how many streams at once the endpoint is explored with
+	// after a surprise (ReprobeStreams; 0: none).
+	reprobe    int
+	inbound    int // prompt tokens of streams routed here to decode whose prefill has not ended
 	lastPicked float64
 	convs      float64 // conversations opened here, decayed to convsAt
 	convsAt    float64
@@ -164,6 +167,10 @@ type Flight struct {
 	dx       predict.DecodeFeatures
 	dpred    float64
 	dtrained bool
+	// probing: routed to a decode endpoint whose TPOT was in doubt
+	// (stale, or explored after a surprise): its reading decides whether
+	// the endpoint is explored further (trainTPOT).
+	probing bool
 }
 
 // busyWindow is an endpoint's stretch of back-to-back prefills since it
@@ -441,14 +448,33 @@ func (e *Endpoint) predictTPOT(now float64, prompt int, d *sched.Endpoint) {
 // another endpoint's TPOT (sched.ExploreDecode).
 const TPOTStaleAfter = 30.0
 
+// ReprobeStreams is how many streams at once a decode endpoint is
+// explored with (as unproven, sched.Endpoint.DecodeUnproven) while the
+// readings of the streams sent to test it differ from their prediction
+// by more than a factor of 2: a stale endpoint's one stream showed it
+// recovered, and one reading every TPOTStaleAfter did not move its model
+// for 30 s more. Two of four decode instances 4× slow for the first 20 s
+// (20 ms target, 60 req/s, seeds 0-1): 69.7 / 72.0 % attained with one
+// stream, 79.8 / 82.1 % with 2, 81.7 / 82.4 % with 4, 82.2 / 83.0 % with 16;
+// the fewest with which recovery is as quick, since on an endpoint that
+// changed for the worse each explored stream misses.
+const ReprobeStreams = 4
+
+// stale: e has decoded nothing for TPOTStaleAfter (under the lock).
+func (e *Endpoint) stale(now float64) bool {
+	return e.streams == 0 && e.dlast > 0 && now-e.dlast > TPOTStaleAfter
+}
+
 // unproven is e's DecodeUnproven at now given its model's estimate est
-// (under the lock): est's, or 1 once e has decoded nothing for
-// TPOTStaleAfter.
+// (under the lock): est's; else ReprobeStreams while a reading surprised
+// (trainTPOT); else 1 once e has decoded nothing for TPOTStaleAfter.
 func (e *Endpoint) unproven(now float64, est predict.Estimate) int {
-	if est.Unproven > 0 {
+	switch {
+	case est.Unproven > 0:
 		return est.Unproven
-	}
-	if e.streams == 0 && e.dlast > 0 && now-e.dlast > TPOTStaleAfter {
+	case e.reprobe > 0:
+		return e.reprobe
+	case e.stale(now):
 		return 1
 	}
 	return 0
@@ -726,6 +752,7 @@ func (f *Fleet) decode(fl *Flight, d *Endpoint, x predict.DecodeFeatures) {
 		p.ctx -= fl.prompt
 	}
 	fl.decode = d
+	fl.probing = d.reprobe > 0 || d.stale(fl.routed)
 	d.streams += fl.seqs
 	d.requests++
 	if !fl.prefilled && d != fl.prefill {
@@ -996,6 +1023,14 @@ func (f *Fleet) trainTPOT(fl *Flight, tpot float64) {
 	if d := fl.decoder(); d != nil && d.dmodel != nil {
 		fl.dtrained = true
 		d.dmodel.ObserveTPOT(predict.DecodeObservation{X: fl.dx, TPOT: tpot, Predicted: fl.dpred})
+		if fl.probing && fl.dpred > 0 {
+			// A stream sent to test the endpoint: it is explored
+			// further while such readings surprise its model.
+			d.reprobe = 0
+			if tpot < fl.dpred/2 || tpot > 2*fl.dpred {
+				d.reprobe = ReprobeStreams
+			}
+		}
 	}
 }
 

@@ -285,6 +285,12 @@ func TestStaleDecodeIsProbedAgain(t *testing.T) {
 	if res.Attainment < 0.9 {
 		t.Errorf("attainment %.4f with %.4f rejected: want at least 0.9 once the recovered instances are tried again", res.Attainment, res.Rejected)
 	}
+	// At 60 req/s the two fast instances alone cannot carry the load: the
+	// recovered ones are wanted as soon as one stream shows them fast
+	// (load.ReprobeStreams; with one stream per TPOTStaleAfter, 69.7 %).
+	if r60 := heteroRun(t, cfg, 60, 0); r60.Attainment < 0.78 {
+		t.Errorf("60 req/s: attainment %.4f, want at least 0.78 once a recovered instance's first reading has it explored", r60.Attainment)
+	}
 	// The oracle knows the change too: it predicts the factor in force.
 	cfg.Predictor = "true"
 	if or := heteroRun(t, cfg, 40, 0); or.Attainment < res.Attainment-0.02 || or.TPOTAPEP90 > 0.25 {
