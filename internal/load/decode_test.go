@@ -164,16 +164,23 @@ func TestTPOTProbeTrainsOnce(t *testing.T) {
 	}
 }
 
+// learnedPD is a fleet of a prefill and a decode endpoint ("p", "d") with
+// the learned predictor proving an endpoint with minSamples streams.
+func learnedPD(minSamples int) (*Fleet, []*Endpoint) {
+	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1e6, Decode: testStep},
+		{Name: "d", Role: fleet.RoleDecode, Decode: testStep}}, false)
+	p, _ := predict.NewLearned(predict.Options{MinSamples: minSamples})
+	f.SetPredictor(p)
+	_, eps := snap(f, 0, 0, nil)
+	return f, eps
+}
+
 // TestTPOTStale: a decode endpoint whose TPOT it has learned from its own
 // streams is unproven again (one stream) once it has been sent none for
 // TPOTStaleAfter and decodes nothing; a stream in flight, or one sent
 // within that time, keeps it proven.
 func TestTPOTStale(t *testing.T) {
-	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1e6, Decode: testStep},
-		{Name: "d", Role: fleet.RoleDecode, Decode: testStep}}, false)
-	p, _ := predict.NewLearned(predict.Options{MinSamples: 16})
-	f.SetPredictor(p)
-	_, eps := snap(f, 0, 0, nil)
+	f, eps := learnedPD(16)
 	var last *Flight
 	for i := range 16 {
 		at := float64(i)
@@ -209,11 +216,7 @@ func TestTPOTStale(t *testing.T) {
 // nothing) has the endpoint explored with ReprobeStreams streams at once,
 // until a reading of a stream sent to test it agrees with its prediction.
 func TestReprobeAfterSurprise(t *testing.T) {
-	f := New([]Info{{Name: "p", Role: fleet.RolePrefill, PrefillSpeed: 1e6, Decode: testStep},
-		{Name: "d", Role: fleet.RoleDecode, Decode: testStep}}, false)
-	p, _ := predict.NewLearned(predict.Options{MinSamples: 16})
-	f.SetPredictor(p)
-	_, eps := snap(f, 0, 0, nil)
+	f, eps := learnedPD(16)
 	stream := func(at float64) *Flight {
 		fl := f.Route(eps[0], at, Work{Uncached: 100})
 		f.Decode(fl, eps[1])
