@@ -495,19 +495,33 @@ func (s *scheduler) admit(r *request, budget int) (n int, ok bool) {
 		s.allocate(r, need, n)
 		return n, true
 	}
+	total := len(r.tokens)
+	need, ok := s.claimPrefix(r, total, func(cached int) int { return min(total, cached+budget) })
+	if !ok {
+		return 0, false
+	}
+	n = min(total-r.numComputed, budget)
+	s.allocate(r, need, n)
+	return n, true
+}
+
+// claimPrefix gives request r, with total tokens, its longest cached
+// prefix (not its last token) and reports how many more blocks it needs
+// for its first upTo(cached tokens) tokens, or false, claiming nothing,
+// when the free blocks do not allow. r's computed and stored counts then
+// start after the prefix, whose hit is recorded.
+func (s *scheduler) claimPrefix(r *request, total int, upTo func(cached int) int) (need int, ok bool) {
 	s.ensureHashes(r)
-	maxHit := (len(r.tokens) - 1) / s.cfg.BlockSize
-	hit, hitFree := s.pool.lookup(r.hashes, maxHit)
-	n = min(len(r.tokens)-hit*s.cfg.BlockSize, budget)
-	need := s.blocksFor(hit*s.cfg.BlockSize+n) - hit
+	bs := s.cfg.BlockSize
+	hit, hitFree := s.pool.lookup(r.hashes, (total-1)/bs)
+	need = s.blocksFor(upTo(hit*bs)) - hit
 	if need > s.pool.numFree-hitFree {
 		return 0, false
 	}
 	r.blocks = s.pool.acquireCached(r.blocks, r.hashes[:hit])
-	r.numComputed, r.storedBlocks = hit*s.cfg.BlockSize, hit
-	s.recordHit(r, hit*s.cfg.BlockSize)
-	s.allocate(r, need, n)
-	return n, true
+	r.numComputed, r.storedBlocks = hit*bs, hit
+	s.recordHit(r, hit*bs)
+	return need, true
 }
 
 func (p *plan) add(r *request, n int) {
@@ -562,20 +576,14 @@ func (s *scheduler) recordHit(r *request, hitTokens int) {
 // the modelled KV transfer of its uncached part. It reports false when the
 // KV cache has no room yet.
 func (s *scheduler) startTransfer(r *request, now time.Time) bool {
-	s.ensureHashes(r)
-	maxHit := (r.promptLen - 1) / s.cfg.BlockSize
-	hit, hitFree := s.pool.lookup(r.hashes, maxHit)
-	need := s.blocksFor(r.promptLen) - hit
-	if need > s.pool.numFree-hitFree {
+	need, ok := s.claimPrefix(r, r.promptLen, func(int) int { return r.promptLen })
+	if !ok {
 		return false
 	}
-	r.blocks = s.pool.acquireCached(r.blocks, r.hashes[:hit])
 	r.blocks, _ = s.pool.allocate(r.blocks, need)
-	r.numComputed, r.storedBlocks = hit*s.cfg.BlockSize, hit
-	s.recordHit(r, hit*s.cfg.BlockSize)
 	r.transferred = true
 	r.scheduledAt = now
-	r.readyAt = now.Add(s.cfg.real(s.cfg.Perf.TransferTime(r.promptLen - hit*s.cfg.BlockSize)))
+	r.readyAt = now.Add(s.cfg.real(s.cfg.Perf.TransferTime(r.promptLen - r.numComputed)))
 	s.transferring = append(s.transferring, r)
 	return true
 }
