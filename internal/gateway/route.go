@@ -38,8 +38,8 @@ type routed struct {
 	prep    tokens.Prepared
 	promptN int
 	outN    int
-	// seqs is how many sequences it samples (OpenAI's n, at least 1):
-	// its stream interleaves their events.
+	// seqs is how many sequences it samples (OpenAI's n, at least 1,
+	// times the prompts of a batch): its stream interleaves their events.
 	seqs    int
 	arrival time.Time
 	// opens: a chat request without an assistant message (it starts a
@@ -226,6 +226,11 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 		} else {
 			rt.promptN += len(req.Prompt.Texts[i]) / 4
 		}
+	}
+	if k := req.Prompt.Len(); k > 1 {
+		// Each prompt of a batch samples n sequences, their events one
+		// stream's.
+		rt.seqs = min(max(rt.seqs, 1)*k, maxSequences)
 	}
 	// From here on the counts, the keys and the raw body are all a request
 	// needs: let the parsed prompt go, so that once its large-body slot is

@@ -102,12 +102,14 @@ func TestTPOTProbeTrainsMidStream(t *testing.T) {
 // times the gateway reads are exact: 21 writes, 42 events, 200 ms. A
 // request sampling n sequences (OpenAI's n) has their events interleaved,
 // one choice an event, as vLLM streams them: its TPOT is per sequence,
-// the same, where counted over all events it read n times low.
+// the same, where counted over all events it read n times low; and so
+// are a batch's prompts' n sequences each.
 func TestTPOTCountsEvents(t *testing.T) {
-	for _, seqs := range []int{1, 3} {
-		t.Run(fmt.Sprintf("n=%d", seqs), func(t *testing.T) {
+	for _, tc := range []struct{ n, prompts int }{{1, 1}, {3, 1}, {2, 2}} {
+		seqs := tc.n * tc.prompts
+		t.Run(fmt.Sprintf("n=%d,prompts=%d", tc.n, tc.prompts), func(t *testing.T) {
 			const writes = 21
-			got := streamTPOT(t, writes, seqs)
+			got := streamTPOT(t, writes, tc.n, tc.prompts)
 			want := 0.2 / (2*writes - 1)
 			if math.Abs(got-want) > 1e-9 {
 				t.Fatalf("observed TPOT %.6f s, want %.6f s (%d events a sequence in 200 ms); counted per read it is %.6f s, over all sequences' events %.6f s",
@@ -117,11 +119,12 @@ func TestTPOTCountsEvents(t *testing.T) {
 	}
 }
 
-// streamTPOT is the TPOT the gateway observes of a completion with n =
-// seqs whose upstream writes, writes times, two events for each sequence,
-// its clock moved 10 ms between writes once the client has the one
-// before.
-func streamTPOT(t *testing.T, writes, seqs int) float64 {
+// streamTPOT is the TPOT the gateway observes of a completion of a batch
+// of prompts, each sampling n sequences, whose upstream writes, writes
+// times, two events for each sequence, its clock moved 10 ms between
+// writes once the client has the one before.
+func streamTPOT(t *testing.T, writes, n, prompts int) float64 {
+	seqs := n * prompts
 	clock := &atomic.Int64{}
 	clock.Store(time.Unix(1000, 0).UnixNano())
 	ack := make(chan struct{}, 1)
@@ -149,7 +152,14 @@ func streamTPOT(t *testing.T, writes, seqs int) float64 {
 	t.Cleanup(up.Close)
 	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}}
 	_, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
-	body := strings.Replace(tokenPrompt(8, 10, true), `"stream"`, fmt.Sprintf(`"n":%d,"stream"`, seqs), 1)
+	lists := make([]string, prompts)
+	for i := range lists {
+		lists[i] = fmt.Sprintf("[%d,%d,%d]", 8+i, 8+i, 8+i)
+	}
+	body := fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":2,"n":%d,"stream":true}`, testModel, strings.Join(lists, ","), n)
+	if prompts == 1 {
+		body = strings.Replace(tokenPrompt(8, 10, true), `"stream"`, fmt.Sprintf(`"n":%d,"stream"`, n), 1)
+	}
 	req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
