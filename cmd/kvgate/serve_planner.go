@@ -33,8 +33,8 @@ func (t trafficRecorder) Routed(at float64, prompt, cached, output int, rejP, re
 		RejectedPrefill: rejP, RejectedDecode: rejD})
 }
 
-func (t trafficRecorder) Answered(at, ttft, tpot float64, ttftMiss, tpotMiss bool) {
-	t.r.Completed(planner.Completion{At: at, TTFT: ttft, TPOT: tpot, TTFTMiss: ttftMiss, TPOTMiss: tpotMiss})
+func (t trafficRecorder) Answered(at, ttft, tpot float64, output int, ttftMiss, tpotMiss bool) {
+	t.r.Completed(planner.Completion{At: at, TTFT: ttft, TPOT: tpot, OutputTokens: output, TTFTMiss: ttftMiss, TPOTMiss: tpotMiss})
 }
 
 // newPlannerRecorder is the recorder the gateway feeds when a planner is

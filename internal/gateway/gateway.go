@@ -68,12 +68,14 @@ type Options struct {
 }
 
 // Traffic hears what the gateway routes: a request's sizes when it is
-// decided (rejected ones flagged by side) and a streamed answer's TTFT and
-// TPOT, with whether they missed the class's SLO. Times are the gateway's
-// clock in seconds. Implementations must be safe for concurrent use.
+// decided (rejected ones flagged by side; its output as planned:
+// max_tokens or the default) and a streamed answer's TTFT, TPOT and output
+// tokens (every sequence's), with whether they missed the class's SLO.
+// Times are the gateway's clock in seconds. Implementations must be safe
+// for concurrent use.
 type Traffic interface {
 	Routed(at float64, promptTokens, cachedTokens, outputTokens int, rejectedPrefill, rejectedDecode bool)
-	Answered(at, ttft, tpot float64, ttftMiss, tpotMiss bool)
+	Answered(at, ttft, tpot float64, outputTokens int, ttftMiss, tpotMiss bool)
 }
 
 // Gateway routes and proxies requests. Create with New, start the KV-event

@@ -758,7 +758,7 @@ func (g *Gateway) streamed(rt *routed, m *member, firstAt time.Time, tokens int)
 	if g.traffic != nil {
 		slo := rt.class.slo(rt.promptN)
 		ttft := firstAt.Sub(rt.arrival).Seconds()
-		g.traffic.Answered(g.clock(), ttft, tpot, slo.TTFT > 0 && ttft > slo.TTFT, slo.TPOT > 0 && tpot > slo.TPOT)
+		g.traffic.Answered(g.clock(), ttft, tpot, tokens*max(rt.seqs, 1), slo.TTFT > 0 && ttft > slo.TTFT, slo.TPOT > 0 && tpot > slo.TPOT)
 	}
 	return tpot
 }

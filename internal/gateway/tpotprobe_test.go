@@ -109,7 +109,10 @@ func TestTPOTCountsEvents(t *testing.T) {
 		seqs := tc.n * tc.prompts
 		t.Run(fmt.Sprintf("n=%d,prompts=%d", tc.n, tc.prompts), func(t *testing.T) {
 			const writes = 21
-			got := streamTPOT(t, writes, tc.n, tc.prompts)
+			got, output := streamTPOT(t, writes, tc.n, tc.prompts)
+			if output != 2*writes*seqs {
+				t.Errorf("the planner heard of %d output tokens, want %d (every sequence's)", output, 2*writes*seqs)
+			}
 			want := 0.2 / (2*writes - 1)
 			if math.Abs(got-want) > 1e-9 {
 				t.Fatalf("observed TPOT %.6f s, want %.6f s (%d events a sequence in 200 ms); counted per read it is %.6f s, over all sequences' events %.6f s",
@@ -123,7 +126,8 @@ func TestTPOTCountsEvents(t *testing.T) {
 // of prompts, each sampling n sequences, whose upstream writes, writes
 // times, two events for each sequence, its clock moved 10 ms between
 // writes once the client has the one before.
-func streamTPOT(t *testing.T, writes, n, prompts int) float64 {
+// It returns the TPOT and the output tokens the gateway's Traffic heard.
+func streamTPOT(t *testing.T, writes, n, prompts int) (float64, int) {
 	seqs := n * prompts
 	clock := &atomic.Int64{}
 	clock.Store(time.Unix(1000, 0).UnixNano())
@@ -151,7 +155,8 @@ func streamTPOT(t *testing.T, writes, n, prompts int) float64 {
 	}))
 	t.Cleanup(up.Close)
 	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}}
-	_, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	tr := &answers{}
+	_, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }, Traffic: tr})
 	lists := make([]string, prompts)
 	for i := range lists {
 		lists[i] = fmt.Sprintf("[%d,%d,%d]", 8+i, 8+i, 8+i)
@@ -176,6 +181,13 @@ func streamTPOT(t *testing.T, writes, n, prompts int) float64 {
 			}
 		}
 	}
-	waitFor(t, func() bool { return adminEndpoints(t, admin)[0].TPOT > 0 })
-	return adminEndpoints(t, admin)[0].TPOT
+	waitFor(t, func() bool { return adminEndpoints(t, admin)[0].TPOT > 0 && tr.output.Load() > 0 })
+	return adminEndpoints(t, admin)[0].TPOT, int(tr.output.Load())
 }
+
+// answers is a Traffic that keeps the output tokens of the answers.
+type answers struct{ output atomic.Int64 }
+
+func (*answers) Routed(float64, int, int, int, bool, bool) {}
+
+func (a *answers) Answered(_, _, _ float64, output int, _, _ bool) { a.output.Add(int64(output)) }

@@ -383,6 +383,18 @@ func TestRecorder(t *testing.T) {
 	if s := o.Shape(); s.Rate != 0.2 || s.ISL != 100 || s.Hit != 0.7 {
 		t.Errorf("shape %+v", s)
 	}
+	// Answers whose output was counted: the output they had, not the
+	// max_tokens the requests planned, sizes the decode load.
+	m, _ := NewRecorder(100, 16)
+	for i := range 4 {
+		m.Arrived(Arrival{At: float64(i), PromptTokens: 100, OutputTokens: 4096})
+	}
+	m.Completed(Completion{At: 5, TTFT: 0.1, TPOT: 0.01, OutputTokens: 300})
+	m.Completed(Completion{At: 6, TTFT: 0.1, TPOT: 0.01, OutputTokens: 500})
+	m.Completed(Completion{At: 7, TTFT: 0.1, TPOT: 0.01}) // not counted
+	if o, _ := m.Observe(context.Background(), 10, 10, 0); o.OutputTokens != 1600 || o.Shape().OSL != 400 {
+		t.Errorf("measured output: %d tokens, OSL %v; want 4 × 400", o.OutputTokens, o.Shape().OSL)
+	}
 	// Samples older than keep go; at most 4 are kept.
 	r.Arrived(Arrival{At: 200, PromptTokens: 1})
 	if o, _ := r.Observe(context.Background(), 201, 201, 0); o.Requests != 1 {

@@ -16,7 +16,8 @@ type Observation struct {
 	Now    float64 `json:"now"`
 	Window float64 `json:"window"`
 	// Requests arrived, with their prompt, cached-prompt and output
-	// tokens.
+	// tokens: as the answers finished in the window had them, when any
+	// was counted, else as planned (max_tokens).
 	Requests     int   `json:"requests"`
 	PromptTokens int64 `json:"prompt_tokens"`
 	CachedTokens int64 `json:"cached_tokens"`

@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 )
 
@@ -12,7 +13,7 @@ type Arrival struct {
 	At           float64 // clock seconds
 	PromptTokens int
 	CachedTokens int
-	OutputTokens int // expected (max_tokens) or actual
+	OutputTokens int // as planned: max_tokens, or the gateway's default
 	// RejectedPrefill: predicted TTFT over its SLO; RejectedDecode: no KV
 	// room or predicted TPOT over its SLO.
 	RejectedPrefill bool
@@ -26,6 +27,9 @@ type Completion struct {
 	TPOT     float64
 	TTFTMiss bool
 	TPOTMiss bool
+	// OutputTokens is how many tokens it was answered with (0: not
+	// counted).
+	OutputTokens int
 }
 
 // Recorder is a Source fed request by request (by a gateway, or a test's
@@ -113,6 +117,7 @@ func (r *Recorder) Observe(_ context.Context, now, window, _ float64) (Observati
 		}
 	}
 	var ttft, tpot float64
+	var counted, answered int64
 	for _, c := range r.done.items() {
 		if c.At < from || c.At >= now {
 			continue
@@ -120,6 +125,10 @@ func (r *Recorder) Observe(_ context.Context, now, window, _ float64) (Observati
 		o.Finished++
 		ttft += c.TTFT
 		tpot += c.TPOT
+		if c.OutputTokens > 0 {
+			counted++
+			answered += int64(c.OutputTokens)
+		}
 		if c.TTFTMiss {
 			o.TTFTMiss++
 		}
@@ -129,6 +138,12 @@ func (r *Recorder) Observe(_ context.Context, now, window, _ float64) (Observati
 	}
 	if o.Finished > 0 {
 		o.MeanTTFT, o.MeanTPOT = ttft/float64(o.Finished), tpot/float64(o.Finished)
+	}
+	if counted > 0 {
+		// The output the answers had, not the max_tokens the requests
+		// allowed (clients ask for 4 096 and get 300): each arrival
+		// counts the mean of the answers counted in the window.
+		o.OutputTokens = int64(math.Round(float64(answered) / float64(counted) * float64(o.Requests)))
 	}
 	return o, nil
 }
