@@ -211,10 +211,11 @@ func TestTPOTStale(t *testing.T) {
 }
 
 // TestReprobeAfterSurprise: a stream sent to a stale decode endpoint
-// whose reading agrees with the model ends the doubt; one whose reading
-// is more than twice off (the engine recovered while it was sent
-// nothing) has the endpoint explored with ReprobeStreams streams at once,
-// until a reading of a stream sent to test it agrees with its prediction.
+// whose reading agrees with the model ends the doubt, as does one slower
+// than predicted; one whose reading is under half the prediction (the
+// engine recovered while it was sent nothing) has the endpoint explored
+// with ReprobeStreams streams at once, until a reading of a stream sent
+// to test it agrees with its prediction.
 func TestReprobeAfterSurprise(t *testing.T) {
 	f, eps := learnedPD(16)
 	stream := func(at float64) *Flight {
@@ -237,13 +238,14 @@ func TestReprobeAfterSurprise(t *testing.T) {
 		want    int // DecodeUnproven a second later
 	}{
 		{"a stale endpoint's reading agrees", 50, func(fl *Flight) float64 { return fl.dpred }, 0},
-		{"a stale endpoint's reading is 4× faster", 90, func(fl *Flight) float64 { return fl.dpred / 4 }, ReprobeStreams},
-		{"a test stream's reading is still 3× faster", 91, func(fl *Flight) float64 { return fl.dpred / 3 }, ReprobeStreams},
-		{"a test stream's reading agrees", 92, func(fl *Flight) float64 { return fl.dpred }, 0},
-		{"a stream of a proven endpoint surprises nobody", 93, func(fl *Flight) float64 { return fl.dpred / 4 }, 0},
+		{"a stale endpoint's reading is 4× slower", 90, func(fl *Flight) float64 { return fl.dpred * 4 }, 0},
+		{"a stale endpoint's reading is 4× faster", 130, func(fl *Flight) float64 { return fl.dpred / 4 }, ReprobeStreams},
+		{"a test stream's reading is still 3× faster", 131, func(fl *Flight) float64 { return fl.dpred / 3 }, ReprobeStreams},
+		{"a test stream's reading agrees", 132, func(fl *Flight) float64 { return fl.dpred }, 0},
+		{"a stream of a proven endpoint surprises nobody", 133, func(fl *Flight) float64 { return fl.dpred / 4 }, 0},
 	}
 	for _, st := range steps {
-		if st.at >= 90 && st.at < 91 {
+		if st.at == 50 || st.at == 90 || st.at == 130 {
 			if u := unproven(st.at); u != 1 {
 				t.Fatalf("%s: DecodeUnproven %d before, want 1 (stale)", st.name, u)
 			}
