@@ -120,6 +120,20 @@ func TestCentralTopicNamesAddr(t *testing.T) {
 			t.Fatalf("%v: the topic reached %+v (%v), want the engine named 10.0.0.5:8000", engines, st, err)
 		}
 	}
+	// Data-parallel ranks behind one API (vLLM's internal balancer), named
+	// otherwise: every rank sends the API's topic, at the bound port +
+	// its rank, and each reaches its own rank's endpoint.
+	s, err := New(Config{Engines: []EngineConfig{
+		{Name: "e0/dp0", Model: "m", Addr: "10.0.0.5:8000"}, {Name: "e0/dp1", Model: "m", Addr: "10.0.0.5:8000"},
+	}}, kvindex.New(kvindex.Config{BlockSize: 16}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rank, want := range []string{"e0/dp0", "e0/dp1"} {
+		if st, err := s.streamForTopic("kv@10.0.0.5:8000@m", rank); err != nil || st == nil || st.cfg.Name != want {
+			t.Errorf("rank %d: the topic reached %+v (%v), want %s", rank, st, err, want)
+		}
+	}
 }
 
 // TestCentralEmptyTopicAfterSetEngines: a publisher refused while no
