@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -49,7 +48,7 @@ func TestCentralEventsReachNamedEndpoints(t *testing.T) {
 		}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			bind := fmt.Sprintf("tcp://127.0.0.1:%d", freeTCPPort(t))
+			bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePortPair(t))
 			cfg := Config{Endpoints: tc.endpoints, BindEvents: bind, BlockSize: 16}
 			_, _, admin := startGateway(t, cfg, Options{})
 			pub := dialPub(t, bind)
@@ -76,17 +75,6 @@ func TestCentralEventsReachNamedEndpoints(t *testing.T) {
 			}
 		})
 	}
-}
-
-// freeTCPPort is a loopback port free a moment ago.
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // dialPub is a go-zeromq PUB dialing the gateway's bound SUB, as vLLM's

@@ -426,8 +426,8 @@ func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed,
 
 // relayHooks are what relay calls as the answer comes (each may be nil
 // but firstByte): firstByte at its first body bytes, probe with a
-// stream's TPOT at its event load.TPOTProbeTokens past the first, and
-// start, when set, before its headers go (relay).
+// stream's TPOT at its token load.TPOTProbeTokens past the first (per
+// sequence), and start, when set, before its headers go (relay).
 type relayHooks struct {
 	firstByte func()
 	probe     func(tpot float64)
@@ -706,9 +706,11 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 				return 0, fmt.Errorf("%w: client: %w", errStreamBroken, werr)
 			}
 			end.scan(buf[:n])
-			if t := end.tokens(rt.seqs); probe != nil && t > load.TPOTProbeTokens {
-				probe(g.now().Sub(firstAt).Seconds() / float64(t-1))
-				probe = nil
+			if probe != nil {
+				if t := end.tokens(rt.seqs); t > load.TPOTProbeTokens {
+					probe(g.tpotSince(firstAt, t))
+					probe = nil
+				}
 			}
 		}
 		if err == io.EOF {
@@ -753,7 +755,7 @@ func writeHeaders(w http.ResponseWriter, rc *http.ResponseController, resp *http
 // first came at firstAt (the endpoint's observed TPOT, the planner's
 // traffic) and returns its TPOT.
 func (g *Gateway) streamed(rt *routed, m *member, firstAt time.Time, tokens int) float64 {
-	tpot := g.now().Sub(firstAt).Seconds() / float64(tokens-1)
+	tpot := g.tpotSince(firstAt, tokens)
 	m.obs.addTPOT(tpot)
 	if g.traffic != nil {
 		slo := rt.class.slo(rt.promptN)
@@ -761,6 +763,12 @@ func (g *Gateway) streamed(rt *routed, m *member, firstAt time.Time, tokens int)
 		g.traffic.Answered(g.clock(), ttft, tpot, tokens*max(rt.seqs, 1), slo.TTFT > 0 && ttft > slo.TTFT, slo.TPOT > 0 && tpot > slo.TPOT)
 	}
 	return tpot
+}
+
+// tpotSince is the TPOT of a sequence whose first of tokens (at least 2)
+// came at firstAt and its last now.
+func (g *Gateway) tpotSince(firstAt time.Time, tokens int) float64 {
+	return g.now().Sub(firstAt).Seconds() / float64(tokens-1)
 }
 
 // writeFlush writes p to the client and flushes it: a failed flush is a

@@ -452,11 +452,12 @@ const TPOTStaleAfter = 30.0
 // explored with (as unproven, sched.Endpoint.DecodeUnproven) while the
 // readings of the streams sent to test it are under half their
 // prediction: a stale endpoint's one stream showed it recovered, and one
-// reading every TPOTStaleAfter did not move its model for 30 s more. Two of four decode instances 4× slow for the first 20 s
-// (20 ms target, 60 req/s, seeds 0-1): 69.7 / 72.0 % attained with one
-// stream, 79.8 / 82.1 % with 2, 81.7 / 82.4 % with 4, 82.2 / 83.0 % with 16;
-// the fewest with which recovery is as quick, since on an endpoint that
-// changed for the worse each explored stream misses.
+// reading every TPOTStaleAfter did not move its model for 30 s more. Two
+// of four decode instances 4× slow for the first 20 s (20 ms target, 60
+// req/s, seeds 0-1): 69.7 / 72.0 % attained with one stream, 79.8 / 82.1
+// % with 2, 81.7 / 82.4 % with 4, 82.2 / 83.0 % with 16; 4 is the fewest
+// with which recovery is as quick, since on an endpoint that changed for
+// the worse each explored stream misses.
 const ReprobeStreams = 4
 
 // stale: e has decoded nothing for TPOTStaleAfter (under the lock).

@@ -90,13 +90,9 @@ type decodePool struct {
 	// capacity; it is dropped at its join instead of blocking the
 	// instance's waiting queue forever.
 	never []bool
-	// slow, when set, is each instance's hidden factor on its step time
-	// (Truth.DecodeFactors): the router still believes model.
-	slow []float64
-	// slowThen, when set, replace slow from time slowAt on
-	// (Truth.DecodeFactorsThen).
-	slowThen []float64
-	slowAt   float64
+	// hidden, when set, holds each instance's hidden factor on its step
+	// time (Truth.decodeFactor): the router still believes model.
+	hidden *Truth
 	// onFinish, when set, hears of each request's end (its stream's last
 	// token, or its drop) with its TPOT (0: one token or dropped).
 	onFinish func(r int, at, tpot float64)
@@ -200,11 +196,8 @@ func (p *decodePool) startStep(at float64, i int) {
 	d.pending, d.pendingCtx = d.pending[:0], 0
 	d.running = true
 	st := p.model.DecodeStepTime(d.batch, d.ctx)
-	switch {
-	case p.slowThen != nil && at >= p.slowAt:
-		st *= p.slowThen[i]
-	case p.slow != nil:
-		st *= p.slow[i]
+	if p.hidden != nil {
+		st *= p.hidden.decodeFactor(i, at)
 	}
 	p.push(at+st, i, -1)
 }

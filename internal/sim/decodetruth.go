@@ -31,8 +31,7 @@ func (tr *truthRun) withDecode(r *run, p predict.Predictor, infos []load.Info) {
 	nr := len(r.tr.Requests)
 	dt := &decodeTruth{r: r, x: make([]predict.DecodeFeatures, r.cfg.Decode), flights: make([]*load.Flight, nr),
 		pred: make([]float64, nr), obs: make([]float64, nr)}
-	r.dec.slow = tr.t.DecodeFactors
-	r.dec.slowThen, r.dec.slowAt = tr.t.DecodeFactorsThen, tr.t.DecodeChangeAt
+	r.dec.hidden = tr.t
 	r.dec.onFinish = dt.finished
 	r.dec.onProbe = dt.probed
 	r.fc.truth = dt
@@ -115,12 +114,25 @@ func apeQuantiles(apes []float64) (mdape, p90 float64) {
 	return apes[len(apes)/2], apes[min(len(apes)*9/10, len(apes)-1)]
 }
 
+// decodeFactor is decode instance j's hidden factor on its step time at
+// time at: DecodeFactorsThen's from DecodeChangeAt on, else
+// DecodeFactors', else 1.
+func (t *Truth) decodeFactor(j int, at float64) float64 {
+	switch {
+	case t.DecodeFactorsThen != nil && at >= t.DecodeChangeAt:
+		return t.DecodeFactorsThen[j]
+	case t.DecodeFactors != nil:
+		return t.DecodeFactors[j]
+	}
+	return 1
+}
+
 // DecodeModel makes the oracle a predict.DecodePredictor: it knows each
 // decode instance's hidden factor, and the factor it changes to at
 // Truth.DecodeChangeAt (not how its batch will evolve).
 func (o *oracle) DecodeModel(name string) predict.DecodeModel {
 	j, ok := o.didx[name]
-	if !ok || o.t.DecodeFactors == nil {
+	if !ok {
 		j = -1
 	}
 	a, _ := predict.NewAnalytic(predict.Options{InitialMargin: 1})
@@ -129,25 +141,16 @@ func (o *oracle) DecodeModel(name string) predict.DecodeModel {
 
 type oracleDecode struct {
 	o   *oracle
-	j   int                 // the decode instance (-1: no hidden factor)
+	j   int                 // the decode instance (-1: not one)
 	err predict.DecodeModel // tracks the error only
 }
 
-// factor is the instance's hidden factor on its step time now.
-func (m *oracleDecode) factor() float64 {
-	t := m.o.t
-	switch {
-	case m.j < 0:
-		return 1
-	case t.DecodeFactorsThen != nil && *m.o.now >= t.DecodeChangeAt:
-		return t.DecodeFactorsThen[m.j]
-	default:
-		return t.DecodeFactors[m.j]
-	}
-}
-
 func (m *oracleDecode) TPOT(x predict.DecodeFeatures) predict.Estimate {
-	s := x.Prior * m.factor()
+	f := 1.0
+	if m.j >= 0 {
+		f = m.o.t.decodeFactor(m.j, *m.o.now)
+	}
+	s := x.Prior * f
 	return predict.Estimate{Seconds: s, Pessimistic: s}
 }
 
