@@ -3,6 +3,7 @@ package kvevents
 import (
 	"bytes"
 	"encoding/binary"
+	"strconv"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -168,7 +169,7 @@ func (m *mapper) stored(e *Event) {
 			m.after(&c, e.Parent, p)
 		}
 	}
-	extra := tokens.LoRAExtra(e.LoRAName)
+	extra := eventLoRA(e)
 	bit := heldBit(e.Group, e.Medium)
 	step := max(1, min(chunkBlocks, m.maxNodes))
 	for lo := 0; lo < n; lo += step {
@@ -191,6 +192,19 @@ func (m *mapper) stored(e *Event) {
 	}
 	m.st.storedBlocks.Add(int64(n))
 	m.trimBuffers()
+}
+
+// eventLoRA is the extra bytes of e's blocks' router keys: its adapter's
+// name, as a request naming that adapter mixes in (tokens.LoRAExtra). A
+// vLLM older than lora_name sends only the deprecated lora_id, a number
+// the engine gave the adapter as it loaded it, which no request names:
+// its blocks get an extra no request's keys hold, so that an adapter's KV
+// never passes for the base model's (ids start at 1; 0 is no adapter).
+func eventLoRA(e *Event) []byte {
+	if e.LoRAName == "" && e.HasLoRAID && e.LoRAID > 0 {
+		return strconv.AppendInt([]byte("lora-id:"), e.LoRAID, 10)
+	}
+	return tokens.LoRAExtra(e.LoRAName)
 }
 
 // blockExtra is the extra bytes of block j's router key: the LoRA extra

@@ -117,6 +117,22 @@ func TestMapperOrphansLoRAGroupsClear(t *testing.T) {
 	if f.matched(toks, nil) != 0 || f.matched(toks, tokens.LoRAExtra("adapter")) != 4 {
 		t.Errorf("lora: base %d, adapter %d", f.matched(toks, nil), f.matched(toks, tokens.LoRAExtra("adapter")))
 	}
+	// An adapter named only by the deprecated lora_id (vLLM before
+	// lora_name) matches neither the base model nor a named adapter; id 0
+	// is no adapter.
+	other := seqTokens(64, 4)
+	byID := storedEvent(other, 16, 500, nil)
+	byID.LoRAID, byID.HasLoRAID = 2, true
+	f.apply(byID)
+	if got := f.matched(other, nil) + f.matched(other, tokens.LoRAExtra("adapter")); got != 0 {
+		t.Errorf("lora_id only: a request's lookup matched %d blocks", got)
+	}
+	zero := storedEvent(seqTokens(64, 5), 16, 600, nil)
+	zero.HasLoRAID = true
+	f.apply(zero)
+	if got := f.matched(seqTokens(64, 5), nil); got != 4 {
+		t.Errorf("lora_id 0 is the base model's: matched %d blocks, want 4", got)
+	}
 	// Same hash on CPU too: a GPU removal leaves the CPU copy.
 	e.Medium = kvindex.TierCPU
 	f.apply(e)
