@@ -65,7 +65,7 @@ func NewNotifier(source string, log *slog.Logger, update func([]fleet.Endpoint))
 // Publish passes eps on unless it equals the last list passed; it reports
 // whether it did. eps must not be modified afterwards.
 func (n *Notifier) Publish(eps []fleet.Endpoint) bool {
-	if n.sent && slices.Equal(n.last, eps) {
+	if n.sent && slices.EqualFunc(n.last, eps, fleet.Endpoint.Equal) {
 		return false
 	}
 	added, removed, changed := Diff(n.last, eps)
@@ -88,7 +88,7 @@ func Diff(old, cur []fleet.Endpoint) (added, removed, changed []string) {
 		switch {
 		case !ok:
 			added = append(added, e.Name)
-		case o != e:
+		case !o.Equal(e):
 			changed = append(changed, e.Name)
 		}
 		delete(before, e.Name)

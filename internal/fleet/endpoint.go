@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -26,7 +28,13 @@ type Endpoint struct {
 	// empty.
 	URL   string `yaml:"url" json:"url,omitempty"`
 	Model string `yaml:"model" json:"model"`
-	Role  Role   `yaml:"role" json:"role"`
+	// LoRA names the LoRA adapters the engine serves besides Model
+	// (vLLM's --lora-modules NAME=PATH …; SGLang's --lora-paths). A
+	// request whose model is one of them is routed among the endpoints
+	// of Model that serve it, on the same load accounting, with its
+	// block keys mixed with the adapter's name as vLLM hashes them.
+	LoRA []string `yaml:"lora" json:"lora,omitempty"`
+	Role Role     `yaml:"role" json:"role"`
 	// Events is its KV-event PUB socket to dial (tcp://HOST:PORT); empty:
 	// none (central mode, or an engine without events).
 	Events string `yaml:"events" json:"events,omitempty"`
@@ -60,20 +68,34 @@ type Endpoint struct {
 // an engine with DPSize ranks.
 func (e Endpoint) Ranked() bool { return e.ranked }
 
+// Equal reports whether e and o declare the same endpoint.
+func (e Endpoint) Equal(o Endpoint) bool { return reflect.DeepEqual(e, o) }
+
+// Serves reports whether a request for model may go to e: its model, or
+// one of its LoRA adapters.
+func (e Endpoint) Serves(model string) bool {
+	return model == e.Model || slices.Contains(e.LoRA, model)
+}
+
 // Limits on what a spec or file may hold.
 const (
 	MaxEndpoints    = 4096
 	maxFieldLen     = 1024
 	MaxPrefillSpeed = 1e9
+	// MaxLoRA bounds the adapters one endpoint declares, and
+	// maxLoRANameLen an adapter's name.
+	MaxLoRA        = 1024
+	maxLoRANameLen = 256
 	// MaxDPSize bounds an engine's data-parallel ranks.
 	MaxDPSize = 1024
 )
 
 // ParseSpec parses the --engine text form:
 //
-//	name=N,url=http://HOST:PORT,model=M,role=both|prefill|decode,events=tcp://HOST:PORT,replay=tcp://HOST:PORT,prefill_speed=TOKENS_PER_S,dp_size=RANKS,bootstrap_port=PORT
+//	name=N,url=http://HOST:PORT,model=M,lora=ADAPTER,role=both|prefill|decode,events=tcp://HOST:PORT,replay=tcp://HOST:PORT,prefill_speed=TOKENS_PER_S,dp_size=RANKS,bootstrap_port=PORT
 //
 // Keys may come in any order; model is required, and one of name or url.
+// lora may be given once for each adapter.
 func ParseSpec(s string) (Endpoint, error) {
 	var e Endpoint
 	err := kvspec.Each(s, func(k, v string) error {
@@ -84,6 +106,8 @@ func ParseSpec(s string) (Endpoint, error) {
 			e.URL = v
 		case "model":
 			e.Model = v
+		case "lora":
+			e.LoRA = append(e.LoRA, v)
 		case "role":
 			r, err := ParseRole(v)
 			if err != nil {
@@ -105,7 +129,7 @@ func ParseSpec(s string) (Endpoint, error) {
 		case "dp_size":
 			return specInt(k, v, &e.DPSize)
 		default:
-			return fmt.Errorf("unknown key %q (name, url, model, role, events, replay, prefill_speed, dp_size, bootstrap_port)", k)
+			return fmt.Errorf("unknown key %q (name, url, model, lora, role, events, replay, prefill_speed, dp_size, bootstrap_port)", k)
 		}
 		return nil
 	})
@@ -153,6 +177,9 @@ func (e *Endpoint) Normalize() error {
 	if e.Name == "" {
 		return errors.New("name= or url= is required")
 	}
+	if err := e.checkLoRA(); err != nil {
+		return err
+	}
 	if e.PrefillSpeed < 0 || e.PrefillSpeed > MaxPrefillSpeed || e.PrefillSpeed != e.PrefillSpeed {
 		return fmt.Errorf("prefill_speed must be in [0, %g] tokens/s, got %v", float64(MaxPrefillSpeed), e.PrefillSpeed)
 	}
@@ -171,6 +198,25 @@ func (e *Endpoint) Normalize() error {
 	}
 	e.Replay, err = zmqEndpoint("replay", e.Replay)
 	return err
+}
+
+// checkLoRA checks the adapters' names: at most MaxLoRA, each non-empty,
+// at most maxLoRANameLen bytes, once, and not the base model's.
+func (e *Endpoint) checkLoRA() error {
+	if len(e.LoRA) > MaxLoRA {
+		return fmt.Errorf("lora: %d adapters, at most %d", len(e.LoRA), MaxLoRA)
+	}
+	for i, name := range e.LoRA {
+		switch {
+		case name == "" || len(name) > maxLoRANameLen:
+			return fmt.Errorf("lora[%d]: an adapter's name must be 1 to %d bytes, got %d", i, maxLoRANameLen, len(name))
+		case name == e.Model:
+			return fmt.Errorf("lora[%d]: adapter %q has the base model's name", i, name)
+		case slices.Contains(e.LoRA[:i], name):
+			return fmt.Errorf("lora[%d]: adapter %q is listed twice", i, name)
+		}
+	}
+	return nil
 }
 
 // ranks returns the endpoints e stands for: itself, or one for each
@@ -287,7 +333,9 @@ func ParseFile(data []byte) ([]Endpoint, error) {
 
 // Validate normalises a list of endpoints, makes one endpoint of each
 // data-parallel rank of an engine with dp_size > 1, and checks that names
-// are unique and that there are at most MaxEndpoints in all.
+// are unique, that there are at most MaxEndpoints in all, and that every
+// LoRA adapter's name means one thing: one base model's adapter, never a
+// model of its own.
 func Validate(eps []Endpoint) ([]Endpoint, error) {
 	if len(eps) > MaxEndpoints {
 		return nil, fmt.Errorf("%d endpoints: at most %d", len(eps), MaxEndpoints)
@@ -313,5 +361,25 @@ func Validate(eps []Endpoint) ([]Endpoint, error) {
 			out = append(out, r)
 		}
 	}
-	return out, nil
+	return out, checkAdapters(out)
+}
+
+// checkAdapters refuses an adapter name that two base models claim, or
+// that is also a served model: a request naming it would be ambiguous.
+func checkAdapters(eps []Endpoint) error {
+	base := map[string]string{}
+	for _, e := range eps {
+		for _, a := range e.LoRA {
+			if b, ok := base[a]; ok && b != e.Model {
+				return fmt.Errorf("endpoint %s: LoRA adapter %q is also declared on model %q's endpoints", e.Name, a, b)
+			}
+			base[a] = e.Model
+		}
+	}
+	for _, e := range eps {
+		if b, ok := base[e.Model]; ok {
+			return fmt.Errorf("endpoint %s: its model %q is a LoRA adapter of model %q elsewhere", e.Name, e.Model, b)
+		}
+	}
+	return nil
 }

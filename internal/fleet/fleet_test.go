@@ -37,6 +37,12 @@ func TestParseSpec(t *testing.T) {
 		{in: "name=a,model=m,role=prefill,bootstrap_port=x", wantErr: "not an integer"},
 		{in: "name=a,model=m,dp_size=-1", wantErr: "dp_size must be in"},
 		{in: "name=a,model=m,dp_size=1025", wantErr: "dp_size must be in"},
+		{in: "name=a,model=m,lora=sql,lora=chat", want: Endpoint{Name: "a", Model: "m", LoRA: []string{"sql", "chat"}}},
+		{in: "name=a,model=m,lora=", wantErr: "an adapter's name must be 1 to 256 bytes"},
+		{in: "name=a,model=m,lora=" + strings.Repeat("x", 257), wantErr: "an adapter's name must be 1 to 256 bytes"},
+		{in: "name=a,model=m,lora=m", wantErr: "base model's name"},
+		{in: "name=a,model=m,lora=x,lora=x", wantErr: `adapter "x" is listed twice`},
+		{in: "name=a,model=m" + strings.Repeat(",lora=x", MaxLoRA+1), wantErr: "at most 1024"},
 	}
 	for _, tt := range tests {
 		got, err := ParseSpec(tt.in)
@@ -46,7 +52,7 @@ func TestParseSpec(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got != tt.want {
+		if err != nil || !got.Equal(tt.want) {
 			t.Errorf("%q:\n got %+v %v\nwant %+v", tt.in, got, err, tt.want)
 		}
 	}
@@ -195,4 +201,58 @@ func FuzzParseSpec(f *testing.F) {
 			t.Fatalf("round trip of %q: %v", s, err)
 		}
 	})
+}
+
+func TestValidateAdapters(t *testing.T) {
+	tests := []struct {
+		name    string
+		eps     []Endpoint
+		wantErr string
+	}{
+		{name: "one base per adapter, shared by its endpoints", eps: []Endpoint{
+			{Name: "a", Model: "m", LoRA: []string{"sql"}}, {Name: "b", Model: "m", LoRA: []string{"sql", "chat"}}, {Name: "c", Model: "n"}}},
+		{name: "an adapter of two models", eps: []Endpoint{
+			{Name: "a", Model: "m", LoRA: []string{"sql"}}, {Name: "b", Model: "n", LoRA: []string{"sql"}}},
+			wantErr: `LoRA adapter "sql" is also declared on model "m"`},
+		{name: "an adapter that is a model elsewhere", eps: []Endpoint{
+			{Name: "a", Model: "m", LoRA: []string{"n"}}, {Name: "b", Model: "n"}},
+			wantErr: `its model "n" is a LoRA adapter of model "m"`},
+		{name: "a data-parallel engine's ranks all serve its adapters", eps: []Endpoint{
+			{Name: "a", Model: "m", LoRA: []string{"sql"}, DPSize: 2}}},
+	}
+	for _, tt := range tests {
+		got, err := Validate(tt.eps)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("%s: error %v, want %q", tt.name, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		for _, e := range got {
+			if !e.Serves(e.Model) || len(tt.eps) == 1 && !e.Serves("sql") || e.Serves("other") {
+				t.Errorf("%s: %s serves %v", tt.name, e.Name, e.LoRA)
+			}
+		}
+	}
+}
+
+func TestEndpointEqual(t *testing.T) {
+	a := Endpoint{Name: "a", Model: "m", LoRA: []string{"x"}}
+	b := a
+	b.LoRA = []string{"x"}
+	if !a.Equal(b) {
+		t.Fatal("equal adapters must compare equal")
+	}
+	b.LoRA = []string{"y"}
+	if a.Equal(b) {
+		t.Fatal("other adapters must not compare equal")
+	}
+	b = a
+	b.URL = "http://h:1"
+	if a.Equal(b) {
+		t.Fatal("another URL must not compare equal")
+	}
 }

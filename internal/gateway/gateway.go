@@ -290,7 +290,7 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 				return fmt.Errorf("endpoint %s: %w", e.Name, err)
 			}
 			next[e.Name] = &member{kvID: id, ep: e}
-		case m.ep != e:
+		case !m.ep.Equal(e):
 			next[e.Name] = &member{kvID: m.kvID, ep: e}
 		}
 	}
@@ -385,7 +385,7 @@ func sameMembers(a, b []*member) bool {
 		return false
 	}
 	for i := range a {
-		if a[i] != b[i] || a[i].ep != b[i].ep {
+		if a[i] != b[i] || !a[i].ep.Equal(b[i].ep) {
 			return false
 		}
 	}

@@ -110,7 +110,7 @@ func TestEndpointFromPod(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || (serving && got != tt.want) {
+		if err != nil || (serving && !got.Equal(tt.want)) {
 			t.Errorf("%s:\n got %+v %v\nwant %+v", tt.name, got, err, tt.want)
 		}
 	}
