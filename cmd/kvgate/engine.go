@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -29,6 +30,16 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	fl := flagrange.New(fs)
 	lim, pm := engine.ConfigLimits(), perfmodel.ModelLimits()
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "served model name")
+	fs.Func("lora-modules", "LoRA adapters served besides the model, NAME or NAME=PATH (vLLM's form; the path is ignored), comma-separated or repeated: requests naming one are served with its own prefix cache, and its KV events carry lora_name and lora_id", func(v string) error {
+		for _, item := range strings.Split(v, ",") {
+			name, _, _ := strings.Cut(strings.TrimSpace(item), "=")
+			if name == "" {
+				return fmt.Errorf("%q: an adapter needs a name (NAME or NAME=PATH)", item)
+			}
+			cfg.LoRAModules = append(cfg.LoRAModules, name)
+		}
+		return nil
+	})
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "HTTP listen host")
 	flagrange.Var(fl, &cfg.Port, "port", lim.Port, "HTTP listen port (0 = any free port)")
 	fs.StringVar(&ef.role, "role", cfg.Role.String(), "role: both, prefill or decode")

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"net/http"
+	"slices"
 
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -38,11 +39,17 @@ func (e *Engine) decodeObject(w http.ResponseWriter, r *http.Request, v any) err
 	return openai.DecodeObject(body, v)
 }
 
-func (e *Engine) checkModel(model string) error {
-	if model != "" && model != e.cfg.Model {
-		return openai.NotFound("The model `%s` does not exist.", model).WithParam("model")
+// checkModel finds the model a request names: the base model ("" or its
+// name: lora 0), or a LoRA adapter (lora its place in LoRAModules from 1,
+// vLLM's lora_int_id).
+func (e *Engine) checkModel(model string) (lora int, err error) {
+	if model == "" || model == e.cfg.Model {
+		return 0, nil
 	}
-	return nil
+	if i := slices.Index(e.cfg.LoRAModules, model); i >= 0 {
+		return i + 1, nil
+	}
+	return 0, openai.NotFound("The model `%s` does not exist.", model).WithParam("model")
 }
 
 // chatPrompt renders messages through the chat template.
@@ -108,7 +115,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	req, err := openai.ParseRequest(body)
 	if err == nil {
-		err = e.checkModel(req.Model)
+		_, err = e.checkModel(req.Model)
 	}
 	if err == nil && req.Messages == nil && !(req.Prompt.Kind == openai.PromptText && req.Prompt.Texts[0] == "") {
 		err = req.Prompt.Check() // an empty text tokenizes to nothing, as vLLM's does

@@ -153,9 +153,10 @@ func (p *blockPool) release(ids []int32) {
 // store registers full blocks ids (holding the tokens of one sequence, in
 // order, the first chained to parent) in the prefix cache and records one
 // BlockStored event. A block whose hash another block already holds stays
-// uncached, as in vLLM.
-func (p *blockPool) store(ids []int32, hashes []uint64, parent *uint64, tokens []uint32) {
-	ev := &kvpub.BlockStored{Parent: parent, BlockSize: p.blockSize}
+// uncached, as in vLLM. lora is the sequence's LoRA adapter (its id, 0 for
+// the base model, and name), which the events carry.
+func (p *blockPool) store(ids []int32, hashes []uint64, parent *uint64, tokens []uint32, lora int, loraName string) {
+	ev := &kvpub.BlockStored{Parent: parent, BlockSize: p.blockSize, LoRAID: lora, LoRAName: loraName}
 	for i, id := range ids {
 		h := hashes[i]
 		b := &p.blocks[id]
@@ -167,7 +168,7 @@ func (p *blockPool) store(ids []int32, hashes []uint64, parent *uint64, tokens [
 				p.events = append(p.events, ev)
 			}
 			parentHash := h
-			ev = &kvpub.BlockStored{Parent: &parentHash, BlockSize: p.blockSize}
+			ev = &kvpub.BlockStored{Parent: &parentHash, BlockSize: p.blockSize, LoRAID: lora, LoRAName: loraName}
 			continue
 		}
 		b.isCached, b.hash = true, h

@@ -25,7 +25,7 @@ func TestBlockPoolSemantics(t *testing.T) {
 		t.Fatalf("allocate: %v free %d", ok, p.numFree)
 	}
 	ha := []uint64{11, 12, 13}
-	p.store(a, ha, nil, seqTokens(6, 0))
+	p.store(a, ha, nil, seqTokens(6, 0), 0, "")
 	ev := p.takeEvents()
 	if len(ev) != 1 {
 		t.Fatalf("events %v", ev)
@@ -70,7 +70,7 @@ func TestBlockPoolSemantics(t *testing.T) {
 	}
 	// A duplicate hash stays uncached; the chain continues with the right
 	// parent.
-	p.store(c[:2], []uint64{11, 21}, nil, seqTokens(4, 100))
+	p.store(c[:2], []uint64{11, 21}, nil, seqTokens(4, 100), 0, "")
 	ev = p.takeEvents()
 	if len(ev) != 1 {
 		t.Fatalf("events %v", ev)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
@@ -57,6 +58,14 @@ type Config struct {
 	// TimeScale > 1 runs faster than real time: every modelled duration is
 	// divided by it. Reported latencies (metrics) are in modelled seconds.
 	TimeScale float64
+
+	// LoRAModules names the LoRA adapters served besides Model (vLLM's
+	// --lora-modules NAME=PATH …; the emulator has no weights, so only the
+	// names matter). A request naming one is served as the base model,
+	// its blocks hashed with the adapter's name and published with it
+	// (lora_name, and lora_id: its place in the list from 1), as vLLM
+	// does; it shares no prefix with the base model or another adapter.
+	LoRAModules []string
 
 	// KVEventsEndpoint, when set, binds a ZMQ PUB socket for KV events.
 	KVEventsEndpoint string
@@ -178,10 +187,33 @@ func (c Config) Validate() error {
 		l.RoleSwitchWarmup.Check("role-switch-warmup", c.RoleSwitchWarmup),
 		l.KVHoldTimeout.Check("kv-hold-timeout", c.KVHoldTimeout),
 	)
+	errs = append(errs, c.checkLoRA())
 	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
 		errs = append(errs, errors.New("kv-events-replay-endpoint needs kv-events-endpoint"))
 	}
 	return errors.Join(errs...)
+}
+
+// maxLoRAModules bounds the adapters an engine serves.
+const maxLoRAModules = 1024
+
+// checkLoRA checks LoRAModules: at most maxLoRAModules names, each
+// non-empty, once, and not the base model's.
+func (c Config) checkLoRA() error {
+	if len(c.LoRAModules) > maxLoRAModules {
+		return fmt.Errorf("lora-modules: %d adapters, at most %d", len(c.LoRAModules), maxLoRAModules)
+	}
+	for i, name := range c.LoRAModules {
+		switch {
+		case name == "":
+			return fmt.Errorf("lora-modules: adapter %d has no name", i+1)
+		case name == c.Model:
+			return fmt.Errorf("lora-modules: adapter %q has the base model's name", name)
+		case slices.Contains(c.LoRAModules[:i], name):
+			return fmt.Errorf("lora-modules: adapter %q is listed twice", name)
+		}
+	}
+	return nil
 }
 
 // real converts modelled seconds to wall-clock time. Validate keeps the

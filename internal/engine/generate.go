@@ -34,7 +34,7 @@ func naturalLength(prompt []uint32) int {
 // buildRequest validates a generation request body and turns it into an
 // engine request.
 func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role fleet.Role) (*request, *openai.Request, error) {
-	req, toks, err := e.parseGeneration(body, chat)
+	req, toks, lora, err := e.parseGeneration(body, chat)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -52,6 +52,7 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role flee
 		return nil, nil, err
 	}
 	rq := e.newRequest(r, req, chat, toks, maxTokens)
+	rq.setCacheKey(lora, req.Model, req.CacheSalt)
 	rq.priority = prio
 	rq.naturalEnd = natural
 	rq.remoteDecode = remoteDecode
@@ -82,30 +83,32 @@ func (e *Engine) priority(req *openai.Request) (int, error) {
 }
 
 // parseGeneration parses a completion or chat body for this engine's model
-// and returns it with its prompt tokens (at least one).
-func (e *Engine) parseGeneration(body []byte, chat bool) (*openai.Request, []uint32, error) {
+// and returns it with its prompt tokens (at least one) and its LoRA
+// adapter (checkModel).
+func (e *Engine) parseGeneration(body []byte, chat bool) (*openai.Request, []uint32, int, error) {
 	parse := openai.ParseCompletion
 	if chat {
 		parse = openai.ParseChat
 	}
 	req, err := parse(body)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	if err := e.checkModel(req.Model); err != nil {
-		return nil, nil, err
+	lora, err := e.checkModel(req.Model)
+	if err != nil {
+		return nil, nil, 0, err
 	}
 	toks, err := requestTokens(req)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if len(toks) == 0 {
-		return nil, nil, openai.BadRequest("prompt must not be empty: it has no tokens").WithParam("prompt")
+		return nil, nil, 0, openai.BadRequest("prompt must not be empty: it has no tokens").WithParam("prompt")
 	}
 	if req.N != nil && *req.N != 1 {
-		return nil, nil, openai.BadRequest("n=%d is not supported; only n=1", *req.N).WithParam("n")
+		return nil, nil, 0, openai.BadRequest("n=%d is not supported; only n=1", *req.N).WithParam("n")
 	}
-	return req, toks, nil
+	return req, toks, lora, nil
 }
 
 // kvTransferFor parses the request's kv_transfer_params (nil without them)
@@ -199,9 +202,6 @@ func (e *Engine) newRequest(r *http.Request, req *openai.Request, chat bool, tok
 		seed:      toks[len(toks)-1],
 		stream:    req.Stream,
 		notify:    make(chan struct{}, 1),
-	}
-	if req.CacheSalt != "" {
-		rq.extra = []byte(req.CacheSalt)
 	}
 	return rq
 }

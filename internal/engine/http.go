@@ -30,14 +30,19 @@ func (e *Engine) routes() *http.ServeMux {
 	return mux
 }
 
+// handleModels lists the base model and, as vLLM does, each LoRA adapter
+// with the base model as its parent.
 func (e *Engine) handleModels(w http.ResponseWriter, _ *http.Request) {
-	openai.WriteJSON(w, http.StatusOK, openai.ModelList{
-		Object: "list",
-		Data: []openai.Model{{
-			ID: e.cfg.Model, Object: "model", Created: time.Now().Unix(), OwnedBy: "vllm",
-			Root: e.cfg.Model, MaxModelLen: e.cfg.MaxModelLen,
-		}},
-	})
+	now := time.Now().Unix()
+	data := []openai.Model{{
+		ID: e.cfg.Model, Object: "model", Created: now, OwnedBy: "vllm",
+		Root: e.cfg.Model, MaxModelLen: e.cfg.MaxModelLen,
+	}}
+	for _, name := range e.cfg.LoRAModules {
+		data = append(data, openai.Model{ID: name, Object: "model", Created: now, OwnedBy: "vllm",
+			Root: name, Parent: &e.cfg.Model, MaxModelLen: e.cfg.MaxModelLen})
+	}
+	openai.WriteJSON(w, http.StatusOK, openai.ModelList{Object: "list", Data: data})
 }
 
 func (e *Engine) handleResetPrefixCache(w http.ResponseWriter, r *http.Request) {

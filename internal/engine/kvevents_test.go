@@ -24,6 +24,9 @@ type decodedEvent struct {
 	tokenIDs  []uint32
 	blockSize int
 	medium    string
+	// loraID and loraName: lora_id and lora_name (0 and "" when nil).
+	loraID   int64
+	loraName string
 }
 
 type decodedBatch struct {
@@ -136,8 +139,14 @@ func decodePayload(t testing.TB, seq uint64, payload []byte, format kvpub.Format
 		if m, ok := f["medium"].(string); ok {
 			ev.medium = m
 		}
-		if ev.kind == "BlockStored" && (f["lora_id"] != nil || f["lora_name"] != nil) {
-			t.Errorf("lora fields must be nil")
+		if id := f["lora_id"]; id != nil {
+			ev.loraID = toInt(id)
+		}
+		if name := f["lora_name"]; name != nil {
+			ev.loraName = name.(string)
+		}
+		if ev.kind == "BlockStored" && (ev.loraID == 0) != (ev.loraName == "") {
+			t.Errorf("lora_id %d with lora_name %q: both or neither", ev.loraID, ev.loraName)
 		}
 		b.events = append(b.events, ev)
 	}

@@ -27,7 +27,13 @@ type request struct {
 	// stop) rather than by hitting max_tokens (length).
 	naturalEnd bool
 	seed       uint32
-	extra      []byte // cache salt, mixed into block hashes
+	// extra is mixed into the block hashes (setCacheKey): the LoRA
+	// adapter's name, the cache salt.
+	extra []byte
+	// lora is the request's LoRA adapter: its vLLM lora_int_id (0: the
+	// base model) and name.
+	lora     int
+	loraName string
 	stream     bool
 	// priority orders the waiting queue with Config.PriorityScheduling
 	// (lower first); 0 otherwise.
@@ -86,4 +92,20 @@ func (r *request) signal() {
 // token after the prompt is in KV) rather than prefill work.
 func (r *request) decoding(n int) bool {
 	return n == 1 && (r.generated > 0 || r.kvLoaded)
+}
+
+// setCacheKey sets what, besides its tokens, keys the request's blocks:
+// its LoRA adapter (lora > 0, named name) and its cache salt, as vLLM's
+// block hashes mix in the adapter's name and the salt. Each part is
+// tagged, so that no salt a client sends passes for an adapter.
+func (r *request) setCacheKey(lora int, name, salt string) {
+	r.extra = nil
+	if lora > 0 {
+		r.lora, r.loraName = lora, name
+		r.extra = append(append(r.extra, "lora\x00"...), name...)
+		r.extra = append(r.extra, 0)
+	}
+	if salt != "" {
+		r.extra = append(append(r.extra, "salt\x00"...), salt...)
+	}
 }

@@ -614,7 +614,7 @@ func (s *scheduler) storeFull(r *request, upTo int) {
 		parent = &h
 	}
 	bs := s.cfg.BlockSize
-	s.pool.store(r.blocks[r.storedBlocks:full], r.hashes[r.storedBlocks:full], parent, r.tokens[r.storedBlocks*bs:full*bs])
+	s.pool.store(r.blocks[r.storedBlocks:full], r.hashes[r.storedBlocks:full], parent, r.tokens[r.storedBlocks*bs:full*bs], r.lora, r.loraName)
 	r.storedBlocks = full
 }
 

@@ -101,6 +101,10 @@ type BlockStored struct {
 	Parent    *uint64
 	TokenIDs  []uint32
 	BlockSize int
+	// LoRAID and LoRAName are the blocks' LoRA adapter (0 and "": the
+	// base model), sent as lora_id and lora_name (nil for the base model).
+	LoRAID   int
+	LoRAName string
 }
 
 // BlockRemoved reports blocks evicted from the prefix cache.
@@ -170,7 +174,11 @@ func (b *BlockStored) encode(e *msgpack.Encoder, f Format, s Style) error {
 	}
 	key("lora_id")
 	if err == nil {
-		err = e.EncodeNil()
+		if b.LoRAID > 0 {
+			err = e.EncodeInt(int64(b.LoRAID))
+		} else {
+			err = e.EncodeNil()
+		}
 	}
 	key("medium")
 	if err == nil {
@@ -178,7 +186,11 @@ func (b *BlockStored) encode(e *msgpack.Encoder, f Format, s Style) error {
 	}
 	key("lora_name")
 	if err == nil {
-		err = e.EncodeNil()
+		if b.LoRAName != "" {
+			err = e.EncodeString(b.LoRAName)
+		} else {
+			err = e.EncodeNil()
+		}
 	}
 	return err
 }
