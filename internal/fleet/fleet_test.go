@@ -62,9 +62,9 @@ func TestParseFile(t *testing.T) {
 	eps, err := ParseFile([]byte(`
 endpoints:
   - {url: "http://a:1", model: m, role: prefill}
-  - {name: b, url: "http://b:1", model: m, role: decode, events: "b:5557"}
+  - {name: b, url: "http://b:1", model: m, role: decode, events: "b:5557", lora: [sql, chat]}
 `))
-	if err != nil || len(eps) != 2 || eps[0].Name != "a:1" || eps[1].Role != RoleDecode || eps[1].Events != "tcp://b:5557" {
+	if err != nil || len(eps) != 2 || eps[0].Name != "a:1" || eps[1].Role != RoleDecode || eps[1].Events != "tcp://b:5557" || !eps[1].Serves("chat") {
 		t.Fatalf("%+v %v", eps, err)
 	}
 	for in, want := range map[string]string{
@@ -73,6 +73,7 @@ endpoints:
 		"endpoints:\n  - {name: a, model: m}\n  - {name: a, model: n}": `endpoints[1]: name "a" already used`,
 		"endpoints:\n  - {name: a}":                                    "endpoints[0]: model is required",
 		"endpoints: 3":                                                 "cannot unmarshal",
+		"endpoints:\n  - {name: a, model: m, lora: [m]}":               "base model's name",
 	} {
 		if _, err := ParseFile([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want %q", in, err, want)

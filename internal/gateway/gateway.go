@@ -106,6 +106,9 @@ type Gateway struct {
 	mu      sync.RWMutex
 	members map[string]*member
 	models  map[string]*modelFleet
+	// adapters maps each LoRA adapter an endpoint declares to its base
+	// model, whose fleet serves it (fleet.Endpoint.LoRA).
+	adapters map[string]string
 
 	classes atomic.Pointer[classSet]
 
@@ -177,10 +180,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g := &Gateway{
 		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic, holdGrace: o.HoldGrace,
 		holdPoll: o.HoldPoll, tokenizeTimeout: o.TokenizeTimeout, policy: cfg.Policy,
-		toks:    toks,
-		idx:     kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),
-		members: map[string]*member{},
-		models:  map[string]*modelFleet{},
+		toks:     toks,
+		idx:      kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),
+		members:  map[string]*member{},
+		models:   map[string]*modelFleet{},
+		adapters: map[string]string{},
 	}
 	g.sched.Store(cfg.scheduler(pol))
 	g.start = g.now()
@@ -332,7 +336,11 @@ func (g *Gateway) refresh() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	byModel := map[string][]*member{}
+	g.adapters = map[string]string{}
 	for _, m := range g.members {
+		for _, a := range m.ep.LoRA {
+			g.adapters[a] = m.ep.Model
+		}
 		if g.health == nil || g.health.Available(m.ep.Name) {
 			byModel[m.ep.Model] = append(byModel[m.ep.Model], m)
 		}
@@ -392,20 +400,45 @@ func sameMembers(a, b []*member) bool {
 	return true
 }
 
-// Models lists the models the fleet serves.
-func (g *Gateway) Models() []string {
+// Models lists the models the fleet serves: its base models, and then
+// each LoRA adapter with its base model as parent.
+func (g *Gateway) Models() []ServedModel {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	seen := map[string]bool{}
-	var out []string
+	var out []ServedModel
 	for _, m := range g.members {
 		if !seen[m.ep.Model] {
 			seen[m.ep.Model] = true
-			out = append(out, m.ep.Model)
+			out = append(out, ServedModel{ID: m.ep.Model})
 		}
 	}
-	sort.Strings(out)
+	for a, base := range g.adapters {
+		out = append(out, ServedModel{ID: a, Parent: base})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if (out[i].Parent == "") != (out[j].Parent == "") {
+			return out[i].Parent == ""
+		}
+		return out[i].ID < out[j].ID
+	})
 	return out
+}
+
+// ServedModel is a model the fleet serves; Parent is a LoRA adapter's base
+// model ("" for a base model).
+type ServedModel struct{ ID, Parent string }
+
+// resolve is the fleet that serves model and the LoRA adapter a request
+// naming it is served with: (model, "") for a base model, (its base,
+// model) for an adapter.
+func (g *Gateway) resolve(model string) (base, lora string) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if b, ok := g.adapters[model]; ok {
+		return b, model
+	}
+	return model, ""
 }
 
 // AddCollector registers more metrics on the gateway's /metrics (a

@@ -56,13 +56,14 @@ func (g *Gateway) handleModels(w http.ResponseWriter, _ *http.Request) {
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
+		Parent  string `json:"parent,omitempty"` // a LoRA adapter's base model, as vLLM lists it
 	}
 	out := struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
 	for _, m := range g.Models() {
-		out.Data = append(out.Data, model{ID: m, Object: "model", Created: g.start.Unix(), OwnedBy: "kvgate"})
+		out.Data = append(out.Data, model{ID: m.ID, Object: "model", Created: g.start.Unix(), OwnedBy: "kvgate", Parent: m.Parent})
 	}
 	openai.WriteJSON(w, http.StatusOK, out)
 }

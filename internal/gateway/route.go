@@ -30,14 +30,17 @@ const maxSequences = 1 << 16
 
 // routed is one request on its way through the gateway.
 type routed struct {
-	id      string
-	path    string
-	chat    bool
-	req     *openai.Request
-	class   *Class
-	prep    tokens.Prepared
-	promptN int
-	outN    int
+	id   string
+	path string
+	chat bool
+	req  *openai.Request
+	// model is the fleet that serves it: req.Model, or a LoRA adapter's
+	// base model; lora the adapter ("" for a base model).
+	model, lora string
+	class       *Class
+	prep        tokens.Prepared
+	promptN     int
+	outN        int
 	// seqs is how many sequences it samples (OpenAI's n, at least 1,
 	// times the prompts of a batch): its stream interleaves their events.
 	seqs    int
@@ -120,6 +123,7 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, chat bool) (*routed, e
 		return nil, openai.BadRequest("model is required").WithParam("model")
 	}
 	rt := &routed{path: r.URL.Path, chat: chat, req: req, arrival: g.now()}
+	rt.model, rt.lora = g.resolve(req.Model)
 	rt.id = r.Header.Get("X-Request-Id")
 	if rt.id == "" || len(rt.id) > 128 {
 		rt.id = fmt.Sprintf("kvgate-%x-%d", g.start.UnixNano(), g.reqSeq.Add(1))
@@ -191,7 +195,7 @@ func tokenizerFailed(ctx, tctx context.Context, model string, timeout time.Durat
 
 // prepare computes the request's tokens and block keys.
 func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
-	in := tokens.Input{}
+	in := tokens.Input{LoRA: rt.lora}
 	req := rt.req
 	switch {
 	case rt.chat:
@@ -214,9 +218,9 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	}
 	tctx, cancel := context.WithTimeout(ctx, g.tokenizeTimeout)
 	defer cancel()
-	p, err := g.toks.Prepare(tctx, req.Model, in, g.cfg.BlockSize)
+	p, err := g.toks.Prepare(tctx, rt.model, in, g.cfg.BlockSize)
 	if err != nil {
-		return tokenizerFailed(ctx, tctx, req.Model, g.tokenizeTimeout, err)
+		return tokenizerFailed(ctx, tctx, rt.model, g.tokenizeTimeout, err)
 	}
 	rt.prep = p
 	rt.promptN = len(p.Tokens)
@@ -250,7 +254,7 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 // endpoints a retry must avoid.
 func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	g.mu.RLock()
-	mf := g.models[rt.req.Model]
+	mf := g.models[rt.model]
 	g.mu.RUnlock()
 	if mf == nil {
 		return nil, openai.NotFound("The model `%s` does not exist.", rt.req.Model).WithParam("model")
@@ -304,8 +308,10 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 		return nil, openai.Unavailable(time.Second, "the fleet of model %q is changing; retry", rt.req.Model)
 	}
 	g.fillEngineState(members, &fs.snap)
-	if exclude != "" {
-		members, eps = dropEndpoint(exclude, members, eps, &fs.snap)
+	if exclude != "" || rt.lora != "" {
+		members, eps = keepEndpoints(members, eps, &fs.snap, func(m *member) bool {
+			return m.ep.Name != exclude && (rt.lora == "" || m.ep.Serves(rt.lora))
+		})
 	}
 	if len(fs.snap.Endpoints) == 0 {
 		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
@@ -349,18 +355,22 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 	return p
 }
 
-// dropEndpoint removes the named endpoint from a snapshot (a retry).
-func dropEndpoint(name string, members []*member, eps []*load.Endpoint, s *sched.Snapshot) ([]*member, []*load.Endpoint) {
+// keepEndpoints keeps in a snapshot the endpoints whose member keep
+// accepts: all but the one a retry avoids, those serving a request's LoRA
+// adapter. members and eps are copied, not changed.
+func keepEndpoints(members []*member, eps []*load.Endpoint, s *sched.Snapshot, keep func(*member) bool) ([]*member, []*load.Endpoint) {
+	ms := make([]*member, 0, len(members))
+	es := make([]*load.Endpoint, 0, len(eps))
+	n := 0
 	for i, m := range members {
-		if m.ep.Name != name {
-			continue
+		if keep(m) {
+			ms, es = append(ms, m), append(es, eps[i])
+			s.Endpoints[n] = s.Endpoints[i]
+			n++
 		}
-		ms := append(append([]*member(nil), members[:i]...), members[i+1:]...)
-		es := append(append([]*load.Endpoint(nil), eps[:i]...), eps[i+1:]...)
-		s.Endpoints = append(s.Endpoints[:i:i], s.Endpoints[i+1:]...)
-		return ms, es
 	}
-	return members, eps
+	s.Endpoints = s.Endpoints[:n]
+	return ms, es
 }
 
 // fillEngineState adds what the engines' metrics and observed latencies

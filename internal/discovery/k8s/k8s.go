@@ -13,6 +13,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -40,6 +41,9 @@ const (
 	// SGLang bootstrap port (fleet.Endpoint.BootstrapPort).
 	DPSizeAnnotation        = "kvgate.io/dp-size"
 	BootstrapPortAnnotation = "kvgate.io/bootstrap-port"
+	// LoRAAnnotation lists the LoRA adapters a pod serves besides its
+	// model, comma-separated (fleet.Endpoint.LoRA).
+	LoRAAnnotation = "kvgate.io/lora"
 	DefaultDebounce         = 100 * time.Millisecond
 )
 
@@ -361,6 +365,11 @@ func (s *Source) endpoint(pod *corev1.Pod) (ep fleet.Endpoint, serving bool, err
 				return ep, true, fmt.Errorf("annotation %s=%q is not an integer", a.key, v)
 			}
 			*a.dst = n
+		}
+	}
+	if v := pod.Annotations[LoRAAnnotation]; v != "" {
+		for _, name := range strings.Split(v, ",") {
+			ep.LoRA = append(ep.LoRA, strings.TrimSpace(name))
 		}
 	}
 	if err := ep.Normalize(); err != nil {

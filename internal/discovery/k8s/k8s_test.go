@@ -89,6 +89,9 @@ func TestEndpointFromPod(t *testing.T) {
 		{name: "bad dp-size annotation", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(DPSizeAnnotation, "four")), serving: true, err: "not an integer"},
 		{name: "dp-size out of range", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(DPSizeAnnotation, "5000")), serving: true, err: "dp_size must be in"},
 		{name: "bootstrap port on a decode pod", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), label(DefaultRoleLabel, "decode"), annotation(BootstrapPortAnnotation, "8998")), serving: true, err: "role=prefill"},
+		{name: "LoRA adapters", pod: newPod("ns", "p", "10.0.0.5", label(DefaultModelLabel, "m"), annotation(LoRAAnnotation, "sql, chat")), serving: true,
+			want: fleet.Endpoint{Name: "10.0.0.5:8000", URL: "http://10.0.0.5:8000", Model: "m", LoRA: []string{"sql", "chat"}}},
+		{name: "an empty adapter name", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(LoRAAnnotation, "sql,,chat")), serving: true, err: "an adapter's name must be"},
 		{name: "no named events port", cfg: func(c *Config) { c.EventsPortName = "zmq" }, pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m")), serving: true, err: `"zmq" (events)`},
 	}
 	for _, tt := range tests {
