@@ -99,3 +99,26 @@ func TestLoRAAdapters(t *testing.T) {
 		t.Error("an adapter that is a model elsewhere must be refused")
 	}
 }
+
+// TestLoRAPrefillDecode: in a P/D fleet both legs of an adapter's request
+// go to endpoints that serve the adapter, and the decode engine, pulling
+// the adapter's KV from the prefill engine, serves it.
+func TestLoRAPrefillDecode(t *testing.T) {
+	sql := func(c *engine.Config) { c.LoRAModules = []string{"sql"} }
+	p := startEngine(t, fleet.RolePrefill, sql)
+	d1 := startEngine(t, fleet.RoleDecode, nil)
+	d2 := startEngine(t, fleet.RoleDecode, sql)
+	eps := []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d1, fleet.RoleDecode), endpointOf(d2, fleet.RoleDecode)}
+	eps[0].LoRA, eps[2].LoRA = []string{"sql"}, []string{"sql"}
+	_, url, _ := startGateway(t, Config{Endpoints: eps}, Options{})
+	for i, stream := range []bool{false, true, false, true} {
+		b, _ := json.Marshal(map[string]any{"model": "sql", "prompt": prefix("lora-pd") + strconv.Itoa(i), "max_tokens": 4, "stream": stream})
+		r := post(t, url+"/v1/completions", string(b), nil)
+		if r.status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+		if r.header.Get(hdrPrefill) != p.Addr() || r.header.Get(hdrDecode) != d2.Addr() {
+			t.Fatalf("request %d: prefill %s decode %s; only %s decodes the adapter", i, r.header.Get(hdrPrefill), r.header.Get(hdrDecode), d2.Addr())
+		}
+	}
+}
