@@ -34,7 +34,7 @@ type request struct {
 	// base model) and name.
 	lora     int
 	loraName string
-	stream     bool
+	stream   bool
 	// priority orders the waiting queue with Config.PriorityScheduling
 	// (lower first); 0 otherwise.
 	priority int

@@ -43,8 +43,8 @@ const (
 	BootstrapPortAnnotation = "kvgate.io/bootstrap-port"
 	// LoRAAnnotation lists the LoRA adapters a pod serves besides its
 	// model, comma-separated (fleet.Endpoint.LoRA).
-	LoRAAnnotation = "kvgate.io/lora"
-	DefaultDebounce         = 100 * time.Millisecond
+	LoRAAnnotation  = "kvgate.io/lora"
+	DefaultDebounce = 100 * time.Millisecond
 )
 
 // Config selects pods and says how to read an endpoint from one.
