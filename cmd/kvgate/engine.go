@@ -50,6 +50,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	flagrange.Var(fl, &cfg.Perf.KVTransferTokensPerSec, "kv-transfer-speed", pm.KVTransferTokensPerSec, "KV transfer rate from a prefill engine, tokens per second")
 	flagrange.Var(fl, &cfg.MaxNumBatchedTokens, "max-num-batched-tokens", lim.MaxNumBatchedTokens, "token budget of one step (chunked prefill)")
 	flagrange.Var(fl, &cfg.MaxNumSeqs, "max-num-seqs", lim.MaxNumSeqs, "maximum running sequences")
+	flagrange.Var(fl, &cfg.MaxLoRAs, "max-loras", lim.MaxLoRAs, "LoRA adapters in one batch (vLLM's --max-loras): a waiting request for another adapter is passed over while this many run")
 	fs.StringVar(&ef.scheduling, "scheduling-policy", "fcfs", "waiting queue order: fcfs (first come, first served; a request with a priority other than 0 is refused) or priority (by each request's priority, lower first, then arrival), as vLLM's flag")
 	flagrange.Var(fl, &cfg.NumGPUBlocks, "num-gpu-blocks", lim.NumGPUBlocks, "KV cache capacity in blocks")
 	flagrange.Var(fl, &cfg.BlockSize, "block-size", lim.BlockSize, "tokens per KV block")

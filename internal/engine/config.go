@@ -66,6 +66,10 @@ type Config struct {
 	// (lora_name, and lora_id: its place in the list from 1), as vLLM
 	// does; it shares no prefix with the base model or another adapter.
 	LoRAModules []string
+	// MaxLoRAs bounds the adapters in one batch (vLLM's --max-loras,
+	// default 1): a waiting request for another adapter is passed over
+	// while that many run, and the requests behind it go first.
+	MaxLoRAs int
 
 	// KVEventsEndpoint, when set, binds a ZMQ PUB socket for KV events.
 	KVEventsEndpoint string
@@ -115,6 +119,7 @@ func DefaultConfig() Config {
 		NumGPUBlocks:        8192,
 		BlockSize:           16,
 		MaxModelLen:         32768,
+		MaxLoRAs:            1,
 		TimeScale:           1,
 		StreamInterval:      1,
 		KVEventsFormat:      kvpub.FormatArray,
@@ -133,6 +138,7 @@ type Limits struct {
 	Port                flagrange.Range[int]
 	MaxNumBatchedTokens flagrange.Range[int]
 	MaxNumSeqs          flagrange.Range[int]
+	MaxLoRAs            flagrange.Range[int]
 	NumGPUBlocks        flagrange.Range[int]
 	BlockSize           flagrange.Range[int]
 	MaxModelLen         flagrange.Range[int]
@@ -149,6 +155,7 @@ func ConfigLimits() Limits {
 		Port:                flagrange.Range[int]{Min: 0, Max: 65535},
 		MaxNumBatchedTokens: flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens"},
 		MaxNumSeqs:          flagrange.Range[int]{Min: 1, Max: 1 << 16, Unit: "sequences"},
+		MaxLoRAs:            flagrange.Range[int]{Min: 1, Max: maxLoRAModules, Unit: "adapters"},
 		NumGPUBlocks:        flagrange.Range[int]{Min: 1, Max: 1 << 22, Unit: "blocks"},
 		BlockSize:           flagrange.Range[int]{Min: 1, Max: 4096, Unit: "tokens"},
 		MaxModelLen:         flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens"},
@@ -178,6 +185,7 @@ func (c Config) Validate() error {
 		l.Port.Check("port", c.Port),
 		l.MaxNumBatchedTokens.Check("max-num-batched-tokens", c.MaxNumBatchedTokens),
 		l.MaxNumSeqs.Check("max-num-seqs", c.MaxNumSeqs),
+		l.MaxLoRAs.Check("max-loras", c.MaxLoRAs),
 		l.NumGPUBlocks.Check("num-gpu-blocks", c.NumGPUBlocks),
 		l.BlockSize.Check("block-size", c.BlockSize),
 		l.MaxModelLen.Check("max-model-len", c.MaxModelLen),

@@ -1,10 +1,14 @@
 package engine
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -104,5 +108,76 @@ func TestLoRAConfig(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tt.err) {
 			t.Errorf("%.40q: %v, want %q", tt.names, err, tt.err)
 		}
+	}
+}
+
+// TestMaxLoRAs: with --max-loras 1, a request for a second adapter waits
+// while the first adapter's request runs, a base model request and the
+// running adapter's do not, and vllm:lora_requests_info says which
+// adapters run and wait; the waiting one runs once the first is gone.
+func TestMaxLoRAs(t *testing.T) {
+	e := startEngine(t, func(c *Config) {
+		c.LoRAModules, c.MaxLoRAs, c.TimeScale = []string{"sql", "chat"}, 1, 10
+	})
+	post := func(ctx context.Context, model string, maxTokens int) error {
+		b, _ := json.Marshal(map[string]any{"model": model, "prompt": "select the rows", "max_tokens": maxTokens})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.URL()+"/v1/completions", bytes.NewReader(b))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != 200 {
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return err
+	}
+	state := func() (running, waiting []string) {
+		onScheduler(t, e, func(s *scheduler) {
+			for _, r := range s.running {
+				running = append(running, r.loraName)
+			}
+			for _, r := range s.waiting {
+				waiting = append(waiting, r.loraName)
+			}
+		})
+		return running, waiting
+	}
+	long, stop := context.WithCancel(context.Background())
+	defer stop()
+	sqlDone := make(chan error, 1)
+	go func() { sqlDone <- post(long, "sql", 15000) }() // a long decode, cancelled below
+	waitFor(t, "the sql request to run", func() bool { r, _ := state(); return slices.Equal(r, []string{"sql"}) })
+	chatDone := make(chan error, 1)
+	go func() { chatDone <- post(context.Background(), "chat", 2) }()
+	waitFor(t, "the chat request to wait", func() bool { _, w := state(); return slices.Equal(w, []string{"chat"}) })
+	// Neither the base model nor the running adapter waits for a slot.
+	for _, model := range []string{"test-model", "sql"} {
+		if err := post(context.Background(), model, 2); err != nil {
+			t.Fatalf("%s: %v", model, err)
+		}
+	}
+	if r, w := state(); !slices.Equal(r, []string{"sql"}) || !slices.Equal(w, []string{"chat"}) {
+		t.Fatalf("after the others: running %q, waiting %q", r, w)
+	}
+	resp, err := http.Get(e.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql",waiting_lora_adapters="chat"}`; !strings.Contains(string(metrics), want) {
+		t.Errorf("/metrics lacks %s", want)
+	}
+	stop()
+	<-sqlDone
+	select {
+	case err := <-chatDone:
+		if err != nil {
+			t.Fatalf("chat: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the chat request never ran once the sql request was gone")
 	}
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -21,6 +22,10 @@ type metrics struct {
 	success                            *prometheus.CounterVec
 	ttft, itl, tpot, e2e               prometheus.Observer
 	queueTime, prefillTime, decodeTime prometheus.Observer
+	// lora is vllm:lora_requests_info: one series, labelled with the
+	// adapters running and waiting, whose value is when it was set.
+	lora    *prometheus.GaugeVec
+	maxLoRA string
 }
 
 var (
@@ -79,7 +84,11 @@ func newMetrics(cfg Config) *metrics {
 	lora := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vllm:lora_requests_info", Help: "Running stats on lora requests.",
 	}, []string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"})
-	lora.WithLabelValues("0", "", "").Set(0)
+	m.lora, m.maxLoRA = lora, "0"
+	if len(cfg.LoRAModules) > 0 {
+		m.maxLoRA = strconv.Itoa(cfg.MaxLoRAs)
+	}
+	lora.WithLabelValues(m.maxLoRA, "", "").Set(0)
 	f(lora)
 	for _, r := range []string{finishStop, finishLength, finishAbort} {
 		m.success.WithLabelValues(r)
@@ -88,3 +97,11 @@ func newMetrics(cfg Config) *metrics {
 }
 
 func (m *metrics) finished(reason string) { m.success.WithLabelValues(reason).Inc() }
+
+// setLoRA reports the adapters of the running and waiting requests
+// (comma-separated names) as vLLM does: the one series of
+// vllm:lora_requests_info, its value the time it was set.
+func (m *metrics) setLoRA(running, waiting string, at time.Time) {
+	m.lora.Reset()
+	m.lora.WithLabelValues(m.maxLoRA, running, waiting).Set(float64(at.UnixNano()) / 1e9)
+}

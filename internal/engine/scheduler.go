@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -458,14 +459,24 @@ func (s *scheduler) preemptFor(p *plan, need, i, budget int) (int, int, bool) {
 // scheduleWaiting admits waiting requests in queue order while budget,
 // free blocks and --max-num-seqs allow: a new prompt's prefill skips its
 // longest cached prefix; a decode-side request starts its KV transfer.
+//
+// A request for a LoRA adapter that would make more than --max-loras
+// adapters run at once is passed over, and the ones behind it go first,
+// as vLLM's scheduler skips it.
 func (s *scheduler) scheduleWaiting(p *plan, budget int, now time.Time) {
-	for len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs {
-		r := s.waiting[0]
+	loras := s.runningLoRAs()
+	kept := s.waiting[:0]
+	i := 0
+	for ; i < len(s.waiting) && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs; i++ {
+		r := s.waiting[i]
+		if r.lora > 0 && !slices.Contains(loras, r.lora) && len(loras) >= s.cfg.MaxLoRAs {
+			kept = append(kept, r)
+			continue
+		}
 		if r.remotePrefill != nil && !r.transferred {
 			if !s.startTransfer(r, now) {
 				break
 			}
-			s.waiting = s.waiting[1:]
 			continue
 		}
 		n, ok := s.admit(r, budget)
@@ -477,9 +488,24 @@ func (s *scheduler) scheduleWaiting(p *plan, budget int, now time.Time) {
 		if r.scheduledAt.IsZero() {
 			r.scheduledAt = now
 		}
-		s.waiting = s.waiting[1:]
 		s.running = append(s.running, r)
+		if r.lora > 0 && !slices.Contains(loras, r.lora) {
+			loras = append(loras, r.lora)
+		}
 	}
+	s.waiting = append(kept, s.waiting[i:]...)
+}
+
+// runningLoRAs are the adapters of the running requests (their
+// lora_int_ids, each once).
+func (s *scheduler) runningLoRAs() []int {
+	var out []int
+	for _, r := range s.running {
+		if r.lora > 0 && !slices.Contains(out, r.lora) {
+			out = append(out, r.lora)
+		}
+	}
+	return out
 }
 
 // admit gives waiting request r its blocks for its first n tokens of the
@@ -704,4 +730,21 @@ func (s *scheduler) updateGauges() {
 	u := s.pool.usage()
 	s.metrics.kvUsage.Set(u)
 	s.metrics.gpuUsage.Set(u)
+	if len(s.cfg.LoRAModules) > 0 {
+		s.metrics.setLoRA(loraNames(s.running), loraNames(s.waiting, s.transferring), time.Now())
+	}
+}
+
+// loraNames lists the adapters of the requests in queues, each once, in
+// the order met, comma-separated.
+func loraNames(queues ...[]*request) string {
+	var names []string
+	for _, q := range queues {
+		for _, r := range q {
+			if r.lora > 0 && !slices.Contains(names, r.loraName) {
+				names = append(names, r.loraName)
+			}
+		}
+	}
+	return strings.Join(names, ",")
 }
