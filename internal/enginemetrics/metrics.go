@@ -19,7 +19,9 @@ import (
 	"errors"
 	"io"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -35,6 +37,7 @@ const (
 	FieldPrefixCounters                   // PrefixQueries, PrefixHits (vLLM)
 	FieldCacheHitRate                     // CacheHitRate (SGLang)
 	FieldMaxTotalTokens                   // MaxTotalTokens (SGLang)
+	FieldLoRA                             // MaxLoRA, LoRARunning, LoRAWaiting (vLLM)
 )
 
 // Flavors: which engine's names the exposition used.
@@ -76,6 +79,24 @@ type Metrics struct {
 	CacheHitRate float64
 	// MaxTotalTokens is SGLang's KV pool size in tokens.
 	MaxTotalTokens int
+	// MaxLoRA is how many LoRA adapters one batch may hold (vLLM's
+	// --max-loras), LoRARunning and LoRAWaiting the adapters of the
+	// running and the waiting requests: vllm:lora_requests_info's labels,
+	// from its series of the latest value (the time it was set: vLLM
+	// leaves the older label sets behind).
+	MaxLoRA                  int
+	LoRARunning, LoRAWaiting []string
+}
+
+// LoRASlot reports whether a request for the LoRA adapter would find a
+// place in the engine's batch: unless the engine reported that the
+// adapter is not among the running requests' and that MaxLoRA others
+// are (vLLM then passes the request over until one of them is done).
+func (m Metrics) LoRASlot(adapter string) bool {
+	if !m.Has(FieldLoRA) || m.MaxLoRA <= 0 || slices.Contains(m.LoRARunning, adapter) {
+		return true
+	}
+	return len(m.LoRARunning) < m.MaxLoRA
 }
 
 // Has reports whether every field in f was found.
@@ -136,6 +157,9 @@ func (m Metrics) MarshalJSON() ([]byte, error) {
 	put(FieldPrefixCounters, "prefix_cache_hits", m.PrefixHits)
 	put(FieldCacheHitRate, "cache_hit_rate", m.CacheHitRate)
 	put(FieldMaxTotalTokens, "max_total_tokens", m.MaxTotalTokens)
+	put(FieldLoRA, "max_lora", m.MaxLoRA)
+	put(FieldLoRA, "lora_running", m.LoRARunning)
+	put(FieldLoRA, "lora_waiting", m.LoRAWaiting)
 	return json.Marshal(out)
 }
 
@@ -172,7 +196,8 @@ func (p *parser) result() (Metrics, error) {
 	var m Metrics
 	s := &p.seen
 	switch {
-	case anySeen(s, mVLLMWaiting, mSGLangQueue-1):
+	case anySeen(s, mVLLMWaiting, mVLLMGPUPrefixHits): // not the LoRA info alone
+
 		m.Flavor = FlavorVLLM
 	case anySeen(s, mSGLangQueue, numMetrics-1):
 		m.Flavor = FlavorSGLang
@@ -206,8 +231,41 @@ func (p *parser) result() (Metrics, error) {
 	if m.BlockSize > 0 {
 		m.Have |= FieldCacheConfig
 	}
+	if l := latestLoRA(s[mVLLMLoRAInfo]); l != nil && l.maxLoRA > 0 {
+		m.MaxLoRA, m.LoRARunning, m.LoRAWaiting = l.maxLoRA, adapterList(l.running), adapterList(l.waiting)
+		m.Have |= FieldLoRA
+	}
 	return m, nil
 }
+
+// latestLoRA is the labels of the vllm:lora_requests_info series set
+// last (the largest value), nil if none. An engine without adapters
+// reports max_lora 0, or no series.
+func latestLoRA(list []series) *loraLabels {
+	var out *loraLabels
+	best := math.Inf(-1)
+	for _, s := range list {
+		if s.lora != nil && s.value > best {
+			out, best = s.lora, s.value
+		}
+	}
+	return out
+}
+
+// adapterList splits a comma-separated list of adapter names, at most
+// maxAdapters of them.
+func adapterList(s string) []string {
+	var out []string
+	for name := range strings.SplitSeq(s, ",") {
+		if name = strings.TrimSpace(name); name != "" && len(out) < maxAdapters {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// maxAdapters bounds the adapter names read from one label.
+const maxAdapters = 1024
 
 // cacheConfig reads the block size of the first engine that reports one
 // and sums the GPU blocks of all engines.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -26,10 +27,10 @@ func parseFile(t *testing.T, name, model string) Metrics {
 	return m
 }
 
-// clearTime makes results comparable with ==.
+// same compares two results field by field.
 func same(t *testing.T, name string, got, want Metrics) {
 	t.Helper()
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("%s:\n got %+v\nwant %+v", name, got, want)
 	}
 }
@@ -253,5 +254,50 @@ func TestMetricsHelpers(t *testing.T) {
 	}
 	if _, ok := got["kv_usage"]; ok {
 		t.Errorf("json has an absent field: %s", b)
+	}
+}
+
+// TestParseLoRA: vllm:lora_requests_info is read from its latest series
+// (vLLM leaves every label set it ever set behind, each valued with the
+// time it was set), and LoRASlot says whether a request for an adapter
+// would be passed over for want of a batch slot.
+func TestParseLoRA(t *testing.T) {
+	const expo = `vllm:num_requests_running{engine="0",model_name="m"} 3
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.764221150e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql,chat",waiting_lora_adapters="code"} 1.764221170e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters=""} 1.764221160e+09
+`
+	m, err := Parse(strings.NewReader(expo), "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Has(FieldLoRA) || m.MaxLoRA != 2 || !reflect.DeepEqual(m.LoRARunning, []string{"sql", "chat"}) || !reflect.DeepEqual(m.LoRAWaiting, []string{"code"}) {
+		t.Fatalf("got max %d running %q waiting %q (have %b)", m.MaxLoRA, m.LoRARunning, m.LoRAWaiting, m.Have)
+	}
+	for _, tt := range []struct {
+		m       Metrics
+		adapter string
+		slot    bool
+	}{
+		{m, "sql", true},    // running: joins its batch
+		{m, "code", false},  // waiting already: two others run
+		{m, "other", false}, // the same
+		{Metrics{}, "other", true},
+		{Metrics{Have: FieldLoRA, MaxLoRA: 2, LoRARunning: []string{"sql"}}, "other", true},
+	} {
+		if got := tt.m.LoRASlot(tt.adapter); got != tt.slot {
+			t.Errorf("%+v: LoRASlot(%s) = %v", tt.m, tt.adapter, got)
+		}
+	}
+	// An engine without adapters reports max_lora 0: nothing to read.
+	none, err := Parse(strings.NewReader(`vllm:num_requests_running 1
+vllm:lora_requests_info{max_lora="0",running_lora_adapters="",waiting_lora_adapters=""} 0
+`), "")
+	if err != nil || none.Has(FieldLoRA) {
+		t.Fatalf("no adapters: have %b, %v", none.Have, err)
+	}
+	// The LoRA info alone is no engine's metrics.
+	if _, err := Parse(strings.NewReader(`vllm:lora_requests_info{max_lora="1"} 1`), ""); !errors.Is(err, ErrNoEngineMetrics) {
+		t.Fatalf("LoRA info alone: %v", err)
 	}
 }

@@ -27,6 +27,7 @@ const (
 	mVLLMPrefixHits
 	mVLLMGPUPrefixQueries // older V1 names
 	mVLLMGPUPrefixHits
+	mVLLMLoRAInfo
 	mSGLangQueue
 	mSGLangRunning
 	mSGLangTokenUsage
@@ -57,6 +58,8 @@ func lookup(name []byte) metricID {
 		return mVLLMGPUPrefixQueries
 	case "vllm:gpu_prefix_cache_hits_total":
 		return mVLLMGPUPrefixHits
+	case "vllm:lora_requests_info":
+		return mVLLMLoRAInfo
 	case "sglang:num_queue_reqs":
 		return mSGLangQueue
 	case "sglang:num_running_reqs":
@@ -89,6 +92,14 @@ type series struct {
 	// block size and GPU blocks, for vllm:cache_config_info.
 	blockSize, gpuBlocks int
 	hasConfig            bool
+	// for vllm:lora_requests_info: its labels.
+	lora *loraLabels
+}
+
+// loraLabels are a vllm:lora_requests_info series' labels.
+type loraLabels struct {
+	maxLoRA          int
+	running, waiting string
 }
 
 // parser reads the Prometheus text format line by line, keeping only the
@@ -340,6 +351,8 @@ func (p *parser) add(id metricID, v float64) error {
 			s.blockSize, s.hasConfig = parseCount(l.value), true
 		case id == mVLLMCacheConfig && l.name == "num_gpu_blocks":
 			s.gpuBlocks = parseCount(l.value)
+		case id == mVLLMLoRAInfo:
+			s.setLoRALabel(l)
 		}
 		key.WriteString(l.name)
 		key.WriteByte(0)
@@ -365,6 +378,21 @@ func (p *parser) add(id metricID, v float64) error {
 
 // parseCount reads a non-negative integer label ("None" and junk read as 0:
 // unknown).
+// setLoRALabel keeps l if it is one of vllm:lora_requests_info's.
+func (s *series) setLoRALabel(l label) {
+	if s.lora == nil {
+		s.lora = &loraLabels{}
+	}
+	switch l.name {
+	case "max_lora":
+		s.lora.maxLoRA = parseCount(l.value)
+	case "running_lora_adapters":
+		s.lora.running = l.value
+	case "waiting_lora_adapters":
+		s.lora.waiting = l.value
+	}
+}
+
 func parseCount(s string) int {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > maxCount {

@@ -1,12 +1,18 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/openai"
 )
 
@@ -120,5 +126,65 @@ func TestLoRAPrefillDecode(t *testing.T) {
 		if r.header.Get(hdrPrefill) != p.Addr() || r.header.Get(hdrDecode) != d2.Addr() {
 			t.Fatalf("request %d: prefill %s decode %s; only %s decodes the adapter", i, r.header.Get(hdrPrefill), r.header.Get(hdrDecode), d2.Addr())
 		}
+	}
+}
+
+// TestLoRASlots: an adapter's request is not sent where the engine's
+// batch has no place for it (--max-loras adapters of others running, as
+// its vllm:lora_requests_info says), even where its prefix is cached,
+// while another endpoint has a place; once the slot frees, its cache
+// brings it back.
+func TestLoRASlots(t *testing.T) {
+	mk := func(c *engine.Config) { c.LoRAModules, c.MaxLoRAs, c.TimeScale = []string{"sql", "chat"}, 1, 10 }
+	x, y := startEngine(t, fleet.RoleBoth, mk), startEngine(t, fleet.RoleBoth, mk)
+	epX, epY := endpointOf(x, fleet.RoleBoth), endpointOf(y, fleet.RoleBoth)
+	epX.LoRA, epY.LoRA = []string{"sql", "chat"}, []string{"sql", "chat"}
+	pr, err := health.New(health.Config{Interval: 20 * time.Millisecond, Timeout: time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	g, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{epX}, Policy: "kvgate", BlockSize: 16}, Options{Health: pr})
+	waitSubscribed(t, g)
+	chat := func(tag string, words int) string {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"model": "chat", "prompt": prefix(tag)[:words], "max_tokens": 2})
+		r := post(t, url+"/v1/completions", string(b), nil)
+		if r.status != 200 {
+			t.Fatalf("chat: %d %s", r.status, r.body)
+		}
+		return r.header.Get(hdrPrefill)
+	}
+	chat("slot", 3000) // two prefixes cached on x
+	chat("back", 3000)
+	long, stop := context.WithCancel(context.Background())
+	defer stop()
+	sqlDone := make(chan struct{})
+	go func() {
+		defer close(sqlDone)
+		b, _ := json.Marshal(map[string]any{"model": "sql", "prompt": "a long answer", "max_tokens": 15000})
+		req, _ := http.NewRequestWithContext(long, http.MethodPost, url+"/v1/completions", strings.NewReader(string(b)))
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	slotTaken := func() bool { m, ok := pr.Metrics(epX.Name); return ok && !m.LoRASlot("chat") }
+	waitFor(t, slotTaken)
+	if err := g.SetEndpoints([]fleet.Endpoint{epX, epY}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, ok := pr.Metrics(epY.Name); return ok })
+	for i := range 3 {
+		if home := chat("slot", 3200+10*i); home != epY.Name {
+			t.Fatalf("chat %d went to %s, whose batch runs sql with --max-loras 1; %s has a place", i, home, epY.Name)
+		}
+	}
+	stop()
+	<-sqlDone
+	waitFor(t, func() bool { return !slotTaken() })
+	if home := chat("back", 3300); home != epX.Name {
+		t.Fatalf("with the slot free, chat went to %s, not to its cache on %s", home, epX.Name)
 	}
 }
