@@ -240,16 +240,34 @@ func (p *parser) result() (Metrics, error) {
 
 // latestLoRA is the labels of the vllm:lora_requests_info series set
 // last (the largest value), nil if none. An engine without adapters
-// reports max_lora 0, or no series.
+// reports max_lora 0, or no series. Series of the same value (llm-d's
+// simulator sets whole seconds) are merged: their adapter lists joined,
+// as a place taken is the safer reading.
 func latestLoRA(list []series) *loraLabels {
 	var out *loraLabels
 	best := math.Inf(-1)
 	for _, s := range list {
-		if s.lora != nil && s.value > best {
-			out, best = s.lora, s.value
+		switch {
+		case s.lora == nil || s.value < best:
+		case s.value > best || out == nil:
+			l := *s.lora
+			out, best = &l, s.value
+		default:
+			out.maxLoRA = max(out.maxLoRA, s.lora.maxLoRA)
+			out.running = joinAdapters(out.running, s.lora.running)
+			out.waiting = joinAdapters(out.waiting, s.lora.waiting)
 		}
 	}
 	return out
+}
+
+// joinAdapters joins two comma-separated lists (duplicates are dropped
+// by adapterList).
+func joinAdapters(a, b string) string {
+	if a == "" || b == "" {
+		return a + b
+	}
+	return a + "," + b
 }
 
 // adapterList splits a comma-separated list of adapter names, at most
@@ -257,7 +275,7 @@ func latestLoRA(list []series) *loraLabels {
 func adapterList(s string) []string {
 	var out []string
 	for name := range strings.SplitSeq(s, ",") {
-		if name = strings.TrimSpace(name); name != "" && len(out) < maxAdapters {
+		if name = strings.TrimSpace(name); name != "" && len(out) < maxAdapters && !slices.Contains(out, name) {
 			out = append(out, name)
 		}
 	}

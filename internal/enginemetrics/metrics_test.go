@@ -289,6 +289,16 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_ad
 			t.Errorf("%+v: LoRASlot(%s) = %v", tt.m, tt.adapter, got)
 		}
 	}
+	// Series set in the same second (llm-d-inference-sim's whole seconds)
+	// are read together: a place taken in either is taken.
+	tie, err := Parse(strings.NewReader(`vllm:num_requests_running 1
+vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 1764221170
+vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql",waiting_lora_adapters="chat"} 1764221170
+vllm:lora_requests_info{max_lora="1",running_lora_adapters="chat",waiting_lora_adapters=""} 1764221169
+`), "")
+	if err != nil || !reflect.DeepEqual(tie.LoRARunning, []string{"sql"}) || !reflect.DeepEqual(tie.LoRAWaiting, []string{"chat"}) || tie.LoRASlot("chat") {
+		t.Fatalf("same-second series: running %q waiting %q, %v", tie.LoRARunning, tie.LoRAWaiting, err)
+	}
 	// An engine without adapters reports max_lora 0: nothing to read.
 	none, err := Parse(strings.NewReader(`vllm:num_requests_running 1
 vllm:lora_requests_info{max_lora="0",running_lora_adapters="",waiting_lora_adapters=""} 0
