@@ -88,17 +88,6 @@ type Metrics struct {
 	LoRARunning, LoRAWaiting []string
 }
 
-// LoRASlot reports whether a request for the LoRA adapter would find a
-// place in the engine's batch: unless the engine reported that the
-// adapter is not among the running requests' and that MaxLoRA others
-// are (vLLM then passes the request over until one of them is done).
-func (m Metrics) LoRASlot(adapter string) bool {
-	if !m.Has(FieldLoRA) || m.MaxLoRA <= 0 || slices.Contains(m.LoRARunning, adapter) {
-		return true
-	}
-	return len(m.LoRARunning) < m.MaxLoRA
-}
-
 // Has reports whether every field in f was found.
 func (m Metrics) Has(f Field) bool { return m.Have&f == f }
 

@@ -259,8 +259,7 @@ func TestMetricsHelpers(t *testing.T) {
 
 // TestParseLoRA: vllm:lora_requests_info is read from its latest series
 // (vLLM leaves every label set it ever set behind, each valued with the
-// time it was set), and LoRASlot says whether a request for an adapter
-// would be passed over for want of a batch slot.
+// time it was set).
 func TestParseLoRA(t *testing.T) {
 	const expo = `vllm:num_requests_running{engine="0",model_name="m"} 3
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.764221150e+09
@@ -274,21 +273,6 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_ad
 	if !m.Has(FieldLoRA) || m.MaxLoRA != 2 || !reflect.DeepEqual(m.LoRARunning, []string{"sql", "chat"}) || !reflect.DeepEqual(m.LoRAWaiting, []string{"code"}) {
 		t.Fatalf("got max %d running %q waiting %q (have %b)", m.MaxLoRA, m.LoRARunning, m.LoRAWaiting, m.Have)
 	}
-	for _, tt := range []struct {
-		m       Metrics
-		adapter string
-		slot    bool
-	}{
-		{m, "sql", true},    // running: joins its batch
-		{m, "code", false},  // waiting already: two others run
-		{m, "other", false}, // the same
-		{Metrics{}, "other", true},
-		{Metrics{Have: FieldLoRA, MaxLoRA: 2, LoRARunning: []string{"sql"}}, "other", true},
-	} {
-		if got := tt.m.LoRASlot(tt.adapter); got != tt.slot {
-			t.Errorf("%+v: LoRASlot(%s) = %v", tt.m, tt.adapter, got)
-		}
-	}
 	// Series set in the same second (llm-d-inference-sim's whole seconds)
 	// are read together: a place taken in either is taken.
 	tie, err := Parse(strings.NewReader(`vllm:num_requests_running 1
@@ -296,7 +280,7 @@ vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapt
 vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql",waiting_lora_adapters="chat"} 1764221170
 vllm:lora_requests_info{max_lora="1",running_lora_adapters="chat",waiting_lora_adapters=""} 1764221169
 `), "")
-	if err != nil || !reflect.DeepEqual(tie.LoRARunning, []string{"sql"}) || !reflect.DeepEqual(tie.LoRAWaiting, []string{"chat"}) || tie.LoRASlot("chat") {
+	if err != nil || !reflect.DeepEqual(tie.LoRARunning, []string{"sql"}) || !reflect.DeepEqual(tie.LoRAWaiting, []string{"chat"}) || tie.MaxLoRA != 1 {
 		t.Fatalf("same-second series: running %q waiting %q, %v", tie.LoRARunning, tie.LoRAWaiting, err)
 	}
 	// An engine without adapters reports max_lora 0: nothing to read.

@@ -122,7 +122,8 @@ type member struct {
 	ep      fleet.Endpoint // immutable once the member is published
 	kvID    kvindex.EndpointID
 	obs     observed
-	removed atomic.Bool // left the fleet; its index id may be reused
+	lora    adapterFlights // its requests in flight per LoRA adapter
+	removed atomic.Bool    // left the fleet; its index id may be reused
 }
 
 // modelFleet is the endpoints serving one model that may take traffic now,

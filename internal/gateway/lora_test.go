@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -130,10 +131,10 @@ func TestLoRAPrefillDecode(t *testing.T) {
 }
 
 // TestLoRASlots: an adapter's request is not sent where the engine's
-// batch has no place for it (--max-loras adapters of others running, as
-// its vllm:lora_requests_info says), even where its prefix is cached,
-// while another endpoint has a place; once the slot frees, its cache
-// brings it back.
+// batch has no place for it (as many other adapters in flight there as
+// its vllm:lora_requests_info's max_lora), even where its prefix is
+// cached, while another endpoint has a place; once the slot frees, its
+// cache brings it back.
 func TestLoRASlots(t *testing.T) {
 	mk := func(c *engine.Config) { c.LoRAModules, c.MaxLoRAs, c.TimeScale = []string{"sql", "chat"}, 1, 10 }
 	x, y := startEngine(t, fleet.RoleBoth, mk), startEngine(t, fleet.RoleBoth, mk)
@@ -170,8 +171,20 @@ func TestLoRASlots(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	slotTaken := func() bool { m, ok := pr.Metrics(epX.Name); return ok && !m.LoRASlot("chat") }
-	waitFor(t, slotTaken)
+	// The engine runs sql and reported its max_lora; the gateway has sql
+	// in flight there.
+	waitFor(t, func() bool {
+		m, ok := pr.Metrics(epX.Name)
+		return ok && m.MaxLoRA == 1 && slices.Equal(m.LoRARunning, []string{"sql"})
+	})
+	inFlight := func() int {
+		g.mu.RLock()
+		m := g.members[epX.Name]
+		g.mu.RUnlock()
+		m.lora.mu.Lock()
+		defer m.lora.mu.Unlock()
+		return len(m.lora.n)
+	}
 	if err := g.SetEndpoints([]fleet.Endpoint{epX, epY}); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +196,7 @@ func TestLoRASlots(t *testing.T) {
 	}
 	stop()
 	<-sqlDone
-	waitFor(t, func() bool { return !slotTaken() })
+	waitFor(t, func() bool { return inFlight() == 0 })
 	if home := chat("back", 3300); home != epX.Name {
 		t.Fatalf("with the slot free, chat went to %s, not to its cache on %s", home, epX.Name)
 	}

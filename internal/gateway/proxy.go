@@ -302,6 +302,12 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		fl = g.route(rt, p)
 	}
 	defer func() { lf.Finish(fl, g.clock()) }()
+	if rt.lora != "" {
+		defer p.prefill.lora.start(rt.lora)()
+		if p.decode != nil {
+			defer p.decode.lora.start(rt.lora)()
+		}
+	}
 	g.routed(p.prefill, rt.prep.Keys)
 	if p.decode != nil {
 		g.routed(p.decode, rt.prep.Keys)

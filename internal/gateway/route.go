@@ -313,7 +313,7 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 			return m.ep.Name != exclude && (rt.lora == "" || m.ep.Serves(rt.lora))
 		})
 	}
-	if rt.lora != "" && g.health != nil {
+	if rt.lora != "" {
 		members, eps = g.keepLoRASlots(rt.lora, members, eps, &fs.snap)
 	}
 	if len(fs.snap.Endpoints) == 0 {
@@ -374,29 +374,6 @@ func keepEndpoints(members []*member, eps []*load.Endpoint, s *sched.Snapshot, k
 	}
 	s.Endpoints = s.Endpoints[:n]
 	return ms, es
-}
-
-// keepLoRASlots keeps, of the endpoints serving adapter, those whose
-// batch has a place for it (enginemetrics.Metrics.LoRASlot: the adapter
-// runs there, or fewer adapters than the engine's --max-loras do), when
-// any has: vLLM passes a request for another adapter over until a running
-// one is done, a wait no prediction here includes. Endpoints whose
-// metrics are stale or say nothing of adapters count as having a place.
-func (g *Gateway) keepLoRASlots(adapter string, members []*member, eps []*load.Endpoint, s *sched.Snapshot) ([]*member, []*load.Endpoint) {
-	now := g.now()
-	slot := func(m *member) bool {
-		mt, ok := g.health.Metrics(m.ep.Name)
-		return !ok || !mt.Fresh(now, metricsStaleness) || mt.LoRASlot(adapter)
-	}
-	some, all := false, true
-	for _, m := range members {
-		ok := slot(m)
-		some, all = some || ok, all && ok
-	}
-	if !some || all {
-		return members, eps
-	}
-	return keepEndpoints(members, eps, s, slot)
 }
 
 // fillEngineState adds what the engines' metrics and observed latencies

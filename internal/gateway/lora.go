@@ -1,0 +1,77 @@
+package gateway
+
+import (
+	"sync"
+
+	"github.com/kvgate/kvgate/internal/enginemetrics"
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// adapterFlights counts one member's requests in flight per LoRA adapter:
+// the gateway's own, exact at every decision, where the engine's scraped
+// vllm:lora_requests_info is seconds old.
+type adapterFlights struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// start counts a request for adapter in flight until done is called.
+func (a *adapterFlights) start(adapter string) (done func()) {
+	a.mu.Lock()
+	if a.n == nil {
+		a.n = map[string]int{}
+	}
+	a.n[adapter]++
+	a.mu.Unlock()
+	return func() {
+		a.mu.Lock()
+		if a.n[adapter]--; a.n[adapter] <= 0 {
+			delete(a.n, adapter)
+		}
+		a.mu.Unlock()
+	}
+}
+
+// slot reports whether a request for adapter finds a place in a batch of
+// at most maxLoRA adapters: the adapter is in flight here already, or
+// fewer than maxLoRA others are. Requests waiting in the engine count, as
+// they will take their slot when they run.
+func (a *adapterFlights) slot(adapter string, maxLoRA int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n[adapter] > 0 || len(a.n) < maxLoRA
+}
+
+// defaultMaxLoRAs is vLLM's --max-loras default, assumed for an engine
+// that has not (yet) reported its own.
+const defaultMaxLoRAs = 1
+
+// keepLoRASlots keeps, of the endpoints serving adapter, those whose
+// batch has a place for it, when any has and some have not: vLLM passes a
+// request for another adapter over while --max-loras others run, a wait
+// no prediction here includes. Which adapters an endpoint runs is what
+// the gateway has in flight there; how many it may run is the max_lora
+// of the engine's vllm:lora_requests_info, or vLLM's default of 1 before
+// (or without) one: requests sent before the first scrape would
+// otherwise mix adapters on every engine and wait.
+func (g *Gateway) keepLoRASlots(adapter string, members []*member, eps []*load.Endpoint, s *sched.Snapshot) ([]*member, []*load.Endpoint) {
+	slot := func(m *member) bool {
+		n := defaultMaxLoRAs
+		if g.health != nil {
+			if mt, ok := g.health.Metrics(m.ep.Name); ok && mt.Has(enginemetrics.FieldLoRA) {
+				n = mt.MaxLoRA
+			}
+		}
+		return m.lora.slot(adapter, n)
+	}
+	some, all := false, true
+	for _, m := range members {
+		ok := slot(m)
+		some, all = some || ok, all && ok
+	}
+	if !some || all {
+		return members, eps
+	}
+	return keepEndpoints(members, eps, s, slot)
+}
