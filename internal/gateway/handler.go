@@ -88,14 +88,18 @@ func (g *Gateway) handleReady(w http.ResponseWriter, _ *http.Request) {
 
 // EndpointState is one endpoint's live state in /admin/endpoints.
 type EndpointState struct {
-	Name     string       `json:"name"`
-	URL      string       `json:"url"`
-	Model    string       `json:"model"`
-	Role     fleet.Role   `json:"role"`
-	Eligible bool         `json:"eligible"` // in the snapshot: discovered and healthy
-	Load     endpointLoad `json:"load"`
-	KVBlocks int64        `json:"kv_index_gpu_blocks"`
-	TPOT     float64      `json:"observed_tpot_seconds"`
+	Name  string     `json:"name"`
+	URL   string     `json:"url"`
+	Model string     `json:"model"`
+	Role  fleet.Role `json:"role"`
+	// LoRA is the adapters it serves, and LoRAInFlight the gateway's
+	// requests in flight there per adapter (the batch places' count).
+	LoRA         []string       `json:"lora,omitempty"`
+	LoRAInFlight map[string]int `json:"lora_in_flight,omitempty"`
+	Eligible     bool           `json:"eligible"` // in the snapshot: discovered and healthy
+	Load         endpointLoad   `json:"load"`
+	KVBlocks     int64          `json:"kv_index_gpu_blocks"`
+	TPOT         float64        `json:"observed_tpot_seconds"`
 	// Predictor is the endpoint's prefill model: learned speed and recent
 	// TTFT prediction error.
 	Predictor *predict.Stats `json:"predictor,omitempty"`
@@ -123,6 +127,7 @@ func (g *Gateway) endpointStates() []EndpointState {
 		for i, m := range mf.members {
 			seen[m.ep.Name] = true
 			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
+				LoRA: m.ep.LoRA, LoRAInFlight: m.lora.counts(),
 				Eligible: true, Load: loadOf(&snap.Endpoints[i]), KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
 			if st, ok := mf.load.PredictorStats(m.ep.Name); ok && m.ep.Role != fleet.RoleDecode {
 				out[len(out)-1].Predictor = &st
@@ -135,7 +140,7 @@ func (g *Gateway) endpointStates() []EndpointState {
 	for _, m := range g.members {
 		if !seen[m.ep.Name] {
 			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
-				KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
+				LoRA: m.ep.LoRA, LoRAInFlight: m.lora.counts(), KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
 		}
 	}
 	if g.health != nil {

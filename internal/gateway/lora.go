@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"maps"
 	"sync"
 
 	"github.com/kvgate/kvgate/internal/enginemetrics"
@@ -31,6 +32,16 @@ func (a *adapterFlights) start(adapter string) (done func()) {
 		}
 		a.mu.Unlock()
 	}
+}
+
+// counts is a copy of the counts (nil when none is in flight).
+func (a *adapterFlights) counts() map[string]int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.n) == 0 {
+		return nil
+	}
+	return maps.Clone(a.n)
 }
 
 // slot reports whether a request for adapter finds a place in a batch of

@@ -177,13 +177,16 @@ func TestLoRASlots(t *testing.T) {
 		m, ok := pr.Metrics(epX.Name)
 		return ok && m.MaxLoRA == 1 && slices.Equal(m.LoRARunning, []string{"sql"})
 	})
-	inFlight := func() int {
-		g.mu.RLock()
-		m := g.members[epX.Name]
-		g.mu.RUnlock()
-		m.lora.mu.Lock()
-		defer m.lora.mu.Unlock()
-		return len(m.lora.n)
+	inFlight := func() int { // what /admin/endpoints shows
+		for _, st := range g.endpointStates() {
+			if st.Name == epX.Name {
+				return len(st.LoRAInFlight)
+			}
+		}
+		return -1
+	}
+	if n := inFlight(); n != 1 {
+		t.Fatalf("adapters in flight on %s: %d, want 1 (sql)", epX.Name, n)
 	}
 	if err := g.SetEndpoints([]fleet.Endpoint{epX, epY}); err != nil {
 		t.Fatal(err)
