@@ -17,7 +17,8 @@ type adapterFlights struct {
 	n  map[string]int
 }
 
-// start counts a request for adapter in flight until done is called.
+// start counts a request for adapter in flight until done is first
+// called.
 func (a *adapterFlights) start(adapter string) (done func()) {
 	a.mu.Lock()
 	if a.n == nil {
@@ -25,13 +26,13 @@ func (a *adapterFlights) start(adapter string) (done func()) {
 	}
 	a.n[adapter]++
 	a.mu.Unlock()
-	return func() {
+	return sync.OnceFunc(func() {
 		a.mu.Lock()
 		if a.n[adapter]--; a.n[adapter] <= 0 {
 			delete(a.n, adapter)
 		}
 		a.mu.Unlock()
-	}
+	})
 }
 
 // counts is a copy of the counts (nil when none is in flight).
@@ -59,30 +60,34 @@ func (a *adapterFlights) slot(adapter string, maxLoRA int) bool {
 const defaultMaxLoRAs = 1
 
 // keepLoRASlots keeps, of the endpoints serving adapter, those whose
-// batch has a place for it, when any has and some have not: vLLM passes a
-// request for another adapter over while --max-loras others run, a wait
-// no prediction here includes. Which adapters an endpoint runs is what
-// the gateway has in flight there; how many it may run is the max_lora
-// of the engine's vllm:lora_requests_info, or vLLM's default of 1 before
-// (or without) one: requests sent before the first scrape would
-// otherwise mix adapters on every engine and wait.
+// batch has a place for it, where another endpoint that can do their part
+// (prefill, decode) has one: vLLM passes a request for another adapter
+// over while --max-loras others run, a wait no prediction here includes.
+// Which adapters an endpoint runs is what the gateway has in flight
+// there; how many it may run is the max_lora of the engine's
+// vllm:lora_requests_info, or vLLM's default of 1 before (or without)
+// one: requests sent before the first scrape would otherwise mix
+// adapters on every engine and wait.
 func (g *Gateway) keepLoRASlots(adapter string, members []*member, eps []*load.Endpoint, s *sched.Snapshot) ([]*member, []*load.Endpoint) {
-	slot := func(m *member) bool {
+	slots := make(map[*member]bool, len(members))
+	prefill, decode, all := false, false, true
+	for _, m := range members {
 		n := defaultMaxLoRAs
 		if g.health != nil {
 			if mt, ok := g.health.Metrics(m.ep.Name); ok && mt.Has(enginemetrics.FieldLoRA) {
 				n = mt.MaxLoRA
 			}
 		}
-		return m.lora.slot(adapter, n)
+		ok := m.lora.slot(adapter, n)
+		slots[m] = ok
+		all = all && ok
+		prefill = prefill || ok && m.ep.Role.CanPrefill()
+		decode = decode || ok && m.ep.Role.CanDecode()
 	}
-	some, all := false, true
-	for _, m := range members {
-		ok := slot(m)
-		some, all = some || ok, all && ok
-	}
-	if !some || all {
+	if all {
 		return members, eps
 	}
-	return keepEndpoints(members, eps, s, slot)
+	return keepEndpoints(members, eps, s, func(m *member) bool {
+		return slots[m] || m.ep.Role.CanPrefill() && !prefill || m.ep.Role.CanDecode() && !decode
+	})
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/health"
+	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/sched"
 )
 
 // TestLoRAAdapters: a request naming a LoRA adapter goes only to the
@@ -202,5 +204,58 @@ func TestLoRASlots(t *testing.T) {
 	waitFor(t, func() bool { return inFlight() == 0 })
 	if home := chat("back", 3300); home != epX.Name {
 		t.Fatalf("with the slot free, chat went to %s, not to its cache on %s", home, epX.Name)
+	}
+}
+
+// TestKeepLoRASlots: an endpoint without a batch place for the adapter is
+// left out only where another endpoint that can do its part has one.
+func TestKeepLoRASlots(t *testing.T) {
+	type ep struct {
+		name     string
+		role     fleet.Role
+		inFlight []string
+	}
+	tests := []struct {
+		name    string
+		eps     []ep
+		adapter string
+		want    string
+	}{
+		{"another adapter runs on a, b is free", []ep{{"a", fleet.RoleBoth, []string{"sql"}}, {"b", fleet.RoleBoth, nil}}, "chat", "b"},
+		{"its own adapter runs on a", []ep{{"a", fleet.RoleBoth, []string{"chat"}}, {"b", fleet.RoleBoth, []string{"sql"}}}, "chat", "a"},
+		{"no place anywhere: all stay", []ep{{"a", fleet.RoleBoth, []string{"sql"}}, {"b", fleet.RoleBoth, []string{"code"}}}, "chat", "a b"},
+		{"a place everywhere: all stay", []ep{{"a", fleet.RoleBoth, nil}, {"b", fleet.RoleBoth, []string{"chat", "chat"}}}, "chat", "a b"},
+		{"the only prefill endpoint stays", []ep{{"p", fleet.RolePrefill, []string{"sql"}}, {"d1", fleet.RoleDecode, []string{"sql"}}, {"d2", fleet.RoleDecode, nil}}, "chat", "p d2"},
+		{"a busy prefill endpoint goes when another is free", []ep{{"p1", fleet.RolePrefill, []string{"sql"}}, {"p2", fleet.RolePrefill, nil}, {"d", fleet.RoleDecode, nil}}, "chat", "p2 d"},
+	}
+	for _, tt := range tests {
+		members := make([]*member, len(tt.eps))
+		s := sched.Snapshot{Endpoints: make([]sched.Endpoint, len(tt.eps))}
+		for i, e := range tt.eps {
+			members[i] = &member{ep: fleet.Endpoint{Name: e.name, Role: e.role}}
+			for _, a := range e.inFlight {
+				members[i].lora.start(a)
+			}
+			s.Endpoints[i].Name = e.name
+		}
+		g := &Gateway{}
+		kept, eps := g.keepLoRASlots(tt.adapter, members, make([]*load.Endpoint, len(members)), &s)
+		var names []string
+		for i, m := range kept {
+			if s.Endpoints[i].Name != m.ep.Name {
+				t.Fatalf("%s: the snapshot's endpoint %d is %s, the member %s", tt.name, i, s.Endpoints[i].Name, m.ep.Name)
+			}
+			names = append(names, m.ep.Name)
+		}
+		if got := strings.Join(names, " "); got != tt.want || len(eps) != len(kept) || len(s.Endpoints) != len(kept) {
+			t.Errorf("%s: kept %q, want %q", tt.name, got, tt.want)
+		}
+	}
+	var a adapterFlights
+	done := a.start("sql")
+	done()
+	done() // a second call changes nothing
+	if a.counts() != nil || !a.slot("chat", 1) {
+		t.Fatalf("after done: %v", a.counts())
 	}
 }

@@ -302,8 +302,10 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		fl = g.route(rt, p)
 	}
 	defer func() { lf.Finish(fl, g.clock()) }()
+	endPrefill := func() {} // the adapter's place on the prefill endpoint
 	if rt.lora != "" {
-		defer p.prefill.lora.start(rt.lora)()
+		endPrefill = p.prefill.lora.start(rt.lora)
+		defer endPrefill()
 		if p.decode != nil {
 			defer p.decode.lora.start(rt.lora)()
 		}
@@ -341,7 +343,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		}
 		var avoid string
 		var err error
-		if body, avoid, err = g.prefillFirst(ctx, w.Header(), r, rt, p, fl, &got); err != nil {
+		body, avoid, err = g.prefillFirst(ctx, w.Header(), r, rt, p, fl, &got)
+		endPrefill() // its leg is done: the decode engine runs it now
+		if err != nil {
 			return avoid, err
 		}
 		target = p.decode
