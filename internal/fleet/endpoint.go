@@ -83,9 +83,9 @@ const (
 	maxFieldLen     = 1024
 	MaxPrefillSpeed = 1e9
 	// MaxLoRA bounds the adapters one endpoint declares, and
-	// maxLoRANameLen an adapter's name.
+	// MaxLoRANameLen an adapter's name.
 	MaxLoRA        = 1024
-	maxLoRANameLen = 256
+	MaxLoRANameLen = 256
 	// MaxDPSize bounds an engine's data-parallel ranks.
 	MaxDPSize = 1024
 )
@@ -201,15 +201,15 @@ func (e *Endpoint) Normalize() error {
 }
 
 // checkLoRA checks the adapters' names: at most MaxLoRA, each non-empty,
-// at most maxLoRANameLen bytes, once, and not the base model's.
+// at most MaxLoRANameLen bytes, once, and not the base model's.
 func (e *Endpoint) checkLoRA() error {
 	if len(e.LoRA) > MaxLoRA {
 		return fmt.Errorf("lora: %d adapters, at most %d", len(e.LoRA), MaxLoRA)
 	}
 	for i, name := range e.LoRA {
 		switch {
-		case name == "" || len(name) > maxLoRANameLen:
-			return fmt.Errorf("lora[%d]: an adapter's name must be 1 to %d bytes, got %d", i, maxLoRANameLen, len(name))
+		case name == "" || len(name) > MaxLoRANameLen:
+			return fmt.Errorf("lora[%d]: an adapter's name must be 1 to %d bytes, got %d", i, MaxLoRANameLen, len(name))
 		case name == e.Model:
 			return fmt.Errorf("lora[%d]: adapter %q has the base model's name", i, name)
 		case slices.Contains(e.LoRA[:i], name):

@@ -92,7 +92,8 @@ type EndpointState struct {
 	URL   string     `json:"url"`
 	Model string     `json:"model"`
 	Role  fleet.Role `json:"role"`
-	// LoRA is the adapters it serves, and LoRAInFlight the gateway's
+	// LoRA is the adapters it serves (declared, then listed by its
+	// engine), and LoRAInFlight the gateway's
 	// requests in flight there per adapter (the batch places' count).
 	LoRA         []string       `json:"lora,omitempty"`
 	LoRAInFlight map[string]int `json:"lora_in_flight,omitempty"`
@@ -127,7 +128,7 @@ func (g *Gateway) endpointStates() []EndpointState {
 		for i, m := range mf.members {
 			seen[m.ep.Name] = true
 			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
-				LoRA: m.ep.LoRA, LoRAInFlight: m.lora.counts(),
+				LoRA: m.adapters(), LoRAInFlight: m.lora.counts(),
 				Eligible: true, Load: loadOf(&snap.Endpoints[i]), KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
 			if st, ok := mf.load.PredictorStats(m.ep.Name); ok && m.ep.Role != fleet.RoleDecode {
 				out[len(out)-1].Predictor = &st
@@ -140,7 +141,7 @@ func (g *Gateway) endpointStates() []EndpointState {
 	for _, m := range g.members {
 		if !seen[m.ep.Name] {
 			out = append(out, EndpointState{Name: m.ep.Name, URL: m.ep.URL, Model: m.ep.Model, Role: m.ep.Role,
-				LoRA: m.ep.LoRA, LoRAInFlight: m.lora.counts(), KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
+				LoRA: m.adapters(), LoRAInFlight: m.lora.counts(), KVBlocks: blocks[m.kvID], TPOT: m.obs.tpot()})
 		}
 	}
 	if g.health != nil {

@@ -259,3 +259,36 @@ func TestKeepLoRASlots(t *testing.T) {
 		t.Fatalf("after done: %v", a.counts())
 	}
 }
+
+// TestLoRAListedByEngines: adapters an engine lists on /v1/models (with
+// its model as parent) are served without being declared; one whose name
+// is a served model's is not.
+func TestLoRAListedByEngines(t *testing.T) {
+	e := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.LoRAModules = []string{"sql", "other"} })
+	o := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.Model = "other" })
+	epO := endpointOf(o, fleet.RoleBoth)
+	epO.Model = "other"
+	pr, err := health.New(health.Config{Interval: 20 * time.Millisecond, Timeout: time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	g, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth), epO}, Policy: "kvgate", BlockSize: 16}, Options{Health: pr})
+	waitSubscribed(t, g)
+	waitFor(t, func() bool { base, lora := g.resolve("sql"); return base == testModel && lora == "sql" })
+	if base, lora := g.resolve("other"); base != "other" || lora != "" {
+		t.Fatalf("other resolves to %q, %q: a served model's name is not an adapter", base, lora)
+	}
+	ids := make([]int, 200)
+	for i := range ids {
+		ids[i] = 500 + i
+	}
+	for turn := range 2 {
+		b, _ := json.Marshal(map[string]any{"model": "sql", "prompt": ids, "max_tokens": 1})
+		r := post(t, url+"/v1/completions", string(b), nil)
+		found, _ := openai.ResponseCachedTokens([]byte(r.body))
+		if r.status != 200 || r.header.Get(hdrPrefill) != e.Addr() || turn == 1 && (found == 0 || r.header.Get(hdrCached) != strconv.Itoa(found)) {
+			t.Fatalf("turn %d: %d on %s, claimed %s cached, found %d: %s", turn, r.status, r.header.Get(hdrPrefill), r.header.Get(hdrCached), found, r.body)
+		}
+	}
+}

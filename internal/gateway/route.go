@@ -310,7 +310,7 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	g.fillEngineState(members, &fs.snap)
 	if exclude != "" || rt.lora != "" {
 		members, eps = keepEndpoints(members, eps, &fs.snap, func(m *member) bool {
-			return m.ep.Name != exclude && (rt.lora == "" || m.ep.Serves(rt.lora))
+			return m.ep.Name != exclude && (rt.lora == "" || m.serves(rt.lora))
 		})
 	}
 	if rt.lora != "" {

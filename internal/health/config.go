@@ -38,6 +38,10 @@ type Config struct {
 	HealthPath string `yaml:"health_path"`
 	// NoMetrics turns the /metrics scrape off.
 	NoMetrics bool `yaml:"no_metrics"`
+	// NoModels turns off listing the engine's LoRA adapters (GET
+	// /v1/models every fifth probe), which the gateway serves besides the
+	// ones endpoints declare.
+	NoModels bool `yaml:"no_models"`
 	// Scraper reads /metrics; nil: one with Timeout and Client.
 	Scraper *enginemetrics.Scraper `yaml:"-"`
 	// Client makes the health requests; nil: a client of its own.

@@ -53,6 +53,10 @@ type State struct {
 	MetricsAge        time.Duration          `json:"-"`
 	MetricsAgeSeconds float64                `json:"metrics_age_s,omitempty"`
 	MetricsError      string                 `json:"metrics_error,omitempty"`
+	// Adapters are the LoRA adapters of its model its engine's /v1/models
+	// listed last; ModelsError the last listing's error.
+	Adapters    []string `json:"adapters,omitempty"`
+	ModelsError string   `json:"models_error,omitempty"`
 }
 
 // target is one probed endpoint.
@@ -74,6 +78,11 @@ type target struct {
 	metrics      enginemetrics.Metrics
 	hasMetrics   bool
 	metricsErr   string
+	// adapters are the LoRA adapters of the endpoint's model its engine
+	// listed last (models.go).
+	adapters    []string
+	hasAdapters bool
+	modelsErr   string
 }
 
 // Prober runs the checks. Its methods are safe for concurrent use.
@@ -206,7 +215,8 @@ func (t *target) endpoint() fleet.Endpoint {
 	return t.ep
 }
 
-// probe checks /health and, when healthy, scrapes /metrics.
+// probe checks /health and, when healthy, lists the engine's adapters
+// (every modelsEvery probes) and scrapes /metrics.
 func (p *Prober) probe(ctx context.Context, t *target) {
 	ep := t.endpoint()
 	err := p.checkHealth(ctx, ep.URL)
@@ -214,7 +224,11 @@ func (p *Prober) probe(ctx context.Context, t *target) {
 		return // stopped mid-probe: not the endpoint's fault
 	}
 	p.record(t, err)
-	if err != nil || p.cfg.NoMetrics {
+	if err != nil {
+		return
+	}
+	p.probeModels(ctx, t, ep)
+	if p.cfg.NoMetrics {
 		return
 	}
 	rank := -1
@@ -350,6 +364,7 @@ func (t *target) state(now time.Time) State {
 		LastError: t.lastErr, LastErrorAt: t.lastErrAt,
 		PassiveFailures: t.passive, Ejections: t.ejections, EjectedUntil: t.ejectedUntil,
 		MetricsError: t.metricsErr,
+		Adapters:     t.adapters, ModelsError: t.modelsErr,
 	}
 	if t.hasMetrics {
 		m := t.metrics

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,6 +85,8 @@ type engineServer struct {
 	metricsBad atomic.Bool
 	hang       chan struct{} // non-nil: /health waits for it or the client
 	healthHits atomic.Int64
+	// models is the /v1/models answer ("": 404).
+	models atomic.Pointer[string]
 }
 
 func newEngineServer(t *testing.T) *engineServer {
@@ -106,6 +109,13 @@ func newEngineServer(t *testing.T) *engineServer {
 		if s.down.Load() {
 			http.Error(w, "engine dead", http.StatusServiceUnavailable)
 		}
+	})
+	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		if m := s.models.Load(); m != nil && *m != "" {
+			w.Write([]byte(*m))
+			return
+		}
+		http.NotFound(w, nil)
 	})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
 		if s.metricsBad.Load() {
@@ -443,5 +453,52 @@ func TestConfigErrors(t *testing.T) {
 	p, err := New(Config{EjectBase: 10 * time.Minute})
 	if err != nil || p.cfg.EjectMax != 10*time.Minute || p.cfg.Interval != DefaultInterval {
 		t.Fatalf("defaults: %+v %v", p.cfg, err)
+	}
+}
+
+// TestAdaptersListed: every modelsEvery probes the engine's /v1/models is
+// read, and its model's LoRA adapters (entries whose parent is the model)
+// kept; a failed listing keeps the last one, and NoModels reads none.
+func TestAdaptersListed(t *testing.T) {
+	srv := newEngineServer(t)
+	model := ep("a", srv.URL).Model
+	list := func(ids ...string) {
+		body := `{"object":"list","data":[{"id":"` + model + `","parent":null},{"id":"other-base-lora","parent":"another/model"},{"id":"","parent":"` + model + `"}`
+		for _, id := range ids {
+			body += `,{"id":"` + id + `","parent":"` + model + `"}`
+		}
+		body += "]}"
+		srv.models.Store(&body)
+	}
+	list("sql", "chat")
+	clk := newFakeClock()
+	p := newTestProber(t, Config{Clock: clk, Interval: time.Second})
+	p.Set([]fleet.Endpoint{ep("a", srv.URL)})
+	waitFor(t, "the first listing", func() bool { _, ok := p.Adapters("a"); return ok })
+	if got, _ := p.Adapters("a"); !slices.Equal(got, []string{"sql", "chat"}) {
+		t.Fatalf("adapters %q", got)
+	}
+	list("sql") // chat unloaded
+	for range modelsEvery {
+		step(t, p, clk, "a")
+	}
+	waitFor(t, "the next listing", func() bool { got, _ := p.Adapters("a"); return slices.Equal(got, []string{"sql"}) })
+	empty := ""
+	srv.models.Store(&empty) // 404 now
+	for range modelsEvery {
+		step(t, p, clk, "a")
+	}
+	waitFor(t, "a failed listing", func() bool { s, _ := p.State("a"); return s.ModelsError != "" })
+	if s, _ := p.State("a"); !slices.Equal(s.Adapters, []string{"sql"}) || !strings.Contains(s.ModelsError, "404") {
+		t.Fatalf("after a failed listing: %q %q", s.Adapters, s.ModelsError)
+	}
+	off := newTestProber(t, Config{Clock: newFakeClock(), Interval: time.Second, NoModels: true})
+	off.Set([]fleet.Endpoint{ep("b", srv.URL)})
+	waitFor(t, "a probe", func() bool { return probes(off, "b") > 0 })
+	if _, ok := off.Adapters("b"); ok {
+		t.Fatal("NoModels listed adapters")
+	}
+	if ads, err := parseAdapters([]byte(`{"data":`), model); err == nil || ads != nil {
+		t.Fatalf("a cut answer: %v %v", ads, err)
 	}
 }
