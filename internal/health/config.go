@@ -26,7 +26,8 @@ const (
 type Config struct {
 	// Interval between the probes of one endpoint, in [10ms, 1h].
 	Interval time.Duration `yaml:"interval"`
-	// Timeout bounds each request of a probe (/health, then /metrics), in
+	// Timeout bounds each request of a probe (/health, /v1/models, then
+	// /metrics), in
 	// [1ms, 10m].
 	Timeout time.Duration `yaml:"timeout"`
 	// FailAfter consecutive failed probes take an endpoint out;
