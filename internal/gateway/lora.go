@@ -55,6 +55,18 @@ func (a *adapterFlights) slot(adapter string, maxLoRA int) bool {
 	return a.n[adapter] > 0 || len(a.n) < maxLoRA
 }
 
+// adapterGone hears that m's engine answered 404 to a request for
+// adapter: an adapter its engine listed (not one m declares) was unloaded
+// since the listing, so it is forgotten at once, not at the next listing
+// (up to five probe intervals of 404s).
+func (g *Gateway) adapterGone(m *member, adapter string) {
+	if m.ep.Serves(adapter) || g.health == nil || !g.health.ForgetAdapter(m.ep.Name, adapter) {
+		return
+	}
+	g.log.Info("lora: adapter gone from its engine", "endpoint", m.ep.Name, "adapter", adapter)
+	g.refresh()
+}
+
 // defaultMaxLoRAs is vLLM's --max-loras default, assumed for an engine
 // that has not (yet) reported its own.
 const defaultMaxLoRAs = 1

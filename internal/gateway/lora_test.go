@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -290,5 +292,60 @@ func TestLoRAListedByEngines(t *testing.T) {
 		if r.status != 200 || r.header.Get(hdrPrefill) != e.Addr() || turn == 1 && (found == 0 || r.header.Get(hdrCached) != strconv.Itoa(found)) {
 			t.Fatalf("turn %d: %d on %s, claimed %s cached, found %d: %s", turn, r.status, r.header.Get(hdrPrefill), r.header.Get(hdrCached), found, r.body)
 		}
+	}
+}
+
+// TestLoRAGoneOnItsEngine: an engine that answers 404 for an adapter it
+// listed (unloaded since) loses it at once: the client gets that 404, and
+// the next requests go to the engines that still serve it, not to it
+// again until its listing says so.
+func TestLoRAGoneOnItsEngine(t *testing.T) {
+	e := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.LoRAModules = []string{"sql"} })
+	var hits atomic.Int64
+	gone := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+		case "/v1/models":
+			list := `{"data":[{"id":"` + testModel + `","parent":null}`
+			if hits.Load() == 0 { // unloaded once a request met its absence
+				list += `,{"id":"sql","parent":"` + testModel + `"}`
+			}
+			w.Write([]byte(list + "]}"))
+		case "/v1/completions":
+			hits.Add(1)
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(`{"error":{"message":"The model ` + "`sql`" + ` does not exist.","type":"NotFoundError","code":404}}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(gone.Close)
+	pr, err := health.New(health.Config{Interval: 20 * time.Millisecond, Timeout: time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	eps := []fleet.Endpoint{endpointOf(e, fleet.RoleBoth), {Name: "gone", URL: gone.URL, Model: testModel}}
+	g, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "round-robin"}, Options{Health: pr})
+	waitFor(t, func() bool {
+		for _, st := range g.endpointStates() {
+			if st.Name == "gone" && len(st.LoRA) == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	notFound := 0
+	for range 8 {
+		r := post(t, url+"/v1/completions", `{"model":"sql","prompt":"x y z","max_tokens":1}`, nil)
+		switch {
+		case r.status == 404:
+			notFound++
+		case r.status != 200 || r.header.Get(hdrPrefill) != e.Addr():
+			t.Fatalf("%d on %s: %s", r.status, r.header.Get(hdrPrefill), r.body)
+		}
+	}
+	if notFound != 1 || hits.Load() != 1 {
+		t.Fatalf("%d answers 404, %d requests reached the engine without the adapter; want 1 and 1", notFound, hits.Load())
 	}
 }

@@ -581,6 +581,9 @@ func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *rout
 		g.reportFailure(m, err)
 		return nil, &upstreamError{m.ep.Name, err}
 	}
+	if resp.StatusCode == http.StatusNotFound && rt.lora != "" {
+		g.adapterGone(m, rt.lora)
+	}
 	if g.health != nil {
 		g.health.ReportSuccess(m.ep.Name)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 
 	"github.com/kvgate/kvgate/internal/fleet"
 )
@@ -104,4 +105,21 @@ func (p *Prober) probeModels(ctx context.Context, t *target, ep fleet.Endpoint) 
 		return
 	}
 	t.adapters, t.hasAdapters, t.modelsErr = ads, true, ""
+}
+
+// ForgetAdapter drops adapter from name's listing until the next one
+// (its engine said it no longer serves it); false if it was not listed.
+func (p *Prober) ForgetAdapter(name, adapter string) bool {
+	t := p.target(name)
+	if t == nil {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i := slices.Index(t.adapters, adapter)
+	if i < 0 {
+		return false
+	}
+	t.adapters = slices.Delete(slices.Clone(t.adapters), i, i+1)
+	return true
 }
