@@ -17,10 +17,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
-	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -108,8 +106,8 @@ type Gateway struct {
 	mu      sync.RWMutex
 	members map[string]*member
 	models  map[string]*modelFleet
-	// adapters maps each LoRA adapter an endpoint declares to its base
-	// model, whose fleet serves it (fleet.Endpoint.LoRA).
+	// adapters maps each LoRA adapter an endpoint declares or its engine
+	// lists to its base model, whose fleet serves it (adaptersOf).
 	adapters map[string]string
 
 	classes atomic.Pointer[classSet]
@@ -129,25 +127,6 @@ type member struct {
 	// declare (health.Prober.Adapters), kept current by refresh.
 	found   atomic.Pointer[[]string]
 	removed atomic.Bool // left the fleet; its index id may be reused
-}
-
-// serves reports whether a request for model may go to m: its model, or
-// an adapter it declares or its engine lists.
-func (m *member) serves(model string) bool {
-	if m.ep.Serves(model) {
-		return true
-	}
-	f := m.found.Load()
-	return f != nil && slices.Contains(*f, model)
-}
-
-// adapters are the LoRA adapters m serves: declared, then found.
-func (m *member) adapters() []string {
-	f := m.found.Load()
-	if f == nil {
-		return m.ep.LoRA
-	}
-	return append(slices.Clip(m.ep.LoRA), *f...)
 }
 
 // modelFleet is the endpoints serving one model that may take traffic now,
@@ -408,42 +387,6 @@ func (g *Gateway) refresh() {
 		}
 		mf.members, mf.matcher = ms, g.idx.NewMatcher(name, ids)
 	}
-}
-
-// adaptersOf maps each LoRA adapter the members serve to its base model:
-// the ones endpoints declare (fleet.Validate made them unambiguous), then
-// the ones engines list (health.Prober.Adapters), each kept in its
-// member's found unless its name is a served model's or another base
-// model's adapter. Called with g.mu held.
-func (g *Gateway) adaptersOf() map[string]string {
-	out := map[string]string{}
-	models := map[string]bool{}
-	for _, m := range g.members {
-		models[m.ep.Model] = true
-		for _, a := range m.ep.LoRA {
-			out[a] = m.ep.Model
-		}
-	}
-	if g.health == nil {
-		return out
-	}
-	names := slices.Sorted(maps.Keys(g.members)) // the same choice at every refresh
-	for _, name := range names {
-		m := g.members[name]
-		listed, _ := g.health.Adapters(name)
-		var found []string
-		for _, a := range listed {
-			if base, ok := out[a]; models[a] || ok && base != m.ep.Model || slices.Contains(m.ep.LoRA, a) {
-				continue
-			}
-			out[a] = m.ep.Model
-			found = append(found, a)
-		}
-		if old := m.found.Load(); old == nil && found != nil || old != nil && !slices.Equal(*old, found) {
-			m.found.Store(&found)
-		}
-	}
-	return out
 }
 
 func sameMembers(a, b []*member) bool {
