@@ -114,7 +114,8 @@ type Gateway struct {
 
 	inflight atomic.Int64
 	reqSeq   atomic.Uint64
-	bufs     sync.Pool // *[]byte: relay's 32 KiB copy buffers
+	passTurn atomic.Uint64 // passthrough ties, in turn
+	bufs     sync.Pool     // *[]byte: relay's 32 KiB copy buffers
 }
 
 // member is one endpoint the gateway knows.
@@ -123,6 +124,8 @@ type member struct {
 	kvID kvindex.EndpointID
 	obs  observed
 	lora adapterFlights // its requests in flight per LoRA adapter
+	// passing counts its passthrough requests in flight (passthrough.go).
+	passing atomic.Int64
 	// found are the LoRA adapters its engine lists and ep does not
 	// declare (health.Prober.Adapters), kept current by refresh.
 	found   atomic.Pointer[[]string]

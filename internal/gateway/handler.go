@@ -3,6 +3,7 @@ package gateway
 import (
 	"net/http"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
@@ -13,17 +14,30 @@ import (
 	"github.com/kvgate/kvgate/internal/sched"
 )
 
-// Handler is the client-facing API: /v1/completions, /v1/chat/completions,
-// /v1/models, /health and /ready.
+// passthroughPaths are vLLM's other JSON APIs, forwarded whole to an
+// endpoint of the body's model (passthrough.go).
+var passthroughPaths = []string{"/v1/embeddings", "/tokenize", "/detokenize", "/pooling", "/classify",
+	"/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"}
+
+// Handler is the client-facing API: /v1/completions, /v1/chat/completions
+// (routed), vLLM's other JSON APIs (passthroughPaths, forwarded), /v1/models,
+// /health and /ready.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, false) })
 	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, true) })
+	for _, p := range passthroughPaths {
+		mux.HandleFunc("POST "+p, g.handlePassthrough)
+	}
+	mux.HandleFunc("/v1/responses", func(w http.ResponseWriter, _ *http.Request) {
+		openai.WriteError(w, openai.NotFound("kvgate does not route the Responses API: a stored response lives on the one engine that made it, which a later request naming it could not find; use /v1/chat/completions"))
+	})
 	mux.HandleFunc("GET /v1/models", g.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /ready", g.handleReady)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		openai.WriteError(w, openai.NotFound("kvgate serves /v1/completions, /v1/chat/completions, /v1/models, /health and /ready; not %s", r.URL.Path))
+		openai.WriteError(w, openai.NotFound("kvgate routes /v1/completions and /v1/chat/completions, forwards POST %s, and serves /v1/models, /health and /ready; not %s %s",
+			strings.Join(passthroughPaths, ", "), r.Method, r.URL.Path))
 	})
 	return mux
 }

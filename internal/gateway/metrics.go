@@ -31,6 +31,9 @@ type metrics struct {
 	// (sched.LoadRejections): short (no prefilling endpoint idle) or
 	// idle (one was: the request's prefix was cached only on busy ones).
 	loadRejections *prometheus.CounterVec
+	// passthrough counts requests to vLLM's other APIs by outcome
+	// (passthrough.go).
+	passthrough *prometheus.CounterVec
 }
 
 func newMetrics(g *Gateway) *metrics {
@@ -75,6 +78,12 @@ func newMetrics(g *Gateway) *metrics {
 		loadRejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_load_rejections_total",
 			Help: "Requests rejected because a prefill queue pushed their predicted TTFT over the SLO, by kind: short (no prefilling endpoint was idle: the fleet is short of compute, and kvgate prices compute first) or idle (one was: the request's prefix was cached only on busy endpoints, and kvgate routes by TTFT for a while so that prefixes are copied)."},
 			[]string{"kind"}),
+		passthrough: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_passthrough_requests_total",
+			Help: "Requests to the engines' other APIs (/v1/embeddings, /tokenize, …) forwarded whole, by outcome: ok (an engine answered), refused (kvgate answered: a bad body, an unknown model, no endpoint), upstream (no engine could be reached, or the last answered 5xx), client_gone."},
+			[]string{"outcome"}),
+	}
+	for _, o := range []string{passOK, passRefused, passUpstream, passGone} {
+		m.passthrough.WithLabelValues(o)
 	}
 	for _, o := range []string{prefixDone, prefixFailed, prefixSkipped, touchNotEngineIDs} {
 		m.touches.WithLabelValues(o)
@@ -92,7 +101,7 @@ func newMetrics(g *Gateway) *metrics {
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
 	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries,
-		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, heldNow,
+		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, m.passthrough, heldNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})
 	return m

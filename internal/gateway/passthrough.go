@@ -1,0 +1,183 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// Passthrough outcomes (kvgate_passthrough_requests_total).
+const (
+	passOK       = "ok"          // the engine answered (any status below 500)
+	passRefused  = "refused"     // kvgate answered: bad body, unknown model, no endpoint
+	passUpstream = "upstream"    // no engine answered, or the last one with a 5xx
+	passGone     = "client_gone" // the client left before an answer
+)
+
+// handlePassthrough forwards a request to one of vLLM's other APIs
+// (/v1/embeddings, /tokenize, /v1/score, …) whole to an endpoint of its
+// model: no KV-aware choice (these compute no cache a later request
+// finds), the endpoint with the fewest such requests in flight, one retry
+// elsewhere when the first cannot be reached or answers 5xx.
+func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
+	body, release, err := g.bodies.Read(w, r)
+	if err != nil {
+		g.met.passthrough.WithLabelValues(passRefused).Inc()
+		openai.WriteError(w, err)
+		return
+	}
+	defer release()
+	model, err := g.passthroughModel(body)
+	if err != nil {
+		g.met.passthrough.WithLabelValues(passRefused).Inc()
+		openai.WriteError(w, err)
+		return
+	}
+	var tried *member
+	for attempt := 0; attempt < 2; attempt++ {
+		m, err := g.passthroughTarget(model, tried)
+		if err != nil {
+			if tried != nil {
+				err = openai.Errorf(http.StatusBadGateway, "kvgate: endpoint %s failed and no other serves model %q", tried.ep.Name, model)
+				g.met.passthrough.WithLabelValues(passUpstream).Inc()
+			} else {
+				g.met.passthrough.WithLabelValues(passRefused).Inc()
+			}
+			openai.WriteError(w, err)
+			return
+		}
+		if g.forward(w, r, m, body, attempt == 1) {
+			return
+		}
+		tried = m
+	}
+	g.met.passthrough.WithLabelValues(passUpstream).Inc()
+	openai.WriteError(w, openai.Errorf(http.StatusBadGateway, "kvgate: no endpoint of model %q could be reached", model))
+}
+
+// passthroughModel is the model a passthrough body names, or, when it
+// names none (vLLM's /tokenize takes that), the fleet's one base model.
+func (g *Gateway) passthroughModel(body []byte) (string, error) {
+	var req struct {
+		Model *string `json:"model"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return "", openai.BadRequest("the body is not a JSON object: %v", err)
+	}
+	if req.Model != nil && *req.Model != "" {
+		return *req.Model, nil
+	}
+	var bases []string
+	for _, m := range g.Models() {
+		if m.Parent == "" {
+			bases = append(bases, m.ID)
+		}
+	}
+	if len(bases) != 1 {
+		return "", openai.BadRequest("model is required: kvgate serves %d models", len(bases)).WithParam("model")
+	}
+	return bases[0], nil
+}
+
+// passthroughTarget picks, among the healthy endpoints serving model
+// (its adapter's, for an adapter) that run whole requests (not decode
+// only), the one with the fewest passthrough requests in flight, other
+// than avoid; ties go to each in turn.
+func (g *Gateway) passthroughTarget(model string, avoid *member) (*member, error) {
+	base, lora := g.resolve(model)
+	g.mu.RLock()
+	mf := g.models[base]
+	var members []*member
+	if mf != nil {
+		members = mf.members
+	}
+	g.mu.RUnlock()
+	if mf == nil {
+		return nil, openai.NotFound("The model `%s` does not exist.", model).WithParam("model")
+	}
+	var best *member
+	start := int(g.passTurn.Add(1) % uint64(max(len(members), 1))) // ties in turn
+	for i := range members {
+		m := members[(start+i)%len(members)]
+		if m == avoid || !m.ep.Role.CanPrefill() || lora != "" && !m.serves(lora) {
+			continue
+		}
+		if best == nil || m.passing.Load() < best.passing.Load() {
+			best = m
+		}
+	}
+	if best == nil {
+		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", model)
+	}
+	return best, nil
+}
+
+// forward sends body to m at the request's path and relays the answer;
+// false, with nothing written, when m could not be reached, or answered
+// 5xx and this is not the last attempt (the caller may retry elsewhere).
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, m *member, body []byte, last bool) bool {
+	m.passing.Add(1)
+	defer m.passing.Add(-1)
+	up, err := http.NewRequestWithContext(r.Context(), r.Method, m.ep.URL+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return false
+	}
+	copyRequestHeaders(up.Header, r.Header)
+	if m.ep.Ranked() {
+		up.Header.Set(hdrDPRank, strconv.Itoa(m.ep.DPRank))
+	}
+	up.ContentLength = int64(len(body))
+	resp, err := g.client.Do(up)
+	if err != nil {
+		if r.Context().Err() != nil {
+			g.met.passthrough.WithLabelValues(passGone).Inc()
+			return true
+		}
+		g.reportFailure(m, err)
+		return false
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 500:
+		g.reportFailure(m, errors.New(resp.Status))
+		if !last {
+			return false
+		}
+	case g.health != nil:
+		g.health.ReportSuccess(m.ep.Name)
+	}
+	w.Header().Set(hdrPrefill, m.ep.Name)
+	writeHeaders(w, http.NewResponseController(w), resp)
+	outcome := passOK
+	if resp.StatusCode >= 500 {
+		outcome = passUpstream
+	}
+	g.met.passthrough.WithLabelValues(outcome).Inc()
+	copyFlushing(w, resp.Body)
+	return true
+}
+
+// copyFlushing relays src to w, flushing after every read, so that a
+// streamed answer is not held back.
+func copyFlushing(w http.ResponseWriter, src io.Reader) {
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,109 @@
+package gateway
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// TestPassthroughTokenize: vLLM's /tokenize reaches an engine through the
+// gateway, with the body's model or, when it names none, the fleet's one
+// model.
+func TestPassthroughTokenize(t *testing.T) {
+	e := startEngine(t, fleet.RoleBoth, nil)
+	_, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}}, Options{})
+	for _, body := range []string{`{"model":"` + testModel + `","prompt":"hello there world"}`, `{"prompt":"hello there world"}`} {
+		r := post(t, url+"/tokenize", body, nil)
+		var tok struct {
+			Count  int      `json:"count"`
+			Tokens []uint32 `json:"tokens"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &tok); r.status != 200 || err != nil || tok.Count != 3 || len(tok.Tokens) != 3 || r.header.Get(hdrPrefill) != e.Addr() {
+			t.Fatalf("%s: %d %s (%v)", body, r.status, r.body, err)
+		}
+	}
+}
+
+// TestPassthrough: other APIs are forwarded whole (path, query, body) to
+// an endpoint of the model, spread over them, retried once elsewhere when
+// one fails, and refused with a clear error when the body names no model
+// kvgate serves.
+func TestPassthrough(t *testing.T) {
+	type hit struct{ path, body string }
+	var down atomic.Bool
+	fake := func(name string, hits chan<- hit) fleet.Endpoint {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if name == "a" && down.Load() {
+				http.Error(w, `{"error":"engine sick"}`, http.StatusInternalServerError)
+				return
+			}
+			b, _ := io.ReadAll(r.Body)
+			hits <- hit{r.URL.RequestURI(), string(b)}
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"object":"list","data":[{"embedding":[0.5]}],"by":"`+name+`"}`)
+		}))
+		t.Cleanup(s.Close)
+		return fleet.Endpoint{Name: name, URL: s.URL, Model: testModel, LoRA: []string{"sql"}}
+	}
+	hitsA, hitsB := make(chan hit, 16), make(chan hit, 16)
+	eps := []fleet.Endpoint{fake("a", hitsA), fake("b", hitsB), {Name: "other", URL: "http://127.0.0.1:1", Model: "other"}}
+	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin"}, Options{})
+	body := `{"model":"` + testModel + `","input":["a b c"]}`
+	r := post(t, url+"/v1/embeddings?x=1", body, nil)
+	if r.status != 200 || !strings.Contains(r.body, `"embedding"`) {
+		t.Fatalf("embeddings: %d %s", r.status, r.body)
+	}
+	var got hit
+	select {
+	case got = <-hitsA:
+	case got = <-hitsB:
+	}
+	if got.path != "/v1/embeddings?x=1" || got.body != body {
+		t.Fatalf("forwarded %+v", got)
+	}
+	// One request at a time: none is busier, each takes its turn.
+	seen := map[string]int{}
+	for range 4 {
+		seen[post(t, url+"/v1/embeddings", body, nil).header.Get(hdrPrefill)]++
+	}
+	if seen["a"] != 2 || seen["b"] != 2 {
+		t.Fatalf("endpoints %v", seen)
+	}
+	for range 4 { // drain
+		select {
+		case <-hitsA:
+		case <-hitsB:
+		}
+	}
+	// An engine answering 5xx: the request goes to the other.
+	down.Store(true)
+	for range 3 {
+		if r := post(t, url+"/v1/score", `{"model":"sql","text_1":"a","text_2":"b"}`, nil); r.status != 200 || r.header.Get(hdrPrefill) != "b" {
+			t.Fatalf("with a down: %d from %s: %s", r.status, r.header.Get(hdrPrefill), r.body)
+		}
+	}
+	for _, tt := range []struct {
+		path, body string
+		status     int
+		msg        string
+	}{
+		{"/v1/embeddings", `{"model":"nope","input":"x"}`, 404, "does not exist"},
+		{"/v1/embeddings", `{"input":"x"}`, 400, "model is required: kvgate serves 2 models"},
+		{"/v1/embeddings", `not json`, 400, "not a JSON object"},
+		{"/v1/responses", `{"model":"` + testModel + `","input":"x"}`, 404, "does not route the Responses API"},
+		{"/v1/other", `{}`, 404, "forwards POST /v1/embeddings"},
+	} {
+		if r := post(t, url+tt.path, tt.body, nil); r.status != tt.status || !strings.Contains(r.body, tt.msg) {
+			t.Errorf("%s %s: %d %s", tt.path, tt.body, r.status, r.body)
+		}
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_passthrough_requests_total{outcome="ok"} 8`) || !strings.Contains(m, `kvgate_passthrough_requests_total{outcome="refused"} 3`) {
+		t.Errorf("passthrough metrics:\n%s", grepLines(m, "kvgate_passthrough"))
+	}
+}
