@@ -24,8 +24,16 @@ const (
 // (/v1/embeddings, /tokenize, /v1/score, …) whole to an endpoint of its
 // model: no KV-aware choice (these compute no cache a later request
 // finds), the endpoint with the fewest such requests in flight, one retry
-// elsewhere when the first cannot be reached or answers 5xx.
+// elsewhere when the first cannot be reached or answers 5xx. They count
+// towards max_inflight with the routed requests.
 func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
+	if n := g.inflight.Add(1); n > int64(g.cfg.MaxInflight) {
+		g.inflight.Add(-1)
+		g.met.passthrough.WithLabelValues(passRefused).Inc()
+		openai.WriteError(w, openai.TooManyRequests(time.Second, "kvgate: more than %d requests in flight", g.cfg.MaxInflight))
+		return
+	}
+	defer g.inflight.Add(-1)
 	body, release, err := g.bodies.Read(w, r)
 	if err != nil {
 		g.met.passthrough.WithLabelValues(passRefused).Inc()

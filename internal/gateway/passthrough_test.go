@@ -107,3 +107,30 @@ func TestPassthrough(t *testing.T) {
 		t.Errorf("passthrough metrics:\n%s", grepLines(m, "kvgate_passthrough"))
 	}
 }
+
+// TestPassthroughCountsInFlight: forwarded requests count towards
+// max_inflight: beyond it the client gets 429 and no engine is asked.
+func TestPassthroughCountsInFlight(t *testing.T) {
+	hold, arrived := make(chan struct{}), make(chan struct{}, 4)
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-hold
+		io.WriteString(w, `{}`)
+	}))
+	t.Cleanup(s.Close)
+	t.Cleanup(func() { close(hold) })
+	_, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{{Name: "a", URL: s.URL, Model: testModel}}, MaxInflight: 1}, Options{})
+	done := make(chan result, 1)
+	go func() { done <- post(t, url+"/v1/embeddings", `{"model":"`+testModel+`","input":"x"}`, nil) }()
+	<-arrived
+	if r := post(t, url+"/v1/embeddings", `{"model":"`+testModel+`","input":"y"}`, nil); r.status != 429 || !strings.Contains(r.body, "more than 1 requests in flight") {
+		t.Fatalf("second request: %d %s", r.status, r.body)
+	}
+	if len(arrived) != 0 {
+		t.Fatal("the refused request reached the engine")
+	}
+	hold <- struct{}{}
+	if r := <-done; r.status != 200 {
+		t.Fatalf("first request: %d %s", r.status, r.body)
+	}
+}
