@@ -185,8 +185,7 @@ func (p *parser) result() (Metrics, error) {
 	var m Metrics
 	s := &p.seen
 	switch {
-	case anySeen(s, mVLLMWaiting, mVLLMGPUPrefixHits): // not the LoRA info alone
-
+	case anySeen(s, mVLLMWaiting, mVLLMGPUPrefixHits): // the LoRA info alone is no engine's
 		m.Flavor = FlavorVLLM
 	case anySeen(s, mSGLangQueue, numMetrics-1):
 		m.Flavor = FlavorSGLang

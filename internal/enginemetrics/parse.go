@@ -376,8 +376,6 @@ func (p *parser) add(id metricID, v float64) error {
 	return nil
 }
 
-// parseCount reads a non-negative integer label ("None" and junk read as 0:
-// unknown).
 // setLoRALabel keeps l if it is one of vllm:lora_requests_info's.
 func (s *series) setLoRALabel(l label) {
 	if s.lora == nil {
@@ -393,6 +391,8 @@ func (s *series) setLoRALabel(l label) {
 	}
 }
 
+// parseCount reads a non-negative integer label ("None" and junk read as 0:
+// unknown).
 func parseCount(s string) int {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > maxCount {
