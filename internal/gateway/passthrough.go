@@ -49,7 +49,7 @@ func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	var tried *member
 	for attempt := 0; attempt < 2; attempt++ {
-		m, err := g.passthroughTarget(model, tried)
+		m, others, err := g.passthroughTarget(model, tried)
 		if err != nil {
 			if tried != nil {
 				err = openai.Errorf(http.StatusBadGateway, "kvgate: endpoint %s failed and no other serves model %q", tried.ep.Name, model)
@@ -60,7 +60,7 @@ func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
 			openai.WriteError(w, err)
 			return
 		}
-		if g.forward(w, r, m, body, attempt == 1) {
+		if g.forward(w, r, m, body, attempt == 1 || others == 0) {
 			return
 		}
 		tried = m
@@ -96,8 +96,9 @@ func (g *Gateway) passthroughModel(body []byte) (string, error) {
 // passthroughTarget picks, among the healthy endpoints serving model
 // (its adapter's, for an adapter) that run whole requests (not decode
 // only), the one with the fewest passthrough requests in flight, other
-// than avoid; ties go to each in turn.
-func (g *Gateway) passthroughTarget(model string, avoid *member) (*member, error) {
+// than avoid; ties go to each in turn. others counts the other
+// candidates (0: the answer, whatever it is, is the client's).
+func (g *Gateway) passthroughTarget(model string, avoid *member) (best *member, others int, err error) {
 	base, lora := g.resolve(model)
 	g.mu.RLock()
 	mf := g.models[base]
@@ -107,23 +108,24 @@ func (g *Gateway) passthroughTarget(model string, avoid *member) (*member, error
 	}
 	g.mu.RUnlock()
 	if mf == nil {
-		return nil, openai.NotFound("The model `%s` does not exist.", model).WithParam("model")
+		return nil, 0, openai.NotFound("The model `%s` does not exist.", model).WithParam("model")
 	}
-	var best *member
 	start := int(g.passTurn.Add(1) % uint64(max(len(members), 1))) // ties in turn
+	n := 0
 	for i := range members {
 		m := members[(start+i)%len(members)]
 		if m == avoid || !m.ep.Role.CanPrefill() || lora != "" && !m.serves(lora) {
 			continue
 		}
+		n++
 		if best == nil || m.passing.Load() < best.passing.Load() {
 			best = m
 		}
 	}
 	if best == nil {
-		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", model)
+		return nil, 0, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", model)
 	}
-	return best, nil
+	return best, n - 1, nil
 }
 
 // forward sends body to m at the request's path and relays the answer;
@@ -167,15 +169,17 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, m *member, bod
 		outcome = passUpstream
 	}
 	g.met.passthrough.WithLabelValues(outcome).Inc()
-	copyFlushing(w, resp.Body)
+	g.copyFlushing(w, resp.Body)
 	return true
 }
 
 // copyFlushing relays src to w, flushing after every read, so that a
 // streamed answer is not held back.
-func copyFlushing(w http.ResponseWriter, src io.Reader) {
+func (g *Gateway) copyFlushing(w http.ResponseWriter, src io.Reader) {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
+	bp := g.copyBuffer()
+	defer g.bufs.Put(bp)
+	buf := *bp
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {

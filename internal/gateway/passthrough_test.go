@@ -52,7 +52,12 @@ func TestPassthrough(t *testing.T) {
 		return fleet.Endpoint{Name: name, URL: s.URL, Model: testModel, LoRA: []string{"sql"}}
 	}
 	hitsA, hitsB := make(chan hit, 16), make(chan hit, 16)
-	eps := []fleet.Endpoint{fake("a", hitsA), fake("b", hitsB), {Name: "other", URL: "http://127.0.0.1:1", Model: "other"}}
+	sick := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":"engine sick"}`, http.StatusInternalServerError)
+	}))
+	t.Cleanup(sick.Close)
+	eps := []fleet.Endpoint{fake("a", hitsA), fake("b", hitsB), {Name: "other", URL: "http://127.0.0.1:1", Model: "other"},
+		{Name: "solo", URL: sick.URL, Model: "solo"}}
 	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin"}, Options{})
 	body := `{"model":"` + testModel + `","input":["a b c"]}`
 	r := post(t, url+"/v1/embeddings?x=1", body, nil)
@@ -88,13 +93,21 @@ func TestPassthrough(t *testing.T) {
 			t.Fatalf("with a down: %d from %s: %s", r.status, r.header.Get(hdrPrefill), r.body)
 		}
 	}
+	// The only endpoint of a model unreachable: kvgate says so; answering
+	// 5xx: its answer is the client's.
+	if r := post(t, url+"/v1/embeddings", `{"model":"other","input":"x"}`, nil); r.status != 502 || !strings.Contains(r.body, "endpoint other failed and no other serves") {
+		t.Errorf("an unreachable only endpoint: %d %s", r.status, r.body)
+	}
+	if r := post(t, url+"/v1/embeddings", `{"model":"solo","input":"x"}`, nil); r.status != 500 || !strings.Contains(r.body, "engine sick") {
+		t.Errorf("a sick only endpoint: %d %s", r.status, r.body)
+	}
 	for _, tt := range []struct {
 		path, body string
 		status     int
 		msg        string
 	}{
 		{"/v1/embeddings", `{"model":"nope","input":"x"}`, 404, "does not exist"},
-		{"/v1/embeddings", `{"input":"x"}`, 400, "model is required: kvgate serves 2 models"},
+		{"/v1/embeddings", `{"input":"x"}`, 400, "model is required: kvgate serves 3 models"},
 		{"/v1/embeddings", `not json`, 400, "not a JSON object"},
 		{"/v1/responses", `{"model":"` + testModel + `","input":"x"}`, 404, "does not route the Responses API"},
 		{"/v1/other", `{}`, 404, "forwards POST /v1/embeddings"},

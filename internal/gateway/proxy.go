@@ -680,11 +680,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	if !deferred {
 		begin()
 	}
-	bp, _ := g.bufs.Get().(*[]byte)
-	if bp == nil {
-		b := make([]byte, 32<<10)
-		bp = &b
-	}
+	bp := g.copyBuffer()
 	defer g.bufs.Put(bp)
 	buf := *bp
 	first := true
@@ -748,6 +744,15 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 		return g.streamed(rt, m, firstAt, t), nil
 	}
 	return 0, nil
+}
+
+// copyBuffer is a 32 KiB relay buffer from the pool; Put it back.
+func (g *Gateway) copyBuffer() *[]byte {
+	if bp, _ := g.bufs.Get().(*[]byte); bp != nil {
+		return bp
+	}
+	b := make([]byte, 32<<10)
+	return &b
 }
 
 // writeHeaders sends resp's status and headers, without the hop-by-hop
