@@ -19,7 +19,6 @@ import (
 	"errors"
 	"io"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -262,8 +261,10 @@ func joinAdapters(a, b string) string {
 // maxAdapters of them.
 func adapterList(s string) []string {
 	var out []string
+	seen := map[string]bool{}
 	for name := range strings.SplitSeq(s, ",") {
-		if name = strings.TrimSpace(name); name != "" && len(out) < maxAdapters && !slices.Contains(out, name) {
+		if name = strings.TrimSpace(name); name != "" && len(out) < maxAdapters && !seen[name] {
+			seen[name] = true
 			out = append(out, name)
 		}
 	}

@@ -206,15 +206,17 @@ func (e *Endpoint) checkLoRA() error {
 	if len(e.LoRA) > MaxLoRA {
 		return fmt.Errorf("lora: %d adapters, at most %d", len(e.LoRA), MaxLoRA)
 	}
+	seen := make(map[string]bool, len(e.LoRA))
 	for i, name := range e.LoRA {
 		switch {
 		case name == "" || len(name) > MaxLoRANameLen:
 			return fmt.Errorf("lora[%d]: an adapter's name must be 1 to %d bytes, got %d", i, MaxLoRANameLen, len(name))
 		case name == e.Model:
 			return fmt.Errorf("lora[%d]: adapter %q has the base model's name", i, name)
-		case slices.Contains(e.LoRA[:i], name):
+		case seen[name]:
 			return fmt.Errorf("lora[%d]: adapter %q is listed twice", i, name)
 		}
+		seen[name] = true
 	}
 	return nil
 }

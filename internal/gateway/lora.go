@@ -51,8 +51,15 @@ func (g *Gateway) adaptersOf() map[string]string {
 		m := g.members[name]
 		listed, _ := g.health.Adapters(name)
 		var found []string
+		var declared map[string]bool // m's own, when it lists some
+		if len(listed) > 0 && len(m.ep.LoRA) > 0 {
+			declared = make(map[string]bool, len(m.ep.LoRA))
+			for _, a := range m.ep.LoRA {
+				declared[a] = true
+			}
+		}
 		for _, a := range listed {
-			if base, ok := out[a]; models[a] || ok && base != m.ep.Model || slices.Contains(m.ep.LoRA, a) {
+			if base, ok := out[a]; models[a] || ok && base != m.ep.Model || declared[a] {
 				continue
 			}
 			out[a] = m.ep.Model

@@ -49,7 +49,7 @@ func (p *Prober) listAdapters(ctx context.Context, base, model string) ([]string
 }
 
 // parseAdapters reads an OpenAI model list and returns the ids whose
-// parent is model.
+// parent is model, each once.
 func parseAdapters(body []byte, model string) ([]string, error) {
 	var list struct {
 		Data []struct {
@@ -61,13 +61,15 @@ func parseAdapters(body []byte, model string) ([]string, error) {
 		return nil, fmt.Errorf("GET /v1/models: %w", err)
 	}
 	var out []string
+	seen := map[string]bool{}
 	for _, m := range list.Data {
-		if m.Parent == nil || *m.Parent != model || m.ID == model || m.ID == "" || len(m.ID) > fleet.MaxLoRANameLen {
+		if m.Parent == nil || *m.Parent != model || m.ID == model || m.ID == "" || len(m.ID) > fleet.MaxLoRANameLen || seen[m.ID] {
 			continue
 		}
 		if len(out) == fleet.MaxLoRA {
 			break
 		}
+		seen[m.ID] = true
 		out = append(out, m.ID)
 	}
 	return out, nil

@@ -470,7 +470,7 @@ func TestAdaptersListed(t *testing.T) {
 		body += "]}"
 		srv.models.Store(&body)
 	}
-	list("sql", "chat")
+	list("sql", "chat", "sql")
 	clk := newFakeClock()
 	p := newTestProber(t, Config{Clock: clk, Interval: time.Second})
 	p.Set([]fleet.Endpoint{ep("a", srv.URL)})
