@@ -59,6 +59,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.LogPrompts, "log-prompts", false, "log request bodies at debug level (prompts are not logged by default)")
+	fs.BoolVar(&c.NoLoRASlots, "no-lora-slots", false, "do not keep a LoRA adapter's requests off engines whose batch has no place for it (each gateway counts only its own requests: with several replicas in front of one fleet the rule works from a partial view)")
 	fs.StringVar(&f.disc.File, "endpoints-file", "", "discovery: YAML file of endpoints (endpoints: [...]) watched for changes")
 	fs.StringVar(&f.k8s.Selector, "k8s-selector", "", "discovery: Kubernetes pods matching this label selector (e.g. app=vllm)")
 	fs.StringVar(&f.k8s.Namespace, "k8s-namespace", "default", "discovery: Kubernetes namespace of --k8s-selector")
@@ -166,6 +167,7 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 		"bind-events": func() { c.BindEvents = flags.BindEvents }, "bind-events-ranks": func() { c.BindEventsRanks = flags.BindEventsRanks }, "block-size": func() { c.BlockSize = flags.BlockSize },
 		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "engine-step-tokens": func() { c.EngineStepTokens = flags.EngineStepTokens }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
 		"max-inflight": func() { c.MaxInflight = flags.MaxInflight }, "log-prompts": func() { c.LogPrompts = flags.LogPrompts },
+		"no-lora-slots":    func() { c.NoLoRASlots = flags.NoLoRASlots },
 		"no-health-checks": func() { c.NoHealthChecks = flags.NoHealthChecks },
 		"upstream-timeout": func() { c.UpstreamTimeout = flags.UpstreamTimeout }, "connect-timeout": func() { c.ConnectTimeout = flags.ConnectTimeout },
 	}

@@ -349,3 +349,39 @@ func TestLoRAGoneOnItsEngine(t *testing.T) {
 		t.Fatalf("%d answers 404, %d requests reached the engine without the adapter; want 1 and 1", notFound, hits.Load())
 	}
 }
+
+// TestNoLoRASlots: no_lora_slots turns the batch places off: the request
+// goes where its cache is, whatever runs there.
+func TestNoLoRASlots(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		mk := func(c *engine.Config) { c.LoRAModules = []string{"sql", "chat"} }
+		x, y := startEngine(t, fleet.RoleBoth, mk), startEngine(t, fleet.RoleBoth, mk)
+		epX, epY := endpointOf(x, fleet.RoleBoth), endpointOf(y, fleet.RoleBoth)
+		epX.LoRA, epY.LoRA = []string{"sql", "chat"}, []string{"sql", "chat"}
+		g, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{epX}, Policy: "kvgate", BlockSize: 16, NoLoRASlots: off}, Options{})
+		waitSubscribed(t, g)
+		chat := func(words int) string {
+			b, _ := json.Marshal(map[string]any{"model": "chat", "prompt": prefix("noslots")[:words], "max_tokens": 1})
+			r := post(t, url+"/v1/completions", string(b), nil)
+			if r.status != 200 {
+				t.Fatalf("chat: %d %s", r.status, r.body)
+			}
+			return r.header.Get(hdrPrefill)
+		}
+		chat(3000)
+		if err := g.SetEndpoints([]fleet.Endpoint{epX, epY}); err != nil {
+			t.Fatal(err)
+		}
+		g.mu.RLock()
+		done := g.members[epX.Name].lora.start("sql") // as if sql were in flight on x
+		g.mu.RUnlock()
+		want := epY.Name
+		if off {
+			want = epX.Name
+		}
+		if home := chat(3200); home != want {
+			t.Errorf("no_lora_slots %v: chat went to %s, want %s", off, home, want)
+		}
+		done()
+	}
+}

@@ -313,7 +313,7 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 			return m.ep.Name != exclude && (rt.lora == "" || m.serves(rt.lora))
 		})
 	}
-	if rt.lora != "" {
+	if rt.lora != "" && !g.cfg.NoLoRASlots {
 		members, eps = g.keepLoRASlots(rt.lora, members, eps, &fs.snap)
 	}
 	if len(fs.snap.Endpoints) == 0 {
