@@ -73,19 +73,14 @@ func TestLoRAAdapters(t *testing.T) {
 		t.Errorf("BlockStored lora (name → id) %v, want %v", byName, want)
 	}
 
-	resp, err := http.Get(e.URL() + "/v1/models")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	status, body := getBody(t, e.URL()+"/v1/models")
 	var ml struct {
 		Data []struct {
 			ID     string  `json:"id"`
 			Parent *string `json:"parent"`
 		} `json:"data"`
 	}
-	if err := json.Unmarshal(body, &ml); err != nil || resp.StatusCode != 200 || len(ml.Data) != 3 || ml.Data[0].Parent != nil || ml.Data[1].ID != "sql" || ml.Data[1].Parent == nil || *ml.Data[1].Parent != "test-model" {
+	if err := json.Unmarshal(body, &ml); err != nil || status != 200 || len(ml.Data) != 3 || ml.Data[0].Parent != nil || ml.Data[1].ID != "sql" || ml.Data[1].Parent == nil || *ml.Data[1].Parent != "test-model" {
 		t.Errorf("models: %s", body)
 	}
 	if r, out := postJSON(t, e.URL()+"/v1/completions", map[string]any{"model": "nope", "prompt": "x", "max_tokens": 1}); r.StatusCode != 404 || !strings.Contains(string(out), "does not exist") {
@@ -161,12 +156,7 @@ func TestMaxLoRAs(t *testing.T) {
 	if r, w := state(); !slices.Equal(r, []string{"sql"}) || !slices.Equal(w, []string{"chat"}) {
 		t.Fatalf("after the others: running %q, waiting %q", r, w)
 	}
-	resp, err := http.Get(e.URL() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_, metrics := getBody(t, e.URL()+"/metrics")
 	if want := `vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql",waiting_lora_adapters="chat"}`; !strings.Contains(string(metrics), want) {
 		t.Errorf("/metrics lacks %s", want)
 	}
@@ -180,4 +170,19 @@ func TestMaxLoRAs(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the chat request never ran once the sql request was gone")
 	}
+}
+
+// getBody GETs url and returns the status and body.
+func getBody(t *testing.T, url string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, body
 }
