@@ -301,12 +301,7 @@ func TestModelsHealthTokenize(t *testing.T) {
 
 func metricValue(t testing.TB, e *Engine, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(e.URL() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	_, b := getBody(t, e.URL()+"/metrics")
 	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
 	m := re.FindSubmatch(b)
 	if m == nil {
@@ -321,9 +316,7 @@ func metricValue(t testing.TB, e *Engine, name string) float64 {
 
 func TestMetricsMoveWithLoad(t *testing.T) {
 	e := startEngine(t, func(c *Config) { c.TimeScale = 10; c.MaxNumSeqs = 2 })
-	resp, _ := http.Get(e.URL() + "/metrics")
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_, b := getBody(t, e.URL()+"/metrics")
 	for _, want := range []string{
 		`vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",num_gpu_blocks="1024"} 1`,
 		"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",

@@ -82,6 +82,21 @@ func postJSON(t testing.TB, url string, body any, hdr ...string) (*http.Response
 	return resp, out
 }
 
+// getBody GETs url and returns the status and body.
+func getBody(t testing.TB, url string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, body
+}
+
 type completionResp struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`

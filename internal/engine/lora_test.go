@@ -171,18 +171,3 @@ func TestMaxLoRAs(t *testing.T) {
 		t.Fatal("the chat request never ran once the sql request was gone")
 	}
 }
-
-// getBody GETs url and returns the status and body.
-func getBody(t *testing.T, url string) (int, []byte) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, body
-}
