@@ -1,12 +1,10 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/openai"
@@ -134,22 +132,12 @@ func (g *Gateway) passthroughTarget(model string, avoid *member) (best *member, 
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, m *member, body []byte, last bool) bool {
 	m.passing.Add(1)
 	defer m.passing.Add(-1)
-	up, err := http.NewRequestWithContext(r.Context(), r.Method, m.ep.URL+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		return false
-	}
-	copyRequestHeaders(up.Header, r.Header)
-	if m.ep.Ranked() {
-		up.Header.Set(hdrDPRank, strconv.Itoa(m.ep.DPRank))
-	}
-	up.ContentLength = int64(len(body))
-	resp, err := g.client.Do(up)
+	resp, err := g.post(r.Context(), r, m, r.URL.RequestURI(), body, "")
 	if err != nil {
 		if r.Context().Err() != nil {
 			g.met.passthrough.WithLabelValues(passGone).Inc()
 			return true
 		}
-		g.reportFailure(m, err)
 		return false
 	}
 	defer resp.Body.Close()

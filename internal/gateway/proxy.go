@@ -550,28 +550,8 @@ func (g *Gateway) withdraw(p *plan, keys []uint64, got *reached) {
 // send posts body to the endpoint; a connect error or a 5xx status is an
 // *upstreamError (retryable), reported to health.
 func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *routed, body []byte) (*http.Response, error) {
-	if m.ep.URL == "" {
-		return nil, &upstreamError{m.ep.Name, errors.New("endpoint has no url")}
-	}
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, m.ep.URL+rt.path, bytes.NewReader(body))
+	resp, err := g.post(ctx, r, m, rt.path, body, rt.id)
 	if err != nil {
-		return nil, &upstreamError{m.ep.Name, err}
-	}
-	copyRequestHeaders(up.Header, r.Header)
-	up.Header.Set("Content-Type", "application/json")
-	up.Header.Set("X-Request-Id", rt.id)
-	if m.ep.Ranked() {
-		up.Header.Set(hdrDPRank, strconv.Itoa(m.ep.DPRank))
-	}
-	up.ContentLength = int64(len(body))
-	resp, err := g.client.Do(up)
-	if err != nil {
-		// A request called off (its client gone, or the other leg of
-		// SGLang's P/D failed) is not the engine's failure; one that
-		// ran out of upstream_timeout is.
-		if !errors.Is(ctx.Err(), context.Canceled) {
-			g.reportFailure(m, err)
-		}
 		return nil, &upstreamError{m.ep.Name, err}
 	}
 	if resp.StatusCode >= 500 {
@@ -588,6 +568,36 @@ func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *rout
 		g.health.ReportSuccess(m.ep.Name)
 	}
 	return resp, nil
+}
+
+// post sends a JSON body to m at uri (a path, and its query) with the
+// client's headers but kvgate's internal ones, X-Request-Id id (when
+// set) and m's data-parallel rank. A connect error is reported to health
+// unless ctx was called off (its client gone, or the other leg of
+// SGLang's P/D failed: not the engine's failure; running out of
+// upstream_timeout is). The answer's status is the caller's to judge.
+func (g *Gateway) post(ctx context.Context, r *http.Request, m *member, uri string, body []byte, id string) (*http.Response, error) {
+	if m.ep.URL == "" {
+		return nil, errors.New("endpoint has no url")
+	}
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, m.ep.URL+uri, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	copyRequestHeaders(up.Header, r.Header)
+	up.Header.Set("Content-Type", "application/json")
+	if id != "" {
+		up.Header.Set("X-Request-Id", id)
+	}
+	if m.ep.Ranked() {
+		up.Header.Set(hdrDPRank, strconv.Itoa(m.ep.DPRank))
+	}
+	up.ContentLength = int64(len(body))
+	resp, err := g.client.Do(up)
+	if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
+		g.reportFailure(m, err)
+	}
+	return resp, err
 }
 
 func (g *Gateway) reportFailure(m *member, err error) {
