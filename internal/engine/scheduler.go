@@ -500,6 +500,9 @@ func (s *scheduler) scheduleWaiting(p *plan, budget int, now time.Time) {
 // lora_int_ids, each once).
 func (s *scheduler) runningLoRAs() []int {
 	var out []int
+	if len(s.cfg.LoRAModules) == 0 {
+		return out // no request has one: spare the scan every step
+	}
 	for _, r := range s.running {
 		if r.lora > 0 && !slices.Contains(out, r.lora) {
 			out = append(out, r.lora)

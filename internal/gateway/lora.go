@@ -144,9 +144,9 @@ const defaultMaxLoRAs = 1
 // one: requests sent before the first scrape would otherwise mix
 // adapters on every engine and wait.
 func (g *Gateway) keepLoRASlots(adapter string, members []*member, eps []*load.Endpoint, s *sched.Snapshot) ([]*member, []*load.Endpoint) {
-	slots := make(map[*member]bool, len(members))
+	slots := make([]bool, len(members))
 	prefill, decode, all := false, false, true
-	for _, m := range members {
+	for i, m := range members {
 		n := defaultMaxLoRAs
 		if g.health != nil {
 			if mt, ok := g.health.Metrics(m.ep.Name); ok && mt.Has(enginemetrics.FieldLoRA) {
@@ -154,7 +154,7 @@ func (g *Gateway) keepLoRASlots(adapter string, members []*member, eps []*load.E
 			}
 		}
 		ok := m.lora.slot(adapter, n)
-		slots[m] = ok
+		slots[i] = ok
 		all = all && ok
 		prefill = prefill || ok && m.ep.Role.CanPrefill()
 		decode = decode || ok && m.ep.Role.CanDecode()
@@ -162,7 +162,7 @@ func (g *Gateway) keepLoRASlots(adapter string, members []*member, eps []*load.E
 	if all {
 		return members, eps
 	}
-	return keepEndpoints(members, eps, s, func(m *member) bool {
-		return slots[m] || m.ep.Role.CanPrefill() && !prefill || m.ep.Role.CanDecode() && !decode
+	return keepEndpoints(members, eps, s, func(i int, m *member) bool {
+		return slots[i] || m.ep.Role.CanPrefill() && !prefill || m.ep.Role.CanDecode() && !decode
 	})
 }

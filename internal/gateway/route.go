@@ -309,7 +309,7 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	}
 	g.fillEngineState(members, &fs.snap)
 	if exclude != "" || rt.lora != "" {
-		members, eps = keepEndpoints(members, eps, &fs.snap, func(m *member) bool {
+		members, eps = keepEndpoints(members, eps, &fs.snap, func(_ int, m *member) bool {
 			return m.ep.Name != exclude && (rt.lora == "" || m.serves(rt.lora))
 		})
 	}
@@ -358,15 +358,15 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 	return p
 }
 
-// keepEndpoints keeps in a snapshot the endpoints whose member keep
-// accepts: all but the one a retry avoids, those serving a request's LoRA
+// keepEndpoints keeps in a snapshot the endpoints whose member (i-th in
+// members) keep accepts: all but the one a retry avoids, those serving a request's LoRA
 // adapter. members and eps are copied, not changed.
-func keepEndpoints(members []*member, eps []*load.Endpoint, s *sched.Snapshot, keep func(*member) bool) ([]*member, []*load.Endpoint) {
+func keepEndpoints(members []*member, eps []*load.Endpoint, s *sched.Snapshot, keep func(i int, m *member) bool) ([]*member, []*load.Endpoint) {
 	ms := make([]*member, 0, len(members))
 	es := make([]*load.Endpoint, 0, len(eps))
 	n := 0
 	for i, m := range members {
-		if keep(m) {
+		if keep(i, m) {
 			ms, es = append(ms, m), append(es, eps[i])
 			s.Endpoints[n] = s.Endpoints[i]
 			n++
