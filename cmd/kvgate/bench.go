@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -28,7 +29,7 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 	fs := flag.NewFlagSet("kvgate bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fl := flagrange.New(fs)
-	fs.StringVar(&f.url, "url", "", "base URL of an OpenAI-compatible server (kvgate, vLLM, another router), e.g. http://127.0.0.1:8000")
+	fs.StringVar(&f.url, "url", "", "base URL of an OpenAI-compatible server (kvgate, vLLM, another router), e.g. http://127.0.0.1:8000; comma-separated URLs of gateway replicas get the requests in turn")
 	fs.StringVar(&f.model, "model", "", "model name to request")
 	fs.StringVar(&f.workload, "workload", "chat", "chat (the baseline chapter's multi-turn chat, as text) or trace (--trace)")
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSON-lines trace to replay (each 512-token hash id becomes the same text everywhere)")
@@ -78,7 +79,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	client := &bench.Client{URL: f.url, Model: f.model, TimeScale: f.timeScale,
+	urls := strings.Split(f.url, ",")
+	for _, u := range urls {
+		if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return fmt.Errorf("--url: %q is not an http(s) base URL", u)
+		}
+	}
+	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale,
 		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
 	if f.header != "" {
 		k, v, ok := strings.Cut(f.header, ":")

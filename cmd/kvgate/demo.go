@@ -19,6 +19,8 @@ type demoFlags struct {
 	format, report, runs      string
 	timeScale, rate, duration float64
 	outputTokens, turnTokens  int
+	replicas                  int
+	unsynced                  bool
 	seed                      uint64
 }
 
@@ -44,6 +46,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	flagrange.Var(fl, &f.rate, "rate", flagrange.Range[float64]{Min: 1, Max: 200, Unit: "req/s"}, "arrival rate (engine time)")
 	flagrange.Var(fl, &f.duration, "duration", flagrange.Range[float64]{Min: 5, Max: 600, Unit: "seconds"}, "seconds of arrivals (engine time)")
 	flagrange.Var(fl, &f.outputTokens, "output-tokens", flagrange.Range[int]{Min: 2, Max: 4096, Unit: "tokens"}, "max_tokens per request")
+	f.replicas = 1
+	flagrange.Var(fl, &f.replicas, "replicas", flagrange.Range[int]{Min: 1, Max: 8}, "gateway replicas in front of the fleet, requests spread over them in turn, each sharing its requests in flight with the others (docs/serve.md, \"Several gateway replicas\")")
+	fs.BoolVar(&f.unsynced, "unsynced", false, "with --replicas: the replicas do not share their requests in flight (each counts only its own)")
 	flagrange.Var(fl, &f.turnTokens, "turn-tokens", flagrange.Range[int]{Min: 1, Max: 2048, Unit: "words"}, "words each turn adds to its conversation: the prefill load (600 saturates the fleet)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate demo [flags]\n\nStarts an emulated fleet and kvgate's gateway on loopback, sends the baseline\nchapter's chat workload through real HTTP for several policies and a P/D fleet,\nprints the comparison and writes an HTML report. Needs nothing but the binary.\n\nFlags:")
@@ -68,6 +73,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			{Policy: "kvgate", EarlyReject: true, Prefill: 8},
 			{Policy: "kvgate", EarlyReject: true, Prefill: 8, Decode: 2},
 		},
+	}
+	for i := range cfg.Runs {
+		cfg.Runs[i].Replicas, cfg.Runs[i].Unsynced = f.replicas, f.unsynced
 	}
 	if f.runs != "" {
 		var keep []demo.RunSpec

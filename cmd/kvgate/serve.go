@@ -35,6 +35,7 @@ import (
 type serveFlags struct {
 	config, logLevel string
 	engines, toks    listFlag
+	syncPeers        listFlag
 	set              map[string]bool
 	disc             discoveryConfig // from flags
 	k8s              k8sConfig
@@ -57,6 +58,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
 	fs.StringVar(&c.Hold.Mode, "hold", gateway.HoldPolicy, "hold at the router requests that fit nowhere until an endpoint has slack or their deadline (with early rejection: those that miss their SLO even on an idle endpoint, served on an idle endpoint of a quiet fleet, which they give up to a request that would otherwise be rejected, or rejected at their deadline; docs/policies.md): policy (the policies meant to: kvgate), on or off")
 	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
+	fs.StringVar(&c.Sync.Bind, "sync-bind", "", "several gateway replicas: publish this replica's requests in flight on a ZMQ PUB here (e.g. tcp://0.0.0.0:5600) for the other replicas (docs/serve.md, \"Several gateway replicas\")")
+	fs.Var(&f.syncPeers, "sync-peer", "several gateway replicas: another replica's --sync-bind address (tcp://HOST:PORT) whose requests in flight this replica counts in its endpoints' load (repeatable)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.LogPrompts, "log-prompts", false, "log request bodies at debug level (prompts are not logged by default)")
 	fs.BoolVar(&c.NoLoRASlots, "no-lora-slots", false, "do not keep a LoRA adapter's requests off engines whose batch has no place for it (each gateway counts only its own requests: with several replicas in front of one fleet the rule works from a partial view)")
@@ -168,6 +171,8 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "engine-step-tokens": func() { c.EngineStepTokens = flags.EngineStepTokens }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },
 		"max-inflight": func() { c.MaxInflight = flags.MaxInflight }, "log-prompts": func() { c.LogPrompts = flags.LogPrompts },
 		"no-lora-slots":    func() { c.NoLoRASlots = flags.NoLoRASlots },
+		"sync-bind":        func() { c.Sync.Bind = flags.Sync.Bind },
+		"sync-peer":        func() { c.Sync.Peers = append([]string(nil), f.syncPeers...) },
 		"no-health-checks": func() { c.NoHealthChecks = flags.NoHealthChecks },
 		"upstream-timeout": func() { c.UpstreamTimeout = flags.UpstreamTimeout }, "connect-timeout": func() { c.ConnectTimeout = flags.ConnectTimeout },
 	}

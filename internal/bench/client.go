@@ -61,7 +61,11 @@ type Record struct {
 
 // Client sends requests to one server.
 type Client struct {
-	URL       string // base URL, e.g. http://127.0.0.1:8000
+	URL string // base URL, e.g. http://127.0.0.1:8000
+	// More are other base URLs of the same service (gateway replicas):
+	// request i goes to the (i mod (1+len(More)))th of URL and More, as a
+	// load balancer in front of replicas would spread them.
+	More      []string
 	Model     string
 	HTTP      *http.Client
 	TimeScale float64 // wall seconds × TimeScale = reported seconds (default 1)
@@ -76,6 +80,15 @@ func (c *Client) scale() float64 {
 		return c.TimeScale
 	}
 	return 1
+}
+
+// base is the URL request idx goes to.
+func (c *Client) base(idx int) string {
+	n := 1 + len(c.More)
+	if i := idx % n; i > 0 {
+		return c.More[i-1]
+	}
+	return c.URL
 }
 
 // historyAnswer stands for the assistant's answer to an earlier turn of a
@@ -109,7 +122,7 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	rec := Record{Index: idx, Session: it.Session, PredictedTTFT: -1, Held: -1, PredictedCached: -1}
 	sent := time.Now()
 	rec.Sent = sent.Sub(start).Seconds() * c.scale()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.URL, "/")+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.base(idx), "/")+path, bytes.NewReader(body))
 	if err != nil {
 		rec.Outcome, rec.Error = "transport", err.Error()
 		return rec

@@ -153,3 +153,27 @@ func TestCachedHeader(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaURLs: with More, requests go to the URLs in turn, as a load
+// balancer in front of gateway replicas spreads them.
+func TestReplicaURLs(t *testing.T) {
+	hits := make([]int, 3)
+	var urls []string
+	for i := range hits {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hits[i]++
+			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
+		}))
+		defer srv.Close()
+		urls = append(urls, srv.URL)
+	}
+	c := &Client{URL: urls[0], More: urls[1:], Model: "m", HTTP: http.DefaultClient}
+	for i := 0; i < 7; i++ {
+		if rec := c.Do(context.Background(), &Item{Prompt: "hi", MaxTokens: 1}, i, time.Now()); rec.Outcome != "ok" {
+			t.Fatalf("request %d: %s %s", i, rec.Outcome, rec.Error)
+		}
+	}
+	if hits[0] != 3 || hits[1] != 2 || hits[2] != 2 {
+		t.Fatalf("hits %v, want [3 2 2]", hits)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/httpserve"
+	"github.com/kvgate/kvgate/internal/replicasync"
 )
 
 // Config is one demo.
@@ -44,14 +45,27 @@ type RunSpec struct {
 	// fleet of Prefill engines; otherwise Prefill prefill-only and Decode
 	// decode-only engines.
 	Prefill, Decode int
+	// Replicas is how many gateway replicas front the fleet (0 counts as
+	// 1), requests spread over them in turn; Unsynced leaves them each
+	// counting only their own requests in flight (no replica sync).
+	Replicas int
+	Unsynced bool
 }
 
 // Fleet names the shape of a run.
 func (r RunSpec) Fleet() string {
+	s := fmt.Sprintf("P/D %dP%dD", r.Prefill, r.Decode)
 	if r.Decode == 0 {
-		return fmt.Sprintf("aggregated %d", r.Prefill)
+		s = fmt.Sprintf("aggregated %d", r.Prefill)
 	}
-	return fmt.Sprintf("P/D %dP%dD", r.Prefill, r.Decode)
+	if r.Replicas > 1 {
+		sync := "synced"
+		if r.Unsynced {
+			sync = "unsynced"
+		}
+		s += fmt.Sprintf(", %d replicas %s", r.Replicas, sync)
+	}
+	return s
 }
 
 // Result is one run.
@@ -103,12 +117,20 @@ func runOne(ctx context.Context, cfg Config, spec RunSpec, items []bench.Item, p
 	if err != nil {
 		return Result{}, err
 	}
-	url, stopGW, err := startGateway(ctx, cfg, spec, eps)
-	defer stopGW()
+	syncs, err := syncConfigs(spec)
 	if err != nil {
 		return Result{}, err
 	}
-	client := &bench.Client{URL: url, Model: model, TimeScale: cfg.TimeScale,
+	var urls []string
+	for _, sc := range syncs {
+		url, stopGW, err := startGateway(ctx, cfg, spec, eps, sc)
+		defer stopGW()
+		if err != nil {
+			return Result{}, err
+		}
+		urls = append(urls, url)
+	}
+	client := &bench.Client{URL: urls[0], More: urls[1:], Model: model, TimeScale: cfg.TimeScale,
 		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxIdleConns: 2048}}}
 	recs, wall, err := bench.Run(ctx, client, items, bench.Mode{}, progress)
 	if err != nil {
@@ -176,12 +198,12 @@ func startEngines(ctx context.Context, cfg Config, spec RunSpec) (eps []fleet.En
 
 // startGateway serves a gateway for the run on loopback. Its clock runs
 // at the fleet's speed: predictions and SLOs are in modelled seconds.
-func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.Endpoint) (string, func(), error) {
+func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.Endpoint, sync replicasync.Config) (string, func(), error) {
 	early := spec.EarlyReject
 	start := time.Now()
 	scaled := func() time.Time { return start.Add(time.Duration(float64(time.Since(start)) * cfg.TimeScale)) }
 	gc := gateway.Config{Endpoints: eps, Policy: spec.Policy, EarlyReject: &early, SLOTTFT: cfg.SLO.TTFT, SLOTPOT: cfg.SLO.TPOT,
-		Tokenizers: []string{"model=" + model + ",source=engine,url=" + eps[0].URL}, NoHealthChecks: true}
+		Tokenizers: []string{"model=" + model + ",source=engine,url=" + eps[0].URL}, NoHealthChecks: true, Sync: sync}
 	g, err := gateway.New(gc, gateway.Options{Logger: cfg.Logger, Now: scaled})
 	if err != nil {
 		return "", func() {}, err
@@ -207,4 +229,32 @@ func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.End
 		<-done
 	}
 	return "http://" + ln.Addr().String(), stop, nil
+}
+
+// syncConfigs is each gateway replica's sync: with more than one and
+// sync on, each binds a free loopback port and dials every other's.
+func syncConfigs(spec RunSpec) ([]replicasync.Config, error) {
+	n := max(spec.Replicas, 1)
+	out := make([]replicasync.Config, n)
+	if n == 1 || spec.Unsynced {
+		return out, nil
+	}
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addrs[i] = "tcp://" + ln.Addr().String()
+		ln.Close()
+	}
+	for i := range out {
+		out[i].Bind = addrs[i]
+		for j, a := range addrs {
+			if j != i {
+				out[i].Peers = append(out[i].Peers, a)
+			}
+		}
+	}
+	return out, nil
 }

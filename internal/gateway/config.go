@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/kvgate/kvgate/internal/replicasync"
 	"io"
 	"math"
 	"strings"
@@ -93,6 +94,10 @@ type Config struct {
 	// Hold configures the hold queue (without early rejection): requests
 	// that fit nowhere wait at the gateway (docs/policies.md).
 	Hold HoldConfig `yaml:"hold"`
+	// Sync shares the in-flight load with the other gateway replicas in
+	// front of the same fleet (internal/replicasync; docs/serve.md,
+	// "Several gateway replicas").
+	Sync replicasync.Config `yaml:"sync"`
 }
 
 // HoldConfig is the hold queue's configuration (sched.Scheduler.Hold).
@@ -335,6 +340,7 @@ func (c *Config) Validate() error {
 	if _, err := sched.New(c.Policy, sched.Options{}); err != nil {
 		add(fmt.Errorf("policy: %w", err))
 	}
+	add(c.Sync.Validate())
 	if _, err := sched.ParseHoldMode(c.Hold.Mode); err != nil {
 		add(fmt.Errorf("hold.mode (--hold) %w", err))
 	}

@@ -61,7 +61,7 @@ func (g *Gateway) copyPrefix(rt *routed, p *plan) {
 // sendCopy sends a copy's body (of n prompt tokens, the blocks keys) to
 // m (sendPrefix); a copy that fails takes back its index entries.
 func (g *Gateway) sendCopy(mf *modelFleet, m *member, fl *load.Flight, body []byte, n int, keys []uint64) {
-	if err := g.sendPrefix(g.copyKind(), mf, m, fl, body, n); err != nil && !m.removed.Load() {
-		g.idx.Unrouted(m.kvID, keys)
+	if err := g.sendPrefix(g.copyKind(), mf, m, fl, body, n); err != nil {
+		g.unrouted(m, keys)
 	}
 }

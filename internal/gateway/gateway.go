@@ -32,6 +32,7 @@ import (
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/replicasync"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
@@ -97,6 +98,8 @@ type Gateway struct {
 	toks   *tokens.Set
 	idx    *kvindex.Index
 	sub    *kvevents.Subscriber
+	// sync shares the in-flight load with other replicas (nil: none).
+	sync   *replicasync.Sync
 	client *http.Client
 	met    *metrics
 	shed   shedder
@@ -200,6 +203,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if g.client.Transport == nil {
 		g.client.Transport = newTransport(cfg.ConnectTimeout)
 	}
+	if cfg.Sync.Enabled() {
+		if g.sync, err = replicasync.New(cfg.Sync, syncLocal{g}, g.clock, o.Logger); err != nil {
+			return nil, err
+		}
+	}
 	g.met = newMetrics(g)
 	g.bodies = cfg.HTTP.BodyLimiter(defaultBodyBytes)
 	// The subscriber runs even without engines with events: discovery may
@@ -232,8 +240,23 @@ func newTransport(connect time.Duration) *http.Transport {
 // Run runs the KV-event subscriber and the membership refresh until ctx
 // ends.
 func (g *Gateway) Run(ctx context.Context) error {
-	errc := make(chan error, 1)
-	go func() { errc <- g.sub.Run(ctx) }()
+	errc := make(chan error, 2)
+	go func() {
+		if err := g.sub.Run(ctx); err != nil {
+			errc <- fmt.Errorf("kv events: %w", err)
+		}
+	}()
+	if g.sync != nil {
+		ctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := g.sync.Run(ctx, nil); err != nil {
+				errc <- fmt.Errorf("replica sync: %w", err)
+			}
+		}()
+		defer func() { cancel(); <-done }()
+	}
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -241,10 +264,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case err := <-errc:
-			if err != nil {
-				return fmt.Errorf("kv events: %w", err)
-			}
-			errc = nil
+			return err
 		case <-t.C:
 			g.refresh()
 		}
@@ -378,6 +398,9 @@ func (g *Gateway) refresh() {
 			}
 			mf.load.SetPredictor(p)
 			mf.load.SetBatchingEngines(true) // vLLM and SGLang batch prefills
+			if g.sync != nil {
+				mf.load.SetObserver(g.sync.Observer(name))
+			}
 			g.models[name] = mf
 		}
 		if sameMembers(mf.members, ms) {

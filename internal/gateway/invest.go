@@ -91,9 +91,7 @@ func (g *Gateway) stopFor(fs *fleetView, req *sched.Request) bool {
 	// Its engine keeps only the blocks it computed, which its KV events
 	// report: withdrawn now, not when its proxy returns, since req is
 	// decided again at once and would find the whole prompt claimed.
-	if !stop.m.removed.Load() {
-		g.idx.Unrouted(stop.m.kvID, stop.keys)
-	}
+	g.unrouted(stop.m, stop.keys)
 	fs.mf.load.Finish(stop.flight, g.clock())
 	g.met.yielded.Inc()
 	return true

@@ -104,6 +104,9 @@ func newMetrics(g *Gateway) *metrics {
 		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, m.passthrough, heldNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})
+	if g.sync != nil {
+		m.reg.MustRegister(syncCollector{g.sync})
+	}
 	return m
 }
 

@@ -509,6 +509,20 @@ func decodeStep(predictor string) predict.DecodeStep {
 func (g *Gateway) routed(m *member, keys []uint64) {
 	if !m.removed.Load() {
 		g.idx.Routed(m.kvID, keys)
+		if g.sync != nil {
+			g.sync.Prefix(m.ep.Model, m.ep.Name, keys, true)
+		}
+	}
+}
+
+// unrouted withdraws what routed recorded for m and keys (the request
+// ended before m computed them: kvindex.Index.Unrouted).
+func (g *Gateway) unrouted(m *member, keys []uint64) {
+	if !m.removed.Load() {
+		g.idx.Unrouted(m.kvID, keys)
+		if g.sync != nil {
+			g.sync.Prefix(m.ep.Model, m.ep.Name, keys, false)
+		}
 	}
 }
 
@@ -539,11 +553,11 @@ func (r *reached) on(firstByte func()) func() {
 // its 54 995 tokens cached (the engine held 3 584), and it and the eight
 // requests queued behind it were late.
 func (g *Gateway) withdraw(p *plan, keys []uint64, got *reached) {
-	if !got.prefill && !p.prefill.removed.Load() {
-		g.idx.Unrouted(p.prefill.kvID, keys)
+	if !got.prefill {
+		g.unrouted(p.prefill, keys)
 	}
-	if p.decode != nil && !got.decode && !p.decode.removed.Load() {
-		g.idx.Unrouted(p.decode.kvID, keys)
+	if p.decode != nil && !got.decode {
+		g.unrouted(p.decode, keys)
 	}
 }
 

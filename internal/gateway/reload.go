@@ -42,7 +42,7 @@ func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 		{"max_inflight", cur.MaxInflight, next.MaxInflight}, {"prefill_speed", cur.PrefillSpeed, next.PrefillSpeed},
 		{"engine_step_tokens", cur.engineStepTokens(), next.engineStepTokens()},
 		{"hold.max_requests", cur.Hold.MaxRequests, next.Hold.MaxRequests},
-		{"hold.touch_priority", cur.Hold.TouchPriority, next.Hold.TouchPriority},
+		{"hold.touch_priority", cur.Hold.TouchPriority, next.Hold.TouchPriority}, {"sync", cur.Sync, next.Sync},
 	} {
 		if !reflect.DeepEqual(f.a, f.b) {
 			needRestart = append(needRestart, f.name)

@@ -153,8 +153,8 @@ type Flight struct {
 	room      int
 	atRisk    float64
 	prefilled bool
-	// touch: Work.Touch (routeTouch).
-	touch bool
+	// touch: Work.Touch (routeTouch); peer: Work.Peer.
+	touch, peer bool
 	// queued: routed behind another prefill; deadline: Work.Deadline.
 	queued   bool
 	deadline float64
@@ -216,6 +216,10 @@ type Work struct {
 	// Sequences is how many sequences it samples (OpenAI's n; 0 counts
 	// as 1): a decode endpoint counts each as a stream.
 	Sequences int
+	// Peer: another gateway replica routed it (internal/replicasync); it
+	// loads the endpoint as any request does, but the fleet's Observer
+	// does not hear of it (it is the peer's to announce).
+	Peer bool
 }
 
 // ConversationMemory is how long (seconds, the time constant of an
@@ -250,7 +254,45 @@ type Fleet struct {
 	// slack, when set, is told of prefill ends that leave slack sooner
 	// than predicted (WakeOnSlack).
 	slack chan<- struct{}
+	// obs, when set, hears of the fleet's own flights (SetObserver).
+	obs Observer
 }
+
+// Observer hears of the flights routed on a fleet, other than touches and
+// Work.Peer ones, as their state changes: what another gateway replica
+// needs to load its own view of the endpoints the same way
+// (internal/replicasync). Its methods are called under the fleet's lock,
+// in order for each flight, and must not block or call the fleet.
+type Observer interface {
+	// Routed: fl was sent to endpoint for its prefill, with w, and is
+	// predicted to compute for compute seconds.
+	Routed(fl *Flight, endpoint string, w Work, compute float64)
+	// Decoding: fl decodes on endpoint (disaggregated).
+	Decoding(fl *Flight, endpoint string)
+	// Prefilled: fl's prefill ended; observed when its end was seen (a
+	// first token, a prefill leg's answer), not assumed.
+	Prefilled(fl *Flight, observed bool)
+	// Finished: fl ended; it is not named again.
+	Finished(fl *Flight)
+}
+
+// SetObserver makes o hear of the fleet's own flights from now on (nil:
+// none).
+func (f *Fleet) SetObserver(o Observer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.obs = o
+}
+
+// Endpoint is the member named name, or nil.
+func (f *Fleet) Endpoint(name string) *Endpoint {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.byName[name]
+}
+
+// observed reports whether the fleet's Observer hears of fl.
+func (f *Fleet) observed(fl *Flight) bool { return f.obs != nil && !fl.peer && !fl.touch }
 
 // MeanPrefillRequests is the memory, in requests, of the fleet's mean
 // prefill time (sched.Snapshot.MeanPrefill): each routed request weighs
@@ -621,7 +663,8 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 	if w.Touch {
 		return f.routeTouch(e, now, max(w.PrefillSeconds, 0))
 	}
-	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now, seqs: max(w.Sequences, 1)}
+	fl := &Flight{prefill: e, uncached: max(w.Uncached, 0), ublocks: max(w.UncachedBlocks, 0), keys: w.Keys, routed: now,
+		seqs: max(w.Sequences, 1), peer: w.Peer}
 	fl.prompt = fl.uncached + max(w.Cached, 0)
 	fl.x = e.features(fl.uncached, max(w.Cached, 0))
 	if e.info.Role.CanDecode() {
@@ -655,6 +698,9 @@ func (f *Fleet) Route(e *Endpoint, now float64, w Work) *Flight {
 		for _, k := range w.Keys {
 			e.active[k]++
 		}
+	}
+	if f.observed(fl) {
+		f.obs.Routed(fl, e.info.Name, w, fl.compute)
 	}
 	return fl
 }
@@ -753,6 +799,9 @@ func (f *Fleet) decode(fl *Flight, d *Endpoint, x predict.DecodeFeatures) {
 		p.ctx -= fl.prompt
 	}
 	fl.decode = d
+	if f.observed(fl) {
+		f.obs.Decoding(fl, d.info.Name)
+	}
 	fl.probing = d.reprobe > 0 || d.stale(fl.routed)
 	d.streams += fl.seqs
 	d.requests++
@@ -801,6 +850,9 @@ func (f *Fleet) PredictedPrefillEnd(fl *Flight) float64 {
 func (f *Fleet) PrefillDone(fl *Flight, at float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if !fl.prefilled && f.observed(fl) {
+		f.obs.Prefilled(fl, false)
+	}
 	f.unobserved(fl)
 	f.prefillDone(fl, at)
 }
@@ -832,6 +884,9 @@ func (f *Fleet) FirstToken(fl *Flight, at float64) {
 		// without closing it.
 		f.prefillDone(fl, at)
 		return
+	}
+	if f.observed(fl) {
+		f.obs.Prefilled(fl, true)
 	}
 	e := fl.prefill
 	start := max(fl.routed, e.lastDone)
@@ -1044,6 +1099,9 @@ func (f *Fleet) finish(fl *Flight, at float64) {
 	f.unobserved(fl)
 	f.prefillDone(fl, at)
 	fl.finished = true
+	if f.observed(fl) {
+		f.obs.Finished(fl)
+	}
 	if fl.touch {
 		return // it held nothing else (routeTouch)
 	}

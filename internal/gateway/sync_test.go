@@ -1,0 +1,112 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/replicasync"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// syncedPair starts two gateway replicas over eps, a publishing and b
+// subscribed to it, and returns their client URLs once b hears a.
+func syncedPair(t *testing.T, eps []fleet.Endpoint) (a, b *Gateway, urlA, urlB string) {
+	t.Helper()
+	a, urlA, _ = startGateway(t, Config{Endpoints: eps, Policy: "kvgate", BlockSize: 16,
+		Sync: replicasync.Config{Bind: "tcp://127.0.0.1:0"}}, Options{})
+	waitFor(t, func() bool { return a.sync.Addr() != "" })
+	b, urlB, _ = startGateway(t, Config{Endpoints: eps, Policy: "kvgate", BlockSize: 16,
+		Sync: replicasync.Config{Peers: []string{a.sync.Addr()}}}, Options{})
+	// b's subscription takes a moment: requests through a until b has
+	// applied one of a's events.
+	for i := 0; b.sync.Stats().Applied == 0; i++ {
+		if i == 400 {
+			t.Fatal("b never heard a")
+		}
+		post(t, urlA+"/v1/completions", completion(fmt.Sprintf("warm-up %d", i), false, 1), nil)
+	}
+	return a, b, urlA, urlB
+}
+
+// inflight is endpoint name's requests in flight on g's view.
+func inflight(g *Gateway, name string) int {
+	g.mu.RLock()
+	mf := g.models[testModel]
+	g.mu.RUnlock()
+	var snap sched.Snapshot
+	for i, e := range mf.load.Snapshot(g.clock(), 0, nil, nil, nil, &snap) {
+		if e.Info().Name == name {
+			return snap.Endpoints[i].InflightRequests
+		}
+	}
+	return -1
+}
+
+// TestReplicaSyncLoad: a request streaming through one replica loads its
+// endpoint on the other replica's view until it ends.
+func TestReplicaSyncLoad(t *testing.T) {
+	slow := func(c *engine.Config) { c.TimeScale = 1 } // 400 tokens: about 8 s
+	e1, e2 := startEngine(t, fleet.RoleBoth, slow), startEngine(t, fleet.RoleBoth, slow)
+	eps := []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)}
+	for i := range eps {
+		eps[i].PrefillSpeed = 20000
+	}
+	a, b, urlA, _ := syncedPair(t, eps)
+	waitFor(t, func() bool { return inflight(b, eps[0].Name)+inflight(b, eps[1].Name) == 0 })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, urlA+"/v1/completions", strings.NewReader(completion("a long answer", true, 400)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	home := resp.Header.Get(hdrPrefill)
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil { // streaming
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return inflight(b, home) == 1 })
+	if n := inflight(a, home); n != 1 {
+		t.Fatalf("a's own view: %d in flight on %s", n, home)
+	}
+	cancel()
+	waitFor(t, func() bool { return inflight(b, home) == 0 && b.sync.Stats().PeerFlights == 0 })
+}
+
+// TestReplicaSyncPrefix: a prompt routed by one replica is known cached on
+// its endpoint to the other before any KV event (these engines send
+// none): the other replica routes it there too, predicting it cached.
+func TestReplicaSyncPrefix(t *testing.T) {
+	_, _, eps := twoAggregated(t)
+	for i := range eps {
+		eps[i].Events, eps[i].Replay = "", ""
+	}
+	_, b, urlA, urlB := syncedPair(t, eps)
+	p := completion(prefix("replicas"), false, 1)
+	before := b.sync.Stats().Applied
+	ra := post(t, urlA+"/v1/completions", p, nil)
+	if ra.status != 200 {
+		t.Fatalf("a: %d %s", ra.status, ra.body)
+	}
+	// Its route, prefix note, first token and end, in that order: once
+	// three are applied the note is.
+	waitFor(t, func() bool { return b.sync.Stats().Applied >= before+3 })
+	rb := post(t, urlB+"/v1/completions", p, nil)
+	cached, _ := strconv.Atoi(rb.header.Get(hdrCached))
+	if rb.status != 200 || rb.header.Get(hdrPrefill) != ra.header.Get(hdrPrefill) || cached < 1000 {
+		t.Fatalf("b routed a's prompt to %s predicting %d tokens cached (status %d); a routed it to %s",
+			rb.header.Get(hdrPrefill), cached, rb.status, ra.header.Get(hdrPrefill))
+	}
+}

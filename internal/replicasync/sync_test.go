@@ -1,0 +1,301 @@
+package replicasync
+
+import (
+	"context"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// fleets is one model's load fleet of two endpoints, a and b, speed 1 000
+// tokens/s, no predictor (compute = Work.PrefillSeconds), and the prefix
+// notes applied to it.
+type fleets struct {
+	f     *load.Fleet
+	mu    *sync.Mutex
+	noted map[string]int // endpoint → keys noted routed, less withdrawn
+}
+
+func (x fleets) Prefix(model, endpoint string, keys []uint64, routed bool) bool {
+	if model != "m" || (endpoint != "a" && endpoint != "b") {
+		return false
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if routed {
+		x.noted[endpoint] += len(keys)
+	} else {
+		x.noted[endpoint] -= len(keys)
+	}
+	return true
+}
+
+func (x fleets) LoadFleet(model string) *load.Fleet {
+	if model != "m" {
+		return nil
+	}
+	return x.f
+}
+
+func newFleets() fleets {
+	return fleets{f: load.New([]load.Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 1000}, {Name: "b", Role: fleet.RoleBoth, PrefillSpeed: 1000}}, false),
+		mu: &sync.Mutex{}, noted: map[string]int{}}
+}
+
+// state is endpoint name's in-flight requests, uncached tokens and queue
+// wait at time now.
+func state(f *load.Fleet, name string, now float64) (requests, uncached int, wait float64) {
+	var snap sched.Snapshot
+	eps := f.Snapshot(now, 0, nil, nil, nil, &snap)
+	for i, e := range eps {
+		if e.Info().Name == name {
+			d := snap.Endpoints[i]
+			return d.InflightRequests, d.InflightUncached, d.QueueWait
+		}
+	}
+	return -1, -1, -1
+}
+
+// TestTwoReplicas: a flight routed on one replica loads the other's view
+// of its endpoint over real ZMQ sockets, until its prefill ends and it
+// finishes; a peer's flights are not sent on again.
+func TestTwoReplicas(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	clock := func() float64 { return 0 }
+	fa, fb := newFleets(), newFleets()
+	a, err := New(Config{Bind: "tcp://127.0.0.1:0", Heartbeat: 50 * time.Millisecond}, fa, clock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := make(chan string, 1)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = a.Run(ctx, func(s string) { addr <- s }) }()
+	b, err := New(Config{Bind: "tcp://127.0.0.1:0", Peers: []string{<-addr}, Heartbeat: 50 * time.Millisecond}, fb, clock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { defer wg.Done(); _ = b.Run(ctx, nil) }()
+	fa.f.SetObserver(a.Observer("m"))
+	fb.f.SetObserver(b.Observer("m"))
+
+	// Subscriptions take a moment: route until b has heard one.
+	var fl *load.Flight
+	waitFor(t, "b hears a's route", func() bool {
+		if fl != nil && b.Stats().Applied == 0 {
+			fa.f.Finish(fl, 0)
+		}
+		if b.Stats().Applied > 0 {
+			return true
+		}
+		fl = fa.f.Route(fa.f.Endpoint("a"), 0, load.Work{Uncached: 2000, Cached: 500, PrefillSeconds: 2, OpensConversation: true})
+		return false
+	})
+	waitFor(t, "b loads it", func() bool {
+		n, u, w := state(fb.f, "a", 0)
+		return n == 1 && u == 2000 && w == 2
+	})
+	if n, _, _ := state(fb.f, "b", 0); n != 0 {
+		t.Fatalf("endpoint b has %d requests on b's view", n)
+	}
+	fa.f.FirstToken(fl, 1.5)
+	waitFor(t, "its prefill ends on b's view", func() bool {
+		n, u, w := state(fb.f, "a", 0)
+		return n == 1 && u == 0 && w == 0
+	})
+	fa.f.Finish(fl, 2)
+	waitFor(t, "it finishes on b's view", func() bool {
+		n, _, _ := state(fb.f, "a", 0)
+		return n == 0 && b.Stats().PeerFlights == 0
+	})
+	a.Prefix("m", "b", []uint64{1, 2, 3}, true)
+	a.Prefix("m", "b", []uint64{1}, false)
+	waitFor(t, "b notes a's prefix", func() bool {
+		fb.mu.Lock()
+		defer fb.mu.Unlock()
+		return fb.noted["b"] == 2
+	})
+	// b routed nothing of its own: a hears no flight back.
+	time.Sleep(100 * time.Millisecond)
+	if st := a.Stats(); st.PeerFlights != 0 || st.Applied != 0 {
+		t.Fatalf("a applied %d events, holds %d peer flights: a peer's flight was sent on", st.Applied, st.PeerFlights)
+	}
+	cancel()
+	wg.Wait()
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func newSync(t *testing.T, f Local) *Sync {
+	t.Helper()
+	s, err := New(Config{Heartbeat: time.Second}, f, func() float64 { return 0 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func routed(id uint64, ep string, uncached int) event {
+	return event{Kind: kindRouted, ID: id, Model: "m", Endpoint: ep, Uncached: uncached, Compute: float64(uncached) / 1000}
+}
+
+// TestLiveSetEndsLostFlights: a flight the heartbeat's live set no longer
+// names finishes (its end was lost), and a silent peer's flights all end.
+func TestLiveSetEndsLostFlights(t *testing.T) {
+	fs := newFleets()
+	s := newSync(t, fs)
+	now := time.Now()
+	s.apply(&batch{Replica: 7, Events: []event{routed(1, "a", 100), routed(2, "a", 200), routed(3, "b", 300)}}, now)
+	if n, u, _ := state(fs.f, "a", 0); n != 2 || u != 300 {
+		t.Fatalf("a: %d requests, %d uncached; want 2, 300", n, u)
+	}
+	s.apply(&batch{Replica: 7, HasAlive: true, Alive: []uint64{1, 3, 99}}, now)
+	if n, u, _ := state(fs.f, "a", 0); n != 1 || u != 100 {
+		t.Fatalf("after the live set, a: %d requests, %d uncached; want 1, 100", n, u)
+	}
+	if st := s.Stats(); st.ExpiredByHeartbeat != 1 || st.PeerFlights != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	s.endSilent(now.Add(2 * time.Second)) // two heartbeats: not yet
+	if n, _, _ := state(fs.f, "b", 0); n != 1 {
+		t.Fatalf("b: %d requests after 2 s of silence, want 1", n)
+	}
+	s.endSilent(now.Add(3 * time.Second))
+	for _, ep := range []string{"a", "b"} {
+		if n, _, _ := state(fs.f, ep, 0); n != 0 {
+			t.Fatalf("%s: %d requests after 3 s of silence, want 0", ep, n)
+		}
+	}
+	if st := s.Stats(); st.BySilence != 2 || st.Peers != 0 || st.PeerFlights != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestRefused: every number and name a peer sends has a range, and state
+// it may make a replica keep has a bound.
+func TestRefused(t *testing.T) {
+	long := strings.Repeat("x", maxName+1)
+	for _, tc := range []struct {
+		name string
+		e    event
+	}{
+		{"negative uncached", event{Kind: kindRouted, ID: 1, Model: "m", Endpoint: "a", Uncached: -1}},
+		{"huge cached", event{Kind: kindRouted, ID: 1, Model: "m", Endpoint: "a", Cached: maxTokens}},
+		{"NaN compute", event{Kind: kindRouted, ID: 1, Model: "m", Endpoint: "a", Compute: math.NaN()}},
+		{"infinite compute", event{Kind: kindRouted, ID: 1, Model: "m", Endpoint: "a", Compute: math.Inf(1)}},
+		{"negative compute", event{Kind: kindRouted, ID: 1, Model: "m", Endpoint: "a", Compute: -1}},
+		{"sequences", event{Kind: kindRouted, ID: 1, Model: "m", Endpoint: "a", Sequences: maxSequences + 1}},
+		{"long model", event{Kind: kindRouted, ID: 1, Model: long, Endpoint: "a"}},
+		{"long endpoint", event{Kind: kindRouted, ID: 1, Model: "m", Endpoint: long}},
+		{"no model", event{Kind: kindRouted, ID: 1, Endpoint: "a"}},
+		{"unknown kind", event{Kind: 99, ID: 5}},
+		{"prefix without keys", event{Kind: kindPrefix, Model: "m", Endpoint: "a"}},
+		{"prefix of too many keys", event{Kind: kindPrefix, Model: "m", Endpoint: "a", Keys: make([]uint64, maxKeys+1)}},
+		{"prefix without endpoint", event{Kind: kindUnprefix, Model: "m", Keys: []uint64{1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := newFleets()
+			s := newSync(t, fs)
+			s.apply(&batch{Replica: 3, Events: []event{routed(5, "a", 10), tc.e}}, time.Now())
+			if st := s.Stats(); st.Refused != 1 || st.Applied != 1 {
+				t.Fatalf("stats %+v, want 1 refused and 1 applied", st)
+			}
+			if n, _, _ := state(fs.f, "a", 0); n != 1 {
+				t.Fatalf("a: %d requests, want 1", n)
+			}
+		})
+	}
+	fs := newFleets()
+	s := newSync(t, fs)
+	s.apply(&batch{Replica: 3, Events: []event{routed(5, "a", 10), routed(5, "a", 10)}}, time.Now())
+	if st := s.Stats(); st.Refused != 1 {
+		t.Fatalf("a flight routed twice: stats %+v", st)
+	}
+	s.apply(&batch{Replica: 3, Events: []event{{Kind: kindFinished, ID: 6}, routed(8, "zz", 1), {Kind: kindRouted, ID: 9, Model: "other", Endpoint: "a"},
+		{Kind: kindPrefix, Model: "m", Endpoint: "zz", Keys: []uint64{1}}}}, time.Now())
+	if st := s.Stats(); st.Ignored != 4 {
+		t.Fatalf("unknown flight, endpoint and model: stats %+v", st)
+	}
+	for r := uint64(1); r <= MaxPeers+1; r++ {
+		s.apply(&batch{Replica: 1000 + r}, time.Now())
+	}
+	if st := s.Stats(); st.Peers != MaxPeers || st.Refused != 3 { // one before, two peers beyond (replica 3 is the 64th)
+		t.Fatalf("peers beyond the bound: stats %+v", st)
+	}
+}
+
+// TestPeerFlightsBounded: one peer cannot make a replica keep more than
+// MaxPeerFlights of its flights.
+func TestPeerFlightsBounded(t *testing.T) {
+	fs := newFleets()
+	s := newSync(t, fs)
+	evs := make([]event, MaxPeerFlights+10)
+	for i := range evs {
+		evs[i] = routed(uint64(i+1), "a", 1)
+	}
+	s.apply(&batch{Replica: 3, Events: evs}, time.Now())
+	if st := s.Stats(); st.PeerFlights != MaxPeerFlights || st.Refused != 10 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		c  Config
+		ok bool
+	}{
+		{Config{}, true},
+		{Config{Bind: "tcp://*:5600", Peers: []string{"tcp://10.0.0.2:5600", "tcp://gw-1.kvgate:5600"}}, true},
+		{Config{Bind: "10.0.0.1:5600"}, false},
+		{Config{Bind: "tcp://10.0.0.1"}, false},
+		{Config{Peers: []string{"ipc:///tmp/x"}}, false},
+		{Config{Peers: []string{"tcp://a:1", "tcp://a:1"}}, false},
+		{Config{Bind: "tcp://*:1", Heartbeat: time.Millisecond}, false},
+		{Config{Bind: "tcp://*:1", Heartbeat: 2 * time.Minute}, false},
+	} {
+		if err := tc.c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%+v: err %v, want ok %v", tc.c, err, tc.ok)
+		}
+	}
+}
+
+// FuzzBatch: whatever bytes a peer sends, decoding and applying them
+// neither panics nor leaves a flight with a number out of range.
+func FuzzBatch(f *testing.F) {
+	good, _ := msgpack.Marshal(&batch{Version: version, Replica: 9, Seq: 1, Events: []event{routed(1, "a", 10), {Kind: kindFirstToken, ID: 1}},
+		HasAlive: true, Alive: []uint64{1}})
+	f.Add(good)
+	f.Add([]byte{0x97, 0x01})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		fs := newFleets()
+		s := newSync(t, fs)
+		var b batch
+		if err := msgpack.Unmarshal(raw, &b); err != nil {
+			return
+		}
+		s.apply(&b, time.Now())
+		for _, ep := range []string{"a", "b"} {
+			if n, u, w := state(fs.f, ep, 0); n < 0 || u < 0 || math.IsNaN(w) || w < 0 || w > float64(MaxPeerFlights)*maxCompute {
+				t.Fatalf("%s: %d requests, %d uncached, wait %v", ep, n, u, w)
+			}
+		}
+	})
+}
