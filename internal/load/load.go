@@ -30,12 +30,6 @@
 // gives the compute time (Work.PrefillSeconds).
 //
 // A predictor that also predicts TPOT (predict.DecodePredictor) fills
-// DecodeTPOT of every endpoint that decodes and has an analytic step
-// (Info.Decode, the prior): the TPOT its model predicts for one more
-// stream, from the endpoint's in-flight sequences and their prompt tokens.
-// Finished feeds each stream's observed TPOT back.
-//
-// A predictor that also predicts TPOT (predict.DecodePredictor) fills
 // DecodeTPOT of every endpoint that decodes: the TPOT its model predicts
 // for one more stream, from the endpoint's in-flight sequences and their
 // prompt tokens, with the endpoint's analytic step (Info.Decode) as the

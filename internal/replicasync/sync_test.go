@@ -299,3 +299,26 @@ func FuzzBatch(f *testing.F) {
 		}
 	})
 }
+
+// TestBindTaken: a bind address already in use is Run's error, not a
+// replica that silently publishes nothing.
+func TestBindTaken(t *testing.T) {
+	first, err := New(Config{Bind: "tcp://127.0.0.1:0"}, newFleets(), func() float64 { return 0 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = first.Run(ctx, nil) }()
+	waitFor(t, "the first binds", func() bool { return first.Addr() != "" })
+	second, err := New(Config{Bind: first.Addr()}, newFleets(), func() float64 { return 0 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Run(ctx, nil); err == nil || !strings.Contains(err.Error(), "sync.bind") {
+		t.Fatalf("Run on a taken address: %v", err)
+	}
+	cancel()
+	<-done
+}
