@@ -62,7 +62,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(&f.syncPeers, "sync-peer", "several gateway replicas: another replica's --sync-bind address (tcp://HOST:PORT) whose requests in flight this replica counts in its endpoints' load (repeatable)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.LogPrompts, "log-prompts", false, "log request bodies at debug level (prompts are not logged by default)")
-	fs.BoolVar(&c.NoLoRASlots, "no-lora-slots", false, "do not keep a LoRA adapter's requests off engines whose batch has no place for it (each gateway counts only its own requests: with several replicas in front of one fleet the rule works from a partial view)")
+	fs.BoolVar(&c.NoLoRASlots, "no-lora-slots", false, "do not keep a LoRA adapter's requests off engines whose batch has no place for it (with several replicas in front of one fleet, sync them instead: --sync-bind, --sync-peer)")
 	fs.StringVar(&f.disc.File, "endpoints-file", "", "discovery: YAML file of endpoints (endpoints: [...]) watched for changes")
 	fs.StringVar(&f.k8s.Selector, "k8s-selector", "", "discovery: Kubernetes pods matching this label selector (e.g. app=vllm)")
 	fs.StringVar(&f.k8s.Namespace, "k8s-namespace", "default", "discovery: Kubernetes namespace of --k8s-selector")

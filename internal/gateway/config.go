@@ -87,9 +87,9 @@ type Config struct {
 	// LogPrompts logs request bodies at debug level (off by default).
 	LogPrompts bool `yaml:"log_prompts"`
 	// NoLoRASlots turns the LoRA batch places off (lora.go,
-	// keepLoRASlots): each gateway counts only its own requests in
-	// flight, so with several replicas in front of one fleet the rule
-	// works from a partial view (docs/serve.md, "LoRA adapters").
+	// keepLoRASlots). Several replicas in front of one fleet each count
+	// only their own requests in flight unless Sync shares them
+	// (docs/serve.md, "LoRA adapters").
 	NoLoRASlots bool `yaml:"no_lora_slots"`
 	// Hold configures the hold queue (without early rejection): requests
 	// that fit nowhere wait at the gateway (docs/policies.md).

@@ -98,6 +98,17 @@ func (a *adapterFlights) start(adapter string) (done func()) {
 	})
 }
 
+// loraStart counts a request for adapter in flight on m until done is
+// first called, and tells the other replicas (replica sync).
+func (g *Gateway) loraStart(m *member, adapter string) (done func()) {
+	mine := m.lora.start(adapter)
+	if g.sync == nil {
+		return mine
+	}
+	theirs := g.sync.Place(m.ep.Model, m.ep.Name, adapter)
+	return sync.OnceFunc(func() { mine(); theirs() })
+}
+
 // counts is a copy of the counts (nil when none is in flight).
 func (a *adapterFlights) counts() map[string]int {
 	a.mu.Lock()

@@ -304,10 +304,10 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	defer func() { lf.Finish(fl, g.clock()) }()
 	endPrefill := func() {} // the adapter's place on the prefill endpoint
 	if rt.lora != "" {
-		endPrefill = p.prefill.lora.start(rt.lora)
+		endPrefill = g.loraStart(p.prefill, rt.lora)
 		defer endPrefill()
 		if p.decode != nil {
-			defer p.decode.lora.start(rt.lora)()
+			defer g.loraStart(p.decode, rt.lora)()
 		}
 	}
 	g.routed(p.prefill, rt.prep.Keys)

@@ -20,11 +20,28 @@ func (s syncLocal) LoadFleet(model string) *load.Fleet {
 	return nil
 }
 
-func (s syncLocal) Prefix(model, endpoint string, keys []uint64, routed bool) bool {
+// member is the endpoint a peer names, if it is one of model's here.
+func (s syncLocal) member(model, endpoint string) *member {
 	s.g.mu.RLock()
 	m := s.g.members[endpoint]
 	s.g.mu.RUnlock()
 	if m == nil || m.ep.Model != model || m.removed.Load() {
+		return nil
+	}
+	return m
+}
+
+func (s syncLocal) Place(model, endpoint, adapter string) (func(), bool) {
+	m := s.member(model, endpoint)
+	if m == nil {
+		return nil, false
+	}
+	return m.lora.start(adapter), true
+}
+
+func (s syncLocal) Prefix(model, endpoint string, keys []uint64, routed bool) bool {
+	m := s.member(model, endpoint)
+	if m == nil {
 		return false
 	}
 	if routed {

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -109,4 +110,43 @@ func TestReplicaSyncPrefix(t *testing.T) {
 		t.Fatalf("b routed a's prompt to %s predicting %d tokens cached (status %d); a routed it to %s",
 			rb.header.Get(hdrPrefill), cached, rb.status, ra.header.Get(hdrPrefill))
 	}
+}
+
+// TestReplicaSyncLoRAPlaces: a LoRA adapter's request in flight through
+// one replica takes its batch place on the other's view too: the other
+// replica sends another adapter's request to the engine with a place for
+// it, not to the one holding its prefix whose only place is taken.
+func TestReplicaSyncLoRAPlaces(t *testing.T) {
+	mk := func(c *engine.Config) { c.LoRAModules = []string{"sql", "chat"} }
+	x, y := startEngine(t, fleet.RoleBoth, mk), startEngine(t, fleet.RoleBoth, mk)
+	eps := []fleet.Endpoint{endpointOf(x, fleet.RoleBoth), endpointOf(y, fleet.RoleBoth)}
+	for i := range eps {
+		eps[i].LoRA = []string{"sql", "chat"}
+	}
+	a, b, _, urlB := syncedPair(t, eps)
+	waitSubscribed(t, b)
+	chat := func(words int) string {
+		body, _ := json.Marshal(map[string]any{"model": "chat", "prompt": prefix("places")[:words], "max_tokens": 1})
+		r := post(t, urlB+"/v1/completions", string(body), nil)
+		if r.status != 200 {
+			t.Fatalf("chat: %d %s", r.status, r.body)
+		}
+		return r.header.Get(hdrPrefill)
+	}
+	home := chat(3000)
+	if again := chat(3100); again != home {
+		t.Fatalf("chat's second request went to %s, its prefix is on %s", again, home)
+	}
+	a.mu.RLock()
+	done := a.loraStart(a.members[home], "sql") // as if sql were in flight on home through a
+	a.mu.RUnlock()
+	b.mu.RLock()
+	m := b.members[home]
+	b.mu.RUnlock()
+	waitFor(t, func() bool { return m.lora.counts()["sql"] == 1 })
+	if to := chat(3200); to == home {
+		t.Errorf("chat went to %s, where a's sql request holds the only place", to)
+	}
+	done()
+	waitFor(t, func() bool { return m.lora.counts() == nil })
 }

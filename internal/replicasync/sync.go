@@ -10,7 +10,9 @@
 // a peer's flights are routed on the replica's own load fleet as
 // load.Work.Peer flights, so its queues, in-flight tokens, decode streams
 // and conversations count them, and its predictor learns from their first
-// tokens as from its own. Each message carries, once a heartbeat, the
+// tokens as from its own. The prefixes a replica notes routed to an
+// endpoint (the index's routed entries) and the batch places its LoRA
+// adapters' requests take are shared too. Each message carries, once a heartbeat, the
 // sender's live flights: a flight whose end was lost (a dropped message,
 // a reconnection) finishes at the next heartbeat, and every flight of a
 // peer silent for three heartbeats (it stopped, or restarted under a new
@@ -77,6 +79,8 @@ const (
 	kindFinished
 	kindPrefix   // the endpoint will hold the keys (the index's routed entries)
 	kindUnprefix // it will not after all
+	kindPlace    // a request for a LoRA adapter takes its place in the endpoint's batch
+	kindUnplace  // and gives it up
 )
 
 // Config configures a replica's sync.
@@ -136,6 +140,10 @@ type Local interface {
 	// LoadFleet is the load fleet of a model, or nil when the replica
 	// serves no such model (yet).
 	LoadFleet(model string) *load.Fleet
+	// Place counts a request for a LoRA adapter on endpoint of model in
+	// flight, as the replica counts its own (the LoRA batch places), until
+	// done is called; false when it knows no such endpoint of model.
+	Place(model, endpoint, adapter string) (done func(), ok bool)
 	// Prefix notes (routed) or withdraws (not routed) that endpoint will
 	// hold the block keys of a prompt a peer sent there, as the replica
 	// notes its own (kvindex.Index.Routed, Unrouted) until the engine's KV
@@ -150,6 +158,7 @@ type Stats struct {
 	Ignored                       uint64 // unknown model, endpoint or flight
 	Refused                       uint64 // malformed messages, or beyond a limit
 	PeerFlights                   int    // peers' flights loaded now
+	PeerPlaces                    int    // peers' LoRA adapter places counted now
 	Peers                         int    // peers heard within three heartbeats
 	ExpiredByHeartbeat, BySilence uint64 // peers' flights ended without their end heard
 }
@@ -166,6 +175,7 @@ type Sync struct {
 	mu      sync.Mutex
 	nextID  uint64
 	ids     map[*load.Flight]uint64 // own live flights
+	places  map[uint64]struct{}     // own live adapter places
 	pending []event
 	wake    chan struct{}
 
@@ -181,6 +191,7 @@ type Sync struct {
 
 type peer struct {
 	flights map[uint64]peerFlight
+	places  map[uint64]func() // adapter places: their done
 	heard   time.Time
 }
 
@@ -201,7 +212,7 @@ func New(cfg Config, local Local, clock func() float64, log *slog.Logger) (*Sync
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Sync{cfg: cfg, local: local, clock: clock, log: log, id: rand.Uint64() | 1,
-		ids: map[*load.Flight]uint64{}, wake: make(chan struct{}, 1), peers: map[uint64]*peer{}}, nil
+		ids: map[*load.Flight]uint64{}, places: map[uint64]struct{}{}, wake: make(chan struct{}, 1), peers: map[uint64]*peer{}}, nil
 }
 
 // Observer is what a model's fleet reports its own flights to
@@ -211,14 +222,15 @@ func (s *Sync) Observer(model string) load.Observer { return observer{s: s, mode
 // Stats returns the counters.
 func (s *Sync) Stats() Stats {
 	s.pmu.Lock()
-	n := 0
+	n, places := 0, 0
 	for _, p := range s.peers {
 		n += len(p.flights)
+		places += len(p.places)
 	}
 	peers := len(s.peers)
 	s.pmu.Unlock()
 	return Stats{Sent: s.st.sent.Load(), SendDropped: s.st.sendDropped.Load(), Received: s.st.received.Load(),
-		Applied: s.st.applied.Load(), Ignored: s.st.ignored.Load(), Refused: s.st.refused.Load(), PeerFlights: n,
+		Applied: s.st.applied.Load(), Ignored: s.st.ignored.Load(), Refused: s.st.refused.Load(), PeerFlights: n, PeerPlaces: places,
 		Peers: peers, ExpiredByHeartbeat: s.st.byBeat.Load(), BySilence: s.st.bySilence.Load()}
 }
 
@@ -323,8 +335,11 @@ func (s *Sync) take(alive bool) batch {
 	s.pending = nil
 	if alive {
 		b.HasAlive = true
-		b.Alive = make([]uint64, 0, len(s.ids))
+		b.Alive = make([]uint64, 0, len(s.ids)+len(s.places))
 		for _, id := range s.ids {
+			b.Alive = append(b.Alive, id)
+		}
+		for id := range s.places {
 			b.Alive = append(b.Alive, id)
 		}
 	}
@@ -373,6 +388,25 @@ func (o observer) Prefilled(fl *load.Flight, observed bool) {
 }
 
 func (o observer) Finished(fl *load.Flight) { o.s.send(fl, event{Kind: kindFinished}, true) }
+
+// Place tells the peers that a request for a LoRA adapter takes its place
+// in endpoint's batch (of model) until done is first called: the
+// replica's own count (the gateway's LoRA batch places), which the peers
+// count with theirs.
+func (s *Sync) Place(model, endpoint, adapter string) (done func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextID++
+	id := s.nextID
+	s.places[id] = struct{}{}
+	s.add(event{Kind: kindPlace, ID: id, Model: model, Endpoint: endpoint, Adapter: adapter})
+	return sync.OnceFunc(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.places, id)
+		s.add(event{Kind: kindUnplace, ID: id})
+	})
+}
 
 // Prefix tells the peers that endpoint of model will hold keys (routed)
 // or, withdrawn, will not: the replica's own notes in its index
@@ -432,6 +466,7 @@ type event struct {
 	Compute        float64
 	Opens          bool
 	Keys           []uint64
+	Adapter        string
 }
 
 // receive applies the peers' messages until ctx ends.
@@ -470,7 +505,7 @@ func (s *Sync) apply(b *batch, now time.Time) {
 			s.st.refused.Add(1)
 			return
 		}
-		p = &peer{flights: map[uint64]peerFlight{}}
+		p = &peer{flights: map[uint64]peerFlight{}, places: map[uint64]func(){}}
 		s.peers[b.Replica] = p
 	}
 	p.heard = now
@@ -480,7 +515,7 @@ func (s *Sync) apply(b *batch, now time.Time) {
 		s.applyEvent(p, &b.Events[i], at)
 	}
 	if b.HasAlive {
-		if len(b.Alive) > MaxPeerFlights {
+		if len(b.Alive) > 2*MaxPeerFlights { // flights and places
 			s.st.refused.Add(1)
 			return
 		}
@@ -495,6 +530,13 @@ func (s *Sync) apply(b *batch, now time.Time) {
 				s.st.byBeat.Add(1)
 			}
 		}
+		for id, done := range p.places {
+			if _, ok := live[id]; !ok {
+				done()
+				delete(p.places, id)
+				s.st.byBeat.Add(1)
+			}
+		}
 	}
 }
 
@@ -506,6 +548,19 @@ func (s *Sync) applyEvent(p *peer, e *event, at float64) {
 		return
 	case kindPrefix, kindUnprefix:
 		s.prefix(e)
+		return
+	case kindPlace:
+		s.place(p, e)
+		return
+	case kindUnplace:
+		done, ok := p.places[e.ID]
+		if !ok {
+			s.st.ignored.Add(1)
+			return
+		}
+		done()
+		delete(p.places, e.ID)
+		s.st.applied.Add(1)
 		return
 	}
 	pf, ok := p.flights[e.ID]
@@ -561,6 +616,25 @@ func (s *Sync) route(p *peer, e *event, at float64) {
 	s.st.applied.Add(1)
 }
 
+// place counts a peer's adapter place on the replica's member.
+func (s *Sync) place(p *peer, e *event) {
+	if !validNames(e) || e.Adapter == "" || len(e.Adapter) > maxName {
+		s.st.refused.Add(1)
+		return
+	}
+	if _, dup := p.places[e.ID]; dup || len(p.places) >= MaxPeerFlights {
+		s.st.refused.Add(1)
+		return
+	}
+	done, ok := s.local.Place(e.Model, e.Endpoint, e.Adapter)
+	if !ok {
+		s.st.ignored.Add(1)
+		return
+	}
+	p.places[e.ID] = done
+	s.st.applied.Add(1)
+}
+
 // prefix applies a peer's prefix note to the replica's index.
 func (s *Sync) prefix(e *event) {
 	if len(e.Keys) == 0 || len(e.Keys) > maxKeys || !validNames(e) {
@@ -599,6 +673,10 @@ func (s *Sync) endSilent(now time.Time) {
 			pf.fleet.Finish(pf.fl, at)
 			s.st.bySilence.Add(1)
 		}
+		for _, done := range p.places {
+			done()
+			s.st.bySilence.Add(1)
+		}
 		delete(s.peers, id)
 	}
 }
@@ -611,6 +689,9 @@ func (s *Sync) endAll() {
 	for id, p := range s.peers {
 		for _, pf := range p.flights {
 			pf.fleet.Finish(pf.fl, at)
+		}
+		for _, done := range p.places {
+			done()
 		}
 		delete(s.peers, id)
 	}

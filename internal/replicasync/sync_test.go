@@ -19,9 +19,31 @@ import (
 // tokens/s, no predictor (compute = Work.PrefillSeconds), and the prefix
 // notes applied to it.
 type fleets struct {
-	f     *load.Fleet
-	mu    *sync.Mutex
-	noted map[string]int // endpoint → keys noted routed, less withdrawn
+	f      *load.Fleet
+	mu     *sync.Mutex
+	noted  map[string]int // endpoint → keys noted routed, less withdrawn
+	places map[string]int // endpoint/adapter → places counted
+}
+
+func (x fleets) Place(model, endpoint, adapter string) (func(), bool) {
+	if model != "m" || (endpoint != "a" && endpoint != "b") {
+		return nil, false
+	}
+	k := endpoint + "/" + adapter
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.places[k]++
+	return sync.OnceFunc(func() {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		x.places[k]--
+	}), true
+}
+
+func (x fleets) placed(k string) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.places[k]
 }
 
 func (x fleets) Prefix(model, endpoint string, keys []uint64, routed bool) bool {
@@ -47,7 +69,7 @@ func (x fleets) LoadFleet(model string) *load.Fleet {
 
 func newFleets() fleets {
 	return fleets{f: load.New([]load.Info{{Name: "a", Role: fleet.RoleBoth, PrefillSpeed: 1000}, {Name: "b", Role: fleet.RoleBoth, PrefillSpeed: 1000}}, false),
-		mu: &sync.Mutex{}, noted: map[string]int{}}
+		mu: &sync.Mutex{}, noted: map[string]int{}, places: map[string]int{}}
 }
 
 // state is endpoint name's in-flight requests, uncached tokens and queue
@@ -124,6 +146,11 @@ func TestTwoReplicas(t *testing.T) {
 		defer fb.mu.Unlock()
 		return fb.noted["b"] == 2
 	})
+	done := a.Place("m", "b", "sql")
+	waitFor(t, "b counts a's adapter place", func() bool { return fb.placed("b/sql") == 1 })
+	done()
+	done()
+	waitFor(t, "b counts it no more", func() bool { return fb.placed("b/sql") == 0 && b.Stats().PeerPlaces == 0 })
 	// b routed nothing of its own: a hears no flight back.
 	time.Sleep(100 * time.Millisecond)
 	if st := a.Stats(); st.PeerFlights != 0 || st.Applied != 0 {
@@ -321,4 +348,36 @@ func TestBindTaken(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestPlacesEnd: a peer's LoRA adapter place ends with its release, when
+// the heartbeat's live set no longer names it, or with the peer's
+// silence; a second release does nothing.
+func TestPlacesEnd(t *testing.T) {
+	fs := newFleets()
+	s := newSync(t, fs)
+	now := time.Now()
+	place := func(id uint64, ep string) event {
+		return event{Kind: kindPlace, ID: id, Model: "m", Endpoint: ep, Adapter: "sql"}
+	}
+	s.apply(&batch{Replica: 7, Events: []event{place(1, "a"), place(2, "a"), place(3, "b"), place(4, "zz"),
+		{Kind: kindPlace, ID: 5, Model: "m", Endpoint: "a"}}}, now)
+	if a, b := fs.placed("a/sql"), fs.placed("b/sql"); a != 2 || b != 1 {
+		t.Fatalf("places a %d b %d, want 2 1", a, b)
+	}
+	if st := s.Stats(); st.Ignored != 1 || st.Refused != 1 || st.PeerPlaces != 3 {
+		t.Fatalf("unknown endpoint, no adapter: stats %+v", st)
+	}
+	s.apply(&batch{Replica: 7, Events: []event{{Kind: kindUnplace, ID: 1}, {Kind: kindUnplace, ID: 1}}}, now)
+	if a := fs.placed("a/sql"); a != 1 {
+		t.Fatalf("a: %d places after one release, want 1", a)
+	}
+	s.apply(&batch{Replica: 7, HasAlive: true, Alive: []uint64{3}}, now)
+	if a, b := fs.placed("a/sql"), fs.placed("b/sql"); a != 0 || b != 1 {
+		t.Fatalf("after the live set: a %d b %d, want 0 1", a, b)
+	}
+	s.endSilent(now.Add(3 * time.Second))
+	if b := fs.placed("b/sql"); b != 0 {
+		t.Fatalf("b: %d places after the peer's silence", b)
+	}
 }
