@@ -14,10 +14,11 @@ import (
 	"github.com/kvgate/kvgate/internal/sched"
 )
 
-// passthroughPaths are vLLM's other JSON APIs, forwarded whole to an
-// endpoint of the body's model (passthrough.go).
+// passthroughPaths are vLLM's other APIs, forwarded whole to an endpoint
+// of the body's model (passthrough.go): JSON bodies, and the audio APIs'
+// multipart forms.
 var passthroughPaths = []string{"/v1/embeddings", "/tokenize", "/detokenize", "/pooling", "/classify",
-	"/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"}
+	"/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/v1/audio/transcriptions", "/v1/audio/translations"}
 
 // Handler is the client-facing API: /v1/completions, /v1/chat/completions
 // (routed), vLLM's other JSON APIs (passthroughPaths, forwarded), /v1/models,

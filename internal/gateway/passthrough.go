@@ -1,10 +1,14 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
+	"mime"
+	"mime/multipart"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/openai"
@@ -39,7 +43,7 @@ func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	model, err := g.passthroughModel(body)
+	model, contentType, err := g.passthroughModel(r, body)
 	if err != nil {
 		g.met.passthrough.WithLabelValues(passRefused).Inc()
 		openai.WriteError(w, err)
@@ -58,7 +62,7 @@ func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
 			openai.WriteError(w, err)
 			return
 		}
-		if g.forward(w, r, m, body, attempt == 1 || others == 0) {
+		if g.forward(w, r, m, body, contentType, attempt == 1 || others == 0) {
 			return
 		}
 		tried = m
@@ -68,16 +72,28 @@ func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
 }
 
 // passthroughModel is the model a passthrough body names, or, when it
-// names none (vLLM's /tokenize takes that), the fleet's one base model.
-func (g *Gateway) passthroughModel(body []byte) (string, error) {
-	var req struct {
-		Model *string `json:"model"`
+// names none (vLLM's /tokenize takes that), the fleet's one base model;
+// and the content type it is forwarded with ("": JSON). A multipart form
+// (the audio APIs') names it in its "model" field and keeps its own
+// content type (its boundary).
+func (g *Gateway) passthroughModel(r *http.Request, body []byte) (model, contentType string, err error) {
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if mt == "multipart/form-data" {
+		contentType = r.Header.Get("Content-Type")
+		model, err = formModel(body, params["boundary"])
+	} else {
+		var req struct {
+			Model *string `json:"model"`
+		}
+		if err := json.Unmarshal(body, &req); err != nil {
+			return "", "", openai.BadRequest("the body is not a JSON object: %v", err)
+		}
+		if req.Model != nil {
+			model = *req.Model
+		}
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		return "", openai.BadRequest("the body is not a JSON object: %v", err)
-	}
-	if req.Model != nil && *req.Model != "" {
-		return *req.Model, nil
+	if err != nil || model != "" {
+		return model, contentType, err
 	}
 	var bases []string
 	for _, m := range g.Models() {
@@ -86,9 +102,40 @@ func (g *Gateway) passthroughModel(body []byte) (string, error) {
 		}
 	}
 	if len(bases) != 1 {
-		return "", openai.BadRequest("model is required: kvgate serves %d models", len(bases)).WithParam("model")
+		return "", "", openai.BadRequest("model is required: kvgate serves %d models", len(bases)).WithParam("model")
 	}
-	return bases[0], nil
+	return bases[0], contentType, nil
+}
+
+// maxFormModel bounds the model field of a multipart form.
+const maxFormModel = 1024
+
+// formModel is the "model" field of a multipart form ("" without one).
+func formModel(body []byte, boundary string) (string, error) {
+	if boundary == "" {
+		return "", openai.BadRequest("multipart/form-data without a boundary")
+	}
+	mr := multipart.NewReader(bytes.NewReader(body), boundary)
+	for {
+		p, err := mr.NextPart()
+		if err == io.EOF {
+			return "", nil
+		}
+		if err != nil {
+			return "", openai.BadRequest("the multipart form does not parse: %v", err)
+		}
+		if p.FormName() != "model" || p.FileName() != "" {
+			continue
+		}
+		v, err := io.ReadAll(io.LimitReader(p, maxFormModel+1))
+		if err != nil {
+			return "", openai.BadRequest("the multipart form does not parse: %v", err)
+		}
+		if len(v) > maxFormModel {
+			return "", openai.BadRequest("model: longer than %d bytes", maxFormModel).WithParam("model")
+		}
+		return strings.TrimSpace(string(v)), nil
+	}
 }
 
 // passthroughTarget picks, among the healthy endpoints serving model
@@ -129,10 +176,10 @@ func (g *Gateway) passthroughTarget(model string, avoid *member) (best *member, 
 // forward sends body to m at the request's path and relays the answer;
 // false, with nothing written, when m could not be reached, or answered
 // 5xx and this is not the last attempt (the caller may retry elsewhere).
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, m *member, body []byte, last bool) bool {
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, m *member, body []byte, contentType string, last bool) bool {
 	m.passing.Add(1)
 	defer m.passing.Add(-1)
-	resp, err := g.post(r.Context(), r, m, r.URL.RequestURI(), body, "")
+	resp, err := g.post(r.Context(), r, m, r.URL.RequestURI(), body, "", contentType)
 	if err != nil {
 		if r.Context().Err() != nil {
 			g.met.passthrough.WithLabelValues(passGone).Inc()

@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -146,4 +148,87 @@ func TestPassthroughCountsInFlight(t *testing.T) {
 	if r := <-done; r.status != 200 {
 		t.Fatalf("first request: %d %s", r.status, r.body)
 	}
+}
+
+// TestPassthroughAudio: the audio APIs' multipart forms are forwarded
+// byte for byte with their own content type (boundary), to an endpoint of
+// the model their "model" field names; a form without one goes to the
+// fleet's one model, one that does not parse gets 400.
+func TestPassthroughAudio(t *testing.T) {
+	type hit struct{ path, ctype, body string }
+	hits := make(chan hit, 4)
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		hits <- hit{r.URL.Path, r.Header.Get("Content-Type"), string(b)}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"text":"hello"}`)
+	}))
+	t.Cleanup(eng.Close)
+	_, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{{Name: "w", URL: eng.URL, Model: "whisper"}}}, Options{})
+	form := func(fields map[string]string) (string, string) {
+		var b bytes.Buffer
+		mw := multipart.NewWriter(&b)
+		fw, _ := mw.CreateFormFile("file", "a.wav")
+		fw.Write([]byte("RIFF\x00\x01binary audio\r\n--not-a-boundary"))
+		for k, v := range fields {
+			mw.WriteField(k, v)
+		}
+		mw.Close()
+		return b.String(), mw.FormDataContentType()
+	}
+	send := func(path, body, ctype string) result {
+		return post(t, url+path, body, map[string]string{"Content-Type": ctype})
+	}
+	for _, tc := range []struct {
+		path   string
+		fields map[string]string
+	}{
+		{"/v1/audio/transcriptions", map[string]string{"model": "whisper", "language": "en"}},
+		{"/v1/audio/translations", nil}, // the fleet's one model
+	} {
+		body, ctype := form(tc.fields)
+		r := send(tc.path, body, ctype)
+		if r.status != 200 || r.body != `{"text":"hello"}` {
+			t.Fatalf("%s: %d %s", tc.path, r.status, r.body)
+		}
+		got := <-hits
+		if got.path != tc.path || got.ctype != ctype || got.body != body {
+			t.Fatalf("%s forwarded as %q, %q, body equal %v", tc.path, got.path, got.ctype, got.body == body)
+		}
+	}
+	body, ctype := form(map[string]string{"model": "nope"})
+	if r := send("/v1/audio/transcriptions", body, ctype); r.status != 404 {
+		t.Fatalf("unknown model: %d %s", r.status, r.body)
+	}
+	for _, bad := range []struct{ body, ctype string }{
+		{"no form here", "multipart/form-data; boundary=xyz"},
+		{body, "multipart/form-data"},
+		{strings.Replace(body, "nope", strings.Repeat("m", maxFormModel+1), 1), ctype},
+	} {
+		if r := send("/v1/audio/transcriptions", bad.body, bad.ctype); r.status != 400 {
+			t.Fatalf("%q: %d %s", bad.ctype, r.status, r.body)
+		}
+	}
+	select {
+	case h := <-hits:
+		t.Fatalf("a refused form reached the engine: %s", h.path)
+	default:
+	}
+}
+
+// FuzzFormModel: whatever form a client sends, reading its model field
+// neither panics nor returns more than maxFormModel bytes.
+func FuzzFormModel(f *testing.F) {
+	var b bytes.Buffer
+	mw := multipart.NewWriter(&b)
+	mw.WriteField("model", "whisper")
+	mw.Close()
+	f.Add(b.Bytes(), mw.Boundary())
+	f.Add([]byte("--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--x--\r\n"), "x")
+	f.Fuzz(func(t *testing.T, body []byte, boundary string) {
+		m, err := formModel(body, boundary)
+		if err == nil && len(m) > maxFormModel {
+			t.Fatalf("model of %d bytes", len(m))
+		}
+	})
 }

@@ -564,7 +564,7 @@ func (g *Gateway) withdraw(p *plan, keys []uint64, got *reached) {
 // send posts body to the endpoint; a connect error or a 5xx status is an
 // *upstreamError (retryable), reported to health.
 func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *routed, body []byte) (*http.Response, error) {
-	resp, err := g.post(ctx, r, m, rt.path, body, rt.id)
+	resp, err := g.post(ctx, r, m, rt.path, body, rt.id, "")
 	if err != nil {
 		return nil, &upstreamError{m.ep.Name, err}
 	}
@@ -590,7 +590,7 @@ func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *rout
 // unless ctx was called off (its client gone, or the other leg of
 // SGLang's P/D failed: not the engine's failure; running out of
 // upstream_timeout is). The answer's status is the caller's to judge.
-func (g *Gateway) post(ctx context.Context, r *http.Request, m *member, uri string, body []byte, id string) (*http.Response, error) {
+func (g *Gateway) post(ctx context.Context, r *http.Request, m *member, uri string, body []byte, id, contentType string) (*http.Response, error) {
 	if m.ep.URL == "" {
 		return nil, errors.New("endpoint has no url")
 	}
@@ -599,7 +599,10 @@ func (g *Gateway) post(ctx context.Context, r *http.Request, m *member, uri stri
 		return nil, err
 	}
 	copyRequestHeaders(up.Header, r.Header)
-	up.Header.Set("Content-Type", "application/json")
+	if contentType == "" {
+		contentType = "application/json"
+	}
+	up.Header.Set("Content-Type", contentType)
 	if id != "" {
 		up.Header.Set("X-Request-Id", id)
 	}
