@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -149,4 +150,69 @@ func TestReplicaSyncLoRAPlaces(t *testing.T) {
 	}
 	done()
 	waitFor(t, func() bool { return m.lora.counts() == nil })
+}
+
+// TestReplicaSyncDrains: replicas serve concurrent requests (some called
+// off by their clients mid-stream) and hear each other's; once all have
+// ended, no request is left in flight on any view, and none of a peer's
+// flights had to be ended by a heartbeat or silence. a publishes, b
+// publishes and hears a, c hears both (port 0 binds: each dials the ones
+// bound before it).
+func TestReplicaSyncDrains(t *testing.T) {
+	_, _, eps := twoAggregated(t)
+	start := func(bind string, peers ...string) (*Gateway, string) {
+		g, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "kvgate", BlockSize: 16,
+			Sync: replicasync.Config{Bind: bind, Peers: peers}}, Options{})
+		if bind != "" {
+			waitFor(t, func() bool { return g.sync.Addr() != "" })
+		}
+		return g, url
+	}
+	a, urlA := start("tcp://127.0.0.1:0")
+	b, urlB := start("tcp://127.0.0.1:0", a.sync.Addr())
+	c, _ := start("", a.sync.Addr(), b.sync.Addr())
+	// Subscriptions take a moment: until c has heard both.
+	for i := 0; c.sync.Stats().Peers < 2; i++ {
+		if i == 400 {
+			t.Fatal("c never heard both")
+		}
+		post(t, urlA+"/v1/completions", completion(fmt.Sprintf("warm-up %d", i), false, 1), nil)
+		post(t, urlB+"/v1/completions", completion(fmt.Sprintf("warm-up %d", i), false, 1), nil)
+	}
+	urls := []string{urlA, urlB}
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			body := completion(fmt.Sprintf("%s turn %d", prefix(fmt.Sprintf("drain%d", i%5)), i), true, 40)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, urls[i%2]+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			for n := 0; ; n++ {
+				if i%4 == 0 && n == 3 {
+					return // called off mid-stream
+				}
+				if _, err := br.ReadString('\n'); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, g := range []*Gateway{a, b, c} {
+		waitFor(t, func() bool {
+			return inflight(g, eps[0].Name) == 0 && inflight(g, eps[1].Name) == 0 && g.sync.Stats().PeerFlights == 0
+		})
+		if st := g.sync.Stats(); st.ExpiredByHeartbeat != 0 || st.BySilence != 0 || st.Refused != 0 || (g != a && st.Applied == 0) {
+			t.Fatalf("sync stats %+v", st)
+		}
+	}
 }
