@@ -132,6 +132,8 @@ func demoOutput(f *demoFlags, results []demo.Result, took time.Duration, stdout 
 			HitRate     float64 `json:"hit_rate"`
 			Rejected    float64 `json:"rejected"`
 			EngineLag   float64 `json:"engine_lag"`
+			Replicas    int     `json:"replicas"`
+			ReplicaSync bool    `json:"replica_sync"`
 		}
 		out := struct {
 			Runs []row `json:"runs"`
@@ -144,7 +146,8 @@ func demoOutput(f *demoFlags, results []demo.Result, took time.Duration, stdout 
 			s := r.Summary
 			out.Runs = append(out.Runs, row{Policy: r.Spec.Policy, EarlyReject: r.Spec.EarlyReject, Fleet: fleet, Requests: s.Requests,
 				Goodput: s.Goodput, Attainment: s.Attainment, TTFTP50: s.TTFT.P50, TTFTP99: s.TTFT.P99, TPOTP50: s.TPOT.P50,
-				HitRate: s.HitRate, Rejected: s.Rejected, EngineLag: r.EngineLag})
+				HitRate: s.HitRate, Rejected: s.Rejected, EngineLag: r.EngineLag,
+				Replicas: max(r.Spec.Replicas, 1), ReplicaSync: r.Spec.Replicas > 1 && !r.Spec.Unsynced})
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

@@ -85,3 +85,29 @@ func TestDemoLagWarning(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoReplicas: --replicas puts synced gateway replicas in front of
+// the fleet; requests spread over them are all served, and the JSON says
+// how the run was made.
+func TestDemoReplicas(t *testing.T) {
+	out, errOut, code := runCmd(t, "demo", "--duration", "5", "--rate", "20", "--time-scale", "5", "--runs", "5",
+		"--replicas", "3", "--format", "json", "--report", "")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var res struct {
+		Runs []map[string]any `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Runs) != 1 {
+		t.Fatalf("%v: %s", err, out)
+	}
+	r := res.Runs[0]
+	if r["replicas"] != 3.0 || r["replica_sync"] != true || r["requests"].(float64) < 50 || r["ttft_p50"].(float64) <= 0 {
+		t.Fatalf("run %v", r)
+	}
+	for _, v := range []string{"0", "9"} {
+		if _, errOut, code := runCmd(t, "demo", "--replicas", v); code == 0 || !strings.Contains(errOut, "replicas") {
+			t.Errorf("bad --replicas %s accepted: %s", v, errOut)
+		}
+	}
+}
