@@ -381,3 +381,39 @@ func TestPlacesEnd(t *testing.T) {
 		t.Fatalf("b: %d places after the peer's silence", b)
 	}
 }
+
+// BenchmarkFlightLifecycle: one request's accounting on a fleet (route,
+// first token, finish) without and with the sync's observer (its events
+// queued; nothing published: the cost on the request path).
+func BenchmarkFlightLifecycle(b *testing.B) {
+	for _, synced := range []bool{false, true} {
+		name := "alone"
+		if synced {
+			name = "synced"
+		}
+		b.Run(name, func(b *testing.B) {
+			fs := newFleets()
+			var s *Sync
+			if synced {
+				s = newSync(&testing.T{}, fs)
+				fs.f.SetObserver(s.Observer("m"))
+			}
+			ep := fs.f.Endpoint("a")
+			keys := make([]uint64, 256) // a 4 096-token prompt
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				at := float64(i)
+				fl := fs.f.Route(ep, at, load.Work{Uncached: 1000, Cached: 3096, PrefillSeconds: 0.05})
+				if s != nil {
+					s.Prefix("m", "a", keys, true)
+				}
+				fs.f.FirstToken(fl, at+0.05)
+				fs.f.Finish(fl, at+0.5)
+				if s != nil && i%1024 == 0 {
+					s.take(false) // what the publisher drains
+				}
+			}
+		})
+	}
+}
