@@ -122,19 +122,27 @@ func runOne(ctx context.Context, cfg Config, spec RunSpec, items []bench.Item, p
 		return Result{}, err
 	}
 	var urls []string
+	var fails []<-chan error
 	for _, sc := range syncs {
-		url, stopGW, err := startGateway(ctx, cfg, spec, eps, sc)
+		url, stopGW, failed, err := startGateway(ctx, cfg, spec, eps, sc)
 		defer stopGW()
 		if err != nil {
 			return Result{}, err
 		}
-		urls = append(urls, url)
+		urls, fails = append(urls, url), append(fails, failed)
 	}
 	client := &bench.Client{URL: urls[0], More: urls[1:], Model: model, TimeScale: cfg.TimeScale,
 		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxIdleConns: 2048}}}
 	recs, wall, err := bench.Run(ctx, client, items, bench.Mode{}, progress)
 	if err != nil {
 		return Result{}, err
+	}
+	for _, f := range fails {
+		select {
+		case err := <-f:
+			return Result{}, fmt.Errorf("gateway: %w", err)
+		default:
+		}
 	}
 	label := spec.Policy
 	if spec.EarlyReject {
@@ -198,7 +206,10 @@ func startEngines(ctx context.Context, cfg Config, spec RunSpec) (eps []fleet.En
 
 // startGateway serves a gateway for the run on loopback. Its clock runs
 // at the fleet's speed: predictions and SLOs are in modelled seconds.
-func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.Endpoint, sync replicasync.Config) (string, func(), error) {
+//
+// failed hears the gateway's error if it stops serving before stop (its
+// replica sync could not bind, say).
+func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.Endpoint, sync replicasync.Config) (url string, stop func(), failed <-chan error, err error) {
 	early := spec.EarlyReject
 	start := time.Now()
 	scaled := func() time.Time { return start.Add(time.Duration(float64(time.Since(start)) * cfg.TimeScale)) }
@@ -206,29 +217,35 @@ func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.End
 		Tokenizers: []string{"model=" + model + ",source=engine,url=" + eps[0].URL}, NoHealthChecks: true, Sync: sync}
 	g, err := gateway.New(gc, gateway.Options{Logger: cfg.Logger, Now: scaled})
 	if err != nil {
-		return "", func() {}, err
+		return "", func() {}, nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", func() {}, err
+		return "", func() {}, nil, err
 	}
 	srv, err := httpserve.New(httpserve.Config{MaxConns: 8192}, g.Handler())
 	if err != nil {
 		ln.Close()
-		return "", func() {}, err
+		return "", func() {}, nil, err
 	}
 	gctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { _ = g.Run(gctx); close(done) }()
+	fail := make(chan error, 1)
+	go func() {
+		defer close(done)
+		if err := g.Run(gctx); err != nil {
+			fail <- err
+		}
+	}()
 	go func() { _ = srv.Serve(ln) }()
-	stop := func() {
+	stop = func() {
 		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
 		defer c()
 		_ = srv.Shutdown(sctx)
 		cancel()
 		<-done
 	}
-	return "http://" + ln.Addr().String(), stop, nil
+	return "http://" + ln.Addr().String(), stop, fail, nil
 }
 
 // syncConfigs is each gateway replica's sync: with more than one and

@@ -216,8 +216,14 @@ func New(cfg Config, local Local, clock func() float64, log *slog.Logger) (*Sync
 }
 
 // Observer is what a model's fleet reports its own flights to
-// (load.Fleet.SetObserver).
-func (s *Sync) Observer(model string) load.Observer { return observer{s: s, model: model} }
+// (load.Fleet.SetObserver); nil when the replica publishes nothing (no
+// Bind).
+func (s *Sync) Observer(model string) load.Observer {
+	if s.cfg.Bind == "" {
+		return nil
+	}
+	return observer{s: s, model: model}
+}
 
 // Stats returns the counters.
 func (s *Sync) Stats() Stats {
@@ -394,6 +400,9 @@ func (o observer) Finished(fl *load.Flight) { o.s.send(fl, event{Kind: kindFinis
 // replica's own count (the gateway's LoRA batch places), which the peers
 // count with theirs.
 func (s *Sync) Place(model, endpoint, adapter string) (done func()) {
+	if s.cfg.Bind == "" {
+		return func() {}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.nextID++
@@ -414,7 +423,7 @@ func (s *Sync) Place(model, endpoint, adapter string) (done func()) {
 // until the engine's KV events arrive, and a prompt queued behind others
 // is not in them until its step is planned. The keys are copied.
 func (s *Sync) Prefix(model, endpoint string, keys []uint64, routed bool) {
-	if len(keys) == 0 || len(keys) > maxKeys {
+	if len(keys) == 0 || len(keys) > maxKeys || s.cfg.Bind == "" {
 		return
 	}
 	k := kindPrefix

@@ -395,7 +395,11 @@ func BenchmarkFlightLifecycle(b *testing.B) {
 			fs := newFleets()
 			var s *Sync
 			if synced {
-				s = newSync(&testing.T{}, fs)
+				var err error
+				// Bound only in name: Run is not called, its events are drained below.
+				if s, err = New(Config{Bind: "tcp://127.0.0.1:0"}, fs, func() float64 { return 0 }, nil); err != nil {
+					b.Fatal(err)
+				}
 				fs.f.SetObserver(s.Observer("m"))
 			}
 			ep := fs.f.Endpoint("a")
@@ -415,5 +419,23 @@ func BenchmarkFlightLifecycle(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestSubscriberOnly: a replica that binds nothing publishes nothing, so
+// its fleets have no observer and its prefix notes and places queue no
+// event.
+func TestSubscriberOnly(t *testing.T) {
+	s, err := New(Config{Peers: []string{"tcp://127.0.0.1:1"}}, newFleets(), func() float64 { return 0 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := s.Observer("m"); o != nil {
+		t.Fatalf("observer %v", o)
+	}
+	s.Prefix("m", "a", []uint64{1}, true)
+	s.Place("m", "a", "sql")()
+	if b := s.take(true); len(b.Events) != 0 || len(b.Alive) != 0 {
+		t.Fatalf("queued %+v", b)
 	}
 }
