@@ -21,12 +21,13 @@ var passthroughPaths = []string{"/v1/embeddings", "/tokenize", "/detokenize", "/
 	"/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/v1/audio/transcriptions", "/v1/audio/translations"}
 
 // Handler is the client-facing API: /v1/completions, /v1/chat/completions
-// (routed), vLLM's other JSON APIs (passthroughPaths, forwarded), /v1/models,
+// and SGLang's native /generate (routed), vLLM's other JSON APIs (passthroughPaths, forwarded), /v1/models,
 // /health and /ready.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, false) })
-	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, true) })
+	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, apiCompletions) })
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, apiChat) })
+	mux.HandleFunc("/generate", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, apiGenerate) })
 	for _, p := range passthroughPaths {
 		mux.HandleFunc("POST "+p, g.handlePassthrough)
 	}
@@ -37,7 +38,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /ready", g.handleReady)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		openai.WriteError(w, openai.NotFound("kvgate routes /v1/completions and /v1/chat/completions, forwards POST %s, and serves /v1/models, /health and /ready; not %s %s",
+		openai.WriteError(w, openai.NotFound("kvgate routes /v1/completions, /v1/chat/completions and SGLang's /generate, forwards POST %s, and serves /v1/models, /health and /ready; not %s %s",
 			strings.Join(passthroughPaths, ", "), r.Method, r.URL.Path))
 	})
 	return mux

@@ -115,7 +115,11 @@ func TestPreparedRequestDropsParsedPrompt(t *testing.T) {
 		{true, fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello there"}]}`, testModel)},
 	} {
 		r := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(tc.body))
-		rt, release, err := g.parse(httptest.NewRecorder(), r, tc.chat)
+		api := apiCompletions
+		if tc.chat {
+			api = apiChat
+		}
+		rt, release, err := g.parse(httptest.NewRecorder(), r, api)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -95,6 +95,13 @@ func (g *Gateway) passthroughModel(r *http.Request, body []byte) (model, content
 	if err != nil || model != "" {
 		return model, contentType, err
 	}
+	model, err = g.onlyBaseModel()
+	return model, contentType, err
+}
+
+// onlyBaseModel is the fleet's base model when it serves exactly one, for
+// a request that names none; else a 400.
+func (g *Gateway) onlyBaseModel() (string, error) {
 	var bases []string
 	for _, m := range g.Models() {
 		if m.Parent == "" {
@@ -102,9 +109,9 @@ func (g *Gateway) passthroughModel(r *http.Request, body []byte) (model, content
 		}
 	}
 	if len(bases) != 1 {
-		return "", "", openai.BadRequest("model is required: kvgate serves %d models", len(bases)).WithParam("model")
+		return "", openai.BadRequest("model is required: kvgate serves %d models", len(bases)).WithParam("model")
 	}
-	return bases[0], contentType, nil
+	return bases[0], nil
 }
 
 // maxFormModel bounds the model field of a multipart form.

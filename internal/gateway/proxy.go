@@ -82,7 +82,7 @@ func copyRequestHeaders(dst, src http.Header) {
 }
 
 // handle serves /v1/completions and /v1/chat/completions.
-func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, chat bool) {
+func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, api apiKind) {
 	if n := g.inflight.Add(1); n > int64(g.cfg.MaxInflight) {
 		g.inflight.Add(-1)
 		g.met.outcome(outcomeOverloaded, "", g.policy)
@@ -90,7 +90,7 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	defer g.inflight.Add(-1)
-	rt, release, err := g.parse(w, r, chat)
+	rt, release, err := g.parse(w, r, api)
 	if err == nil {
 		err = g.prepare(r.Context(), rt)
 		release()
@@ -340,6 +340,11 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		lf.Decode(fl, p.dEP)
 		if p.prefill.ep.BootstrapPort > 0 {
 			return g.proxySGLang(ctx, w, r, rt, p, fl, &got)
+		}
+		if rt.generate {
+			// vLLM's P/D flow (NixlConnector) has no /generate.
+			dropRoutingHeaders(w.Header())
+			return "", openai.BadRequest("/generate is SGLang's API; this model's prefill endpoint %s runs vLLM's P/D flow (no bootstrap_port): use /v1/completions", p.prefill.ep.Name)
 		}
 		var avoid string
 		var err error

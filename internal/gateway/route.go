@@ -28,12 +28,23 @@ const maxOutputTokens = 1 << 24
 // engine is sent the client's n.
 const maxSequences = 1 << 16
 
+// apiKind is the API a routed request came by.
+type apiKind uint8
+
+const (
+	apiCompletions apiKind = iota // /v1/completions
+	apiChat                       // /v1/chat/completions
+	apiGenerate                   // SGLang's native /generate
+)
+
 // routed is one request on its way through the gateway.
 type routed struct {
 	id   string
 	path string
 	chat bool
-	req  *openai.Request
+	// generate: SGLang's /generate (openai.ParseGenerate).
+	generate bool
+	req      *openai.Request
 	// model is the fleet that serves it: req.Model, or a LoRA adapter's
 	// base model; lora the adapter ("" for a base model).
 	model, lora string
@@ -92,7 +103,7 @@ type plan struct {
 // parse reads and parses a completion or chat request. The body is
 // read under the body limiter (httpserve); release frees its slot once the
 // request has been turned into block keys.
-func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, chat bool) (rt *routed, release func(), err error) {
+func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, api apiKind) (rt *routed, release func(), err error) {
 	if r.Method != http.MethodPost {
 		return nil, nil, openai.Errorf(http.StatusMethodNotAllowed, "use POST")
 	}
@@ -100,7 +111,7 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, chat bool) (rt *
 	if err != nil {
 		return nil, nil, err
 	}
-	rt, err = g.parseBody(r, body, chat)
+	rt, err = g.parseBody(r, body, api)
 	if err != nil {
 		release()
 		return nil, nil, err
@@ -108,22 +119,34 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, chat bool) (rt *
 	return rt, release, nil
 }
 
-func (g *Gateway) parseBody(r *http.Request, body []byte, chat bool) (*routed, error) {
+func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed, error) {
 	var err error
 	var req *openai.Request
-	if chat {
+	chat := api == apiChat
+	switch api {
+	case apiChat:
 		req, err = openai.ParseChat(body)
-	} else {
+	case apiGenerate:
+		req, err = openai.ParseGenerate(body)
+	default:
 		req, err = openai.ParseCompletion(body)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if req.Model == "" {
+	model := req.Model
+	switch {
+	case model == "" && api == apiGenerate:
+		// SGLang's /generate names no model (an adapter, by lora_path):
+		// the fleet's one base model.
+		if model, err = g.onlyBaseModel(); err != nil {
+			return nil, err
+		}
+	case model == "":
 		return nil, openai.BadRequest("model is required").WithParam("model")
 	}
-	rt := &routed{path: r.URL.Path, chat: chat, req: req, arrival: g.now()}
-	rt.model, rt.lora = g.resolve(req.Model)
+	rt := &routed{path: r.URL.Path, chat: chat, generate: api == apiGenerate, req: req, arrival: g.now()}
+	rt.model, rt.lora = g.resolve(model)
 	rt.id = r.Header.Get("X-Request-Id")
 	if rt.id == "" || len(rt.id) > 128 {
 		rt.id = fmt.Sprintf("kvgate-%x-%d", g.start.UnixNano(), g.reqSeq.Add(1))
@@ -131,10 +154,14 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, chat bool) (*routed, e
 	if rt.class, err = g.classOf(r); err != nil {
 		return nil, err
 	}
+	limName := "max_tokens"
 	rt.outN = defaultOutputTokens
+	if rt.generate {
+		rt.outN, limName = openai.GenerateDefaultMaxNewTokens, "sampling_params.max_new_tokens"
+	}
 	if lim := req.OutputLimit(chat); lim != nil {
 		if *lim < 1 {
-			return nil, openai.BadRequest("max_tokens must be at least 1, got %d", *lim).WithParam("max_tokens")
+			return nil, openai.BadRequest("%s must be at least 1, got %d", limName, *lim).WithParam(limName)
 		}
 		rt.outN = int(min(*lim, maxOutputTokens))
 	}
