@@ -14,11 +14,26 @@ import (
 )
 
 func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	e.serveGeneration(w, r, false)
+	e.serveGeneration(w, r, apiCompletions)
 }
 
+// handleGenerate serves SGLang's native /generate (openai.ParseGenerate),
+// answered as SGLang answers it: the text so far and meta_info.
+func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request) {
+	e.serveGeneration(w, r, apiGenerate)
+}
+
+// api is the API a generation request came by.
+type api uint8
+
+const (
+	apiCompletions api = iota
+	apiChat
+	apiGenerate
+)
+
 func (e *Engine) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
-	e.serveGeneration(w, r, true)
+	e.serveGeneration(w, r, apiChat)
 }
 
 // naturalLength is the output length of a request without max_tokens: a
@@ -33,10 +48,14 @@ func naturalLength(prompt []uint32) int {
 
 // buildRequest validates a generation request body and turns it into an
 // engine request.
-func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role fleet.Role) (*request, *openai.Request, error) {
-	req, toks, lora, err := e.parseGeneration(body, chat)
+func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Role) (*request, *openai.Request, error) {
+	chat := a == apiChat
+	req, toks, lora, err := e.parseGeneration(body, a)
 	if err != nil {
 		return nil, nil, err
+	}
+	if a == apiGenerate && role != fleet.RoleBoth {
+		return nil, nil, openai.BadRequest("the emulator serves /generate aggregated only (its P/D flow is vLLM's); this engine's role is %s", role)
 	}
 	kv, err := kvTransferFor(req, role)
 	if err != nil {
@@ -46,6 +65,9 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, chat bool, role flee
 	maxTokens, natural, err := e.outputLength(req, chat, toks, remoteDecode)
 	if err != nil {
 		return nil, nil, err
+	}
+	if a == apiGenerate && natural {
+		maxTokens = min(maxTokens, openai.GenerateDefaultMaxNewTokens) // SGLang's default max_new_tokens
 	}
 	prio, err := e.priority(req)
 	if err != nil {
@@ -85,10 +107,13 @@ func (e *Engine) priority(req *openai.Request) (int, error) {
 // parseGeneration parses a completion or chat body for this engine's model
 // and returns it with its prompt tokens (at least one) and its LoRA
 // adapter (checkModel).
-func (e *Engine) parseGeneration(body []byte, chat bool) (*openai.Request, []uint32, int, error) {
+func (e *Engine) parseGeneration(body []byte, a api) (*openai.Request, []uint32, int, error) {
 	parse := openai.ParseCompletion
-	if chat {
+	switch a {
+	case apiChat:
 		parse = openai.ParseChat
+	case apiGenerate:
+		parse = openai.ParseGenerate // its lora_path is its Model
 	}
 	req, err := parse(body)
 	if err != nil {
@@ -206,7 +231,7 @@ func (e *Engine) newRequest(r *http.Request, req *openai.Request, chat bool, tok
 	return rq
 }
 
-func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, chat bool) {
+func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) {
 	role, err := e.admit()
 	if err != nil {
 		openai.WriteError(w, openai.Unavailable(time.Second, "%v", err))
@@ -218,7 +243,7 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 		openai.WriteError(w, err)
 		return
 	}
-	rq, req, err := e.buildRequest(r, body, chat, role)
+	rq, req, err := e.buildRequest(r, body, a, role)
 	release() // the body is now tokens; its large-body slot is free
 	if err != nil {
 		openai.WriteError(w, err)
@@ -233,7 +258,7 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 		return
 	}
 	e.sched.submit(rq)
-	resp := newResponder(e.cfg.Model, rq, chat, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	resp := newResponder(e.cfg.Model, rq, a, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
 	if req.Stream {
 		e.stream(w, r, rq, resp)
 		return
@@ -287,10 +312,14 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, res
 			if last {
 				reason = out.finishReason
 			}
+			if resp.generate {
+				buf = resp.generateChunk(buf, sent, reason, out)
+				continue
+			}
 			buf = resp.tokenChunk(buf, sent, reason)
 		}
 		if out.done {
-			if resp.includeUsage {
+			if resp.includeUsage && !resp.generate {
 				buf = resp.usageChunk(buf, out)
 			}
 			buf = append(buf, "data: [DONE]\n\n"...)
@@ -314,6 +343,8 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, res
 // responder formats the answers of one request.
 type responder struct {
 	chat         bool
+	generate     bool   // SGLang's /generate
+	sofar        []byte // /generate: the text streamed so far
 	includeUsage bool
 	id, model    string
 	created      int64
@@ -321,8 +352,9 @@ type responder struct {
 	head         string // `data: {"id":...,"model":...,"choices":[{"index":0,`
 }
 
-func newResponder(model string, rq *request, chat, includeUsage bool) *responder {
-	s := &responder{chat: chat, includeUsage: includeUsage, id: rq.id, model: model, created: time.Now().Unix(), rq: rq}
+func newResponder(model string, rq *request, a api, includeUsage bool) *responder {
+	chat := a == apiChat
+	s := &responder{chat: chat, generate: a == apiGenerate, includeUsage: includeUsage, id: rq.id, model: model, created: time.Now().Unix(), rq: rq}
 	obj := "text_completion"
 	if chat {
 		obj = "chat.completion.chunk"
@@ -386,8 +418,51 @@ func (s *responder) text(n int) string {
 	return b.String()
 }
 
+// generateAnswer is SGLang's /generate answer, and each of its streamed
+// events (with the text so far).
+type generateAnswer struct {
+	Text     string       `json:"text"`
+	MetaInfo generateMeta `json:"meta_info"`
+}
+
+type generateMeta struct {
+	ID               string        `json:"id"`
+	PromptTokens     int           `json:"prompt_tokens"`
+	CompletionTokens int           `json:"completion_tokens"`
+	CachedTokens     int           `json:"cached_tokens"`
+	FinishReason     *finishReason `json:"finish_reason"`
+}
+
+type finishReason struct {
+	Type string `json:"type"`
+}
+
+func (s *responder) generateMeta(n int, reason string, out requestOutput) generateMeta {
+	m := generateMeta{ID: s.id, PromptTokens: s.rq.promptLen, CompletionTokens: n, CachedTokens: out.cachedTokens}
+	if reason != "" {
+		m.FinishReason = &finishReason{Type: reason}
+	}
+	return m
+}
+
+// generateChunk appends /generate's SSE event of output token i: the text
+// so far, as SGLang streams it.
+func (s *responder) generateChunk(b []byte, i int, reason string, out requestOutput) []byte {
+	if i > 0 {
+		s.sofar = append(s.sofar, ' ')
+	}
+	s.sofar = append(s.sofar, fillerWords[fillerIndex(s.rq.seed, i)]...)
+	ev, _ := json.Marshal(generateAnswer{Text: string(s.sofar), MetaInfo: s.generateMeta(i+1, reason, out)})
+	b = append(b, "data: "...)
+	b = append(b, ev...)
+	return append(b, "\n\n"...)
+}
+
 // full is the non-streaming answer.
 func (s *responder) full(out requestOutput) any {
+	if s.generate {
+		return generateAnswer{Text: s.text(out.generated), MetaInfo: s.generateMeta(out.generated, out.finishReason, out)}
+	}
 	if s.chat {
 		return openai.ChatCompletion{
 			ID: s.id, Object: "chat.completion", Created: s.created, Model: s.model,

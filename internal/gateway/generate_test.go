@@ -147,3 +147,38 @@ func TestGenerateDisaggregated(t *testing.T) {
 		t.Fatalf("an engine was sent %d requests", n)
 	}
 }
+
+// TestGenerateThroughEngines: /generate in front of engine emulators with
+// KV events: a conversation's next prompt goes where its prefix is
+// cached, and the engine finds there what the gateway predicted.
+func TestGenerateThroughEngines(t *testing.T) {
+	_, _, eps := twoAggregated(t)
+	g, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "kvgate", BlockSize: 16,
+		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + eps[0].URL}}, Options{})
+	waitSubscribed(t, g)
+	text := prefix("engines")
+	var home string
+	for turn := range 3 {
+		text += fmt.Sprintf(" turn %d of the conversation", turn)
+		r := post(t, url+"/generate", `{"text":`+strconv.Quote(text)+`,"sampling_params":{"max_new_tokens":2}}`, nil)
+		var a struct {
+			MetaInfo struct {
+				PromptTokens int `json:"prompt_tokens"`
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"meta_info"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &a); r.status != 200 || err != nil {
+			t.Fatalf("turn %d: %d %s", turn, r.status, r.body)
+		}
+		predicted, _ := strconv.Atoi(r.header.Get(hdrCached))
+		if turn == 0 {
+			home = r.header.Get(hdrPrefill)
+			continue
+		}
+		// The engine caches whole 16-token blocks: the gateway predicts
+		// its cached blocks of the prompt, the engine reports them.
+		if r.header.Get(hdrPrefill) != home || a.MetaInfo.CachedTokens < a.MetaInfo.PromptTokens/2 || predicted != a.MetaInfo.CachedTokens {
+			t.Fatalf("turn %d: to %s (home %s), predicted %d cached, the engine %d of %d", turn, r.header.Get(hdrPrefill), home, predicted, a.MetaInfo.CachedTokens, a.MetaInfo.PromptTokens)
+		}
+	}
+}

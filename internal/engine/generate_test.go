@@ -1,0 +1,85 @@
+package engine
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// TestGenerateAPI: SGLang's native /generate is answered as SGLang answers
+// it (the text and meta_info; streamed, the text so far in each event and
+// [DONE]), with max_new_tokens honoured, 128 tokens at most without it, a
+// repeated prompt's prefix cached, lora_path naming an adapter.
+func TestGenerateAPI(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.LoRAModules = []string{"sql"} })
+	type answer struct {
+		Text     string `json:"text"`
+		MetaInfo struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+			CachedTokens     int `json:"cached_tokens"`
+			FinishReason     *struct {
+				Type string `json:"type"`
+			} `json:"finish_reason"`
+		} `json:"meta_info"`
+	}
+	text := strings.Repeat("the quick brown fox jumps ", 40)
+	gen := func(body map[string]any) answer {
+		resp, b := postJSON(t, e.URL()+"/generate", body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%v: %d %s", body, resp.StatusCode, b)
+		}
+		var a answer
+		if err := json.Unmarshal(b, &a); err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+		return a
+	}
+	a := gen(map[string]any{"text": text, "sampling_params": map[string]any{"max_new_tokens": 5}})
+	if a.MetaInfo.CompletionTokens != 5 || len(strings.Fields(a.Text)) != 5 || a.MetaInfo.PromptTokens != len(Tokenize(text)) ||
+		a.MetaInfo.FinishReason == nil || a.MetaInfo.FinishReason.Type != "length" {
+		t.Fatalf("first: %+v", a)
+	}
+	if b := gen(map[string]any{"text": text, "sampling_params": map[string]any{"max_new_tokens": 1}}); b.MetaInfo.CachedTokens < 160 {
+		t.Fatalf("the repeated prompt: %d cached of %d", b.MetaInfo.CachedTokens, b.MetaInfo.PromptTokens)
+	}
+	if c := gen(map[string]any{"input_ids": []int{5, 6, 7, 8}}); c.MetaInfo.CompletionTokens < 1 || c.MetaInfo.CompletionTokens > 128 {
+		t.Fatalf("without max_new_tokens: %d tokens", c.MetaInfo.CompletionTokens)
+	}
+	if d := gen(map[string]any{"text": text, "lora_path": "sql", "sampling_params": map[string]any{"max_new_tokens": 1}}); d.MetaInfo.CachedTokens != 0 {
+		t.Fatalf("an adapter's prompt found the base model's cache: %d cached", d.MetaInfo.CachedTokens)
+	}
+	resp, evs, _ := streamRequest(t, e.URL()+"/generate", map[string]any{"text": "hello world", "stream": true, "sampling_params": map[string]any{"max_new_tokens": 3}})
+	if resp.StatusCode != 200 || len(evs) != 4 || evs[3].data != "[DONE]" {
+		t.Fatalf("stream: %d %v", resp.StatusCode, evs)
+	}
+	var last answer
+	for i, ev := range evs[:3] {
+		var s answer
+		if err := json.Unmarshal([]byte(ev.data), &s); err != nil || s.MetaInfo.CompletionTokens != i+1 || len(strings.Fields(s.Text)) != i+1 {
+			t.Fatalf("event %d: %s (%v)", i, ev.data, err)
+		}
+		last = s
+	}
+	if last.MetaInfo.FinishReason == nil || last.MetaInfo.FinishReason.Type != "length" {
+		t.Fatalf("last event: %+v", last)
+	}
+	for _, tc := range []struct {
+		body   map[string]any
+		status int
+	}{
+		{map[string]any{"text": "hi", "lora_path": "nope"}, 404},
+		{map[string]any{"sampling_params": map[string]any{}}, 400},
+		{map[string]any{"text": "hi", "sampling_params": map[string]any{"n": 2}}, 400},
+	} {
+		if resp, b := postJSON(t, e.URL()+"/generate", tc.body); resp.StatusCode != tc.status {
+			t.Errorf("%v: %d %s", tc.body, resp.StatusCode, b)
+		}
+	}
+	p := startEngine(t, func(c *Config) { c.Role = fleet.RolePrefill })
+	if resp, b := postJSON(t, p.URL()+"/generate", map[string]any{"text": "hi"}); resp.StatusCode != 400 || !strings.Contains(string(b), "aggregated only") {
+		t.Errorf("prefill role: %d %s", resp.StatusCode, b)
+	}
+}
