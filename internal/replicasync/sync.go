@@ -52,6 +52,9 @@ const (
 	// MaxPeerFlights bounds one peer's live flights; routes beyond it are
 	// dropped (counted).
 	MaxPeerFlights = 1 << 17
+	// MaxHeld bounds the flights and adapter places of all peers kept at
+	// once (about 100 MiB); more are refused (counted).
+	MaxHeld = 1 << 18
 	// maxName bounds a model or endpoint name.
 	maxName = 1024
 	// maxTokens bounds a token count; maxCompute a predicted compute time
@@ -181,6 +184,9 @@ type Sync struct {
 
 	pmu   sync.Mutex
 	peers map[uint64]*peer
+	held  int // flights and places of all peers
+	// maxHeld bounds held (MaxHeld; tests lower it).
+	maxHeld int
 
 	bound atomic.Pointer[string] // the PUB's address once bound
 
@@ -212,7 +218,7 @@ func New(cfg Config, local Local, clock func() float64, log *slog.Logger) (*Sync
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Sync{cfg: cfg, local: local, clock: clock, log: log, id: rand.Uint64() | 1,
-		ids: map[*load.Flight]uint64{}, places: map[uint64]struct{}{}, wake: make(chan struct{}, 1), peers: map[uint64]*peer{}}, nil
+		maxHeld: MaxHeld, ids: map[*load.Flight]uint64{}, places: map[uint64]struct{}{}, wake: make(chan struct{}, 1), peers: map[uint64]*peer{}}, nil
 }
 
 // Observer is what a model's fleet reports its own flights to
@@ -536,6 +542,7 @@ func (s *Sync) apply(b *batch, now time.Time) {
 			if _, ok := live[id]; !ok {
 				pf.fleet.Finish(pf.fl, at)
 				delete(p.flights, id)
+				s.held--
 				s.st.byBeat.Add(1)
 			}
 		}
@@ -543,6 +550,7 @@ func (s *Sync) apply(b *batch, now time.Time) {
 			if _, ok := live[id]; !ok {
 				done()
 				delete(p.places, id)
+				s.held--
 				s.st.byBeat.Add(1)
 			}
 		}
@@ -569,6 +577,7 @@ func (s *Sync) applyEvent(p *peer, e *event, at float64) {
 		}
 		done()
 		delete(p.places, e.ID)
+		s.held--
 		s.st.applied.Add(1)
 		return
 	}
@@ -592,6 +601,7 @@ func (s *Sync) applyEvent(p *peer, e *event, at float64) {
 	case kindFinished:
 		pf.fleet.Finish(pf.fl, at)
 		delete(p.flights, e.ID)
+		s.held--
 	default:
 		s.st.refused.Add(1)
 		return
@@ -605,7 +615,7 @@ func (s *Sync) route(p *peer, e *event, at float64) {
 		s.st.refused.Add(1)
 		return
 	}
-	if _, dup := p.flights[e.ID]; dup || len(p.flights) >= MaxPeerFlights {
+	if _, dup := p.flights[e.ID]; dup || len(p.flights) >= MaxPeerFlights || s.held >= s.maxHeld {
 		s.st.refused.Add(1)
 		return
 	}
@@ -622,6 +632,7 @@ func (s *Sync) route(p *peer, e *event, at float64) {
 	fl := f.Route(ep, at, load.Work{Uncached: e.Uncached, Cached: e.Cached, UncachedBlocks: e.UncachedBlocks,
 		PrefillSeconds: e.Compute, OpensConversation: e.Opens, Sequences: e.Sequences, Peer: true})
 	p.flights[e.ID] = peerFlight{fleet: f, fl: fl}
+	s.held++
 	s.st.applied.Add(1)
 }
 
@@ -631,7 +642,7 @@ func (s *Sync) place(p *peer, e *event) {
 		s.st.refused.Add(1)
 		return
 	}
-	if _, dup := p.places[e.ID]; dup || len(p.places) >= MaxPeerFlights {
+	if _, dup := p.places[e.ID]; dup || len(p.places) >= MaxPeerFlights || s.held >= s.maxHeld {
 		s.st.refused.Add(1)
 		return
 	}
@@ -641,6 +652,7 @@ func (s *Sync) place(p *peer, e *event) {
 		return
 	}
 	p.places[e.ID] = done
+	s.held++
 	s.st.applied.Add(1)
 }
 
@@ -686,6 +698,7 @@ func (s *Sync) endSilent(now time.Time) {
 			done()
 			s.st.bySilence.Add(1)
 		}
+		s.held -= len(p.flights) + len(p.places)
 		delete(s.peers, id)
 	}
 }
@@ -702,6 +715,7 @@ func (s *Sync) endAll() {
 		for _, done := range p.places {
 			done()
 		}
+		s.held -= len(p.flights) + len(p.places)
 		delete(s.peers, id)
 	}
 }

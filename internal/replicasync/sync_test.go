@@ -439,3 +439,26 @@ func TestSubscriberOnly(t *testing.T) {
 		t.Fatalf("queued %+v", b)
 	}
 }
+
+// TestHeldBounded: the flights and places of all peers together are
+// bounded; a slot frees when one ends.
+func TestHeldBounded(t *testing.T) {
+	fs := newFleets()
+	s := newSync(t, fs)
+	s.maxHeld = 4
+	now := time.Now()
+	place := event{Kind: kindPlace, ID: 9, Model: "m", Endpoint: "a", Adapter: "sql"}
+	s.apply(&batch{Replica: 1, Events: []event{routed(1, "a", 1), routed(2, "a", 1), place}}, now)
+	s.apply(&batch{Replica: 2, Events: []event{routed(1, "b", 1), routed(2, "b", 1), place}}, now)
+	if st := s.Stats(); st.PeerFlights+st.PeerPlaces != 4 || st.Refused != 2 {
+		t.Fatalf("stats %+v, want 4 held and 2 refused", st)
+	}
+	s.apply(&batch{Replica: 1, Events: []event{{Kind: kindFinished, ID: 1}, routed(3, "a", 1)}}, now)
+	if st := s.Stats(); st.PeerFlights+st.PeerPlaces != 4 || st.Refused != 2 {
+		t.Fatalf("after one ended: stats %+v", st)
+	}
+	s.endSilent(now.Add(time.Hour))
+	if s.held != 0 {
+		t.Fatalf("held %d after every peer went silent", s.held)
+	}
+}
