@@ -3,6 +3,7 @@ package replicasync
 import (
 	"context"
 	"math"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -461,4 +462,48 @@ func TestHeldBounded(t *testing.T) {
 	if s.held != 0 {
 		t.Fatalf("held %d after every peer went silent", s.held)
 	}
+}
+
+// TestOwnAddressAmongPeers: every replica may be given the same peer list,
+// its own address included: it hears its own messages and ignores them,
+// so its own requests are not counted twice.
+func TestOwnAddressAmongPeers(t *testing.T) {
+	fs := newFleets()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var s *Sync
+	done := make(chan struct{})
+	for attempt := 0; ; attempt++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := "tcp://" + ln.Addr().String()
+		ln.Close()
+		if s, err = New(Config{Bind: addr, Peers: []string{addr}, Heartbeat: 20 * time.Millisecond}, fs, func() float64 { return 0 }, nil); err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- s.Run(ctx, nil); close(done) }()
+		waitFor(t, "bound or failed", func() bool { return s.Addr() != "" || len(errc) > 0 })
+		if s.Addr() != "" {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("could not bind: %v", <-errc)
+		}
+		done = make(chan struct{}) // the port was taken meanwhile: another
+	}
+	fs.f.SetObserver(s.Observer("m"))
+	fl := fs.f.Route(fs.f.Endpoint("a"), 0, load.Work{Uncached: 100, PrefillSeconds: 0.1})
+	time.Sleep(200 * time.Millisecond) // ten heartbeats: its own messages have come back
+	if n, _, _ := state(fs.f, "a", 0); n != 1 {
+		t.Fatalf("a: %d requests in flight, want 1 (its own, once)", n)
+	}
+	if st := s.Stats(); st.Peers != 0 || st.PeerFlights != 0 || st.Sent == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	fs.f.Finish(fl, 1)
+	cancel()
+	<-done
 }
