@@ -118,6 +118,9 @@ func (c Config) Validate() error {
 		if err := checkAddr(p); err != nil {
 			return fmt.Errorf("sync.peers: %w", err)
 		}
+		if u, _ := url.Parse(p); u.Hostname() == "*" || u.Hostname() == "" {
+			return fmt.Errorf("sync.peers: %q names no host to dial", p)
+		}
 		if seen[p] {
 			return fmt.Errorf("sync.peers: %q twice", p)
 		}

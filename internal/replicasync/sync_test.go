@@ -295,6 +295,7 @@ func TestConfigValidate(t *testing.T) {
 		{Config{Bind: "10.0.0.1:5600"}, false},
 		{Config{Bind: "tcp://10.0.0.1"}, false},
 		{Config{Peers: []string{"ipc:///tmp/x"}}, false},
+		{Config{Peers: []string{"tcp://*:5600"}}, false},
 		{Config{Peers: []string{"tcp://a:1", "tcp://a:1"}}, false},
 		{Config{Bind: "tcp://*:1", Heartbeat: time.Millisecond}, false},
 		{Config{Bind: "tcp://*:1", Heartbeat: 2 * time.Minute}, false},
