@@ -251,7 +251,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			if err := g.sync.Run(ctx, nil); err != nil {
+			if err := g.sync.Run(ctx); err != nil {
 				errc <- fmt.Errorf("replica sync: %w", err)
 			}
 		}()

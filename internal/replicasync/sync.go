@@ -258,9 +258,9 @@ func (s *Sync) Addr() string {
 	return ""
 }
 
-// Run publishes and subscribes until ctx ends. ready, when not nil, is
-// called once the PUB is bound (with its address; nil without Bind).
-func (s *Sync) Run(ctx context.Context, ready func(addr string)) error {
+// Run publishes and subscribes until ctx ends (Addr tells the bound
+// address once it is).
+func (s *Sync) Run(ctx context.Context) error {
 	opts := zmtp.Options{Logger: s.log}
 	var pub *zmtp.Pub
 	bound := ""
@@ -292,9 +292,6 @@ func (s *Sync) Run(ctx context.Context, ready func(addr string)) error {
 		sub = b
 	}
 	s.bound.Store(&bound)
-	if ready != nil {
-		ready(bound)
-	}
 	var wg sync.WaitGroup
 	if sub != nil {
 		wg.Add(1)

@@ -99,15 +99,15 @@ func TestTwoReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := make(chan string, 1)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _ = a.Run(ctx, func(s string) { addr <- s }) }()
-	b, err := New(Config{Bind: "tcp://127.0.0.1:0", Peers: []string{<-addr}, Heartbeat: 50 * time.Millisecond}, fb, clock, nil)
+	go func() { defer wg.Done(); _ = a.Run(ctx) }()
+	waitFor(t, "a binds", func() bool { return a.Addr() != "" })
+	b, err := New(Config{Bind: "tcp://127.0.0.1:0", Peers: []string{a.Addr()}, Heartbeat: 50 * time.Millisecond}, fb, clock, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { defer wg.Done(); _ = b.Run(ctx, nil) }()
+	go func() { defer wg.Done(); _ = b.Run(ctx) }()
 	fa.f.SetObserver(a.Observer("m"))
 	fb.f.SetObserver(b.Observer("m"))
 
@@ -339,13 +339,13 @@ func TestBindTaken(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan struct{})
-	go func() { defer close(done); _ = first.Run(ctx, nil) }()
+	go func() { defer close(done); _ = first.Run(ctx) }()
 	waitFor(t, "the first binds", func() bool { return first.Addr() != "" })
 	second, err := New(Config{Bind: first.Addr()}, newFleets(), func() float64 { return 0 }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := second.Run(ctx, nil); err == nil || !strings.Contains(err.Error(), "sync.bind") {
+	if err := second.Run(ctx); err == nil || !strings.Contains(err.Error(), "sync.bind") {
 		t.Fatalf("Run on a taken address: %v", err)
 	}
 	cancel()
@@ -485,7 +485,7 @@ func TestOwnAddressAmongPeers(t *testing.T) {
 			t.Fatal(err)
 		}
 		errc := make(chan error, 1)
-		go func() { errc <- s.Run(ctx, nil); close(done) }()
+		go func() { errc <- s.Run(ctx); close(done) }()
 		waitFor(t, "bound or failed", func() bool { return s.Addr() != "" || len(errc) > 0 })
 		if s.Addr() != "" {
 			break
