@@ -687,19 +687,9 @@ func (s *Sync) endSilent(now time.Time) {
 	defer s.pmu.Unlock()
 	at := s.clock()
 	for id, p := range s.peers {
-		if now.Sub(p.heard) < silentBeats*s.cfg.Heartbeat {
-			continue
+		if now.Sub(p.heard) >= silentBeats*s.cfg.Heartbeat {
+			s.st.bySilence.Add(uint64(s.endPeer(id, p, at)))
 		}
-		for _, pf := range p.flights {
-			pf.fleet.Finish(pf.fl, at)
-			s.st.bySilence.Add(1)
-		}
-		for _, done := range p.places {
-			done()
-			s.st.bySilence.Add(1)
-		}
-		s.held -= len(p.flights) + len(p.places)
-		delete(s.peers, id)
 	}
 }
 
@@ -709,13 +699,21 @@ func (s *Sync) endAll() {
 	defer s.pmu.Unlock()
 	at := s.clock()
 	for id, p := range s.peers {
-		for _, pf := range p.flights {
-			pf.fleet.Finish(pf.fl, at)
-		}
-		for _, done := range p.places {
-			done()
-		}
-		s.held -= len(p.flights) + len(p.places)
-		delete(s.peers, id)
+		s.endPeer(id, p, at)
 	}
+}
+
+// endPeer ends peer id's flights at fleet time at, gives its adapter
+// places up and forgets it (under pmu); it returns how many it ended.
+func (s *Sync) endPeer(id uint64, p *peer, at float64) int {
+	for _, pf := range p.flights {
+		pf.fleet.Finish(pf.fl, at)
+	}
+	for _, done := range p.places {
+		done()
+	}
+	n := len(p.flights) + len(p.places)
+	s.held -= n
+	delete(s.peers, id)
+	return n
 }
