@@ -308,7 +308,6 @@ func (s *Sync) Run(ctx context.Context) error {
 func (s *Sync) publish(ctx context.Context, pub *zmtp.Pub) {
 	beat := time.NewTicker(s.cfg.Heartbeat)
 	defer beat.Stop()
-	var seq uint64
 	for {
 		alive := false
 		select {
@@ -323,8 +322,7 @@ func (s *Sync) publish(ctx context.Context, pub *zmtp.Pub) {
 		if pub == nil || (len(b.Events) == 0 && !alive) {
 			continue
 		}
-		seq++
-		b.Version, b.Replica, b.Seq = version, s.id, seq
+		b.Version, b.Replica = version, s.id
 		raw, err := msgpack.Marshal(&b)
 		if err != nil {
 			s.log.Error("replica sync: encoding a batch", "err", err)
@@ -461,7 +459,6 @@ type batch struct {
 	_        struct{} `msgpack:",as_array"`
 	Version  uint8
 	Replica  uint64
-	Seq      uint64
 	Events   []event
 	HasAlive bool
 	Alive    []uint64

@@ -309,7 +309,7 @@ func TestConfigValidate(t *testing.T) {
 // FuzzBatch: whatever bytes a peer sends, decoding and applying them
 // neither panics nor leaves a flight with a number out of range.
 func FuzzBatch(f *testing.F) {
-	good, _ := msgpack.Marshal(&batch{Version: version, Replica: 9, Seq: 1, Events: []event{routed(1, "a", 10), {Kind: kindFirstToken, ID: 1}},
+	good, _ := msgpack.Marshal(&batch{Version: version, Replica: 9, Events: []event{routed(1, "a", 10), {Kind: kindFirstToken, ID: 1}},
 		HasAlive: true, Alive: []uint64{1}})
 	f.Add(good)
 	f.Add([]byte{0x97, 0x01})
