@@ -151,15 +151,7 @@ func TestLoRASlots(t *testing.T) {
 	defer pr.Close()
 	g, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{epX}, Policy: "kvgate", BlockSize: 16}, Options{Health: pr})
 	waitSubscribed(t, g)
-	chat := func(tag string, words int) string {
-		t.Helper()
-		b, _ := json.Marshal(map[string]any{"model": "chat", "prompt": prefix(tag)[:words], "max_tokens": 2})
-		r := post(t, url+"/v1/completions", string(b), nil)
-		if r.status != 200 {
-			t.Fatalf("chat: %d %s", r.status, r.body)
-		}
-		return r.header.Get(hdrPrefill)
-	}
+	chat := func(tag string, chars int) string { return chatAdapter(t, url, tag, chars, 2) }
 	chat("slot", 3000) // two prefixes cached on x
 	chat("back", 3000)
 	long, stop := context.WithCancel(context.Background())
@@ -360,14 +352,7 @@ func TestNoLoRASlots(t *testing.T) {
 		epX.LoRA, epY.LoRA = []string{"sql", "chat"}, []string{"sql", "chat"}
 		g, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{epX}, Policy: "kvgate", BlockSize: 16, NoLoRASlots: off}, Options{})
 		waitSubscribed(t, g)
-		chat := func(words int) string {
-			b, _ := json.Marshal(map[string]any{"model": "chat", "prompt": prefix("noslots")[:words], "max_tokens": 1})
-			r := post(t, url+"/v1/completions", string(b), nil)
-			if r.status != 200 {
-				t.Fatalf("chat: %d %s", r.status, r.body)
-			}
-			return r.header.Get(hdrPrefill)
-		}
+		chat := func(chars int) string { return chatAdapter(t, url, "noslots", chars, 1) }
 		chat(3000)
 		if err := g.SetEndpoints([]fleet.Endpoint{epX, epY}); err != nil {
 			t.Fatal(err)
@@ -384,4 +369,17 @@ func TestNoLoRASlots(t *testing.T) {
 		}
 		done()
 	}
+}
+
+// chatAdapter sends through the gateway at url a completion for the LoRA
+// adapter "chat" of the first chars of prefix(tag), of maxTokens, and
+// returns the prefill endpoint it went to (200 required).
+func chatAdapter(t *testing.T, url, tag string, chars, maxTokens int) string {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"model": "chat", "prompt": prefix(tag)[:chars], "max_tokens": maxTokens})
+	r := post(t, url+"/v1/completions", string(b), nil)
+	if r.status != 200 {
+		t.Fatalf("chat: %d %s", r.status, r.body)
+	}
+	return r.header.Get(hdrPrefill)
 }

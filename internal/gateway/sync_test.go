@@ -3,7 +3,6 @@ package gateway
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -126,14 +125,7 @@ func TestReplicaSyncLoRAPlaces(t *testing.T) {
 	}
 	a, b, _, urlB := syncedPair(t, eps)
 	waitSubscribed(t, b)
-	chat := func(words int) string {
-		body, _ := json.Marshal(map[string]any{"model": "chat", "prompt": prefix("places")[:words], "max_tokens": 1})
-		r := post(t, urlB+"/v1/completions", string(body), nil)
-		if r.status != 200 {
-			t.Fatalf("chat: %d %s", r.status, r.body)
-		}
-		return r.header.Get(hdrPrefill)
-	}
+	chat := func(chars int) string { return chatAdapter(t, urlB, "places", chars, 1) }
 	home := chat(3000)
 	if again := chat(3100); again != home {
 		t.Fatalf("chat's second request went to %s, its prefix is on %s", again, home)
