@@ -102,16 +102,28 @@ func (g *Gateway) passthroughModel(r *http.Request, body []byte) (model, content
 // onlyBaseModel is the fleet's base model when it serves exactly one, for
 // a request that names none; else a 400.
 func (g *Gateway) onlyBaseModel() (string, error) {
-	var bases []string
-	for _, m := range g.Models() {
-		if m.Parent == "" {
-			bases = append(bases, m.ID)
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	base, n := "", 0
+	for _, m := range g.members {
+		if n == 0 || m.ep.Model != base {
+			base, n = m.ep.Model, n+1
+		}
+		if n > 1 {
+			break
 		}
 	}
-	if len(bases) != 1 {
-		return "", openai.BadRequest("model is required: kvgate serves %d models", len(bases)).WithParam("model")
+	if n == 1 {
+		return base, nil
 	}
-	return bases[0], nil
+	if n > 1 { // the error's count: only now are the models counted
+		set := map[string]bool{}
+		for _, m := range g.members {
+			set[m.ep.Model] = true
+		}
+		n = len(set)
+	}
+	return "", openai.BadRequest("model is required: kvgate serves %d models", n).WithParam("model")
 }
 
 // maxFormModel bounds the model field of a multipart form.
