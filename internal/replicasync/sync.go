@@ -29,7 +29,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -106,7 +105,7 @@ func (c Config) Enabled() bool { return c.Bind != "" || len(c.Peers) > 0 }
 // Validate checks the addresses and the heartbeat.
 func (c Config) Validate() error {
 	if c.Bind != "" {
-		if err := checkAddr(c.Bind); err != nil {
+		if err := zmtp.CheckEndpoint(c.Bind, true); err != nil {
 			return fmt.Errorf("sync.bind: %w", err)
 		}
 	}
@@ -115,11 +114,8 @@ func (c Config) Validate() error {
 	}
 	seen := map[string]bool{}
 	for _, p := range c.Peers {
-		if err := checkAddr(p); err != nil {
+		if err := zmtp.CheckEndpoint(p, false); err != nil {
 			return fmt.Errorf("sync.peers: %w", err)
-		}
-		if u, _ := url.Parse(p); u.Hostname() == "*" || u.Hostname() == "" {
-			return fmt.Errorf("sync.peers: %q names no host to dial", p)
 		}
 		if seen[p] {
 			return fmt.Errorf("sync.peers: %q twice", p)
@@ -128,14 +124,6 @@ func (c Config) Validate() error {
 	}
 	if c.Heartbeat != 0 && (c.Heartbeat < 10*time.Millisecond || c.Heartbeat > time.Minute) {
 		return fmt.Errorf("sync.heartbeat: %v is not in [10ms, 1m]", c.Heartbeat)
-	}
-	return nil
-}
-
-func checkAddr(a string) error {
-	u, err := url.Parse(a)
-	if err != nil || u.Scheme != "tcp" || u.Host == "" || u.Port() == "" || u.Path != "" || u.RawQuery != "" {
-		return fmt.Errorf("%q is not tcp://HOST:PORT", a)
 	}
 	return nil
 }

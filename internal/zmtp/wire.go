@@ -332,6 +332,13 @@ func unexpectedEOF(err error) error {
 
 // parseEndpoint turns tcp://host:port into host:port; for a bind, host *
 // means every interface.
+// CheckEndpoint reports whether ep is an endpoint the sockets accept:
+// tcp://HOST:PORT, HOST "*" only to bind.
+func CheckEndpoint(ep string, bind bool) error {
+	_, err := parseEndpoint(ep, bind)
+	return err
+}
+
 func parseEndpoint(ep string, bind bool) (string, error) {
 	rest, ok := strings.CutPrefix(ep, "tcp://")
 	if !ok {
