@@ -3,6 +3,7 @@ package engine
 import (
 	"net/http"
 	"slices"
+	"strings"
 
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -52,8 +53,11 @@ func (e *Engine) checkModel(model string) (lora int, err error) {
 	return 0, openai.NotFound("The model `%s` does not exist.", model).WithParam("model")
 }
 
-// chatPrompt renders messages through the chat template.
-func chatPrompt(msgs []openai.Message, addGen *bool) (string, error) {
+// chatPrompt renders messages through the chat template. With
+// continueFinal (vLLM's continue_final_message) the final message is left
+// open, as vLLM leaves it: the template's text after its content is cut,
+// and no generation prompt follows.
+func chatPrompt(msgs []openai.Message, addGen *bool, continueFinal bool) (string, error) {
 	if err := openai.CheckMessages(msgs); err != nil {
 		return "", err
 	}
@@ -64,6 +68,9 @@ func chatPrompt(msgs []openai.Message, addGen *bool) (string, error) {
 			return "", openai.BadRequest("messages[%d].content: %v", i, err).WithParam("messages")
 		}
 		cm[i] = ChatMessage{Role: m.Role, Content: text}
+	}
+	if continueFinal {
+		return strings.TrimSuffix(RenderChat(cm, false), chatEnd), nil
 	}
 	return RenderChat(cm, addGen == nil || *addGen), nil
 }
@@ -97,7 +104,7 @@ func promptTokens(p openai.Prompt) ([]uint32, error) {
 // messages when given (chat, or /tokenize's chat form), else the prompt.
 func requestTokens(req *openai.Request) ([]uint32, error) {
 	if req.Messages != nil {
-		text, err := chatPrompt(req.Messages, req.AddGenerationPrompt)
+		text, err := chatPrompt(req.Messages, req.AddGenerationPrompt, req.ContinueFinalMessage)
 		if err != nil {
 			return nil, err
 		}

@@ -266,6 +266,10 @@ func TestModelsHealthTokenize(t *testing.T) {
 		{"completion form", map[string]any{"model": "test-model", "prompt": "Hello, world!"}, Tokenize("Hello, world!")},
 		{"chat form", map[string]any{"model": "test-model", "messages": []map[string]any{{"role": "user", "content": "Hi"}}},
 			Tokenize(RenderChat([]ChatMessage{{"user", "Hi"}}, true))},
+		{"chat form, final message continued (vLLM's continue_final_message)", map[string]any{"model": "test-model",
+			"messages":               []map[string]any{{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello the"}},
+			"continue_final_message": true, "add_generation_prompt": false},
+			Tokenize("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello the")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

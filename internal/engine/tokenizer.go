@@ -112,6 +112,9 @@ type ChatMessage struct {
 	Content string
 }
 
+// chatEnd ends each message of the emulator's chat template.
+const chatEnd = "<|im_end|>\n"
+
 // RenderChat renders messages with the emulator's chat template:
 //
 //	<|im_start|>ROLE
@@ -126,7 +129,7 @@ func RenderChat(msgs []ChatMessage, addGenerationPrompt bool) string {
 		b.WriteString(m.Role)
 		b.WriteByte('\n')
 		b.WriteString(m.Content)
-		b.WriteString("<|im_end|>\n")
+		b.WriteString(chatEnd)
 	}
 	if addGenerationPrompt {
 		b.WriteString("<|im_start|>assistant\n")

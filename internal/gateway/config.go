@@ -75,6 +75,10 @@ type Config struct {
 	HTTP            httpserve.Config `yaml:"http"`
 	UpstreamTimeout time.Duration    `yaml:"upstream_timeout"` // whole request; 0: none
 	ConnectTimeout  time.Duration    `yaml:"connect_timeout"`
+	// MigrationLimit is how many times a stream whose engine failed after
+	// it began is continued on another engine (Dynamo's migration_limit;
+	// migrate.go); 0, the default, never.
+	MigrationLimit int `yaml:"migration_limit"`
 	// Health configures the active checks, passive ejection and /metrics
 	// scraping of every endpoint (internal/health; kvgate serve runs it).
 	Health health.Config `yaml:"health"`
@@ -180,6 +184,7 @@ type Limits struct {
 	EngineStepTokens   flagrange.Range[int]
 	UpstreamTimeout    flagrange.Range[time.Duration]
 	ConnectTimeout     flagrange.Range[time.Duration]
+	MigrationLimit     flagrange.Range[int]
 	HoldMin            flagrange.Range[float64]
 	HoldBacklog        flagrange.Range[float64]
 	HoldMax            flagrange.Range[time.Duration]
@@ -202,6 +207,7 @@ func ConfigLimits() Limits {
 		EngineStepTokens:   flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens", Zero: "unknown"},
 		UpstreamTimeout:    flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "none"},
 		ConnectTimeout:     flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour},
+		MigrationLimit:     flagrange.Range[int]{Min: 1, Max: maxMigrations, Unit: "migrations", Zero: "never"},
 		HoldMin:            flagrange.Range[float64]{Min: 0.01, Max: 1000, Unit: "SLOs", Zero: "default"},
 		HoldBacklog:        flagrange.Range[float64]{Min: 0.01, Max: 1000, Zero: "default"},
 		HoldMax:            flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour, Zero: "default"},
@@ -323,6 +329,7 @@ func (c *Config) Validate() error {
 		l.EngineStepTokens.Check("engine_step_tokens (--engine-step-tokens)", c.engineStepTokens()),
 		l.UpstreamTimeout.Check("upstream_timeout (--upstream-timeout)", c.UpstreamTimeout),
 		l.ConnectTimeout.Check("connect_timeout (--connect-timeout)", c.ConnectTimeout),
+		l.MigrationLimit.Check("migration_limit (--migration-limit)", c.MigrationLimit),
 		l.HoldMin.Check("hold.min_slos", c.Hold.Min),
 		l.HoldBacklog.Check("hold.backlog", c.Hold.Backlog),
 		l.HoldMax.Check("hold.max", c.Hold.Max),

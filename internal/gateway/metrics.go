@@ -20,6 +20,7 @@ type metrics struct {
 	promptTokens prometheus.Counter
 	hitTokens    prometheus.Counter
 	retries      prometheus.Counter
+	migrations   *prometheus.CounterVec
 	held         prometheus.Counter
 	holdSeconds  prometheus.Histogram
 	yielded      prometheus.Counter
@@ -56,6 +57,8 @@ func newMetrics(g *Gateway) *metrics {
 			Help: "Prompt tokens the chosen endpoint held in its prefix cache, per the index."}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_retries_total",
 			Help: "Requests retried on another endpoint after a failure before any byte."}),
+		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_migrations_total",
+			Help: "Streams broken after they began and continued on another engine (--migration-limit): ok, the client got the whole answer; failed, no continuation finished it."}, []string{"result"}),
 		held: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_held_total",
 			Help: "Requests held at the router because they fit nowhere (hold queue, without early rejection)."}),
 		holdSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvgate_hold_seconds",
@@ -100,7 +103,7 @@ func newMetrics(g *Gateway) *metrics {
 	}
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
-	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries,
+	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries, m.migrations,
 		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, m.passthrough, heldNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})

@@ -112,6 +112,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	// Every answer from here on, a rejection or an error as much as a
 	// routed response, names the request for the logs.
 	w.Header().Set("X-Request-Id", rt.id)
+	out := http.ResponseWriter(w)
+	var tap *streamTap
+	if g.migratable(rt) {
+		tap = newStreamTap(w, rt.promptN)
+		out = tap
+		defer tap.flush()
+	}
 	exclude := ""
 	var failure error // the first attempt's
 	for attempt := 0; attempt < 2; attempt++ {
@@ -145,7 +152,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		}
 		g.copyPrefix(rt, p)
 		rt.engineIDs = nil // admitted: nothing more to touch or copy
-		failed, err := g.proxy(w, r, rt, p)
+		failed, err := g.proxy(out, r, rt, p)
+		if tap != nil && tap.broken() && (err == nil || errors.Is(err, errStreamBroken)) {
+			if err = g.migrate(r, rt, tap, p.answering().ep.Name); err != nil {
+				err = fmt.Errorf("%w: %w", errStreamBroken, err)
+			}
+		}
 		if err == nil {
 			g.met.outcome(outcomeOK, rt.class.Name, g.policy)
 			return
@@ -390,8 +402,10 @@ func (g *Gateway) prefillEndsAsPredicted(lf *load.Fleet, fl *load.Flight) *time.
 
 // announce counts the routed prompt and sets the answer's routing headers.
 func (g *Gateway) announce(h http.Header, rt *routed, p *plan) {
-	g.met.promptTokens.Add(float64(rt.promptN))
-	g.met.hitTokens.Add(float64(min(p.dec.CachedTokens, rt.promptN)))
+	if !rt.continued { // a continuation's prompt was counted as the client's
+		g.met.promptTokens.Add(float64(rt.promptN))
+		g.met.hitTokens.Add(float64(min(p.dec.CachedTokens, rt.promptN)))
+	}
 	h.Set(hdrPrefill, p.prefill.ep.Name)
 	h.Set(hdrCached, strconv.Itoa(p.dec.CachedTokens))
 	h.Set(hdrPredicted, fmtMillis(p.dec.PredictedTTFT))
@@ -736,7 +750,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 				first = false
 				firstAt = g.now()
 				firstByte()
-				if resp.StatusCode == http.StatusOK && rt.req.Stream {
+				if resp.StatusCode == http.StatusOK && rt.req.Stream && !rt.continued {
 					g.met.ttft.WithLabelValues(rt.class.Name).Observe(firstAt.Sub(rt.arrival).Seconds())
 				}
 			}
@@ -807,7 +821,7 @@ func writeHeaders(w http.ResponseWriter, rc *http.ResponseController, resp *http
 func (g *Gateway) streamed(rt *routed, m *member, firstAt time.Time, tokens int) float64 {
 	tpot := g.tpotSince(firstAt, tokens)
 	m.obs.addTPOT(tpot)
-	if g.traffic != nil {
+	if g.traffic != nil && !rt.continued {
 		slo := rt.class.slo(rt.promptN)
 		ttft := firstAt.Sub(rt.arrival).Seconds()
 		g.traffic.Answered(g.clock(), ttft, tpot, tokens*max(rt.seqs, 1), slo.TTFT > 0 && ttft > slo.TTFT, slo.TPOT > 0 && tpot > slo.TPOT)

@@ -65,6 +65,9 @@ type routed struct {
 	// conversation, a copy of it ahead of the conversation balance
 	// (copy.go). Kept only until the request is admitted or rejected.
 	engineIDs []uint32
+	// continued: a migrated stream's continuation (migrate.go), whose
+	// first token is not the client's.
+	continued bool
 }
 
 // plan is a decision turned into endpoints.
@@ -98,6 +101,15 @@ type plan struct {
 	// copy, when set, is the prefix to copy ahead of the conversation
 	// balance once the request is admitted (sched.Decision.CopyTokens).
 	copy *prefixCopy
+}
+
+// answering is the endpoint whose answer the client reads: the decode
+// endpoint, or the only one.
+func (p *plan) answering() *member {
+	if p.decode != nil {
+		return p.decode
+	}
+	return p.prefill
 }
 
 // parse reads and parses a completion or chat request. The body is

@@ -254,14 +254,20 @@ func TestStreamEnd(t *testing.T) {
 // of a vLLM chat stream (500 token events, the role and usage events) and
 // classifying its events, in reads of 16 events, against finding its
 // line breaks alone in the same run (the floor of any scan).
-func BenchmarkStreamEndScan(b *testing.B) {
+// chatStreamEvents is a vLLM chat stream of n tokens, event by event:
+// the role event, n content events, the usage event and [DONE].
+func chatStreamEvents(n int) []string {
 	const head = `data: {"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk","created":1764000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":`
 	var events []string
 	events = append(events, head+`{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n")
-	for i := range 500 {
+	for i := range n {
 		events = append(events, fmt.Sprintf(head+`{"content":" word%d"},"logprobs":null,"finish_reason":null}]}`+"\n\n", i))
 	}
-	events = append(events, `data: {"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk","created":1764000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[],"usage":{"prompt_tokens":5,"total_tokens":505,"completion_tokens":500}}`+"\n\n", "data: [DONE]\n\n")
+	return append(events, fmt.Sprintf(`data: {"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk","created":1764000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[],"usage":{"prompt_tokens":5,"total_tokens":%d,"completion_tokens":%d}}`+"\n\n", 5+n, n), "data: [DONE]\n\n")
+}
+
+func BenchmarkStreamEndScan(b *testing.B) {
+	events := chatStreamEvents(500)
 	var reads [][]byte
 	for i := 0; i < len(events); i += 16 {
 		reads = append(reads, []byte(strings.Join(events[i:min(i+16, len(events))], "")))

@@ -34,6 +34,10 @@ type Request struct {
 	KVTransferParams    json.RawMessage
 	CacheSalt           string
 	AddGenerationPrompt *bool
+	// ContinueFinalMessage is vLLM's continue_final_message: the chat
+	// template leaves the final message open and the model continues it
+	// (add_generation_prompt must then be false).
+	ContinueFinalMessage bool
 	// Priority is vLLM's request priority (lower is served earlier; an
 	// engine without priority scheduling refuses any but 0); nil when
 	// absent or null.
@@ -247,6 +251,14 @@ func (r *Request) setField(key string, v []byte) error {
 		r.Priority, err = parseInt(key, v)
 	case "add_generation_prompt":
 		r.AddGenerationPrompt, err = parseOptBool(key, v)
+	case "continue_final_message":
+		var b *bool
+		if b, err = parseOptBool(key, v); b != nil {
+			r.ContinueFinalMessage = *b
+		}
+	}
+	if err == nil && r.ContinueFinalMessage && r.AddGenerationPrompt != nil && *r.AddGenerationPrompt {
+		err = BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.").WithParam(key)
 	}
 	return err
 }

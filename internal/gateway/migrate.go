@@ -1,0 +1,357 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// Migration (Config.MigrationLimit, Dynamo's migration_limit): a stream
+// whose engine fails after the client had part of it (the connection
+// breaks, or the body ends with neither a finish reason nor [DONE]) is
+// continued on another engine. The gateway asks it for the rest of the
+// answer (openai.Request.Continuation: the text so far as the answer's
+// start) and relays that stream's events as the same answer's: its role
+// event dropped, its id the first engine's, its usage the whole answer's.
+// The client sees one stream, slower for a moment.
+//
+// Only what the gateway can continue exactly is migrated: streamed chat
+// and completions of one sequence, with a text prompt for completions,
+// whose events so far brought only text (no reasoning, no tool calls),
+// in text (the engine tokenizes it afresh).
+
+// maxMigrations bounds Config.MigrationLimit.
+const maxMigrations = 8
+
+// maxTapText bounds the answer text a tap keeps to continue from; a
+// longer answer is not migrated.
+const maxTapText = 4 << 20
+
+// maxTapLine bounds an incomplete line a tap holds back; a longer one is
+// written through and the stream is not migrated.
+const maxTapLine = 1 << 20
+
+// streamTap stands between relay and the client for a stream that may
+// migrate. It writes only whole lines, so that a continuation never
+// follows half an event, and reads each event for the answer so far.
+// After continueOn it rewrites the continuation's events (rewrite).
+type streamTap struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+
+	// status is the answer's status as the client has it (0: none yet).
+	status int
+	// tail is an incomplete line held back; out what a Write sends.
+	tail, out []byte
+	// open: the client's last line was not blank (an event is open).
+	open bool
+	// werr is the client's write error.
+	werr error
+
+	// The answer so far: events, whether one came.
+	events   bool
+	id       string
+	text     strings.Builder
+	tokens   int
+	finished bool // a finish reason or an error event came
+	done     bool // [DONE] came
+	// stuck says why the answer cannot be continued ("": it can).
+	stuck string
+
+	// A continuation's (after continueOn).
+	cont       bool
+	contStatus int
+	scratch    http.Header
+	skipBlank  bool
+	// before is the tokens the client had when the continuation began
+	// over all attempts; prompt the original prompt's tokens.
+	before, prompt int
+}
+
+func newStreamTap(w http.ResponseWriter, prompt int) *streamTap {
+	return &streamTap{w: w, rc: http.NewResponseController(w), prompt: prompt}
+}
+
+// Header is the client's headers until a continuation: its engine's
+// headers go nowhere (the client has the first engine's).
+func (t *streamTap) Header() http.Header {
+	if t.cont {
+		if t.scratch == nil {
+			t.scratch = http.Header{}
+		}
+		return t.scratch
+	}
+	return t.w.Header()
+}
+
+func (t *streamTap) WriteHeader(code int) {
+	if t.cont {
+		t.contStatus = code
+		return
+	}
+	if t.status == 0 {
+		t.status = code
+		t.w.WriteHeader(code)
+	}
+}
+
+// FlushError: Write flushes what it writes (http.ResponseController).
+func (t *streamTap) FlushError() error { return t.werr }
+
+// Write takes the next bytes of the answer: whole lines go to the client
+// (rewritten for a continuation), an incomplete one waits.
+func (t *streamTap) Write(p []byte) (int, error) {
+	n := len(p)
+	if t.werr != nil {
+		return 0, t.werr
+	}
+	if t.cont && t.contStatus != http.StatusOK {
+		return len(p), nil // a continuation refused: nothing of it reaches the client
+	}
+	if !t.cont {
+		if t.status == 0 {
+			t.WriteHeader(http.StatusOK)
+		}
+		if t.status != http.StatusOK {
+			return len(p), t.send(p) // not a stream: as is
+		}
+	}
+	out := t.out[:0]
+	defer func() { t.out = out[:0] }()
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			t.tail = append(t.tail, p...)
+			if len(t.tail) > maxTapLine {
+				t.halt("a line longer than the tap holds")
+				out = append(out, t.tail...)
+				t.tail, t.open = t.tail[:0], true
+			}
+			break
+		}
+		line := p[:i+1]
+		if len(t.tail) > 0 {
+			t.tail = append(t.tail, line...)
+			line = t.tail
+		}
+		out = t.line(out, line)
+		t.tail = t.tail[:0]
+		p = p[i+1:]
+	}
+	if len(out) > 0 {
+		if err := t.send(out); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+// send writes p to the client and flushes it.
+func (t *streamTap) send(p []byte) error {
+	if err := writeFlush(t.w, t.rc, p); err != nil {
+		t.werr = err
+		return err
+	}
+	return nil
+}
+
+// line reads one whole line (its '\n' included) and appends what the
+// client is to get of it to out.
+func (t *streamTap) line(out, line []byte) []byte {
+	body := bytes.TrimRight(line, "\r\n")
+	if len(body) == 0 {
+		if t.skipBlank {
+			t.skipBlank = false
+			return out
+		}
+		t.open = false
+		return append(out, line...)
+	}
+	data, ok := bytes.CutPrefix(body, []byte("data:"))
+	if !ok {
+		t.open = true
+		return append(out, line...) // a comment, an event name: as is
+	}
+	data = bytes.TrimSpace(data)
+	if string(data) == "[DONE]" {
+		t.done, t.open = true, true
+		return append(out, line...)
+	}
+	c, err := openai.ParseStreamChunk(data)
+	if err != nil {
+		t.halt("an event that is not a JSON object")
+		t.open = true
+		return append(out, line...)
+	}
+	text, finished := c.Text, c.Finished
+	t.finished = t.finished || finished || c.Error != nil
+	if c.Other {
+		t.halt("more than text (reasoning, tool calls or a second choice)")
+	}
+	if len(text) > 0 {
+		t.tokens++
+		if t.text.Len()+len(text) > maxTapText {
+			t.halt("an answer longer than the tap keeps")
+		} else {
+			t.text.Write(text)
+		}
+	}
+	t.events = true
+	if t.id == "" {
+		t.id = c.IDString()
+	}
+	if !t.cont {
+		t.open = true
+		return append(out, line...)
+	}
+	if len(text) == 0 && !finished && c.Usage == nil && c.Error == nil {
+		t.skipBlank = true // the continuation's role event: the client had one
+		return out
+	}
+	if t.open {
+		out = append(out, '\n') // end the event the broken stream left open
+	}
+	t.open = true
+	return append(append(append(out, "data: "...), t.rewrite(data)...), '\n')
+}
+
+// halt marks the answer as one that cannot be continued.
+func (t *streamTap) halt(why string) {
+	if t.stuck == "" {
+		t.stuck = why
+	}
+}
+
+// rewrite is a continuation's event as the client's answer: the first
+// engine's id, and in its usage the whole answer's tokens (the prompt the
+// client sent, the completion both engines made).
+func (t *streamTap) rewrite(data []byte) []byte {
+	var ev map[string]json.RawMessage
+	if json.Unmarshal(data, &ev) != nil {
+		return data
+	}
+	if t.id != "" {
+		ev["id"], _ = json.Marshal(t.id)
+	}
+	if u := ev["usage"]; len(u) > 0 && string(u) != "null" {
+		var usage map[string]json.RawMessage
+		var n struct {
+			Completion int `json:"completion_tokens"`
+		}
+		if json.Unmarshal(u, &usage) == nil && json.Unmarshal(u, &n) == nil {
+			completion := n.Completion + t.before
+			usage["prompt_tokens"], _ = json.Marshal(t.prompt)
+			usage["completion_tokens"], _ = json.Marshal(completion)
+			usage["total_tokens"], _ = json.Marshal(t.prompt + completion)
+			ev["usage"], _ = json.Marshal(usage)
+		}
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return data
+	}
+	return b
+}
+
+// broken reports whether the answer so far can and must be continued:
+// the client has a 200 stream that its engine neither finished nor
+// ended, and is there to read more.
+func (t *streamTap) broken() bool {
+	return t.status == http.StatusOK && t.events && t.werr == nil && !t.done && !t.finished
+}
+
+// continueOn readies the tap for a continuation's answer.
+func (t *streamTap) continueOn() {
+	t.cont, t.contStatus, t.scratch, t.skipBlank = true, 0, nil, false
+	t.tail = t.tail[:0] // half a line of the broken stream: never sent
+	t.before = t.tokens
+}
+
+// flush writes a held incomplete line, once the answer is over: the end
+// of an answer that was no stream, or of a whole stream; half an event
+// of a stream that broke is dropped.
+func (t *streamTap) flush() {
+	if len(t.tail) > 0 && t.werr == nil && !t.cont && (t.done || !t.events) {
+		_ = t.send(t.tail)
+	}
+	t.tail = t.tail[:0]
+}
+
+// migratable reports whether rt's stream is one the gateway may continue
+// elsewhere should its engine fail.
+func (g *Gateway) migratable(rt *routed) bool {
+	if g.cfg.MigrationLimit <= 0 || !rt.req.Stream || rt.generate || rt.seqs != 1 {
+		return false
+	}
+	if rt.chat {
+		return true
+	}
+	_, ok := rt.req.TextPrompt()
+	return ok
+}
+
+// errMigrationFailed: the stream broke and no continuation finished it.
+var errMigrationFailed = errors.New("stream broken; continuing it on another engine failed")
+
+// migrate continues rt's answer, which broke on failed (its engine) after
+// the client had part of it through t, on other engines, up to
+// Config.MigrationLimit times. It returns nil once the client has the
+// whole answer.
+func (g *Gateway) migrate(r *http.Request, rt *routed, t *streamTap, failed string) error {
+	for range g.cfg.MigrationLimit {
+		if !t.broken() || r.Context().Err() != nil {
+			break
+		}
+		next, p, err := g.continuation(rt, t, failed)
+		if err != nil {
+			g.log.Warn("stream broken; not continued", "id", rt.id, "endpoint", failed, "err", err)
+			break
+		}
+		g.log.Warn("stream broken; continuing on another engine", "id", rt.id, "endpoint", failed, "to", p.prefill.ep.Name, "tokens", t.tokens)
+		t.continueOn()
+		_, err = g.proxy(t, r, next, p)
+		if err == nil && t.done {
+			g.met.migrations.WithLabelValues("ok").Inc()
+			return nil
+		}
+		failed = p.answering().ep.Name
+	}
+	g.met.migrations.WithLabelValues("failed").Inc()
+	return errMigrationFailed
+}
+
+// continuation is rt continued after the answer t has so far, and the
+// plan that serves it: decided as any request but without failed, and
+// neither held nor rejected (the client was admitted and has part of its
+// answer).
+func (g *Gateway) continuation(rt *routed, t *streamTap, failed string) (*routed, *plan, error) {
+	if t.stuck != "" {
+		return nil, nil, errors.New(t.stuck)
+	}
+	body, err := rt.req.Continuation(rt.chat, t.text.String(), t.tokens)
+	if err != nil {
+		return nil, nil, err
+	}
+	req, err := openai.ParseRequest(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	next := *rt
+	next.req, next.continued = req, true
+	next.promptN = rt.promptN + t.tokens // the original prompt's blocks stay its keys
+	next.outN = max(rt.outN-t.tokens, 1)
+	next.opens, next.engineIDs = false, nil
+	p, err := g.decide(&next, failed)
+	if err != nil {
+		return nil, nil, err
+	}
+	if p.prefill == nil {
+		return nil, nil, errors.New("no other endpoint")
+	}
+	p.invests = false
+	return &next, p, nil
+}

@@ -1,0 +1,407 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// breaker is an engine that streams words answer words in vLLM's event
+// shapes, then fails as fail says: "abort" (the connection breaks, as
+// when the engine dies), "eof" (the body ends with neither a finish
+// reason nor [DONE], as an engine shutting down may end it), "half" (half
+// an event, then the connection breaks), or "" (it finishes properly).
+type breaker struct {
+	words int
+	fail  string
+	// tools: its events are a tool call's, not text.
+	tools bool
+
+	mu     sync.Mutex
+	bodies []map[string]any
+}
+
+func (b *breaker) server(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			t.Errorf("breaker: %v", err)
+		}
+		b.mu.Lock()
+		b.bodies = append(b.bodies, body)
+		b.mu.Unlock()
+		chat := strings.HasSuffix(r.URL.Path, "/chat/completions")
+		w.Header().Set("Content-Type", "text/event-stream")
+		event := func(choice string) {
+			obj := "text_completion"
+			if chat {
+				obj = "chat.completion.chunk"
+			}
+			fmt.Fprintf(w, "data: {\"id\":\"first-engine-id\",\"object\":%q,\"created\":1,\"model\":%q,\"choices\":[%s]}\n\n", obj, testModel, choice)
+			w.(http.Flusher).Flush()
+		}
+		if chat {
+			event(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`)
+		}
+		for i := range b.words {
+			switch {
+			case b.tools:
+				event(fmt.Sprintf(`{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"w%d"}}]},"finish_reason":null}`, i))
+			case chat:
+				event(fmt.Sprintf(`{"index":0,"delta":{"content":"w%d "},"logprobs":null,"finish_reason":null}`, i))
+			default:
+				event(fmt.Sprintf(`{"index":0,"text":"w%d ","logprobs":null,"finish_reason":null,"stop_reason":null}`, i))
+			}
+		}
+		switch b.fail {
+		case "abort":
+			panic(http.ErrAbortHandler)
+		case "half":
+			fmt.Fprint(w, `data: {"id":"first-engine-id","choi`)
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		case "eof":
+			return
+		}
+		event(`{"index":0,"delta":{},"finish_reason":"stop"}`)
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// body is the n-th request body the breaker received.
+func (b *breaker) body(t *testing.T, n int) map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.bodies) <= n {
+		t.Fatalf("breaker received %d requests, want more than %d", len(b.bodies), n)
+	}
+	return b.bodies[n]
+}
+
+// streamed is a client's reading of an SSE answer.
+type streamed struct {
+	status   int
+	endpoint string
+	events   []map[string]any
+	text     string
+	roles    int
+	done     int
+	finish   string
+	ids      map[string]bool
+	usage    map[string]any
+	raw      string
+}
+
+func readStream(t *testing.T, url, body string) streamed {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	s := streamed{status: resp.StatusCode, endpoint: resp.Header.Get(hdrPrefill), ids: map[string]bool{}}
+	raw, _ := io.ReadAll(resp.Body)
+	s.raw = string(raw)
+	sc := bufio.NewScanner(strings.NewReader(s.raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			s.done++
+			continue
+		}
+		var ev map[string]any
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("an event the client cannot read: %q: %v\nstream:\n%s", data, err, s.raw)
+		}
+		s.events = append(s.events, ev)
+		s.ids[fmt.Sprint(ev["id"])] = true
+		if u, ok := ev["usage"].(map[string]any); ok {
+			s.usage = u
+		}
+		choices, _ := ev["choices"].([]any)
+		for _, c := range choices {
+			c := c.(map[string]any)
+			if f, ok := c["finish_reason"].(string); ok {
+				s.finish = f
+			}
+			if txt, ok := c["text"].(string); ok {
+				s.text += txt
+			}
+			if d, ok := c["delta"].(map[string]any); ok {
+				if d["role"] != nil {
+					s.roles++
+				}
+				if txt, ok := d["content"].(string); ok {
+					s.text += txt
+				}
+			}
+		}
+	}
+	return s
+}
+
+// migrationFleet: a breaker and one engine emulator behind a round-robin
+// gateway with limit migrations; it returns the gateway's URLs.
+func migrationFleet(t *testing.T, b *breaker, limit int) (url, admin string, e *engine.Engine) {
+	t.Helper()
+	srv := b.server(t)
+	e = startEngine(t, fleet.RoleBoth, nil)
+	eps := []fleet.Endpoint{{Name: "breaker", URL: srv.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 20000 * 50},
+		endpointOf(e, fleet.RoleBoth)}
+	_, url, admin = startGateway(t, Config{Endpoints: eps, Policy: "round-robin", MigrationLimit: limit, NoHealthChecks: true}, Options{})
+	return url, admin, e
+}
+
+// onBreaker sends body until round-robin sends it to the breaker (the
+// first or the second time) and returns that answer.
+func onBreaker(t *testing.T, url, body string) streamed {
+	t.Helper()
+	for range 2 {
+		if s := readStream(t, url, body); s.endpoint == "breaker" {
+			return s
+		}
+	}
+	t.Fatal("round-robin never chose the breaker")
+	return streamed{}
+}
+
+func TestMigrateChat(t *testing.T) {
+	for _, fail := range []string{"abort", "eof", "half"} {
+		t.Run(fail, func(t *testing.T) {
+			b := &breaker{words: 5, fail: fail}
+			url, admin, _ := migrationFleet(t, b, 1)
+			body := `{"model":"` + testModel + `","messages":[{"role":"user","content":"tell me"}],"max_tokens":20,"stream":true,"stream_options":{"include_usage":true}}`
+			s := onBreaker(t, url+"/v1/chat/completions", body)
+			if s.status != 200 || s.done != 1 || s.roles != 1 || len(s.ids) != 1 || !s.ids["first-engine-id"] {
+				t.Fatalf("want one whole stream under the first engine's id: status %d, %d [DONE], %d role events, ids %v\n%s", s.status, s.done, s.roles, s.ids, s.raw)
+			}
+			if !strings.HasPrefix(s.text, "w0 w1 w2 w3 w4 ") || len(s.text) <= len("w0 w1 w2 w3 w4 ") || s.finish != "length" {
+				t.Fatalf("want the breaker's words then the emulator's to max_tokens: %q, finish %q", s.text, s.finish)
+			}
+			if strings.Contains(s.raw, `"choi`+"\n") {
+				t.Fatalf("the client got half an event:\n%s", s.raw)
+			}
+			if s.usage == nil || s.usage["completion_tokens"] != float64(20) ||
+				s.usage["total_tokens"] != s.usage["prompt_tokens"].(float64)+20 {
+				t.Fatalf("want the whole answer's usage (20 completion tokens): %v", s.usage)
+			}
+			if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_migrations_total{result="ok"} 1`) {
+				t.Errorf("want one migration counted ok")
+			}
+		})
+	}
+}
+
+func TestMigrateCompletionsBody(t *testing.T) {
+	b, second := &breaker{words: 3, fail: "abort"}, &breaker{words: 4} // the second finishes
+	srvA, srvB := b.server(t), second.server(t)
+	eps := []fleet.Endpoint{{Name: "breaker", URL: srvA.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6},
+		{Name: "second", URL: srvB.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}}
+	_, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", MigrationLimit: 1, NoHealthChecks: true}, Options{})
+	body := `{"model":"` + testModel + `","prompt":"once upon","min_tokens":4,"stream":true,"echo":true}`
+	s := onBreaker(t, url+"/v1/completions", body)
+	if s.done != 1 || s.text != "w0 w1 w2 w0 w1 w2 w3 " || s.finish != "stop" {
+		t.Fatalf("want the breaker's three words then the second engine's answer: %q %q, %d [DONE]", s.text, s.finish, s.done)
+	}
+	got := second.body(t, len(second.bodies)-1)
+	if got["prompt"] != "once uponw0 w1 w2 " || got["max_tokens"] != float64(13) || got["min_tokens"] != float64(1) || got["echo"] != nil {
+		t.Fatalf("continuation body: %v (want the text appended, vLLM's default 16 max_tokens less 3, min_tokens less 3, no echo)", got)
+	}
+}
+
+func TestMigrateChatBody(t *testing.T) {
+	a, second := &breaker{words: 2, fail: "abort"}, &breaker{words: 1}
+	srvA, srvB := a.server(t), second.server(t)
+	eps := []fleet.Endpoint{{Name: "breaker", URL: srvA.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6},
+		{Name: "second", URL: srvB.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}}
+	_, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", MigrationLimit: 2, NoHealthChecks: true}, Options{})
+	body := `{"model":"` + testModel + `","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_completion_tokens":10,"stream":true}`
+	s := onBreaker(t, url+"/v1/chat/completions", body)
+	if s.done != 1 || s.text != "w0 w1 w0 " || s.roles != 1 {
+		t.Fatalf("stream: %q, %d [DONE], %d role events\n%s", s.text, s.done, s.roles, s.raw)
+	}
+	got := second.body(t, len(second.bodies)-1)
+	msgs, _ := got["messages"].([]any)
+	if len(msgs) != 3 || got["continue_final_message"] != true || got["add_generation_prompt"] != false || got["max_completion_tokens"] != float64(8) {
+		t.Fatalf("continuation body: %v", got)
+	}
+	if last := msgs[2].(map[string]any); last["role"] != "assistant" || last["content"] != "w0 w1 " {
+		t.Fatalf("want the answer so far as the open assistant message: %v", last)
+	}
+}
+
+func TestMigrateNot(t *testing.T) {
+	cases := []struct {
+		name  string
+		b     *breaker
+		limit int
+		body  string
+		// tried: the stream is of a kind migrated (the attempt counts
+		// failed); a prompt of token ids is not.
+		tried bool
+	}{
+		{"limit 0", &breaker{words: 3, fail: "abort"}, 0, `"messages":[{"role":"user","content":"x"}],"max_tokens":20`, false},
+		{"tool calls", &breaker{words: 3, fail: "abort", tools: true}, 1, `"messages":[{"role":"user","content":"x"}],"max_tokens":20`, true},
+		{"token-id prompt", &breaker{words: 3, fail: "abort"}, 1, `"prompt":[101,102,103],"max_tokens":20`, false},
+		{"nothing left", &breaker{words: 3, fail: "abort"}, 1, `"messages":[{"role":"user","content":"x"}],"max_tokens":3`, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			url, admin, _ := migrationFleet(t, c.b, c.limit)
+			path := "/v1/chat/completions"
+			if strings.Contains(c.body, `"prompt"`) {
+				path = "/v1/completions"
+			}
+			s := onBreaker(t, url+path, `{"model":"`+testModel+`",`+c.body+`,"stream":true}`)
+			if s.done != 0 || s.finish != "" {
+				t.Fatalf("want the broken stream as it broke, not continued:\n%s", s.raw)
+			}
+			if len(c.b.bodies) != 1 {
+				t.Fatalf("the breaker got %d requests, want 1", len(c.b.bodies))
+			}
+			m := get(t, admin+"/metrics")
+			if strings.Contains(m, `kvgate_migrations_total{result="ok"}`) {
+				t.Errorf("counted a migration")
+			}
+			if failed := strings.Contains(m, `kvgate_migrations_total{result="failed"} 1`); failed != c.tried {
+				t.Errorf("failed migration counted: %v, want %v", failed, c.tried)
+			}
+		})
+	}
+}
+
+// A continuation the engine refuses (an engine without
+// continue_final_message, say) leaves the client's stream as it broke:
+// none of the refusal's body reaches it.
+func TestMigrateRefused(t *testing.T) {
+	a := &breaker{words: 2, fail: "abort"}
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"error":{"message":"continue_final_message is not supported","code":400}}`)
+	}))
+	t.Cleanup(refuse.Close)
+	eps := []fleet.Endpoint{{Name: "breaker", URL: a.server(t).URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6},
+		{Name: "refuses", URL: refuse.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}}
+	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", MigrationLimit: 1, NoHealthChecks: true}, Options{})
+	var s streamed
+	for range 2 {
+		if s = readStream(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"x"}],"stream":true}`); s.endpoint == "breaker" {
+			break
+		}
+	}
+	if s.endpoint != "breaker" || s.done != 0 || strings.Contains(s.raw, "not supported") || s.text != "w0 w1 " {
+		t.Fatalf("want the breaker's stream as it broke and nothing of the refusal:\n%s", s.raw)
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_migrations_total{result="failed"} 1`) {
+		t.Errorf("want the failed migration counted")
+	}
+}
+
+// FuzzStreamTap: whatever an engine sends, in whatever reads, the tap
+// passes a stream's whole lines through unchanged (up to the last line
+// break; the rest once the answer is over, unless the stream broke), and
+// a continuation's output is whole lines.
+func FuzzStreamTap(f *testing.F) {
+	f.Add([]byte("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"text\":\"x\"}]}\n\ndata: [DONE]\n\n"), uint8(7), false)
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\r\n\r\ndata: {\"choi"), uint8(3), true)
+	f.Add([]byte(": keepalive\n\ndata: not json\n\n"), uint8(1), true)
+	f.Fuzz(func(t *testing.T, in []byte, step uint8, cont bool) {
+		rec := httptest.NewRecorder()
+		tap := newStreamTap(rec, 10)
+		if cont {
+			tap.WriteHeader(http.StatusOK)
+			tap.continueOn()
+			tap.WriteHeader(http.StatusOK)
+		}
+		n := max(int(step), 1)
+		for p := in; len(p) > 0; {
+			k := min(n, len(p))
+			if w, err := tap.Write(p[:k]); w != k || err != nil {
+				t.Fatalf("Write took %d of %d: %v", w, k, err)
+			}
+			p = p[k:]
+		}
+		tap.flush()
+		out := rec.Body.Bytes()
+		if cont {
+			if len(out) > 0 && out[len(out)-1] != '\n' {
+				t.Fatalf("a continuation's output ends mid-line: %q", out)
+			}
+			return
+		}
+		whole := in[:bytes.LastIndexByte(in, '\n')+1]
+		if !bytes.Equal(out, in) && !bytes.Equal(out, whole) {
+			t.Fatalf("the client got %q of %q", out, in)
+		}
+		if !bytes.Equal(out, in) && (tap.done || !tap.events) {
+			t.Fatalf("the end of a finished answer was held back: got %q of %q", out, in)
+		}
+	})
+}
+
+// discardWriter is a client that reads everything at once.
+type discardWriter struct{ h http.Header }
+
+func (d *discardWriter) Header() http.Header         { return d.h }
+func (d *discardWriter) WriteHeader(int)             {}
+func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discardWriter) Flush()                      {}
+
+// BenchmarkStreamTap: what --migration-limit costs a stream, its tap
+// reading every event, against writing the stream through as relay
+// does without it; one event a read (an engine's pace) and 16.
+func BenchmarkStreamTap(b *testing.B) {
+	events := chatStreamEvents(500)
+	for _, per := range []int{1, 16} {
+		var reads [][]byte
+		for i := 0; i < len(events); i += per {
+			reads = append(reads, []byte(strings.Join(events[i:min(i+per, len(events))], "")))
+		}
+		b.Run(fmt.Sprintf("write-through/%d-per-read", per), func(b *testing.B) {
+			w := &discardWriter{h: http.Header{}}
+			rc := http.NewResponseController(w)
+			for range b.N {
+				for _, r := range reads {
+					if err := writeFlush(w, rc, r); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
+		})
+		b.Run(fmt.Sprintf("tap/%d-per-read", per), func(b *testing.B) {
+			for range b.N {
+				tap := newStreamTap(&discardWriter{h: http.Header{}}, 5)
+				tap.WriteHeader(http.StatusOK)
+				for _, r := range reads {
+					if _, err := tap.Write(r); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if !tap.done || tap.tokens != 500 {
+					b.Fatal(tap.tokens)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
+		})
+	}
+}
