@@ -83,7 +83,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	flagrange.Var(fl, &c.MaxInflight, "max-inflight", lim.MaxInflight, "requests proxied at once; more get 429")
 	flagrange.Var(fl, &c.UpstreamTimeout, "upstream-timeout", lim.UpstreamTimeout, "bound on a whole proxied request")
 	flagrange.Var(fl, &c.ConnectTimeout, "connect-timeout", lim.ConnectTimeout, "bound on connecting to an engine")
-	flagrange.Var(fl, &c.MigrationLimit, "migration-limit", lim.MigrationLimit, "times a stream whose engine fails after it began is continued on another engine, the text so far sent back as the answer's start (docs/serve.md, \"Failures\")")
+	flagrange.Var(fl, &c.MigrationLimit, "migration-limit", lim.MigrationLimit, "times a stream whose engine fails after it began is continued on another engine, the text so far sent back as the answer's start (docs/serve.md, \"Migration\")")
 	flagrange.Var(fl, &c.BindEventsRanks, "bind-events-ranks", lim.BindEventsRanks, "central KV events: bind this many SUBs, at --bind-events' port + 0 … N-1, for data-parallel engines (dp_size) whose rank R dials the port + R")
 	c.HTTP.MaxBodyBytes, c.HTTP.MaxConns = 32<<20, 8192
 	httpserve.AddFlags(fl, &c.HTTP)

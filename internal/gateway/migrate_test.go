@@ -104,6 +104,8 @@ type streamed struct {
 	ids      map[string]bool
 	usage    map[string]any
 	raw      string
+	// readErr is how the body ended (nil: whole).
+	readErr error
 }
 
 func readStream(t *testing.T, url, body string) streamed {
@@ -114,8 +116,8 @@ func readStream(t *testing.T, url, body string) streamed {
 	}
 	defer resp.Body.Close()
 	s := streamed{status: resp.StatusCode, endpoint: resp.Header.Get(hdrPrefill), ids: map[string]bool{}}
-	raw, _ := io.ReadAll(resp.Body)
-	s.raw = string(raw)
+	raw, err := io.ReadAll(resp.Body)
+	s.raw, s.readErr = string(raw), err
 	sc := bufio.NewScanner(strings.NewReader(s.raw))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -274,6 +276,9 @@ func TestMigrateNot(t *testing.T) {
 			if s.done != 0 || s.finish != "" {
 				t.Fatalf("want the broken stream as it broke, not continued:\n%s", s.raw)
 			}
+			if s.readErr == nil {
+				t.Fatal("the client read a short answer to its end: want the body to break, as the engine's did")
+			}
 			if len(c.b.bodies) != 1 {
 				t.Fatalf("the breaker got %d requests, want 1", len(c.b.bodies))
 			}
@@ -308,7 +313,7 @@ func TestMigrateRefused(t *testing.T) {
 			break
 		}
 	}
-	if s.endpoint != "breaker" || s.done != 0 || strings.Contains(s.raw, "not supported") || s.text != "w0 w1 " {
+	if s.endpoint != "breaker" || s.done != 0 || strings.Contains(s.raw, "not supported") || s.text != "w0 w1 " || s.readErr == nil {
 		t.Fatalf("want the breaker's stream as it broke and nothing of the refusal:\n%s", s.raw)
 	}
 	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_migrations_total{result="failed"} 1`) {

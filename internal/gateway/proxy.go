@@ -178,8 +178,15 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		}
 		if failed == "" || attempt == 1 || r.Context().Err() != nil {
 			g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
-			if !errors.Is(err, errStreamBroken) {
+			switch {
+			case !errors.Is(err, errStreamBroken):
 				openai.WriteError(w, clientError(err))
+			case r.Context().Err() == nil && !errors.Is(err, errClientWrite):
+				// The engine's answer broke after the client had part
+				// of it: the connection ends without the answer's end,
+				// as a proxy ends it, so that the client reads a broken
+				// answer (an incomplete body), not a short one.
+				panic(http.ErrAbortHandler)
 			}
 			return
 		}
@@ -281,6 +288,9 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 // errStreamBroken: the upstream failed after the client got bytes; the
 // response cannot be replaced.
 var errStreamBroken = errors.New("upstream stream broken")
+
+// errClientWrite: a broken stream's failure was writing to the client.
+var errClientWrite = errors.New("client")
 
 // upstreamError is a failure worth retrying on another endpoint.
 type upstreamError struct {
@@ -758,7 +768,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 				if end.done() {
 					break
 				}
-				return 0, fmt.Errorf("%w: client: %w", errStreamBroken, werr)
+				return 0, fmt.Errorf("%w: %w: %w", errStreamBroken, errClientWrite, werr)
 			}
 			end.scan(buf[:n])
 			if probe != nil {
