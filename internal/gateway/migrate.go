@@ -68,7 +68,9 @@ type streamTap struct {
 	scratch    http.Header
 	skipBlank  bool
 	// before is the tokens the client had when the continuation began
-	// over all attempts; prompt the original prompt's tokens.
+	// (its token events: one a token, as vLLM and SGLang stream by
+	// default); prompt the original prompt's tokens as the gateway
+	// counted them.
 	before, prompt int
 }
 
@@ -227,8 +229,10 @@ func (t *streamTap) halt(why string) {
 }
 
 // rewrite is a continuation's event as the client's answer: the first
-// engine's id, and in its usage the whole answer's tokens (the prompt the
-// client sent, the completion both engines made).
+// engine's id, and in its usage the whole answer's tokens: the
+// completion both engines made, and the client's prompt, which is the
+// continuation's prompt less the tokens the client had (the engine's own
+// count; the gateway's when the engine reports none).
 func (t *streamTap) rewrite(data []byte) []byte {
 	var ev map[string]json.RawMessage
 	if json.Unmarshal(data, &ev) != nil {
@@ -240,13 +244,18 @@ func (t *streamTap) rewrite(data []byte) []byte {
 	if u := ev["usage"]; len(u) > 0 && string(u) != "null" {
 		var usage map[string]json.RawMessage
 		var n struct {
-			Completion int `json:"completion_tokens"`
+			Prompt     *int `json:"prompt_tokens"`
+			Completion int  `json:"completion_tokens"`
 		}
 		if json.Unmarshal(u, &usage) == nil && json.Unmarshal(u, &n) == nil {
+			prompt := t.prompt
+			if n.Prompt != nil && *n.Prompt >= t.before {
+				prompt = *n.Prompt - t.before
+			}
 			completion := n.Completion + t.before
-			usage["prompt_tokens"], _ = json.Marshal(t.prompt)
+			usage["prompt_tokens"], _ = json.Marshal(prompt)
 			usage["completion_tokens"], _ = json.Marshal(completion)
-			usage["total_tokens"], _ = json.Marshal(t.prompt + completion)
+			usage["total_tokens"], _ = json.Marshal(prompt + completion)
 			ev["usage"], _ = json.Marshal(usage)
 		}
 	}

@@ -26,6 +26,10 @@ type breaker struct {
 	fail  string
 	// tools: its events are a tool call's, not text.
 	tools bool
+	// llmd: its events are llm-d-inference-sim's: "usage":null in every
+	// one, the role event without content, no logprobs (seen live,
+	// 2026-12-03).
+	llmd bool
 
 	mu     sync.Mutex
 	bodies []map[string]any
@@ -48,10 +52,17 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 			if chat {
 				obj = "chat.completion.chunk"
 			}
-			fmt.Fprintf(w, "data: {\"id\":\"first-engine-id\",\"object\":%q,\"created\":1,\"model\":%q,\"choices\":[%s]}\n\n", obj, testModel, choice)
+			usage := ""
+			if b.llmd {
+				usage, choice = `"usage":null,`, strings.ReplaceAll(choice, `"logprobs":null,`, "")
+			}
+			fmt.Fprintf(w, "data: {\"id\":\"first-engine-id\",\"object\":%q,\"created\":1,\"model\":%q,%s\"choices\":[%s]}\n\n", obj, testModel, usage, choice)
 			w.(http.Flusher).Flush()
 		}
-		if chat {
+		switch {
+		case chat && b.llmd:
+			event(`{"index":0,"finish_reason":null,"delta":{"role":"assistant"}}`)
+		case chat:
 			event(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`)
 		}
 		for i := range b.words {
@@ -186,11 +197,16 @@ func onBreaker(t *testing.T, url, body string) streamed {
 }
 
 func TestMigrateChat(t *testing.T) {
-	for _, fail := range []string{"abort", "eof", "half"} {
+	for _, fail := range []string{"abort", "eof", "half", "abort llm-d"} {
 		t.Run(fail, func(t *testing.T) {
-			b := &breaker{words: 5, fail: fail}
-			url, admin, _ := migrationFleet(t, b, 1)
-			body := `{"model":"` + testModel + `","messages":[{"role":"user","content":"tell me"}],"max_tokens":20,"stream":true,"stream_options":{"include_usage":true}}`
+			b := &breaker{words: 5, fail: strings.TrimSuffix(fail, " llm-d"), llmd: strings.HasSuffix(fail, "llm-d")}
+			url, admin, e := migrationFleet(t, b, 1)
+			msgs := `"messages":[{"role":"user","content":"tell me"}]`
+			body := `{"model":"` + testModel + `",` + msgs + `,"max_tokens":20,"stream":true,"stream_options":{"include_usage":true}}`
+			var tok struct{ Count float64 }
+			if err := json.Unmarshal([]byte(post(t, e.URL()+"/tokenize", `{"model":"`+testModel+`",`+msgs+`}`, nil).body), &tok); err != nil || tok.Count == 0 {
+				t.Fatalf("tokenize: %v", err)
+			}
 			s := onBreaker(t, url+"/v1/chat/completions", body)
 			if s.status != 200 || s.done != 1 || s.roles != 1 || len(s.ids) != 1 || !s.ids["first-engine-id"] {
 				t.Fatalf("want one whole stream under the first engine's id: status %d, %d [DONE], %d role events, ids %v\n%s", s.status, s.done, s.roles, s.ids, s.raw)
@@ -201,9 +217,9 @@ func TestMigrateChat(t *testing.T) {
 			if strings.Contains(s.raw, `"choi`+"\n") {
 				t.Fatalf("the client got half an event:\n%s", s.raw)
 			}
-			if s.usage == nil || s.usage["completion_tokens"] != float64(20) ||
-				s.usage["total_tokens"] != s.usage["prompt_tokens"].(float64)+20 {
-				t.Fatalf("want the whole answer's usage (20 completion tokens): %v", s.usage)
+			if s.usage == nil || s.usage["completion_tokens"] != float64(20) || s.usage["prompt_tokens"] != tok.Count ||
+				s.usage["total_tokens"] != tok.Count+20 {
+				t.Fatalf("want the whole answer's usage (%v prompt tokens, 20 completion tokens): %v", tok.Count, s.usage)
 			}
 			if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_migrations_total{result="ok"} 1`) {
 				t.Errorf("want one migration counted ok")
