@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // breaker is an engine that streams words answer words in vLLM's event
@@ -424,5 +425,65 @@ func BenchmarkStreamTap(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
 		})
+	}
+}
+
+// A P/D fleet: the decode engine streaming an answer stops mid-answer
+// (closed); the continuation runs both legs again, on the prefill
+// engine and the other decode engine, and the client reads one whole
+// answer.
+func TestMigratePrefillDecode(t *testing.T) {
+	slow := func(c *engine.Config) { c.TimeScale = 1 } // 10 ms a token: the close comes long before the end
+	p := startEngine(t, fleet.RolePrefill, nil)
+	d1, d2 := startEngine(t, fleet.RoleDecode, slow), startEngine(t, fleet.RoleDecode, slow)
+	decoders := map[string]*engine.Engine{d1.Addr(): d1, d2.Addr(): d2}
+	cfg := Config{
+		Endpoints:      []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d1, fleet.RoleDecode), endpointOf(d2, fleet.RoleDecode)},
+		Tokenizers:     []string{"model=" + testModel + ",source=engine,url=" + p.URL()},
+		MigrationLimit: 1, NoHealthChecks: true,
+	}
+	_, url, admin := startGateway(t, cfg, Options{})
+	body := `{"model":"` + testModel + `","messages":[{"role":"user","content":"` + prefix("pdm") + `"}],"max_tokens":200,"stream":true}`
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := decoders[resp.Header.Get(hdrDecode)]
+	if first == nil {
+		t.Fatalf("decode endpoint %q", resp.Header.Get(hdrDecode))
+	}
+	var text strings.Builder
+	tokens, done := 0, 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			done++
+			continue
+		}
+		c, err := openai.ParseStreamChunk([]byte(data))
+		if err != nil {
+			t.Fatalf("%q: %v", data, err)
+		}
+		if len(c.Text) > 0 {
+			tokens++
+			text.Write(c.Text)
+			if tokens == 10 {
+				go first.Close() // the decode engine goes away mid-answer
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("the client's stream broke after %d tokens: %v", tokens, err)
+	}
+	if tokens != 200 || done != 1 {
+		t.Fatalf("want 200 tokens and one [DONE]: %d tokens, %d [DONE]", tokens, done)
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_migrations_total{result="ok"} 1`) {
+		t.Errorf("want one migration counted ok")
 	}
 }
