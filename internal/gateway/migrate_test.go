@@ -11,9 +11,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/openai"
 )
 
@@ -39,6 +41,9 @@ type breaker struct {
 func (b *breaker) server(t *testing.T) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet { // health probes
+			return
+		}
 		var body map[string]any
 		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 			t.Errorf("breaker: %v", err)
@@ -485,5 +490,29 @@ func TestMigratePrefillDecode(t *testing.T) {
 	}
 	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_migrations_total{result="ok"} 1`) {
 		t.Errorf("want one migration counted ok")
+	}
+}
+
+// An engine that breaks a stream mid-answer is reported to the health
+// prober, as a refused connection is: with eject_after 1 it is ejected,
+// and the next requests go elsewhere.
+func TestBrokenStreamEjects(t *testing.T) {
+	a, second := &breaker{words: 2, fail: "abort"}, &breaker{words: 1}
+	eps := []fleet.Endpoint{{Name: "breaker", URL: a.server(t).URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6},
+		{Name: "second", URL: second.server(t).URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}}
+	pr, err := health.New(health.Config{Interval: time.Hour, Timeout: time.Second, EjectAfter: 1, NoMetrics: true, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	_, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "round-robin"}, Options{Health: pr})
+	body := `{"model":"` + testModel + `","messages":[{"role":"user","content":"x"}],"stream":true}`
+	if s := onBreaker(t, url+"/v1/chat/completions", body); s.readErr == nil {
+		t.Fatal("the stream did not break")
+	}
+	for i := range 4 {
+		if s := readStream(t, url+"/v1/chat/completions", body); s.endpoint != "second" {
+			t.Fatalf("request %d went to %q after the breaker broke a stream", i, s.endpoint)
+		}
 	}
 }

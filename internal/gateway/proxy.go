@@ -793,6 +793,11 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 				}
 				return 0, errYielded
 			}
+			if !errors.Is(resp.Request.Context().Err(), context.Canceled) {
+				// The engine broke its answer (its client is still
+				// there): a failure, as a refused connection is.
+				g.reportFailure(m, err)
+			}
 			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
 		}
 	}
