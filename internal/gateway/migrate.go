@@ -27,9 +27,10 @@ import (
 // maxMigrations bounds Config.MigrationLimit.
 const maxMigrations = 8
 
-// maxTapText bounds the answer text a tap keeps to continue from; a
+// maxTapText bounds the answer text a tap keeps to continue from (a
+// quarter of a million tokens of text, beyond any context window); a
 // longer answer is not migrated.
-const maxTapText = 4 << 20
+const maxTapText = 1 << 20
 
 // maxTapLine bounds an incomplete line a tap holds back; a longer one is
 // written through and the stream is not migrated.
@@ -329,7 +330,9 @@ func (g *Gateway) migrate(r *http.Request, rt *routed, t *streamTap, failed stri
 		}
 		failed = p.answering().ep.Name
 	}
-	g.met.migrations.WithLabelValues("failed").Inc()
+	if r.Context().Err() == nil { // a client gone is not a failed migration
+		g.met.migrations.WithLabelValues("failed").Inc()
+	}
 	return errMigrationFailed
 }
 
