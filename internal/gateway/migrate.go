@@ -53,8 +53,9 @@ type streamTap struct {
 	// werr is the client's write error.
 	werr error
 
-	// The answer so far: events, whether one came.
-	events   bool
+	// The answer so far: wrote, whether any byte of its body came;
+	// events, whether an event did; role, whether one named the role.
+	wrote, events, role bool
 	id       string
 	text     strings.Builder
 	tokens   int
@@ -119,6 +120,7 @@ func (t *streamTap) Write(p []byte) (int, error) {
 		if t.status == 0 {
 			t.WriteHeader(http.StatusOK)
 		}
+		t.wrote = t.wrote || n > 0
 		if t.status != http.StatusOK {
 			return len(p), t.send(p) // not a stream: as is
 		}
@@ -208,13 +210,15 @@ func (t *streamTap) line(out, line []byte) []byte {
 		t.id = c.IDString()
 	}
 	if !t.cont {
+		t.role = t.role || c.Role
 		t.open = true
 		return append(out, line...)
 	}
-	if len(text) == 0 && !finished && c.Usage == nil && c.Error == nil {
+	if t.role && c.Role && len(text) == 0 && !finished && c.Usage == nil && c.Error == nil {
 		t.skipBlank = true // the continuation's role event: the client had one
 		return out
 	}
+	t.role = t.role || c.Role
 	if t.open {
 		out = append(out, '\n') // end the event the broken stream left open
 	}
@@ -269,9 +273,11 @@ func (t *streamTap) rewrite(data []byte) []byte {
 
 // broken reports whether the answer so far can and must be continued:
 // the client has a 200 stream that its engine neither finished nor
-// ended, and is there to read more.
+// ended (events, or nothing yet: vLLM sends a stream's headers before
+// its first token, so an engine that dies during a prefill leaves the
+// client a 200 and no body), and is there to read more.
 func (t *streamTap) broken() bool {
-	return t.status == http.StatusOK && t.events && t.werr == nil && !t.done && !t.finished
+	return t.status == http.StatusOK && (t.events || !t.wrote) && t.werr == nil && !t.done && !t.finished
 }
 
 // continueOn readies the tap for a continuation's answer.
@@ -344,13 +350,15 @@ func (g *Gateway) continuation(rt *routed, t *streamTap, failed string) (*routed
 	if t.stuck != "" {
 		return nil, nil, errors.New(t.stuck)
 	}
-	body, err := rt.req.Continuation(rt.chat, t.text.String(), t.tokens)
-	if err != nil {
-		return nil, nil, err
-	}
-	req, err := openai.ParseRequest(body)
-	if err != nil {
-		return nil, nil, err
+	req := rt.req // nothing came yet: the request as it was
+	if t.tokens > 0 || t.text.Len() > 0 {
+		body, err := rt.req.Continuation(rt.chat, t.text.String(), t.tokens)
+		if err != nil {
+			return nil, nil, err
+		}
+		if req, err = openai.ParseRequest(body); err != nil {
+			return nil, nil, err
+		}
 	}
 	next := *rt
 	next.req, next.continued = req, true
