@@ -56,11 +56,11 @@ type streamTap struct {
 	// The answer so far: wrote, whether any byte of its body came;
 	// events, whether an event did; role, whether one named the role.
 	wrote, events, role bool
-	id       string
-	text     strings.Builder
-	tokens   int
-	finished bool // a finish reason or an error event came
-	done     bool // [DONE] came
+	id                  string
+	text                strings.Builder
+	tokens              int
+	finished            bool // a finish reason or an error event came
+	done                bool // [DONE] came
 	// stuck says why the answer cannot be continued ("": it can).
 	stuck string
 
