@@ -343,13 +343,8 @@ func TestMigrateRefused(t *testing.T) {
 	eps := []fleet.Endpoint{{Name: "breaker", URL: a.server(t).URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6},
 		{Name: "refuses", URL: refuse.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}}
 	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", MigrationLimit: 1, NoHealthChecks: true}, Options{})
-	var s streamed
-	for range 2 {
-		if s = readStream(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"x"}],"stream":true}`); s.endpoint == "breaker" {
-			break
-		}
-	}
-	if s.endpoint != "breaker" || s.done != 0 || strings.Contains(s.raw, "not supported") || s.text != "w0 w1 " || s.readErr == nil {
+	s := onBreaker(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"x"}],"stream":true}`)
+	if s.done != 0 || strings.Contains(s.raw, "not supported") || s.text != "w0 w1 " || s.readErr == nil {
 		t.Fatalf("want the breaker's stream as it broke and nothing of the refusal:\n%s", s.raw)
 	}
 	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_migrations_total{result="failed"} 1`) {
