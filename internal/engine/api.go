@@ -3,9 +3,9 @@ package engine
 import (
 	"net/http"
 	"slices"
-	"strings"
 
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/tokens"
 )
 
 // Body caps: without --max-body-bytes the engine accepts bodies up to
@@ -55,8 +55,9 @@ func (e *Engine) checkModel(model string) (lora int, err error) {
 
 // chatPrompt renders messages through the chat template. With
 // continueFinal (vLLM's continue_final_message) the final message is left
-// open, as vLLM leaves it: the template's text after its content is cut,
-// and no generation prompt follows.
+// open, as vLLM leaves it: the template's text after its content is cut
+// (tokens.ContinueCut: nothing, for an empty content), and no generation
+// prompt follows.
 func chatPrompt(msgs []openai.Message, addGen *bool, continueFinal bool) (string, error) {
 	if err := openai.CheckMessages(msgs); err != nil {
 		return "", err
@@ -70,7 +71,7 @@ func chatPrompt(msgs []openai.Message, addGen *bool, continueFinal bool) (string
 		cm[i] = ChatMessage{Role: m.Role, Content: text}
 	}
 	if continueFinal {
-		return strings.TrimSuffix(RenderChat(cm, false), chatEnd), nil
+		return tokens.ContinueCut(RenderChat(cm, false), cm[len(cm)-1].Content), nil
 	}
 	return RenderChat(cm, addGen == nil || *addGen), nil
 }

@@ -246,7 +246,7 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 			}
 			msgs[i] = tokens.TextMessage(m.Role, text)
 		}
-		in.Messages = msgs
+		in.Messages, in.Mode = msgs, chatMode(req)
 		rt.opens = openai.OpensConversation(req.Messages)
 	case req.Prompt.Kind == openai.PromptText || req.Prompt.Kind == openai.PromptTexts:
 		// A batch is routed as one request by its first prompt (the
@@ -287,6 +287,17 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	rt.prep.Tokens = nil
 	req.Prompt, req.Messages = openai.Prompt{}, nil
 	return nil
+}
+
+// chatMode is how req's conversation ends, as the engine renders it.
+func chatMode(req *openai.Request) tokens.ChatMode {
+	switch {
+	case req.ContinueFinalMessage:
+		return tokens.ChatContinue
+	case req.AddGenerationPrompt != nil && !*req.AddGenerationPrompt:
+		return tokens.ChatNoPrompt
+	}
+	return tokens.ChatGenerate
 }
 
 // decide builds the snapshot and asks the scheduler; exclude names

@@ -119,8 +119,28 @@ func LookupTemplate(name string) (Template, error) {
 	return t, nil
 }
 
-// Segments renders msgs to segments (see Template).
-func (t Template) Segments(msgs []Message) []string {
+// ChatMode is how a conversation's prompt ends: vLLM's chat request flags
+// add_generation_prompt and continue_final_message.
+type ChatMode uint8
+
+const (
+	// ChatGenerate opens the assistant's turn (add_generation_prompt,
+	// the chat API's default).
+	ChatGenerate ChatMode = iota
+	// ChatNoPrompt ends with the last message (add_generation_prompt
+	// false).
+	ChatNoPrompt
+	// ChatContinue leaves the final message open for the model to go on
+	// with (continue_final_message): the prompt ends with its text.
+	ChatContinue
+)
+
+// Segments renders msgs to segments (see Template), the assistant's turn
+// opened.
+func (t Template) Segments(msgs []Message) []string { return t.SegmentsAs(msgs, ChatGenerate) }
+
+// SegmentsAs renders msgs to segments, ending as mode says.
+func (t Template) SegmentsAs(msgs []Message, mode ChatMode) []string {
 	segs := make([]string, 0, len(msgs)+2)
 	if t.Prefix != "" {
 		segs = append(segs, t.Prefix)
@@ -128,10 +148,29 @@ func (t Template) Segments(msgs []Message) []string {
 	for _, m := range msgs {
 		segs = append(segs, fmt.Sprintf(t.Message, m.Role, m.Text()))
 	}
-	if t.Generation != "" {
+	switch {
+	case mode == ChatContinue && len(msgs) > 0:
+		i := len(segs) - 1
+		segs[i] = ContinueCut(segs[i], msgs[len(msgs)-1].Text())
+	case mode == ChatGenerate && t.Generation != "":
 		segs = append(segs, t.Generation)
 	}
 	return segs
+}
+
+// ContinueCut is rendered cut after the last occurrence of the final
+// message's text, as transformers' apply_chat_template does for
+// continue_final_message (and so vLLM): the template's end of that
+// message goes. An empty text occurs at the end, so nothing is cut (as
+// there); a text the template changed is tried without its surrounding
+// space, then nothing is cut.
+func ContinueCut(rendered, final string) string {
+	for _, f := range []string{final, strings.TrimSpace(final)} {
+		if i := strings.LastIndex(rendered, f); i >= 0 {
+			return rendered[:i+len(f)]
+		}
+	}
+	return rendered
 }
 
 // Render returns the whole prompt text.

@@ -22,6 +22,9 @@ type Input struct {
 	// LoRA is the adapter the request is served with ("" for the base
 	// model); it is mixed into every block key.
 	LoRA string
+	// Mode is how Messages' prompt ends (add_generation_prompt,
+	// continue_final_message).
+	Mode ChatMode
 }
 
 // Prepared is a request's token ids and the chained keys of its full
@@ -63,7 +66,7 @@ func (s *Set) Prepare(ctx context.Context, model string, in Input, blockSize int
 		if in.Prompt != nil {
 			ids, err = tk.Prompt(ctx, *in.Prompt)
 		} else {
-			ids, err = tk.Chat(ctx, in.Messages)
+			ids, err = tk.ChatAs(ctx, in.Messages, in.Mode)
 		}
 		engine = tk.engineIDs(in.Prompt == nil)
 		if err != nil {

@@ -23,6 +23,9 @@ type Source interface {
 type MessagesSource interface {
 	Source
 	TokenizeMessages(ctx context.Context, msgs []Message) ([]uint32, error)
+	// TokenizeChat is TokenizeMessages with the prompt ending as mode
+	// says (TokenizeMessages is ChatGenerate).
+	TokenizeChat(ctx context.Context, msgs []Message, mode ChatMode) ([]uint32, error)
 }
 
 // EstimateSource is the fallback when no tokenizer is configured: one
@@ -66,6 +69,7 @@ type tokenizeRequest struct {
 	Messages            []Message `json:"messages,omitempty"`
 	AddSpecialTokens    *bool     `json:"add_special_tokens,omitempty"`
 	AddGenerationPrompt *bool     `json:"add_generation_prompt,omitempty"`
+	ContinueFinal       bool      `json:"continue_final_message,omitempty"`
 }
 
 type tokenizeResponse struct {
@@ -112,8 +116,14 @@ func (e *StatusError) refused() bool {
 // TokenizeMessages implements MessagesSource: the engine renders the
 // conversation with its own chat template.
 func (s *EngineSource) TokenizeMessages(ctx context.Context, msgs []Message) ([]uint32, error) {
-	yes := true
-	return s.post(ctx, tokenizeRequest{Model: s.Model, Messages: msgs, AddGenerationPrompt: &yes})
+	return s.TokenizeChat(ctx, msgs, ChatGenerate)
+}
+
+// TokenizeChat implements MessagesSource: vLLM's /tokenize takes
+// add_generation_prompt and continue_final_message as its chat API does.
+func (s *EngineSource) TokenizeChat(ctx context.Context, msgs []Message, mode ChatMode) ([]uint32, error) {
+	gen := mode == ChatGenerate
+	return s.post(ctx, tokenizeRequest{Model: s.Model, Messages: msgs, AddGenerationPrompt: &gen, ContinueFinal: mode == ChatContinue})
 }
 
 func (s *EngineSource) post(ctx context.Context, req tokenizeRequest) ([]uint32, error) {

@@ -84,8 +84,13 @@ func (t *Tokenizer) Prompt(ctx context.Context, prompt string) ([]uint32, error)
 // Otherwise each rendered message segment is cached, so a growing
 // conversation re-tokenizes only its new messages.
 func (t *Tokenizer) Chat(ctx context.Context, msgs []Message) ([]uint32, error) {
+	return t.ChatAs(ctx, msgs, ChatGenerate)
+}
+
+// ChatAs is Chat with the prompt ending as mode says.
+func (t *Tokenizer) ChatAs(ctx context.Context, msgs []Message, mode ChatMode) ([]uint32, error) {
 	if t.exactChats() {
-		ids, err := t.exactChat(ctx, msgs)
+		ids, err := t.exactChat(ctx, msgs, mode)
 		var se *StatusError
 		if err == nil || !errors.As(err, &se) || !se.refused() {
 			return ids, err
@@ -100,7 +105,7 @@ func (t *Tokenizer) Chat(ctx context.Context, msgs []Message) ([]uint32, error) 
 		segment = es.tokenizeSegment
 	}
 	var out []uint32
-	for _, seg := range t.tmpl.Segments(msgs) {
+	for _, seg := range t.tmpl.SegmentsAs(msgs, mode) {
 		ids, err := t.cached(ctx, 's', seg, segment)
 		if err != nil {
 			return nil, err
@@ -115,16 +120,16 @@ func (t *Tokenizer) Chat(ctx context.Context, msgs []Message) ([]uint32, error) 
 const minShared = 16
 
 // exactChat asks the engine to render and tokenize msgs (see Chat).
-func (t *Tokenizer) exactChat(ctx context.Context, msgs []Message) ([]uint32, error) {
+func (t *Tokenizer) exactChat(ctx context.Context, msgs []Message, mode ChatMode) ([]uint32, error) {
 	ms := t.src.(MessagesSource)
 	if t.cache == nil {
-		return ms.TokenizeMessages(ctx, msgs)
+		return ms.TokenizeChat(ctx, msgs, mode)
 	}
-	keys := t.conversationKeys(msgs)
+	keys := t.conversationKeys(msgs, mode)
 	if ids, ok := t.cache.getCopy(keys[len(msgs)]); ok {
 		return ids, nil
 	}
-	ids, err := ms.TokenizeMessages(ctx, msgs)
+	ids, err := ms.TokenizeChat(ctx, msgs, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -132,14 +137,14 @@ func (t *Tokenizer) exactChat(ctx context.Context, msgs []Message) ([]uint32, er
 	return ids, nil
 }
 
-// conversationKeys returns the cache key of every prefix of msgs: keys[i]
-// is msgs[:i]'s, chained so that computing all of them reads each message
-// once.
-func (t *Tokenizer) conversationKeys(msgs []Message) []uint64 {
+// conversationKeys returns the cache key of every prefix of msgs rendered
+// as mode says: keys[i] is msgs[:i]'s, chained so that computing all of
+// them reads each message once.
+func (t *Tokenizer) conversationKeys(msgs []Message, mode ChatMode) []uint64 {
 	keys := make([]uint64, len(msgs)+1)
 	var b [9]byte
 	binary.LittleEndian.PutUint64(b[:8], t.ns)
-	b[8] = 'c'
+	b[8] = 'c' + byte(mode)
 	keys[0] = xxhash.Sum64(b[:])
 	d := xxhash.New()
 	for i, m := range msgs {
