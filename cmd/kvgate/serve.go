@@ -70,6 +70,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&f.k8s.Model, "k8s-model", "", "discovery: model of pods without the kvgate.io/model label or annotation")
 	fs.StringVar(&f.k8s.Kubeconfig, "kubeconfig", "", "discovery: kubeconfig file (default: in-cluster)")
 	fs.BoolVar(&c.NoHealthChecks, "no-health-checks", false, "do not probe /health and /metrics of the endpoints")
+	fs.StringVar(&c.FairnessHeader, "fairness-header", gateway.DefaultFairnessHeader, "the header naming a request's tenant: with early rejection, when a tenant's request is rejected for the load, for a second tenants with more prompt tokens in flight are admitted only while they leave the room it lacked (docs/serve.md, \"Tenants\")")
+	fs.BoolVar(&c.NoFairness, "no-fairness", false, "keep no room for tenants turned away from tenants with more in flight")
 	fl := flagrange.New(fs)
 	flagrange.Var(fl, &f.k8s.Port, "k8s-port", flagrange.Range[int]{Min: 1, Max: 65535, Zero: "use --k8s-port-name"}, "discovery: the pods' HTTP port")
 	lim := gateway.ConfigLimits()
@@ -175,6 +177,8 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 		"sync-bind":        func() { c.Sync.Bind = flags.Sync.Bind },
 		"sync-peer":        func() { c.Sync.Peers = append([]string(nil), f.syncPeers...) },
 		"no-health-checks": func() { c.NoHealthChecks = flags.NoHealthChecks },
+		"fairness-header":  func() { c.FairnessHeader = flags.FairnessHeader },
+		"no-fairness":      func() { c.NoFairness = flags.NoFairness },
 		"upstream-timeout": func() { c.UpstreamTimeout = flags.UpstreamTimeout }, "connect-timeout": func() { c.ConnectTimeout = flags.ConnectTimeout },
 		"migration-limit": func() { c.MigrationLimit = flags.MigrationLimit },
 	}

@@ -43,6 +43,14 @@ type Config struct {
 	Classes      []Class `yaml:"classes"`
 	DefaultClass string  `yaml:"default_class"`
 	ClassHeader  string  `yaml:"class_header"`
+	// FairnessHeader names a request's tenant (default llm-d's
+	// X-Gateway-Inference-Fairness-Id; requests without it are one
+	// tenant). With early rejection, when a tenant's request is rejected
+	// for the load, tenants with more in flight are admitted for a second
+	// only while they leave the room it lacked (fair.go). NoFairness
+	// turns that off.
+	FairnessHeader string `yaml:"fairness_header"`
+	NoFairness     bool   `yaml:"no_fairness"`
 
 	// BlockSize is the router's block size in tokens.
 	BlockSize int `yaml:"block_size"`
@@ -294,6 +302,9 @@ func (c *Config) Defaults() {
 	}
 	if c.ClassHeader == "" {
 		c.ClassHeader = "X-Kvgate-Class"
+	}
+	if c.FairnessHeader == "" {
+		c.FairnessHeader = DefaultFairnessHeader
 	}
 	if len(c.Classes) == 0 {
 		c.Classes = []Class{{Name: "standard", Priority: 1, TTFT: c.SLOTTFT, TPOT: c.SLOTPOT}}

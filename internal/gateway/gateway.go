@@ -103,6 +103,7 @@ type Gateway struct {
 	client *http.Client
 	met    *metrics
 	shed   shedder
+	fair   fairShare
 	bodies *httpserve.BodyLimiter
 
 	setMu   sync.Mutex // one SetEndpoints at a time

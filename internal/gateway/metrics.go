@@ -21,13 +21,16 @@ type metrics struct {
 	hitTokens    prometheus.Counter
 	retries      prometheus.Counter
 	migrations   *prometheus.CounterVec
-	held         prometheus.Counter
-	holdSeconds  prometheus.Histogram
-	yielded      prometheus.Counter
-	touches      *prometheus.CounterVec
-	touchTokens  *prometheus.CounterVec
-	copies       *prometheus.CounterVec
-	copyTokens   *prometheus.CounterVec
+	// fairRejections: requests rejected because another tenant with less
+	// in flight was rejected for the load (fair.go).
+	fairRejections prometheus.Counter
+	held           prometheus.Counter
+	holdSeconds    prometheus.Histogram
+	yielded        prometheus.Counter
+	touches        *prometheus.CounterVec
+	touchTokens    *prometheus.CounterVec
+	copies         *prometheus.CounterVec
+	copyTokens     *prometheus.CounterVec
 	// loadRejections counts rejections for the prefill queues by kind
 	// (sched.LoadRejections): short (no prefilling endpoint idle) or
 	// idle (one was: the request's prefix was cached only on busy ones).
@@ -59,6 +62,8 @@ func newMetrics(g *Gateway) *metrics {
 			Help: "Requests retried on another endpoint after a failure before any byte."}),
 		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_migrations_total",
 			Help: "Streams broken after they began and continued on another engine (--migration-limit): ok, the client got the whole answer; failed, no continuation finished it."}, []string{"result"}),
+		fairRejections: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fairness_rejections_total",
+			Help: "With early rejection, requests rejected because a tenant (fairness header) with less in flight was rejected for the load within the last second."}),
 		held: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_held_total",
 			Help: "Requests held at the router because they fit nowhere (hold queue, without early rejection)."}),
 		holdSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvgate_hold_seconds",
@@ -103,7 +108,7 @@ func newMetrics(g *Gateway) *metrics {
 	}
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
-	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries, m.migrations,
+	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries, m.migrations, m.fairRejections,
 		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, m.passthrough, heldNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})

@@ -120,7 +120,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		defer tap.flush()
 	}
 	exclude := ""
-	var failure error // the first attempt's
+	var release func() // the tenant's tokens in flight (fair.go)
+	var failure error  // the first attempt's
 	for attempt := 0; attempt < 2; attempt++ {
 		p, err := g.decide(rt, exclude)
 		if failure != nil && (err != nil || !p.dec.Admit || p.dec.Hold) {
@@ -149,6 +150,10 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			g.met.rejections.WithLabelValues(rt.class.Name).Inc()
 			openai.WriteError(w, err)
 			return
+		}
+		if release == nil && !g.cfg.NoFairness { // once, whatever the retries
+			release = g.fair.admitted(rt.model, rt.tenant, max(rt.promptN-p.dec.CachedTokens, 0))
+			defer release()
 		}
 		g.copyPrefix(rt, p)
 		rt.engineIDs = nil // admitted: nothing more to touch or copy
@@ -265,6 +270,9 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 		// long prompt a second turn its whole class away.
 		if p.dec.Prefill >= 0 && !p.missesAlone {
 			g.shed.reject(rt.class.Priority, now)
+			if slo := p.dec.SLO.TTFT; !g.cfg.NoFairness && slo > 0 {
+				g.fair.deny(rt.model, rt.tenant, rt.class.Priority, now, max(p.pessimistic-slo, 0))
+			}
 		}
 		if p.prefillBound {
 			// Short of prefill compute (or, with an endpoint idle, of
@@ -281,6 +289,12 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 	}
 	if g.sched.Load().EarlyReject && g.shed.shedding(rt.class.Priority, now) {
 		return g.rejectErr(rt, "a class of higher priority is being rejected", 0)
+	}
+	if slo := p.dec.SLO.TTFT; g.sched.Load().EarlyReject && !g.cfg.NoFairness && slo > 0 {
+		if room := g.fair.room(rt.model, rt.tenant, rt.class.Priority, now); room > 0 && p.pessimistic > slo-room {
+			g.met.fairRejections.Inc()
+			return g.rejectErr(rt, fmt.Sprintf("a tenant with less in flight was rejected for the load: this one is admitted only with %.3f s of its SLO left", room), 0)
+		}
 	}
 	return nil
 }

@@ -49,9 +49,11 @@ type routed struct {
 	// base model; lora the adapter ("" for a base model).
 	model, lora string
 	class       *Class
-	prep        tokens.Prepared
-	promptN     int
-	outN        int
+	// tenant is its fairness header's value (fair.go).
+	tenant  string
+	prep    tokens.Prepared
+	promptN int
+	outN    int
 	// seqs is how many sequences it samples (OpenAI's n, at least 1,
 	// times the prompts of a batch): its stream interleaves their events.
 	seqs    int
@@ -85,6 +87,9 @@ type plan struct {
 	// prefillBound: rejected because its prefill endpoint's queue pushed
 	// its TTFT over the target (sched.RejectedForPrefill).
 	prefillBound bool
+	// pessimistic is its pessimistic TTFT on the chosen prefill endpoint
+	// (sched.PessimisticTTFT), which admission holds to the SLO.
+	pessimistic float64
 	// prefillIdle: a prefilling endpoint was idle when it was decided
 	// (sched.AnyPrefillIdle).
 	prefillIdle bool
@@ -166,6 +171,7 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 	if rt.class, err = g.classOf(r); err != nil {
 		return nil, err
 	}
+	rt.tenant = tenantOf(r.Header.Get(g.cfg.FairnessHeader))
 	limName := "max_tokens"
 	rt.outN = defaultOutputTokens
 	if rt.generate {
@@ -328,6 +334,9 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	}
 	g.met.decision.Observe(time.Since(start).Seconds())
 	p := g.planFor(rt, fs, &sreq, d)
+	if d.Prefill >= 0 && d.Prefill < len(fs.snap.Endpoints) {
+		p.pessimistic = sched.PessimisticTTFT(&sreq, &fs.snap.Endpoints[d.Prefill])
+	}
 	if d.Prefill >= 0 && !d.Admit {
 		p.missesAlone = !sched.RejectedForLoad(&sreq, &fs.snap, &d)
 		p.prefillBound = sched.RejectedForPrefill(&sreq, &fs.snap, &d)
