@@ -59,6 +59,9 @@ func (r *Request) Continuation(chat bool, text string, tokens int) ([]byte, erro
 func (r *Request) remainingLimits(chat bool, tokens int) ([]Edit, error) {
 	var edits []Edit
 	rest := func(key string, v int64) error {
+		if v < 1 { // the gateway refuses these; no overflow below
+			return fmt.Errorf("%s %d", key, v)
+		}
 		left := v - int64(tokens)
 		if left < 1 {
 			return fmt.Errorf("%s %d leaves nothing to generate after %d tokens", key, v, tokens)
@@ -81,7 +84,7 @@ func (r *Request) remainingLimits(chat bool, tokens int) ([]Edit, error) {
 			return nil, err
 		}
 	}
-	if r.MinTokens != nil {
+	if r.MinTokens != nil && *r.MinTokens >= 0 { // a negative one is the engine's to refuse, as sent
 		left := max(*r.MinTokens-int64(tokens), 0)
 		edits = append(edits, Edit{Key: "min_tokens", Value: json.RawMessage(strconv.FormatInt(left, 10))})
 	}

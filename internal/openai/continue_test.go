@@ -43,6 +43,11 @@ func TestContinuation(t *testing.T) {
 		{name: "n", chat: true, text: "x", tokens: 1, body: `{"messages":[{"role":"user","content":"x"}],"n":2}`, err: "more than one"},
 		{name: "nothing left", chat: true, text: "x y", tokens: 2, body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":2}`, err: "nothing to generate"},
 		{name: "completion's default spent", text: "x", tokens: 16, body: `{"prompt":"p"}`, err: "nothing to generate"},
+		{name: "max_tokens at the int64 floor", chat: true, text: "x", tokens: 5,
+			body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":-9223372036854775808}`, err: "max_tokens -9223372036854775808"},
+		{name: "min_tokens at the int64 floor kept as sent", chat: true, text: "x", tokens: 5,
+			body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":10,"min_tokens":-9223372036854775808}`,
+			want: map[string]any{"min_tokens": -9223372036854775808.0, "max_tokens": 5.0}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
