@@ -163,42 +163,49 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 				err = fmt.Errorf("%w: %w", errStreamBroken, err)
 			}
 		}
-		if err == nil {
-			g.met.outcome(outcomeOK, rt.class.Name, g.policy)
-			return
-		}
-		if errors.Is(err, errYielded) {
-			// An investment stopped for a request that can meet its
-			// SLO: the 429 early rejection would have sent at once.
-			g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
-			g.met.rejections.WithLabelValues(rt.class.Name).Inc()
-			dropRoutingHeaders(w.Header())
-			openai.WriteError(w, openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it misses its SLO even alone; served late on an idle engine, it gave the engine up to a request that can meet its SLO", rt.class.Name))
-			return
-		}
-		var refused *engineRefused
-		if errors.As(err, &refused) {
-			g.met.outcome(outcomeEngineRefused, rt.class.Name, g.policy) // its answer is the client's already
-			return
-		}
-		if failed == "" || attempt == 1 || r.Context().Err() != nil {
-			g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
-			switch {
-			case !errors.Is(err, errStreamBroken):
-				openai.WriteError(w, clientError(err))
-			case r.Context().Err() == nil && !errors.Is(err, errClientWrite):
-				// The engine's answer broke after the client had part
-				// of it: the connection ends without the answer's end,
-				// as a proxy ends it, so that the client reads a broken
-				// answer (an incomplete body), not a short one.
-				panic(http.ErrAbortHandler)
-			}
+		if g.ended(w, r, rt, err, failed == "" || attempt == 1 || r.Context().Err() != nil) {
 			return
 		}
 		g.log.Warn("upstream failed before responding; retrying elsewhere", "id", rt.id, "endpoint", failed, "err", err)
 		g.met.retries.Inc()
 		exclude, failure = failed, err
 	}
+}
+
+// ended tells the client and the metrics how rt's attempt ended with err
+// (nil: served) and reports whether the request is over: served, a
+// yielded investment (429), the engine's own refusal (relayed already),
+// or, when last, any failure. false: retry elsewhere.
+func (g *Gateway) ended(w http.ResponseWriter, r *http.Request, rt *routed, err error, last bool) bool {
+	var refused *engineRefused
+	switch {
+	case err == nil:
+		g.met.outcome(outcomeOK, rt.class.Name, g.policy)
+	case errors.Is(err, errYielded):
+		// An investment stopped for a request that can meet its SLO:
+		// the 429 early rejection would have sent at once.
+		g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
+		g.met.rejections.WithLabelValues(rt.class.Name).Inc()
+		dropRoutingHeaders(w.Header())
+		openai.WriteError(w, openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it misses its SLO even alone; served late on an idle engine, it gave the engine up to a request that can meet its SLO", rt.class.Name))
+	case errors.As(err, &refused):
+		g.met.outcome(outcomeEngineRefused, rt.class.Name, g.policy) // its answer is the client's already
+	case !last:
+		return false
+	case !errors.Is(err, errStreamBroken):
+		g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
+		openai.WriteError(w, clientError(err))
+	default:
+		g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
+		if r.Context().Err() == nil && !errors.Is(err, errClientWrite) {
+			// The engine's answer broke after the client had part of
+			// it: the connection ends without the answer's end, as a
+			// proxy ends it, so that the client reads a broken answer
+			// (an incomplete body), not a short one.
+			panic(http.ErrAbortHandler)
+		}
+	}
+	return true
 }
 
 // clientError is what the client is told: an engine that refused the
