@@ -287,14 +287,19 @@ func (t *streamTap) continueOn() {
 	t.before = t.tokens
 }
 
-// flush writes a held incomplete line, once the answer is over: the end
-// of an answer that was no stream, or of a whole stream; half an event
-// of a stream that broke is dropped.
-func (t *streamTap) flush() {
-	if len(t.tail) > 0 && t.werr == nil && !t.cont && (t.done || !t.events) {
-		_ = t.send(t.tail)
+// eof takes a held last line as whole: the answer's body ended cleanly
+// without a line break after it (a stream's [DONE] so written still
+// ends it). A body that broke keeps its half line from the client.
+func (t *streamTap) eof() {
+	if len(t.tail) == 0 || t.werr != nil || (t.cont && t.contStatus != http.StatusOK) {
+		return
 	}
-	t.tail = t.tail[:0]
+	line := t.tail
+	t.tail = nil // line is the tail's: line must not append to itself
+	if out := t.line(t.out[:0], line); len(out) > 0 {
+		_ = t.send(out)
+	}
+	t.tail = line[:0]
 }
 
 // migratable reports whether rt's stream is one the gateway may continue
@@ -330,6 +335,9 @@ func (g *Gateway) migrate(r *http.Request, rt *routed, t *streamTap, failed stri
 		g.log.Warn("stream broken; continuing on another engine", "id", rt.id, "endpoint", failed, "to", p.prefill.ep.Name, "tokens", t.tokens)
 		t.continueOn()
 		_, err = g.proxy(t, r, next, p)
+		if err == nil {
+			t.eof()
+		}
 		if err == nil && t.done {
 			g.met.migrations.WithLabelValues("ok").Inc()
 			return nil

@@ -23,7 +23,8 @@ import (
 // shapes, then fails as fail says: "abort" (the connection breaks, as
 // when the engine dies), "eof" (the body ends with neither a finish
 // reason nor [DONE], as an engine shutting down may end it), "half" (half
-// an event, then the connection breaks), "headers" (the stream's
+// an event, then the connection breaks), "nonl" (it finishes, its
+// [DONE] without a line break after it), "headers" (the stream's
 // headers, then the connection breaks: an engine that dies in its
 // prefill, as vLLM sends a stream's headers first), or "" (it finishes
 // properly).
@@ -100,6 +101,10 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 			return
 		}
 		event(`{"index":0,"delta":{},"finish_reason":"stop"}`)
+		if b.fail == "nonl" {
+			fmt.Fprint(w, "data: [DONE]") // no line break after it
+			return
+		}
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	}))
 	t.Cleanup(srv.Close)
@@ -329,6 +334,20 @@ func TestMigrateNot(t *testing.T) {
 	}
 }
 
+// A whole stream whose [DONE] has no line break after it is not taken
+// for a broken one: the client gets it as sent, nothing is migrated.
+func TestMigrateNotAfterDone(t *testing.T) {
+	b := &breaker{words: 3, fail: "nonl"}
+	url, admin, _ := migrationFleet(t, b, 1)
+	s := onBreaker(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"x"}],"stream":true}`)
+	if s.readErr != nil || s.done != 1 || s.text != "w0 w1 w2 " || s.finish != "stop" || !strings.HasSuffix(s.raw, "data: [DONE]") {
+		t.Fatalf("want the breaker's whole stream as sent: %v\n%s", s.readErr, s.raw)
+	}
+	if len(b.bodies) != 1 || strings.Contains(get(t, admin+"/metrics"), "kvgate_migrations_total") {
+		t.Fatalf("a finished stream was migrated: %d requests to the breaker", len(b.bodies))
+	}
+}
+
 // A continuation the engine refuses (an engine without
 // continue_final_message, say) leaves the client's stream as it broke:
 // none of the refusal's body reaches it.
@@ -353,14 +372,14 @@ func TestMigrateRefused(t *testing.T) {
 }
 
 // FuzzStreamTap: whatever an engine sends, in whatever reads, the tap
-// passes a stream's whole lines through unchanged (up to the last line
-// break; the rest once the answer is over, unless the stream broke), and
-// a continuation's output is whole lines.
+// passes a stream's lines through unchanged: all of them when its body
+// ends cleanly (eof), up to the last line break when it breaks; and a
+// continuation that breaks leaves the client whole lines.
 func FuzzStreamTap(f *testing.F) {
-	f.Add([]byte("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"text\":\"x\"}]}\n\ndata: [DONE]\n\n"), uint8(7), false)
-	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\r\n\r\ndata: {\"choi"), uint8(3), true)
-	f.Add([]byte(": keepalive\n\ndata: not json\n\n"), uint8(1), true)
-	f.Fuzz(func(t *testing.T, in []byte, step uint8, cont bool) {
+	f.Add([]byte("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"text\":\"x\"}]}\n\ndata: [DONE]"), uint8(7), false, true)
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\r\n\r\ndata: {\"choi"), uint8(3), true, false)
+	f.Add([]byte(": keepalive\n\ndata: not json\n\n"), uint8(1), true, true)
+	f.Fuzz(func(t *testing.T, in []byte, step uint8, cont, clean bool) {
 		rec := httptest.NewRecorder()
 		tap := newStreamTap(rec, 10)
 		if cont {
@@ -376,20 +395,18 @@ func FuzzStreamTap(f *testing.F) {
 			}
 			p = p[k:]
 		}
-		tap.flush()
+		if clean {
+			tap.eof()
+		}
 		out := rec.Body.Bytes()
 		if cont {
-			if len(out) > 0 && out[len(out)-1] != '\n' {
-				t.Fatalf("a continuation's output ends mid-line: %q", out)
+			if !clean && len(out) > 0 && out[len(out)-1] != '\n' {
+				t.Fatalf("a broken continuation's output ends mid-line: %q", out)
 			}
 			return
 		}
-		whole := in[:bytes.LastIndexByte(in, '\n')+1]
-		if !bytes.Equal(out, in) && !bytes.Equal(out, whole) {
-			t.Fatalf("the client got %q of %q", out, in)
-		}
-		if !bytes.Equal(out, in) && (tap.done || !tap.events) {
-			t.Fatalf("the end of a finished answer was held back: got %q of %q", out, in)
+		if want := in[:bytes.LastIndexByte(in, '\n')+1]; clean && !bytes.Equal(out, in) || !clean && !bytes.Equal(out, want) {
+			t.Fatalf("clean %v: the client got %q of %q", clean, out, in)
 		}
 	})
 }

@@ -117,7 +117,6 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	if g.migratable(rt) {
 		tap = newStreamTap(w, rt.promptN)
 		out = tap
-		defer tap.flush()
 	}
 	exclude := ""
 	var release func() // the tenant's tokens in flight (fair.go)
@@ -158,6 +157,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		g.copyPrefix(rt, p)
 		rt.engineIDs = nil // admitted: nothing more to touch or copy
 		failed, err := g.proxy(out, r, rt, p)
+		if tap != nil && err == nil {
+			tap.eof()
+		}
 		if tap != nil && tap.broken() && (err == nil || errors.Is(err, errStreamBroken)) {
 			if err = g.migrate(r, rt, tap, p.answering().ep.Name); err != nil {
 				err = fmt.Errorf("%w: %w", errStreamBroken, err)
