@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
 )
@@ -118,7 +117,7 @@ func TestFairnessAfterLoadRejection(t *testing.T) {
 			fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
 		}))
 		early := true
-		_, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 100}},
+		g, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 100}},
 			EarlyReject: &early, SLOTTFT: 20, NoFairness: off, Predictor: PredictorAnalytic, Hold: HoldConfig{Mode: "off"}}, Options{})
 		held := make(chan struct{})
 		go func() {
@@ -127,7 +126,10 @@ func TestFairnessAfterLoadRejection(t *testing.T) {
 			// for release
 			post(t, url+"/v1/completions", completion("hold "+strings.Repeat("abcd", 900), true, 2), map[string]string{DefaultFairnessHeader: "heavy"})
 		}()
-		time.Sleep(100 * time.Millisecond) // routed and waiting
+		waitFor(t, func() bool { // routed and waiting
+			st := g.endpointStates()
+			return len(st) == 1 && st[0].Load.InflightRequests == 1
+		})
 		light := post(t, url+"/v1/completions", completion("light "+strings.Repeat("wxyz", 1000), false, 2), map[string]string{DefaultFairnessHeader: "light"})
 		heavy := post(t, url+"/v1/completions", completion("more "+strings.Repeat("efgh", 100), false, 2), map[string]string{DefaultFairnessHeader: "heavy"})
 		close(release)
