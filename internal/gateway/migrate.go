@@ -273,9 +273,9 @@ func (t *streamTap) rewrite(data []byte) []byte {
 
 // broken reports whether the answer so far can and must be continued:
 // the client has a 200 stream that its engine neither finished nor
-// ended (events, or nothing yet: vLLM sends a stream's headers before
-// its first token, so an engine that dies during a prefill leaves the
-// client a 200 and no body), and is there to read more.
+// ended (events, or a body that ended empty: the relay sends the
+// headers with the first body bytes, so an engine that breaks before
+// them is retried, not migrated), and is there to read more.
 func (t *streamTap) broken() bool {
 	return t.status == http.StatusOK && (t.events || !t.wrote) && t.werr == nil && !t.done && !t.finished
 }

@@ -216,7 +216,7 @@ func onBreaker(t *testing.T, url, body string) streamed {
 }
 
 func TestMigrateChat(t *testing.T) {
-	for _, fail := range []string{"abort", "eof", "half", "headers", "abort llm-d"} {
+	for _, fail := range []string{"abort", "eof", "half", "abort llm-d"} {
 		t.Run(fail, func(t *testing.T) {
 			b := &breaker{words: 5, fail: strings.TrimSuffix(fail, " llm-d"), llmd: strings.HasSuffix(fail, "llm-d")}
 			url, admin, e := migrationFleet(t, b, 1)
@@ -227,15 +227,10 @@ func TestMigrateChat(t *testing.T) {
 				t.Fatalf("tokenize: %v", err)
 			}
 			s := onBreaker(t, url+"/v1/chat/completions", body)
-			// After only the headers the client has no id: the one the
-			// answer then has is the second engine's.
-			if s.status != 200 || s.done != 1 || s.roles != 1 || len(s.ids) != 1 || (fail != "headers" && !s.ids["first-engine-id"]) {
+			if s.status != 200 || s.done != 1 || s.roles != 1 || len(s.ids) != 1 || !s.ids["first-engine-id"] {
 				t.Fatalf("want one whole stream under the first engine's id: status %d, %d [DONE], %d role events, ids %v\n%s", s.status, s.done, s.roles, s.ids, s.raw)
 			}
 			before := "w0 w1 w2 w3 w4 "
-			if fail == "headers" {
-				before = ""
-			}
 			if !strings.HasPrefix(s.text, before) || len(s.text) <= len(before) || s.finish != "length" {
 				t.Fatalf("want the breaker's words then the emulator's to max_tokens: %q, finish %q", s.text, s.finish)
 			}
@@ -248,6 +243,47 @@ func TestMigrateChat(t *testing.T) {
 			}
 			if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_migrations_total{result="ok"} 1`) {
 				t.Errorf("want one migration counted ok")
+			}
+		})
+	}
+}
+
+// TestRetryAfterHeaders: an engine that sends a stream's headers and
+// dies in its prefill (vLLM sends them first) has given the client
+// nothing, since the gateway sends the headers with the first body
+// bytes: the request is retried elsewhere, whole, with or without
+// migration, and the failure is reported to health.
+func TestRetryAfterHeaders(t *testing.T) {
+	for _, limit := range []int{0, 1} {
+		t.Run(fmt.Sprint("migration limit ", limit), func(t *testing.T) {
+			b := &breaker{words: 5, fail: "headers"}
+			srv := b.server(t)
+			e := startEngine(t, fleet.RoleBoth, nil)
+			eps := []fleet.Endpoint{{Name: "breaker", URL: srv.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 20000 * 50},
+				endpointOf(e, fleet.RoleBoth)}
+			// Passive health only: one failure ejects the breaker, and
+			// no probe brings it back within the test.
+			pr, err := health.New(health.Config{Interval: time.Hour, Timeout: time.Second, EjectAfter: 1, NoMetrics: true, Logger: quiet()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pr.Close()
+			_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", MigrationLimit: limit}, Options{Health: pr})
+			body := `{"model":"` + testModel + `","messages":[{"role":"user","content":"tell me"}],"max_tokens":20,"stream":true}`
+			for i := range 2 { // round-robin: one of the two goes to the breaker first
+				s := readStream(t, url+"/v1/chat/completions", body)
+				if s.readErr != nil || s.status != 200 || s.done != 1 || s.roles != 1 || len(s.ids) != 1 || s.finish != "length" || s.endpoint == "breaker" {
+					t.Fatalf("request %d: want a whole stream from the other engine: status %d, endpoint %s, %d [DONE], %d role events, finish %q, read %v\n%s",
+						i, s.status, s.endpoint, s.done, s.roles, s.finish, s.readErr, s.raw)
+				}
+			}
+			b.body(t, 0) // the breaker had one
+			m := get(t, admin+"/metrics")
+			if !strings.Contains(m, "kvgate_retries_total 1\n") || strings.Contains(m, `kvgate_migrations_total{result="ok"} 1`) {
+				t.Errorf("want one retry and no migration:\n%s\n%s", grepLines(m, "kvgate_retries_total"), grepLines(m, "kvgate_migrations_total"))
+			}
+			if pr.Available("breaker") {
+				t.Errorf("want the breaker ejected")
 			}
 		})
 	}

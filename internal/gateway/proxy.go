@@ -480,6 +480,10 @@ func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed,
 	if err == nil && refused {
 		return "", &engineRefused{endpoint: target.ep.Name, status: resp.StatusCode}
 	}
+	var ue *upstreamError
+	if errors.As(err, &ue) { // failed before its first byte: retry elsewhere
+		return target.ep.Name, err
+	}
 	if err == nil && tpot > 0 {
 		lf.Finished(fl, g.clock(), tpot) // the stream's TPOT trains its decode endpoint's model
 	}
@@ -735,9 +739,13 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 // with n > 1) calls probe, if set, with the TPOT so far
 // (load.Fleet.TPOTProbe).
 //
-// With start, the answer's headers wait for its first body bytes (or its
-// end), and go only if start then reports true: an investment stopped
-// before its first byte (invest.go) ends in errYielded, nothing written.
+// The answer's headers wait for its first body bytes (or its end): an
+// engine that fails before them (vLLM sends a stream's headers before
+// its prefill, so an engine that dies in its prefill has sent them) has
+// written the client nothing, and its failure is an *upstreamError a
+// retry elsewhere may mend. With start, the headers go only if start then
+// reports true: an investment stopped before its first byte (invest.go)
+// ends in errYielded, nothing written.
 //
 // It returns the stream's observed TPOT (0: not a stream of more than two
 // tokens a sequence). A stream's tokens are its SSE events that bring
@@ -755,10 +763,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 		writeHeaders(w, rc, resp)
 		return true
 	}
-	deferred := start != nil
-	if !deferred {
-		begin()
-	}
+	deferred := true
 	bp := g.copyBuffer()
 	defer g.bufs.Put(bp)
 	buf := *bp
@@ -808,18 +813,17 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			if end.done() {
 				break
 			}
-			if deferred {
-				// Nothing written yet: stopped (the 429 goes), or
-				// an engine failure a retry may mend.
-				if start() {
-					return 0, &upstreamError{m.ep.Name, err}
-				}
-				return 0, errYielded
+			gone := errors.Is(resp.Request.Context().Err(), context.Canceled)
+			if deferred && start != nil && !start() {
+				return 0, errYielded // stopped, nothing written: the 429 goes
 			}
-			if !errors.Is(resp.Request.Context().Err(), context.Canceled) {
+			if !gone {
 				// The engine broke its answer (its client is still
 				// there): a failure, as a refused connection is.
 				g.reportFailure(m, err)
+			}
+			if deferred { // nothing written yet: a retry may mend it
+				return 0, &upstreamError{m.ep.Name, err}
 			}
 			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
 		}

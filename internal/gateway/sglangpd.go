@@ -55,9 +55,15 @@ func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *htt
 	// if it has not come, is no longer needed.
 	cancel()
 	perr := <-prefilled
+	var ue *upstreamError
 	switch {
 	case err != nil && perr != nil && !errors.Is(perr, context.Canceled):
+		if errors.As(err, &ue) { // nothing written: the prefill failed first
+			return p.prefill.ep.Name, perr
+		}
 		return "", fmt.Errorf("%w (the prefill leg failed: %v)", err, perr)
+	case errors.As(err, &ue): // the decode engine failed before its first byte
+		return p.decode.ep.Name, err
 	case err != nil:
 		return "", err
 	case refused:
