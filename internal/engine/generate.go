@@ -258,7 +258,7 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 		return
 	}
 	e.sched.submit(rq)
-	resp := newResponder(e.cfg.Model, rq, a, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	resp := newResponder(e.cfg.Model, rq, a, req)
 	if req.Stream {
 		e.stream(w, r, rq, resp)
 		return
@@ -306,17 +306,25 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, res
 		if sent == 0 && out.generated > 0 && resp.chat {
 			buf = resp.roleChunk(buf)
 		}
-		for ; sent < out.generated; sent++ {
-			last := out.done && sent == out.generated-1
+		// vLLM's --stream-interval N sends the tokens since its last
+		// event as one event (the first token at once); at 1, one
+		// event a token.
+		step := 1
+		if e.cfg.StreamInterval > 1 && !resp.generate {
+			step = out.generated - sent
+		}
+		for sent < out.generated {
+			to := min(sent+step, out.generated)
 			reason := ""
-			if last {
+			if out.done && to == out.generated {
 				reason = out.finishReason
 			}
 			if resp.generate {
 				buf = resp.generateChunk(buf, sent, reason, out)
-				continue
+			} else {
+				buf = resp.tokenChunk(buf, sent, to, reason)
 			}
-			buf = resp.tokenChunk(buf, sent, reason)
+			sent = to
 		}
 		if out.done {
 			if resp.includeUsage && !resp.generate {
@@ -346,15 +354,19 @@ type responder struct {
 	generate     bool   // SGLang's /generate
 	sofar        []byte // /generate: the text streamed so far
 	includeUsage bool
-	id, model    string
-	created      int64
-	rq           *request
-	head         string // `data: {"id":...,"model":...,"choices":[{"index":0,`
+	// continuous: every event carries the usage so far
+	// (continuous_usage_stats).
+	continuous bool
+	id, model  string
+	created    int64
+	rq         *request
+	head       string // `data: {"id":...,"model":...,"choices":[{"index":0,`
 }
 
-func newResponder(model string, rq *request, a api, includeUsage bool) *responder {
+func newResponder(model string, rq *request, a api, req *openai.Request) *responder {
 	chat := a == apiChat
-	s := &responder{chat: chat, generate: a == apiGenerate, includeUsage: includeUsage, id: rq.id, model: model, created: time.Now().Unix(), rq: rq}
+	s := &responder{chat: chat, generate: a == apiGenerate, id: rq.id, model: model, created: time.Now().Unix(), rq: rq}
+	s.includeUsage, s.continuous = req.UsageEvents()
 	obj := "text_completion"
 	if chat {
 		obj = "chat.completion.chunk"
@@ -367,22 +379,37 @@ func newResponder(model string, rq *request, a api, includeUsage bool) *responde
 
 func (s *responder) roleChunk(b []byte) []byte {
 	b = append(b, s.head...)
-	return append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+	b = append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	return s.end(b, 0)
 }
 
-// tokenChunk appends the SSE chunk of output token i (filler words are
-// plain ASCII letters, so they need no JSON escaping).
-func (s *responder) tokenChunk(b []byte, i int, reason string) []byte {
+// end closes an event whose choices end b, with the usage of the
+// answer's first generated tokens when continuous (vLLM's
+// continuous_usage_stats).
+func (s *responder) end(b []byte, generated int) []byte {
+	if s.continuous {
+		u, _ := json.Marshal(openai.Usage{PromptTokens: s.rq.promptLen, CompletionTokens: generated, TotalTokens: s.rq.promptLen + generated})
+		b = append(b, `,"usage":`...)
+		b = append(b, u...)
+	}
+	return append(b, "}\n\n"...)
+}
+
+// tokenChunk appends the SSE chunk of output tokens [from, to) (filler
+// words are plain ASCII letters, so they need no JSON escaping).
+func (s *responder) tokenChunk(b []byte, from, to int, reason string) []byte {
 	b = append(b, s.head...)
 	if s.chat {
 		b = append(b, `{"index":0,"delta":{"content":"`...)
 	} else {
 		b = append(b, `{"index":0,"text":"`...)
 	}
-	if i > 0 {
-		b = append(b, ' ')
+	for i := from; i < to; i++ {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = append(b, fillerWords[fillerIndex(s.rq.seed, i)]...)
 	}
-	b = append(b, fillerWords[fillerIndex(s.rq.seed, i)]...)
 	if s.chat {
 		b = append(b, `"},"logprobs":null,"finish_reason":`...)
 	} else {
@@ -395,7 +422,8 @@ func (s *responder) tokenChunk(b []byte, i int, reason string) []byte {
 		b = append(b, reason...)
 		b = append(b, '"')
 	}
-	return append(b, `,"stop_reason":null}]}`+"\n\n"...)
+	b = append(b, `,"stop_reason":null}]`...)
+	return s.end(b, to)
 }
 
 func (s *responder) usage(out requestOutput) openai.Usage {

@@ -64,20 +64,31 @@ type streamTap struct {
 	// stuck says why the answer cannot be continued ("": it can).
 	stuck string
 
+	// final and continuous: the client asked for the usage event at the
+	// end (include_usage) and in every event (continuous_usage_stats).
+	// The engines are asked for both (openai.Request.AskUsageEvents),
+	// which count the tokens the client had; the client gets what it
+	// asked for.
+	final, continuous bool
+
 	// A continuation's (after continueOn).
 	cont       bool
 	contStatus int
 	scratch    http.Header
 	skipBlank  bool
-	// before is the tokens the client had when the continuation began
-	// (its token events: one a token, as vLLM and SGLang stream by
-	// default); prompt the original prompt's tokens as the gateway
-	// counted them.
+	// before is the tokens the client had when the continuation began;
+	// prompt the original prompt's tokens as the gateway counted them.
 	before, prompt int
 }
 
-func newStreamTap(w http.ResponseWriter, prompt int) *streamTap {
-	return &streamTap{w: w, rc: http.NewResponseController(w), prompt: prompt}
+// newStreamTap taps the answer to req, whose prompt the gateway counted
+// prompt tokens, on its way to w; it makes req ask the engines for the
+// usage in every event (the client gets what it asked for).
+func newStreamTap(w http.ResponseWriter, req *openai.Request, prompt int) *streamTap {
+	t := &streamTap{w: w, rc: http.NewResponseController(w), prompt: prompt}
+	t.final, t.continuous = req.UsageEvents()
+	req.AskUsageEvents()
+	return t
 }
 
 // Header is the client's headers until a continuation: its engine's
@@ -192,29 +203,24 @@ func (t *streamTap) line(out, line []byte) []byte {
 		t.open = true
 		return append(out, line...)
 	}
-	text, finished := c.Text, c.Finished
-	t.finished = t.finished || finished || c.Error != nil
-	if c.Other {
-		t.halt("more than text (reasoning, tool calls or a second choice)")
+	t.read(&c)
+	// What the client did not ask for: the usage event at the end, the
+	// usage in every event.
+	usageOnly := c.Usage != nil && c.Choices == 0 && c.Error == nil
+	if usageOnly && !t.final {
+		t.skipBlank = true
+		return out
 	}
-	if len(text) > 0 {
-		t.tokens++
-		if t.text.Len()+len(text) > maxTapText {
-			t.halt("an answer longer than the tap keeps")
-		} else {
-			t.text.Write(text)
-		}
-	}
-	t.events = true
-	if t.id == "" {
-		t.id = c.IDString()
-	}
+	keepUsage := usageOnly || t.continuous
 	if !t.cont {
 		t.role = t.role || c.Role
 		t.open = true
+		if c.Usage != nil && !keepUsage {
+			return append(append(append(out, "data: "...), c.WithoutUsage(data)...), '\n')
+		}
 		return append(out, line...)
 	}
-	if t.role && c.Role && len(text) == 0 && !finished && c.Usage == nil && c.Error == nil {
+	if t.role && c.Role && len(c.Text) == 0 && !c.Finished && c.Error == nil {
 		t.skipBlank = true // the continuation's role event: the client had one
 		return out
 	}
@@ -223,7 +229,36 @@ func (t *streamTap) line(out, line []byte) []byte {
 		out = append(out, '\n') // end the event the broken stream left open
 	}
 	t.open = true
-	return append(append(append(out, "data: "...), t.rewrite(data)...), '\n')
+	return append(append(append(out, "data: "...), t.rewrite(data, keepUsage)...), '\n')
+}
+
+// read takes an event's news: its text, whether the answer finished, and
+// the tokens the client has: the usage's count when the engine reports
+// it (an event may bring several tokens: vLLM's --stream-interval, or
+// its output collector when the server lags), else one an event of text.
+func (t *streamTap) read(c *openai.StreamChunk) {
+	t.finished = t.finished || c.Finished || c.Error != nil
+	if c.Other {
+		t.halt("more than text (reasoning, tool calls or a second choice)")
+	}
+	n, counted := openai.UsageCompletion(c.Usage)
+	switch {
+	case counted:
+		t.tokens = t.before + n
+	case len(c.Text) > 0:
+		t.tokens++
+	}
+	if len(c.Text) > 0 {
+		if t.text.Len()+len(c.Text) > maxTapText {
+			t.halt("an answer longer than the tap keeps")
+		} else {
+			t.text.Write(c.Text)
+		}
+	}
+	t.events = true
+	if t.id == "" {
+		t.id = c.IDString()
+	}
 }
 
 // halt marks the answer as one that cannot be continued.
@@ -234,17 +269,20 @@ func (t *streamTap) halt(why string) {
 }
 
 // rewrite is a continuation's event as the client's answer: the first
-// engine's id, and in its usage the whole answer's tokens: the
-// completion both engines made, and the client's prompt, which is the
-// continuation's prompt less the tokens the client had (the engine's own
-// count; the gateway's when the engine reports none).
-func (t *streamTap) rewrite(data []byte) []byte {
+// engine's id, and in its usage (kept if keepUsage) the whole answer's
+// tokens: the completion both engines made, and the client's prompt,
+// which is the continuation's prompt less the tokens the client had (the
+// engine's own count; the gateway's when the engine reports none).
+func (t *streamTap) rewrite(data []byte, keepUsage bool) []byte {
 	var ev map[string]json.RawMessage
 	if json.Unmarshal(data, &ev) != nil {
 		return data
 	}
 	if t.id != "" {
 		ev["id"], _ = json.Marshal(t.id)
+	}
+	if !keepUsage {
+		delete(ev, "usage")
 	}
 	if u := ev["usage"]; len(u) > 0 && string(u) != "null" {
 		var usage map[string]json.RawMessage

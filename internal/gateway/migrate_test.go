@@ -37,6 +37,9 @@ type breaker struct {
 	// one, the role event without content, no logprobs (seen live,
 	// 2026-12-03).
 	llmd bool
+	// interval: words an event (vLLM's --stream-interval; 0 is 1). Asked
+	// for continuous usage, every event says how many came so far.
+	interval int
 
 	mu     sync.Mutex
 	bodies []map[string]any
@@ -62,14 +65,20 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 			w.(http.Flusher).Flush()
 			panic(http.ErrAbortHandler)
 		}
+		opts, _ := body["stream_options"].(map[string]any)
+		continuous := opts["include_usage"] == true && opts["continuous_usage_stats"] == true
+		sent := 0 // words
 		event := func(choice string) {
 			obj := "text_completion"
 			if chat {
 				obj = "chat.completion.chunk"
 			}
 			usage := ""
-			if b.llmd {
+			switch {
+			case b.llmd:
 				usage, choice = `"usage":null,`, strings.ReplaceAll(choice, `"logprobs":null,`, "")
+			case continuous:
+				usage = fmt.Sprintf(`"usage":{"prompt_tokens":3,"total_tokens":%d,"completion_tokens":%d},`, 3+sent, sent)
 			}
 			fmt.Fprintf(w, "data: {\"id\":\"first-engine-id\",\"object\":%q,\"created\":1,\"model\":%q,%s\"choices\":[%s]}\n\n", obj, testModel, usage, choice)
 			w.(http.Flusher).Flush()
@@ -80,14 +89,20 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 		case chat:
 			event(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`)
 		}
-		for i := range b.words {
+		for sent < b.words {
+			i := sent
+			var words string
+			for sent < min(i+max(b.interval, 1), b.words) {
+				words += fmt.Sprintf("w%d ", sent)
+				sent++
+			}
 			switch {
 			case b.tools:
-				event(fmt.Sprintf(`{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"w%d"}}]},"finish_reason":null}`, i))
+				event(fmt.Sprintf(`{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":%q}}]},"finish_reason":null}`, words))
 			case chat:
-				event(fmt.Sprintf(`{"index":0,"delta":{"content":"w%d "},"logprobs":null,"finish_reason":null}`, i))
+				event(fmt.Sprintf(`{"index":0,"delta":{"content":%q},"logprobs":null,"finish_reason":null}`, words))
 			default:
-				event(fmt.Sprintf(`{"index":0,"text":"w%d ","logprobs":null,"finish_reason":null,"stop_reason":null}`, i))
+				event(fmt.Sprintf(`{"index":0,"text":%q,"logprobs":null,"finish_reason":null,"stop_reason":null}`, words))
 			}
 		}
 		switch b.fail {
@@ -245,6 +260,28 @@ func TestMigrateChat(t *testing.T) {
 				t.Errorf("want one migration counted ok")
 			}
 		})
+	}
+}
+
+// TestMigrateCountsUsage: an engine that sends three tokens an event
+// (vLLM's --stream-interval 3) breaks after six; asked by the gateway for
+// the usage in every event, it says six, and the continuation asks for
+// the 14 left of 20: the client reads 20 words, one usage (the final
+// event it asked for) counting 20. Counted as events, the continuation
+// asked for 18 and the client read 24.
+func TestMigrateCountsUsage(t *testing.T) {
+	b := &breaker{words: 6, interval: 3, fail: "abort"}
+	url, _, _ := migrationFleet(t, b, 1)
+	body := `{"model":"` + testModel + `","messages":[{"role":"user","content":"tell me"}],"max_tokens":20,"stream":true,"stream_options":{"include_usage":true}}`
+	s := onBreaker(t, url+"/v1/chat/completions", body)
+	if n := len(strings.Fields(s.text)); n != 20 || !strings.HasPrefix(s.text, "w0 w1 w2 w3 w4 w5 ") || s.done != 1 || s.finish != "length" {
+		t.Fatalf("want the breaker's 6 words then 14 of the emulator's: %d words %q, finish %q\n%s", n, s.text, s.finish, s.raw)
+	}
+	if strings.Count(s.raw, `"usage"`) != 1 || s.usage == nil || s.usage["completion_tokens"] != float64(20) {
+		t.Fatalf("want one usage, the final event's, counting 20:\n%s", s.raw)
+	}
+	if opts, _ := b.body(t, 0)["stream_options"].(map[string]any); opts["continuous_usage_stats"] != true || opts["include_usage"] != true {
+		t.Fatalf("the engine was not asked for the usage in every event: %v", opts)
 	}
 }
 
@@ -417,7 +454,8 @@ func FuzzStreamTap(f *testing.F) {
 	f.Add([]byte(": keepalive\n\ndata: not json\n\n"), uint8(1), true, true)
 	f.Fuzz(func(t *testing.T, in []byte, step uint8, cont, clean bool) {
 		rec := httptest.NewRecorder()
-		tap := newStreamTap(rec, 10)
+		// A client that asked for every usage: nothing is taken out.
+		tap := newStreamTap(rec, tapRequest(t, `{"include_usage":true,"continuous_usage_stats":true}`), 10)
 		if cont {
 			tap.WriteHeader(http.StatusOK)
 			tap.continueOn()
@@ -447,6 +485,66 @@ func FuzzStreamTap(f *testing.F) {
 	})
 }
 
+// tapRequest is a streamed chat request with stream_options opts.
+func tapRequest(t testing.TB, opts string) *openai.Request {
+	t.Helper()
+	req, err := openai.ParseRequest([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":` + opts + `}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+// TestTapUsage: the engines are asked for the usage in every event,
+// which counts the tokens the client had (several an event here, as
+// vLLM's --stream-interval sends them); the client gets the usage it
+// asked for: none, the final event, or every event's.
+func TestTapUsage(t *testing.T) {
+	ev := func(choices, usage string) string {
+		return `data: {"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[` + choices + `],"usage":` + usage + "}\n\n"
+	}
+	u := func(n int) string {
+		return fmt.Sprintf(`{"prompt_tokens":4,"total_tokens":%d,"completion_tokens":%d}`, 4+n, n)
+	}
+	stream := ev(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`, u(0)) +
+		ev(`{"index":0,"delta":{"content":"one"},"logprobs":null,"finish_reason":null}`, u(1)) +
+		ev(`{"index":0,"delta":{"content":" two three four"},"logprobs":null,"finish_reason":null}`, u(4))
+	end := ev(`{"index":0,"delta":{"content":" five"},"logprobs":null,"finish_reason":"stop"}`, u(5)) + ev("", u(5)) + "data: [DONE]\n\n"
+	cases := []struct {
+		opts            string
+		usages, onlyUse int // events with a usage, usage-only events
+	}{
+		{`null`, 0, 0},
+		{`{"include_usage":true}`, 1, 1},
+		{`{"include_usage":true,"continuous_usage_stats":true}`, 5, 1},
+		{`{"continuous_usage_stats":true}`, 0, 0}, // vLLM: only with include_usage
+	}
+	for _, c := range cases {
+		req := tapRequest(t, c.opts)
+		rec := httptest.NewRecorder()
+		tap := newStreamTap(rec, req, 4)
+		if final, cont := req.UsageEvents(); !final || !cont {
+			t.Fatalf("%s: the engine is not asked for the usage in every event", c.opts)
+		}
+		tap.WriteHeader(http.StatusOK)
+		tap.Write([]byte(stream))
+		if tap.tokens != 4 || tap.text.String() != "one two three four" {
+			t.Fatalf("%s: %d tokens %q, want the usage's 4", c.opts, tap.tokens, tap.text.String())
+		}
+		tap.Write([]byte(end))
+		out := rec.Body.String()
+		usages, only := strings.Count(out, `"usage":`), strings.Count(out, `"choices":[],"usage"`)
+		if usages != c.usages || only != c.onlyUse || strings.Count(out, "data: ") != 5+c.onlyUse || !strings.HasSuffix(out, "}\n\ndata: [DONE]\n\n") {
+			t.Errorf("%s: %d usages, %d usage events, want %d and %d:\n%s", c.opts, usages, only, c.usages, c.onlyUse, out)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if data, ok := strings.CutPrefix(line, "data: "); ok && data != "[DONE]" && !json.Valid([]byte(data)) {
+				t.Errorf("%s: invalid event %q", c.opts, data)
+			}
+		}
+	}
+}
+
 // discardWriter is a client that reads everything at once.
 type discardWriter struct{ h http.Header }
 
@@ -457,15 +555,29 @@ func (d *discardWriter) Flush()                      {}
 
 // BenchmarkStreamTap: what --migration-limit costs a stream, its tap
 // reading every event, against writing the stream through as relay
-// does without it; one event a read (an engine's pace) and 16.
+// does without it; one event a read (an engine's pace) and 16. With
+// usage: every event carries the usage the gateway asked the engine
+// for, which the tap takes out for a client that did not ask.
 func BenchmarkStreamTap(b *testing.B) {
-	events := chatStreamEvents(500)
-	for _, per := range []int{1, 16} {
+	plain := chatStreamEvents(500)
+	withUsage := make([]string, len(plain))
+	for i, ev := range plain {
+		withUsage[i] = ev
+		if strings.Contains(ev, `"choices":[{`) {
+			withUsage[i] = strings.Replace(ev, "]}\n\n", fmt.Sprintf(`],"usage":{"prompt_tokens":5,"total_tokens":%d,"completion_tokens":%d}}`+"\n\n", 5+max(i-1, 0), max(i-1, 0)), 1)
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		events []string
+		per    int
+	}{{"", plain, 1}, {"", plain, 16}, {"usage/", withUsage, 1}, {"usage/", withUsage, 16}} {
+		events, per := c.events, c.per
 		var reads [][]byte
 		for i := 0; i < len(events); i += per {
 			reads = append(reads, []byte(strings.Join(events[i:min(i+per, len(events))], "")))
 		}
-		b.Run(fmt.Sprintf("write-through/%d-per-read", per), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%swrite-through/%d-per-read", c.name, per), func(b *testing.B) {
 			w := &discardWriter{h: http.Header{}}
 			rc := http.NewResponseController(w)
 			for range b.N {
@@ -477,9 +589,9 @@ func BenchmarkStreamTap(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
 		})
-		b.Run(fmt.Sprintf("tap/%d-per-read", per), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%stap/%d-per-read", c.name, per), func(b *testing.B) {
 			for range b.N {
-				tap := newStreamTap(&discardWriter{h: http.Header{}}, 5)
+				tap := newStreamTap(&discardWriter{h: http.Header{}}, tapRequest(b, "null"), 5)
 				tap.WriteHeader(http.StatusOK)
 				for _, r := range reads {
 					if _, err := tap.Write(r); err != nil {

@@ -115,7 +115,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	out := http.ResponseWriter(w)
 	var tap *streamTap
 	if g.migratable(rt) {
-		tap = newStreamTap(w, rt.promptN)
+		tap = newStreamTap(w, rt.req, rt.promptN)
 		out = tap
 	}
 	exclude := ""

@@ -2,6 +2,8 @@ package openai
 
 import (
 	"encoding/json"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -193,4 +195,121 @@ func FuzzParseStreamChunk(f *testing.F) {
 			t.Fatalf("%s: text %q other %v finished %v id %q; want %q %v %v %q", data, c.Text, c.Other, c.Finished, c.IDString(), wantText, wantOther, finish && first, id)
 		}
 	})
+}
+
+// TestWithoutUsage: an event loses its usage member and the comma that
+// joined it, whatever its place, and stays the same JSON otherwise.
+func TestWithoutUsage(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{`{"id":"a","choices":[],"usage":{"completion_tokens":3}}`, `{"id":"a","choices":[]}`},
+		{`{"usage":{"completion_tokens":3},"id":"a"}`, `{"id":"a"}`},
+		{`{"id":"a", "usage" : {"a":[1,{"b":"}"}]} , "x":1}`, `{"id":"a" , "x":1}`},
+		{`{"usage":null}`, `{}`},
+		{` { "usage" : 1 } `, ` {  } `},
+		{`{"id":"a"}`, `{"id":"a"}`},
+		{`{"choices":[{"usage":1}]}`, `{"choices":[{"usage":1}]}`}, // only the top level's
+	}
+	for _, c := range cases {
+		ch, err := ParseStreamChunk([]byte(c.in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(ch.WithoutUsage([]byte(c.in))); got != c.want {
+			t.Errorf("%s: %s, want %s", c.in, got, c.want)
+		}
+	}
+}
+
+// FuzzWithoutUsage: an object written by encoding/json, usage among
+// members of any names, reads back without usage and otherwise equal.
+func FuzzWithoutUsage(f *testing.F) {
+	f.Add("id", "zz", "text", true)
+	f.Add("a", "", "usagf", false)
+	f.Fuzz(func(t *testing.T, k1, k2, text string, usage bool) {
+		m := map[string]any{k1: text, k2: []any{map[string]any{"usage": text}}}
+		if usage {
+			m["usage"] = map[string]any{"completion_tokens": len(text), "x": text}
+		}
+		data, err := json.Marshal(m)
+		if err != nil {
+			t.Skip()
+		}
+		c, err := ParseStreamChunk(data)
+		if err != nil {
+			t.Fatalf("%s: %v", data, err)
+		}
+		out := c.WithoutUsage(data)
+		var back map[string]any
+		if err := json.Unmarshal(out, &back); err != nil {
+			t.Fatalf("%s -> %s: %v", data, out, err)
+		}
+		delete(m, "usage")
+		w, _ := json.Marshal(m)
+		var want map[string]any
+		json.Unmarshal(w, &want)
+		if !reflect.DeepEqual(back, want) {
+			t.Fatalf("%s -> %s, want %s", data, out, w)
+		}
+		if n, ok := UsageCompletion(c.Usage); usage && (!ok || n != len(text)) {
+			t.Fatalf("%s: completion tokens %d %v, want %d", data, n, ok, len(text))
+		}
+	})
+}
+
+func TestUsageCompletion(t *testing.T) {
+	cases := []struct {
+		usage string
+		n     int
+		ok    bool
+	}{
+		{`{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}`, 3, true},
+		{`{"completion_tokens":0}`, 0, true},
+		{`{"completion_tokens":-1}`, -1, false},
+		{`{"completion_tokens":1.5}`, -1, false},
+		{`{"completion_tokens":99999999999}`, -1, false},
+		{`{"completion_tokens":"3"}`, -1, false},
+		{`{"prompt_tokens":5}`, -1, false},
+		{`null`, -1, false},
+		{``, -1, false},
+	}
+	for _, c := range cases {
+		if n, ok := UsageCompletion([]byte(c.usage)); n != c.n || ok != c.ok {
+			t.Errorf("%s: %d %v, want %d %v", c.usage, n, ok, c.n, c.ok)
+		}
+	}
+}
+
+func TestAskUsageEvents(t *testing.T) {
+	cases := []struct{ body, want string }{
+		{`{"model":"m","stream":true}`, `{"include_usage":true,"continuous_usage_stats":true}`},
+		{`{"model":"m","stream":true,"stream_options":null}`, `{"include_usage":true,"continuous_usage_stats":true}`},
+		{`{"model":"m","stream":true,"stream_options":{"include_usage":false,"x":[1]}}`, `{"include_usage":true,"continuous_usage_stats":true,"x":[1]}`},
+	}
+	for _, c := range cases {
+		r, err := ParseRequest([]byte(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.AskUsageEvents()
+		if final, cont := r.UsageEvents(); !final || !cont {
+			t.Errorf("%s: usage events %v %v", c.body, final, cont)
+		}
+		back, err := ParseRequest(r.Raw)
+		if err != nil {
+			t.Fatalf("%s: %v", c.body, err)
+		}
+		var got, want any
+		json.Unmarshal(back.value("stream_options"), &got)
+		json.Unmarshal([]byte(c.want), &want)
+		if fmt.Sprint(got) != fmt.Sprint(want) || back.Model != "m" || !back.Stream {
+			t.Errorf("%s: %s", c.body, r.Raw)
+		}
+		if final, cont := back.UsageEvents(); !final || !cont {
+			t.Errorf("%s: usage events %v %v", c.body, final, cont)
+		}
+	}
+	r, _ := ParseRequest([]byte(`{"model":"m","stream_options":{"continuous_usage_stats":true}}`))
+	if final, cont := r.UsageEvents(); final || cont {
+		t.Errorf("continuous_usage_stats without include_usage: %v %v (vLLM: neither)", final, cont)
+	}
 }

@@ -51,6 +51,42 @@ type Request struct {
 // StreamOptions is the stream_options object.
 type StreamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
+	// ContinuousUsageStats is vLLM's and SGLang's continuous_usage_stats:
+	// with IncludeUsage, every event carries the usage so far.
+	ContinuousUsageStats bool `json:"continuous_usage_stats"`
+}
+
+// AskUsageEvents makes r's body ask for the usage in every streamed
+// event: stream_options with include_usage and continuous_usage_stats
+// true, its other members kept. A gateway that continues a broken
+// stream (migration) counts the tokens the client had from it: an
+// engine may send several tokens an event (vLLM's --stream-interval, or
+// its output collector when the server lags).
+func (r *Request) AskUsageEvents() {
+	opts := map[string]json.RawMessage{}
+	if v := r.value("stream_options"); v != nil && !isNull(v) {
+		_ = json.Unmarshal(v, &opts) // an object: ParseRequest checked it
+	}
+	opts["include_usage"] = json.RawMessage("true")
+	opts["continuous_usage_stats"] = json.RawMessage("true")
+	v, _ := json.Marshal(opts)
+	body := r.Rewrite(Edit{Key: "stream_options", Value: v})
+	ms, err := objectMembers(body, "request body")
+	if err != nil {
+		return // cannot happen: an object with one valid member changed
+	}
+	r.Raw, r.members = body, ms
+	r.StreamOptions = &StreamOptions{IncludeUsage: true, ContinuousUsageStats: true}
+}
+
+// UsageEvents reports whether the request asks for its final usage event
+// (include_usage) and for the usage in every event (vLLM's rule:
+// continuous_usage_stats counts only with include_usage).
+func (r *Request) UsageEvents() (final, continuous bool) {
+	if o := r.StreamOptions; o != nil && o.IncludeUsage {
+		return true, o.ContinuousUsageStats
+	}
+	return false, false
 }
 
 // PromptKind is the shape of a completion prompt.

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"errors"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -25,6 +26,12 @@ type StreamChunk struct {
 	// Usage and Error are the usage event's and an error event's values
 	// (nil when absent or null); they alias the parsed data.
 	Usage, Error []byte
+	// Choices is how many elements choices has (0 in the final usage
+	// event).
+	Choices int
+	// usageAt is the byte range of the usage member, key to value, in
+	// the parsed data ([0, 0]: none).
+	usageAt [2]int
 }
 
 var errNotObject = errors.New("not a JSON object")
@@ -45,16 +52,65 @@ func ParseStreamChunk(data []byte) (StreamChunk, error) {
 			c.ID = v
 		case `"usage"`:
 			c.Usage = nonNull(v)
+			// key and v are reslices of data: their offsets are
+			// what data's capacity has beyond theirs.
+			c.usageAt = [2]int{cap(data) - cap(key), cap(data) - cap(v) + len(v)}
 		case `"error"`:
 			c.Error = nonNull(v)
 		case `"choices"`:
-			eachElement(v, c.choice)
+			eachElement(v, func(el []byte) {
+				c.Choices++
+				c.choice(el)
+			})
 		}
 	})
 	if !ok {
 		return c, errNotObject
 	}
 	return c, nil
+}
+
+// WithoutUsage is data, the event c was parsed from, without its usage
+// member (data itself when it has none): an event as an engine writes it
+// for a client that did not ask for the usage in every event.
+func (c *StreamChunk) WithoutUsage(data []byte) []byte {
+	from, to := c.usageAt[0], c.usageAt[1]
+	if to == 0 || to > len(data) || from >= to {
+		return data
+	}
+	// The member goes with the comma that joined it to its neighbour:
+	// the one before it, or when it came first, the one after it.
+	if i := skipSpaceBack(data, from); i > 0 && data[i-1] == ',' {
+		from = i - 1
+	} else if j := skipSpace(data, to); j < len(data) && data[j] == ',' {
+		to = skipSpace(data, j+1)
+	}
+	out := make([]byte, 0, len(data)-(to-from))
+	return append(append(out, data[:from]...), data[to:]...)
+}
+
+// skipSpaceBack is the index just past the last non-space byte of b
+// before i.
+func skipSpaceBack(b []byte, i int) int {
+	for i > 0 && (b[i-1] == ' ' || b[i-1] == '\t' || b[i-1] == '\n' || b[i-1] == '\r') {
+		i--
+	}
+	return i
+}
+
+// UsageCompletion is the completion_tokens of a usage object (false:
+// absent, or not an integer in [0, 2^31)).
+func UsageCompletion(usage []byte) (int, bool) {
+	n, ok := -1, false
+	eachMember(usage, func(key, v []byte) {
+		if string(key) != `"completion_tokens"` {
+			return
+		}
+		if x, err := strconv.ParseInt(string(v), 10, 32); err == nil && x >= 0 {
+			n, ok = int(x), true
+		}
+	})
+	return n, ok
 }
 
 // IDString is the event's id ("" when it has none, or not a string).
