@@ -114,8 +114,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	w.Header().Set("X-Request-Id", rt.id)
 	out := http.ResponseWriter(w)
 	var tap *streamTap
-	if g.migratable(rt) {
-		tap = newStreamTap(w, rt.req, rt.promptN)
+	if tapped(rt) {
+		tap = newStreamTap(w, rt.req, rt.promptN, g.migratable(rt))
 		out = tap
 	}
 	exclude := ""
@@ -160,7 +160,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		if tap != nil && err == nil {
 			tap.eof()
 		}
-		if tap != nil && tap.broken() && (err == nil || errors.Is(err, errStreamBroken)) {
+		if tap != nil && tap.keep && tap.broken() && (err == nil || errors.Is(err, errStreamBroken)) {
 			if err = g.migrate(r, rt, tap, p.answering().ep.Name); err != nil {
 				err = fmt.Errorf("%w: %w", errStreamBroken, err)
 			}
@@ -775,6 +775,10 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	} else {
 		probe = nil
 	}
+	tokens := func() int { return end.tokens(rt.seqs) }
+	if tc, ok := w.(tokenCounter); ok && end != nil {
+		tokens = tc.tokensSent // the engine's own count
+	}
 	for {
 		n, err := resp.Body.Read(buf)
 		if deferred && (n > 0 || err == io.EOF) {
@@ -800,7 +804,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			}
 			end.scan(buf[:n])
 			if probe != nil {
-				if t := end.tokens(rt.seqs); t > load.TPOTProbeTokens {
+				if t := tokens(); t > load.TPOTProbeTokens {
 					probe(g.tpotSince(firstAt, t))
 					probe = nil
 				}
@@ -828,11 +832,15 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
 		}
 	}
-	if t := end.tokens(rt.seqs); t > 2 {
+	if t := tokens(); t > 2 {
 		return g.streamed(rt, m, firstAt, t), nil
 	}
 	return 0, nil
 }
+
+// tokenCounter is a client writer that counts the tokens of a stream it
+// passed on, from the engine's usage when it reports one (streamTap).
+type tokenCounter interface{ tokensSent() int }
 
 // copyBuffer is a 32 KiB relay buffer from the pool; Put it back.
 func (g *Gateway) copyBuffer() *[]byte {
@@ -894,8 +902,9 @@ func writeFlush(w http.ResponseWriter, rc *http.ResponseController, p []byte) er
 // break. It counts the stream's other data lines that bring tokens
 // (bringsToken), one per event (a token, or one decode step's tokens, as
 // the engine streams them): counting the role, finish and usage events
-// too made a stream's TPOT read about 1/(n-1) low. A nil *streamEnd never
-// ends (not a stream).
+// too made a stream's TPOT read about 1/(n-1) low. Its count is relay's
+// when the client's writer counts none (tokenCounter: a streamTap reads
+// the engine's usage). A nil *streamEnd never ends (not a stream).
 type streamEnd struct {
 	n      int              // bytes of the current line so far
 	line   [sseLineCap]byte // its first bytes

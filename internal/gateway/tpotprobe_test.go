@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -104,19 +105,25 @@ func TestTPOTProbeTrainsMidStream(t *testing.T) {
 // one choice an event, as vLLM streams them: its TPOT is per sequence,
 // the same, where counted over all events it read n times low; and so
 // are a batch's prompts' n sequences each.
+//
+// An engine that sends several tokens an event (per: vLLM's
+// --stream-interval) and reports the usage in every event, as the
+// gateway asks it to, has its tokens counted by that usage: 3 tokens an
+// event, the TPOT a third of what the events say.
 func TestTPOTCountsEvents(t *testing.T) {
-	for _, tc := range []struct{ n, prompts int }{{1, 1}, {3, 1}, {2, 2}} {
+	for _, tc := range []struct{ n, prompts, per int }{{1, 1, 1}, {3, 1, 1}, {2, 2, 1}, {1, 1, 3}} {
 		seqs := tc.n * tc.prompts
-		t.Run(fmt.Sprintf("n=%d,prompts=%d", tc.n, tc.prompts), func(t *testing.T) {
+		t.Run(fmt.Sprintf("n=%d,prompts=%d,per=%d", tc.n, tc.prompts, tc.per), func(t *testing.T) {
 			const writes = 21
-			got, output := streamTPOT(t, writes, tc.n, tc.prompts)
-			if output != 2*writes*seqs {
-				t.Errorf("the planner heard of %d output tokens, want %d (every sequence's)", output, 2*writes*seqs)
+			got, output := streamTPOT(t, writes, tc.n, tc.prompts, tc.per)
+			tokens := 2 * writes * tc.per // a sequence's
+			if output != tokens*seqs {
+				t.Errorf("the planner heard of %d output tokens, want %d (every sequence's)", output, tokens*seqs)
 			}
-			want := 0.2 / (2*writes - 1)
+			want := 0.2 / float64(tokens-1)
 			if math.Abs(got-want) > 1e-9 {
-				t.Fatalf("observed TPOT %.6f s, want %.6f s (%d events a sequence in 200 ms); counted per read it is %.6f s, over all sequences' events %.6f s",
-					got, want, 2*writes, 0.2/(writes-1), 0.2/float64(2*writes*seqs-1))
+				t.Fatalf("observed TPOT %.6f s, want %.6f s (%d tokens a sequence in 200 ms); counted per read it is %.6f s, over all sequences' events %.6f s, per event %.6f s",
+					got, want, tokens, 0.2/(writes-1), 0.2/float64(2*writes*seqs-1), 0.2/(2*writes-1))
 			}
 		})
 	}
@@ -124,17 +131,25 @@ func TestTPOTCountsEvents(t *testing.T) {
 
 // streamTPOT is the TPOT the gateway observes of a completion of a batch
 // of prompts, each sampling n sequences, whose upstream writes, writes
-// times, two events for each sequence, its clock moved 10 ms between
-// writes once the client has the one before.
+// times, two events for each sequence of per tokens each (with the
+// usage so far when asked for it), its clock moved 10 ms between writes
+// once the client has the one before.
 // It returns the TPOT and the output tokens the gateway's Traffic heard.
-func streamTPOT(t *testing.T, writes, n, prompts int) (float64, int) {
+func streamTPOT(t *testing.T, writes, n, prompts, per int) (float64, int) {
 	seqs := n * prompts
 	clock := &atomic.Int64{}
 	clock.Store(time.Unix(1000, 0).UnixNano())
 	ack := make(chan struct{}, 1)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			StreamOptions map[string]bool `json:"stream_options"`
+		}
+		json.NewDecoder(r.Body).Decode(&body)
+		continuous := body.StreamOptions["include_usage"] && body.StreamOptions["continuous_usage_stats"]
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
+		text := strings.TrimSpace(strings.Repeat("a ", per))
+		sent := 0
 		for i := range writes {
 			if i > 0 {
 				select {
@@ -145,8 +160,13 @@ func streamTPOT(t *testing.T, writes, n, prompts int) (float64, int) {
 				clock.Add(int64(10 * time.Millisecond))
 			}
 			for range 2 {
+				sent += per
 				for c := range seqs {
-					fmt.Fprintf(w, "data: {\"choices\":[{\"index\":%d,\"text\":\"a\"}]}\n\n", c)
+					usage := ""
+					if continuous {
+						usage = fmt.Sprintf(`,"usage":{"prompt_tokens":8,"total_tokens":%d,"completion_tokens":%d}`, 8+sent, sent)
+					}
+					fmt.Fprintf(w, "data: {\"choices\":[{\"index\":%d,\"text\":%q}]%s}\n\n", c, text, usage)
 				}
 			}
 			w.(http.Flusher).Flush()
