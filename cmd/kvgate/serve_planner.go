@@ -37,6 +37,10 @@ func (t trafficRecorder) Answered(at, ttft, tpot float64, output int, ttftMiss, 
 	t.r.Completed(planner.Completion{At: at, TTFT: ttft, TPOT: tpot, OutputTokens: output, TTFTMiss: ttftMiss, TPOTMiss: tpotMiss})
 }
 
+func (t trafficRecorder) AnsweredOutput(at float64, output int) {
+	t.r.Completed(planner.Completion{At: at, OutputTokens: output, Untimed: true})
+}
+
 // newPlannerRecorder is the recorder the gateway feeds when a planner is
 // configured (nil otherwise).
 func newPlannerRecorder(pc *plannerConfig) (*planner.Recorder, error) {

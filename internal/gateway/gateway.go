@@ -70,13 +70,18 @@ type Options struct {
 
 // Traffic hears what the gateway routes: a request's sizes when it is
 // decided (rejected ones flagged by side; its output as planned:
-// max_tokens or the default) and a streamed answer's TTFT, TPOT and output
-// tokens (every sequence's), with whether they missed the class's SLO.
+// max_tokens or the default), a streamed answer's TTFT, TPOT and output
+// tokens (every sequence's), with whether they missed the class's SLO,
+// and a non-streamed answer's output tokens.
 // Times are the gateway's clock in seconds. Implementations must be safe
 // for concurrent use.
 type Traffic interface {
 	Routed(at float64, promptTokens, cachedTokens, outputTokens int, rejectedPrefill, rejectedDecode bool)
+	// Answered is a streamed answer: its latencies and output tokens.
 	Answered(at, ttft, tpot float64, outputTokens int, ttftMiss, tpotMiss bool)
+	// AnsweredOutput is a non-streamed answer: its output tokens (its
+	// usage's), no latencies.
+	AnsweredOutput(at float64, outputTokens int)
 }
 
 // Gateway routes and proxies requests. Create with New, start the KV-event

@@ -753,89 +753,143 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 // several when the gateway lags, and counted as one token each they made
 // the TPOT read high.
 func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, h relayHooks) (float64, error) {
-	firstByte, probe, start := h.firstByte, h.probe, h.start
-	rc := http.NewResponseController(w)
-	begin := func() bool {
-		if start != nil && !start() {
-			return false
-		}
-		start = nil
-		writeHeaders(w, rc, resp)
-		return true
-	}
-	deferred := true
+	r := g.newRelayed(w, resp, rt, m, h)
 	bp := g.copyBuffer()
 	defer g.bufs.Put(bp)
 	buf := *bp
-	first := true
-	var firstAt time.Time
-	var end *streamEnd // an SSE answer's [DONE] line, once the client has it
-	if rt.req.Stream && resp.StatusCode == http.StatusOK {
-		end = &streamEnd{}
-	} else {
-		probe = nil
-	}
-	tokens := func() int { return end.tokens(rt.seqs) }
-	if tc, ok := w.(tokenCounter); ok && end != nil {
-		tokens = tc.tokensSent // the engine's own count
-	}
 	for {
 		n, err := resp.Body.Read(buf)
-		if deferred && (n > 0 || err == io.EOF) {
-			deferred = false
-			if !begin() {
+		if r.deferred && (n > 0 || err == io.EOF) {
+			r.deferred = false
+			if !r.begin() {
 				return 0, errYielded
 			}
 		}
 		if n > 0 {
-			if first {
-				first = false
-				firstAt = g.now()
-				firstByte()
-				if resp.StatusCode == http.StatusOK && rt.req.Stream && !rt.continued {
-					g.met.ttft.WithLabelValues(rt.class.Name).Observe(firstAt.Sub(rt.arrival).Seconds())
-				}
-			}
-			if werr := writeFlush(w, rc, buf[:n]); werr != nil {
-				if end.done() {
+			if werr := r.chunk(buf[:n]); werr != nil {
+				if r.end.done() {
 					break
 				}
 				return 0, fmt.Errorf("%w: %w: %w", errStreamBroken, errClientWrite, werr)
-			}
-			end.scan(buf[:n])
-			if probe != nil {
-				if t := tokens(); t > load.TPOTProbeTokens {
-					probe(g.tpotSince(firstAt, t))
-					probe = nil
-				}
 			}
 		}
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			if end.done() {
+			if r.end.done() {
 				break
 			}
-			gone := errors.Is(resp.Request.Context().Err(), context.Canceled)
-			if deferred && start != nil && !start() {
-				return 0, errYielded // stopped, nothing written: the 429 goes
-			}
-			if !gone {
-				// The engine broke its answer (its client is still
-				// there): a failure, as a refused connection is.
-				g.reportFailure(m, err)
-			}
-			if deferred { // nothing written yet: a retry may mend it
-				return 0, &upstreamError{m.ep.Name, err}
-			}
-			return 0, fmt.Errorf("%w: %s: %w", errStreamBroken, m.ep.Name, err)
+			return 0, r.broke(err)
 		}
 	}
-	if t := tokens(); t > 2 {
-		return g.streamed(rt, m, firstAt, t), nil
+	return r.finish(), nil
+}
+
+// relayed is one answer on its way through relay.
+type relayed struct {
+	g    *Gateway
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	resp *http.Response
+	rt   *routed
+	m    *member
+	h    relayHooks
+	// deferred: the headers wait for the first body bytes.
+	deferred bool
+	// firstAt is when the first body bytes came (zero: none yet).
+	firstAt time.Time
+	// end reads an SSE answer for its [DONE] line, once the client has
+	// it; usage a non-streamed answer for its completion tokens (the
+	// planner's traffic). Either may be nil.
+	end   *streamEnd
+	usage *openai.AnswerUsage
+	// tokens is how many tokens a sequence of the stream has had.
+	tokens func() int
+}
+
+func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, h relayHooks) *relayed {
+	r := &relayed{g: g, w: w, rc: http.NewResponseController(w), resp: resp, rt: rt, m: m, h: h, deferred: true}
+	ok := resp.StatusCode == http.StatusOK
+	switch {
+	case rt.req.Stream && ok:
+		r.end = &streamEnd{}
+	case ok && g.traffic != nil && !rt.continued:
+		r.usage = &openai.AnswerUsage{}
 	}
-	return 0, nil
+	if r.end == nil {
+		r.h.probe = nil
+	}
+	r.tokens = func() int { return r.end.tokens(rt.seqs) }
+	if tc, ok := w.(tokenCounter); ok && r.end != nil {
+		r.tokens = tc.tokensSent // the engine's own count
+	}
+	return r
+}
+
+// begin sends the answer's headers, unless start says no.
+func (r *relayed) begin() bool {
+	if r.h.start != nil && !r.h.start() {
+		return false
+	}
+	r.h.start = nil
+	writeHeaders(r.w, r.rc, r.resp)
+	return true
+}
+
+// chunk passes the next body bytes p to the client and reads them.
+func (r *relayed) chunk(p []byte) error {
+	if r.firstAt.IsZero() {
+		r.firstAt = r.g.now()
+		r.h.firstByte()
+		if r.resp.StatusCode == http.StatusOK && r.rt.req.Stream && !r.rt.continued {
+			r.g.met.ttft.WithLabelValues(r.rt.class.Name).Observe(r.firstAt.Sub(r.rt.arrival).Seconds())
+		}
+	}
+	if err := writeFlush(r.w, r.rc, p); err != nil {
+		return err
+	}
+	r.end.scan(p)
+	if r.usage != nil {
+		r.usage.Scan(p)
+	}
+	if r.h.probe != nil {
+		if t := r.tokens(); t > load.TPOTProbeTokens {
+			r.h.probe(r.g.tpotSince(r.firstAt, t))
+			r.h.probe = nil
+		}
+	}
+	return nil
+}
+
+// broke is the error of an answer whose body failed with err before its
+// end.
+func (r *relayed) broke(err error) error {
+	if r.deferred && r.h.start != nil && !r.h.start() {
+		return errYielded // stopped, nothing written: the 429 goes
+	}
+	if !errors.Is(r.resp.Request.Context().Err(), context.Canceled) {
+		// The engine broke its answer (its client is still there): a
+		// failure, as a refused connection is.
+		r.g.reportFailure(r.m, err)
+	}
+	if r.deferred { // nothing written yet: a retry may mend it
+		return &upstreamError{r.m.ep.Name, err}
+	}
+	return fmt.Errorf("%w: %s: %w", errStreamBroken, r.m.ep.Name, err)
+}
+
+// finish records the whole answer and returns a stream's TPOT.
+func (r *relayed) finish() float64 {
+	if t := r.tokens(); t > 2 {
+		return r.g.streamed(r.rt, r.m, r.firstAt, t)
+	}
+	if r.usage != nil {
+		if n, ok := r.usage.Count(); ok && n > 0 {
+			r.g.traffic.AnsweredOutput(r.g.clock(), n)
+		}
+	}
+	return 0
 }
 
 // tokenCounter is a client writer that counts the tokens of a stream it

@@ -205,9 +205,39 @@ func streamTPOT(t *testing.T, writes, n, prompts, per int) (float64, int) {
 	return adminEndpoints(t, admin)[0].TPOT, int(tr.output.Load())
 }
 
-// answers is a Traffic that keeps the output tokens of the answers.
-type answers struct{ output atomic.Int64 }
+// answers is a Traffic that keeps the output tokens of the answers,
+// streamed and not.
+type answers struct{ output, untimed atomic.Int64 }
 
 func (*answers) Routed(float64, int, int, int, bool, bool) {}
 
 func (a *answers) Answered(_, _, _ float64, output int, _, _ bool) { a.output.Add(int64(output)) }
+
+func (a *answers) AnsweredOutput(_ float64, output int) { a.untimed.Add(int64(output)) }
+
+// TestNonStreamedOutput: a non-streamed answer's usage (its completion
+// tokens) reaches the planner's traffic, for chat, completions and
+// SGLang's /generate (its meta_info), read in reads of any size; a
+// streamed one is heard as before, with its latencies.
+func TestNonStreamedOutput(t *testing.T) {
+	e := startEngine(t, fleet.RoleBoth, nil)
+	tr := &answers{}
+	_, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}}, Options{Traffic: tr})
+	for i, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"` + testModel + `","messages":[{"role":"user","content":"hi"}],"max_tokens":7}`},
+		{"/v1/completions", `{"model":"` + testModel + `","prompt":"hi there","max_tokens":5}`},
+		{"/generate", `{"model":"` + testModel + `","text":"hi","sampling_params":{"max_new_tokens":3}}`},
+	} {
+		if r := post(t, url+c.path, c.body, nil); r.status != 200 {
+			t.Fatalf("%s: %d %s", c.path, r.status, r.body)
+		}
+		if got, want := tr.untimed.Load(), []int64{7, 12, 15}[i]; got != want {
+			t.Fatalf("after %s the traffic heard %d untimed output tokens, want %d", c.path, got, want)
+		}
+	}
+	readStream(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"hi"}],"max_tokens":9,"stream":true}`)
+	waitFor(t, func() bool { return tr.output.Load() == 9 })
+	if tr.untimed.Load() != 15 {
+		t.Errorf("a stream counted as untimed: %d", tr.untimed.Load())
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -394,6 +395,12 @@ func TestRecorder(t *testing.T) {
 	m.Completed(Completion{At: 7, TTFT: 0.1, TPOT: 0.01}) // not counted
 	if o, _ := m.Observe(context.Background(), 10, 10, 0); o.OutputTokens != 1600 || o.Shape().OSL != 400 {
 		t.Errorf("measured output: %d tokens, OSL %v; want 4 × 400", o.OutputTokens, o.Shape().OSL)
+	}
+	// A non-streamed answer counts its output, and nothing of latency:
+	// no finished request, no TTFT in the mean.
+	m.Completed(Completion{At: 8, OutputTokens: 100, Untimed: true})
+	if o, _ := m.Observe(context.Background(), 10, 10, 0); o.OutputTokens != 1200 || o.Finished != 3 || math.Abs(o.MeanTTFT-0.1) > 1e-12 {
+		t.Errorf("with an untimed answer of 100: %d tokens (want 4 × 300), %d finished (want 3), mean TTFT %v (want 0.1)", o.OutputTokens, o.Finished, o.MeanTTFT)
 	}
 	// Samples older than keep go; at most 4 are kept.
 	r.Arrived(Arrival{At: 200, PromptTokens: 1})

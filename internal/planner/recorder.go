@@ -30,6 +30,10 @@ type Completion struct {
 	// OutputTokens is how many tokens it was answered with (0: not
 	// counted).
 	OutputTokens int
+	// Untimed: a non-streamed answer, whose output tokens count but
+	// whose latencies were not measured (TTFT, TPOT and the misses
+	// unset): it is no finished request of the window's.
+	Untimed bool
 }
 
 // Recorder is a Source fed request by request (by a gateway, or a test's
@@ -122,13 +126,16 @@ func (r *Recorder) Observe(_ context.Context, now, window, _ float64) (Observati
 		if c.At < from || c.At >= now {
 			continue
 		}
-		o.Finished++
-		ttft += c.TTFT
-		tpot += c.TPOT
 		if c.OutputTokens > 0 {
 			counted++
 			answered += int64(c.OutputTokens)
 		}
+		if c.Untimed {
+			continue
+		}
+		o.Finished++
+		ttft += c.TTFT
+		tpot += c.TPOT
 		if c.TTFTMiss {
 			o.TTFTMiss++
 		}
