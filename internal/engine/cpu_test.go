@@ -171,4 +171,24 @@ func TestStreamInterval(t *testing.T) {
 			t.Fatalf("%s: %d tokens in %d events, want 10 in 1 to 4", api, words, tokenEvents)
 		}
 	}
+	// SGLang's /generate: its events carry the text so far and its
+	// count (meta_info.completion_tokens).
+	_, evs, _ := streamRequest(t, e.URL()+"/generate", map[string]any{"text": "chunk me", "stream": true, "sampling_params": map[string]any{"max_new_tokens": 10}})
+	n := 0
+	for _, ev := range evs {
+		if ev.data == "[DONE]" {
+			continue
+		}
+		var g generateAnswer
+		if err := json.Unmarshal([]byte(ev.data), &g); err != nil {
+			t.Fatal(err)
+		}
+		if len(strings.Fields(g.Text)) != g.MetaInfo.CompletionTokens {
+			t.Fatalf("/generate: %q counted %d", g.Text, g.MetaInfo.CompletionTokens)
+		}
+		n++
+	}
+	if n < 1 || n > 4 {
+		t.Fatalf("/generate: %d events, want 1 to 4", n)
+	}
 }

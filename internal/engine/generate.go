@@ -310,7 +310,7 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, res
 		// event as one event (the first token at once); at 1, one
 		// event a token.
 		step := 1
-		if e.cfg.StreamInterval > 1 && !resp.generate {
+		if e.cfg.StreamInterval > 1 {
 			step = out.generated - sent
 		}
 		for sent < out.generated {
@@ -320,7 +320,7 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, res
 				reason = out.finishReason
 			}
 			if resp.generate {
-				buf = resp.generateChunk(buf, sent, reason, out)
+				buf = resp.generateChunk(buf, sent, to, reason, out)
 			} else {
 				buf = resp.tokenChunk(buf, sent, to, reason)
 			}
@@ -473,14 +473,16 @@ func (s *responder) generateMeta(n int, reason string, out requestOutput) genera
 	return m
 }
 
-// generateChunk appends /generate's SSE event of output token i: the text
-// so far, as SGLang streams it.
-func (s *responder) generateChunk(b []byte, i int, reason string, out requestOutput) []byte {
-	if i > 0 {
-		s.sofar = append(s.sofar, ' ')
+// generateChunk appends /generate's SSE event of output tokens [from,
+// to): the text so far, as SGLang streams it.
+func (s *responder) generateChunk(b []byte, from, to int, reason string, out requestOutput) []byte {
+	for i := from; i < to; i++ {
+		if i > 0 {
+			s.sofar = append(s.sofar, ' ')
+		}
+		s.sofar = append(s.sofar, fillerWords[fillerIndex(s.rq.seed, i)]...)
 	}
-	s.sofar = append(s.sofar, fillerWords[fillerIndex(s.rq.seed, i)]...)
-	ev, _ := json.Marshal(generateAnswer{Text: string(s.sofar), MetaInfo: s.generateMeta(i+1, reason, out)})
+	ev, _ := json.Marshal(generateAnswer{Text: string(s.sofar), MetaInfo: s.generateMeta(to, reason, out)})
 	b = append(b, "data: "...)
 	b = append(b, ev...)
 	return append(b, "\n\n"...)

@@ -801,7 +801,8 @@ type relayed struct {
 	firstAt time.Time
 	// end reads an SSE answer for its [DONE] line, once the client has
 	// it; usage a non-streamed answer for its completion tokens (the
-	// planner's traffic). Either may be nil.
+	// planner's traffic), or a /generate stream's events for theirs.
+	// Either may be nil.
 	end   *streamEnd
 	usage *openai.AnswerUsage
 	// tokens is how many tokens a sequence of the stream has had.
@@ -814,6 +815,9 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 	switch {
 	case rt.req.Stream && ok:
 		r.end = &streamEnd{}
+		if rt.generate && rt.seqs == 1 { // its events count its tokens (meta_info)
+			r.usage = &openai.AnswerUsage{}
+		}
 	case ok && g.traffic != nil && !rt.continued:
 		r.usage = &openai.AnswerUsage{}
 	}
@@ -821,8 +825,18 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 		r.h.probe = nil
 	}
 	r.tokens = func() int { return r.end.tokens(rt.seqs) }
-	if tc, ok := w.(tokenCounter); ok && r.end != nil {
-		r.tokens = tc.tokensSent // the engine's own count
+	tc, counts := w.(tokenCounter)
+	switch {
+	case r.end == nil:
+	case counts:
+		r.tokens = tc.tokensSent // the engine's own count (streamTap)
+	case r.usage != nil:
+		r.tokens = func() int {
+			if n, ok := r.usage.Last(); ok {
+				return n
+			}
+			return r.end.tokens(rt.seqs)
+		}
 	}
 	return r
 }
@@ -884,7 +898,7 @@ func (r *relayed) finish() float64 {
 	if t := r.tokens(); t > 2 {
 		return r.g.streamed(r.rt, r.m, r.firstAt, t)
 	}
-	if r.usage != nil {
+	if r.usage != nil && !r.rt.req.Stream {
 		if n, ok := r.usage.Count(); ok && n > 0 {
 			r.g.traffic.AnsweredOutput(r.g.clock(), n)
 		}

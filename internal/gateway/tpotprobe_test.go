@@ -110,12 +110,18 @@ func TestTPOTProbeTrainsMidStream(t *testing.T) {
 // --stream-interval) and reports the usage in every event, as the
 // gateway asks it to, has its tokens counted by that usage: 3 tokens an
 // event, the TPOT a third of what the events say.
+//
+// SGLang's /generate counts its tokens in every event (meta_info's
+// completion_tokens), which the gateway reads the same way.
 func TestTPOTCountsEvents(t *testing.T) {
-	for _, tc := range []struct{ n, prompts, per int }{{1, 1, 1}, {3, 1, 1}, {2, 2, 1}, {1, 1, 3}} {
+	for _, tc := range []struct {
+		n, prompts, per int
+		generate        bool
+	}{{1, 1, 1, false}, {3, 1, 1, false}, {2, 2, 1, false}, {1, 1, 3, false}, {1, 1, 1, true}, {1, 1, 3, true}} {
 		seqs := tc.n * tc.prompts
-		t.Run(fmt.Sprintf("n=%d,prompts=%d,per=%d", tc.n, tc.prompts, tc.per), func(t *testing.T) {
+		t.Run(fmt.Sprintf("n=%d,prompts=%d,per=%d,generate=%v", tc.n, tc.prompts, tc.per, tc.generate), func(t *testing.T) {
 			const writes = 21
-			got, output := streamTPOT(t, writes, tc.n, tc.prompts, tc.per)
+			got, output := streamTPOT(t, writes, tc.n, tc.prompts, tc.per, tc.generate)
 			tokens := 2 * writes * tc.per // a sequence's
 			if output != tokens*seqs {
 				t.Errorf("the planner heard of %d output tokens, want %d (every sequence's)", output, tokens*seqs)
@@ -133,9 +139,10 @@ func TestTPOTCountsEvents(t *testing.T) {
 // of prompts, each sampling n sequences, whose upstream writes, writes
 // times, two events for each sequence of per tokens each (with the
 // usage so far when asked for it), its clock moved 10 ms between writes
-// once the client has the one before.
+// once the client has the one before; with generate, SGLang's /generate
+// (one prompt, one sequence: the text so far and its count an event).
 // It returns the TPOT and the output tokens the gateway's Traffic heard.
-func streamTPOT(t *testing.T, writes, n, prompts, per int) (float64, int) {
+func streamTPOT(t *testing.T, writes, n, prompts, per int, generate bool) (float64, int) {
 	seqs := n * prompts
 	clock := &atomic.Int64{}
 	clock.Store(time.Unix(1000, 0).UnixNano())
@@ -161,6 +168,11 @@ func streamTPOT(t *testing.T, writes, n, prompts, per int) (float64, int) {
 			}
 			for range 2 {
 				sent += per
+				if generate {
+					sofar := strings.TrimSpace(strings.Repeat("a ", sent))
+					fmt.Fprintf(w, "data: {\"text\":%q,\"meta_info\":{\"id\":\"x\",\"prompt_tokens\":8,\"completion_tokens\":%d}}\n\n", sofar, sent)
+					continue
+				}
 				for c := range seqs {
 					usage := ""
 					if continuous {
@@ -185,7 +197,11 @@ func streamTPOT(t *testing.T, writes, n, prompts, per int) (float64, int) {
 	if prompts == 1 {
 		body = strings.Replace(tokenPrompt(8, 10, true), `"stream"`, fmt.Sprintf(`"n":%d,"stream"`, n), 1)
 	}
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(body))
+	path := "/v1/completions"
+	if generate {
+		path, body = "/generate", `{"input_ids":[8,8,8,8,8,8,8,8,8,8],"stream":true,"sampling_params":{"max_new_tokens":2}}`
+	}
+	req, _ := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -2,9 +2,10 @@ package openai
 
 import "bytes"
 
-// AnswerUsage reads a non-streamed answer's body as it passes, in reads
-// of any size, for its completion tokens: the last "completion_tokens"
-// member's count (OpenAI's usage object; SGLang's /generate meta_info).
+// AnswerUsage reads an answer's body as it passes, in reads of any size,
+// for its completion tokens: the last "completion_tokens" member's count
+// (OpenAI's usage object; SGLang's /generate meta_info, in each of its
+// streamed events too).
 // A key written with a backslash in it, as inside a JSON string (a model
 // writing JSON about usage), is not one.
 type AnswerUsage struct {
@@ -27,6 +28,11 @@ func (u *AnswerUsage) Scan(p []byte) {
 		u.win = append(u.win[:0], u.win[len(u.win)-answerCarry:]...)
 	}
 }
+
+// Last is the last completion tokens the reads so far brought whole
+// (false: none yet): a stream whose events count their tokens (SGLang's
+// /generate).
+func (u *AnswerUsage) Last() (int, bool) { return u.n, u.found }
 
 // Count is the body's completion tokens once it ended (false: none
 // found).
