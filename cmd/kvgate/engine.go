@@ -55,6 +55,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	flagrange.Var(fl, &cfg.NumGPUBlocks, "num-gpu-blocks", lim.NumGPUBlocks, "KV cache capacity in blocks")
 	flagrange.Var(fl, &cfg.BlockSize, "block-size", lim.BlockSize, "tokens per KV block")
 	flagrange.Var(fl, &cfg.MaxModelLen, "max-model-len", lim.MaxModelLen, "maximum prompt + output tokens of a request")
+	fs.BoolVar(&cfg.ResponsesStore, "responses-store", false, "keep Responses API answers in memory (the newest 4096), as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1: previous_response_id and GET /v1/responses/{id} find them")
 	flagrange.Var(fl, &cfg.StreamInterval, "stream-interval", lim.StreamInterval, "stream output in chunks of this many tokens (vLLM's --stream-interval)")
 	flagrange.Var(fl, &cfg.TimeScale, "time-scale", lim.TimeScale, "run this many times faster than real time (modelled durations are divided by it)")
 	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "bind a ZMQ PUB socket for KV events here, e.g. tcp://*:5557")

@@ -52,6 +52,12 @@ type Config struct {
 	BlockSize int
 	// MaxModelLen bounds prompt + output tokens of one request.
 	MaxModelLen int
+	// ResponsesStore keeps Responses API answers in memory (the newest
+	// maxStoredResponses), as vLLM does with
+	// VLLM_ENABLE_RESPONSES_API_STORE=1: a later request names one as
+	// its previous_response_id, GET /v1/responses/{id} returns it.
+	// Without it store is ignored, as vLLM ignores it by default.
+	ResponsesStore bool
 	// StreamInterval sends streamed tokens in chunks of this many tokens
 	// (vLLM's --stream-interval); 1 sends every token at once.
 	StreamInterval int

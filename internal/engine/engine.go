@@ -30,6 +30,9 @@ type Engine struct {
 	reqSeq  atomic.Uint64
 	ctx     context.Context // set by Start
 
+	// responses is the Responses API store (Config.ResponsesStore).
+	responses *responseStore
+
 	mu         sync.Mutex
 	addr       string
 	role       fleet.Role
@@ -72,6 +75,7 @@ func New(cfg Config) (*Engine, error) {
 		bodies:    cfg.HTTP.BodyLimiter(defaultBodyCap(cfg.MaxModelLen)),
 		role:      cfg.Role,
 		roleState: stateServing,
+		responses: newResponseStore(maxStoredResponses),
 		ctx:       context.Background(),
 	}
 	e.sched = newScheduler(cfg, e.log, e.metrics, nil)

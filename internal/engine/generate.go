@@ -30,7 +30,11 @@ const (
 	apiCompletions api = iota
 	apiChat
 	apiGenerate
+	apiResponses // the Responses API: a chat request in its envelope (responses.go)
 )
+
+// chatLike: the API's prompt is chat messages.
+func (a api) chatLike() bool { return a == apiChat || a == apiResponses }
 
 func (e *Engine) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 	e.serveGeneration(w, r, apiChat)
@@ -49,13 +53,16 @@ func naturalLength(prompt []uint32) int {
 // buildRequest validates a generation request body and turns it into an
 // engine request.
 func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Role) (*request, *openai.Request, error) {
-	chat := a == apiChat
+	chat := a.chatLike()
 	req, toks, lora, err := e.parseGeneration(body, a)
 	if err != nil {
 		return nil, nil, err
 	}
 	if a == apiGenerate && role != fleet.RoleBoth {
 		return nil, nil, openai.BadRequest("the emulator serves /generate aggregated only (its P/D flow is vLLM's); this engine's role is %s", role)
+	}
+	if a == apiResponses && role != fleet.RoleBoth {
+		return nil, nil, openai.BadRequest("the emulator serves /v1/responses aggregated only (vLLM's P/D flow runs completions); this engine's role is %s", role)
 	}
 	kv, err := kvTransferFor(req, role)
 	if err != nil {
@@ -74,6 +81,9 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 		return nil, nil, err
 	}
 	rq := e.newRequest(r, req, chat, toks, maxTokens)
+	if a == apiResponses {
+		rq.id = "resp_" + strings.TrimPrefix(rq.id, "chatcmpl-")
+	}
 	rq.setCacheKey(lora, req.Model, req.CacheSalt)
 	rq.priority = prio
 	rq.naturalEnd = natural
@@ -114,10 +124,17 @@ func (e *Engine) parseGeneration(body []byte, a api) (*openai.Request, []uint32,
 		parse = openai.ParseChat
 	case apiGenerate:
 		parse = openai.ParseGenerate // its lora_path is its Model
+	case apiResponses:
+		parse = openai.ParseResponses
 	}
 	req, err := parse(body)
 	if err != nil {
 		return nil, nil, 0, err
+	}
+	if a == apiResponses {
+		if err := e.continueResponse(req); err != nil {
+			return nil, nil, 0, err
+		}
 	}
 	lora, err := e.checkModel(req.Model)
 	if err != nil {
@@ -259,7 +276,14 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 	}
 	e.sched.submit(rq)
 	resp := newResponder(e.cfg.Model, rq, a, req)
+	if a == apiResponses {
+		resp.responses = newResponsesState(req, rq.id, e.cfg.ResponsesStore)
+	}
 	if req.Stream {
+		if resp.responses != nil {
+			e.streamResponses(w, r, rq, resp)
+			return
+		}
 		e.stream(w, r, rq, resp)
 		return
 	}
@@ -272,6 +296,13 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 		}
 		if out := rq.snapshot(); out.done {
 			if out.finishReason == finishAbort {
+				return
+			}
+			if resp.responses != nil {
+				text := resp.text(out.generated)
+				o := resp.object(out, text)
+				e.keep(resp, o, text)
+				openai.WriteJSON(w, http.StatusOK, o)
 				return
 			}
 			openai.WriteJSON(w, http.StatusOK, resp.full(out))
@@ -357,6 +388,8 @@ type responder struct {
 	// continuous: every event carries the usage so far
 	// (continuous_usage_stats).
 	continuous bool
+	// responses: the Responses API's (nil: another API's).
+	responses *responsesState
 	id, model  string
 	created    int64
 	rq         *request

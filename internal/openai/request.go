@@ -42,6 +42,14 @@ type Request struct {
 	// engine without priority scheduling refuses any but 0); nil when
 	// absent or null.
 	Priority *int64
+	// PreviousResponseID and Store are a Responses API request's
+	// previous_response_id ("" when absent) and store (nil when absent);
+	// ParseResponses.
+	PreviousResponseID string
+	Store              *bool
+	// Instructions is a Responses API request's instructions, which
+	// ParseResponses also makes Messages' first, a system message.
+	Instructions string
 
 	// Raw is the body as received.
 	Raw     []byte

@@ -1,0 +1,307 @@
+package engine
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// The Responses API (POST /v1/responses, GET /v1/responses/{id}), as vLLM
+// serves it for a model without a harmony format: the request's
+// instructions and input rendered as a chat request's messages
+// (openai.ParseResponses), the answer a response object, or streamed as
+// its events. With Config.ResponsesStore the answers are kept, and a
+// request may continue one (previous_response_id).
+
+// maxStoredResponses bounds the Responses store: the newest are kept.
+const maxStoredResponses = 4096
+
+// storedResponse is one kept answer: the conversation it closes (its
+// request's messages but the instructions, then its answer as the
+// assistant's message) and the object GET returns.
+type storedResponse struct {
+	messages []openai.Message
+	object   []byte
+}
+
+// responseStore keeps the newest answers by id.
+type responseStore struct {
+	mu    sync.Mutex
+	max   int
+	byID  map[string]*storedResponse
+	order []string // oldest first
+}
+
+func newResponseStore(max int) *responseStore {
+	return &responseStore{max: max, byID: map[string]*storedResponse{}}
+}
+
+func (s *responseStore) get(id string) *storedResponse {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byID[id]
+}
+
+func (s *responseStore) put(id string, r *storedResponse) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.byID[id]; !ok {
+		s.order = append(s.order, id)
+	}
+	s.byID[id] = r
+	for len(s.order) > s.max {
+		delete(s.byID, s.order[0])
+		s.order = s.order[1:]
+	}
+}
+
+func (e *Engine) handleResponses(w http.ResponseWriter, r *http.Request) {
+	e.serveGeneration(w, r, apiResponses)
+}
+
+// handleGetResponse returns a kept answer (404: none by that id, as
+// when the store is off).
+func (e *Engine) handleGetResponse(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s := e.responses.get(id)
+	if s == nil || !e.cfg.ResponsesStore {
+		openai.WriteError(w, openai.NotFound("Response with id '%s' not found.", id))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(s.object)
+}
+
+// continueResponse puts the conversation of req's previous response, if
+// it names one, before its input (after its instructions): the engine
+// that kept it serves it; any other answers 404, as vLLM does.
+func (e *Engine) continueResponse(req *openai.Request) error {
+	id := req.PreviousResponseID
+	if id == "" {
+		return nil
+	}
+	prev := e.responses.get(id)
+	if prev == nil || !e.cfg.ResponsesStore {
+		return openai.NotFound("Response with id '%s' not found.", id).WithParam("previous_response_id")
+	}
+	k := 0
+	if req.Instructions != "" {
+		k = 1
+	}
+	msgs := append([]openai.Message(nil), req.Messages[:k]...)
+	msgs = append(msgs, prev.messages...)
+	req.Messages = append(msgs, req.Messages[k:]...)
+	return nil
+}
+
+// responseObject is a response as the Responses API writes it.
+type responseObject struct {
+	ID                 string              `json:"id"`
+	Object             string              `json:"object"`
+	CreatedAt          int64               `json:"created_at"`
+	Model              string              `json:"model"`
+	Status             string              `json:"status"`
+	IncompleteDetails  *incompleteDetails  `json:"incomplete_details"`
+	Instructions       *string             `json:"instructions"`
+	MaxOutputTokens    *int64              `json:"max_output_tokens"`
+	PreviousResponseID *string             `json:"previous_response_id"`
+	Output             []responseItem      `json:"output"`
+	Usage              *responseUsage      `json:"usage"`
+	Metadata           map[string]struct{} `json:"metadata"`
+}
+
+type incompleteDetails struct {
+	Reason string `json:"reason"`
+}
+
+type responseItem struct {
+	ID      string       `json:"id"`
+	Type    string       `json:"type"`
+	Role    string       `json:"role"`
+	Status  string       `json:"status"`
+	Content []outputPart `json:"content"`
+}
+
+type outputPart struct {
+	Type        string `json:"type"`
+	Text        string `json:"text"`
+	Annotations []any  `json:"annotations"`
+}
+
+type responseUsage struct {
+	InputTokens         int                        `json:"input_tokens"`
+	InputTokensDetails  openai.PromptTokensDetails `json:"input_tokens_details"`
+	OutputTokens        int                        `json:"output_tokens"`
+	OutputTokensDetails struct {
+		ReasoningTokens int `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+	TotalTokens int `json:"total_tokens"`
+}
+
+// responsesState is what a responder of the Responses API keeps.
+type responsesState struct {
+	req *openai.Request
+	// conv is the conversation the answer closes, without the
+	// instructions (storedResponse.messages).
+	conv   []openai.Message
+	itemID string
+	seq    int // the next event's sequence_number
+	store  bool
+}
+
+func newResponsesState(req *openai.Request, id string, store bool) *responsesState {
+	k := 0
+	if req.Instructions != "" {
+		k = 1
+	}
+	return &responsesState{req: req, conv: req.Messages[k:], itemID: "msg_" + strings.TrimPrefix(id, "resp_"),
+		store: store && (req.Store == nil || *req.Store)}
+}
+
+// object is the response with out's answer (done: complete or cut at
+// its limit; else in progress, no output yet).
+func (s *responder) object(out requestOutput, text string) *responseObject {
+	rs := s.responses
+	o := &responseObject{ID: s.id, Object: "response", CreatedAt: s.created, Model: s.model, Status: "in_progress",
+		MaxOutputTokens: rs.req.MaxTokens, Output: []responseItem{}, Metadata: map[string]struct{}{}}
+	if rs.req.Instructions != "" {
+		o.Instructions = &rs.req.Instructions
+	}
+	if rs.req.PreviousResponseID != "" {
+		o.PreviousResponseID = &rs.req.PreviousResponseID
+	}
+	if !out.done {
+		return o
+	}
+	o.Status = "completed"
+	if out.finishReason == finishLength && !s.rq.naturalEnd {
+		o.Status, o.IncompleteDetails = "incomplete", &incompleteDetails{Reason: "max_output_tokens"}
+	}
+	o.Output = []responseItem{s.item(text, "completed")}
+	u := &responseUsage{InputTokens: s.rq.promptLen, OutputTokens: out.generated, TotalTokens: s.rq.promptLen + out.generated}
+	u.InputTokensDetails.CachedTokens = out.cachedTokens
+	o.Usage = u
+	return o
+}
+
+func (s *responder) item(text, status string) responseItem {
+	it := responseItem{ID: s.responses.itemID, Type: "message", Role: "assistant", Status: status, Content: []outputPart{}}
+	if status == "completed" {
+		it.Content = []outputPart{{Type: "output_text", Text: text, Annotations: []any{}}}
+	}
+	return it
+}
+
+// keep stores a finished answer when the store is on.
+func (e *Engine) keep(s *responder, o *responseObject, text string) {
+	if !s.responses.store {
+		return
+	}
+	b, err := json.Marshal(o)
+	if err != nil {
+		return
+	}
+	msgs := append(append([]openai.Message(nil), s.responses.conv...), openai.Message{Role: "assistant", Content: openai.Content{String: text}})
+	e.responses.put(s.id, &storedResponse{messages: msgs, object: b})
+}
+
+// event appends one Responses stream event of type typ: ev's fields
+// and its type and sequence number.
+func (s *responder) event(b []byte, typ string, ev map[string]any) []byte {
+	ev["type"], ev["sequence_number"] = typ, s.responses.seq
+	s.responses.seq++
+	data, _ := json.Marshal(ev)
+	b = append(b, "event: "...)
+	b = append(b, typ...)
+	b = append(b, "\ndata: "...)
+	b = append(b, data...)
+	return append(b, "\n\n"...)
+}
+
+// streamResponses streams rq's answer as the Responses API's events:
+// response.created and response.in_progress at once, before the first
+// token (as vLLM sends them), the output item and its text part with the
+// first tokens, a text delta an event (the tokens since the last at a
+// stream interval above 1), then the text's, part's and item's done
+// events and response.completed, which ends the stream (no [DONE]).
+func (e *Engine) streamResponses(w http.ResponseWriter, r *http.Request, rq *request, resp *responder) {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	start := resp.object(requestOutput{}, "")
+	buf := resp.event(nil, "response.created", map[string]any{"response": start})
+	buf = resp.event(buf, "response.in_progress", map[string]any{"response": start})
+	if _, err := w.Write(buf); err != nil || rc.Flush() != nil {
+		e.sched.abort(rq)
+		return
+	}
+	var text strings.Builder
+	sent := 0
+	for {
+		select {
+		case <-r.Context().Done():
+			e.sched.abort(rq)
+			return
+		case <-rq.notify:
+		}
+		out := rq.snapshot()
+		if out.finishReason == finishAbort {
+			return
+		}
+		buf = resp.responsesEvents(buf[:0], &text, &sent, out, e.cfg.StreamInterval)
+		if out.done {
+			o := resp.object(out, text.String())
+			buf = resp.event(buf, "response.completed", map[string]any{"response": o})
+			e.keep(resp, o, text.String())
+		}
+		if len(buf) > 0 {
+			if _, err := w.Write(buf); err != nil || rc.Flush() != nil {
+				e.sched.abort(rq)
+				return
+			}
+		}
+		if out.done {
+			return
+		}
+	}
+}
+
+// responsesEvents appends the events of out's tokens past sent (the
+// item's opening with the first, its closing with the last).
+func (s *responder) responsesEvents(b []byte, text *strings.Builder, sent *int, out requestOutput, interval int) []byte {
+	loc := func(ev map[string]any) map[string]any {
+		ev["item_id"], ev["output_index"], ev["content_index"] = s.responses.itemID, 0, 0
+		return ev
+	}
+	if *sent == 0 && out.generated > 0 {
+		b = s.event(b, "response.output_item.added", map[string]any{"output_index": 0, "item": s.item("", "in_progress")})
+		b = s.event(b, "response.content_part.added", loc(map[string]any{"part": outputPart{Type: "output_text", Annotations: []any{}}}))
+	}
+	step := 1
+	if interval > 1 {
+		step = out.generated - *sent
+	}
+	for *sent < out.generated {
+		to := min(*sent+step, out.generated)
+		var d strings.Builder
+		outputText(&d, s.rq.seed, *sent, to)
+		delta := d.String()
+		if *sent > 0 {
+			delta = " " + delta
+		}
+		text.WriteString(delta)
+		b = s.event(b, "response.output_text.delta", loc(map[string]any{"delta": delta, "logprobs": []any{}}))
+		*sent = to
+	}
+	if out.done && out.generated > 0 {
+		full := text.String()
+		b = s.event(b, "response.output_text.done", loc(map[string]any{"text": full, "logprobs": []any{}}))
+		b = s.event(b, "response.content_part.done", loc(map[string]any{"part": outputPart{Type: "output_text", Text: full, Annotations: []any{}}}))
+		b = s.event(b, "response.output_item.done", map[string]any{"output_index": 0, "item": s.item(full, "completed")})
+	}
+	return b
+}

@@ -1,0 +1,145 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// respObject is what the tests read of a response object.
+type respObject struct {
+	ID                string
+	Object            string
+	Status            string
+	IncompleteDetails *struct{ Reason string } `json:"incomplete_details"`
+	Output            []struct {
+		Type, Role string
+		Content    []struct{ Type, Text string }
+	}
+	Usage struct {
+		InputTokens        int `json:"input_tokens"`
+		InputTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"input_tokens_details"`
+		OutputTokens int `json:"output_tokens"`
+		TotalTokens  int `json:"total_tokens"`
+	}
+}
+
+func (o respObject) text() string {
+	if len(o.Output) != 1 || len(o.Output[0].Content) != 1 {
+		return ""
+	}
+	return o.Output[0].Content[0].Text
+}
+
+func postResponse(t *testing.T, e *Engine, body map[string]any) (int, respObject, string) {
+	t.Helper()
+	resp, raw := postJSON(t, e.URL()+"/v1/responses", body)
+	var o respObject
+	if resp.StatusCode == 200 {
+		if err := json.Unmarshal(raw, &o); err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+	}
+	return resp.StatusCode, o, string(raw)
+}
+
+// tokenCount is the engine's count of a chat conversation's prompt.
+func tokenCount(t *testing.T, e *Engine, msgs []map[string]string) int {
+	t.Helper()
+	_, raw := postJSON(t, e.URL()+"/tokenize", map[string]any{"model": e.cfg.Model, "messages": msgs})
+	var tok struct{ Count int }
+	if err := json.Unmarshal(raw, &tok); err != nil || tok.Count == 0 {
+		t.Fatalf("tokenize: %s", raw)
+	}
+	return tok.Count
+}
+
+// TestResponses: the Responses API as vLLM serves it: the instructions
+// and input as a chat request's messages, the answer a response object
+// (incomplete at max_output_tokens); with the store on, a request that
+// continues one is its conversation plus the new input (its prefix
+// cached), and GET returns it; with it off, previous_response_id is a
+// 404.
+func TestResponses(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.ResponsesStore = true })
+	model := e.cfg.Model
+	status, o, raw := postResponse(t, e, map[string]any{"model": model, "instructions": "be brief", "input": "tell me a story", "max_output_tokens": 6})
+	want := tokenCount(t, e, []map[string]string{{"role": "system", "content": "be brief"}, {"role": "user", "content": "tell me a story"}})
+	if status != 200 || !strings.HasPrefix(o.ID, "resp_") || o.Object != "response" || o.Status != "incomplete" || o.IncompleteDetails == nil ||
+		o.IncompleteDetails.Reason != "max_output_tokens" || o.Usage.OutputTokens != 6 || o.Usage.InputTokens != want ||
+		len(strings.Fields(o.text())) != 6 || o.Output[0].Role != "assistant" || o.Output[0].Content[0].Type != "output_text" {
+		t.Fatalf("want a response object of 6 tokens after %d input tokens: %d %s", want, status, raw)
+	}
+	status, o2, raw := postResponse(t, e, map[string]any{"model": model, "instructions": "be brief", "input": []map[string]any{
+		{"role": "user", "content": []map[string]string{{"type": "input_text", "text": "and then?"}}}}, "previous_response_id": o.ID, "max_output_tokens": 3})
+	want = tokenCount(t, e, []map[string]string{{"role": "system", "content": "be brief"}, {"role": "user", "content": "tell me a story"},
+		{"role": "assistant", "content": o.text()}, {"role": "user", "content": "and then?"}})
+	if status != 200 || o2.Usage.InputTokens != want || o2.Usage.InputTokensDetails.CachedTokens == 0 {
+		t.Fatalf("want the conversation continued (%d input tokens, its prefix cached): %d %s", want, status, raw)
+	}
+	if code, body := getBody(t, e.URL()+"/v1/responses/"+o2.ID); code != 200 || !strings.Contains(string(body), o2.ID) || !strings.Contains(string(body), o2.text()) {
+		t.Fatalf("GET: %d %s", code, body)
+	}
+	if code, _ := getBody(t, e.URL()+"/v1/responses/resp_nope"); code != 404 {
+		t.Fatalf("GET of an unknown id: %d", code)
+	}
+	off := startEngine(t)
+	if status, _, raw := postResponse(t, off, map[string]any{"model": model, "input": "x", "previous_response_id": o.ID}); status != 404 {
+		t.Fatalf("another engine (no store) continuing %s: %d %s", o.ID, status, raw)
+	}
+	if status, _, raw := postResponse(t, e, map[string]any{"model": model, "input": 5}); status != 400 {
+		t.Fatalf("input 5: %d %s", status, raw)
+	}
+}
+
+// TestResponsesStream: the stream's events in vLLM's order, their
+// sequence numbers from 0, the deltas making the text, and
+// response.completed last (no [DONE]); created and in_progress come
+// before the first token.
+func TestResponsesStream(t *testing.T) {
+	e := startEngine(t)
+	b, _ := json.Marshal(map[string]any{"model": e.cfg.Model, "input": "stream it", "max_output_tokens": 5, "stream": true})
+	resp, err := http.Post(e.URL()+"/v1/responses", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var types []string
+	var deltas string
+	var final respObject
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, ok := strings.CutPrefix(sc.Text(), "event: ")
+		if !ok {
+			continue
+		}
+		if !sc.Scan() {
+			t.Fatal("an event without data")
+		}
+		data, _ := strings.CutPrefix(sc.Text(), "data: ")
+		var ev struct {
+			Type     string
+			Seq      int `json:"sequence_number"`
+			Delta    string
+			Response json.RawMessage
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil || ev.Type != name || ev.Seq != len(types) {
+			t.Fatalf("event %d %s: %s (%v)", len(types), name, data, err)
+		}
+		types = append(types, name)
+		deltas += ev.Delta
+		if name == "response.completed" {
+			json.Unmarshal(ev.Response, &final)
+		}
+	}
+	want := "response.created response.in_progress response.output_item.added response.content_part.added " +
+		strings.Repeat("response.output_text.delta ", 5) + "response.output_text.done response.content_part.done response.output_item.done response.completed"
+	if strings.Join(types, " ") != want || deltas != final.text() || final.Usage.OutputTokens != 5 {
+		t.Fatalf("events %v\ndeltas %q, final %+v", types, deltas, final)
+	}
+}
