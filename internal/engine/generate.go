@@ -390,10 +390,10 @@ type responder struct {
 	continuous bool
 	// responses: the Responses API's (nil: another API's).
 	responses *responsesState
-	id, model  string
-	created    int64
-	rq         *request
-	head       string // `data: {"id":...,"model":...,"choices":[{"index":0,`
+	id, model string
+	created   int64
+	rq        *request
+	head      string // `data: {"id":...,"model":...,"choices":[{"index":0,`
 }
 
 func newResponder(model string, rq *request, a api, req *openai.Request) *responder {
