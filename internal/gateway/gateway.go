@@ -93,6 +93,9 @@ type Gateway struct {
 	start   time.Time
 	health  *health.Prober
 	traffic Traffic
+	// respHolders: which endpoint made each Responses API answer
+	// (responses.go).
+	respHolders *responseHolders
 	// holdGrace, holdPoll: Options.HoldGrace, Options.HoldPoll.
 	holdGrace, holdPoll time.Duration
 	// tokenizeTimeout: Options.TokenizeTimeout.
@@ -194,7 +197,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic, holdGrace: o.HoldGrace,
+		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic, holdGrace: o.HoldGrace, respHolders: newResponseHolders(),
 		holdPoll: o.HoldPoll, tokenizeTimeout: o.TokenizeTimeout, policy: cfg.Policy,
 		toks:     toks,
 		idx:      kvindex.New(kvindex.Config{BlockSize: cfg.BlockSize}),

@@ -26,9 +26,10 @@ const maxMigrations = 8
 
 // tapped reports whether rt's answer goes through a streamTap: a stream
 // of chat or completions of one sequence (SGLang's /generate counts its
-// tokens in its own events; the events of n sequences interleave).
+// tokens in its own events, the Responses API's are events of another
+// shape; the events of n sequences interleave).
 func tapped(rt *routed) bool {
-	return rt.req.Stream && !rt.generate && rt.seqs == 1
+	return rt.req.Stream && !rt.generate && !rt.responses && rt.seqs == 1
 }
 
 // migratable reports whether rt's stream is one the gateway may continue

@@ -111,7 +111,7 @@ func TestPassthrough(t *testing.T) {
 		{"/v1/embeddings", `{"model":"nope","input":"x"}`, 404, "does not exist"},
 		{"/v1/embeddings", `{"input":"x"}`, 400, "model is required: kvgate serves 3 models"},
 		{"/v1/embeddings", `not json`, 400, "not a JSON object"},
-		{"/v1/responses", `{"model":"` + testModel + `","input":"x"}`, 404, "does not route the Responses API"},
+		{"/v1/responses/resp_unknown/cancel", `{}`, 404, "kvgate routed no answer of that id"},
 		{"/v1/other", `{}`, 404, "forwards POST /v1/embeddings"},
 	} {
 		if r := post(t, url+tt.path, tt.body, nil); r.status != tt.status || !strings.Contains(r.body, tt.msg) {

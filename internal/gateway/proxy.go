@@ -380,6 +380,12 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		ctx = ictx
 		start = func() bool { return p.mf.investing.remove(inv) }
 	}
+	if p.decode != nil && rt.responses {
+		// vLLM's P/D flows run completions: a Responses request's
+		// prefill leg has no form.
+		dropRoutingHeaders(w.Header())
+		return "", openai.BadRequest("the Responses API runs on aggregated endpoints; model %q is served disaggregated here: use /v1/chat/completions", rt.model)
+	}
 	if p.decode != nil {
 		w.Header().Set(hdrDecode, p.decode.ep.Name)
 		lf.Decode(fl, p.dEP)
@@ -805,6 +811,10 @@ type relayed struct {
 	// Either may be nil.
 	end   *streamEnd
 	usage *openai.AnswerUsage
+	// rid reads a Responses API answer for its id (nil: another API's),
+	// learned once read.
+	rid     *responseID
+	learned bool
 	// tokens is how many tokens a sequence of the stream has had.
 	tokens func() int
 }
@@ -814,12 +824,21 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 	ok := resp.StatusCode == http.StatusOK
 	switch {
 	case rt.req.Stream && ok:
-		r.end = &streamEnd{}
-		if rt.generate && rt.seqs == 1 { // its events count its tokens (meta_info)
+		r.end = &streamEnd{responses: rt.responses}
+		switch {
+		case rt.generate && rt.seqs == 1: // its events count its tokens (meta_info)
 			r.usage = &openai.AnswerUsage{}
+		case rt.responses: // its response.completed event does
+			r.usage = openai.ResponsesUsage()
 		}
 	case ok && g.traffic != nil && !rt.continued:
 		r.usage = &openai.AnswerUsage{}
+		if rt.responses {
+			r.usage = openai.ResponsesUsage()
+		}
+	}
+	if ok && rt.responses {
+		r.rid = &responseID{}
 	}
 	if r.end == nil {
 		r.h.probe = nil
@@ -853,12 +872,12 @@ func (r *relayed) begin() bool {
 
 // chunk passes the next body bytes p to the client and reads them.
 func (r *relayed) chunk(p []byte) error {
-	if r.firstAt.IsZero() {
-		r.firstAt = r.g.now()
-		r.h.firstByte()
-		if r.resp.StatusCode == http.StatusOK && r.rt.req.Stream && !r.rt.continued {
-			r.g.met.ttft.WithLabelValues(r.rt.class.Name).Observe(r.firstAt.Sub(r.rt.arrival).Seconds())
-		}
+	// The first bytes are the first token's, but for a Responses
+	// stream, whose first events (response.created, in_progress) vLLM
+	// sends before its prefill: there the first text delta is.
+	deltas := r.end != nil && r.end.responses
+	if r.firstAt.IsZero() && !deltas {
+		r.first()
 	}
 	if err := writeFlush(r.w, r.rc, p); err != nil {
 		return err
@@ -867,6 +886,15 @@ func (r *relayed) chunk(p []byte) error {
 	if r.usage != nil {
 		r.usage.Scan(p)
 	}
+	if r.rid != nil && !r.learned {
+		if r.rid.scan(p); r.rid.id != "" {
+			r.g.respHolders.learn(r.rid.id, r.m.ep.Name)
+			r.learned = true
+		}
+	}
+	if r.firstAt.IsZero() && deltas && r.end.events > 0 {
+		r.first()
+	}
 	if r.h.probe != nil {
 		if t := r.tokens(); t > load.TPOTProbeTokens {
 			r.h.probe(r.g.tpotSince(r.firstAt, t))
@@ -874,6 +902,15 @@ func (r *relayed) chunk(p []byte) error {
 		}
 	}
 	return nil
+}
+
+// first records the answer's first token, now.
+func (r *relayed) first() {
+	r.firstAt = r.g.now()
+	r.h.firstByte()
+	if r.resp.StatusCode == http.StatusOK && r.rt.req.Stream && !r.rt.continued {
+		r.g.met.ttft.WithLabelValues(r.rt.class.Name).Observe(r.firstAt.Sub(r.rt.arrival).Seconds())
+	}
 }
 
 // broke is the error of an answer whose body failed with err before its
@@ -978,6 +1015,12 @@ type streamEnd struct {
 	line   [sseLineCap]byte // its first bytes
 	end    bool
 	events int // token events before [DONE] the client has
+	// responses: a Responses API stream, whose token events are its
+	// text deltas (an "event: response.….delta" line names the data
+	// line after it) and whose end is its response.completed,
+	// response.incomplete or response.failed event's data line;
+	// delta and last say what the event line before named.
+	responses, delta, last bool
 }
 
 const sseDoneLine = "data: [DONE]"
@@ -1022,12 +1065,37 @@ func (s *streamEnd) endLine() {
 		s.end = true
 		return
 	}
+	if s.responses {
+		s.responsesLine(line)
+		return
+	}
 	if !bytes.HasPrefix(line, []byte("data:")) {
 		return
 	}
 	if s.n > len(s.line) || bringsToken(line) {
 		s.events++
 	}
+}
+
+// responsesLine classifies a line of a Responses API stream.
+func (s *streamEnd) responsesLine(line []byte) {
+	if name, ok := bytes.CutPrefix(line, []byte("event:")); ok {
+		name = bytes.TrimSpace(name)
+		s.delta = bytes.HasSuffix(name, []byte(".delta"))
+		switch string(name) {
+		case "response.completed", "response.incomplete", "response.failed":
+			s.last = true
+		}
+		return
+	}
+	if !bytes.HasPrefix(line, []byte("data:")) {
+		return
+	}
+	if s.delta {
+		s.events++
+	}
+	s.end = s.last
+	s.delta = false
 }
 
 // bringsToken reports whether the data line carries generated text: a

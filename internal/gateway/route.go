@@ -35,6 +35,7 @@ const (
 	apiCompletions apiKind = iota // /v1/completions
 	apiChat                       // /v1/chat/completions
 	apiGenerate                   // SGLang's native /generate
+	apiResponses                  // /v1/responses (responses.go)
 )
 
 // routed is one request on its way through the gateway.
@@ -42,9 +43,13 @@ type routed struct {
 	id   string
 	path string
 	chat bool
-	// generate: SGLang's /generate (openai.ParseGenerate).
-	generate bool
-	req      *openai.Request
+	// generate: SGLang's /generate (openai.ParseGenerate); responses:
+	// the Responses API (openai.ParseResponses), and pin the endpoint
+	// that made the response it continues ("": none known).
+	generate  bool
+	responses bool
+	pin       string
+	req       *openai.Request
 	// model is the fleet that serves it: req.Model, or a LoRA adapter's
 	// base model; lora the adapter ("" for a base model).
 	model, lora string
@@ -139,10 +144,12 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, api apiKind) (rt
 func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed, error) {
 	var err error
 	var req *openai.Request
-	chat := api == apiChat
+	chat := api == apiChat || api == apiResponses
 	switch api {
 	case apiChat:
 		req, err = openai.ParseChat(body)
+	case apiResponses:
+		req, err = openai.ParseResponses(body)
 	case apiGenerate:
 		req, err = openai.ParseGenerate(body)
 	default:
@@ -162,7 +169,10 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 	case model == "":
 		return nil, openai.BadRequest("model is required").WithParam("model")
 	}
-	rt := &routed{path: r.URL.Path, chat: chat, generate: api == apiGenerate, req: req, arrival: g.now()}
+	rt := &routed{path: r.URL.Path, chat: chat, generate: api == apiGenerate, responses: api == apiResponses, req: req, arrival: g.now()}
+	if req.PreviousResponseID != "" {
+		rt.pin = g.respHolders.holder(req.PreviousResponseID)
+	}
 	rt.model, rt.lora = g.resolve(model)
 	rt.id = r.Header.Get("X-Request-Id")
 	if rt.id == "" || len(rt.id) > 128 {
@@ -253,7 +263,9 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 			msgs[i] = tokens.TextMessage(m.Role, text)
 		}
 		in.Messages, in.Mode = msgs, chatMode(req)
-		rt.opens = openai.OpensConversation(req.Messages)
+		// A response that continues another is its conversation's
+		// next turn, whose start the engine keeps.
+		rt.opens = openai.OpensConversation(req.Messages) && req.PreviousResponseID == ""
 	case req.Prompt.Kind == openai.PromptText || req.Prompt.Kind == openai.PromptTexts:
 		// A batch is routed as one request by its first prompt (the
 		// engine serves the batch together); its size counts them all.
@@ -367,10 +379,13 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 		return nil, openai.Unavailable(time.Second, "the fleet of model %q is changing; retry", rt.req.Model)
 	}
 	g.fillEngineState(members, &fs.snap)
-	if exclude != "" || rt.lora != "" {
+	if exclude != "" || rt.lora != "" || rt.pin != "" {
 		members, eps = keepEndpoints(members, eps, &fs.snap, func(_ int, m *member) bool {
-			return m.ep.Name != exclude && (rt.lora == "" || m.serves(rt.lora))
+			return m.ep.Name != exclude && (rt.lora == "" || m.serves(rt.lora)) && (rt.pin == "" || m.ep.Name == rt.pin)
 		})
+		if len(fs.snap.Endpoints) == 0 && rt.pin != "" {
+			return nil, openai.Unavailable(5*time.Second, "response %s, which this request continues, is kept by endpoint %s, which is not available", rt.req.PreviousResponseID, rt.pin)
+		}
 	}
 	if rt.lora != "" && !g.cfg.NoLoRASlots {
 		members, eps = g.keepLoRASlots(rt.lora, members, eps, &fs.snap)

@@ -9,12 +9,18 @@ import "bytes"
 // A key written with a backslash in it, as inside a JSON string (a model
 // writing JSON about usage), is not one.
 type AnswerUsage struct {
+	// key is the member counted, quoted ("": completionKey).
+	key   string
 	win   []byte // the last bytes of the previous reads, then this read's
 	n     int
 	found bool
 }
 
 const completionKey = `"completion_tokens"`
+
+// ResponsesUsage reads a Responses API answer for its output tokens
+// (usage.output_tokens; in a stream, its response.completed event's).
+func ResponsesUsage() *AnswerUsage { return &AnswerUsage{key: `"output_tokens"`} }
 
 // answerCarry is the bytes kept between reads: a key, spaces and a
 // count split between two reads are whole in the next window.
@@ -45,14 +51,17 @@ func (u *AnswerUsage) Count() (int, bool) {
 // (or at it, at the body's end): one that runs to the window's end may
 // go on in the next read, which sees it whole.
 func (u *AnswerUsage) find(atEnd bool) {
-	w := u.win
+	w, key := u.win, u.key
+	if key == "" {
+		key = completionKey
+	}
 	for i := 0; ; {
-		k := bytes.Index(w[i:], []byte(completionKey))
+		k := bytes.Index(w[i:], []byte(key))
 		if k < 0 {
 			return
 		}
-		j := skipSpace(w, i+k+len(completionKey))
-		i += k + len(completionKey)
+		j := skipSpace(w, i+k+len(key))
+		i += k + len(key)
 		if j >= len(w) || w[j] != ':' {
 			continue
 		}

@@ -1,0 +1,146 @@
+package gateway
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// TestResponses: the Responses API through the gateway, in front of two
+// emulated engines with a response store, round-robin between them. A
+// request continuing a response (previous_response_id) goes to the
+// engine that made it, every time, streamed or not (the other engine
+// would answer 404, as an unknown id's engine does); GET of a response
+// reaches it there; the prompt is keyed as a chat's, so a second request
+// with the same instructions is predicted cached; the planner's traffic
+// hears the answers' output tokens.
+func TestResponses(t *testing.T) {
+	store := func(c *engine.Config) { c.ResponsesStore = true }
+	a, b := startEngine(t, fleet.RoleBoth, store), startEngine(t, fleet.RoleBoth, store)
+	tr := &answers{}
+	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(a, fleet.RoleBoth), endpointOf(b, fleet.RoleBoth)}, Policy: "round-robin", NoHealthChecks: true}
+	_, url, _ := startGateway(t, cfg, Options{Traffic: tr})
+	instructions := prefix("responses")
+	first := post(t, url+"/v1/responses", `{"model":"`+testModel+`","instructions":`+strconv.Quote(instructions)+`,"input":"hello","max_output_tokens":4}`, nil)
+	var o struct{ ID string }
+	if first.status != 200 || json.Unmarshal([]byte(first.body), &o) != nil || !strings.HasPrefix(o.ID, "resp_") {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	home := first.header.Get(hdrPrefill)
+	if tr.untimed.Load() != 4 {
+		t.Errorf("the traffic heard %d output tokens, want 4", tr.untimed.Load())
+	}
+	for i := range 4 {
+		body := fmt.Sprintf(`{"model":%q,"input":"and then %d?","previous_response_id":%q,"max_output_tokens":3,"stream":%v}`, testModel, i, o.ID, i%2 == 1)
+		r := post(t, url+"/v1/responses", body, nil)
+		if r.status != 200 || r.header.Get(hdrPrefill) != home {
+			t.Fatalf("continuation %d: %d from %s, want 200 from %s: %s", i, r.status, r.header.Get(hdrPrefill), home, r.body)
+		}
+	}
+	if r := get(t, url+"/v1/responses/"+o.ID); !strings.Contains(r, o.ID) || !strings.Contains(r, `"object":"response"`) {
+		t.Fatalf("GET: %s", r)
+	}
+	// The second request with the same instructions is keyed as the
+	// first: cached where the first went (predicted from the routed
+	// request's blocks).
+	second := post(t, url+"/v1/responses", `{"model":"`+testModel+`","instructions":`+strconv.Quote(instructions)+`,"input":"hi again","max_output_tokens":2}`, nil)
+	if cached, _ := strconv.Atoi(second.header.Get(hdrCached)); second.status != 200 || (second.header.Get(hdrPrefill) == home) != (cached > 0) {
+		t.Fatalf("second: %d on %s (first on %s) predicting %d cached", second.status, second.header.Get(hdrPrefill), home, cached)
+	}
+	// A streamed answer's id is learned from its stream.
+	s := post(t, url+"/v1/responses", `{"model":"`+testModel+`","input":"stream","max_output_tokens":5,"stream":true}`, nil)
+	i := strings.Index(s.body, `"id":"resp_`)
+	if s.status != 200 || i < 0 || !strings.Contains(s.body, "event: response.completed") {
+		t.Fatalf("stream: %d %s", s.status, s.body)
+	}
+	id := s.body[i+6 : i+6+strings.IndexByte(s.body[i+6:], '"')]
+	for range 2 {
+		if r := post(t, url+"/v1/responses", `{"model":"`+testModel+`","input":"more","previous_response_id":"`+id+`"}`, nil); r.status != 200 || r.header.Get(hdrPrefill) != s.header.Get(hdrPrefill) {
+			t.Fatalf("after the stream: %d from %s, want %s", r.status, r.header.Get(hdrPrefill), s.header.Get(hdrPrefill))
+		}
+	}
+	if r := post(t, url+"/v1/responses", `{"model":"`+testModel+`","input":"x","previous_response_id":"resp_unknown"}`, nil); r.status != 404 {
+		t.Fatalf("an id no engine keeps: %d %s", r.status, r.body)
+	}
+}
+
+// TestResponsesFirstToken: vLLM sends a Responses stream's created and
+// in_progress events before its prefill; the gateway takes the first text
+// delta as the first token (its TTFT, the prefill's end), its tokens the
+// usage's output tokens (two a delta here), and the answer as complete at
+// response.completed.
+func TestResponsesFirstToken(t *testing.T) {
+	clock := &atomic.Int64{}
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	ack := make(chan struct{}, 1) // the client has the delta before
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		ev := func(typ, data string) {
+			fmt.Fprintf(w, "event: %s\ndata: {\"type\":%q,%s}\n\n", typ, typ, data)
+			w.(http.Flusher).Flush()
+		}
+		ev("response.created", `"response":{"id":"resp_abc","status":"in_progress"}`)
+		ev("response.in_progress", `"response":{"id":"resp_abc","status":"in_progress"}`)
+		time.Sleep(20 * time.Millisecond)
+		clock.Add(int64(500 * time.Millisecond)) // the prefill
+		for i := range 10 {
+			ev("response.output_text.delta", fmt.Sprintf(`"delta":"w%d x%d"`, i, i)) // two tokens an event
+			select {
+			case <-ack:
+			case <-time.After(10 * time.Second):
+				return
+			}
+			if i < 9 {
+				clock.Add(int64(10 * time.Millisecond))
+			}
+		}
+		ev("response.output_text.done", `"text":"w0 … w9"`)
+		ev("response.completed", `"response":{"id":"resp_abc","status":"completed","usage":{"input_tokens":3,"input_tokens_details":{"cached_tokens":0},"output_tokens":20,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":23}}`)
+	}))
+	t.Cleanup(up.Close)
+	tr := &answers{}
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}, NoHealthChecks: true}
+	_, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }, Traffic: tr})
+	resp, err := http.Post(url+"/v1/responses", "application/json", strings.NewReader(`{"model":"`+testModel+`","input":"x","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), `"type":"response.output_text.delta"`) {
+			ack <- struct{}{}
+		}
+	}
+	resp.Body.Close()
+	waitFor(t, func() bool { return tr.output.Load() > 0 })
+	if tr.output.Load() != 20 {
+		t.Errorf("the traffic heard %d output tokens, want the usage's 20", tr.output.Load())
+	}
+	m := get(t, admin+"/metrics")
+	var sum float64
+	for _, l := range strings.Split(m, "\n") {
+		if strings.HasPrefix(l, "kvgate_ttft_seconds_sum") {
+			fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &sum)
+		}
+	}
+	if sum < 0.499 || sum > 0.501 {
+		t.Fatalf("TTFT %v s, want the first delta's 0.5 s (the created event came at 0):\n%s", sum, grepLines(m, "kvgate_ttft_seconds"))
+	}
+	if tp, want := adminEndpoints(t, admin)[0].TPOT, 0.09/19; tp < want*0.99 || tp > want*1.01 {
+		t.Errorf("TPOT %v, want %v (20 tokens in 90 ms)", tp, want)
+	}
+	if !strings.Contains(m, `kvgate_requests_total{class="standard",outcome="ok"`) {
+		t.Errorf("not counted ok:\n%s", grepLines(m, "kvgate_requests_total"))
+	}
+}
