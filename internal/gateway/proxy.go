@@ -888,7 +888,7 @@ func (r *relayed) chunk(p []byte) error {
 	}
 	if r.rid != nil && !r.learned {
 		if r.rid.scan(p); r.rid.id != "" {
-			r.g.respHolders.learn(r.rid.id, r.m.ep.Name)
+			r.g.learnResponse(r.rt, r.m, r.rid.id)
 			r.learned = true
 		}
 	}

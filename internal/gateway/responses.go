@@ -56,6 +56,15 @@ func (h *responseHolders) learn(id, endpoint string) {
 	}
 }
 
+// learnResponse records that m made the Responses API answer id to rt,
+// here and on the replica's peers.
+func (g *Gateway) learnResponse(rt *routed, m *member, id string) {
+	g.respHolders.learn(id, m.ep.Name)
+	if g.sync != nil {
+		g.sync.Response(rt.model, m.ep.Name, id)
+	}
+}
+
 // holder is the endpoint that made response id ("": unknown).
 func (h *responseHolders) holder(id string) string {
 	h.mu.Lock()
@@ -115,7 +124,7 @@ func (g *Gateway) handleResponseByID(w http.ResponseWriter, r *http.Request) {
 	m := g.memberNamed(name)
 	switch {
 	case name == "":
-		openai.WriteError(w, openai.NotFound("Response with id '%s' not found: kvgate routed no answer of that id (made through another gateway, or before this one started)", id))
+		openai.WriteError(w, openai.NotFound("Response with id '%s' not found: kvgate routed no answer of that id (made before this gateway started, or through a replica it does not sync with)", id))
 		return
 	case m == nil:
 		openai.WriteError(w, openai.Unavailable(5*time.Second, "Response with id '%s' is kept by endpoint %s, which is not available", id, name))

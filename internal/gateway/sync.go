@@ -52,6 +52,14 @@ func (s syncLocal) Prefix(model, endpoint string, keys []uint64, routed bool) bo
 	return true
 }
 
+func (s syncLocal) Response(model, endpoint, id string) bool {
+	if s.member(model, endpoint) == nil {
+		return false
+	}
+	s.g.respHolders.learn(id, endpoint)
+	return true
+}
+
 // syncCollector exports the replica sync's counters at scrape time.
 type syncCollector struct{ s *replicasync.Sync }
 

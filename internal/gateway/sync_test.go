@@ -20,10 +20,16 @@ import (
 // subscribed to it, and returns their client URLs once b hears a.
 func syncedPair(t *testing.T, eps []fleet.Endpoint) (a, b *Gateway, urlA, urlB string) {
 	t.Helper()
-	a, urlA, _ = startGateway(t, Config{Endpoints: eps, Policy: "kvgate", BlockSize: 16,
+	return syncedPairOf(t, eps, "kvgate")
+}
+
+// syncedPairOf is syncedPair with another policy.
+func syncedPairOf(t *testing.T, eps []fleet.Endpoint, policy string) (a, b *Gateway, urlA, urlB string) {
+	t.Helper()
+	a, urlA, _ = startGateway(t, Config{Endpoints: eps, Policy: policy, BlockSize: 16,
 		Sync: replicasync.Config{Bind: "tcp://127.0.0.1:0"}}, Options{})
 	waitFor(t, func() bool { return a.sync.Addr() != "" })
-	b, urlB, _ = startGateway(t, Config{Endpoints: eps, Policy: "kvgate", BlockSize: 16,
+	b, urlB, _ = startGateway(t, Config{Endpoints: eps, Policy: policy, BlockSize: 16,
 		Sync: replicasync.Config{Peers: []string{a.sync.Addr()}}}, Options{})
 	// b's subscription takes a moment: requests through a until b has
 	// applied one of a's events.
@@ -206,5 +212,33 @@ func TestReplicaSyncDrains(t *testing.T) {
 		if st := g.sync.Stats(); st.ExpiredByHeartbeat != 0 || st.BySilence != 0 || st.Refused != 0 || (g != a && st.Applied == 0) {
 			t.Fatalf("sync stats %+v", st)
 		}
+	}
+}
+
+// TestReplicaSyncResponses: a Responses API answer made through one
+// replica is known to the other, which sends a request continuing it
+// (and its GET) to the engine that keeps it, round-robin or not.
+func TestReplicaSyncResponses(t *testing.T) {
+	store := func(c *engine.Config) { c.ResponsesStore = true }
+	e1, e2 := startEngine(t, fleet.RoleBoth, store), startEngine(t, fleet.RoleBoth, store)
+	eps := []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), endpointOf(e2, fleet.RoleBoth)}
+	_, b, urlA, urlB := syncedPairOf(t, eps, "round-robin")
+	before := b.sync.Stats().Applied
+	ra := post(t, urlA+"/v1/responses", `{"model":"`+testModel+`","input":"remember me","max_output_tokens":3}`, nil)
+	i := strings.Index(ra.body, `"id":"`)
+	if ra.status != 200 || i < 0 {
+		t.Fatalf("a: %d %s", ra.status, ra.body)
+	}
+	id := ra.body[i+6 : i+6+strings.IndexByte(ra.body[i+6:], '"')]
+	// Its route, response note, prefix note, first token and end.
+	waitFor(t, func() bool { return b.respHolders.holder(id) != "" && b.sync.Stats().Applied >= before+2 })
+	for k := range 4 {
+		rb := post(t, urlB+"/v1/responses", `{"model":"`+testModel+`","input":"go on","previous_response_id":"`+id+`","max_output_tokens":2}`, nil)
+		if rb.status != 200 || rb.header.Get(hdrPrefill) != ra.header.Get(hdrPrefill) {
+			t.Fatalf("b, continuation %d: %d on %s, want 200 on %s: %s", k, rb.status, rb.header.Get(hdrPrefill), ra.header.Get(hdrPrefill), rb.body)
+		}
+	}
+	if g := get(t, urlB+"/v1/responses/"+id); !strings.Contains(g, id) {
+		t.Fatalf("b, GET: %s", g)
 	}
 }

@@ -64,6 +64,9 @@ const (
 	// maxKeys bounds a prefix note's block keys (a 2-million-token prompt
 	// in 16-token blocks).
 	maxKeys = 1 << 17
+	// maxResponseID bounds a Responses API answer's id (vLLM's are
+	// "resp_" and 32 hex digits).
+	maxResponseID = 128
 	// maxPending bounds the events waiting to be published; more are
 	// dropped (counted) and repaired by the next heartbeat's live set.
 	maxPending = 1 << 16
@@ -83,6 +86,7 @@ const (
 	kindUnprefix // it will not after all
 	kindPlace    // a request for a LoRA adapter takes its place in the endpoint's batch
 	kindUnplace  // and gives it up
+	kindResponse // the endpoint made (and may keep) the Responses API answer of this id
 )
 
 // Config configures a replica's sync.
@@ -143,6 +147,11 @@ type Local interface {
 	// notes its own (kvindex.Index.Routed, Unrouted) until the engine's KV
 	// events tell; false when it knows no such endpoint of model.
 	Prefix(model, endpoint string, keys []uint64, routed bool) bool
+	// Response notes that endpoint of model made the Responses API answer
+	// id, which an engine with a response store keeps: a request
+	// continuing it, and its GET, must go there. false when it knows no
+	// such endpoint of model.
+	Response(model, endpoint, id string) bool
 }
 
 // Stats are a replica's sync counters.
@@ -427,6 +436,17 @@ func (s *Sync) Prefix(model, endpoint string, keys []uint64, routed bool) {
 	s.add(event{Kind: k, Model: model, Endpoint: endpoint, Keys: slices.Clone(keys)})
 }
 
+// Response tells the peers that endpoint of model made the Responses
+// API answer id.
+func (s *Sync) Response(model, endpoint, id string) {
+	if id == "" || len(id) > maxResponseID || s.cfg.Bind == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.add(event{Kind: kindResponse, Model: model, Endpoint: endpoint, Response: id})
+}
+
 // send queues e for the live flight fl (forgotten with last).
 func (s *Sync) send(fl *load.Flight, e event, last bool) {
 	s.mu.Lock()
@@ -467,6 +487,9 @@ type event struct {
 	Opens          bool
 	Keys           []uint64
 	Adapter        string
+	// Response is kindResponse's id (last: a replica of the version
+	// before it reads the events it knows and skips this).
+	Response string
 }
 
 // receive applies the peers' messages until ctx ends.
@@ -553,6 +576,9 @@ func (s *Sync) applyEvent(p *peer, e *event, at float64) {
 		return
 	case kindPlace:
 		s.place(p, e)
+		return
+	case kindResponse:
+		s.response(e)
 		return
 	case kindUnplace:
 		done, ok := p.places[e.ID]
@@ -648,6 +674,19 @@ func (s *Sync) prefix(e *event) {
 		return
 	}
 	if !s.local.Prefix(e.Model, e.Endpoint, e.Keys, e.Kind == kindPrefix) {
+		s.st.ignored.Add(1)
+		return
+	}
+	s.st.applied.Add(1)
+}
+
+// response applies a peer's note of a Responses API answer's endpoint.
+func (s *Sync) response(e *event) {
+	if !validNames(e) || e.Response == "" || len(e.Response) > maxResponseID {
+		s.st.refused.Add(1)
+		return
+	}
+	if !s.local.Response(e.Model, e.Endpoint, e.Response) {
 		s.st.ignored.Add(1)
 		return
 	}

@@ -22,7 +22,7 @@ import (
 type fleets struct {
 	f      *load.Fleet
 	mu     *sync.Mutex
-	noted  map[string]int // endpoint → keys noted routed, less withdrawn
+	noted  map[string]int // endpoint → keys noted routed, less withdrawn; "response ID" → 1 once noted
 	places map[string]int // endpoint/adapter → places counted
 }
 
@@ -58,6 +58,16 @@ func (x fleets) Prefix(model, endpoint string, keys []uint64, routed bool) bool 
 	} else {
 		x.noted[endpoint] -= len(keys)
 	}
+	return true
+}
+
+func (x fleets) Response(model, endpoint, id string) bool {
+	if model != "m" || (endpoint != "a" && endpoint != "b") {
+		return false
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.noted["response "+id] = len(endpoint)
 	return true
 }
 
@@ -238,6 +248,9 @@ func TestRefused(t *testing.T) {
 		{"prefix without keys", event{Kind: kindPrefix, Model: "m", Endpoint: "a"}},
 		{"prefix of too many keys", event{Kind: kindPrefix, Model: "m", Endpoint: "a", Keys: make([]uint64, maxKeys+1)}},
 		{"prefix without endpoint", event{Kind: kindUnprefix, Model: "m", Keys: []uint64{1}}},
+		{"response without id", event{Kind: kindResponse, Model: "m", Endpoint: "a"}},
+		{"response of a long id", event{Kind: kindResponse, Model: "m", Endpoint: "a", Response: strings.Repeat("r", maxResponseID+1)}},
+		{"response without endpoint", event{Kind: kindResponse, Model: "m", Response: "resp_1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := newFleets()
@@ -258,9 +271,13 @@ func TestRefused(t *testing.T) {
 		t.Fatalf("a flight routed twice: stats %+v", st)
 	}
 	s.apply(&batch{Replica: 3, Events: []event{{Kind: kindFinished, ID: 6}, routed(8, "zz", 1), {Kind: kindRouted, ID: 9, Model: "other", Endpoint: "a"},
-		{Kind: kindPrefix, Model: "m", Endpoint: "zz", Keys: []uint64{1}}}}, time.Now())
-	if st := s.Stats(); st.Ignored != 4 {
+		{Kind: kindPrefix, Model: "m", Endpoint: "zz", Keys: []uint64{1}}, {Kind: kindResponse, Model: "m", Endpoint: "zz", Response: "resp_1"}}}, time.Now())
+	if st := s.Stats(); st.Ignored != 5 {
 		t.Fatalf("unknown flight, endpoint and model: stats %+v", st)
+	}
+	s.apply(&batch{Replica: 3, Events: []event{{Kind: kindResponse, Model: "m", Endpoint: "b", Response: "resp_2"}}}, time.Now())
+	if fs.noted["response resp_2"] != 1 {
+		t.Fatalf("a response note not applied: %v", fs.noted)
 	}
 	for r := uint64(1); r <= MaxPeers+1; r++ {
 		s.apply(&batch{Replica: 1000 + r}, time.Now())
@@ -507,4 +524,51 @@ func TestOwnAddressAmongPeers(t *testing.T) {
 	fs.f.Finish(fl, 1)
 	cancel()
 	<-done
+}
+
+// oldEvent is an event as replicas wrote it before kindResponse.
+type oldEvent struct {
+	_              struct{} `msgpack:",as_array"`
+	Kind           uint8
+	ID             uint64
+	Model          string
+	Endpoint       string
+	Uncached       int
+	Cached         int
+	UncachedBlocks int
+	Sequences      int
+	Compute        float64
+	Opens          bool
+	Keys           []uint64
+	Adapter        string
+}
+
+// TestEventWireCompat: the Response field, appended to an event, keeps
+// replicas of the version before it and this one reading each other: an
+// old event reads with no response, a new one (its batch too) reads on
+// an old replica without it.
+func TestEventWireCompat(t *testing.T) {
+	b, _ := msgpack.Marshal(oldEvent{Kind: 1, ID: 2, Model: "m", Adapter: "x"})
+	var e event
+	if err := msgpack.Unmarshal(b, &e); err != nil || e.Adapter != "x" || e.Model != "m" {
+		t.Fatalf("old -> new: %v %+v", err, e)
+	}
+	b, _ = msgpack.Marshal(event{Kind: kindResponse, Model: "m", Adapter: "y", Response: "resp"})
+	var o oldEvent
+	if err := msgpack.Unmarshal(b, &o); err != nil || o.Adapter != "y" {
+		t.Fatalf("new -> old: %v %+v", err, o)
+	}
+	b, _ = msgpack.Marshal(batch{Events: []event{{Kind: kindResponse, Response: "r"}, {Kind: 1, Model: "m2"}}})
+	type oldBatch struct {
+		_        struct{} `msgpack:",as_array"`
+		Version  uint8
+		Replica  uint64
+		Events   []oldEvent
+		HasAlive bool
+		Alive    []uint64
+	}
+	var ob oldBatch
+	if err := msgpack.Unmarshal(b, &ob); err != nil || len(ob.Events) != 2 || ob.Events[1].Model != "m2" {
+		t.Fatalf("new batch -> old: %v %+v", err, ob)
+	}
 }
