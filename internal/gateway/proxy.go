@@ -754,10 +754,13 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 // ends in errYielded, nothing written.
 //
 // It returns the stream's observed TPOT (0: not a stream of more than two
-// tokens a sequence). A stream's tokens are its SSE events that bring
-// text (streamEnd), not the reads that bring them: a read can bring
-// several when the gateway lags, and counted as one token each they made
-// the TPOT read high.
+// tokens a sequence). A stream's tokens are the engine's count where it
+// gives one (the usage a streamTap asked for, a /generate event's
+// meta_info, a Responses stream's final usage), else its SSE events that
+// bring text (streamEnd), never the reads that bring them: a read can
+// bring several when the gateway lags, and counted as one token each they
+// made the TPOT read high. A non-streamed answer's completion tokens go
+// to the planner's traffic.
 func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, h relayHooks) (float64, error) {
 	r := g.newRelayed(w, resp, rt, m, h)
 	bp := g.copyBuffer()
