@@ -768,14 +768,18 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	buf := *bp
 	for {
 		n, err := resp.Body.Read(buf)
-		if r.deferred && (n > 0 || err == io.EOF) {
+		p := buf[:n]
+		if r.hold {
+			p = r.holdBack(p, err == io.EOF)
+		}
+		if r.deferred && (len(p) > 0 || err == io.EOF) {
 			r.deferred = false
 			if !r.begin() {
 				return 0, errYielded
 			}
 		}
-		if n > 0 {
-			if werr := r.chunk(buf[:n]); werr != nil {
+		if len(p) > 0 {
+			if werr := r.chunk(p); werr != nil {
 				if r.end.done() {
 					break
 				}
@@ -804,8 +808,11 @@ type relayed struct {
 	rt   *routed
 	m    *member
 	h    relayHooks
-	// deferred: the headers wait for the first body bytes.
-	deferred bool
+	// deferred: the headers wait for the first body bytes; hold: a
+	// Responses stream's wait for its first text delta, its bytes until
+	// then in pending (holdBack).
+	deferred, hold bool
+	pending        []byte
 	// firstAt is when the first body bytes came (zero: none yet).
 	firstAt time.Time
 	// end reads an SSE answer for its [DONE] line, once the client has
@@ -842,6 +849,7 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 	}
 	if ok && rt.responses {
 		r.rid = &responseID{}
+		r.hold = rt.req.Stream
 	}
 	if r.end == nil {
 		r.h.probe = nil
@@ -861,6 +869,43 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 		}
 	}
 	return r
+}
+
+// maxHoldBack bounds the bytes of a Responses stream held back before its
+// first text delta (its created and in_progress events, which echo the
+// request's instructions and tools); beyond, they go.
+const maxHoldBack = 256 << 10
+
+// holdBack keeps a Responses stream's bytes p until its first text delta
+// (or its end, eof): vLLM sends its created and in_progress events before
+// the prefill, so an engine that dies in its prefill has then sent the
+// client nothing and the request is retried elsewhere, as a chat
+// stream's is. It returns the bytes to pass on now.
+func (r *relayed) holdBack(p []byte, eof bool) []byte {
+	r.pending = append(r.pending, p...)
+	if !eof && !hasDeltaEvent(r.pending) && len(r.pending) < maxHoldBack {
+		return nil
+	}
+	out := r.pending
+	r.hold, r.pending = false, nil
+	return out
+}
+
+// hasDeltaEvent reports whether b has a line "event: response.….delta"
+// (a token's event of a Responses stream).
+func hasDeltaEvent(b []byte) bool {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		if name, ok := bytes.CutPrefix(line, []byte("event:")); ok && bytes.HasSuffix(bytes.TrimSpace(name), []byte(".delta")) {
+			return true
+		}
+	}
+	return false
 }
 
 // begin sends the answer's headers, unless start says no.

@@ -144,3 +144,55 @@ func TestResponsesFirstToken(t *testing.T) {
 		t.Errorf("not counted ok:\n%s", grepLines(m, "kvgate_requests_total"))
 	}
 }
+
+// TestResponsesRetryInPrefill: an engine that sends a Responses stream's
+// created and in_progress events (vLLM sends them before its prefill) and
+// dies in its prefill has sent the client nothing: the gateway holds
+// those events until the first text delta, and retries the request
+// elsewhere, whose whole stream the client reads.
+func TestResponsesRetryInPrefill(t *testing.T) {
+	dies := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_dead\"}}\n\n")
+		fmt.Fprint(w, "event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_dead\"}}\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(dies.Close)
+	e := startEngine(t, fleet.RoleBoth, nil)
+	eps := []fleet.Endpoint{{Name: "dies", URL: dies.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}, endpointOf(e, fleet.RoleBoth)}
+	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", NoHealthChecks: true}, Options{})
+	for i := range 2 { // round-robin: one of the two goes to the dying engine first
+		r := post(t, url+"/v1/responses", `{"model":"`+testModel+`","input":"x","max_output_tokens":3,"stream":true}`, nil)
+		if r.status != 200 || r.header.Get(hdrPrefill) == "dies" || strings.Contains(r.body, "resp_dead") ||
+			strings.Count(r.body, "event: response.created") != 1 || !strings.Contains(r.body, "event: response.completed") {
+			t.Fatalf("request %d: want one whole stream from the emulator: %d from %s\n%s", i, r.status, r.header.Get(hdrPrefill), r.body)
+		}
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_retries_total 1\n") {
+		t.Errorf("want one retry:\n%s", grepLines(m, "kvgate_retries_total"))
+	}
+}
+
+func TestHasDeltaEvent(t *testing.T) {
+	for _, c := range []struct {
+		b    string
+		want bool
+	}{
+		{"event: response.created\ndata: {\"instructions\":\"use x.delta\\n\"}\n\n", false},
+		{"event: response.created\ndata: {}\n\nevent: response.output_text.delta\ndata: {}\n\n", true},
+		{"event: response.reasoning_text.delta\r\n", true},
+		{"event:response.function_call_arguments.delta", true},
+		{"event: response.output_text.del", false},
+		{"data: event: x.delta\n", false},
+		{"", false},
+	} {
+		if got := hasDeltaEvent([]byte(c.b)); got != c.want {
+			t.Errorf("%q: %v, want %v", c.b, got, c.want)
+		}
+	}
+}
