@@ -47,8 +47,9 @@ type Config struct {
 	// X-Gateway-Inference-Fairness-Id; requests without it are one
 	// tenant). With early rejection, when a tenant's request is rejected
 	// for the load, tenants with more in flight are admitted for a second
-	// only while they leave the room it lacked (fair.go). NoFairness
-	// turns that off.
+	// only while they leave the room it lacked (fair.go); without it, the
+	// hold queue serves tenants in turn (sched.fairTags). NoFairness
+	// turns both off.
 	FairnessHeader string `yaml:"fairness_header"`
 	NoFairness     bool   `yaml:"no_fairness"`
 

@@ -64,6 +64,9 @@ func (g *Gateway) hold(ctx context.Context, rt *routed, p *plan) (*plan, error) 
 	hq := p.mf.hold
 	w := &waiter{rt: rt, ready: make(chan *plan, 1)}
 	h := &sched.Held{Req: p.req, Until: p.dec.HoldUntil, Compute: p.dec.HoldCompute, Value: w, Keys: rt.prep.Keys}
+	if !g.cfg.NoFairness {
+		h.Tenant = rt.tenant
+	}
 	if err := hq.q.Push(h); err != nil {
 		if errors.Is(err, sched.ErrHoldFull) {
 			return nil, openai.TooManyRequests(time.Second, "kvgate: %d requests already held at the router for model %q", g.cfg.Hold.MaxRequests, rt.req.Model)

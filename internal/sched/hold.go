@@ -135,10 +135,15 @@ type Held struct {
 	// recognises a later request that extends it when it was served late
 	// (Returns); nil when unknown.
 	Keys []uint64
+	// Tenant is whose request it is ("": none named; the gateway's
+	// fairness header). Within a priority, the hold serves tenants in
+	// turn by compute (fairTags).
+	Tenant string
 
 	touch    touchState // TouchHeld's, on its goroutine only
 	seq      uint64
-	prio, dl int // heap positions; -1 when out
+	tag      float64 // its fair start (fairTags; 0 before any tenant is named)
+	prio, dl int     // heap positions; -1 when out
 }
 
 // HoldQueue is the router's queue of held requests, ordered two ways: by
@@ -152,6 +157,7 @@ type HoldQueue struct {
 	cap        int
 	rejections LoadRejections
 	returns    Returns
+	fair       fairTags
 	// Touch passes' (touch.go): the turnover the last pass saw, and when
 	// the head it saw would be at risk.
 	turnover float64
@@ -249,6 +255,9 @@ func NewHoldQueue(capacity int) *HoldQueue {
 		if a.Req.Priority != b.Req.Priority {
 			return a.Req.Priority > b.Req.Priority
 		}
+		if a.tag != b.tag {
+			return a.tag < b.tag
+		}
 		if a.Req.Arrival != b.Req.Arrival {
 			return a.Req.Arrival < b.Req.Arrival
 		}
@@ -324,6 +333,7 @@ func (q *HoldQueue) Push(h *Held) error {
 	}
 	q.seq++
 	h.seq = q.seq
+	h.tag = q.fair.start(h.Tenant, h.Req.Priority, h.Compute)
 	heap.Push(&q.byPrio, h)
 	heap.Push(&q.byDL, h)
 	q.compute += h.Compute
@@ -349,6 +359,96 @@ func (q *HoldQueue) remove(h *Held) bool {
 		q.compute = 0 // no drift from float sums
 	}
 	return true
+}
+
+// served advances the fair clock of h's priority past h, released
+// (fairTags).
+func (q *HoldQueue) served(h *Held) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.fair.served(h.Req.Priority, h.tag)
+}
+
+// maxFairTenants bounds the tenants the hold tracks apart (over all
+// priorities); the rest share one turn.
+const maxFairTenants = 4096
+
+// fairTags orders held requests of one priority by tenant, start-time
+// fair queueing by compute: a request's tag is where its tenant's turn
+// starts, the later of its priority's clock (the tag of the last request
+// of that priority served) and the end of the tenant's last request held
+// at that priority (its tag plus its compute). A tenant that floods the
+// hold queues behind its own requests, not behind everyone's, and a
+// tenant that sends little is served at its turn: among the tenants of a
+// priority each gets an equal share of the compute released, while every
+// request's deadline still bounds its wait (overdue requests go first,
+// by deadline). Until a request names a tenant every tag is 0: the order
+// is by arrival, as it always was (the simulator's; a gateway without
+// tenants).
+type fairTags struct {
+	named   bool
+	bands   map[int]*fairBand
+	tenants int // entries in all bands' ends
+}
+
+// fairBand is one priority's turns.
+type fairBand struct {
+	clock float64
+	ends  map[string]float64 // a tenant's last request's end
+}
+
+// start tags a request of tenant at priority computing compute seconds.
+func (f *fairTags) start(tenant string, priority int, compute float64) float64 {
+	f.named = f.named || tenant != ""
+	if !f.named {
+		return 0
+	}
+	if f.bands == nil {
+		f.bands = map[int]*fairBand{}
+	}
+	b := f.bands[priority]
+	if b == nil {
+		b = &fairBand{ends: map[string]float64{}}
+		f.bands[priority] = b
+	}
+	if _, ok := b.ends[tenant]; !ok {
+		if f.tenants >= maxFairTenants {
+			f.prune()
+		}
+		if f.tenants >= maxFairTenants {
+			tenant = "\x00others"
+		}
+		if _, ok := b.ends[tenant]; !ok {
+			f.tenants++
+		}
+	}
+	tag := max(b.clock, b.ends[tenant])
+	b.ends[tenant] = tag + max(compute, 1e-3)
+	return tag
+}
+
+// served moves priority's clock to a served request's tag.
+func (f *fairTags) served(priority int, tag float64) {
+	if b := f.bands[priority]; b != nil {
+		b.clock = max(b.clock, tag)
+	}
+}
+
+// prune forgets the tenants whose last request ended before their
+// priority's clock (their next request starts at the clock anyway), and
+// the priorities left without any.
+func (f *fairTags) prune() {
+	for p, b := range f.bands {
+		for t, end := range b.ends {
+			if end <= b.clock {
+				delete(b.ends, t)
+				f.tenants--
+			}
+		}
+		if len(b.ends) == 0 {
+			delete(f.bands, p)
+		}
+	}
 }
 
 // peek returns the request to consider next at now: the overdue one with
@@ -478,6 +578,7 @@ func (sc *Scheduler) ReleaseHeld(q *HoldQueue, now float64, f HoldFleet, s *Snap
 		if !q.Remove(h) {
 			continue // removed meanwhile (its client left)
 		}
+		q.served(h)
 		if sc.EarlyReject && !overdue && d.Admit {
 			// Served late, for what it leaves in the cache.
 			q.returns.Invest(now, h.Keys, sc.quietWindow(&h.Req))

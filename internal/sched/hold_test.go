@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/fleet"
@@ -769,5 +770,67 @@ func TestTurnover(t *testing.T) {
 		if got := turnover(&Snapshot{Endpoints: tt.eps}); got != tt.want {
 			t.Errorf("%s: turnover %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestHoldFairTenants: within a priority, held requests are served by
+// tenant in turn, by compute (fairTags): a tenant that floods the hold
+// queues behind its own requests; without tenants the order is arrival,
+// as it always was; a higher priority still goes first; the tenants
+// tracked are bounded.
+func TestHoldFairTenants(t *testing.T) {
+	order := func(q *HoldQueue) string {
+		var ids []string
+		for _, h := range q.oldest(100, nil) {
+			ids = append(ids, h.Req.ID)
+		}
+		return strings.Join(ids, " ")
+	}
+	push := func(q *HoldQueue, id, tenant string, arrival float64, prio int, compute float64) *Held {
+		h := &Held{Req: Request{ID: id, Arrival: arrival, Priority: prio}, Until: 1e9, Compute: compute, Tenant: tenant}
+		if err := q.Push(h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	q := NewHoldQueue(100)
+	for i := range 5 {
+		push(q, fmt.Sprintf("a%d", i), "", float64(i), 0, 1)
+	}
+	if got := order(q); got != "a0 a1 a2 a3 a4" {
+		t.Fatalf("without tenants: %s, want arrival order", got)
+	}
+	q = NewHoldQueue(100)
+	for i := range 5 {
+		push(q, fmt.Sprintf("a%d", i), "flood", float64(i), 0, 1)
+	}
+	push(q, "b5", "light", 5, 0, 1)
+	push(q, "b6", "light", 6, 0, 1)
+	push(q, "c7", "", 7, 0, 2) // no header: a tenant of its own, twice the compute
+	push(q, "c8", "", 8, 0, 1)
+	push(q, "p9", "flood", 9, 1, 1) // a higher priority
+	if got, want := order(q), "p9 a0 b5 c7 a1 b6 a2 c8 a3 a4"; got != want {
+		t.Fatalf("order %s, want %s", got, want)
+	}
+	// Served, the clock moves on: a newcomer starts at its priority's
+	// clock, not at 0; a higher priority's requests move only theirs.
+	for _, h := range q.oldest(3, nil) { // p9 (priority 1), a0, b5 (tags 0)
+		q.Remove(h)
+		q.served(h)
+	}
+	push(q, "d10", "late", 10, 0, 1)
+	if got, want := order(q), "c7 d10 a1 b6 a2 c8 a3 a4"; got != want {
+		t.Fatalf("after three served: %s, want %s", got, want)
+	}
+	var f fairTags
+	for i := range maxFairTenants + 100 {
+		f.start(fmt.Sprint("t", i), i%3, 1)
+	}
+	n := 0
+	for _, b := range f.bands {
+		n += len(b.ends)
+	}
+	if n > maxFairTenants+3 || f.tenants != n {
+		t.Fatalf("%d tenants tracked (counted %d), want at most %d and the shared turns", n, f.tenants, maxFairTenants)
 	}
 }
