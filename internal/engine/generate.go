@@ -311,29 +311,10 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 	}
 }
 
+// stream streams rq's answer as completions, chat or /generate events.
 func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, resp *responder) {
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	if err := rc.Flush(); err != nil {
-		e.sched.abort(rq)
-		return
-	}
 	sent := 0
-	buf := make([]byte, 0, 1024)
-	for {
-		select {
-		case <-r.Context().Done():
-			e.sched.abort(rq)
-			return
-		case <-rq.notify:
-		}
-		out := rq.snapshot()
-		if out.finishReason == finishAbort {
-			return
-		}
-		buf = buf[:0]
+	e.sseStream(w, r, rq, nil, func(buf []byte, out requestOutput) []byte {
 		if sent == 0 && out.generated > 0 && resp.chat {
 			buf = resp.roleChunk(buf)
 		}
@@ -363,15 +344,51 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, res
 			}
 			buf = append(buf, "data: [DONE]\n\n"...)
 		}
-		if len(buf) > 0 {
-			if _, err := w.Write(buf); err != nil {
+		return buf
+	})
+}
+
+// sseStream runs one streamed answer of rq: the stream's headers and head
+// (the events sent before the first token; nil: none) at once, then at
+// each wake of rq what events appends for its output so far, until the
+// answer is done; a client that leaves, or a write that fails, aborts
+// rq.
+func (e *Engine) sseStream(w http.ResponseWriter, r *http.Request, rq *request, head []byte, events func(b []byte, out requestOutput) []byte) {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	send := func(b []byte) bool {
+		if len(b) > 0 {
+			if _, err := w.Write(b); err != nil {
 				e.sched.abort(rq)
-				return
+				return false
 			}
-			if err := rc.Flush(); err != nil {
-				e.sched.abort(rq)
-				return
-			}
+		}
+		if err := rc.Flush(); err != nil {
+			e.sched.abort(rq)
+			return false
+		}
+		return true
+	}
+	if !send(head) {
+		return
+	}
+	buf := make([]byte, 0, 1024)
+	for {
+		select {
+		case <-r.Context().Done():
+			e.sched.abort(rq)
+			return
+		case <-rq.notify:
+		}
+		out := rq.snapshot()
+		if out.finishReason == finishAbort {
+			return
+		}
+		buf = events(buf[:0], out)
+		if len(buf) > 0 && !send(buf) {
+			return
 		}
 		if out.done {
 			return

@@ -228,46 +228,20 @@ func (s *responder) event(b []byte, typ string, ev map[string]any) []byte {
 // stream interval above 1), then the text's, part's and item's done
 // events and response.completed, which ends the stream (no [DONE]).
 func (e *Engine) streamResponses(w http.ResponseWriter, r *http.Request, rq *request, resp *responder) {
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
 	start := resp.object(requestOutput{}, "")
-	buf := resp.event(nil, "response.created", map[string]any{"response": start})
-	buf = resp.event(buf, "response.in_progress", map[string]any{"response": start})
-	if _, err := w.Write(buf); err != nil || rc.Flush() != nil {
-		e.sched.abort(rq)
-		return
-	}
+	head := resp.event(nil, "response.created", map[string]any{"response": start})
+	head = resp.event(head, "response.in_progress", map[string]any{"response": start})
 	var text strings.Builder
 	sent := 0
-	for {
-		select {
-		case <-r.Context().Done():
-			e.sched.abort(rq)
-			return
-		case <-rq.notify:
-		}
-		out := rq.snapshot()
-		if out.finishReason == finishAbort {
-			return
-		}
-		buf = resp.responsesEvents(buf[:0], &text, &sent, out, e.cfg.StreamInterval)
+	e.sseStream(w, r, rq, head, func(buf []byte, out requestOutput) []byte {
+		buf = resp.responsesEvents(buf, &text, &sent, out, e.cfg.StreamInterval)
 		if out.done {
 			o := resp.object(out, text.String())
 			buf = resp.event(buf, "response.completed", map[string]any{"response": o})
 			e.keep(resp, o, text.String())
 		}
-		if len(buf) > 0 {
-			if _, err := w.Write(buf); err != nil || rc.Flush() != nil {
-				e.sched.abort(rq)
-				return
-			}
-		}
-		if out.done {
-			return
-		}
-	}
+		return buf
+	})
 }
 
 // responsesEvents appends the events of out's tokens past sent (the

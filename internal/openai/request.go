@@ -224,6 +224,22 @@ func DecodeObject(body []byte, v any) error {
 // ParseRequest parses a completion or chat request body: one JSON object,
 // nothing after it. Every error is a 400 *Error naming the field.
 func ParseRequest(body []byte) (*Request, error) {
+	r, err := parseObject(body)
+	if err != nil {
+		return nil, err
+	}
+	ms := r.members
+	for i := range ms {
+		if err := r.setField(ms[i].key, body[ms[i].v0:ms[i].v1]); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// parseObject is the Request of a body that is one JSON object, its
+// members indexed and nothing else read.
+func parseObject(body []byte) (*Request, error) {
 	if len(body) == 0 || skipSpace(body, 0) == len(body) {
 		return nil, BadRequest("request body is empty; expected a JSON object")
 	}
@@ -234,13 +250,7 @@ func ParseRequest(body []byte) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Request{Raw: body, members: ms}
-	for i := range ms {
-		if err := r.setField(ms[i].key, body[ms[i].v0:ms[i].v1]); err != nil {
-			return nil, err
-		}
-	}
-	return r, nil
+	return &Request{Raw: body, members: ms}, nil
 }
 
 // jsonError says what is wrong with invalid JSON (position included).

@@ -22,19 +22,12 @@ const maxResponsesItems = 1 << 16
 // model's template's); max_output_tokens as MaxTokens; model, stream,
 // previous_response_id, cache_salt and priority. Raw is the body.
 func ParseResponses(body []byte) (*Request, error) {
-	if len(body) == 0 || skipSpace(body, 0) == len(body) {
-		return nil, BadRequest("request body is empty; expected a JSON object")
-	}
-	if !valid(body) {
-		return nil, BadRequest("invalid JSON body: %v", jsonError(body))
-	}
-	ms, err := objectMembers(body, "request body")
+	r, err := parseObject(body)
 	if err != nil {
 		return nil, err
 	}
-	r := &Request{Raw: body, members: ms}
 	var input []Message
-	for _, m := range ms {
+	for _, m := range r.members {
 		v := body[m.v0:m.v1]
 		switch m.key {
 		case "model", "stream", "cache_salt", "priority":
