@@ -48,11 +48,9 @@ func (h *responseHolders) learn(id, endpoint string) {
 		h.order = append(h.order, id)
 	}
 	h.byID[id] = endpoint
-	if over := len(h.order) - maxResponseHolders; over > 0 {
-		for _, old := range h.order[:over] {
-			delete(h.byID, old)
-		}
-		h.order = append(h.order[:0:0], h.order[over:]...)
+	for len(h.order) > maxResponseHolders { // append reallocates only the live ids
+		delete(h.byID, h.order[0])
+		h.order = h.order[1:]
 	}
 }
 

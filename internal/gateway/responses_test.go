@@ -196,3 +196,20 @@ func TestHasDeltaEvent(t *testing.T) {
 		}
 	}
 }
+
+// TestResponseHoldersBounded: the newest maxResponseHolders ids are kept.
+func TestResponseHoldersBounded(t *testing.T) {
+	h := newResponseHolders()
+	for i := range maxResponseHolders + 10 {
+		h.learn(fmt.Sprint("resp_", i), "e")
+	}
+	h.learn("resp_5", "f") // forgotten: learned again as new, resp_10 the oldest goes
+	if len(h.byID) != maxResponseHolders || h.holder("resp_10") != "" || h.holder("resp_11") != "e" || h.holder("resp_5") != "f" ||
+		h.holder(fmt.Sprint("resp_", maxResponseHolders+9)) != "e" {
+		t.Fatalf("%d ids kept; resp_10 %q, resp_11 %q, resp_5 %q", len(h.byID), h.holder("resp_10"), h.holder("resp_11"), h.holder("resp_5"))
+	}
+	h.learn(strings.Repeat("x", maxResponseID+1), "e")
+	if h.holder(strings.Repeat("x", maxResponseID+1)) != "" {
+		t.Fatal("an id beyond maxResponseID kept")
+	}
+}
