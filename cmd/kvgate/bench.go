@@ -33,7 +33,7 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 	fs.StringVar(&f.model, "model", "", "model name to request")
 	fs.StringVar(&f.workload, "workload", "chat", "chat (the baseline chapter's multi-turn chat, as text) or trace (--trace)")
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSON-lines trace to replay (each 512-token hash id becomes the same text everywhere)")
-	fs.StringVar(&f.api, "api", "completions", "completions or chat")
+	fs.StringVar(&f.api, "api", "completions", "completions, chat or responses (the Responses API: the chat workload's system prompt as instructions, its turns as input items)")
 	fs.StringVar(&f.arrivals, "arrivals", "poisson", "open-loop arrivals: poisson, constant, or trace (the trace's timestamps)")
 	fs.StringVar(&f.rates, "rates", "", "a rate ladder: comma-separated rates, one run each (overrides --rate)")
 	fs.StringVar(&f.format, "format", "table", "table or json")
@@ -85,7 +85,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("--url: %q is not an http(s) base URL", u)
 		}
 	}
-	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale,
+	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale, Responses: f.api == "responses",
 		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
 	if f.header != "" {
 		k, v, ok := strings.Cut(f.header, ":")
@@ -147,7 +147,7 @@ func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
 	switch f.workload {
 	case "chat":
 		items, err = bench.Chat(bench.ChatConfig{Systems: f.systems, Sessions: f.sessions, SystemTokens: f.systemTokens,
-			TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, Seed: f.seed, AsChat: f.api == "chat"})
+			TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, Seed: f.seed, AsChat: f.api != "completions"})
 	case "trace":
 		if f.trace == "" {
 			return nil, fmt.Errorf("--workload trace needs --trace FILE")
@@ -159,7 +159,7 @@ func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
 		defer fh.Close()
 		items, err = bench.MooncakeTrace(fh, f.traceScale, f.maxOutput)
 		for i := range items {
-			items[i].Chat = f.api == "chat"
+			items[i].Chat = f.api != "completions"
 		}
 	default:
 		return nil, fmt.Errorf("--workload %q: chat or trace", f.workload)
@@ -167,8 +167,8 @@ func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.api != "completions" && f.api != "chat" {
-		return nil, fmt.Errorf("--api %q: completions or chat", f.api)
+	if f.api != "completions" && f.api != "chat" && f.api != "responses" {
+		return nil, fmt.Errorf("--api %q: completions, chat or responses", f.api)
 	}
 	if f.requests > 0 && len(items) > f.requests {
 		items = items[:f.requests]

@@ -70,6 +70,10 @@ type Client struct {
 	HTTP      *http.Client
 	TimeScale float64 // wall seconds × TimeScale = reported seconds (default 1)
 	Header    http.Header
+	// Responses sends chat items through the Responses API
+	// (/v1/responses: the system prompt as instructions, the turns as
+	// input items) instead of /v1/chat/completions.
+	Responses bool
 }
 
 // maxAnswerBytes bounds what is read of one answer.
@@ -96,6 +100,9 @@ func (c *Client) base(idx int) string {
 const historyAnswer = "ok"
 
 func (c *Client) body(it *Item) ([]byte, string) {
+	if it.Chat && c.Responses {
+		return c.responsesBody(it)
+	}
 	req := map[string]any{"model": c.Model, "max_tokens": it.MaxTokens, "stream": true,
 		"stream_options": map[string]any{"include_usage": true}, "ignore_eos": true}
 	if it.Chat {
@@ -114,6 +121,22 @@ func (c *Client) body(it *Item) ([]byte, string) {
 	req["prompt"] = it.Prompt
 	b, _ := json.Marshal(req)
 	return b, "/v1/completions"
+}
+
+// responsesBody is a chat item as a streamed Responses API request.
+func (c *Client) responsesBody(it *Item) ([]byte, string) {
+	input := []map[string]string{}
+	for _, h := range it.History {
+		input = append(input, map[string]string{"type": "message", "role": "user", "content": h},
+			map[string]string{"type": "message", "role": "assistant", "content": historyAnswer})
+	}
+	input = append(input, map[string]string{"type": "message", "role": "user", "content": it.Prompt})
+	req := map[string]any{"model": c.Model, "max_output_tokens": it.MaxTokens, "stream": true, "input": input, "ignore_eos": true}
+	if it.System != "" {
+		req["instructions"] = it.System
+	}
+	b, _ := json.Marshal(req)
+	return b, "/v1/responses"
 }
 
 // Do sends one request (streamed, with usage) and measures it.
@@ -155,7 +178,11 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 		}
 		return rec
 	}
-	if err := c.readStream(resp.Body, sent, &rec); err != nil {
+	read := c.readStream
+	if path == "/v1/responses" {
+		read = c.readResponsesStream
+	}
+	if err := read(resp.Body, sent, &rec); err != nil {
 		rec.Outcome, rec.Error = "transport", err.Error()
 		return rec
 	}
@@ -204,14 +231,117 @@ type chunk struct {
 	} `json:"usage"`
 }
 
+// arrivals times a stream's token events: the first is the first token,
+// every later one a token arrival.
+type arrivals struct {
+	first, last    time.Time
+	tokens, gaps   int
+	sumGap, maxGap float64
+}
+
+func (a *arrivals) token() {
+	now := time.Now()
+	if a.first.IsZero() {
+		a.first = now
+	} else {
+		g := now.Sub(a.last).Seconds()
+		a.sumGap += g
+		a.maxGap = max(a.maxGap, g)
+		a.gaps++
+	}
+	a.last = now
+	a.tokens++
+}
+
+// record finishes rec with the stream's latencies (its output tokens the
+// usage's, else its token events).
+func (a *arrivals) record(c *Client, sent time.Time, rec *Record) error {
+	end := time.Now()
+	s := c.scale()
+	rec.E2E = end.Sub(sent).Seconds() * s
+	if a.first.IsZero() {
+		return errors.New("no token in the answer")
+	}
+	rec.TTFT = a.first.Sub(sent).Seconds() * s
+	if rec.OutputTokens == 0 {
+		rec.OutputTokens = a.tokens
+	}
+	if a.gaps > 0 {
+		rec.MeanITL, rec.MaxITL = a.sumGap/float64(a.gaps)*s, a.maxGap*s
+	}
+	if rec.OutputTokens > 1 {
+		rec.TPOT = a.last.Sub(a.first).Seconds() * s / float64(rec.OutputTokens-1)
+	}
+	return nil
+}
+
+// sseScanner reads an answer's lines, at most maxAnswerBytes of it and
+// 8 MiB a line.
+func sseScanner(r io.Reader) *bufio.Scanner {
+	sc := bufio.NewScanner(io.LimitReader(r, maxAnswerBytes))
+	sc.Buffer(make([]byte, 64<<10), 8<<20)
+	return sc
+}
+
+// responsesEvent is the part of a Responses API stream event bench reads.
+type responsesEvent struct {
+	Type     string `json:"type"`
+	Delta    string `json:"delta"`
+	Response struct {
+		Usage *struct {
+			InputTokens        int `json:"input_tokens"`
+			OutputTokens       int `json:"output_tokens"`
+			InputTokensDetails *struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"input_tokens_details"`
+		} `json:"usage"`
+	} `json:"response"`
+}
+
+// readResponsesStream reads a Responses API stream: each text delta is a
+// token arrival, response.completed (or incomplete) its end and usage.
+func (c *Client) readResponsesStream(r io.Reader, sent time.Time, rec *Record) error {
+	sc := sseScanner(r)
+	var a arrivals
+	done := false
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
+		if !ok {
+			continue
+		}
+		var ev responsesEvent
+		if err := json.Unmarshal(bytes.TrimSpace(data), &ev); err != nil {
+			return fmt.Errorf("bad SSE event: %v", err)
+		}
+		switch {
+		case strings.HasSuffix(ev.Type, ".delta") && ev.Delta != "":
+			a.token()
+		case ev.Type == "response.completed" || ev.Type == "response.incomplete":
+			if u := ev.Response.Usage; u != nil {
+				rec.PromptTokens, rec.OutputTokens = u.InputTokens, u.OutputTokens
+				if d := u.InputTokensDetails; d != nil {
+					rec.CachedTokens = d.CachedTokens
+				}
+			}
+			done = true
+		case ev.Type == "response.failed" || ev.Type == "error":
+			return fmt.Errorf("the stream failed: %s", data)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	if !done {
+		return errors.New("stream ended without response.completed")
+	}
+	return a.record(c, sent, rec)
+}
+
 // readStream reads SSE events: the first event with text is the first
 // token; every later one with text is a token arrival.
 func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
-	sc := bufio.NewScanner(io.LimitReader(r, maxAnswerBytes))
-	sc.Buffer(make([]byte, 64<<10), 8<<20)
-	var first, last time.Time
-	tokens, gaps := 0, 0
-	var sumGap, maxGap float64
+	sc := sseScanner(r)
+	var a arrivals
 	done := false
 	for sc.Scan() {
 		line := sc.Bytes()
@@ -240,20 +370,9 @@ func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 				text = true
 			}
 		}
-		if !text {
-			continue
+		if text {
+			a.token()
 		}
-		now := time.Now()
-		if first.IsZero() {
-			first = now
-		} else {
-			g := now.Sub(last).Seconds()
-			sumGap += g
-			maxGap = max(maxGap, g)
-			gaps++
-		}
-		last = now
-		tokens++
 	}
 	if err := sc.Err(); err != nil {
 		return err
@@ -261,21 +380,5 @@ func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 	if !done {
 		return errors.New("stream ended without [DONE]")
 	}
-	end := time.Now()
-	s := c.scale()
-	rec.E2E = end.Sub(sent).Seconds() * s
-	if first.IsZero() {
-		return errors.New("no token in the answer")
-	}
-	rec.TTFT = first.Sub(sent).Seconds() * s
-	if rec.OutputTokens == 0 {
-		rec.OutputTokens = tokens
-	}
-	if gaps > 0 {
-		rec.MeanITL, rec.MaxITL = sumGap/float64(gaps)*s, maxGap*s
-	}
-	if rec.OutputTokens > 1 {
-		rec.TPOT = last.Sub(first).Seconds() * s / float64(rec.OutputTokens-1)
-	}
-	return nil
+	return a.record(c, sent, rec)
 }

@@ -4,11 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
 )
 
 // doWithHeader sends one request to a server that streams one token and
@@ -175,5 +180,38 @@ func TestReplicaURLs(t *testing.T) {
 	}
 	if hits[0] != 3 || hits[1] != 2 || hits[2] != 2 {
 		t.Fatalf("hits %v, want [3 2 2]", hits)
+	}
+}
+
+// TestResponsesAPI: with Responses, a chat item is a Responses API
+// request (its system prompt the instructions, its turns input items),
+// read as vLLM streams it: the deltas are the token arrivals and
+// response.completed the end and usage. A second turn of a session,
+// served by the emulator, finds its first turn's prompt cached.
+func TestResponsesAPI(t *testing.T) {
+	cfg := engine.DefaultConfig()
+	cfg.Port, cfg.TimeScale, cfg.Logger = 0, 50, slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{URL: e.URL(), Model: cfg.Model, HTTP: &http.Client{}, Responses: true}
+	first := &Item{Chat: true, System: "be brief and kind to everyone you meet today", Prompt: "tell me about the sea", MaxTokens: 5}
+	rec := c.Do(context.Background(), first, 0, time.Now())
+	if rec.Outcome != "ok" || rec.OutputTokens != 5 || rec.PromptTokens == 0 || rec.TTFT <= 0 || rec.TPOT <= 0 {
+		t.Fatalf("first turn: %+v", rec)
+	}
+	next := &Item{Chat: true, System: first.System, History: []string{first.Prompt}, Prompt: "and the sky?", MaxTokens: 3}
+	if b, path := c.body(next); path != "/v1/responses" || !strings.Contains(string(b), `"instructions"`) || strings.Contains(string(b), `"messages"`) {
+		t.Fatalf("body %s to %s", b, path)
+	}
+	rec2 := c.Do(context.Background(), next, 1, time.Now())
+	if rec2.Outcome != "ok" || rec2.OutputTokens != 3 || rec2.CachedTokens == 0 || rec2.PromptTokens <= rec.PromptTokens {
+		t.Fatalf("second turn: %+v (first %+v)", rec2, rec)
 	}
 }
