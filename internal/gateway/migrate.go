@@ -25,11 +25,10 @@ import (
 const maxMigrations = 8
 
 // tapped reports whether rt's answer goes through a streamTap: a stream
-// of chat or completions of one sequence (SGLang's /generate counts its
-// tokens in its own events, the Responses API's are events of another
-// shape; the events of n sequences interleave).
+// of chat or completions (SGLang's /generate counts its tokens in its own
+// events, the Responses API's are events of another shape).
 func tapped(rt *routed) bool {
-	return rt.req.Stream && !rt.generate && !rt.responses && rt.seqs == 1
+	return rt.req.Stream && !rt.generate && !rt.responses
 }
 
 // migratable reports whether rt's stream is one the gateway may continue

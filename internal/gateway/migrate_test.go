@@ -455,7 +455,7 @@ func FuzzStreamTap(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte, step uint8, cont, clean bool) {
 		rec := httptest.NewRecorder()
 		// A client that asked for every usage: nothing is taken out.
-		tap := newStreamTap(rec, tapRequest(t, `{"include_usage":true,"continuous_usage_stats":true}`), 10, true)
+		tap := newStreamTap(rec, tapRequest(t, `{"include_usage":true,"continuous_usage_stats":true}`), 10, 1, true)
 		if cont {
 			tap.WriteHeader(http.StatusOK)
 			tap.continueOn()
@@ -522,7 +522,7 @@ func TestTapUsage(t *testing.T) {
 	for _, c := range cases {
 		req := tapRequest(t, c.opts)
 		rec := httptest.NewRecorder()
-		tap := newStreamTap(rec, req, 4, true)
+		tap := newStreamTap(rec, req, 4, 1, true)
 		if final, cont := req.UsageEvents(); !final || !cont {
 			t.Fatalf("%s: the engine is not asked for the usage in every event", c.opts)
 		}
@@ -591,7 +591,7 @@ func BenchmarkStreamTap(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("%stap/%d-per-read", c.name, per), func(b *testing.B) {
 			for range b.N {
-				tap := newStreamTap(&discardWriter{h: http.Header{}}, tapRequest(b, "null"), 5, true)
+				tap := newStreamTap(&discardWriter{h: http.Header{}}, tapRequest(b, "null"), 5, 1, true)
 				tap.WriteHeader(http.StatusOK)
 				for _, r := range reads {
 					if _, err := tap.Write(r); err != nil {

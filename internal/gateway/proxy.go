@@ -115,7 +115,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	out := http.ResponseWriter(w)
 	var tap *streamTap
 	if tapped(rt) {
-		tap = newStreamTap(w, rt.req, rt.promptN, g.migratable(rt))
+		tap = newStreamTap(w, rt.req, rt.promptN, rt.seqs, g.migratable(rt))
 		out = tap
 	}
 	exclude := ""

@@ -10,7 +10,7 @@ import (
 )
 
 // The stream tap stands between relay and the client for every streamed
-// chat or completion of one sequence. It asks the engine for the usage
+// chat or completion. It asks the engine for the usage
 // in every event (openai.Request.AskUsageEvents), which counts the
 // tokens each event brought (an engine may send several an event: vLLM's
 // --stream-interval, or its output collector when the API server lags),
@@ -56,6 +56,11 @@ type streamTap struct {
 	stuck string
 	// keep: the answer may migrate: its text is kept (maxTapText).
 	keep bool
+	// seqs is how many sequences the answer samples; counted, whether
+	// the attempt in progress reported its tokens in its usage (vLLM's
+	// is a sequence's: the choice's of its event).
+	seqs    int
+	counted bool
 
 	// final and continuous: the client asked for the usage event at the
 	// end (include_usage) and in every event (continuous_usage_stats).
@@ -75,11 +80,12 @@ type streamTap struct {
 }
 
 // newStreamTap taps the answer to req, whose prompt the gateway counted
-// prompt tokens, on its way to w, keeping its text if keep (it may
+// prompt tokens and which samples seqs sequences (their events
+// interleave), on its way to w, keeping its text if keep (it may
 // migrate); it makes req ask the engines for the usage in every event
 // (the client gets what it asked for).
-func newStreamTap(w http.ResponseWriter, req *openai.Request, prompt int, keep bool) *streamTap {
-	t := &streamTap{w: w, rc: http.NewResponseController(w), prompt: prompt, keep: keep}
+func newStreamTap(w http.ResponseWriter, req *openai.Request, prompt, seqs int, keep bool) *streamTap {
+	t := &streamTap{w: w, rc: http.NewResponseController(w), prompt: prompt, seqs: max(seqs, 1), keep: keep}
 	t.final, t.continuous = req.UsageEvents()
 	req.AskUsageEvents()
 	return t
@@ -238,8 +244,9 @@ func (t *streamTap) read(c *openai.StreamChunk) {
 	n, counted := openai.UsageCompletion(c.Usage)
 	switch {
 	case counted:
-		t.tokens = t.before + n
-	case len(c.Text) > 0:
+		// A sequence's count (each event's choice's): the longest.
+		t.tokens, t.counted = max(t.tokens, t.before+n), true
+	case len(c.Text) > 0 && !t.counted:
 		t.tokens++
 	}
 	if len(c.Text) > 0 && t.keep {
@@ -255,9 +262,15 @@ func (t *streamTap) read(c *openai.StreamChunk) {
 	}
 }
 
-// tokensSent is how many tokens the client had of the attempt in
-// progress: the first engine's, or a continuation's (relay's TPOT).
-func (t *streamTap) tokensSent() int { return t.tokens - t.before }
+// tokensSent is how many tokens a sequence of the attempt in progress
+// had (relay's TPOT): the first engine's, or a continuation's; counted
+// by events, each sequence's share of them.
+func (t *streamTap) tokensSent() int {
+	if t.counted {
+		return t.tokens - t.before
+	}
+	return (t.tokens - t.before) / t.seqs
+}
 
 // halt marks the answer as one that cannot be continued.
 func (t *streamTap) halt(why string) {
@@ -318,7 +331,7 @@ func (t *streamTap) broken() bool {
 
 // continueOn readies the tap for a continuation's answer.
 func (t *streamTap) continueOn() {
-	t.cont, t.contStatus, t.scratch, t.skipBlank = true, 0, nil, false
+	t.cont, t.contStatus, t.scratch, t.skipBlank, t.counted = true, 0, nil, false, false
 	t.tail = t.tail[:0] // half a line of the broken stream: never sent
 	t.before = t.tokens
 }

@@ -117,7 +117,7 @@ func TestTPOTCountsEvents(t *testing.T) {
 	for _, tc := range []struct {
 		n, prompts, per int
 		generate        bool
-	}{{1, 1, 1, false}, {3, 1, 1, false}, {2, 2, 1, false}, {1, 1, 3, false}, {1, 1, 1, true}, {1, 1, 3, true}} {
+	}{{1, 1, 1, false}, {3, 1, 1, false}, {2, 2, 1, false}, {1, 1, 3, false}, {3, 1, 3, false}, {2, 2, 3, false}, {1, 1, 1, true}, {1, 1, 3, true}} {
 		seqs := tc.n * tc.prompts
 		t.Run(fmt.Sprintf("n=%d,prompts=%d,per=%d,generate=%v", tc.n, tc.prompts, tc.per, tc.generate), func(t *testing.T) {
 			const writes = 21
