@@ -216,7 +216,7 @@ func (t *streamTap) line(out, line []byte) []byte {
 		t.role = t.role || c.Role
 		t.open = true
 		if c.Usage != nil && !keepUsage {
-			return append(append(append(out, "data: "...), c.WithoutUsage(data)...), '\n')
+			return append(c.AppendWithoutUsage(append(out, "data: "...), data), '\n')
 		}
 		return append(out, line...)
 	}

@@ -74,9 +74,18 @@ func ParseStreamChunk(data []byte) (StreamChunk, error) {
 // member (data itself when it has none): an event as an engine writes it
 // for a client that did not ask for the usage in every event.
 func (c *StreamChunk) WithoutUsage(data []byte) []byte {
+	if c.usageAt[1] == 0 {
+		return data
+	}
+	return c.AppendWithoutUsage(nil, data)
+}
+
+// AppendWithoutUsage appends data without its usage member (WithoutUsage)
+// to dst: a tap rewriting every event allocates nothing.
+func (c *StreamChunk) AppendWithoutUsage(dst, data []byte) []byte {
 	from, to := c.usageAt[0], c.usageAt[1]
 	if to == 0 || to > len(data) || from >= to {
-		return data
+		return append(dst, data...)
 	}
 	// The member goes with the comma that joined it to its neighbour:
 	// the one before it, or when it came first, the one after it.
@@ -85,8 +94,7 @@ func (c *StreamChunk) WithoutUsage(data []byte) []byte {
 	} else if j := skipSpace(data, to); j < len(data) && data[j] == ',' {
 		to = skipSpace(data, j+1)
 	}
-	out := make([]byte, 0, len(data)-(to-from))
-	return append(append(out, data[:from]...), data[to:]...)
+	return append(append(dst, data[:from]...), data[to:]...)
 }
 
 // skipSpaceBack is the index just past the last non-space byte of b
