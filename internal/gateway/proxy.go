@@ -780,7 +780,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 		}
 		if len(p) > 0 {
 			if werr := r.chunk(p); werr != nil {
-				if r.end.done() {
+				if r.done() {
 					break
 				}
 				return 0, fmt.Errorf("%w: %w: %w", errStreamBroken, errClientWrite, werr)
@@ -790,7 +790,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			break
 		}
 		if err != nil {
-			if r.end.done() {
+			if r.done() {
 				break
 			}
 			return 0, r.broke(err)
@@ -815,58 +815,62 @@ type relayed struct {
 	pending        []byte
 	// firstAt is when the first body bytes came (zero: none yet).
 	firstAt time.Time
-	// end reads an SSE answer for its [DONE] line, once the client has
-	// it; usage a non-streamed answer for its completion tokens (the
-	// planner's traffic), or a /generate stream's events for theirs.
-	// Either may be nil.
+	// end reads an SSE answer the client's writer does not read
+	// (streamReader) for its tokens and its [DONE] line, once the client
+	// has it; usage a non-streamed answer for its completion tokens (the
+	// planner's traffic), or a /generate or Responses stream's events for
+	// theirs. Either may be nil.
 	end   *streamEnd
 	usage *openai.AnswerUsage
 	// rid reads a Responses API answer for its id (nil: another API's),
 	// learned once read.
 	rid     *responseID
 	learned bool
-	// tokens is how many tokens a sequence of the stream has had.
+	// tokens is how many tokens a sequence of the stream has had; done,
+	// whether the client has the stream's end ([DONE]).
 	tokens func() int
+	done   func() bool
 }
 
 func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, h relayHooks) *relayed {
 	r := &relayed{g: g, w: w, rc: http.NewResponseController(w), resp: resp, rt: rt, m: m, h: h, deferred: true}
 	ok := resp.StatusCode == http.StatusOK
-	switch {
-	case rt.req.Stream && ok:
+	stream := rt.req.Stream && ok
+	switch tap, tapped := w.(streamReader); {
+	case stream && tapped:
+		// The tap reads every event already: their tokens (the
+		// engine's own count) and the [DONE] the client has.
+		r.tokens, r.done = tap.tokensSent, tap.doneSent
+	case stream:
 		r.end = &streamEnd{responses: rt.responses}
+		r.tokens, r.done = func() int { return r.end.tokens(rt.seqs) }, r.end.done
 		switch {
 		case rt.generate && rt.seqs == 1: // its events count its tokens (meta_info)
 			r.usage = &openai.AnswerUsage{}
 		case rt.responses: // its response.completed event does
 			r.usage = openai.ResponsesUsage()
 		}
-	case ok && g.traffic != nil && !rt.continued:
-		r.usage = &openai.AnswerUsage{}
-		if rt.responses {
-			r.usage = openai.ResponsesUsage()
+		if r.usage != nil {
+			r.tokens = func() int {
+				if n, ok := r.usage.Last(); ok {
+					return n
+				}
+				return r.end.tokens(rt.seqs)
+			}
+		}
+	default:
+		r.tokens, r.done = func() int { return 0 }, func() bool { return false }
+		r.h.probe = nil
+		if ok && g.traffic != nil && !rt.continued {
+			r.usage = &openai.AnswerUsage{}
+			if rt.responses {
+				r.usage = openai.ResponsesUsage()
+			}
 		}
 	}
 	if ok && rt.responses {
 		r.rid = &responseID{}
 		r.hold = rt.req.Stream
-	}
-	if r.end == nil {
-		r.h.probe = nil
-	}
-	r.tokens = func() int { return r.end.tokens(rt.seqs) }
-	tc, counts := w.(tokenCounter)
-	switch {
-	case r.end == nil:
-	case counts:
-		r.tokens = tc.tokensSent // the engine's own count (streamTap)
-	case r.usage != nil:
-		r.tokens = func() int {
-			if n, ok := r.usage.Last(); ok {
-				return n
-			}
-			return r.end.tokens(rt.seqs)
-		}
 	}
 	return r
 }
@@ -991,9 +995,13 @@ func (r *relayed) finish() float64 {
 	return 0
 }
 
-// tokenCounter is a client writer that counts the tokens of a stream it
-// passed on, from the engine's usage when it reports one (streamTap).
-type tokenCounter interface{ tokensSent() int }
+// streamReader is a client writer that reads the stream it passes on
+// (streamTap): how many tokens a sequence had (the engine's usage, when
+// it reports one), and whether the client has the stream's [DONE].
+type streamReader interface {
+	tokensSent() int
+	doneSent() bool
+}
 
 // copyBuffer is a 32 KiB relay buffer from the pool; Put it back.
 func (g *Gateway) copyBuffer() *[]byte {
@@ -1056,7 +1064,7 @@ func writeFlush(w http.ResponseWriter, rc *http.ResponseController, p []byte) er
 // (bringsToken), one per event (a token, or one decode step's tokens, as
 // the engine streams them): counting the role, finish and usage events
 // too made a stream's TPOT read about 1/(n-1) low. Its count is relay's
-// when the client's writer counts none (tokenCounter: a streamTap reads
+// when the client's writer reads none (streamReader: a streamTap reads
 // the engine's usage). A nil *streamEnd never ends (not a stream).
 type streamEnd struct {
 	n      int              // bytes of the current line so far

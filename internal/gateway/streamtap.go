@@ -52,6 +52,7 @@ type streamTap struct {
 	tokens              int
 	finished            bool // a finish reason or an error event came
 	done                bool // [DONE] came
+	delivered           bool // the client has it
 	// stuck says why the answer cannot be continued ("": it can).
 	stuck string
 	// keep: the answer may migrate: its text is kept (maxTapText).
@@ -172,8 +173,13 @@ func (t *streamTap) send(p []byte) error {
 		t.werr = err
 		return err
 	}
+	t.delivered = t.done
 	return nil
 }
+
+// doneSent reports whether the client has the stream's [DONE] (relay:
+// the answer is complete whatever fails after).
+func (t *streamTap) doneSent() bool { return t.delivered }
 
 // line reads one whole line (its '\n' included) and appends what the
 // client is to get of it to out.
