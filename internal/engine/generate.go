@@ -288,16 +288,11 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 		return
 	}
 	for {
-		select {
-		case <-r.Context().Done():
-			e.sched.abort(rq)
+		out, ok := e.wake(r, rq)
+		if !ok {
 			return
-		case <-rq.notify:
 		}
-		if out := rq.snapshot(); out.done {
-			if out.finishReason == finishAbort {
-				return
-			}
+		if out.done {
 			if resp.responses != nil {
 				text := resp.text(out.generated)
 				o := resp.object(out, text)
@@ -348,6 +343,19 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, res
 	})
 }
 
+// wake waits for rq's next output: false when its client left (rq
+// aborted) or the engine aborted it.
+func (e *Engine) wake(r *http.Request, rq *request) (requestOutput, bool) {
+	select {
+	case <-r.Context().Done():
+		e.sched.abort(rq)
+		return requestOutput{}, false
+	case <-rq.notify:
+	}
+	out := rq.snapshot()
+	return out, out.finishReason != finishAbort
+}
+
 // sseStream runs one streamed answer of rq: the stream's headers and head
 // (the events sent before the first token; nil: none) at once, then at
 // each wake of rq what events appends for its output so far, until the
@@ -376,14 +384,8 @@ func (e *Engine) sseStream(w http.ResponseWriter, r *http.Request, rq *request, 
 	}
 	buf := make([]byte, 0, 1024)
 	for {
-		select {
-		case <-r.Context().Done():
-			e.sched.abort(rq)
-			return
-		case <-rq.notify:
-		}
-		out := rq.snapshot()
-		if out.finishReason == finishAbort {
+		out, ok := e.wake(r, rq)
+		if !ok {
 			return
 		}
 		buf = events(buf[:0], out)
