@@ -214,7 +214,7 @@ func TestWithoutUsage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := string(ch.WithoutUsage([]byte(c.in))); got != c.want {
+		if got := string(ch.AppendWithoutUsage(nil, []byte(c.in))); got != c.want {
 			t.Errorf("%s: %s, want %s", c.in, got, c.want)
 		}
 	}
@@ -238,7 +238,7 @@ func FuzzWithoutUsage(f *testing.F) {
 		if err != nil {
 			t.Fatalf("%s: %v", data, err)
 		}
-		out := c.WithoutUsage(data)
+		out := c.AppendWithoutUsage(nil, data)
 		var back map[string]any
 		if err := json.Unmarshal(out, &back); err != nil {
 			t.Fatalf("%s -> %s: %v", data, out, err)

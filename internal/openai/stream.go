@@ -70,18 +70,10 @@ func ParseStreamChunk(data []byte) (StreamChunk, error) {
 	return c, nil
 }
 
-// WithoutUsage is data, the event c was parsed from, without its usage
-// member (data itself when it has none): an event as an engine writes it
-// for a client that did not ask for the usage in every event.
-func (c *StreamChunk) WithoutUsage(data []byte) []byte {
-	if c.usageAt[1] == 0 {
-		return data
-	}
-	return c.AppendWithoutUsage(nil, data)
-}
-
-// AppendWithoutUsage appends data without its usage member (WithoutUsage)
-// to dst: a tap rewriting every event allocates nothing.
+// AppendWithoutUsage appends data, the event c was parsed from, to dst
+// without its usage member: an event as an engine writes it for a client
+// that did not ask for the usage in every event (a tap rewriting every
+// event allocates nothing).
 func (c *StreamChunk) AppendWithoutUsage(dst, data []byte) []byte {
 	from, to := c.usageAt[0], c.usageAt[1]
 	if to == 0 || to > len(data) || from >= to {
