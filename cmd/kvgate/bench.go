@@ -23,6 +23,7 @@ type benchFlags struct {
 	rate, duration, traceScale, timeScale, sloTTFT, sloTPOT                                     float64
 	concurrency, requests, sessions, systems, systemTokens, turnTokens, outputTokens, maxOutput int
 	seed                                                                                        uint64
+	noStream                                                                                    bool
 }
 
 func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Flags) {
@@ -42,6 +43,7 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 	fs.StringVar(&f.header, "header", "", "extra request header NAME:VALUE (e.g. X-Kvgate-Class:batch)")
 	fs.StringVar(&f.label, "label", "", "name of the run in reports (default: the URL)")
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed of the workload and arrivals")
+	fs.BoolVar(&f.noStream, "no-stream", false, "send chat and completion requests unstreamed: an answer's arrival is its first token (TTFT = end-to-end), no TPOT")
 	f.rate, f.duration, f.traceScale, f.timeScale, f.sloTTFT = 10, 60, 1, 1, 2
 	f.sessions, f.systems, f.systemTokens, f.turnTokens, f.outputTokens = 400, 20, 2048, 300, 64
 	flagrange.Var(fl, &f.rate, "rate", flagrange.Range[float64]{Min: 0.001, Max: 1e6, Unit: "req/s"}, "open-loop arrival rate")
@@ -86,7 +88,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale, Responses: f.api == "responses",
-		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
+		Whole: f.noStream, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
 	if f.header != "" {
 		k, v, ok := strings.Cut(f.header, ":")
 		if !ok || strings.TrimSpace(k) == "" {
@@ -169,6 +171,9 @@ func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
 	}
 	if f.api != "completions" && f.api != "chat" && f.api != "responses" {
 		return nil, fmt.Errorf("--api %q: completions, chat or responses", f.api)
+	}
+	if f.noStream && f.api == "responses" {
+		return nil, fmt.Errorf("--no-stream: chat and completions only, not --api responses")
 	}
 	if f.requests > 0 && len(items) > f.requests {
 		items = items[:f.requests]

@@ -74,6 +74,9 @@ type Client struct {
 	// (/v1/responses: the system prompt as instructions, the turns as
 	// input items) instead of /v1/chat/completions.
 	Responses bool
+	// Whole sends chat and completion requests unstreamed: the answer's
+	// arrival is its first token (TTFT = E2E), and there is no TPOT.
+	Whole bool
 }
 
 // maxAnswerBytes bounds what is read of one answer.
@@ -105,6 +108,10 @@ func (c *Client) body(it *Item) ([]byte, string) {
 	}
 	req := map[string]any{"model": c.Model, "max_tokens": it.MaxTokens, "stream": true,
 		"stream_options": map[string]any{"include_usage": true}, "ignore_eos": true}
+	if c.Whole {
+		req["stream"] = false
+		delete(req, "stream_options")
+	}
 	if it.Chat {
 		msgs := []map[string]string{}
 		if it.System != "" {
@@ -139,7 +146,8 @@ func (c *Client) responsesBody(it *Item) ([]byte, string) {
 	return b, "/v1/responses"
 }
 
-// Do sends one request (streamed, with usage) and measures it.
+// Do sends one request (streamed, with usage, unless Whole) and measures
+// it.
 func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Record {
 	body, path := c.body(it)
 	rec := Record{Index: idx, Session: it.Session, PredictedTTFT: -1, Held: -1, PredictedCached: -1}
@@ -179,8 +187,11 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 		return rec
 	}
 	read := c.readStream
-	if path == "/v1/responses" {
+	switch {
+	case path == "/v1/responses":
 		read = c.readResponsesStream
+	case c.Whole:
+		read = c.readWhole
 	}
 	if err := read(resp.Body, sent, &rec); err != nil {
 		rec.Outcome, rec.Error = "transport", err.Error()
@@ -335,6 +346,29 @@ func (c *Client) readResponsesStream(r io.Reader, sent time.Time, rec *Record) e
 		return errors.New("stream ended without response.completed")
 	}
 	return a.record(c, sent, rec)
+}
+
+// readWhole reads an unstreamed answer: it comes whole, so its arrival
+// is its first token for the client.
+func (c *Client) readWhole(r io.Reader, sent time.Time, rec *Record) error {
+	b, err := io.ReadAll(io.LimitReader(r, maxAnswerBytes))
+	if err != nil {
+		return err
+	}
+	var ch chunk
+	if err := json.Unmarshal(b, &ch); err != nil {
+		return fmt.Errorf("bad answer: %v", err)
+	}
+	if len(ch.Choices) == 0 || ch.Usage == nil {
+		return errors.New("an answer without a choice or a usage")
+	}
+	rec.PromptTokens, rec.OutputTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
+	if d := ch.Usage.PromptTokensDetails; d != nil {
+		rec.CachedTokens = d.CachedTokens
+	}
+	rec.E2E = time.Since(sent).Seconds() * c.scale()
+	rec.TTFT = rec.E2E
+	return nil
 }
 
 // readStream reads SSE events: the first event with text is the first

@@ -215,3 +215,30 @@ func TestResponsesAPI(t *testing.T) {
 		t.Fatalf("second turn: %+v (first %+v)", rec2, rec)
 	}
 }
+
+// TestNoStream: unstreamed requests (--no-stream) read the answer whole:
+// its arrival is its first token, its usage its tokens, no TPOT.
+func TestNoStream(t *testing.T) {
+	cfg := engine.DefaultConfig()
+	cfg.Port, cfg.TimeScale, cfg.Logger = 0, 50, slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{URL: e.URL(), Model: cfg.Model, HTTP: &http.Client{}, Whole: true}
+	for _, chat := range []bool{true, false} {
+		it := &Item{Chat: chat, System: "be brief", Prompt: "tell me about the sea", MaxTokens: 6}
+		if b, _ := c.body(it); strings.Contains(string(b), `"stream":true`) || strings.Contains(string(b), "stream_options") {
+			t.Fatalf("a streamed body: %s", b)
+		}
+		rec := c.Do(context.Background(), it, 0, time.Now())
+		if rec.Outcome != "ok" || rec.OutputTokens != 6 || rec.PromptTokens == 0 || rec.TTFT <= 0 || rec.TTFT != rec.E2E || rec.TPOT != 0 {
+			t.Fatalf("chat %v: %+v", chat, rec)
+		}
+	}
+}

@@ -88,6 +88,11 @@ type Config struct {
 	// it began is continued on another engine (Dynamo's migration_limit;
 	// migrate.go); 0, the default, never.
 	MigrationLimit int `yaml:"migration_limit"`
+	// NoStreamUpstream sends a chat or completion request the client did
+	// not stream to its engine as the client sent it. By default the
+	// engine is asked to stream it and the gateway answers whole
+	// (whole.go), so that its first token and TPOT are observed.
+	NoStreamUpstream bool `yaml:"no_stream_upstream"`
 	// Health configures the active checks, passive ejection and /metrics
 	// scraping of every endpoint (internal/health; kvgate serve runs it).
 	Health health.Config `yaml:"health"`

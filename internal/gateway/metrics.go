@@ -21,6 +21,9 @@ type metrics struct {
 	hitTokens    prometheus.Counter
 	retries      prometheus.Counter
 	migrations   *prometheus.CounterVec
+	// whole: requests the client did not stream, by whether the engine
+	// was asked to stream them (whole.go).
+	whole *prometheus.CounterVec
 	// fairRejections: requests rejected because another tenant with less
 	// in flight was rejected for the load (fair.go).
 	fairRejections prometheus.Counter
@@ -62,6 +65,8 @@ func newMetrics(g *Gateway) *metrics {
 			Help: "Requests retried on another endpoint after a failure before any byte."}),
 		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_migrations_total",
 			Help: "Streams broken after they began and continued on another engine (--migration-limit): ok, the client got the whole answer; failed, no continuation finished it."}, []string{"result"}),
+		whole: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_whole_answers_total",
+			Help: "Chat and completion requests the client did not stream, by how they went to the engine: streamed (the gateway answers whole from the engine's stream, whole.go), as_sent (a key the stream cannot answer exactly, or --no-stream-upstream)."}, []string{"engine"}),
 		fairRejections: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fairness_rejections_total",
 			Help: "With early rejection, requests rejected because a tenant (fairness header) with less in flight was rejected for the load within the last second."}),
 		held: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_held_total",
@@ -108,7 +113,7 @@ func newMetrics(g *Gateway) *metrics {
 	}
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
-	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries, m.migrations, m.fairRejections,
+	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries, m.migrations, m.whole, m.fairRejections,
 		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, m.passthrough, heldNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})

@@ -9,38 +9,42 @@ import (
 )
 
 // TestFirstStreamedByteTrainsPredictor: every streamed answer's first byte
-// is an observation of its endpoint's prefill; a non-streamed answer is
-// not (its first byte comes after the whole generation). /admin/endpoints
-// and /metrics show the learned speed and the recent error.
+// is an observation of its endpoint's prefill. A request the client did
+// not stream is one too, streamed from the engine and answered whole
+// (whole.go); sent as the client sent it (NoStreamUpstream) it is not: its
+// first byte comes after the whole generation. /admin/endpoints and
+// /metrics show the learned speed and the recent error.
 func TestFirstStreamedByteTrainsPredictor(t *testing.T) {
-	_, _, eps := twoAggregated(t)
-	cfg := Config{
-		Endpoints: eps,
-		BlockSize: 16,
-		Policy:    "kvgate",
-	}
-	_, url, admin := startGateway(t, cfg, Options{})
-	const streamed = 5
-	sendCompletions(t, url, "p", streamed, 3)
-	sendCompletions(t, url, "q", -2, 3)
-	samples := 0
-	for _, e := range adminEndpoints(t, admin) {
-		if e.Predictor == nil {
-			t.Fatalf("endpoint %s: no predictor state", e.Name)
-		}
-		if e.Predictor.Speed <= 0 || e.Predictor.Margin < 1 {
-			t.Errorf("endpoint %s: predictor %+v", e.Name, *e.Predictor)
-		}
-		samples += e.Predictor.Samples
-	}
-	if samples != streamed {
-		t.Errorf("predictor samples %d, want one per streamed answer (%d)", samples, streamed)
-	}
-	metrics := get(t, admin+"/metrics")
-	for _, m := range []string{"kvgate_endpoint_learned_prefill_speed{", "kvgate_endpoint_ttft_prediction_error{"} {
-		if !strings.Contains(metrics, m) {
-			t.Errorf("/metrics lacks %s", m)
-		}
+	for _, c := range []struct {
+		asSent bool
+		want   int
+	}{{false, 7}, {true, 5}} {
+		t.Run(fmt.Sprintf("no_stream_upstream=%v", c.asSent), func(t *testing.T) {
+			_, _, eps := twoAggregated(t)
+			cfg := Config{Endpoints: eps, BlockSize: 16, Policy: "kvgate", NoStreamUpstream: c.asSent}
+			_, url, admin := startGateway(t, cfg, Options{})
+			sendCompletions(t, url, "p", 5, 3)
+			sendCompletions(t, url, "q", -2, 3)
+			samples := 0
+			for _, e := range adminEndpoints(t, admin) {
+				if e.Predictor == nil {
+					t.Fatalf("endpoint %s: no predictor state", e.Name)
+				}
+				if e.Predictor.Speed <= 0 || e.Predictor.Margin < 1 {
+					t.Errorf("endpoint %s: predictor %+v", e.Name, *e.Predictor)
+				}
+				samples += e.Predictor.Samples
+			}
+			if samples != c.want {
+				t.Errorf("predictor samples %d, want %d", samples, c.want)
+			}
+			metrics := get(t, admin+"/metrics")
+			for _, m := range []string{"kvgate_endpoint_learned_prefill_speed{", "kvgate_endpoint_ttft_prediction_error{"} {
+				if !strings.Contains(metrics, m) {
+					t.Errorf("/metrics lacks %s", m)
+				}
+			}
+		})
 	}
 }
 

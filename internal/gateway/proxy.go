@@ -113,9 +113,16 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	// routed response, names the request for the logs.
 	w.Header().Set("X-Request-Id", rt.id)
 	out := http.ResponseWriter(w)
+	if g.streamUpstream(rt) {
+		rt.whole = newWholeAnswer(w, rt.chat)
+		out = rt.whole
+	}
 	var tap *streamTap
 	if tapped(rt) {
-		tap = newStreamTap(w, rt.req, rt.promptN, rt.seqs, g.migratable(rt))
+		tap = newStreamTap(out, rt.req, rt.promptN, rt.seqs, g.migratable(rt))
+		if rt.whole != nil { // every usage the engine sends: the answer's is the last
+			tap.final, tap.continuous = true, true
+		}
 		out = tap
 	}
 	exclude := ""
@@ -165,6 +172,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 				err = fmt.Errorf("%w: %w", errStreamBroken, err)
 			}
 		}
+		if rt.whole != nil && err == nil {
+			if err = rt.whole.finish(); err != nil {
+				err = fmt.Errorf("%w: %w", errStreamBroken, err)
+			}
+		}
 		if g.ended(w, r, rt, err, failed == "" || attempt == 1 || r.Context().Err() != nil) {
 			return
 		}
@@ -199,6 +211,9 @@ func (g *Gateway) ended(w http.ResponseWriter, r *http.Request, rt *routed, err 
 		openai.WriteError(w, clientError(err))
 	default:
 		g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
+		if rt.whole != nil && rt.whole.fail(err) {
+			return true // the client had nothing of it: a 502 says why
+		}
 		if r.Context().Err() == nil && !errors.Is(err, errClientWrite) {
 			// The engine's answer broke after the client had part of
 			// it: the connection ends without the answer's end, as a

@@ -75,6 +75,9 @@ type routed struct {
 	// continued: a migrated stream's continuation (migrate.go), whose
 	// first token is not the client's.
 	continued bool
+	// whole: the client did not stream, the engine does; the gateway
+	// answers whole (whole.go). nil: the answer goes as it comes.
+	whole *wholeAnswer
 }
 
 // plan is a decision turned into endpoints.

@@ -231,29 +231,43 @@ func (a *answers) Answered(_, _, _ float64, output int, _, _ bool) { a.output.Ad
 
 func (a *answers) AnsweredOutput(_ float64, output int) { a.untimed.Add(int64(output)) }
 
-// TestNonStreamedOutput: a non-streamed answer's usage (its completion
-// tokens) reaches the planner's traffic, for chat, completions and
-// SGLang's /generate (its meta_info), read in reads of any size; a
-// streamed one is heard as before, with its latencies.
+// TestNonStreamedOutput: a non-streamed answer's output reaches the
+// planner's traffic: by default a chat or completion the client did not
+// stream is streamed from its engine (whole.go) and heard with its
+// latencies, as a streamed one is; sent as the client sent it
+// (NoStreamUpstream), and for SGLang's /generate, its usage (its
+// completion tokens, /generate's meta_info), read in reads of any size,
+// is heard without latencies.
 func TestNonStreamedOutput(t *testing.T) {
-	e := startEngine(t, fleet.RoleBoth, nil)
-	tr := &answers{}
-	_, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}}, Options{Traffic: tr})
-	for i, c := range []struct{ path, body string }{
-		{"/v1/chat/completions", `{"model":"` + testModel + `","messages":[{"role":"user","content":"hi"}],"max_tokens":7}`},
-		{"/v1/completions", `{"model":"` + testModel + `","prompt":"hi there","max_tokens":5}`},
-		{"/generate", `{"model":"` + testModel + `","text":"hi","sampling_params":{"max_new_tokens":3}}`},
+	for _, c := range []struct {
+		asSent          bool
+		untimed, output []int64
+	}{
+		{false, []int64{0, 0, 3}, []int64{7, 12, 12}},
+		{true, []int64{7, 12, 15}, []int64{0, 0, 0}},
 	} {
-		if r := post(t, url+c.path, c.body, nil); r.status != 200 {
-			t.Fatalf("%s: %d %s", c.path, r.status, r.body)
-		}
-		if got, want := tr.untimed.Load(), []int64{7, 12, 15}[i]; got != want {
-			t.Fatalf("after %s the traffic heard %d untimed output tokens, want %d", c.path, got, want)
-		}
-	}
-	readStream(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"hi"}],"max_tokens":9,"stream":true}`)
-	waitFor(t, func() bool { return tr.output.Load() == 9 })
-	if tr.untimed.Load() != 15 {
-		t.Errorf("a stream counted as untimed: %d", tr.untimed.Load())
+		t.Run(fmt.Sprintf("no_stream_upstream=%v", c.asSent), func(t *testing.T) {
+			e := startEngine(t, fleet.RoleBoth, nil)
+			tr := &answers{}
+			_, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, NoStreamUpstream: c.asSent}, Options{Traffic: tr})
+			for i, q := range []struct{ path, body string }{
+				{"/v1/chat/completions", `{"model":"` + testModel + `","messages":[{"role":"user","content":"hi"}],"max_tokens":7}`},
+				{"/v1/completions", `{"model":"` + testModel + `","prompt":"hi there","max_tokens":5}`},
+				{"/generate", `{"model":"` + testModel + `","text":"hi","sampling_params":{"max_new_tokens":3}}`},
+			} {
+				if r := post(t, url+q.path, q.body, nil); r.status != 200 {
+					t.Fatalf("%s: %d %s", q.path, r.status, r.body)
+				}
+				waitFor(t, func() bool { return tr.output.Load() == c.output[i] })
+				if got, want := tr.untimed.Load(), c.untimed[i]; got != want {
+					t.Fatalf("after %s the traffic heard %d untimed output tokens, want %d", q.path, got, want)
+				}
+			}
+			readStream(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"hi"}],"max_tokens":9,"stream":true}`)
+			waitFor(t, func() bool { return tr.output.Load() == c.output[2]+9 })
+			if tr.untimed.Load() != c.untimed[2] {
+				t.Errorf("a stream counted as untimed: %d", tr.untimed.Load())
+			}
+		})
 	}
 }

@@ -1,0 +1,177 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"mime"
+	"net/http"
+	"strconv"
+
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// Whole answers from streams (Config.NoStreamUpstream turns it off). A
+// non-streamed answer tells the gateway nothing of when its first token
+// came: its prefill's end is a guess, the predictor never learns from it,
+// and the TPOT is unknown. So a chat or completion request the client
+// did not stream is sent to its engine as a stream (when its answer can
+// be built exactly from one: openai.Request.WholeFromStream), and the
+// gateway answers the client whole (openai.Assembler), as Dynamo's
+// frontend does with its workers' streams. The stream runs through the
+// stream tap like a client's: its first token trains the predictor and
+// ends the prefill, its tokens time the TPOT, an engine that fails in its
+// prefill is retried, and with --migration-limit one that fails later is
+// continued. An answer the engine did not stream (its error) goes to the
+// client as it came.
+
+// wholeAnswer stands between the stream tap and the client of a request
+// answered whole from a stream: it reads the events into an Assembler
+// and, once the answer is over (finish), sends it to the client.
+type wholeAnswer struct {
+	w   http.ResponseWriter
+	asm *openai.Assembler
+	// status is the engine's (0: none yet); pass: the answer is not a
+	// 200 stream and goes to the client as is.
+	status int
+	pass   bool
+	// tail is an incomplete line; err the assembly's failure.
+	tail []byte
+	err  error
+	// sent: the client has the answer's headers.
+	sent bool
+}
+
+func newWholeAnswer(w http.ResponseWriter, chat bool) *wholeAnswer {
+	return &wholeAnswer{w: w, asm: openai.NewAssembler(chat)}
+}
+
+// Header is the client's headers.
+func (a *wholeAnswer) Header() http.Header { return a.w.Header() }
+
+// WriteHeader takes the engine's status: a stream's waits for the whole
+// answer; anything else goes to the client at once.
+func (a *wholeAnswer) WriteHeader(code int) {
+	if a.status != 0 {
+		return
+	}
+	a.status = code
+	if code != http.StatusOK || !eventStream(a.w.Header().Get("Content-Type")) {
+		a.pass, a.sent = true, true
+		a.w.WriteHeader(code)
+	}
+}
+
+// eventStream reports whether the content type is text/event-stream.
+func eventStream(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "text/event-stream"
+}
+
+// Write reads the stream's next bytes (whole lines, from the tap).
+func (a *wholeAnswer) Write(p []byte) (int, error) {
+	if a.status == 0 {
+		a.WriteHeader(http.StatusOK)
+	}
+	if a.pass {
+		return a.w.Write(p)
+	}
+	if a.err != nil {
+		return 0, a.err
+	}
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			if len(a.tail)+len(p) > maxTapLine {
+				a.err = errors.New("a line longer than the tap holds")
+				return 0, a.err
+			}
+			a.tail = append(a.tail, p...)
+			break
+		}
+		line := p[:i]
+		if len(a.tail) > 0 {
+			a.tail = append(a.tail, line...)
+			line = a.tail
+		}
+		if err := a.line(line); err != nil {
+			a.err = err
+			return 0, err
+		}
+		a.tail, p = a.tail[:0], p[i+1:]
+	}
+	return n, nil
+}
+
+// line reads one line of the stream: its data lines are the events.
+func (a *wholeAnswer) line(line []byte) error {
+	data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
+	if !ok {
+		return nil // a blank line, a comment, an event name
+	}
+	return a.asm.Event(data)
+}
+
+// FlushError flushes what passes to the client; an assembled answer has
+// nothing to flush until its end.
+func (a *wholeAnswer) FlushError() error {
+	if a.pass {
+		return http.NewResponseController(a.w).Flush()
+	}
+	return nil
+}
+
+// finish sends the client the assembled answer of a stream the engines
+// ended, or returns why it cannot (a stream broken, errStreamBroken, the
+// client has nothing; fail tells it). An answer passed on as is is sent.
+func (a *wholeAnswer) finish() error {
+	if a.pass {
+		return nil
+	}
+	if a.err == nil && len(a.tail) > 0 {
+		a.err = a.line(a.tail) // a last line without its line break
+		a.tail = a.tail[:0]
+	}
+	if a.err != nil {
+		return a.err
+	}
+	status, body, err := a.asm.Answer()
+	if err != nil {
+		return err
+	}
+	h := a.w.Header()
+	h.Del("Cache-Control")
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	a.sent = true
+	a.w.WriteHeader(status)
+	_, err = a.w.Write(body)
+	return err
+}
+
+// fail tells the client that the answer it did not get whole failed
+// (502, with why), when it has nothing of it yet; false when it has.
+func (a *wholeAnswer) fail(err error) bool {
+	if a.sent {
+		return false
+	}
+	a.sent = true
+	a.w.Header().Del("Content-Length")
+	openai.WriteError(a.w, openai.Errorf(http.StatusBadGateway, "kvgate: the engine's answer failed before its end: %v", err))
+	return true
+}
+
+// streamUpstream reports whether rt, which the client did not stream,
+// goes to its engine as a stream answered whole, and makes it one if so.
+func (g *Gateway) streamUpstream(rt *routed) bool {
+	if rt.req.Stream || rt.generate || rt.responses {
+		return false
+	}
+	if g.cfg.NoStreamUpstream || rt.req.WholeFromStream(rt.chat) != "" {
+		g.met.whole.WithLabelValues("as_sent").Inc()
+		return false
+	}
+	rt.req.StreamInstead()
+	g.met.whole.WithLabelValues("streamed").Inc()
+	return true
+}

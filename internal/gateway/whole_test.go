@@ -1,0 +1,324 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// normalAnswer is a non-streamed answer as compared across two calls:
+// its id, creation time and cached-token count differ from call to
+// call, and members that are null or empty say the same absent.
+func normalAnswer(t *testing.T, body string) map[string]any {
+	t.Helper()
+	var a map[string]any
+	if err := json.Unmarshal([]byte(body), &a); err != nil {
+		t.Fatalf("not a JSON answer: %v: %s", err, body)
+	}
+	delete(a, "id")
+	delete(a, "created")
+	if u, ok := a["usage"].(map[string]any); ok {
+		delete(u, "prompt_tokens_details")
+	}
+	dropEmpty(a)
+	return a
+}
+
+// dropEmpty deletes, at every depth, members that are null or empty
+// arrays.
+func dropEmpty(v any) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if a, ok := e.([]any); e == nil || ok && len(a) == 0 {
+				delete(x, k)
+				continue
+			}
+			dropEmpty(e)
+		}
+	case []any:
+		for _, e := range x {
+			dropEmpty(e)
+		}
+	}
+}
+
+// TestWholeAnswerMatchesEngine: a request the client did not stream is
+// streamed from the engine and answered whole; the answer is the one the
+// engine gives the same request unstreamed (chat and completions; the
+// emulator samples one sequence of one prompt: n and batches are
+// openai's TestAssembleCompletionsBatch), but for its id, creation time and cache hits. The engine is
+// asked for a stream, and the gateway says so in its metrics.
+func TestWholeAnswerMatchesEngine(t *testing.T) {
+	e := startEngine(t, fleet.RoleBoth, nil)
+	_, url, admin := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}}, Options{})
+	for i, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi there"}],"max_tokens":9`},
+		{"/v1/chat/completions", `"messages":[{"role":"user","content":"warm"}],"max_tokens":5,"temperature":0.5,"logprobs":false`},
+		{"/v1/completions", `"prompt":"one prompt","max_tokens":4,"stream":false`},
+		{"/v1/completions", `"prompt":"a stop word","max_tokens":6,"stop":["zzz"],"seed":3`},
+	} {
+		body := `{"model":"` + testModel + `",` + c.body + `}`
+		direct := post(t, e.URL()+c.path, body, nil)
+		via := post(t, url+c.path, body, nil)
+		if direct.status != 200 || via.status != 200 {
+			t.Fatalf("%s: engine %d %s, gateway %d %s", c.body, direct.status, direct.body, via.status, via.body)
+		}
+		if ct := via.header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s: Content-Type %q", c.body, ct)
+		}
+		if got, want := normalAnswer(t, via.body), normalAnswer(t, direct.body); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s:\ngateway %v\nengine  %v", c.body, got, want)
+		}
+		if m := get(t, admin+"/metrics"); !strings.Contains(m, fmt.Sprintf(`kvgate_whole_answers_total{engine="streamed"} %d`, i+1)) {
+			t.Errorf("%s: not counted streamed", c.body)
+		}
+	}
+}
+
+// onBreakerWhole posts body (not streamed) until round-robin sends it to
+// the breaker, and returns that answer.
+func onBreakerWhole(t *testing.T, url, body string) result {
+	t.Helper()
+	for range 2 {
+		if r := post(t, url, body, nil); r.header.Get(hdrPrefill) == "breaker" {
+			return r
+		}
+	}
+	t.Fatal("round-robin never chose the breaker")
+	return result{}
+}
+
+// wholeChat is a chat answer's text, finish reason and completion tokens.
+func wholeChat(t *testing.T, body string) (text, finish string, tokens float64) {
+	t.Helper()
+	var a struct {
+		Choices []struct {
+			Message      struct{ Content string }
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage struct {
+			CompletionTokens float64 `json:"completion_tokens"`
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &a); err != nil || len(a.Choices) != 1 {
+		t.Fatalf("not a chat answer of one choice: %v: %s", err, body)
+	}
+	return a.Choices[0].Message.Content, a.Choices[0].FinishReason, a.Usage.CompletionTokens
+}
+
+// TestWholeAnswerEngineFails: the engine of a request answered whole
+// fails. The client had nothing of the answer, so it never gets half a
+// JSON body: an engine that breaks mid-answer is a 502 saying why
+// (outcome broken_stream); with a migration limit, the answer is
+// continued on another engine and the client gets it whole, its usage
+// the whole answer's; an engine that dies in its prefill is retried. The
+// engine was asked for a stream with its usage.
+func TestWholeAnswerEngineFails(t *testing.T) {
+	chat := `{"model":"` + testModel + `","messages":[{"role":"user","content":"tell me"}],"max_tokens":20}`
+	for _, c := range []struct {
+		fail  string
+		limit int
+		// status and text (a prefix of the answer's, which has words
+		// words; 0: not a 200).
+		status int
+		text   string
+		words  int
+	}{
+		{"abort", 0, 502, "", 0},
+		{"eof", 0, 502, "", 0},
+		{"half", 0, 502, "", 0},
+		{"nonl", 0, 200, "w0 w1 w2 w3 w4 ", 5},
+		{"", 0, 200, "w0 w1 w2 w3 w4 ", 5},
+		{"abort", 1, 200, "w0 w1 w2 w3 w4 ", 20},
+		{"half", 1, 200, "w0 w1 w2 w3 w4 ", 20},
+		{"headers", 0, 200, "", 20},
+	} {
+		t.Run(fmt.Sprintf("%s limit %d", c.fail, c.limit), func(t *testing.T) {
+			b := &breaker{words: 5, fail: c.fail}
+			url, admin, _ := migrationFleet(t, b, c.limit)
+			var r result
+			if c.fail == "headers" { // retried on the emulator: no answer from the breaker
+				r = post(t, url+"/v1/chat/completions", chat, nil)
+				r = post(t, url+"/v1/chat/completions", chat, nil)
+			} else {
+				r = onBreakerWhole(t, url+"/v1/chat/completions", chat)
+			}
+			if r.status != c.status {
+				t.Fatalf("status %d, want %d: %s", r.status, c.status, r.body)
+			}
+			if c.status != 200 {
+				var e struct{ Error struct{ Message string } }
+				if err := json.Unmarshal([]byte(r.body), &e); err != nil || !strings.Contains(e.Error.Message, "failed before its end") {
+					t.Fatalf("want an error body saying why: %v %s", err, r.body)
+				}
+				if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="broken_stream"`) {
+					t.Error("not counted a broken stream")
+				}
+				return
+			}
+			text, finish, tokens := wholeChat(t, r.body)
+			if n := len(strings.Fields(text)); !strings.HasPrefix(text, c.text) || n != c.words || tokens != float64(c.words) || finish == "" {
+				t.Fatalf("want %d words from %q with a finish reason and usage: %d words %q, finish %q, usage %v", c.words, c.text, n, text, finish, tokens)
+			}
+			body := b.body(t, 0)
+			if opts, _ := body["stream_options"].(map[string]any); body["stream"] != true || opts["include_usage"] != true {
+				t.Fatalf("the engine was not asked for a stream with its usage: %v", body)
+			}
+		})
+	}
+}
+
+// fakeEngine answers every POST with answer and keeps the bodies.
+type fakeEngine struct {
+	answer func(w http.ResponseWriter)
+	mu     sync.Mutex
+	bodies []map[string]any
+}
+
+func (f *fakeEngine) server(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return
+		}
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		f.mu.Lock()
+		f.bodies = append(f.bodies, body)
+		f.mu.Unlock()
+		f.answer(w)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestWholeAnswerAsItCame: what the engine did not stream goes to the
+// client as it came: its refusal (a 400), a JSON answer from an engine
+// that ignored stream, an error event in its stream (its status, its
+// body); a request with a key a stream cannot answer exactly (echo) goes
+// as the client sent it, and so does every request with
+// NoStreamUpstream.
+func TestWholeAnswerAsItCame(t *testing.T) {
+	const refusal = `{"error":{"message":"too long","type":"BadRequestError","code":400}}`
+	const plain = `{"id":"x","object":"text_completion","choices":[{"index":0,"text":"as is","finish_reason":"stop"}]}`
+	sse := func(events ...string) func(w http.ResponseWriter) {
+		return func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, e := range events {
+				fmt.Fprintf(w, "data: %s\n\n", e)
+			}
+		}
+	}
+	jsonAnswer := func(status int, body string) func(w http.ResponseWriter) {
+		return func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			fmt.Fprint(w, body)
+		}
+	}
+	event := `{"id":"x","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","finish_reason":null}]}`
+	for _, c := range []struct {
+		name   string
+		answer func(w http.ResponseWriter)
+		body   string
+		asSent bool
+		status int
+		want   string
+		// streamed: the engine was asked for a stream.
+		streamed bool
+	}{
+		{"refused", jsonAnswer(400, refusal), `"prompt":"x"`, false, 400, refusal, true},
+		{"stream ignored", jsonAnswer(200, plain), `"prompt":"x"`, false, 200, plain, true},
+		{"error event", sse(event, `{"error":{"object":"error","message":"engine fault","type":"InternalServerError","code":503}}`, "[DONE]"), `"prompt":"x"`, false, 503, "engine fault", true},
+		{"echo", jsonAnswer(200, plain), `"prompt":"x","echo":true`, false, 200, plain, false},
+		{"no_stream_upstream", jsonAnswer(200, plain), `"prompt":"x"`, true, 200, plain, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := &fakeEngine{answer: c.answer}
+			srv := f.server(t)
+			eps := []fleet.Endpoint{{Name: "fake", URL: srv.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}}
+			_, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, NoStreamUpstream: c.asSent}, Options{})
+			r := post(t, url+"/v1/completions", `{"model":"`+testModel+`",`+c.body+`}`, nil)
+			if r.status != c.status || !strings.Contains(r.body, c.want) {
+				t.Fatalf("status %d %s, want %d with %s", r.status, r.body, c.status, c.want)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if streamed := f.bodies[0]["stream"] == true; streamed != c.streamed {
+				t.Fatalf("engine asked for a stream: %v, want %v (%v)", streamed, c.streamed, f.bodies[0])
+			}
+		})
+	}
+}
+
+// BenchmarkWholeAnswer: what answering whole from a stream costs the
+// gateway per 500-token answer (vLLM's events, each with the usage the
+// gateway asks for), against the same stream tapped for a streaming
+// client, and against relaying the engine's own non-streamed answer,
+// one write (the cost before: the gateway learned nothing from it).
+func BenchmarkWholeAnswer(b *testing.B) {
+	events := chatStreamEvents(500)
+	for i, ev := range events {
+		if strings.Contains(ev, `"choices":[{`) {
+			events[i] = strings.Replace(ev, "]}\n\n", fmt.Sprintf(`],"usage":{"prompt_tokens":5,"total_tokens":%d,"completion_tokens":%d}}`+"\n\n", 5+max(i-1, 0), max(i-1, 0)), 1)
+		}
+	}
+	b.Run("non-streamed-relay", func(b *testing.B) {
+		a := newWholeAnswer(&discardWriter{h: http.Header{}}, true)
+		a.asm.Event([]byte(strings.TrimPrefix(strings.TrimSpace(events[1]), "data: ")))
+		for _, ev := range events[2:] {
+			a.asm.Event([]byte(strings.TrimPrefix(strings.TrimSpace(ev), "data: ")))
+		}
+		_, answer, err := a.asm.Answer()
+		if err != nil {
+			b.Fatal(err)
+		}
+		w := &discardWriter{h: http.Header{}}
+		rc := http.NewResponseController(w)
+		for range b.N {
+			if err := writeFlush(w, rc, answer); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/answer")
+	})
+	for _, whole := range []bool{false, true} {
+		name := "streamed-tap"
+		if whole {
+			name = "whole-from-stream"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				var out http.ResponseWriter = &discardWriter{h: http.Header{"Content-Type": {"text/event-stream"}}}
+				var a *wholeAnswer
+				if whole {
+					a = newWholeAnswer(out, true)
+					out = a
+				}
+				tap := newStreamTap(out, tapRequest(b, "null"), 5, 1, false)
+				if whole {
+					tap.final, tap.continuous = true, true
+				}
+				tap.WriteHeader(http.StatusOK)
+				for _, ev := range events {
+					if _, err := tap.Write([]byte(ev)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if whole {
+					if err := a.finish(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/answer")
+		})
+	}
+}

@@ -1,0 +1,511 @@
+package openai
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"unicode/utf8"
+)
+
+// MaxAssembled bounds the event data an Assembler reads for one answer
+// (128 MiB: a context window's tokens with vLLM's most top logprobs
+// each); a longer stream is not assembled.
+const MaxAssembled = 128 << 20
+
+// ErrAssembledTooLarge: the stream brought more than MaxAssembled bytes.
+var ErrAssembledTooLarge = fmt.Errorf("the answer's stream is longer than kvgate assembles (%d MiB)", MaxAssembled>>20)
+
+// Assembler builds, from the events of a chat or completion stream, the
+// answer the engine would have sent had the request not streamed, as
+// vLLM's own non-streamed answer is built from the same outputs:
+//
+//   - the first event's top-level members, in order ("object" becoming
+//     chat.completion or text_completion), with "choices" assembled and
+//     "usage" the last event's that had one;
+//   - a choice per index, in index order: a chat choice's deltas merged
+//     into its "message" (strings concatenated: content, reasoning;
+//     tool calls merged by their index, their arguments concatenated),
+//     a completion choice's "text" concatenated, "logprobs" merged
+//     (their arrays concatenated), every other member its last non-null
+//     value (finish_reason, stop_reason);
+//   - an error event is the answer, with the status its code names.
+//
+// Which requests a stream answers whole is Request.WholeFromStream's.
+type Assembler struct {
+	chat bool
+	// top is the first event's members, values as sent but choices and
+	// usage (written from choices and usage).
+	top     []kept
+	choices indexed
+	usage   []byte
+	errEv   []byte
+	events  int
+	done    bool
+	size    int
+	// err: the answer cannot be assembled (too many choices).
+	err error
+}
+
+// kept is one member of an object, its key as written (quotes included).
+type kept struct{ key, value []byte }
+
+// assembled is one choice of the answer.
+type assembled struct {
+	index int64
+	m     merged
+}
+
+// NewAssembler assembles a chat completion stream (chat) or a completion
+// stream.
+func NewAssembler(chat bool) *Assembler { return &Assembler{chat: chat} }
+
+// Event reads one event's data (after "data:"; "[DONE]" ends the
+// stream). An event that is not a JSON object, or one past MaxAssembled,
+// is an error: the answer cannot be assembled.
+func (a *Assembler) Event(data []byte) error {
+	data = trimSpace(data)
+	if string(data) == "[DONE]" {
+		a.done = true
+		return nil
+	}
+	if a.size += len(data); a.size > MaxAssembled {
+		return ErrAssembledTooLarge
+	}
+	if !valid(data) {
+		return errors.New("an event that is not JSON")
+	}
+	first := a.events == 0
+	a.events++
+	ok := eachMember(data, func(key, v []byte) {
+		switch string(key) {
+		case `"choices"`:
+			eachElement(v, a.choice)
+		case `"usage"`:
+			if nonNull(v) != nil {
+				a.usage = append(a.usage[:0], v...)
+			}
+		case `"error"`:
+			if nonNull(v) != nil && a.errEv == nil {
+				a.errEv = slices.Clone(data)
+			}
+		}
+		if first {
+			a.top = append(a.top, kept{slices.Clone(key), slices.Clone(v)})
+		}
+	})
+	if !ok {
+		return errors.New("an event that is not a JSON object")
+	}
+	return a.err
+}
+
+// choice merges one element of an event's choices.
+func (a *Assembler) choice(el []byte) {
+	if err := a.choices.merge(el, levelChoice); err != nil && a.err == nil {
+		a.err = err
+	}
+}
+
+// maxIndexed bounds the choices of an answer, and the tool calls of a
+// choice (OpenAI's n is at most 128; vLLM's is bounded by its batch).
+const maxIndexed = 1 << 16
+
+// indexed is a list of objects merged by their "index" member, in the
+// order their indices first came.
+type indexed struct {
+	list []*assembled
+	at   map[int64]*assembled
+}
+
+// merge merges the object el, at level, into the one of its index.
+func (x *indexed) merge(el []byte, level int) error {
+	var index int64
+	eachMember(el, func(key, v []byte) {
+		if string(key) == `"index"` {
+			index, _ = strconv.ParseInt(string(v), 10, 64)
+		}
+	})
+	it := x.at[index]
+	if it == nil {
+		if len(x.list) >= maxIndexed {
+			return fmt.Errorf("more than %d choices or tool calls", maxIndexed)
+		}
+		if x.at == nil {
+			x.at = map[int64]*assembled{}
+		}
+		it = &assembled{index: index}
+		x.list = append(x.list, it)
+		x.at[index] = it
+	}
+	var err error
+	eachMember(el, func(key, v []byte) {
+		if e := it.m.add(key, v, level); e != nil && err == nil {
+			err = e
+		}
+	})
+	return err
+}
+
+// Answer is the assembled answer: its status and body. An error event
+// is the answer (its code's status when in 400–599, else 500). It is an
+// error when the stream brought no event, or ended before its end: no
+// [DONE] and a choice without a finish reason.
+func (a *Assembler) Answer() (int, []byte, error) {
+	if a.errEv != nil {
+		return errorStatus(a.errEv), a.errEv, nil
+	}
+	if a.events == 0 {
+		return 0, nil, errors.New("the engine's stream had no event")
+	}
+	if !a.done && !a.finished() {
+		return 0, nil, errors.New("the engine's stream ended before its answer did")
+	}
+	slices.SortStableFunc(a.choices.list, func(x, y *assembled) int {
+		switch {
+		case x.index < y.index:
+			return -1
+		case x.index > y.index:
+			return 1
+		}
+		return 0
+	})
+	object := `"text_completion"`
+	if a.chat {
+		object = `"chat.completion"`
+	}
+	out := []byte{'{'}
+	wrote := map[string]bool{}
+	for _, m := range a.top {
+		k := string(m.key)
+		var v []byte
+		switch k {
+		case `"object"`:
+			v = []byte(object)
+		case `"choices"`:
+			v = a.appendChoices(nil)
+		case `"usage"`:
+			v = a.usageOrNull()
+		default:
+			v = m.value
+		}
+		out = appendMember(out, m.key, v)
+		wrote[k] = true
+	}
+	if !wrote[`"choices"`] {
+		out = appendMember(out, []byte(`"choices"`), a.appendChoices(nil))
+	}
+	if !wrote[`"usage"`] && a.usage != nil {
+		out = appendMember(out, []byte(`"usage"`), a.usage)
+	}
+	return http.StatusOK, append(out, '}'), nil
+}
+
+// finished reports whether every choice has a finish reason.
+func (a *Assembler) finished() bool {
+	if len(a.choices.list) == 0 {
+		return false
+	}
+	for _, c := range a.choices.list {
+		f := c.m.field([]byte(`"finish_reason"`))
+		if f == nil || !f.set {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *Assembler) usageOrNull() []byte {
+	if a.usage == nil {
+		return []byte("null")
+	}
+	return a.usage
+}
+
+// appendChoices appends the choices array: a chat choice's delta is its
+// message.
+func (a *Assembler) appendChoices(dst []byte) []byte {
+	dst = append(dst, '[')
+	for i, c := range a.choices.list {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = c.m.appendJSON(dst, func(key []byte) []byte {
+			if a.chat && string(key) == `"delta"` {
+				return []byte(`"message"`)
+			}
+			return key
+		})
+	}
+	return append(dst, ']')
+}
+
+// errorStatus is the status an error event names (its error's code, or
+// the code of an error nested in it, when in 400–599), else 500.
+func errorStatus(data []byte) int {
+	status := http.StatusInternalServerError
+	var look func(obj []byte, depth int)
+	look = func(obj []byte, depth int) {
+		eachMember(obj, func(key, v []byte) {
+			switch string(key) {
+			case `"code"`:
+				if c, err := strconv.Atoi(string(v)); err == nil && c >= 400 && c <= 599 {
+					status = c
+				}
+			case `"error"`:
+				if depth < 3 {
+					look(v, depth+1)
+				}
+			}
+		})
+	}
+	look(data, 0)
+	return status
+}
+
+// The levels of a merged object: a choice (only "text" concatenates;
+// its delta and logprobs merge deeply), or deep (a delta, logprobs, a
+// tool call: strings concatenate but the names and kinds, which an
+// engine sends once).
+const (
+	levelChoice = iota
+	levelDeep
+)
+
+// merged is an object merged from its parts in successive events, its
+// members in the order they first came.
+type merged struct{ fields []*mergedField }
+
+// mergedField is one member of a merged object.
+type mergedField struct {
+	key  []byte
+	kind uint8
+	// set: a non-null value came.
+	set bool
+	// last (kindLast) the last non-null value; text (kindString) the
+	// strings so far, decoded; elems (kindArray) the elements so far,
+	// comma-joined; obj (kindObject) the merged object; items
+	// (kindIndexed) tool calls by their index.
+	last  []byte
+	text  []byte
+	elems []byte
+	obj   *merged
+	items indexed
+}
+
+const (
+	kindNull    = iota // only nulls so far
+	kindLast           // the last non-null value wins
+	kindString         // strings concatenate
+	kindArray          // arrays concatenate
+	kindObject         // objects merge
+	kindIndexed        // arrays of objects merged by their "index" (tool calls)
+)
+
+func (m *merged) field(key []byte) *mergedField {
+	for _, f := range m.fields {
+		if string(f.key) == string(key) {
+			return f
+		}
+	}
+	return nil
+}
+
+// add merges the member key: v at level (an error: too many tool calls).
+func (m *merged) add(key, v []byte, level int) error {
+	f := m.field(key)
+	if f == nil {
+		f = &mergedField{key: slices.Clone(key)}
+		m.fields = append(m.fields, f)
+	}
+	if nonNull(v) == nil || len(v) == 0 {
+		return nil
+	}
+	if f.kind == kindNull {
+		if f.kind = kindOf(key, v[0], level); f.kind == kindObject {
+			f.obj = &merged{}
+		}
+	}
+	f.set = true
+	switch f.kind {
+	case kindString:
+		if v[0] == '"' {
+			if t, ok := plainBytes(v); ok {
+				f.text = append(f.text, t...)
+				return nil
+			}
+			if s, err := unquote(v); err == nil {
+				f.text = append(f.text, s...)
+				return nil
+			}
+		}
+	case kindArray:
+		if v[0] == '[' {
+			eachElement(v, func(el []byte) {
+				if len(f.elems) > 0 {
+					f.elems = append(f.elems, ',')
+				}
+				f.elems = append(f.elems, el...)
+			})
+			return nil
+		}
+	case kindObject:
+		if v[0] == '{' {
+			var err error
+			eachMember(v, func(k, x []byte) {
+				if e := f.obj.add(k, x, levelDeep); e != nil && err == nil {
+					err = e
+				}
+			})
+			return err
+		}
+	case kindIndexed:
+		if v[0] == '[' {
+			var err error
+			eachElement(v, func(el []byte) {
+				if e := f.items.merge(el, levelDeep); e != nil && err == nil {
+					err = e
+				}
+			})
+			return err
+		}
+	case kindLast:
+		f.last = append(f.last[:0], v...)
+		return nil
+	}
+	// A value of another type than the member's first: it wins.
+	*f = mergedField{key: f.key, kind: kindLast, set: true, last: slices.Clone(v)}
+	return nil
+}
+
+// kindOf is how the member key, whose first non-null value starts with
+// c, merges at level.
+func kindOf(key []byte, c byte, level int) uint8 {
+	k := string(key)
+	switch {
+	case c == '"' && level == levelChoice && k == `"text"`:
+		return kindString
+	case c == '"' && level == levelDeep && k != `"role"` && k != `"id"` && k != `"type"` && k != `"name"`:
+		return kindString
+	case c == '[' && level == levelDeep && k == `"tool_calls"`:
+		return kindIndexed
+	case c == '[':
+		return kindArray
+	case c == '{' && (level == levelDeep || k == `"delta"` || k == `"logprobs"`):
+		return kindObject
+	}
+	return kindLast
+}
+
+// appendJSON appends the merged object, its keys renamed by rename.
+func (m *merged) appendJSON(dst []byte, rename func([]byte) []byte) []byte {
+	dst = append(dst, '{')
+	for i, f := range m.fields {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		key := f.key
+		if rename != nil {
+			key = rename(key)
+		}
+		dst = append(append(dst, key...), ':')
+		dst = f.appendValue(dst)
+	}
+	return append(dst, '}')
+}
+
+func (f *mergedField) appendValue(dst []byte) []byte {
+	if !f.set {
+		return append(dst, "null"...)
+	}
+	switch f.kind {
+	case kindString:
+		return appendJSONString(dst, f.text)
+	case kindArray:
+		return append(append(append(dst, '['), f.elems...), ']')
+	case kindObject:
+		return f.obj.appendJSON(dst, nil)
+	case kindIndexed:
+		dst = append(dst, '[')
+		for i, it := range f.items.list {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = it.m.appendJSON(dst, nil)
+		}
+		return append(dst, ']')
+	}
+	return append(dst, f.last...)
+}
+
+// appendMember appends "key":v to an object being written (after its
+// '{' or a member).
+func appendMember(dst, key, v []byte) []byte {
+	if dst[len(dst)-1] != '{' {
+		dst = append(dst, ',')
+	}
+	return append(append(append(dst, key...), ':'), v...)
+}
+
+// appendJSONString appends s (UTF-8; invalid bytes become U+FFFD, as
+// encoding/json has them) as a JSON string, escaping only what JSON
+// requires.
+func appendJSONString(dst, s []byte) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				dst = append(dst, '\\', c)
+			case c == '\n':
+				dst = append(dst, '\\', 'n')
+			case c == '\r':
+				dst = append(dst, '\\', 'r')
+			case c == '\t':
+				dst = append(dst, '\\', 't')
+			case c < 0x20:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				dst = append(dst, c)
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			dst = append(dst, `\ufffd`...)
+		} else {
+			dst = append(dst, s[i:i+n]...)
+		}
+		i += n
+	}
+	return append(dst, '"')
+}
+
+// plainBytes is the contents of the JSON string literal s when it has
+// no escapes, no control characters and only valid UTF-8 (no copy).
+func plainBytes(s []byte) ([]byte, bool) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return nil, false
+	}
+	body := s[1 : len(s)-1]
+	for _, c := range body {
+		if c == '\\' || c == '"' || c < 0x20 {
+			return nil, false
+		}
+	}
+	return body, utf8.Valid(body)
+}
+
+// trimSpace trims JSON white space around b.
+func trimSpace(b []byte) []byte {
+	i := skipSpace(b, 0)
+	j := len(b)
+	for j > i && isSpace(b[j-1]) {
+		j--
+	}
+	return b[i:j]
+}
