@@ -183,12 +183,9 @@ func TestReplicaURLs(t *testing.T) {
 	}
 }
 
-// TestResponsesAPI: with Responses, a chat item is a Responses API
-// request (its system prompt the instructions, its turns input items),
-// read as vLLM streams it: the deltas are the token arrivals and
-// response.completed the end and usage. A second turn of a session,
-// served by the emulator, finds its first turn's prompt cached.
-func TestResponsesAPI(t *testing.T) {
+// startTestEngine starts an emulator at 50× real time on loopback.
+func startTestEngine(t *testing.T) (*engine.Engine, engine.Config) {
+	t.Helper()
 	cfg := engine.DefaultConfig()
 	cfg.Port, cfg.TimeScale, cfg.Logger = 0, 50, slog.New(slog.NewTextHandler(io.Discard, nil))
 	e, err := engine.New(cfg)
@@ -200,6 +197,16 @@ func TestResponsesAPI(t *testing.T) {
 	if err := e.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return e, cfg
+}
+
+// TestResponsesAPI: with Responses, a chat item is a Responses API
+// request (its system prompt the instructions, its turns input items),
+// read as vLLM streams it: the deltas are the token arrivals and
+// response.completed the end and usage. A second turn of a session,
+// served by the emulator, finds its first turn's prompt cached.
+func TestResponsesAPI(t *testing.T) {
+	e, cfg := startTestEngine(t)
 	c := &Client{URL: e.URL(), Model: cfg.Model, HTTP: &http.Client{}, Responses: true}
 	first := &Item{Chat: true, System: "be brief and kind to everyone you meet today", Prompt: "tell me about the sea", MaxTokens: 5}
 	rec := c.Do(context.Background(), first, 0, time.Now())
@@ -219,17 +226,7 @@ func TestResponsesAPI(t *testing.T) {
 // TestNoStream: unstreamed requests (--no-stream) read the answer whole:
 // its arrival is its first token, its usage its tokens, no TPOT.
 func TestNoStream(t *testing.T) {
-	cfg := engine.DefaultConfig()
-	cfg.Port, cfg.TimeScale, cfg.Logger = 0, 50, slog.New(slog.NewTextHandler(io.Discard, nil))
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	e, cfg := startTestEngine(t)
 	c := &Client{URL: e.URL(), Model: cfg.Model, HTTP: &http.Client{}, Whole: true}
 	for _, chat := range []bool{true, false} {
 		it := &Item{Chat: chat, System: "be brief", Prompt: "tell me about the sea", MaxTokens: 6}
