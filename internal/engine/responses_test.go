@@ -142,4 +142,9 @@ func TestResponsesStream(t *testing.T) {
 	if strings.Join(types, " ") != want || deltas != final.text() || final.Usage.OutputTokens != 5 {
 		t.Fatalf("events %v\ndeltas %q, final %+v", types, deltas, final)
 	}
+	// The same request unstreamed has the same text (until 2026-12-04
+	// every delta after the first began with two spaces).
+	if _, whole, raw := postResponse(t, e, map[string]any{"model": e.cfg.Model, "input": "stream it", "max_output_tokens": 5}); whole.text() != deltas {
+		t.Fatalf("unstreamed %q, streamed %q: %s", whole.text(), deltas, raw)
+	}
 }

@@ -113,8 +113,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	// routed response, names the request for the logs.
 	w.Header().Set("X-Request-Id", rt.id)
 	out := http.ResponseWriter(w)
-	if g.streamUpstream(rt) {
-		rt.whole = newWholeAnswer(w, rt.chat)
+	if asm := g.streamUpstream(rt); asm != nil {
+		rt.whole = newWholeAnswer(w, asm)
 		out = rt.whole
 	}
 	var tap *streamTap

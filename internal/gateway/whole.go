@@ -29,7 +29,7 @@ import (
 // and, once the answer is over (finish), sends it to the client.
 type wholeAnswer struct {
 	w   http.ResponseWriter
-	asm *openai.Assembler
+	asm assembler
 	// status is the engine's (0: none yet); pass: the answer is not a
 	// 200 stream and goes to the client as is.
 	status int
@@ -41,8 +41,15 @@ type wholeAnswer struct {
 	sent bool
 }
 
-func newWholeAnswer(w http.ResponseWriter, chat bool) *wholeAnswer {
-	return &wholeAnswer{w: w, asm: openai.NewAssembler(chat)}
+// assembler builds an unstreamed answer from a stream's events
+// (openai.Assembler, openai.ResponsesAssembler).
+type assembler interface {
+	Event(data []byte) error
+	Answer() (int, []byte, error)
+}
+
+func newWholeAnswer(w http.ResponseWriter, asm assembler) *wholeAnswer {
+	return &wholeAnswer{w: w, asm: asm}
 }
 
 // Header is the client's headers.
@@ -161,17 +168,29 @@ func (a *wholeAnswer) fail(err error) bool {
 	return true
 }
 
-// streamUpstream reports whether rt, which the client did not stream,
-// goes to its engine as a stream answered whole, and makes it one if so.
-func (g *Gateway) streamUpstream(rt *routed) bool {
-	if rt.req.Stream || rt.generate || rt.responses {
-		return false
+// streamUpstream returns the assembler of rt's answer when rt, which the
+// client did not stream, goes to its engine as a stream answered whole,
+// and makes it one; nil when it goes as sent.
+func (g *Gateway) streamUpstream(rt *routed) assembler {
+	if rt.req.Stream || rt.generate {
+		return nil
 	}
-	if g.cfg.NoStreamUpstream || rt.req.WholeFromStream(rt.chat) != "" {
+	why := "--no-stream-upstream"
+	if !g.cfg.NoStreamUpstream {
+		if rt.responses {
+			why = rt.req.WholeResponsesFromStream()
+		} else {
+			why = rt.req.WholeFromStream(rt.chat)
+		}
+	}
+	if why != "" {
 		g.met.whole.WithLabelValues("as_sent").Inc()
-		return false
+		return nil
 	}
 	rt.req.StreamInstead()
 	g.met.whole.WithLabelValues("streamed").Inc()
-	return true
+	if rt.responses {
+		return &openai.ResponsesAssembler{}
+	}
+	return openai.NewAssembler(rt.chat)
 }

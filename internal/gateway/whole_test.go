@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // normalAnswer is a non-streamed answer as compared across two calls:
@@ -22,21 +23,22 @@ func normalAnswer(t *testing.T, body string) map[string]any {
 	if err := json.Unmarshal([]byte(body), &a); err != nil {
 		t.Fatalf("not a JSON answer: %v: %s", err, body)
 	}
-	delete(a, "id")
-	delete(a, "created")
-	if u, ok := a["usage"].(map[string]any); ok {
-		delete(u, "prompt_tokens_details")
-	}
 	dropEmpty(a)
 	return a
 }
 
 // dropEmpty deletes, at every depth, members that are null or empty
-// arrays.
+// arrays, and those that differ from call to call: ids, creation times,
+// cached-token counts.
 func dropEmpty(v any) {
 	switch x := v.(type) {
 	case map[string]any:
 		for k, e := range x {
+			switch k {
+			case "id", "created", "created_at", "prompt_tokens_details", "input_tokens_details":
+				delete(x, k)
+				continue
+			}
 			if a, ok := e.([]any); e == nil || ok && len(a) == 0 {
 				delete(x, k)
 				continue
@@ -52,7 +54,8 @@ func dropEmpty(v any) {
 
 // TestWholeAnswerMatchesEngine: a request the client did not stream is
 // streamed from the engine and answered whole; the answer is the one the
-// engine gives the same request unstreamed (chat and completions; the
+// engine gives the same request unstreamed (chat, completions and the
+// Responses API, cut by its limit or not; the
 // emulator samples one sequence of one prompt: n and batches are
 // openai's TestAssembleCompletionsBatch), but for its id, creation time and cache hits. The engine is
 // asked for a stream, and the gateway says so in its metrics.
@@ -64,6 +67,8 @@ func TestWholeAnswerMatchesEngine(t *testing.T) {
 		{"/v1/chat/completions", `"messages":[{"role":"user","content":"warm"}],"max_tokens":5,"temperature":0.5,"logprobs":false`},
 		{"/v1/completions", `"prompt":"one prompt","max_tokens":4,"stream":false`},
 		{"/v1/completions", `"prompt":"a stop word","max_tokens":6,"stop":["zzz"],"seed":3`},
+		{"/v1/responses", `"instructions":"be brief","input":"tell me","max_output_tokens":7`},
+		{"/v1/responses", `"input":[{"role":"user","content":[{"type":"input_text","text":"all of it"}]}],"max_output_tokens":100`},
 	} {
 		body := `{"model":"` + testModel + `",` + c.body + `}`
 		direct := post(t, e.URL()+c.path, body, nil)
@@ -271,7 +276,7 @@ func BenchmarkWholeAnswer(b *testing.B) {
 		}
 	}
 	b.Run("non-streamed-relay", func(b *testing.B) {
-		a := newWholeAnswer(&discardWriter{h: http.Header{}}, true)
+		a := newWholeAnswer(&discardWriter{h: http.Header{}}, openai.NewAssembler(true))
 		a.asm.Event([]byte(strings.TrimPrefix(strings.TrimSpace(events[1]), "data: ")))
 		for _, ev := range events[2:] {
 			a.asm.Event([]byte(strings.TrimPrefix(strings.TrimSpace(ev), "data: ")))
@@ -299,7 +304,7 @@ func BenchmarkWholeAnswer(b *testing.B) {
 				var out http.ResponseWriter = &discardWriter{h: http.Header{"Content-Type": {"text/event-stream"}}}
 				var a *wholeAnswer
 				if whole {
-					a = newWholeAnswer(out, true)
+					a = newWholeAnswer(out, openai.NewAssembler(true))
 					out = a
 				}
 				tap := newStreamTap(out, tapRequest(b, "null"), 5, 1, false)

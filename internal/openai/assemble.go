@@ -509,3 +509,67 @@ func trimSpace(b []byte) []byte {
 	}
 	return b[i:j]
 }
+
+// ResponsesAssembler builds, from the events of a Responses API stream,
+// the response the engine would have answered unstreamed: the response
+// object its final event carries (response.completed, response.incomplete
+// or response.failed), which vLLM and SGLang build as they build the
+// unstreamed answer. An error event is the answer, with the status its
+// code names.
+type ResponsesAssembler struct {
+	final  []byte
+	errEv  []byte
+	events int
+	size   int
+}
+
+// Event reads one event's data.
+func (a *ResponsesAssembler) Event(data []byte) error {
+	data = trimSpace(data)
+	if a.size += len(data); a.size > MaxAssembled {
+		return ErrAssembledTooLarge
+	}
+	if !valid(data) {
+		return errors.New("an event that is not JSON")
+	}
+	a.events++
+	var typ, response []byte
+	ok := eachMember(data, func(key, v []byte) {
+		switch string(key) {
+		case `"type"`:
+			typ = v
+		case `"response"`:
+			response = v
+		}
+	})
+	if !ok {
+		return errors.New("an event that is not a JSON object")
+	}
+	switch string(typ) {
+	case `"response.completed"`, `"response.incomplete"`, `"response.failed"`:
+		if nonNull(response) == nil || response[0] != '{' {
+			return fmt.Errorf("a %s event without its response", typ)
+		}
+		a.final = slices.Clone(response)
+	case `"error"`:
+		if a.errEv == nil {
+			a.errEv = slices.Clone(data)
+		}
+	}
+	return nil
+}
+
+// Answer is the final event's response (200), or the error event (its
+// code's status, else 500); an error when the stream ended without
+// either.
+func (a *ResponsesAssembler) Answer() (int, []byte, error) {
+	switch {
+	case a.final != nil:
+		return http.StatusOK, a.final, nil
+	case a.errEv != nil:
+		return errorStatus(a.errEv), a.errEv, nil
+	case a.events == 0:
+		return 0, nil, errors.New("the engine's stream had no event")
+	}
+	return 0, nil, errors.New("the engine's stream ended before its response did")
+}

@@ -235,22 +235,94 @@ func TestStreamInstead(t *testing.T) {
 func FuzzAssembler(f *testing.F) {
 	f.Add(`{"id":"c","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`, `{"choices":[{"index":1,"text":"b","logprobs":{"x":[1]}}],"usage":{"a":1}}`, true)
 	f.Add(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}`, `{"error":{"code":"x"}}`, false)
+	f.Add(`{"type":"response.output_text.delta","delta":"a"}`, `{"type":"response.completed","response":{"id":"r"}}`, false)
 	f.Fuzz(func(t *testing.T, e1, e2 string, chat bool) {
 		a := NewAssembler(chat)
 		for _, e := range []string{e1, e2, e1, "[DONE]"} {
-			if err := a.Event([]byte(e)); err != nil {
-				return
+			if a.Event([]byte(e)) != nil {
+				a = NewAssembler(chat) // no answer
+				break
 			}
 		}
-		status, body, err := a.Answer()
-		if err != nil {
-			return
+		var r ResponsesAssembler
+		for _, e := range []string{e1, e2} {
+			if r.Event([]byte(e)) != nil {
+				break
+			}
 		}
-		if !json.Valid(body) {
-			t.Fatalf("answer %d is not JSON: %s", status, body)
-		}
-		if status != 200 && (status < 400 || status > 599) {
-			t.Fatalf("status %d", status)
+		for _, asm := range []interface {
+			Answer() (int, []byte, error)
+		}{a, &r} {
+			status, body, err := asm.Answer()
+			if err != nil {
+				continue
+			}
+			if !json.Valid(body) {
+				t.Fatalf("answer %d is not JSON: %s", status, body)
+			}
+			if status != 200 && (status < 400 || status > 599) {
+				t.Fatalf("status %d", status)
+			}
 		}
 	})
+}
+
+func TestResponsesAssembler(t *testing.T) {
+	resp := func(status string) string {
+		return `{"id":"resp_1","object":"response","status":"` + status + `","output":[{"type":"message","content":[{"type":"output_text","text":"hi there"}]}],"usage":{"input_tokens":3,"output_tokens":2}}`
+	}
+	head := []string{
+		`{"type":"response.created","sequence_number":0,"response":` + resp("in_progress") + `}`,
+		`{"type":"response.in_progress","sequence_number":1,"response":` + resp("in_progress") + `}`,
+		`{"type":"response.output_text.delta","sequence_number":2,"delta":"hi"}`,
+		`{"type":"response.output_text.delta","sequence_number":3,"delta":" there"}`,
+	}
+	for _, tc := range []struct {
+		name   string
+		events []string
+		status int
+		want   string
+	}{
+		{"completed", append(head, `{"type":"response.completed","sequence_number":4,"response":`+resp("completed")+`}`), 200, resp("completed")},
+		{"incomplete", append(head, `{"type":"response.incomplete","sequence_number":4,"response":`+resp("incomplete")+`}`), 200, resp("incomplete")},
+		{"failed", append(head, `{"type":"response.failed","sequence_number":4,"response":`+resp("failed")+`}`), 200, resp("failed")},
+		{"error", append(head, `{"type":"error","code":429,"message":"slow down"}`), 429, `{"type":"error","code":429,"message":"slow down"}`},
+		{"cut", head, 0, ""},
+		{"nothing", nil, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var a ResponsesAssembler
+			for _, e := range tc.events {
+				if err := a.Event([]byte(e)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			status, body, err := a.Answer()
+			if status != tc.status || (err != nil) != (tc.status == 0) || string(body) != tc.want {
+				t.Fatalf("status %d err %v body %s; want %d %s", status, err, body, tc.status, tc.want)
+			}
+		})
+	}
+	var a ResponsesAssembler
+	if err := a.Event([]byte(`{"type":"response.completed","response":null}`)); err == nil {
+		t.Error("a final event without its response was taken")
+	}
+}
+
+func TestWholeResponsesFromStream(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"m","input":"x"}`: "",
+		`{"model":"m","input":"x","background":false,"tools":[],"store":true}`:     "",
+		`{"model":"m","input":"x","background":true}`:                              "background",
+		`{"model":"m","input":"x","stream":true}`:                                  "stream",
+		`{"model":"m","input":"x","stream_options":{"include_obfuscation":false}}`: "stream_options",
+	} {
+		r, err := ParseResponses([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.WholeResponsesFromStream(); got != want {
+			t.Errorf("%s: %q, want %q", body, got, want)
+		}
+	}
 }

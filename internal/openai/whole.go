@@ -71,3 +71,20 @@ func (r *Request) StreamInstead() {
 	}
 	r.Raw, r.members, r.Stream = body, ms, true
 }
+
+// WholeResponsesFromStream is WholeFromStream for a Responses API
+// request: its streamed final event carries the whole response, so any
+// request qualifies but one that streams already ("stream"), asks for
+// stream_options, or runs in the background ("background": its
+// unstreamed answer comes before the response is done).
+func (r *Request) WholeResponsesFromStream() string {
+	if r.Stream {
+		return "stream"
+	}
+	for _, key := range []string{"stream_options", "background"} {
+		if v := r.value(key); v != nil && !isNull(v) && string(v) != "false" {
+			return key
+		}
+	}
+	return ""
+}
