@@ -13,11 +13,12 @@ import (
 // Whole answers from streams (Config.NoStreamUpstream turns it off). A
 // non-streamed answer tells the gateway nothing of when its first token
 // came: its prefill's end is a guess, the predictor never learns from it,
-// and the TPOT is unknown. So a chat or completion request the client
-// did not stream is sent to its engine as a stream (when its answer can
-// be built exactly from one: openai.Request.WholeFromStream), and the
-// gateway answers the client whole (openai.Assembler), as Dynamo's
-// frontend does with its workers' streams. The stream runs through the
+// and the TPOT is unknown. So a chat, completion or Responses request the
+// client did not stream is sent to its engine as a stream (when its
+// answer can be built exactly from one: openai.Request.WholeFromStream,
+// WholeResponsesFromStream), and the gateway answers the client whole
+// (openai.Assembler, openai.ResponsesAssembler), as Dynamo's frontend
+// does with its workers' streams. The stream runs through the
 // stream tap like a client's: its first token trains the predictor and
 // ends the prefill, its tokens time the TPOT, an engine that fails in its
 // prefill is retried, and with --migration-limit one that fails later is

@@ -92,7 +92,11 @@ func (a *Assembler) Event(data []byte) error {
 			}
 		}
 		if first {
-			a.top = append(a.top, kept{slices.Clone(key), slices.Clone(v)})
+			m := kept{key: slices.Clone(key)}
+			if k := string(key); k != `"choices"` && k != `"usage"` && k != `"object"` {
+				m.value = slices.Clone(v) // the others are written anew
+			}
+			a.top = append(a.top, m)
 		}
 	})
 	if !ok {
