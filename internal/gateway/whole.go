@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"mime"
 	"net/http"
@@ -158,14 +159,19 @@ func (a *wholeAnswer) finish() error {
 }
 
 // fail tells the client that the answer it did not get whole failed
-// (502, with why), when it has nothing of it yet; false when it has.
+// (502 with why; 504 when --upstream-timeout ran out), when it has
+// nothing of it yet; false when it has.
 func (a *wholeAnswer) fail(err error) bool {
 	if a.sent {
 		return false
 	}
 	a.sent = true
 	a.w.Header().Del("Content-Length")
-	openai.WriteError(a.w, openai.Errorf(http.StatusBadGateway, "kvgate: the engine's answer failed before its end: %v", err))
+	status := http.StatusBadGateway
+	if errors.Is(err, context.DeadlineExceeded) {
+		status = http.StatusGatewayTimeout
+	}
+	openai.WriteError(a.w, openai.Errorf(status, "kvgate: the engine's answer failed before its end: %v", err))
 	return true
 }
 

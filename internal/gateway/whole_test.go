@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -178,6 +180,28 @@ func TestWholeAnswerEngineFails(t *testing.T) {
 				t.Fatalf("the engine was not asked for a stream with its usage: %v", body)
 			}
 		})
+	}
+}
+
+// TestWholeAnswerFail: a whole answer that failed before the client had
+// any of it is a 502 saying why, or a 504 when the upstream timeout ran
+// out; once the client has the answer's headers, nothing more is said.
+func TestWholeAnswerFail(t *testing.T) {
+	for _, c := range []struct {
+		err    error
+		status int
+	}{
+		{errors.New("connection reset"), 502},
+		{fmt.Errorf("%w: %w", errStreamBroken, context.DeadlineExceeded), 504},
+	} {
+		rec := httptest.NewRecorder()
+		a := newWholeAnswer(rec, openai.NewAssembler(true))
+		if !a.fail(c.err) || rec.Code != c.status || !strings.Contains(rec.Body.String(), c.err.Error()) {
+			t.Errorf("%v: %d %s", c.err, rec.Code, rec.Body)
+		}
+		if a.fail(c.err) {
+			t.Errorf("%v: told twice", c.err)
+		}
 	}
 }
 
