@@ -117,19 +117,10 @@ func runOne(ctx context.Context, cfg Config, spec RunSpec, items []bench.Item, p
 	if err != nil {
 		return Result{}, err
 	}
-	syncs, err := syncConfigs(spec)
+	urls, fails, stopGWs, err := startReplicas(ctx, cfg, spec, eps, freeLoopback)
+	defer stopGWs()
 	if err != nil {
 		return Result{}, err
-	}
-	var urls []string
-	var fails []<-chan error
-	for _, sc := range syncs {
-		url, stopGW, failed, err := startGateway(ctx, cfg, spec, eps, sc)
-		defer stopGW()
-		if err != nil {
-			return Result{}, err
-		}
-		urls, fails = append(urls, url), append(fails, failed)
 	}
 	client := &bench.Client{URL: urls[0], More: urls[1:], Model: model, TimeScale: cfg.TimeScale,
 		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxIdleConns: 2048}}}
@@ -204,29 +195,101 @@ func startEngines(ctx context.Context, cfg Config, spec RunSpec) (eps []fleet.En
 	return eps, lag, stop, nil
 }
 
+// startReplicas serves the run's gateway replicas on loopback. Synced
+// replicas are given free ports to bind for their sync, which another
+// process may take between the choice and the bind: a replica whose sync
+// cannot bind within bindWait has every replica stopped and started
+// again on other ports, up to three times.
+func startReplicas(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.Endpoint, freeAddr func() (string, error)) (urls []string, fails []<-chan error, stop func(), err error) {
+	for try := 0; ; try++ {
+		var stops []func()
+		stop = func() {
+			for _, s := range stops {
+				s()
+			}
+		}
+		urls, fails = nil, nil
+		syncs, err := syncConfigs(spec, freeAddr)
+		if err != nil {
+			return nil, nil, stop, err
+		}
+		var gws []*gateway.Gateway
+		for _, sc := range syncs {
+			g, url, stopGW, failed, err := startGateway(ctx, cfg, spec, eps, sc)
+			stops = append(stops, stopGW)
+			if err != nil {
+				return nil, nil, stop, err
+			}
+			gws, urls, fails = append(gws, g), append(urls, url), append(fails, failed)
+		}
+		err = syncsBound(ctx, gws, syncs, fails)
+		if err == nil {
+			return urls, fails, stop, nil
+		}
+		stop()
+		if try == 2 || ctx.Err() != nil {
+			return nil, nil, func() {}, err
+		}
+	}
+}
+
+// freeLoopback is a loopback address free a moment ago (tcp://HOST:PORT).
+func freeLoopback() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return "tcp://" + ln.Addr().String(), nil
+}
+
+// bindWait bounds how long a replica's sync may take to bind.
+const bindWait = 10 * time.Second
+
+// syncsBound waits until every replica given a sync bind has bound it;
+// an error when one failed (its port taken) or none came in time.
+func syncsBound(ctx context.Context, gws []*gateway.Gateway, syncs []replicasync.Config, fails []<-chan error) error {
+	deadline := time.Now().Add(bindWait)
+	for i, g := range gws {
+		for syncs[i].Bind != "" && g.SyncAddr() == "" {
+			select {
+			case err := <-fails[i]:
+				return fmt.Errorf("gateway replica %d: %w", i, err)
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("gateway replica %d: its sync did not bind within %v", i, bindWait)
+			}
+		}
+	}
+	return nil
+}
+
 // startGateway serves a gateway for the run on loopback. Its clock runs
 // at the fleet's speed: predictions and SLOs are in modelled seconds.
 //
 // failed hears the gateway's error if it stops serving before stop (its
 // replica sync could not bind, say).
-func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.Endpoint, sync replicasync.Config) (url string, stop func(), failed <-chan error, err error) {
+func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.Endpoint, sync replicasync.Config) (g *gateway.Gateway, url string, stop func(), failed <-chan error, err error) {
 	early := spec.EarlyReject
 	start := time.Now()
 	scaled := func() time.Time { return start.Add(time.Duration(float64(time.Since(start)) * cfg.TimeScale)) }
 	gc := gateway.Config{Endpoints: eps, Policy: spec.Policy, EarlyReject: &early, SLOTTFT: cfg.SLO.TTFT, SLOTPOT: cfg.SLO.TPOT,
 		Tokenizers: []string{"model=" + model + ",source=engine,url=" + eps[0].URL}, NoHealthChecks: true, Sync: sync}
-	g, err := gateway.New(gc, gateway.Options{Logger: cfg.Logger, Now: scaled})
+	g, err = gateway.New(gc, gateway.Options{Logger: cfg.Logger, Now: scaled})
 	if err != nil {
-		return "", func() {}, nil, err
+		return nil, "", func() {}, nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", func() {}, nil, err
+		return nil, "", func() {}, nil, err
 	}
 	srv, err := httpserve.New(httpserve.Config{MaxConns: 8192}, g.Handler())
 	if err != nil {
 		ln.Close()
-		return "", func() {}, nil, err
+		return nil, "", func() {}, nil, err
 	}
 	gctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -245,12 +308,12 @@ func startGateway(ctx context.Context, cfg Config, spec RunSpec, eps []fleet.End
 		cancel()
 		<-done
 	}
-	return "http://" + ln.Addr().String(), stop, fail, nil
+	return g, "http://" + ln.Addr().String(), stop, fail, nil
 }
 
 // syncConfigs is each gateway replica's sync: with more than one and
-// sync on, each binds a free loopback port and dials every other's.
-func syncConfigs(spec RunSpec) ([]replicasync.Config, error) {
+// sync on, each binds an address freeAddr gives and dials every other's.
+func syncConfigs(spec RunSpec, freeAddr func() (string, error)) ([]replicasync.Config, error) {
 	n := max(spec.Replicas, 1)
 	out := make([]replicasync.Config, n)
 	if n == 1 || spec.Unsynced {
@@ -258,12 +321,11 @@ func syncConfigs(spec RunSpec) ([]replicasync.Config, error) {
 	}
 	addrs := make([]string, n)
 	for i := range addrs {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		a, err := freeAddr()
 		if err != nil {
 			return nil, err
 		}
-		addrs[i] = "tcp://" + ln.Addr().String()
-		ln.Close()
+		addrs[i] = a
 	}
 	for i := range out {
 		out[i].Bind = addrs[i]

@@ -483,3 +483,12 @@ func (g *Gateway) AddCollector(c prometheus.Collector) error { return g.met.reg.
 
 // Clock is the gateway's clock in seconds (the times Traffic hears).
 func (g *Gateway) Clock() float64 { return g.clock() }
+
+// SyncAddr is the address the replica sync's PUB is bound to (tcp://
+// HOST:PORT), "" before Run has bound it or without a sync bind.
+func (g *Gateway) SyncAddr() string {
+	if g.sync == nil {
+		return ""
+	}
+	return g.sync.Addr()
+}
