@@ -107,12 +107,15 @@ type Gateway struct {
 	idx    *kvindex.Index
 	sub    *kvevents.Subscriber
 	// sync shares the in-flight load with other replicas (nil: none).
-	sync   *replicasync.Sync
-	client *http.Client
-	met    *metrics
-	shed   shedder
-	fair   fairShare
-	bodies *httpserve.BodyLimiter
+	sync *replicasync.Sync
+	// wholeBytes is the event bytes held by the answers being assembled
+	// (whole.go).
+	wholeBytes atomic.Int64
+	client     *http.Client
+	met        *metrics
+	shed       shedder
+	fair       fairShare
+	bodies     *httpserve.BodyLimiter
 
 	setMu   sync.Mutex // one SetEndpoints at a time
 	mu      sync.RWMutex

@@ -114,7 +114,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	w.Header().Set("X-Request-Id", rt.id)
 	out := http.ResponseWriter(w)
 	if asm := g.streamUpstream(rt); asm != nil {
-		rt.whole = newWholeAnswer(w, asm)
+		rt.whole = newWholeAnswer(w, asm, &g.wholeBytes)
+		defer rt.whole.release()
 		out = rt.whole
 	}
 	var tap *streamTap

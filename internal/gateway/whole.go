@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"mime"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -41,7 +43,16 @@ type wholeAnswer struct {
 	err  error
 	// sent: the client has the answer's headers.
 	sent bool
+	// budget is the bytes every answer being assembled holds (of at most
+	// wholeBudget); held this one's share.
+	budget *atomic.Int64
+	held   int64
 }
+
+// wholeBudget bounds the event bytes held by all the answers being
+// assembled at once (each also within openai.MaxAssembled): an answer
+// that would pass it fails (502) rather than the gateway's memory.
+const wholeBudget = 1 << 30
 
 // assembler builds an unstreamed answer from a stream's events
 // (openai.Assembler, openai.ResponsesAssembler).
@@ -50,8 +61,28 @@ type assembler interface {
 	Answer() (int, []byte, error)
 }
 
-func newWholeAnswer(w http.ResponseWriter, asm assembler) *wholeAnswer {
-	return &wholeAnswer{w: w, asm: asm}
+func newWholeAnswer(w http.ResponseWriter, asm assembler, budget *atomic.Int64) *wholeAnswer {
+	return &wholeAnswer{w: w, asm: asm, budget: budget}
+}
+
+// errWholeBudget: the answers being assembled hold the whole budget.
+var errWholeBudget = fmt.Errorf("the answers kvgate is assembling hold %d MiB already", wholeBudget>>20)
+
+// hold takes n more bytes of the budget for this answer.
+func (a *wholeAnswer) hold(n int) error {
+	if a.budget.Add(int64(n)) > wholeBudget {
+		a.budget.Add(-int64(n))
+		return errWholeBudget
+	}
+	a.held += int64(n)
+	return nil
+}
+
+// release gives the answer's bytes back to the budget (its answer sent
+// or failed).
+func (a *wholeAnswer) release() {
+	a.budget.Add(-a.held)
+	a.held = 0
 }
 
 // Header is the client's headers.
@@ -117,6 +148,9 @@ func (a *wholeAnswer) line(line []byte) error {
 	data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
 	if !ok {
 		return nil // a blank line, a comment, an event name
+	}
+	if err := a.hold(len(data)); err != nil {
+		return err
 	}
 	return a.asm.Event(data)
 }

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/fleet"
@@ -63,7 +64,12 @@ func dropEmpty(v any) {
 // asked for a stream, and the gateway says so in its metrics.
 func TestWholeAnswerMatchesEngine(t *testing.T) {
 	e := startEngine(t, fleet.RoleBoth, nil)
-	_, url, admin := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}}, Options{})
+	g, url, admin := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}}, Options{})
+	defer func() {
+		if n := g.wholeBytes.Load(); n != 0 {
+			t.Errorf("the answers served still hold %d bytes of the budget", n)
+		}
+	}()
 	for i, c := range []struct{ path, body string }{
 		{"/v1/chat/completions", `"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi there"}],"max_tokens":9`},
 		{"/v1/chat/completions", `"messages":[{"role":"user","content":"warm"}],"max_tokens":5,"temperature":0.5,"logprobs":false`},
@@ -195,13 +201,35 @@ func TestWholeAnswerFail(t *testing.T) {
 		{fmt.Errorf("%w: %w", errStreamBroken, context.DeadlineExceeded), 504},
 	} {
 		rec := httptest.NewRecorder()
-		a := newWholeAnswer(rec, openai.NewAssembler(true))
+		a := newWholeAnswer(rec, openai.NewAssembler(true), &atomic.Int64{})
 		if !a.fail(c.err) || rec.Code != c.status || !strings.Contains(rec.Body.String(), c.err.Error()) {
 			t.Errorf("%v: %d %s", c.err, rec.Code, rec.Body)
 		}
 		if a.fail(c.err) {
 			t.Errorf("%v: told twice", c.err)
 		}
+	}
+}
+
+// TestWholeAnswerBudget: the answers being assembled share a byte
+// budget; an event past it fails its answer (the client is told), and
+// an answer's bytes come back when it ends.
+func TestWholeAnswerBudget(t *testing.T) {
+	var budget atomic.Int64
+	budget.Store(wholeBudget - 100)
+	ev := "data: " + `{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}` + "\n\n"
+	a := newWholeAnswer(httptest.NewRecorder(), openai.NewAssembler(true), &budget)
+	a.Header().Set("Content-Type", "text/event-stream")
+	a.WriteHeader(http.StatusOK)
+	if _, err := a.Write([]byte(ev)); err != nil || budget.Load() <= wholeBudget-100 {
+		t.Fatalf("within the budget: %v, %d held", err, budget.Load())
+	}
+	if _, err := a.Write([]byte(ev)); !errors.Is(err, errWholeBudget) {
+		t.Fatalf("past the budget: %v", err)
+	}
+	a.release()
+	if budget.Load() != wholeBudget-100 {
+		t.Fatalf("released: %d", budget.Load())
 	}
 }
 
@@ -273,8 +301,11 @@ func TestWholeAnswerAsItCame(t *testing.T) {
 			f := &fakeEngine{answer: c.answer}
 			srv := f.server(t)
 			eps := []fleet.Endpoint{{Name: "fake", URL: srv.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}}
-			_, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, NoStreamUpstream: c.asSent}, Options{})
+			g, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, NoStreamUpstream: c.asSent}, Options{})
 			r := post(t, url+"/v1/completions", `{"model":"`+testModel+`",`+c.body+`}`, nil)
+			if n := g.wholeBytes.Load(); n != 0 {
+				t.Errorf("the answer served still holds %d bytes of the budget", n)
+			}
 			if r.status != c.status || !strings.Contains(r.body, c.want) {
 				t.Fatalf("status %d %s, want %d with %s", r.status, r.body, c.status, c.want)
 			}
@@ -300,7 +331,7 @@ func BenchmarkWholeAnswer(b *testing.B) {
 		}
 	}
 	b.Run("non-streamed-relay", func(b *testing.B) {
-		a := newWholeAnswer(&discardWriter{h: http.Header{}}, openai.NewAssembler(true))
+		a := newWholeAnswer(&discardWriter{h: http.Header{}}, openai.NewAssembler(true), &atomic.Int64{})
 		a.asm.Event([]byte(strings.TrimPrefix(strings.TrimSpace(events[1]), "data: ")))
 		for _, ev := range events[2:] {
 			a.asm.Event([]byte(strings.TrimPrefix(strings.TrimSpace(ev), "data: ")))
@@ -328,7 +359,7 @@ func BenchmarkWholeAnswer(b *testing.B) {
 				var out http.ResponseWriter = &discardWriter{h: http.Header{"Content-Type": {"text/event-stream"}}}
 				var a *wholeAnswer
 				if whole {
-					a = newWholeAnswer(out, openai.NewAssembler(true))
+					a = newWholeAnswer(out, openai.NewAssembler(true), &atomic.Int64{})
 					out = a
 				}
 				tap := newStreamTap(out, tapRequest(b, "null"), 5, 1, false)
