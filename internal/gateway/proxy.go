@@ -112,19 +112,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	// Every answer from here on, a rejection or an error as much as a
 	// routed response, names the request for the logs.
 	w.Header().Set("X-Request-Id", rt.id)
-	out := http.ResponseWriter(w)
-	if asm := g.streamUpstream(rt); asm != nil {
-		rt.whole = newWholeAnswer(w, asm, &g.wholeBytes)
+	out, tap := g.writers(w, rt)
+	if rt.whole != nil {
 		defer rt.whole.release()
-		out = rt.whole
-	}
-	var tap *streamTap
-	if tapped(rt) {
-		tap = newStreamTap(out, rt.req, rt.promptN, rt.seqs, g.migratable(rt))
-		if rt.whole != nil { // every usage the engine sends: the answer's is the last
-			tap.final, tap.continuous = true, true
-		}
-		out = tap
 	}
 	exclude := ""
 	var release func() // the tenant's tokens in flight (fair.go)
@@ -165,19 +155,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		g.copyPrefix(rt, p)
 		rt.engineIDs = nil // admitted: nothing more to touch or copy
 		failed, err := g.proxy(out, r, rt, p)
-		if tap != nil && err == nil {
-			tap.eof()
-		}
-		if tap != nil && tap.keep && tap.broken() && (err == nil || errors.Is(err, errStreamBroken)) {
-			if err = g.migrate(r, rt, tap, p.answering().ep.Name); err != nil {
-				err = fmt.Errorf("%w: %w", errStreamBroken, err)
-			}
-		}
-		if rt.whole != nil && err == nil {
-			if err = rt.whole.finish(); err != nil {
-				err = fmt.Errorf("%w: %w", errStreamBroken, err)
-			}
-		}
+		err = g.completed(r, rt, tap, p, err)
 		if g.ended(w, r, rt, err, failed == "" || attempt == 1 || r.Context().Err() != nil) {
 			return
 		}
@@ -185,6 +163,48 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		g.met.retries.Inc()
 		exclude, failure = failed, err
 	}
+}
+
+// writers are what rt's answer is written through on its way to w: the
+// whole answer's assembly (whole.go), when the client did not stream and
+// the engine will, then the stream tap (streamtap.go), for a chat or
+// completion stream; out is the outermost, tap nil when untapped.
+func (g *Gateway) writers(w http.ResponseWriter, rt *routed) (out http.ResponseWriter, tap *streamTap) {
+	out = w
+	if asm := g.streamUpstream(rt); asm != nil {
+		rt.whole = newWholeAnswer(w, asm, &g.wholeBytes)
+		out = rt.whole
+	}
+	if tapped(rt) {
+		tap = newStreamTap(out, rt.req, rt.promptN, rt.seqs, g.migratable(rt))
+		if rt.whole != nil { // every usage the engine sends: the answer's is the last
+			tap.final, tap.continuous = true, true
+		}
+		out = tap
+	}
+	return out, tap
+}
+
+// completed finishes an attempt that proxy ended with err: a tapped
+// stream's held last line goes out, a broken stream is continued
+// elsewhere (migration), and a whole answer goes to the client. It
+// returns the attempt's error, a broken stream's wrapping
+// errStreamBroken.
+func (g *Gateway) completed(r *http.Request, rt *routed, tap *streamTap, p *plan, err error) error {
+	if tap != nil && err == nil {
+		tap.eof()
+	}
+	if tap != nil && tap.keep && tap.broken() && (err == nil || errors.Is(err, errStreamBroken)) {
+		if err = g.migrate(r, rt, tap, p.answering().ep.Name); err != nil {
+			err = fmt.Errorf("%w: %w", errStreamBroken, err)
+		}
+	}
+	if rt.whole != nil && err == nil {
+		if err = rt.whole.finish(); err != nil {
+			err = fmt.Errorf("%w: %w", errStreamBroken, err)
+		}
+	}
+	return err
 }
 
 // ended tells the client and the metrics how rt's attempt ended with err
