@@ -87,6 +87,7 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 	rq.setCacheKey(lora, req.Model, req.CacheSalt)
 	rq.priority = prio
 	rq.naturalEnd = natural
+	rq.continues = chat && continuesText(req)
 	rq.remoteDecode = remoteDecode
 	if kv != nil && kv.DoRemotePrefill {
 		rq.remotePrefill = &remotePrefill{
@@ -95,6 +96,20 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 		}
 	}
 	return rq, req, nil
+}
+
+// continuesText reports whether a chat request continues its final
+// message (continue_final_message) and that message ends in a word.
+func continuesText(req *openai.Request) bool {
+	if !req.ContinueFinalMessage || len(req.Messages) == 0 {
+		return false
+	}
+	t, err := req.Messages[len(req.Messages)-1].Content.Text()
+	if err != nil || t == "" {
+		return false
+	}
+	last := t[len(t)-1]
+	return last != ' ' && last != '\n' && last != '\t'
 }
 
 // priority is req's priority: any 32-bit integer when the engine
@@ -457,7 +472,7 @@ func (s *responder) tokenChunk(b []byte, from, to int, reason string) []byte {
 		b = append(b, `{"index":0,"text":"`...)
 	}
 	for i := from; i < to; i++ {
-		if i > 0 {
+		if s.rq.spaceBefore(i) {
 			b = append(b, ' ')
 		}
 		b = append(b, fillerWords[fillerIndex(s.rq.seed, i)]...)
@@ -494,7 +509,7 @@ func (s *responder) usageChunk(b []byte, out requestOutput) []byte {
 
 func (s *responder) text(n int) string {
 	var b strings.Builder
-	outputText(&b, s.rq.seed, 0, n)
+	outputText(&b, s.rq, 0, n)
 	return b.String()
 }
 
@@ -529,7 +544,7 @@ func (s *responder) generateMeta(n int, reason string, out requestOutput) genera
 // to): the text so far, as SGLang streams it.
 func (s *responder) generateChunk(b []byte, from, to int, reason string, out requestOutput) []byte {
 	for i := from; i < to; i++ {
-		if i > 0 {
+		if s.rq.spaceBefore(i) {
 			s.sofar = append(s.sofar, ' ')
 		}
 		s.sofar = append(s.sofar, fillerWords[fillerIndex(s.rq.seed, i)]...)

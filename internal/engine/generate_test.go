@@ -83,3 +83,50 @@ func TestGenerateAPI(t *testing.T) {
 		t.Errorf("prefill role: %d %s", resp.StatusCode, b)
 	}
 }
+
+// TestContinueFinalMessageSpace: an answer that continues a final
+// message ending in a word begins with a space, as a real tokenizer's
+// next word token does (migration sends the text so far so), streamed or
+// not; a fresh answer, or one continuing text that ends in a space,
+// begins with its word.
+func TestContinueFinalMessageSpace(t *testing.T) {
+	e := startEngine(t)
+	for _, c := range []struct {
+		last  string
+		cont  bool
+		space bool
+	}{{"once upon a", true, true}, {"once upon a ", true, false}, {"", false, false}} {
+		msgs := []map[string]any{{"role": "user", "content": "tell me"}}
+		body := map[string]any{"model": e.cfg.Model, "max_tokens": 3}
+		if c.cont {
+			msgs = append(msgs, map[string]any{"role": "assistant", "content": c.last})
+			body["continue_final_message"], body["add_generation_prompt"] = true, false
+		}
+		body["messages"] = msgs
+		_, raw := postJSON(t, e.URL()+"/v1/chat/completions", body)
+		var a struct {
+			Choices []struct{ Message struct{ Content string } }
+		}
+		if err := json.Unmarshal(raw, &a); err != nil || len(a.Choices) != 1 {
+			t.Fatalf("%s", raw)
+		}
+		text := a.Choices[0].Message.Content
+		if strings.HasPrefix(text, " ") != c.space || len(strings.Fields(text)) != 3 {
+			t.Errorf("continuing %q: %q", c.last, text)
+		}
+		body["stream"] = true
+		_, raw = postJSON(t, e.URL()+"/v1/chat/completions", body)
+		streamed := ""
+		for _, line := range strings.Split(string(raw), "\n") {
+			var ev struct {
+				Choices []struct{ Delta struct{ Content string } }
+			}
+			if d, ok := strings.CutPrefix(line, "data: "); ok && json.Unmarshal([]byte(d), &ev) == nil && len(ev.Choices) > 0 {
+				streamed += ev.Choices[0].Delta.Content
+			}
+		}
+		if streamed != text {
+			t.Errorf("continuing %q: streamed %q, unstreamed %q", c.last, streamed, text)
+		}
+	}
+}

@@ -26,6 +26,11 @@ type request struct {
 	// naturalEnd: the request ends by "EOS" after maxTokens (finish_reason
 	// stop) rather than by hitting max_tokens (length).
 	naturalEnd bool
+	// continues: the answer continues text the request ends with (chat's
+	// continue_final_message on a final message that ends in a word): its
+	// first word comes after a space, as a real tokenizer's word token
+	// after a word does (spaceBefore).
+	continues bool
 	seed       uint32
 	// extra is mixed into the block hashes (setCacheKey): the LoRA
 	// adapter's name, the cache salt.
@@ -109,3 +114,8 @@ func (r *request) setCacheKey(lora int, name, salt string) {
 		r.extra = append(append(r.extra, "salt\x00"...), salt...)
 	}
 }
+
+// spaceBefore reports whether output word i of rq comes after a space:
+// every word but the first, and the first of an answer that continues
+// text.
+func (rq *request) spaceBefore(i int) bool { return i > 0 || rq.continues }

@@ -262,7 +262,7 @@ func (s *responder) responsesEvents(b []byte, text *strings.Builder, sent *int, 
 	for *sent < out.generated {
 		to := min(*sent+step, out.generated)
 		var d strings.Builder
-		outputText(&d, s.rq.seed, *sent, to) // a space before every word but the first
+		outputText(&d, s.rq, *sent, to) // a space before every word but the first
 		delta := d.String()
 		text.WriteString(delta)
 		b = s.event(b, "response.output_text.delta", loc(map[string]any{"delta": delta, "logprobs": []any{}}))

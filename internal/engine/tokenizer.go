@@ -158,12 +158,12 @@ var fillerIDs = func() [len(fillerWords)]uint32 {
 
 func fillerIndex(seed uint32, i int) int { return int((seed + uint32(i)) % uint32(len(fillerWords))) }
 
-// outputText is the text of output tokens [from, to) of a request.
-func outputText(b *strings.Builder, seed uint32, from, to int) {
+// outputText is the text of output tokens [from, to) of rq.
+func outputText(b *strings.Builder, rq *request, from, to int) {
 	for i := from; i < to; i++ {
-		if i > 0 {
+		if rq.spaceBefore(i) {
 			b.WriteByte(' ')
 		}
-		b.WriteString(fillerWords[fillerIndex(seed, i)])
+		b.WriteString(fillerWords[fillerIndex(rq.seed, i)])
 	}
 }

@@ -32,7 +32,7 @@ func TestTokenizer(t *testing.T) {
 	}
 	// Output filler text tokenizes back to the generated ids.
 	var b strings.Builder
-	outputText(&b, 7, 0, 50)
+	outputText(&b, &request{seed: 7}, 0, 50)
 	toks := Tokenize(b.String())
 	for i, id := range toks {
 		if id != fillerIDs[fillerIndex(7, i)] {
