@@ -156,6 +156,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		rt.engineIDs = nil // admitted: nothing more to touch or copy
 		failed, err := g.proxy(out, r, rt, p)
 		err = g.completed(r, rt, tap, p, err)
+		if failed == "" && retried(r, rt, err) {
+			failed, err = p.answering().ep.Name, &upstreamError{p.answering().ep.Name, err}
+			rt.whole.restart()
+			out, tap = g.tapOver(rt, rt.whole)
+		}
 		if g.ended(w, r, rt, err, failed == "" || attempt == 1 || r.Context().Err() != nil) {
 			return
 		}
@@ -171,10 +176,17 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 // completion stream; out is the outermost, tap nil when untapped.
 func (g *Gateway) writers(w http.ResponseWriter, rt *routed) (out http.ResponseWriter, tap *streamTap) {
 	out = w
-	if asm := g.streamUpstream(rt); asm != nil {
-		rt.whole = newWholeAnswer(w, asm, &g.wholeBytes)
+	if fresh := g.streamUpstream(rt); fresh != nil {
+		rt.whole = newWholeAnswer(w, fresh, &g.wholeBytes)
 		out = rt.whole
 	}
+	return g.tapOver(rt, out)
+}
+
+// tapOver puts a stream tap before out when rt's answer is a chat or
+// completion stream.
+func (g *Gateway) tapOver(rt *routed, out http.ResponseWriter) (http.ResponseWriter, *streamTap) {
+	var tap *streamTap
 	if tapped(rt) {
 		tap = newStreamTap(out, rt.req, rt.promptN, rt.seqs, g.migratable(rt))
 		if rt.whole != nil { // every usage the engine sends: the answer's is the last

@@ -47,6 +47,8 @@ type wholeAnswer struct {
 	// wholeBudget); held this one's share.
 	budget *atomic.Int64
 	held   int64
+	// fresh makes the assembler of an answer started again (restart).
+	fresh func() assembler
 }
 
 // wholeBudget bounds the event bytes held by all the answers being
@@ -61,8 +63,25 @@ type assembler interface {
 	Answer() (int, []byte, error)
 }
 
-func newWholeAnswer(w http.ResponseWriter, asm assembler, budget *atomic.Int64) *wholeAnswer {
-	return &wholeAnswer{w: w, asm: asm, budget: budget}
+func newWholeAnswer(w http.ResponseWriter, fresh func() assembler, budget *atomic.Int64) *wholeAnswer {
+	return &wholeAnswer{w: w, asm: fresh(), budget: budget, fresh: fresh}
+}
+
+// restart readies the answer for another attempt from its start: what
+// the broken one brought is dropped.
+func (a *wholeAnswer) restart() {
+	a.release()
+	a.asm, a.status, a.pass, a.tail, a.err = a.fresh(), 0, false, a.tail[:0], nil
+}
+
+// retried reports whether an attempt at rt that ended with err is one
+// whose engine broke an answer assembled whole before the client had any
+// of it (and whose client is there): it is sent again from its start, as
+// an unstreamed answer whose engine failed was before the gateway
+// streamed it. An assembly that failed on its own (too large) is not.
+func retried(r *http.Request, rt *routed, err error) bool {
+	return rt.whole != nil && !rt.whole.sent && errors.Is(err, errStreamBroken) &&
+		!errors.Is(err, errClientWrite) && r.Context().Err() == nil
 }
 
 // errWholeBudget: the answers being assembled hold the whole budget.
@@ -209,10 +228,10 @@ func (a *wholeAnswer) fail(err error) bool {
 	return true
 }
 
-// streamUpstream returns the assembler of rt's answer when rt, which the
-// client did not stream, goes to its engine as a stream answered whole,
-// and makes it one; nil when it goes as sent.
-func (g *Gateway) streamUpstream(rt *routed) assembler {
+// streamUpstream returns what makes the assembler of rt's answer when
+// rt, which the client did not stream, goes to its engine as a stream
+// answered whole, and makes it one; nil when it goes as sent.
+func (g *Gateway) streamUpstream(rt *routed) func() assembler {
 	if rt.req.Stream || rt.generate {
 		return nil
 	}
@@ -231,7 +250,8 @@ func (g *Gateway) streamUpstream(rt *routed) assembler {
 	rt.req.StreamInstead()
 	g.met.whole.WithLabelValues("streamed").Inc()
 	if rt.responses {
-		return &openai.ResponsesAssembler{}
+		return func() assembler { return &openai.ResponsesAssembler{} }
 	}
-	return openai.NewAssembler(rt.chat)
+	chat := rt.chat
+	return func() assembler { return openai.NewAssembler(chat) }
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/kvgate/kvgate/internal/openai"
 )
 
+func chatAssembler() assembler { return openai.NewAssembler(true) }
+
 // normalAnswer is a non-streamed answer as compared across two calls:
 // its id, creation time and cached-token count differ from call to
 // call, and members that are null or empty say the same absent.
@@ -96,12 +98,20 @@ func TestWholeAnswerMatchesEngine(t *testing.T) {
 	}
 }
 
-// onBreakerWhole posts body (not streamed) until round-robin sends it to
-// the breaker, and returns that answer.
-func onBreakerWhole(t *testing.T, url, body string) result {
+// viaBreaker posts body (not streamed) until round-robin sends it to
+// the breaker first (it may be retried elsewhere), and returns the
+// answer.
+func viaBreaker(t *testing.T, url, body string, b *breaker) result {
 	t.Helper()
 	for range 2 {
-		if r := post(t, url, body, nil); r.header.Get(hdrPrefill) == "breaker" {
+		b.mu.Lock()
+		n := len(b.bodies)
+		b.mu.Unlock()
+		r := post(t, url, body, nil)
+		b.mu.Lock()
+		hit := len(b.bodies) > n
+		b.mu.Unlock()
+		if hit {
 			return r
 		}
 	}
@@ -129,63 +139,77 @@ func wholeChat(t *testing.T, body string) (text, finish string, tokens float64) 
 
 // TestWholeAnswerEngineFails: the engine of a request answered whole
 // fails. The client had nothing of the answer, so it never gets half a
-// JSON body: an engine that breaks mid-answer is a 502 saying why
-// (outcome broken_stream); with a migration limit, the answer is
-// continued on another engine and the client gets it whole, its usage
-// the whole answer's; an engine that dies in its prefill is retried. The
-// engine was asked for a stream with its usage.
+// JSON body: an engine that breaks mid-answer has the request sent again
+// from its start on another engine (as an unstreamed request whose
+// engine died was before the gateway streamed it), or, with a migration
+// limit, continued there (the client gets the breaker's words and the
+// rest, its usage the whole answer's); an engine that dies in its
+// prefill is retried. The engine was asked for a stream with its usage.
 func TestWholeAnswerEngineFails(t *testing.T) {
 	chat := `{"model":"` + testModel + `","messages":[{"role":"user","content":"tell me"}],"max_tokens":20}`
 	for _, c := range []struct {
 		fail  string
 		limit int
-		// status and text (a prefix of the answer's, which has words
-		// words; 0: not a 200).
-		status int
-		text   string
-		words  int
+		// from is the endpoint whose answer the client gets; text a
+		// prefix of its text, which has words words; retried, whether
+		// the request was sent again from its start.
+		from    string
+		text    string
+		words   int
+		retried bool
 	}{
-		{"abort", 0, 502, "", 0},
-		{"eof", 0, 502, "", 0},
-		{"half", 0, 502, "", 0},
-		{"nonl", 0, 200, "w0 w1 w2 w3 w4 ", 5},
-		{"", 0, 200, "w0 w1 w2 w3 w4 ", 5},
-		{"abort", 1, 200, "w0 w1 w2 w3 w4 ", 20},
-		{"half", 1, 200, "w0 w1 w2 w3 w4 ", 20},
-		{"headers", 0, 200, "", 20},
+		{"abort", 0, "emulator", "", 20, true},
+		{"eof", 0, "emulator", "", 20, true},
+		{"half", 0, "emulator", "", 20, true},
+		{"headers", 0, "emulator", "", 20, true},
+		{"nonl", 0, "breaker", "w0 w1 w2 w3 w4 ", 5, false},
+		{"", 0, "breaker", "w0 w1 w2 w3 w4 ", 5, false},
+		{"abort", 1, "breaker", "w0 w1 w2 w3 w4 ", 20, false},
+		{"half", 1, "breaker", "w0 w1 w2 w3 w4 ", 20, false},
 	} {
 		t.Run(fmt.Sprintf("%s limit %d", c.fail, c.limit), func(t *testing.T) {
 			b := &breaker{words: 5, fail: c.fail}
 			url, admin, _ := migrationFleet(t, b, c.limit)
-			var r result
-			if c.fail == "headers" { // retried on the emulator: no answer from the breaker
-				r = post(t, url+"/v1/chat/completions", chat, nil)
-				r = post(t, url+"/v1/chat/completions", chat, nil)
-			} else {
-				r = onBreakerWhole(t, url+"/v1/chat/completions", chat)
-			}
-			if r.status != c.status {
-				t.Fatalf("status %d, want %d: %s", r.status, c.status, r.body)
-			}
-			if c.status != 200 {
-				var e struct{ Error struct{ Message string } }
-				if err := json.Unmarshal([]byte(r.body), &e); err != nil || !strings.Contains(e.Error.Message, "failed before its end") {
-					t.Fatalf("want an error body saying why: %v %s", err, r.body)
-				}
-				if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="broken_stream"`) {
-					t.Error("not counted a broken stream")
-				}
-				return
+			r := viaBreaker(t, url+"/v1/chat/completions", chat, b)
+			if from := r.header.Get(hdrPrefill); r.status != 200 || (from == "breaker") != (c.from == "breaker") {
+				t.Fatalf("%d from %s, want 200 from the %s: %s", r.status, from, c.from, r.body)
 			}
 			text, finish, tokens := wholeChat(t, r.body)
 			if n := len(strings.Fields(text)); !strings.HasPrefix(text, c.text) || n != c.words || tokens != float64(c.words) || finish == "" {
 				t.Fatalf("want %d words from %q with a finish reason and usage: %d words %q, finish %q, usage %v", c.words, c.text, n, text, finish, tokens)
+			}
+			if c.retried && strings.HasPrefix(text, "w0") {
+				t.Fatalf("the retry kept the broken answer's words: %q", text)
+			}
+			m := get(t, admin+"/metrics")
+			if retried := strings.Contains(m, "kvgate_retries_total 1"); retried != c.retried {
+				t.Errorf("retried: %v, want %v", retried, c.retried)
 			}
 			body := b.body(t, 0)
 			if opts, _ := body["stream_options"].(map[string]any); body["stream"] != true || opts["include_usage"] != true {
 				t.Fatalf("the engine was not asked for a stream with its usage: %v", body)
 			}
 		})
+	}
+}
+
+// TestWholeAnswerNowhereToRetry: an engine that breaks an answer
+// assembled whole, with no other engine to send it to, is a 502 saying
+// why (outcome broken_stream), never half a JSON body.
+func TestWholeAnswerNowhereToRetry(t *testing.T) {
+	for _, fail := range []string{"abort", "eof"} {
+		b := &breaker{words: 5, fail: fail}
+		srv := b.server(t)
+		eps := []fleet.Endpoint{{Name: "breaker", URL: srv.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 20000 * 50}}
+		_, url, admin := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true}, Options{})
+		r := post(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"x"}],"max_tokens":20}`, nil)
+		var e struct{ Error struct{ Message string } }
+		if err := json.Unmarshal([]byte(r.body), &e); r.status != 502 || err != nil || !strings.Contains(e.Error.Message, "stream broken") {
+			t.Fatalf("%s: want a 502 saying why: %d %s", fail, r.status, r.body)
+		}
+		if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="broken_stream"`) {
+			t.Errorf("%s: not counted a broken stream", fail)
+		}
 	}
 }
 
@@ -201,7 +225,7 @@ func TestWholeAnswerFail(t *testing.T) {
 		{fmt.Errorf("%w: %w", errStreamBroken, context.DeadlineExceeded), 504},
 	} {
 		rec := httptest.NewRecorder()
-		a := newWholeAnswer(rec, openai.NewAssembler(true), &atomic.Int64{})
+		a := newWholeAnswer(rec, chatAssembler, &atomic.Int64{})
 		if !a.fail(c.err) || rec.Code != c.status || !strings.Contains(rec.Body.String(), c.err.Error()) {
 			t.Errorf("%v: %d %s", c.err, rec.Code, rec.Body)
 		}
@@ -218,7 +242,7 @@ func TestWholeAnswerBudget(t *testing.T) {
 	var budget atomic.Int64
 	budget.Store(wholeBudget - 100)
 	ev := "data: " + `{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}` + "\n\n"
-	a := newWholeAnswer(httptest.NewRecorder(), openai.NewAssembler(true), &budget)
+	a := newWholeAnswer(httptest.NewRecorder(), chatAssembler, &budget)
 	a.Header().Set("Content-Type", "text/event-stream")
 	a.WriteHeader(http.StatusOK)
 	if _, err := a.Write([]byte(ev)); err != nil || budget.Load() <= wholeBudget-100 {
@@ -331,7 +355,7 @@ func BenchmarkWholeAnswer(b *testing.B) {
 		}
 	}
 	b.Run("non-streamed-relay", func(b *testing.B) {
-		a := newWholeAnswer(&discardWriter{h: http.Header{}}, openai.NewAssembler(true), &atomic.Int64{})
+		a := newWholeAnswer(&discardWriter{h: http.Header{}}, chatAssembler, &atomic.Int64{})
 		a.asm.Event([]byte(strings.TrimPrefix(strings.TrimSpace(events[1]), "data: ")))
 		for _, ev := range events[2:] {
 			a.asm.Event([]byte(strings.TrimPrefix(strings.TrimSpace(ev), "data: ")))
@@ -359,7 +383,7 @@ func BenchmarkWholeAnswer(b *testing.B) {
 				var out http.ResponseWriter = &discardWriter{h: http.Header{"Content-Type": {"text/event-stream"}}}
 				var a *wholeAnswer
 				if whole {
-					a = newWholeAnswer(out, openai.NewAssembler(true), &atomic.Int64{})
+					a = newWholeAnswer(out, chatAssembler, &atomic.Int64{})
 					out = a
 				}
 				tap := newStreamTap(out, tapRequest(b, "null"), 5, 1, false)
