@@ -31,7 +31,7 @@ type request struct {
 	// first word comes after a space, as a real tokenizer's word token
 	// after a word does (spaceBefore).
 	continues bool
-	seed       uint32
+	seed      uint32
 	// extra is mixed into the block hashes (setCacheKey): the LoRA
 	// adapter's name, the cache salt.
 	extra []byte
