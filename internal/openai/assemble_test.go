@@ -194,7 +194,7 @@ func TestWholeFromStream(t *testing.T) {
 		{`{"model":"m","prompt":"x","max_tokens":3,"n":2,"stop":["\n"],"seed":1}`, false, ""},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}`, true, ""},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`, true, "stream"},
-		{`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[]}`, true, "tools"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, true, "tools"},
 		{`{"model":"m","prompt":"x","echo":true}`, false, "echo"},
 		{`{"model":"m","prompt":"x","logprobs":2}`, false, "logprobs"},
 		{`{"model":"m","prompt":"x","best_of":2}`, false, "best_of"},
@@ -203,6 +203,11 @@ func TestWholeFromStream(t *testing.T) {
 		{`{"model":"m","prompt":"x","messages":[]}`, false, "messages"},
 		{`{"model":"m","messages":[],"prompt":"x"}`, true, "prompt"},
 		{`{"model":"m","prompt":"x","some_new_field":1}`, false, "some_new_field"},
+		// Members that ask for nothing beyond the default.
+		{`{"model":"m","prompt":"x","echo":false,"best_of":1,"suffix":null,"stream_options":null}`, false, ""},
+		{`{"model":"m","messages":[],"tools":[],"tool_choice":null}`, true, ""},
+		{`{"model":"m","prompt":"x","best_of":2}`, false, "best_of"},
+		{`{"model":"m","prompt":"x","logprobs":null}`, false, ""},
 	} {
 		r, err := ParseRequest([]byte(tc.body))
 		if err != nil {

@@ -24,11 +24,28 @@ func (r *Request) WholeFromStream(chat bool) string {
 		return "stream"
 	}
 	for _, m := range r.members {
-		if !wholeKey(m.key, chat) {
+		if !wholeKey(m.key, chat) && !neutral(m.key, r.Raw[m.v0:m.v1]) {
 			return m.key
 		}
 	}
 	return ""
+}
+
+// neutral reports whether the member key: v asks for nothing beyond the
+// default (vLLM reads null as absent): null, echo false, best_of 1, no
+// tools.
+func neutral(key string, v []byte) bool {
+	switch string(v) {
+	case "null":
+		return true
+	case "false":
+		return key == "echo"
+	case "1":
+		return key == "best_of"
+	case "[]":
+		return key == "tools" || key == "functions"
+	}
+	return false
 }
 
 // wholeKey reports whether a request with the top-level key may be
