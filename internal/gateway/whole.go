@@ -47,8 +47,10 @@ type wholeAnswer struct {
 	// wholeBudget); held this one's share.
 	budget *atomic.Int64
 	held   int64
-	// fresh makes the assembler of an answer started again (restart).
+	// fresh makes the assembler of an answer started again (restart);
+	// base is the client's headers before any attempt's.
 	fresh func() assembler
+	base  http.Header
 }
 
 // wholeBudget bounds the event bytes held by all the answers being
@@ -64,14 +66,19 @@ type assembler interface {
 }
 
 func newWholeAnswer(w http.ResponseWriter, fresh func() assembler, budget *atomic.Int64) *wholeAnswer {
-	return &wholeAnswer{w: w, asm: fresh(), budget: budget, fresh: fresh}
+	return &wholeAnswer{w: w, asm: fresh(), budget: budget, fresh: fresh, base: w.Header().Clone()}
 }
 
 // restart readies the answer for another attempt from its start: what
-// the broken one brought is dropped.
+// the broken one brought, its engine's headers included, is dropped.
 func (a *wholeAnswer) restart() {
 	a.release()
 	a.asm, a.status, a.pass, a.tail, a.err = a.fresh(), 0, false, a.tail[:0], nil
+	h := a.w.Header()
+	clear(h)
+	for k, v := range a.base {
+		h[k] = v
+	}
 }
 
 // retried reports whether an attempt at rt that ended with err is one
