@@ -60,8 +60,10 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 		b.mu.Unlock()
 		chat := strings.HasSuffix(r.URL.Path, "/chat/completions")
 		w.Header().Set("Content-Type", "text/event-stream")
-		w.Header().Set("X-Engine", "breaker") // a header of its own
-		if b.fail == "headers" {              // dies in its prefill, the stream's headers sent
+		// A header of its own, which an answer retried elsewhere must not
+		// keep.
+		w.Header().Set("X-Engine", "breaker")
+		if b.fail == "headers" { // dies in its prefill, the stream's headers sent
 			w.WriteHeader(http.StatusOK)
 			w.(http.Flusher).Flush()
 			panic(http.ErrAbortHandler)
