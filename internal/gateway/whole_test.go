@@ -406,3 +406,41 @@ func BenchmarkWholeAnswer(b *testing.B) {
 		})
 	}
 }
+
+// FuzzWholeAnswer: any bytes an engine streams, in reads of any size,
+// give the client one JSON answer (the assembled one, or a 502 saying
+// why), and give back their share of the budget.
+func FuzzWholeAnswer(f *testing.F) {
+	f.Add([]byte("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"), uint8(7), true)
+	f.Add([]byte("data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\"}}\n\n"), uint8(3), false)
+	f.Add([]byte(": keepalive\n\ndata: not json\n\ndata: {\"choi"), uint8(1), true)
+	f.Fuzz(func(t *testing.T, in []byte, step uint8, chat bool) {
+		var budget atomic.Int64
+		fresh := chatAssembler
+		if !chat {
+			fresh = func() assembler { return &openai.ResponsesAssembler{} }
+		}
+		rec := httptest.NewRecorder()
+		a := newWholeAnswer(rec, fresh, &budget)
+		a.Header().Set("Content-Type", "text/event-stream")
+		a.WriteHeader(http.StatusOK)
+		var err error
+		for p, n := in, max(int(step), 1); len(p) > 0 && err == nil; {
+			k := min(n, len(p))
+			_, err = a.Write(p[:k])
+			p = p[k:]
+		}
+		if err == nil {
+			err = a.finish()
+		}
+		if err != nil && !a.fail(err) {
+			t.Fatalf("a failed answer the client was not told of: %v", err)
+		}
+		if !json.Valid(rec.Body.Bytes()) {
+			t.Fatalf("the client got %d %q", rec.Code, rec.Body.Bytes())
+		}
+		if a.release(); budget.Load() != 0 {
+			t.Fatalf("%d bytes of the budget kept", budget.Load())
+		}
+	})
+}
