@@ -374,7 +374,7 @@ func TestRejectionUnderOverloadSparesHigherPriority(t *testing.T) {
 	_, url, _ := startGateway(t, cfg, Options{})
 	long := strings.Repeat("word ", 4000) // ~5000 estimate tokens: 5 s at 1000 tok/s
 	r := post(t, url+"/v1/completions", completion(long, false, 2), nil)
-	if r.status != 429 || r.header.Get("Retry-After") == "" || !strings.Contains(r.body, "rejected before any compute") {
+	if r.status != 429 || r.header.Get("Retry-After") == "" || r.header.Get("X-Should-Retry") != "false" || !strings.Contains(r.body, "rejected before any compute") {
 		t.Fatalf("standard class, 5 s predicted against 0.5 s: %d %v %s", r.status, r.header, r.body)
 	}
 	// A rejection names the request (the client's id, or one kvgate

@@ -528,7 +528,7 @@ func TestInvestmentYields(t *testing.T) {
 			t.Errorf("the investment's 429 carries %s: %q", k, inv.header.Get(k))
 		}
 	}
-	if inv.header.Get("Retry-After") == "" || r.header.Get(hdrPrefill) == "" {
+	if inv.header.Get("Retry-After") == "" || inv.header.Get("X-Should-Retry") != "false" || r.header.Get(hdrPrefill) == "" {
 		t.Errorf("Retry-After %q on the 429, %s %q on the 200", inv.header.Get("Retry-After"), hdrPrefill, r.header.Get(hdrPrefill))
 	}
 	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_hold_yielded_total 1") {

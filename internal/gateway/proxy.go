@@ -234,7 +234,9 @@ func (g *Gateway) ended(w http.ResponseWriter, r *http.Request, rt *routed, err 
 		g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
 		g.met.rejections.WithLabelValues(rt.class.Name).Inc()
 		dropRoutingHeaders(w.Header())
-		openai.WriteError(w, openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it misses its SLO even alone; served late on an idle engine, it gave the engine up to a request that can meet its SLO", rt.class.Name))
+		e := openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it misses its SLO even alone; served late on an idle engine, it gave the engine up to a request that can meet its SLO", rt.class.Name)
+		e.NoRetry = true // as rejectErr's
+		openai.WriteError(w, e)
 	case errors.As(err, &refused):
 		g.met.outcome(outcomeEngineRefused, rt.class.Name, g.policy) // its answer is the client's already
 	case !last:

@@ -506,14 +506,22 @@ func (g *Gateway) explain(s *sched.Snapshot, d *sched.Decision, promptN int) str
 	return b.String()
 }
 
-// reject answers 429 with a Retry-After.
+// rejectErr is an early rejection: a 429 with a Retry-After (when the
+// request might fit again), and X-Should-Retry: false, so that an OpenAI
+// SDK tells its caller at once instead of sending the request again by
+// itself (its default, twice): a request sent again after a second has
+// spent that second of its SLO, and admitted, takes the room of one that
+// could still meet its own (docs/serve.md, "Early rejection and client
+// retries").
 func (g *Gateway) rejectErr(rt *routed, reason string, predicted float64) *openai.Error {
 	retry := time.Second
 	if slo := rt.class.slo(rt.promptN).TTFT; predicted > slo && slo > 0 {
 		retry = time.Duration(min(predicted-slo, 60) * float64(time.Second))
 	}
 	retry = max(retry, time.Second)
-	return openai.TooManyRequests(retry, "kvgate: request rejected before any compute (class %s): %s", rt.class.Name, reason)
+	e := openai.TooManyRequests(retry, "kvgate: request rejected before any compute (class %s): %s", rt.class.Name, reason)
+	e.NoRetry = true
+	return e
 }
 
 func fmtMillis(s float64) string { return strconv.FormatFloat(s*1000, 'f', 1, 64) }

@@ -34,6 +34,10 @@ type Error struct {
 	// RetryAfter, when > 0, is sent as a Retry-After header (whole
 	// seconds, rounded up): 429 and 503 answers.
 	RetryAfter time.Duration
+	// NoRetry sends X-Should-Retry: false, which the OpenAI SDKs obey
+	// over their own retry of a 429 or 5xx: an answer whose client should
+	// hear it now rather than have it retried for it.
+	NoRetry bool
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -142,6 +146,9 @@ func WriteError(w http.ResponseWriter, err error) {
 	if e.RetryAfter > 0 {
 		secs := int64((e.RetryAfter + time.Second - 1) / time.Second)
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	}
+	if e.NoRetry {
+		w.Header().Set("X-Should-Retry", "false")
 	}
 	typ := e.Type
 	if typ == "" {
