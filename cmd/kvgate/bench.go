@@ -194,7 +194,9 @@ func benchRun(ctx context.Context, c *bench.Client, items []bench.Item, f *bench
 		return bench.RunResult{}, err
 	}
 	dur := wall.Seconds() * f.timeScale
-	return bench.RunResult{Summary: bench.Summarize(name, recs, dur, bench.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}), Records: recs}, nil
+	sum := bench.Summarize(name, recs, dur, bench.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT})
+	sum.Unstreamed = f.noStream
+	return bench.RunResult{Summary: sum, Records: recs}, nil
 }
 
 func benchOutput(f *benchFlags, runs []bench.RunResult, stdout io.Writer) error {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -201,5 +202,38 @@ func TestKVIndexFlagRanges(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.msg) {
 			t.Errorf("%v: got %v; want an error mentioning %q", tt.args, err, tt.msg)
 		}
+	}
+}
+
+// TestBenchNoStream: kvgate bench --no-stream sends unstreamed requests
+// and its JSON says so; the Responses API is streamed only.
+func TestBenchNoStream(t *testing.T) {
+	if _, errOut, code := runCmd(t, "bench", "--url", "http://127.0.0.1:1", "--model", "m", "--no-stream", "--api", "responses"); code == 0 || !strings.Contains(errOut, "--no-stream") {
+		t.Fatalf("--no-stream with --api responses: exit %d: %s", code, errOut)
+	}
+	cfg := engine.DefaultConfig()
+	cfg.Port, cfg.TimeScale, cfg.Model = 0, 50, "m"
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	out, errOut, code := runCmd(t, "bench", "--url", e.URL(), "--model", "m", "--no-stream", "--api", "chat", "--requests", "3", "--rate", "50", "--duration", "1", "--format", "json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var res struct {
+		Runs []struct {
+			Unstreamed bool           `json:"unstreamed"`
+			Outcomes   map[string]int `json:"outcomes"`
+			TPOT       struct{ P50 float64 }
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Runs) != 1 || !res.Runs[0].Unstreamed || res.Runs[0].Outcomes["ok"] != 3 || res.Runs[0].TPOT.P50 != 0 {
+		t.Fatalf("%v: %s", err, out)
 	}
 }

@@ -32,6 +32,9 @@ type Summary struct {
 	Requests int     `json:"requests"`
 	Duration float64 `json:"duration"` // seconds (scaled)
 	SLO      SLO     `json:"slo"`
+	// Unstreamed: the requests were sent unstreamed (--no-stream): TTFT
+	// is each answer's arrival, there is no TPOT.
+	Unstreamed bool `json:"unstreamed,omitempty"`
 	// Attainment counts every request sent: rejected, failed and unsent
 	// ones are misses.
 	Attainment   float64        `json:"attainment"`
