@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 )
 
 // TestEveryNumericFlagHasARange: no command registers a plain numeric flag;
@@ -211,18 +211,8 @@ func TestBenchNoStream(t *testing.T) {
 	if _, errOut, code := runCmd(t, "bench", "--url", "http://127.0.0.1:1", "--model", "m", "--no-stream", "--api", "responses"); code == 0 || !strings.Contains(errOut, "--no-stream") {
 		t.Fatalf("--no-stream with --api responses: exit %d: %s", code, errOut)
 	}
-	cfg := engine.DefaultConfig()
-	cfg.Port, cfg.TimeScale, cfg.Model = 0, 50, "m"
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	out, errOut, code := runCmd(t, "bench", "--url", e.URL(), "--model", "m", "--no-stream", "--api", "chat", "--requests", "3", "--rate", "50", "--duration", "1", "--format", "json")
+	e := enginetest.Start(t, 50)
+	out, errOut, code := runCmd(t, "bench", "--url", e.URL(), "--model", enginetest.Model, "--no-stream", "--api", "chat", "--requests", "3", "--rate", "50", "--duration", "1", "--format", "json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}

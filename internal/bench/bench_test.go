@@ -5,31 +5,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 )
 
-func startEngine(t *testing.T, scale float64) *engine.Engine {
-	t.Helper()
-	cfg := engine.DefaultConfig()
-	cfg.Model, cfg.Port, cfg.TimeScale = "m", 0, scale
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
-}
+func startEngine(t *testing.T, scale float64) *engine.Engine { return enginetest.Start(t, scale) }
 
 // histogram reads a Prometheus histogram's _sum and _count from /metrics.
 func histogram(t *testing.T, url, name string) (sum, count float64) {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -13,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 )
 
 // doWithHeader sends one request to a server that streams one token and
@@ -183,31 +181,14 @@ func TestReplicaURLs(t *testing.T) {
 	}
 }
 
-// startTestEngine starts an emulator at 50× real time on loopback.
-func startTestEngine(t *testing.T) (*engine.Engine, engine.Config) {
-	t.Helper()
-	cfg := engine.DefaultConfig()
-	cfg.Port, cfg.TimeScale, cfg.Logger = 0, 50, slog.New(slog.NewTextHandler(io.Discard, nil))
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return e, cfg
-}
-
 // TestResponsesAPI: with Responses, a chat item is a Responses API
 // request (its system prompt the instructions, its turns input items),
 // read as vLLM streams it: the deltas are the token arrivals and
 // response.completed the end and usage. A second turn of a session,
 // served by the emulator, finds its first turn's prompt cached.
 func TestResponsesAPI(t *testing.T) {
-	e, cfg := startTestEngine(t)
-	c := &Client{URL: e.URL(), Model: cfg.Model, HTTP: &http.Client{}, Responses: true}
+	e := startEngine(t, 50)
+	c := &Client{URL: e.URL(), Model: enginetest.Model, HTTP: &http.Client{}, Responses: true}
 	first := &Item{Chat: true, System: "be brief and kind to everyone you meet today", Prompt: "tell me about the sea", MaxTokens: 5}
 	rec := c.Do(context.Background(), first, 0, time.Now())
 	if rec.Outcome != "ok" || rec.OutputTokens != 5 || rec.PromptTokens == 0 || rec.TTFT <= 0 || rec.TPOT <= 0 {
@@ -226,8 +207,8 @@ func TestResponsesAPI(t *testing.T) {
 // TestNoStream: unstreamed requests (--no-stream) read the answer whole:
 // its arrival is its first token, its usage its tokens, no TPOT.
 func TestNoStream(t *testing.T) {
-	e, cfg := startTestEngine(t)
-	c := &Client{URL: e.URL(), Model: cfg.Model, HTTP: &http.Client{}, Whole: true}
+	e := startEngine(t, 50)
+	c := &Client{URL: e.URL(), Model: enginetest.Model, HTTP: &http.Client{}, Whole: true}
 	for _, chat := range []bool{true, false} {
 		it := &Item{Chat: chat, System: "be brief", Prompt: "tell me about the sea", MaxTokens: 6}
 		if b, _ := c.body(it); strings.Contains(string(b), `"stream":true`) || strings.Contains(string(b), "stream_options") {

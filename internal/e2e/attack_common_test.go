@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 	"github.com/kvgate/kvgate/internal/httpserve"
 )
 
@@ -148,22 +149,11 @@ func waitUntil(t *testing.T, what string, f func() bool) {
 // ephemeral ports; it stops when the test ends.
 func startEventsEngine(t *testing.T) *engine.Engine {
 	t.Helper()
-	cfg := engine.DefaultConfig()
-	cfg.Model = model
-	cfg.Port = 0
-	cfg.TimeScale = 100
-	cfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
-	cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:0"
-	cfg.Logger = quiet()
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return enginetest.Start(t, 100, func(c *engine.Config) {
+		c.Model = model
+		c.KVEventsEndpoint = "tcp://127.0.0.1:0"
+		c.KVEventsReplayEndpoint = "tcp://127.0.0.1:0"
+	})
 }
 
 // serveHTTP serves h with httpserve's protection cfg on an ephemeral

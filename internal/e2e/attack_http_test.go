@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/kvindex"
 )
@@ -97,20 +98,7 @@ func TestHTTPAttacks(t *testing.T) {
 }
 
 func startAttackTargets(t *testing.T) *attackTarget {
-	cfg := engine.DefaultConfig()
-	cfg.Model = model
-	cfg.Port = 0
-	cfg.TimeScale = 100
-	cfg.Logger = quiet()
-	cfg.HTTP = attackHTTP
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := enginetest.Start(t, 100, func(c *engine.Config) { c.Model, c.HTTP = model, attackHTTP })
 
 	idx := kvindex.New(kvindex.Config{BlockSize: 16})
 	if _, err := idx.AddEndpoint(e.Addr(), model); err != nil {

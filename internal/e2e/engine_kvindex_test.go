@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
@@ -40,15 +41,7 @@ func startEngine(t *testing.T, format kvpub.Format) *engine.Engine {
 // startEngineCfg starts an engine and closes it at the end of the test.
 func startEngineCfg(t *testing.T, cfg engine.Config) *engine.Engine {
 	t.Helper()
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return enginetest.Start(t, cfg.TimeScale, func(c *engine.Config) { *c = cfg })
 }
 
 // runSubscriber subscribes idx to engines until the end of the test.

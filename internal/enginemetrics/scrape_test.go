@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 )
 
 func TestScrape(t *testing.T) {
@@ -90,20 +89,10 @@ func TestScrape(t *testing.T) {
 
 // TestScrapeEmulator reads a live in-process `kvgate engine`.
 func TestScrapeEmulator(t *testing.T) {
-	cfg := engine.DefaultConfig()
-	cfg.Model = "emu"
-	cfg.Host, cfg.Port = "127.0.0.1", 0
-	cfg.BlockSize, cfg.NumGPUBlocks = 32, 512
-	cfg.TimeScale = 100
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := enginetest.Start(t, 100, func(c *engine.Config) {
+		c.Model, c.Host = "emu", "127.0.0.1"
+		c.BlockSize, c.NumGPUBlocks = 32, 512
+	})
 	m, err := (&Scraper{}).Scrape(context.Background(), "http://"+e.Addr(), "emu")
 	if err != nil {
 		t.Fatal(err)

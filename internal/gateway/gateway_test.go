@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
@@ -29,24 +30,14 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // startEngine starts an in-process emulator with KV events on loopback.
 func startEngine(t *testing.T, role fleet.Role, mut func(*engine.Config)) *engine.Engine {
 	t.Helper()
-	cfg := engine.DefaultConfig()
-	cfg.Model, cfg.Port, cfg.Role = testModel, 0, role
-	cfg.TimeScale = 50
-	cfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
-	cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:0"
-	cfg.Logger = quiet()
-	if mut != nil {
-		mut(&cfg)
-	}
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return enginetest.Start(t, 50, func(c *engine.Config) {
+		c.Model, c.Role = testModel, role
+		c.KVEventsEndpoint = "tcp://127.0.0.1:0"
+		c.KVEventsReplayEndpoint = "tcp://127.0.0.1:0"
+		if mut != nil {
+			mut(c)
+		}
+	})
 }
 
 // twoAggregated starts two aggregated engines and returns them with their

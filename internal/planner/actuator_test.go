@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 	"github.com/kvgate/kvgate/internal/fleet"
 )
 
@@ -28,20 +29,10 @@ const testModel = "planner-model"
 // short warm-up (modelled 2 s at 50× speed: 40 ms).
 func startEngine(t *testing.T, role fleet.Role) *engine.Engine {
 	t.Helper()
-	cfg := engine.DefaultConfig()
-	cfg.Model, cfg.Port, cfg.Role = testModel, 0, role
-	cfg.TimeScale = 50
-	cfg.RoleSwitchWarmup = 2 * time.Second
-	cfg.Logger = quiet()
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return enginetest.Start(t, 50, func(c *engine.Config) {
+		c.Model, c.Role = testModel, role
+		c.RoleSwitchWarmup = 2 * time.Second
+	})
 }
 
 func endpointOf(e *engine.Engine, role fleet.Role) fleet.Endpoint {

@@ -2,12 +2,11 @@ package tokens_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"reflect"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/engine/enginetest"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -17,18 +16,9 @@ import (
 // conversation (exact chat) or the gateway renders it with the built-in
 // template and tokenizes its segments.
 func TestChatModesAgainstEngine(t *testing.T) {
-	cfg := engine.DefaultConfig()
-	cfg.Model, cfg.Port = "m", 0
-	cfg.LoRAModules = []string{"exact", "segments"} // names the engine answers to, one per way of tokenizing
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := enginetest.Start(t, 1, func(c *engine.Config) {
+		c.LoRAModules = []string{"exact", "segments"} // names the engine answers to, one per way of tokenizing
+	})
 	no := false
 	set, err := tokens.NewSet([]tokens.Spec{
 		{Model: "exact", Source: "engine", URL: e.URL()},
