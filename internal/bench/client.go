@@ -242,6 +242,14 @@ type chunk struct {
 	} `json:"usage"`
 }
 
+// takeUsage records the chunk's usage (not nil) in rec.
+func (ch *chunk) takeUsage(rec *Record) {
+	rec.PromptTokens, rec.OutputTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
+	if d := ch.Usage.PromptTokensDetails; d != nil {
+		rec.CachedTokens = d.CachedTokens
+	}
+}
+
 // arrivals times a stream's token events: the first is the first token,
 // every later one a token arrival.
 type arrivals struct {
@@ -362,10 +370,7 @@ func (c *Client) readWhole(r io.Reader, sent time.Time, rec *Record) error {
 	if len(ch.Choices) == 0 || ch.Usage == nil {
 		return errors.New("an answer without a choice or a usage")
 	}
-	rec.PromptTokens, rec.OutputTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
-	if d := ch.Usage.PromptTokensDetails; d != nil {
-		rec.CachedTokens = d.CachedTokens
-	}
+	ch.takeUsage(rec)
 	rec.E2E = time.Since(sent).Seconds() * c.scale()
 	rec.TTFT = rec.E2E
 	return nil
@@ -393,10 +398,7 @@ func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 			return fmt.Errorf("bad SSE event: %v", err)
 		}
 		if ch.Usage != nil {
-			rec.PromptTokens, rec.OutputTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
-			if d := ch.Usage.PromptTokensDetails; d != nil {
-				rec.CachedTokens = d.CachedTokens
-			}
+			ch.takeUsage(rec)
 		}
 		text := false
 		for _, c := range ch.Choices {
