@@ -70,11 +70,8 @@ func (a *Assembler) Event(data []byte) error {
 		a.done = true
 		return nil
 	}
-	if a.size += len(data); a.size > MaxAssembled {
-		return ErrAssembledTooLarge
-	}
-	if !valid(data) {
-		return errors.New("an event that is not JSON")
+	if err := checkEvent(&a.size, data); err != nil {
+		return err
 	}
 	first := a.events == 0
 	a.events++
@@ -103,6 +100,18 @@ func (a *Assembler) Event(data []byte) error {
 		return errors.New("an event that is not a JSON object")
 	}
 	return a.err
+}
+
+// checkEvent adds an event's data to the bytes an assembler has read
+// (size) and checks it: within MaxAssembled, and JSON.
+func checkEvent(size *int, data []byte) error {
+	if *size += len(data); *size > MaxAssembled {
+		return ErrAssembledTooLarge
+	}
+	if !valid(data) {
+		return errors.New("an event that is not JSON")
+	}
+	return nil
 }
 
 // choice merges one element of an event's choices.
@@ -180,27 +189,23 @@ func (a *Assembler) Answer() (int, []byte, error) {
 		object = `"chat.completion"`
 	}
 	out := []byte{'{'}
-	wrote := map[string]bool{}
+	var choices, usage bool // written
 	for _, m := range a.top {
-		k := string(m.key)
-		var v []byte
-		switch k {
+		v := m.value
+		switch string(m.key) {
 		case `"object"`:
 			v = []byte(object)
 		case `"choices"`:
-			v = a.appendChoices(nil)
+			v, choices = a.appendChoices(nil), true
 		case `"usage"`:
-			v = a.usageOrNull()
-		default:
-			v = m.value
+			v, usage = a.usageOrNull(), true
 		}
 		out = appendMember(out, m.key, v)
-		wrote[k] = true
 	}
-	if !wrote[`"choices"`] {
+	if !choices {
 		out = appendMember(out, []byte(`"choices"`), a.appendChoices(nil))
 	}
-	if !wrote[`"usage"`] && a.usage != nil {
+	if !usage && a.usage != nil {
 		out = appendMember(out, []byte(`"usage"`), a.usage)
 	}
 	return http.StatusOK, append(out, '}'), nil
@@ -530,11 +535,8 @@ type ResponsesAssembler struct {
 // Event reads one event's data.
 func (a *ResponsesAssembler) Event(data []byte) error {
 	data = trimSpace(data)
-	if a.size += len(data); a.size > MaxAssembled {
-		return ErrAssembledTooLarge
-	}
-	if !valid(data) {
-		return errors.New("an event that is not JSON")
+	if err := checkEvent(&a.size, data); err != nil {
+		return err
 	}
 	a.events++
 	var typ, response []byte
