@@ -139,8 +139,9 @@ func AsError(err error) *Error {
 	return Internal("%v", err)
 }
 
-// WriteError writes err (see AsError) as an ErrorBody with its status and,
-// for an Error with RetryAfter, a Retry-After header.
+// WriteError writes err (see AsError) as an ErrorBody with its status
+// (a MessagesErrorBody to a MessagesErrors writer) and, for an Error with
+// RetryAfter, a Retry-After header.
 func WriteError(w http.ResponseWriter, err error) {
 	e := AsError(err)
 	if e.RetryAfter > 0 {
@@ -149,6 +150,10 @@ func WriteError(w http.ResponseWriter, err error) {
 	}
 	if e.NoRetry {
 		w.Header().Set("X-Should-Retry", "false")
+	}
+	if _, ok := w.(messagesErrors); ok {
+		WriteJSON(w, e.Status, MessagesErrorBody{Type: "error", Error: MessagesErrorInfo{Type: MessagesErrorType(e.Status), Message: e.Message}})
+		return
 	}
 	typ := e.Type
 	if typ == "" {
