@@ -31,10 +31,11 @@ const (
 	apiChat
 	apiGenerate
 	apiResponses // the Responses API: a chat request in its envelope (responses.go)
+	apiMessages  // the Anthropic Messages API: likewise (messages.go)
 )
 
 // chatLike: the API's prompt is chat messages.
-func (a api) chatLike() bool { return a == apiChat || a == apiResponses }
+func (a api) chatLike() bool { return a == apiChat || a == apiResponses || a == apiMessages }
 
 func (e *Engine) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 	e.serveGeneration(w, r, apiChat)
@@ -61,15 +62,15 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 	if a == apiGenerate && role != fleet.RoleBoth {
 		return nil, nil, openai.BadRequest("the emulator serves /generate aggregated only (its P/D flow is vLLM's); this engine's role is %s", role)
 	}
-	if a == apiResponses && role != fleet.RoleBoth {
-		return nil, nil, openai.BadRequest("the emulator serves /v1/responses aggregated only (vLLM's P/D flow runs completions); this engine's role is %s", role)
+	if (a == apiResponses || a == apiMessages) && role != fleet.RoleBoth {
+		return nil, nil, openai.BadRequest("the emulator serves %s aggregated only (vLLM's P/D flow runs completions); this engine's role is %s", r.URL.Path, role)
 	}
 	kv, err := kvTransferFor(req, role)
 	if err != nil {
 		return nil, nil, err
 	}
 	remoteDecode := kv != nil && kv.DoRemoteDecode
-	maxTokens, natural, err := e.outputLength(req, chat, toks, remoteDecode)
+	maxTokens, natural, err := e.outputLength(req, chat, toks, remoteDecode, a == apiMessages)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -141,6 +142,8 @@ func (e *Engine) parseGeneration(body []byte, a api) (*openai.Request, []uint32,
 		parse = openai.ParseGenerate // its lora_path is its Model
 	case apiResponses:
 		parse = openai.ParseResponses
+	case apiMessages:
+		parse = openai.ParseMessages
 	}
 	req, err := parse(body)
 	if err != nil {
@@ -195,8 +198,11 @@ func satAdd(a, b int64) int64 {
 
 // outputLength decides how many tokens the request may generate and
 // checks that prompt and output fit the model and the KV cache. Client
-// numbers are compared, never added: max_tokens may be 2^63-1.
-func (e *Engine) outputLength(req *openai.Request, chat bool, toks []uint32, remoteDecode bool) (maxTokens int64, natural bool, err error) {
+// numbers are compared, never added: max_tokens may be 2^63-1. With
+// capOnly max_tokens is only a cap on the natural length (the Messages
+// API requires it: Claude Code sends 32 000); otherwise the answer runs
+// to it, which lets a benchmark set output lengths.
+func (e *Engine) outputLength(req *openai.Request, chat bool, toks []uint32, remoteDecode, capOnly bool) (maxTokens int64, natural bool, err error) {
 	p, limit := int64(len(toks)), int64(e.cfg.MaxModelLen)
 	if req.MinTokens != nil && *req.MinTokens < 0 {
 		return 0, false, openai.BadRequest("min_tokens must be at least 0, got %d", *req.MinTokens).WithParam("min_tokens")
@@ -211,6 +217,9 @@ func (e *Engine) outputLength(req *openai.Request, chat bool, toks []uint32, rem
 			return 0, false, openai.BadRequest("max_tokens must be at least 1, got %d", *mt).WithParam("max_tokens")
 		}
 		maxTokens = *mt
+		if n := int64(naturalLength(toks)); capOnly && n <= maxTokens {
+			maxTokens, natural = min(n, room), true
+		}
 		if req.MinTokens != nil && *req.MinTokens > maxTokens {
 			return 0, false, openai.BadRequest("min_tokens (%d) must be less than or equal to max_tokens (%d)", *req.MinTokens, maxTokens).WithParam("min_tokens")
 		}
@@ -295,11 +304,14 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 		resp.responses = newResponsesState(req, rq.id, e.cfg.ResponsesStore)
 	}
 	if req.Stream {
-		if resp.responses != nil {
+		switch {
+		case resp.responses != nil:
 			e.streamResponses(w, r, rq, resp)
-			return
+		case a == apiMessages:
+			e.streamMessages(w, r, rq, resp)
+		default:
+			e.stream(w, r, rq, resp)
 		}
-		e.stream(w, r, rq, resp)
 		return
 	}
 	for {
@@ -313,6 +325,10 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 				o := resp.object(out, text)
 				e.keep(resp, o, text)
 				openai.WriteJSON(w, http.StatusOK, o)
+				return
+			}
+			if a == apiMessages {
+				openai.WriteJSON(w, http.StatusOK, resp.message(out, out.generated))
 				return
 			}
 			openai.WriteJSON(w, http.StatusOK, resp.full(out))

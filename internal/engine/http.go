@@ -16,6 +16,8 @@ func (e *Engine) routes() *http.ServeMux {
 	mux.HandleFunc("POST /generate", e.handleGenerate)
 	mux.HandleFunc("POST /v1/responses", e.handleResponses)
 	mux.HandleFunc("GET /v1/responses/{id}", e.handleGetResponse)
+	mux.HandleFunc("POST /v1/messages", e.handleMessages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", e.handleCountTokens)
 	mux.HandleFunc("GET /v1/models", e.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
