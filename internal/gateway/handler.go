@@ -21,10 +21,10 @@ var passthroughPaths = []string{"/v1/embeddings", "/tokenize", "/detokenize", "/
 	"/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/v1/audio/transcriptions", "/v1/audio/translations"}
 
 // Handler is the client-facing API: /v1/completions, /v1/chat/completions,
-// the Responses API and SGLang's native /generate (routed; a stored
-// response's GET and cancel go to the engine that made it), vLLM's other
-// JSON APIs (passthroughPaths, forwarded), /v1/models, /health and
-// /ready.
+// the Responses API, the Messages API and SGLang's native /generate
+// (routed; a stored response's GET and cancel go to the engine that made
+// it), vLLM's other JSON APIs (passthroughPaths and the Messages API's
+// count_tokens, forwarded), /v1/models, /health and /ready.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, apiCompletions) })
@@ -36,11 +36,13 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("/v1/responses", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, apiResponses) })
 	mux.HandleFunc("GET /v1/responses/{id}", g.handleResponseByID)
 	mux.HandleFunc("POST /v1/responses/{id}/cancel", g.handleResponseByID)
+	mux.HandleFunc("/v1/messages", func(w http.ResponseWriter, r *http.Request) { g.handle(openai.MessagesErrors(w), r, apiMessages) })
+	mux.HandleFunc("POST /v1/messages/count_tokens", func(w http.ResponseWriter, r *http.Request) { g.handlePassthrough(openai.MessagesErrors(w), r) })
 	mux.HandleFunc("GET /v1/models", g.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /ready", g.handleReady)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		openai.WriteError(w, openai.NotFound("kvgate routes /v1/completions, /v1/chat/completions, /v1/responses and SGLang's /generate, forwards POST %s, and serves /v1/models, /health and /ready; not %s %s",
+		openai.WriteError(w, openai.NotFound("kvgate routes /v1/completions, /v1/chat/completions, /v1/responses, /v1/messages and SGLang's /generate, forwards POST %s and /v1/messages/count_tokens, and serves /v1/models, /health and /ready; not %s %s",
 			strings.Join(passthroughPaths, ", "), r.Method, r.URL.Path))
 	})
 	return mux

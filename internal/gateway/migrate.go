@@ -26,9 +26,9 @@ const maxMigrations = 8
 
 // tapped reports whether rt's answer goes through a streamTap: a stream
 // of chat or completions (SGLang's /generate counts its tokens in its own
-// events, the Responses API's are events of another shape).
+// events, the Responses and Messages APIs' are events of another shape).
 func tapped(rt *routed) bool {
-	return rt.req.Stream && !rt.generate && !rt.responses
+	return rt.req.Stream && !rt.generate && !rt.responses && !rt.messages
 }
 
 // migratable reports whether rt's stream is one the gateway may continue

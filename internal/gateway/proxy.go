@@ -430,11 +430,11 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		ctx = ictx
 		start = func() bool { return p.mf.investing.remove(inv) }
 	}
-	if p.decode != nil && rt.responses {
-		// vLLM's P/D flows run completions: a Responses request's
-		// prefill leg has no form.
+	if p.decode != nil && (rt.responses || rt.messages) {
+		// vLLM's P/D flows run completions: a Responses or Messages
+		// request's prefill leg has no form.
 		dropRoutingHeaders(w.Header())
-		return "", openai.BadRequest("the Responses API runs on aggregated endpoints; model %q is served disaggregated here: use /v1/chat/completions", rt.model)
+		return "", openai.BadRequest("%s runs on aggregated endpoints; model %q is served disaggregated here: use /v1/chat/completions", rt.path, rt.model)
 	}
 	if p.decode != nil {
 		w.Header().Set(hdrDecode, p.decode.ep.Name)
@@ -892,17 +892,18 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 		// engine's own count) and the [DONE] the client has.
 		r.tokens, r.done = tap.tokensSent, tap.doneSent
 	case stream:
-		r.end = &streamEnd{responses: rt.responses}
+		r.end = &streamEnd{named: namedEventsOf(rt)}
 		r.tokens, r.done = func() int { return r.end.tokens(rt.seqs) }, r.end.done
 		switch {
 		case rt.generate && rt.seqs == 1: // its events count its tokens (meta_info)
 			r.usage = &openai.AnswerUsage{}
-		case rt.responses: // its response.completed event does
+		case rt.responses, rt.messages: // its response.completed or message_delta event does
 			r.usage = openai.ResponsesUsage()
 		}
 		if r.usage != nil {
 			r.tokens = func() int {
-				if n, ok := r.usage.Last(); ok {
+				// (A message_start event counts 0 output tokens.)
+				if n, ok := r.usage.Last(); ok && n > 0 {
 					return n
 				}
 				return r.end.tokens(rt.seqs)
@@ -913,53 +914,38 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 		r.h.probe = nil
 		if ok && g.traffic != nil && !rt.continued {
 			r.usage = &openai.AnswerUsage{}
-			if rt.responses {
+			if rt.responses || rt.messages {
 				r.usage = openai.ResponsesUsage()
 			}
 		}
 	}
 	if ok && rt.responses {
 		r.rid = &responseID{}
-		r.hold = rt.req.Stream
 	}
+	r.hold = ok && r.end != nil && r.end.named != 0
 	return r
 }
 
-// maxHoldBack bounds the bytes of a Responses stream held back before its
-// first text delta (its created and in_progress events, which echo the
-// request's instructions and tools); beyond, they go.
+// maxHoldBack bounds the bytes of a stream of named events held back
+// before its first token's event (a Responses stream's created and
+// in_progress events echo the request's instructions and tools);
+// beyond, they go.
 const maxHoldBack = 256 << 10
 
-// holdBack keeps a Responses stream's bytes p until its first text delta
-// (or its end, eof): vLLM sends its created and in_progress events before
-// the prefill, so an engine that dies in its prefill has then sent the
-// client nothing and the request is retried elsewhere, as a chat
-// stream's is. It returns the bytes to pass on now.
+// holdBack keeps the bytes p of a stream of named events until its first
+// token's event (or its end, eof): vLLM sends a Responses stream's
+// created and in_progress events before the prefill (an engine may send
+// a message_start so too), so an engine that dies in its prefill has
+// then sent the client nothing and the request is retried elsewhere, as
+// a chat stream's is. It returns the bytes to pass on now.
 func (r *relayed) holdBack(p []byte, eof bool) []byte {
 	r.pending = append(r.pending, p...)
-	if !eof && !hasDeltaEvent(r.pending) && len(r.pending) < maxHoldBack {
+	if !eof && !r.end.named.hasTokenEvent(r.pending) && len(r.pending) < maxHoldBack {
 		return nil
 	}
 	out := r.pending
 	r.hold, r.pending = false, nil
 	return out
-}
-
-// hasDeltaEvent reports whether b has a line "event: response.….delta"
-// (a token's event of a Responses stream).
-func hasDeltaEvent(b []byte) bool {
-	for len(b) > 0 {
-		line := b
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			line, b = b[:i], b[i+1:]
-		} else {
-			b = nil
-		}
-		if name, ok := bytes.CutPrefix(line, []byte("event:")); ok && bytes.HasSuffix(bytes.TrimSpace(name), []byte(".delta")) {
-			return true
-		}
-	}
-	return false
 }
 
 // begin sends the answer's headers, unless start says no.
@@ -974,10 +960,10 @@ func (r *relayed) begin() bool {
 
 // chunk passes the next body bytes p to the client and reads them.
 func (r *relayed) chunk(p []byte) error {
-	// The first bytes are the first token's, but for a Responses
-	// stream, whose first events (response.created, in_progress) vLLM
-	// sends before its prefill: there the first text delta is.
-	deltas := r.end != nil && r.end.responses
+	// The first bytes are the first token's, but for a stream of named
+	// events, whose first events (response.created, in_progress) vLLM
+	// may send before its prefill: there the first token's event is.
+	deltas := r.end != nil && r.end.named != 0
 	if r.firstAt.IsZero() && !deltas {
 		r.first()
 	}
@@ -1121,12 +1107,12 @@ type streamEnd struct {
 	line   [sseLineCap]byte // its first bytes
 	end    bool
 	events int // token events before [DONE] the client has
-	// responses: a Responses API stream, whose token events are its
-	// text deltas (an "event: response.….delta" line names the data
-	// line after it) and whose end is its response.completed,
-	// response.incomplete or response.failed event's data line;
-	// delta and last say what the event line before named.
-	responses, delta, last bool
+	// named: a stream of named events (the Responses or Messages
+	// API's), whose token events and end its event lines name (an
+	// "event: …" line names the data line after it); delta and last
+	// say what the event line before named.
+	named       namedEvents
+	delta, last bool
 }
 
 const sseDoneLine = "data: [DONE]"
@@ -1171,8 +1157,8 @@ func (s *streamEnd) endLine() {
 		s.end = true
 		return
 	}
-	if s.responses {
-		s.responsesLine(line)
+	if s.named != 0 {
+		s.namedLine(line)
 		return
 	}
 	if !bytes.HasPrefix(line, []byte("data:")) {
@@ -1183,15 +1169,12 @@ func (s *streamEnd) endLine() {
 	}
 }
 
-// responsesLine classifies a line of a Responses API stream.
-func (s *streamEnd) responsesLine(line []byte) {
+// namedLine classifies a line of a stream of named events.
+func (s *streamEnd) namedLine(line []byte) {
 	if name, ok := bytes.CutPrefix(line, []byte("event:")); ok {
 		name = bytes.TrimSpace(name)
-		s.delta = bytes.HasSuffix(name, []byte(".delta"))
-		switch string(name) {
-		case "response.completed", "response.incomplete", "response.failed":
-			s.last = true
-		}
+		s.delta = s.named.token(name)
+		s.last = s.last || s.named.last(name)
 		return
 	}
 	if !bytes.HasPrefix(line, []byte("data:")) {

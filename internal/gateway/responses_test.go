@@ -182,25 +182,6 @@ func TestResponsesRetryInPrefill(t *testing.T) {
 	}
 }
 
-func TestHasDeltaEvent(t *testing.T) {
-	for _, c := range []struct {
-		b    string
-		want bool
-	}{
-		{"event: response.created\ndata: {\"instructions\":\"use x.delta\\n\"}\n\n", false},
-		{"event: response.created\ndata: {}\n\nevent: response.output_text.delta\ndata: {}\n\n", true},
-		{"event: response.reasoning_text.delta\r\n", true},
-		{"event:response.function_call_arguments.delta", true},
-		{"event: response.output_text.del", false},
-		{"data: event: x.delta\n", false},
-		{"", false},
-	} {
-		if got := hasDeltaEvent([]byte(c.b)); got != c.want {
-			t.Errorf("%q: %v, want %v", c.b, got, c.want)
-		}
-	}
-}
-
 // TestResponseHoldersBounded: the newest maxResponseHolders ids are kept.
 func TestResponseHoldersBounded(t *testing.T) {
 	h := newResponseHolders()

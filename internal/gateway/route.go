@@ -36,6 +36,7 @@ const (
 	apiChat                       // /v1/chat/completions
 	apiGenerate                   // SGLang's native /generate
 	apiResponses                  // /v1/responses (responses.go)
+	apiMessages                   // /v1/messages (messages.go)
 )
 
 // routed is one request on its way through the gateway.
@@ -48,8 +49,10 @@ type routed struct {
 	// that made the response it continues ("": none known).
 	generate  bool
 	responses bool
-	pin       string
-	req       *openai.Request
+	// messages: the Anthropic Messages API (openai.ParseMessages).
+	messages bool
+	pin      string
+	req      *openai.Request
 	// model is the fleet that serves it: req.Model, or a LoRA adapter's
 	// base model; lora the adapter ("" for a base model).
 	model, lora string
@@ -147,12 +150,14 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, api apiKind) (rt
 func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed, error) {
 	var err error
 	var req *openai.Request
-	chat := api == apiChat || api == apiResponses
+	chat := api == apiChat || api == apiResponses || api == apiMessages
 	switch api {
 	case apiChat:
 		req, err = openai.ParseChat(body)
 	case apiResponses:
 		req, err = openai.ParseResponses(body)
+	case apiMessages:
+		req, err = openai.ParseMessages(body)
 	case apiGenerate:
 		req, err = openai.ParseGenerate(body)
 	default:
@@ -172,7 +177,7 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 	case model == "":
 		return nil, openai.BadRequest("model is required").WithParam("model")
 	}
-	rt := &routed{path: r.URL.Path, chat: chat, generate: api == apiGenerate, responses: api == apiResponses, req: req, arrival: g.now()}
+	rt := &routed{path: r.URL.Path, chat: chat, generate: api == apiGenerate, responses: api == apiResponses, messages: api == apiMessages, req: req, arrival: g.now()}
 	if req.PreviousResponseID != "" {
 		rt.pin = g.respHolders.holder(req.PreviousResponseID)
 	}

@@ -239,7 +239,7 @@ func (a *wholeAnswer) fail(err error) bool {
 // rt, which the client did not stream, goes to its engine as a stream
 // answered whole, and makes it one; nil when it goes as sent.
 func (g *Gateway) streamUpstream(rt *routed) func() assembler {
-	if rt.req.Stream || rt.generate {
+	if rt.req.Stream || rt.generate || rt.messages {
 		return nil
 	}
 	why := "--no-stream-upstream"

@@ -36,6 +36,17 @@ const billingHeader = "x-anthropic-billing-header"
 // MaxTokens; model, stream and kv_transfer_params are read as a chat
 // request's. Raw is the body.
 func ParseMessages(body []byte) (*Request, error) {
+	return parseMessagesBody(body, true)
+}
+
+// ParseCountTokens parses a /v1/messages/count_tokens body: a Messages
+// request without max_tokens, whose prompt is counted.
+func ParseCountTokens(body []byte) (*Request, error) {
+	return parseMessagesBody(body, false)
+}
+
+// parseMessagesBody is ParseMessages, max_tokens required if generates.
+func parseMessagesBody(body []byte, generates bool) (*Request, error) {
 	r, err := parseObject(body)
 	if err != nil {
 		return nil, err
@@ -61,7 +72,7 @@ func ParseMessages(body []byte) (*Request, error) {
 	switch {
 	case msgs == nil:
 		return nil, BadRequest("messages is required").WithParam("messages")
-	case r.MaxTokens == nil:
+	case r.MaxTokens == nil && generates:
 		return nil, BadRequest("max_tokens is required").WithParam("max_tokens")
 	}
 	if s := strings.Join(system, ""); s != "" {

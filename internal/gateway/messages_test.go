@@ -1,0 +1,267 @@
+package gateway
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// messagesBody is a Messages API request: system, one user turn.
+func messagesBody(system, user string, maxTokens int, stream bool) string {
+	b, _ := json.Marshal(map[string]any{"model": testModel, "system": system, "max_tokens": maxTokens, "stream": stream,
+		"messages": []map[string]any{{"role": "user", "content": []map[string]string{{"type": "text", "text": user}}}}})
+	return string(b)
+}
+
+// anthropicError reads a Messages API error body ("" when it is not one).
+func anthropicError(body string) string {
+	var e openai.MessagesErrorBody
+	if json.Unmarshal([]byte(body), &e) != nil || e.Type != "error" || e.Error.Message == "" {
+		return ""
+	}
+	return e.Error.Type
+}
+
+// TestMessages: the Messages API through the gateway to an emulated
+// engine, whose tokenizer the gateway uses (source=engine). Its prompt is
+// keyed as the engine renders it: after a message,
+// the same conversation sent as a chat request is claimed cached by the
+// gateway exactly as far as the engine finds it; a streamed message's
+// first token trains the predictor; count_tokens is forwarded; the
+// gateway's own errors are in the Messages API's form.
+func TestMessages(t *testing.T) {
+	e := startEngine(t, fleet.RoleBoth, nil)
+	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, Policy: "kvgate", BlockSize: 16,
+		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e.URL()}}
+	g, url, admin := startGateway(t, cfg, Options{})
+	waitSubscribed(t, g)
+	system := prefix("messages")
+	r := post(t, url+"/v1/messages", messagesBody(system, "hello", 4, false), nil)
+	var m struct {
+		Type, Role string
+		Content    []struct{ Type, Text string }
+		StopReason string `json:"stop_reason"`
+		Usage      struct {
+			InputTokens  int `json:"input_tokens"`
+			OutputTokens int `json:"output_tokens"`
+		}
+	}
+	if err := json.Unmarshal([]byte(r.body), &m); err != nil || r.status != 200 || m.Type != "message" || m.Role != "assistant" ||
+		len(m.Content) != 1 || len(strings.Fields(m.Content[0].Text)) != 4 || m.StopReason != "max_tokens" || m.Usage.OutputTokens != 4 {
+		t.Fatalf("message: %d %s", r.status, r.body)
+	}
+	waitFor(t, func() bool {
+		st := g.sub.Stats()
+		return len(st) == 1 && st[0].LastSeq != nil && *st[0].LastSeq+1 >= e.KVEventsSeq()
+	})
+	chat, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1,
+		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": "hello"}}})
+	c := post(t, url+"/v1/chat/completions", string(chat), nil)
+	claimed, _ := strconv.Atoi(c.header.Get(hdrCached))
+	found, ok := openai.ResponseCachedTokens([]byte(c.body))
+	if c.status != 200 || !ok || claimed != found || found < m.Usage.InputTokens-16 {
+		t.Fatalf("the same conversation as chat: claimed %d cached, the engine found %d of the message's %d: %d %s", claimed, found, m.Usage.InputTokens, c.status, c.body)
+	}
+
+	s := post(t, url+"/v1/messages", messagesBody(system, "stream it", 5, true), nil)
+	if s.status != 200 || !strings.HasSuffix(strings.TrimSpace(s.body), `data: {"type":"message_stop"}`) || strings.Count(s.body, "event: content_block_delta") != 5 {
+		t.Fatalf("stream: %d %s", s.status, s.body)
+	}
+	samples := 0
+	for _, st := range adminEndpoints(t, admin) {
+		samples += st.Predictor.Samples
+	}
+	if samples != 2 { // the unstreamed message, sent as it came, is none; the chat request (streamed upstream) and the stream are
+		t.Errorf("predictor samples %d, want 2", samples)
+	}
+
+	count := post(t, url+"/v1/messages/count_tokens", `{"model":"`+testModel+`","system":`+strconv.Quote(system)+`,"messages":[{"role":"user","content":"hello"}]}`, nil)
+	if count.status != 200 || count.body != fmt.Sprintf("{\"input_tokens\":%d}\n", m.Usage.InputTokens) {
+		t.Fatalf("count_tokens: %d %s, want %d", count.status, count.body, m.Usage.InputTokens)
+	}
+	for _, bad := range []struct {
+		path, body string
+		status     int
+		typ        string
+	}{
+		{"/v1/messages", `{"model":"` + testModel + `","messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request_error"},
+		{"/v1/messages", `{"model":"` + testModel + `","max_tokens":0,"messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request_error"},
+		{"/v1/messages", `{"model":"nope","max_tokens":3,"messages":[{"role":"user","content":"x"}]}`, 404, "not_found_error"},
+		{"/v1/messages", `{"model":"` + testModel + `","max_tokens":3,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]}`, 400, "invalid_request_error"},
+		{"/v1/messages/count_tokens", `{"model":"nope","messages":[]}`, 404, "not_found_error"},
+	} {
+		r := post(t, url+bad.path, bad.body, nil)
+		if r.status != bad.status || anthropicError(r.body) != bad.typ {
+			t.Errorf("%s %s: %d %s, want %d %s", bad.path, bad.body, r.status, r.body, bad.status, bad.typ)
+		}
+	}
+}
+
+// TestMessagesRejectedEarly: a message that cannot meet its SLO is
+// refused before any compute, in the Messages API's form, with the
+// header that stops the Anthropic SDKs retrying it.
+func TestMessagesRejectedEarly(t *testing.T) {
+	c := &capture{}
+	up := c.server(t)
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}, Classes: []Class{{Name: "standard", TTFT: 0.5}}}
+	_, url, _ := startGateway(t, cfg, Options{})
+	r := post(t, url+"/v1/messages", messagesBody(strings.Repeat("word ", 4000), "x", 2, true), nil)
+	if r.status != 429 || anthropicError(r.body) != "rate_limit_error" || r.header.Get("X-Should-Retry") != "false" || r.header.Get("Retry-After") == "" ||
+		!strings.Contains(r.body, "rejected before any compute") {
+		t.Fatalf("want an early 429 in the Messages API's form: %d %v %s", r.status, r.header, r.body)
+	}
+	if len(c.bodies) != 0 {
+		t.Fatalf("the engine was sent %d requests", len(c.bodies))
+	}
+}
+
+// TestMessagesOnDisaggregatedFleet: vLLM's P/D flow runs completions; a
+// message to a disaggregated model is a 400 saying what to use.
+func TestMessagesOnDisaggregatedFleet(t *testing.T) {
+	p, d := startEngine(t, fleet.RolePrefill, nil), startEngine(t, fleet.RoleDecode, nil)
+	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)}, NoHealthChecks: true}
+	_, url, _ := startGateway(t, cfg, Options{})
+	r := post(t, url+"/v1/messages", messagesBody("s", "x", 2, false), nil)
+	if r.status != 400 || anthropicError(r.body) != "invalid_request_error" || !strings.Contains(r.body, "/v1/messages runs on aggregated endpoints") {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+}
+
+// TestMessagesFirstToken: an engine may send a message_start before its
+// prefill; the gateway takes the first content_block_delta as the first
+// token (its TTFT), the message_delta's output tokens as the answer's
+// (two a delta here), and the answer as complete at message_stop.
+func TestMessagesFirstToken(t *testing.T) {
+	clock := &atomic.Int64{}
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	ack := make(chan struct{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		ev := func(typ, data string) {
+			fmt.Fprintf(w, "event: %s\ndata: {\"type\":%q%s}\n\n", typ, typ, data)
+			w.(http.Flusher).Flush()
+		}
+		ev("message_start", `,"message":{"id":"m1","type":"message","role":"assistant","content":[],"usage":{"input_tokens":3,"output_tokens":0}}`)
+		time.Sleep(20 * time.Millisecond)
+		clock.Add(int64(500 * time.Millisecond)) // the prefill
+		ev("content_block_start", `,"index":0,"content_block":{"type":"text","text":""}`)
+		for i := range 10 {
+			ev("content_block_delta", fmt.Sprintf(`,"index":0,"delta":{"type":"text_delta","text":"w%d x%d"}`, i, i))
+			select {
+			case <-ack:
+			case <-time.After(10 * time.Second):
+				return
+			}
+			if i < 9 {
+				clock.Add(int64(10 * time.Millisecond))
+			}
+		}
+		ev("content_block_stop", `,"index":0`)
+		ev("message_delta", `,"delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":3,"output_tokens":20}`)
+		ev("message_stop", ``)
+	}))
+	t.Cleanup(up.Close)
+	tr := &answers{}
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}, NoHealthChecks: true}
+	_, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }, Traffic: tr})
+	resp, err := http.Post(url+"/v1/messages", "application/json", strings.NewReader(messagesBody("s", "x", 100, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), `"type":"content_block_delta"`) {
+			ack <- struct{}{}
+		}
+	}
+	resp.Body.Close()
+	waitFor(t, func() bool { return tr.output.Load() > 0 })
+	if tr.output.Load() != 20 {
+		t.Errorf("the traffic heard %d output tokens, want the usage's 20", tr.output.Load())
+	}
+	m := get(t, admin+"/metrics")
+	var sum float64
+	for _, l := range strings.Split(m, "\n") {
+		if strings.HasPrefix(l, "kvgate_ttft_seconds_sum") {
+			fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &sum)
+		}
+	}
+	if sum < 0.499 || sum > 0.501 {
+		t.Fatalf("TTFT %v s, want the first delta's 0.5 s (message_start came at 0):\n%s", sum, grepLines(m, "kvgate_ttft_seconds"))
+	}
+	if tp, want := adminEndpoints(t, admin)[0].TPOT, 0.09/19; tp < want*0.99 || tp > want*1.01 {
+		t.Errorf("TPOT %v, want %v (20 tokens in 90 ms)", tp, want)
+	}
+	if !strings.Contains(m, `kvgate_requests_total{class="standard",outcome="ok"`) {
+		t.Errorf("not counted ok:\n%s", grepLines(m, "kvgate_requests_total"))
+	}
+}
+
+// TestMessagesRetryInPrefill: an engine that sends message_start and
+// dies in its prefill has sent the client nothing: the gateway held the
+// event, and retries the request elsewhere, whose whole stream the
+// client reads.
+func TestMessagesRetryInPrefill(t *testing.T) {
+	dies := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_dead\"}}\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(dies.Close)
+	e := startEngine(t, fleet.RoleBoth, nil)
+	eps := []fleet.Endpoint{{Name: "dies", URL: dies.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}, endpointOf(e, fleet.RoleBoth)}
+	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", NoHealthChecks: true}, Options{})
+	for i := range 2 {
+		r := post(t, url+"/v1/messages", messagesBody("s", "x", 3, true), nil)
+		if r.status != 200 || r.header.Get(hdrPrefill) == "dies" || strings.Contains(r.body, "msg_dead") ||
+			strings.Count(r.body, "event: message_start") != 1 || !strings.Contains(r.body, "event: message_stop") {
+			t.Fatalf("request %d: want one whole stream from the emulator: %d from %s\n%s", i, r.status, r.header.Get(hdrPrefill), r.body)
+		}
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_retries_total 1\n") {
+		t.Errorf("want one retry:\n%s", grepLines(m, "kvgate_retries_total"))
+	}
+}
+
+func TestHasTokenEvent(t *testing.T) {
+	for _, c := range []struct {
+		k    namedEvents
+		b    string
+		want bool
+	}{
+		{responsesEvents, "event: response.created\ndata: {\"instructions\":\"use x.delta\\n\"}\n\n", false},
+		{responsesEvents, "event: response.created\ndata: {}\n\nevent: response.output_text.delta\ndata: {}\n\n", true},
+		{responsesEvents, "event: response.reasoning_text.delta\r\n", true},
+		{responsesEvents, "event:response.function_call_arguments.delta", true},
+		{responsesEvents, "event: response.output_text.del", false},
+		{responsesEvents, "data: event: x.delta\n", false},
+		{responsesEvents, "event: content_block_delta\n", false},
+		{messagesEvents, "event: message_start\ndata: {\"message\":{\"content\":\"event: content_block_delta\"}}\n\n", false},
+		{messagesEvents, "event: message_start\ndata: {}\n\nevent: content_block_start\ndata: {}\n\nevent: content_block_delta\n", true},
+		{messagesEvents, "event:content_block_delta\r\n", true},
+		{messagesEvents, "event: content_block_delt", false},
+		{messagesEvents, "event: response.output_text.delta\n", false},
+		{0, "event: content_block_delta\n", false},
+		{messagesEvents, "", false},
+	} {
+		if got := c.k.hasTokenEvent([]byte(c.b)); got != c.want {
+			t.Errorf("%d %q: %v, want %v", c.k, c.b, got, c.want)
+		}
+	}
+}
