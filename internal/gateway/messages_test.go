@@ -81,8 +81,8 @@ func TestMessages(t *testing.T) {
 	for _, st := range adminEndpoints(t, admin) {
 		samples += st.Predictor.Samples
 	}
-	if samples != 2 { // the unstreamed message, sent as it came, is none; the chat request (streamed upstream) and the stream are
-		t.Errorf("predictor samples %d, want 2", samples)
+	if samples != 3 { // the unstreamed message and chat request (streamed upstream, whole.go) and the stream
+		t.Errorf("predictor samples %d, want 3", samples)
 	}
 
 	count := post(t, url+"/v1/messages/count_tokens", `{"model":"`+testModel+`","system":`+strconv.Quote(system)+`,"messages":[{"role":"user","content":"hello"}]}`, nil)

@@ -16,11 +16,12 @@ import (
 // Whole answers from streams (Config.NoStreamUpstream turns it off). A
 // non-streamed answer tells the gateway nothing of when its first token
 // came: its prefill's end is a guess, the predictor never learns from it,
-// and the TPOT is unknown. So a chat, completion or Responses request the
-// client did not stream is sent to its engine as a stream (when its
-// answer can be built exactly from one: openai.Request.WholeFromStream,
-// WholeResponsesFromStream), and the gateway answers the client whole
-// (openai.Assembler, openai.ResponsesAssembler), as Dynamo's frontend
+// and the TPOT is unknown. So a chat, completion, Responses or Messages
+// request the client did not stream is sent to its engine as a stream
+// (when its answer can be built exactly from one:
+// openai.Request.WholeFromStream, WholeResponsesFromStream; a message
+// always can), and the gateway answers the client whole
+// (openai.Assembler, ResponsesAssembler, MessagesAssembler), as Dynamo's frontend
 // does with its workers' streams. The stream runs through the
 // stream tap like a client's: its first token trains the predictor and
 // ends the prefill, its tokens time the TPOT, an engine that fails in its
@@ -59,7 +60,7 @@ type wholeAnswer struct {
 const wholeBudget = 1 << 30
 
 // assembler builds an unstreamed answer from a stream's events
-// (openai.Assembler, openai.ResponsesAssembler).
+// (openai.Assembler, openai.ResponsesAssembler, openai.MessagesAssembler).
 type assembler interface {
 	Event(data []byte) error
 	Answer() (int, []byte, error)
@@ -239,14 +240,17 @@ func (a *wholeAnswer) fail(err error) bool {
 // rt, which the client did not stream, goes to its engine as a stream
 // answered whole, and makes it one; nil when it goes as sent.
 func (g *Gateway) streamUpstream(rt *routed) func() assembler {
-	if rt.req.Stream || rt.generate || rt.messages {
+	if rt.req.Stream || rt.generate {
 		return nil
 	}
 	why := "--no-stream-upstream"
 	if !g.cfg.NoStreamUpstream {
-		if rt.responses {
+		switch {
+		case rt.responses:
 			why = rt.req.WholeResponsesFromStream()
-		} else {
+		case rt.messages:
+			why = "" // a message's stream carries all of it
+		default:
 			why = rt.req.WholeFromStream(rt.chat)
 		}
 	}
@@ -256,8 +260,11 @@ func (g *Gateway) streamUpstream(rt *routed) func() assembler {
 	}
 	rt.req.StreamInstead()
 	g.met.whole.WithLabelValues("streamed").Inc()
-	if rt.responses {
+	switch {
+	case rt.responses:
 		return func() assembler { return &openai.ResponsesAssembler{} }
+	case rt.messages:
+		return func() assembler { return &openai.MessagesAssembler{} }
 	}
 	chat := rt.chat
 	return func() assembler { return openai.NewAssembler(chat) }

@@ -59,11 +59,12 @@ func dropEmpty(v any) {
 
 // TestWholeAnswerMatchesEngine: a request the client did not stream is
 // streamed from the engine and answered whole; the answer is the one the
-// engine gives the same request unstreamed (chat, completions and the
-// Responses API, cut by its limit or not; the
-// emulator samples one sequence of one prompt: n and batches are
-// openai's TestAssembleCompletionsBatch), but for its id, creation time and cache hits. The engine is
-// asked for a stream, and the gateway says so in its metrics.
+// engine gives the same request unstreamed (chat, completions, the
+// Responses and the Messages API, cut by its limit or not; the emulator
+// samples one sequence of one prompt: n and batches are openai's
+// TestAssembleCompletionsBatch), but for its id, creation time and cache
+// hits. The engine is asked for a stream, and the gateway says so in its
+// metrics.
 func TestWholeAnswerMatchesEngine(t *testing.T) {
 	e := startEngine(t, fleet.RoleBoth, nil)
 	g, url, admin := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}}, Options{})
@@ -79,6 +80,8 @@ func TestWholeAnswerMatchesEngine(t *testing.T) {
 		{"/v1/completions", `"prompt":"a stop word","max_tokens":6,"stop":["zzz"],"seed":3`},
 		{"/v1/responses", `"instructions":"be brief","input":"tell me","max_output_tokens":7`},
 		{"/v1/responses", `"input":[{"role":"user","content":[{"type":"input_text","text":"all of it"}]}],"max_output_tokens":100`},
+		{"/v1/messages", `"system":"be brief","messages":[{"role":"user","content":"hi there"}],"max_tokens":9`},
+		{"/v1/messages", `"messages":[{"role":"user","content":[{"type":"text","text":"all of it"}]}],"max_tokens":1000,"temperature":0`},
 	} {
 		body := `{"model":"` + testModel + `",` + c.body + `}`
 		direct := post(t, e.URL()+c.path, body, nil)
