@@ -66,7 +66,7 @@ func newMetrics(g *Gateway) *metrics {
 		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_migrations_total",
 			Help: "Streams broken after they began and continued on another engine (--migration-limit): ok, the client got the whole answer; failed, no continuation finished it."}, []string{"result"}),
 		whole: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_whole_answers_total",
-			Help: "Chat, completion and Responses requests the client did not stream, by how they went to the engine: streamed (the gateway answers whole from the engine's stream, whole.go), as_sent (a key the stream cannot answer exactly, background mode, or --no-stream-upstream)."}, []string{"engine"}),
+			Help: "Chat, completion, Responses and Messages requests the client did not stream, by how they went to the engine: streamed (the gateway answers whole from the engine's stream, whole.go), as_sent (a key the stream cannot answer exactly, background mode, or --no-stream-upstream)."}, []string{"engine"}),
 		fairRejections: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fairness_rejections_total",
 			Help: "With early rejection, requests rejected because a tenant (fairness header) with less in flight was rejected for the load within the last second."}),
 		held: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_held_total",
