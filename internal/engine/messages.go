@@ -19,7 +19,8 @@ func (e *Engine) handleMessages(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleCountTokens serves POST /v1/messages/count_tokens: the prompt's
-// tokens, {"input_tokens": n}, as vLLM counts them.
+// tokens, {"input_tokens": n, "context_management": …}, as vLLM
+// counts and writes them.
 func (e *Engine) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 	w = openai.MessagesErrors(w)
 	body, release, err := e.readBody(w, r)
@@ -39,7 +40,7 @@ func (e *Engine) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, err)
 		return
 	}
-	openai.WriteJSON(w, http.StatusOK, map[string]int{"input_tokens": len(toks)})
+	openai.WriteJSON(w, http.StatusOK, map[string]any{"input_tokens": len(toks), "context_management": map[string]int{"original_input_tokens": len(toks)}})
 }
 
 // messageAnswer is a message as the Messages API writes it.
