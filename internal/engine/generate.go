@@ -344,26 +344,17 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, res
 		if sent == 0 && out.generated > 0 && resp.chat {
 			buf = resp.roleChunk(buf)
 		}
-		// vLLM's --stream-interval N sends the tokens since its last
-		// event as one event (the first token at once); at 1, one
-		// event a token.
-		step := 1
-		if e.cfg.StreamInterval > 1 {
-			step = out.generated - sent
-		}
-		for sent < out.generated {
-			to := min(sent+step, out.generated)
+		eachDelta(&sent, out.generated, e.cfg.StreamInterval, func(from, to int) {
 			reason := ""
 			if out.done && to == out.generated {
 				reason = out.finishReason
 			}
 			if resp.generate {
-				buf = resp.generateChunk(buf, sent, to, reason, out)
+				buf = resp.generateChunk(buf, from, to, reason, out)
 			} else {
-				buf = resp.tokenChunk(buf, sent, to, reason)
+				buf = resp.tokenChunk(buf, from, to, reason)
 			}
-			sent = to
-		}
+		})
 		if out.done {
 			if resp.includeUsage && !resp.generate {
 				buf = resp.usageChunk(buf, out)
@@ -372,6 +363,23 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, rq *request, res
 		}
 		return buf
 	})
+}
+
+// eachDelta calls f with the token range [from, to) of each event that
+// streams the tokens past *sent of the generated so far, and moves *sent
+// past them: vLLM's --stream-interval N sends the tokens since its last
+// event as one event (the first token at once); at 1, one event a
+// token.
+func eachDelta(sent *int, generated, interval int, f func(from, to int)) {
+	step := 1
+	if interval > 1 {
+		step = generated - *sent
+	}
+	for *sent < generated {
+		to := min(*sent+step, generated)
+		f(*sent, to)
+		*sent = to
+	}
 }
 
 // wake waits for rq's next output: false when its client left (rq

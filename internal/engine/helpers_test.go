@@ -225,3 +225,23 @@ func tryComplete(url string, body map[string]any) (completionResp, error) {
 	}
 	return c, json.Unmarshal(out, &c)
 }
+
+// readNamedEvents reads a stream of named events (the Responses and
+// Messages APIs'): each event's name and data line.
+func readNamedEvents(t *testing.T, r io.Reader) [][2]string {
+	t.Helper()
+	var out [][2]string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		name, ok := strings.CutPrefix(sc.Text(), "event: ")
+		if !ok {
+			continue
+		}
+		if !sc.Scan() {
+			t.Fatal("an event without data")
+		}
+		data, _ := strings.CutPrefix(sc.Text(), "data: ")
+		out = append(out, [2]string{name, data})
+	}
+	return out
+}

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 
@@ -90,18 +89,6 @@ func (s *responder) message(out requestOutput, n int) messageAnswer {
 	return m
 }
 
-// messagesEvent appends one Messages API event: its name and ev, whose
-// type it is.
-func messagesEvent(b []byte, typ string, ev map[string]any) []byte {
-	ev["type"] = typ
-	data, _ := json.Marshal(ev)
-	b = append(b, "event: "...)
-	b = append(b, typ...)
-	b = append(b, "\ndata: "...)
-	b = append(b, data...)
-	return append(b, "\n\n"...)
-}
-
 // streamMessages streams rq's answer as the Messages API's events, as
 // vLLM converts its chat stream: message_start and the text block's
 // start with the first token, a text delta an event (the tokens since
@@ -112,30 +99,24 @@ func (e *Engine) streamMessages(w http.ResponseWriter, r *http.Request, rq *requ
 	sent := 0
 	e.sseStream(w, r, rq, nil, func(b []byte, out requestOutput) []byte {
 		if sent == 0 && out.generated > 0 {
-			b = messagesEvent(b, "message_start", map[string]any{"message": resp.message(requestOutput{}, 0)})
-			b = messagesEvent(b, "content_block_start", map[string]any{"index": 0, "content_block": messageBlock{Type: "text"}})
+			b = namedEvent(b, "message_start", map[string]any{"message": resp.message(requestOutput{}, 0)})
+			b = namedEvent(b, "content_block_start", map[string]any{"index": 0, "content_block": messageBlock{Type: "text"}})
 		}
-		step := 1
-		if e.cfg.StreamInterval > 1 {
-			step = out.generated - sent
-		}
-		for sent < out.generated {
-			to := min(sent+step, out.generated)
+		eachDelta(&sent, out.generated, e.cfg.StreamInterval, func(from, to int) {
 			var d strings.Builder
-			outputText(&d, rq, sent, to)
-			b = messagesEvent(b, "content_block_delta", map[string]any{"index": 0, "delta": map[string]string{"type": "text_delta", "text": d.String()}})
-			sent = to
-		}
+			outputText(&d, rq, from, to)
+			b = namedEvent(b, "content_block_delta", map[string]any{"index": 0, "delta": map[string]string{"type": "text_delta", "text": d.String()}})
+		})
 		if out.done {
 			if out.generated > 0 {
-				b = messagesEvent(b, "content_block_stop", map[string]any{"index": 0})
+				b = namedEvent(b, "content_block_stop", map[string]any{"index": 0})
 			} else {
-				b = messagesEvent(b, "message_start", map[string]any{"message": resp.message(requestOutput{}, 0)})
+				b = namedEvent(b, "message_start", map[string]any{"message": resp.message(requestOutput{}, 0)})
 			}
-			b = messagesEvent(b, "message_delta", map[string]any{
+			b = namedEvent(b, "message_delta", map[string]any{
 				"delta": map[string]any{"stop_reason": stopReason(out.finishReason), "stop_sequence": nil},
 				"usage": messageUsage{InputTokens: rq.promptLen, OutputTokens: out.generated}})
-			b = messagesEvent(b, "message_stop", map[string]any{})
+			b = namedEvent(b, "message_stop", map[string]any{})
 		}
 		return b
 	})

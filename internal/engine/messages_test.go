@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"net/http"
@@ -85,16 +84,8 @@ func TestMessages(t *testing.T) {
 // of its deltas and its message_delta's usage.
 func messagesEvents(t *testing.T, resp *http.Response) (names []string, text string, stop string, usage messageObject) {
 	t.Helper()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, ok := strings.CutPrefix(sc.Text(), "event: ")
-		if !ok {
-			continue
-		}
-		if !sc.Scan() {
-			t.Fatal("an event without data")
-		}
-		data, _ := strings.CutPrefix(sc.Text(), "data: ")
+	for _, nd := range readNamedEvents(t, resp.Body) {
+		name, data := nd[0], nd[1]
 		var ev struct {
 			Type  string
 			Delta struct {

@@ -209,10 +209,17 @@ func (e *Engine) keep(s *responder, o *responseObject, text string) {
 }
 
 // event appends one Responses stream event of type typ: ev's fields
-// and its type and sequence number.
+// and its sequence number (namedEvent).
 func (s *responder) event(b []byte, typ string, ev map[string]any) []byte {
-	ev["type"], ev["sequence_number"] = typ, s.responses.seq
+	ev["sequence_number"] = s.responses.seq
 	s.responses.seq++
+	return namedEvent(b, typ, ev)
+}
+
+// namedEvent appends one event of a stream of named events (the
+// Responses and Messages APIs'): its name and ev, whose type it is.
+func namedEvent(b []byte, typ string, ev map[string]any) []byte {
+	ev["type"] = typ
 	data, _ := json.Marshal(ev)
 	b = append(b, "event: "...)
 	b = append(b, typ...)
@@ -255,19 +262,13 @@ func (s *responder) responsesEvents(b []byte, text *strings.Builder, sent *int, 
 		b = s.event(b, "response.output_item.added", map[string]any{"output_index": 0, "item": s.item("", "in_progress")})
 		b = s.event(b, "response.content_part.added", loc(map[string]any{"part": outputPart{Type: "output_text", Annotations: []any{}}}))
 	}
-	step := 1
-	if interval > 1 {
-		step = out.generated - *sent
-	}
-	for *sent < out.generated {
-		to := min(*sent+step, out.generated)
+	eachDelta(sent, out.generated, interval, func(from, to int) {
 		var d strings.Builder
-		outputText(&d, s.rq, *sent, to) // a space before every word but the first
+		outputText(&d, s.rq, from, to) // a space before every word but the first
 		delta := d.String()
 		text.WriteString(delta)
 		b = s.event(b, "response.output_text.delta", loc(map[string]any{"delta": delta, "logprobs": []any{}}))
-		*sent = to
-	}
+	})
 	if out.done && out.generated > 0 {
 		full := text.String()
 		b = s.event(b, "response.output_text.done", loc(map[string]any{"text": full, "logprobs": []any{}}))

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"net/http"
@@ -112,16 +111,8 @@ func TestResponsesStream(t *testing.T) {
 	var types []string
 	var deltas string
 	var final respObject
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, ok := strings.CutPrefix(sc.Text(), "event: ")
-		if !ok {
-			continue
-		}
-		if !sc.Scan() {
-			t.Fatal("an event without data")
-		}
-		data, _ := strings.CutPrefix(sc.Text(), "data: ")
+	for _, nd := range readNamedEvents(t, resp.Body) {
+		name, data := nd[0], nd[1]
 		var ev struct {
 			Type     string
 			Seq      int `json:"sequence_number"`

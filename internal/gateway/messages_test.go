@@ -1,16 +1,11 @@
 package gateway
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
@@ -145,70 +140,14 @@ func TestMessagesOnDisaggregatedFleet(t *testing.T) {
 // token (its TTFT), the message_delta's output tokens as the answer's
 // (two a delta here), and the answer as complete at message_stop.
 func TestMessagesFirstToken(t *testing.T) {
-	clock := &atomic.Int64{}
-	clock.Store(time.Unix(1000, 0).UnixNano())
-	ack := make(chan struct{}, 1)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(http.StatusOK)
-		ev := func(typ, data string) {
-			fmt.Fprintf(w, "event: %s\ndata: {\"type\":%q%s}\n\n", typ, typ, data)
-			w.(http.Flusher).Flush()
-		}
-		ev("message_start", `,"message":{"id":"m1","type":"message","role":"assistant","content":[],"usage":{"input_tokens":3,"output_tokens":0}}`)
-		time.Sleep(20 * time.Millisecond)
-		clock.Add(int64(500 * time.Millisecond)) // the prefill
-		ev("content_block_start", `,"index":0,"content_block":{"type":"text","text":""}`)
-		for i := range 10 {
-			ev("content_block_delta", fmt.Sprintf(`,"index":0,"delta":{"type":"text_delta","text":"w%d x%d"}`, i, i))
-			select {
-			case <-ack:
-			case <-time.After(10 * time.Second):
-				return
-			}
-			if i < 9 {
-				clock.Add(int64(10 * time.Millisecond))
-			}
-		}
-		ev("content_block_stop", `,"index":0`)
-		ev("message_delta", `,"delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":3,"output_tokens":20}`)
-		ev("message_stop", ``)
-	}))
-	t.Cleanup(up.Close)
-	tr := &answers{}
-	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}, NoHealthChecks: true}
-	_, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }, Traffic: tr})
-	resp, err := http.Post(url+"/v1/messages", "application/json", strings.NewReader(messagesBody("s", "x", 100, true)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), `"type":"content_block_delta"`) {
-			ack <- struct{}{}
-		}
-	}
-	resp.Body.Close()
-	waitFor(t, func() bool { return tr.output.Load() > 0 })
-	if tr.output.Load() != 20 {
-		t.Errorf("the traffic heard %d output tokens, want the usage's 20", tr.output.Load())
-	}
-	m := get(t, admin+"/metrics")
-	var sum float64
-	for _, l := range strings.Split(m, "\n") {
-		if strings.HasPrefix(l, "kvgate_ttft_seconds_sum") {
-			fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &sum)
-		}
-	}
-	if sum < 0.499 || sum > 0.501 {
-		t.Fatalf("TTFT %v s, want the first delta's 0.5 s (message_start came at 0):\n%s", sum, grepLines(m, "kvgate_ttft_seconds"))
-	}
-	if tp, want := adminEndpoints(t, admin)[0].TPOT, 0.09/19; tp < want*0.99 || tp > want*1.01 {
-		t.Errorf("TPOT %v, want %v (20 tokens in 90 ms)", tp, want)
-	}
-	if !strings.Contains(m, `kvgate_requests_total{class="standard",outcome="ok"`) {
-		t.Errorf("not counted ok:\n%s", grepLines(m, "kvgate_requests_total"))
-	}
+	checkFirstTokenEvent(t, "/v1/messages", messagesBody("s", "x", 100, true),
+		[][2]string{{"message_start", `,"message":{"id":"m1","type":"message","role":"assistant","content":[],"usage":{"input_tokens":3,"output_tokens":0}}`},
+			{"content_block_start", `,"index":0,"content_block":{"type":"text","text":""}`}},
+		"content_block_delta", func(i int) string {
+			return fmt.Sprintf(`,"index":0,"delta":{"type":"text_delta","text":"w%d x%d"}`, i, i)
+		},
+		[][2]string{{"content_block_stop", `,"index":0`},
+			{"message_delta", `,"delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":3,"output_tokens":20}`}, {"message_stop", ``}})
 }
 
 // TestMessagesRetryInPrefill: an engine that sends message_start and
@@ -216,30 +155,9 @@ func TestMessagesFirstToken(t *testing.T) {
 // event, and retries the request elsewhere, whose whole stream the
 // client reads.
 func TestMessagesRetryInPrefill(t *testing.T) {
-	dies := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet {
-			return
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(http.StatusOK)
-		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_dead\"}}\n\n")
-		w.(http.Flusher).Flush()
-		panic(http.ErrAbortHandler)
-	}))
-	t.Cleanup(dies.Close)
-	e := startEngine(t, fleet.RoleBoth, nil)
-	eps := []fleet.Endpoint{{Name: "dies", URL: dies.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}, endpointOf(e, fleet.RoleBoth)}
-	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", NoHealthChecks: true}, Options{})
-	for i := range 2 {
-		r := post(t, url+"/v1/messages", messagesBody("s", "x", 3, true), nil)
-		if r.status != 200 || r.header.Get(hdrPrefill) == "dies" || strings.Contains(r.body, "msg_dead") ||
-			strings.Count(r.body, "event: message_start") != 1 || !strings.Contains(r.body, "event: message_stop") {
-			t.Fatalf("request %d: want one whole stream from the emulator: %d from %s\n%s", i, r.status, r.header.Get(hdrPrefill), r.body)
-		}
-	}
-	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_retries_total 1\n") {
-		t.Errorf("want one retry:\n%s", grepLines(m, "kvgate_retries_total"))
-	}
+	checkRetryInPrefill(t, "/v1/messages", messagesBody("s", "x", 3, true),
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_dead\"}}\n\n",
+		"msg_dead", "event: message_start", "event: message_stop")
 }
 
 func TestHasTokenEvent(t *testing.T) {

@@ -84,22 +84,40 @@ func TestResponses(t *testing.T) {
 // usage's output tokens (two a delta here), and the answer as complete at
 // response.completed.
 func TestResponsesFirstToken(t *testing.T) {
+	checkFirstTokenEvent(t, "/v1/responses", `{"model":"`+testModel+`","input":"x","stream":true}`,
+		[][2]string{{"response.created", `,"response":{"id":"resp_abc","status":"in_progress"}`}, {"response.in_progress", `,"response":{"id":"resp_abc","status":"in_progress"}`}},
+		"response.output_text.delta", func(i int) string { return fmt.Sprintf(`,"delta":"w%d x%d"`, i, i) },
+		[][2]string{{"response.output_text.done", `,"text":"w0 … w9"`},
+			{"response.completed", `,"response":{"id":"resp_abc","status":"completed","usage":{"input_tokens":3,"input_tokens_details":{"cached_tokens":0},"output_tokens":20,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":23}}`}})
+}
+
+// checkFirstTokenEvent runs a stream of named events from a stand-in
+// engine through the gateway: the events before (sent at once, before a
+// prefill of 0.5 s), ten events of type token (token(i) their data after
+// the type, two tokens each, 10 ms apart, each sent once the client has
+// the one before), then the events after, whose usage counts 20 output
+// tokens. The gateway must take the first token event as the first
+// token (a TTFT of 0.5 s), the usage's 20 tokens as the answer's (a
+// TPOT of 90 ms over 19), and the answer as complete (ok).
+func checkFirstTokenEvent(t *testing.T, path, body string, before [][2]string, token string, data func(i int) string, after [][2]string) {
+	t.Helper()
 	clock := &atomic.Int64{}
 	clock.Store(time.Unix(1000, 0).UnixNano())
-	ack := make(chan struct{}, 1) // the client has the delta before
+	ack := make(chan struct{}, 1) // the client has the token event before
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
 		ev := func(typ, data string) {
-			fmt.Fprintf(w, "event: %s\ndata: {\"type\":%q,%s}\n\n", typ, typ, data)
+			fmt.Fprintf(w, "event: %s\ndata: {\"type\":%q%s}\n\n", typ, typ, data)
 			w.(http.Flusher).Flush()
 		}
-		ev("response.created", `"response":{"id":"resp_abc","status":"in_progress"}`)
-		ev("response.in_progress", `"response":{"id":"resp_abc","status":"in_progress"}`)
+		for _, e := range before {
+			ev(e[0], e[1])
+		}
 		time.Sleep(20 * time.Millisecond)
 		clock.Add(int64(500 * time.Millisecond)) // the prefill
 		for i := range 10 {
-			ev("response.output_text.delta", fmt.Sprintf(`"delta":"w%d x%d"`, i, i)) // two tokens an event
+			ev(token, data(i))
 			select {
 			case <-ack:
 			case <-time.After(10 * time.Second):
@@ -109,20 +127,21 @@ func TestResponsesFirstToken(t *testing.T) {
 				clock.Add(int64(10 * time.Millisecond))
 			}
 		}
-		ev("response.output_text.done", `"text":"w0 … w9"`)
-		ev("response.completed", `"response":{"id":"resp_abc","status":"completed","usage":{"input_tokens":3,"input_tokens_details":{"cached_tokens":0},"output_tokens":20,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":23}}`)
+		for _, e := range after {
+			ev(e[0], e[1])
+		}
 	}))
 	t.Cleanup(up.Close)
 	tr := &answers{}
 	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}, NoHealthChecks: true}
 	_, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }, Traffic: tr})
-	resp, err := http.Post(url+"/v1/responses", "application/json", strings.NewReader(`{"model":"`+testModel+`","input":"x","stream":true}`))
+	resp, err := http.Post(url+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if strings.Contains(sc.Text(), `"type":"response.output_text.delta"`) {
+		if strings.Contains(sc.Text(), `"type":"`+token+`"`) {
 			ack <- struct{}{}
 		}
 	}
@@ -139,7 +158,7 @@ func TestResponsesFirstToken(t *testing.T) {
 		}
 	}
 	if sum < 0.499 || sum > 0.501 {
-		t.Fatalf("TTFT %v s, want the first delta's 0.5 s (the created event came at 0):\n%s", sum, grepLines(m, "kvgate_ttft_seconds"))
+		t.Fatalf("TTFT %v s, want the first %s's 0.5 s (the events before came at 0):\n%s", sum, token, grepLines(m, "kvgate_ttft_seconds"))
 	}
 	if tp, want := adminEndpoints(t, admin)[0].TPOT, 0.09/19; tp < want*0.99 || tp > want*1.01 {
 		t.Errorf("TPOT %v, want %v (20 tokens in 90 ms)", tp, want)
@@ -155,14 +174,26 @@ func TestResponsesFirstToken(t *testing.T) {
 // those events until the first text delta, and retries the request
 // elsewhere, whose whole stream the client reads.
 func TestResponsesRetryInPrefill(t *testing.T) {
+	checkRetryInPrefill(t, "/v1/responses", `{"model":"`+testModel+`","input":"x","max_output_tokens":3,"stream":true}`,
+		"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_dead\"}}\n\n"+
+			"event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_dead\"}}\n\n",
+		"resp_dead", "event: response.created", "event: response.completed")
+}
+
+// checkRetryInPrefill: an engine that sends its stream's first events
+// (dead, naming deadID) and dies before any token has sent the client
+// nothing: the gateway holds those events until the first token's, and
+// retries the request elsewhere, whose whole stream (one first event,
+// its last) the client reads.
+func checkRetryInPrefill(t *testing.T, path, body, dead, deadID, first, last string) {
+	t.Helper()
 	dies := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet {
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
-		fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_dead\"}}\n\n")
-		fmt.Fprint(w, "event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_dead\"}}\n\n")
+		fmt.Fprint(w, dead)
 		w.(http.Flusher).Flush()
 		panic(http.ErrAbortHandler)
 	}))
@@ -171,9 +202,9 @@ func TestResponsesRetryInPrefill(t *testing.T) {
 	eps := []fleet.Endpoint{{Name: "dies", URL: dies.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 1e6}, endpointOf(e, fleet.RoleBoth)}
 	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", NoHealthChecks: true}, Options{})
 	for i := range 2 { // round-robin: one of the two goes to the dying engine first
-		r := post(t, url+"/v1/responses", `{"model":"`+testModel+`","input":"x","max_output_tokens":3,"stream":true}`, nil)
-		if r.status != 200 || r.header.Get(hdrPrefill) == "dies" || strings.Contains(r.body, "resp_dead") ||
-			strings.Count(r.body, "event: response.created") != 1 || !strings.Contains(r.body, "event: response.completed") {
+		r := post(t, url+path, body, nil)
+		if r.status != 200 || r.header.Get(hdrPrefill) == "dies" || strings.Contains(r.body, deadID) ||
+			strings.Count(r.body, first) != 1 || !strings.Contains(r.body, last) {
 			t.Fatalf("request %d: want one whole stream from the emulator: %d from %s\n%s", i, r.status, r.header.Get(hdrPrefill), r.body)
 		}
 	}
