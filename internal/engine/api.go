@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 
@@ -53,12 +56,15 @@ func (e *Engine) checkModel(model string) (lora int, err error) {
 	return 0, openai.NotFound("The model `%s` does not exist.", model).WithParam("model")
 }
 
-// chatPrompt renders messages through the chat template. With
+// chatPrompt renders a chat request's messages through the chat template,
+// with its tools (toolsText) and each assistant message's tool calls
+// (toolCallsText), as a model's template renders them. With
 // continueFinal (vLLM's continue_final_message) the final message is left
 // open, as vLLM leaves it: the template's text after its content is cut
 // (tokens.ContinueCut: nothing, for an empty content), and no generation
 // prompt follows.
-func chatPrompt(msgs []openai.Message, addGen *bool, continueFinal bool) (string, error) {
+func chatPrompt(req *openai.Request) (string, error) {
+	msgs, addGen, continueFinal := req.Messages, req.AddGenerationPrompt, req.ContinueFinalMessage
 	if err := openai.CheckMessages(msgs); err != nil {
 		return "", err
 	}
@@ -68,7 +74,20 @@ func chatPrompt(msgs []openai.Message, addGen *bool, continueFinal bool) (string
 		if err != nil {
 			return "", openai.BadRequest("messages[%d].content: %v", i, err).WithParam("messages")
 		}
-		cm[i] = ChatMessage{Role: m.Role, Content: text}
+		calls, err := toolCallsText(m)
+		if err != nil {
+			return "", openai.BadRequest("messages[%d].tool_calls: %v", i, err).WithParam("messages")
+		}
+		cm[i] = ChatMessage{Role: m.Role, Content: text + calls}
+	}
+	if tools, err := toolsText(req.Tools); err != nil {
+		return "", openai.BadRequest("tools: %v", err).WithParam("tools")
+	} else if tools != "" {
+		if cm[0].Role == "system" {
+			cm[0].Content += "\n\n" + tools
+		} else {
+			cm = append([]ChatMessage{{Role: "system", Content: tools}}, cm...)
+		}
 	}
 	if continueFinal {
 		return tokens.ContinueCut(RenderChat(cm, false), cm[len(cm)-1].Content), nil
@@ -105,7 +124,7 @@ func promptTokens(p openai.Prompt) ([]uint32, error) {
 // messages when given (chat, or /tokenize's chat form), else the prompt.
 func requestTokens(req *openai.Request) ([]uint32, error) {
 	if req.Messages != nil {
-		text, err := chatPrompt(req.Messages, req.AddGenerationPrompt, req.ContinueFinalMessage)
+		text, err := chatPrompt(req)
 		if err != nil {
 			return nil, err
 		}
@@ -145,4 +164,56 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		"tokens":        toks,
 		"token_strs":    nil,
 	})
+}
+
+// toolsText is the emulated template's rendering of a request's tools
+// (as Qwen's templates put them into the system message): a "# Tools"
+// header, then each tool's JSON, compacted, on a line of its own between
+// <tools> tags ("": no tools).
+func toolsText(tools json.RawMessage) (string, error) {
+	if len(tools) == 0 {
+		return "", nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(tools, &list); err != nil {
+		return "", errors.New("must be a list of tools")
+	}
+	var b bytes.Buffer
+	b.WriteString("# Tools\n<tools>")
+	for _, t := range list {
+		b.WriteByte('\n')
+		if err := json.Compact(&b, t); err != nil {
+			return "", err
+		}
+	}
+	b.WriteString("\n</tools>")
+	return b.String(), nil
+}
+
+// toolCallsText is the emulated template's rendering of an assistant
+// message's tool calls: each call's function, its JSON compacted,
+// between <tool_call> tags after the content ("": none).
+func toolCallsText(m openai.Message) (string, error) {
+	if m.Role != "assistant" || m.Raw == nil {
+		return "", nil
+	}
+	var msg struct {
+		ToolCalls []struct {
+			Function json.RawMessage `json:"function"`
+		} `json:"tool_calls"`
+	}
+	if err := json.Unmarshal(m.Raw, &msg); err != nil {
+		return "", errors.New("must be a list of tool calls")
+	}
+	var b bytes.Buffer
+	for _, c := range msg.ToolCalls {
+		b.WriteString("\n<tool_call>\n")
+		if len(c.Function) > 0 {
+			if err := json.Compact(&b, c.Function); err != nil {
+				return "", err
+			}
+		}
+		b.WriteString("\n</tool_call>")
+	}
+	return b.String(), nil
 }

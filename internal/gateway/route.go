@@ -269,8 +269,12 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 				return openai.BadRequest("messages[%d].content: %v", i, err).WithParam("messages")
 			}
 			msgs[i] = tokens.TextMessage(m.Role, text)
+			if m.Raw != nil { // the chat API's: its tool calls too
+				msgs[i] = tokens.ObjectMessage(m.Role, text, m.Raw)
+			}
 		}
-		in.Messages, in.Mode = msgs, chatMode(req)
+		in.Messages = msgs
+		in.Chat = tokens.ChatOptions{Mode: chatMode(req), Tools: req.Tools, Kwargs: req.ChatTemplateKwargs}
 		// A response that continues another is its conversation's
 		// next turn, whose start the engine keeps.
 		rt.opens = openai.OpensConversation(req.Messages) && req.PreviousResponseID == ""

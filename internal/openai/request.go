@@ -50,6 +50,13 @@ type Request struct {
 	// Instructions is a Responses API request's instructions, which
 	// ParseResponses also makes Messages' first, a system message.
 	Instructions string
+	// Tools and ChatTemplateKwargs are a chat request's tools (nil when
+	// absent, null or empty) and chat_template_kwargs (nil when absent
+	// or null), as sent: the chat template renders both into the prompt
+	// (tools, typically into its system part), so a tokenizer that
+	// renders it as the engine does needs them.
+	Tools              json.RawMessage
+	ChatTemplateKwargs json.RawMessage
 
 	// Raw is the body as received.
 	Raw     []byte
@@ -128,11 +135,14 @@ func (p Prompt) Len() int {
 	return 0
 }
 
-// Message is one chat message. Fields other than role and content are
-// kept in the raw body only.
+// Message is one chat message: its role and content, and for the chat
+// API the message object as sent (Raw: its tool_calls, tool_call_id,
+// name and reasoning, which a chat template may render too; nil for a
+// message another API's request was converted to).
 type Message struct {
-	Role    string  `json:"role"`
-	Content Content `json:"content"`
+	Role    string          `json:"role"`
+	Content Content         `json:"content"`
+	Raw     json.RawMessage `json:"-"`
 }
 
 // Content is a message's content: a string, null, or a list of parts.
@@ -299,6 +309,20 @@ func (r *Request) setField(key string, v []byte) error {
 		if !isNull(v) {
 			r.KVTransferParams = json.RawMessage(v)
 		}
+	case "tools":
+		switch {
+		case v[0] == '[' && len(trimSpace(v[1:])) > 1:
+			r.Tools = json.RawMessage(v)
+		case v[0] != '[' && !isNull(v):
+			err = BadRequest("tools must be a list of tools").WithParam(key)
+		}
+	case "chat_template_kwargs":
+		switch {
+		case v[0] == '{':
+			r.ChatTemplateKwargs = json.RawMessage(v)
+		case !isNull(v):
+			err = BadRequest("chat_template_kwargs must be an object").WithParam(key)
+		}
 	case "cache_salt":
 		r.CacheSalt, err = parseString(key, v)
 	case "priority":
@@ -407,7 +431,7 @@ func parseMessage(b []byte, k int) (Message, error) {
 	if err != nil {
 		return Message{}, err.(*Error).WithParam("messages")
 	}
-	var m Message
+	m := Message{Raw: b}
 	if r := find(ms, "role"); r != nil {
 		if m.Role, err = parseString("", b[r.v0:r.v1]); err != nil {
 			return Message{}, BadRequest("messages[%d].role must be a string", k).WithParam("messages")

@@ -15,10 +15,18 @@ type Message struct {
 	// text, when set (TextMessage), is the content as plain text: no
 	// JSON is built or parsed for it until the message is marshalled.
 	text *string
+	// object, when set (ObjectMessage), is the message object as the
+	// client sent it, whose other members (tool_calls, tool_call_id,
+	// name) a model's own template renders too.
+	object json.RawMessage
 }
 
-// MarshalJSON writes the message in OpenAI's shape.
+// MarshalJSON writes the message in OpenAI's shape: as the client sent
+// it, when it was (ObjectMessage).
 func (m Message) MarshalJSON() ([]byte, error) {
+	if m.object != nil {
+		return m.object, nil
+	}
 	if m.text != nil {
 		return json.Marshal(struct {
 			Role    string `json:"role"`
@@ -75,6 +83,13 @@ func TextMessage(role, text string) Message {
 	return Message{Role: role, text: &text}
 }
 
+// ObjectMessage builds a Message with string content text (its text
+// parts) from object, the message as the client sent it (valid JSON),
+// which an engine's or the model's own template is given whole.
+func ObjectMessage(role, text string, object json.RawMessage) Message {
+	return Message{Role: role, text: &text, object: object}
+}
+
 // Template renders a conversation to prompt text as a sequence of segments:
 // Prefix (once), one segment per message, then the generation prompt. The
 // prompt is their concatenation; segments are what the tokenizer caches, so
@@ -117,6 +132,17 @@ func LookupTemplate(name string) (Template, error) {
 		return Template{}, fmt.Errorf("tokens: unknown chat template %q (have %s)", name, strings.Join(names, ", "))
 	}
 	return t, nil
+}
+
+// ChatOptions is what, besides its messages, a conversation's prompt is
+// rendered from: how it ends, and the request's tools and
+// chat_template_kwargs as it sent them (nil: none), which a model's own
+// template renders too (tools, typically into its system part). The
+// built-in templates (Template) render neither.
+type ChatOptions struct {
+	Mode   ChatMode
+	Tools  json.RawMessage
+	Kwargs json.RawMessage
 }
 
 // ChatMode is how a conversation's prompt ends: vLLM's chat request flags

@@ -36,7 +36,7 @@ func TestChatModesAgainstEngine(t *testing.T) {
 	}
 	for mode, text := range want {
 		for _, model := range []string{"exact", "segments"} {
-			ids, err := set.For(model).ChatAs(context.Background(), msgs, mode)
+			ids, err := set.For(model).ChatAs(context.Background(), msgs, tokens.ChatOptions{Mode: mode})
 			if err != nil {
 				t.Fatal(err)
 			}

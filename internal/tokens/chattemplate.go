@@ -1,6 +1,7 @@
 package tokens
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,27 +33,166 @@ func NewChatTemplate(src string, specials map[string]string) (*ChatTemplate, err
 	return &ChatTemplate{tmpl: t, vars: vars}, nil
 }
 
-// Render renders a conversation. Message contents are passed as strings
-// (text parts joined, as vLLM does for text-only models).
+// Render renders a conversation (RenderChat without tools or kwargs).
 func (c *ChatTemplate) Render(msgs []Message, addGenerationPrompt bool) (string, error) {
+	mode := ChatNoPrompt
+	if addGenerationPrompt {
+		mode = ChatGenerate
+	}
+	return c.RenderChat(msgs, ChatOptions{Mode: mode})
+}
+
+// RenderChat renders a conversation as vLLM has transformers render it:
+// each message the object the client sent (ObjectMessage: its
+// tool_calls, tool_call_id, name; else its role) with its content as a
+// string (text parts joined, as vLLM does for text-only models), the
+// request's tools as vLLM dumps them (toolsValue), its
+// chat_template_kwargs as variables, and add_generation_prompt for
+// ChatGenerate.
+func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, error) {
 	list := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {
 		d := jinja.NewDict()
+		if m.object != nil {
+			if o, err := jsonValue(m.object); err == nil && o.IsDict() {
+				d = o
+			}
+		}
 		d.AsDict().Set("role", jinja.NewString(m.Role))
 		d.AsDict().Set("content", jinja.NewString(m.Text()))
 		list[i] = d
 	}
-	vars := make(map[string]jinja.Value, len(c.vars)+2)
+	vars := make(map[string]jinja.Value, len(c.vars)+4)
 	for k, v := range c.vars {
 		vars[k] = v
 	}
+	if len(opts.Kwargs) > 0 {
+		kw, err := jsonValue(opts.Kwargs)
+		if err != nil || !kw.IsDict() {
+			return "", fmt.Errorf("tokens: chat_template_kwargs: not a JSON object")
+		}
+		for _, k := range kw.AsDict().OrderedKeys() {
+			v, _ := kw.AsDict().Get(k)
+			vars[k] = v
+		}
+	}
+	if len(opts.Tools) > 0 {
+		tools, err := toolsValue(opts.Tools)
+		if err != nil {
+			return "", err
+		}
+		vars["tools"] = tools
+	}
 	vars["messages"] = jinja.NewList(list)
-	vars["add_generation_prompt"] = jinja.NewBool(addGenerationPrompt)
+	vars["add_generation_prompt"] = jinja.NewBool(opts.Mode == ChatGenerate)
 	out, err := c.tmpl.RenderValues(vars)
 	if err != nil {
 		return "", fmt.Errorf("tokens: render chat template: %w", err)
 	}
 	return out, nil
+}
+
+// toolsValue is a request's tools as vLLM gives them to the template
+// (its pydantic models dumped): each tool's type (default "function")
+// and function first, the function's name, description and parameters
+// (null when absent) first, then any other members in the order sent.
+func toolsValue(raw json.RawMessage) (jinja.Value, error) {
+	v, err := jsonValue(raw)
+	if err != nil || !v.IsList() {
+		return jinja.Value{}, fmt.Errorf("tokens: tools: not a JSON list")
+	}
+	items := v.AsList().Items
+	out := make([]jinja.Value, len(items))
+	for i, t := range items {
+		if !t.IsDict() {
+			return jinja.Value{}, fmt.Errorf("tokens: tools[%d]: not an object", i)
+		}
+		fn, _ := t.AsDict().Get("function")
+		if !fn.IsDict() {
+			return jinja.Value{}, fmt.Errorf("tokens: tools[%d].function: not an object", i)
+		}
+		f := ordered(fn, []string{"name", "description", "parameters"}, nil)
+		out[i] = ordered(t, []string{"type", "function"}, map[string]jinja.Value{"type": jinja.NewString("function"), "function": f})
+	}
+	return jinja.NewList(out), nil
+}
+
+// ordered is the dict d with the keys first, in their order (null when
+// d lacks one and over has none), then its other keys; over's values
+// replace d's.
+func ordered(d jinja.Value, first []string, over map[string]jinja.Value) jinja.Value {
+	out := jinja.NewDict()
+	for _, k := range first {
+		v, ok := d.AsDict().Get(k)
+		if o, has := over[k]; has && (k != "type" || !ok) {
+			v, ok = o, true
+		}
+		if !ok {
+			v = jinja.None()
+		}
+		out.AsDict().Set(k, v)
+	}
+	for _, k := range d.AsDict().OrderedKeys() {
+		if _, done := out.AsDict().Get(k); !done {
+			v, _ := d.AsDict().Get(k)
+			out.AsDict().Set(k, v)
+		}
+	}
+	return out
+}
+
+// jsonValue decodes JSON into template values, objects keeping their
+// members' order (as Python's dicts do; jinja.FromGoValue sorts them),
+// integers kept integers.
+func jsonValue(raw []byte) (jinja.Value, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	return decodeValue(dec, 0)
+}
+
+// maxJSONDepth bounds the nesting jsonValue follows.
+const maxJSONDepth = 256
+
+func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
+	if depth > maxJSONDepth {
+		return jinja.Value{}, errors.New("tokens: JSON nested too deep")
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		if t == '[' {
+			var items []jinja.Value
+			for dec.More() {
+				v, err := decodeValue(dec, depth+1)
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				items = append(items, v)
+			}
+			_, err = dec.Token()
+			return jinja.NewList(items), err
+		}
+		d := jinja.NewDict()
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return jinja.Value{}, err
+			}
+			v, err := decodeValue(dec, depth+1)
+			if err != nil {
+				return jinja.Value{}, err
+			}
+			d.AsDict().Set(k.(string), v)
+		}
+		_, err = dec.Token()
+		return d, err
+	case nil:
+		return jinja.None(), nil
+	}
+	return jinja.FromGoValue(tok), nil
 }
 
 // specialTokenKeys are tokenizer_config.json's special-token entries that

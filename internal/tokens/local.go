@@ -459,21 +459,21 @@ func (s *LocalSource) HasChatTemplate() bool { return s.chat != nil }
 // between added tokens (about one per message) are cached when the source
 // has a cache, so a growing conversation tokenizes only its new messages.
 func (s *LocalSource) TokenizeMessages(ctx context.Context, msgs []Message) ([]uint32, error) {
-	return s.TokenizeChat(ctx, msgs, ChatGenerate)
+	return s.TokenizeChat(ctx, msgs, ChatOptions{})
 }
 
 // TokenizeChat implements MessagesSource: the template renders with
 // add_generation_prompt for ChatGenerate only, and for ChatContinue the
 // text is cut after the final message's, as transformers does.
-func (s *LocalSource) TokenizeChat(_ context.Context, msgs []Message, mode ChatMode) ([]uint32, error) {
+func (s *LocalSource) TokenizeChat(_ context.Context, msgs []Message, opts ChatOptions) ([]uint32, error) {
 	if s.chat == nil {
 		return nil, errors.New("tokens: the local tokenizer has no chat template (no tokenizer_config.json or chat_template.jinja beside tokenizer.json)")
 	}
-	text, err := s.chat.Render(msgs, mode == ChatGenerate)
+	text, err := s.chat.RenderChat(msgs, opts)
 	if err != nil {
 		return nil, err
 	}
-	if mode == ChatContinue && len(msgs) > 0 {
+	if opts.Mode == ChatContinue && len(msgs) > 0 {
 		text = ContinueCut(text, msgs[len(msgs)-1].Text())
 	}
 	return s.appendText(make([]uint32, 0, len(text)/3+1), text, true), nil

@@ -22,9 +22,10 @@ type Input struct {
 	// LoRA is the adapter the request is served with ("" for the base
 	// model); it is mixed into every block key.
 	LoRA string
-	// Mode is how Messages' prompt ends (add_generation_prompt,
-	// continue_final_message).
-	Mode ChatMode
+	// Chat is how Messages' prompt ends (add_generation_prompt,
+	// continue_final_message) and the tools and template kwargs it is
+	// rendered with.
+	Chat ChatOptions
 }
 
 // Prepared is a request's token ids and the chained keys of its full
@@ -66,7 +67,7 @@ func (s *Set) Prepare(ctx context.Context, model string, in Input, blockSize int
 		if in.Prompt != nil {
 			ids, err = tk.Prompt(ctx, *in.Prompt)
 		} else {
-			ids, err = tk.ChatAs(ctx, in.Messages, in.Mode)
+			ids, err = tk.ChatAs(ctx, in.Messages, in.Chat)
 		}
 		engine = tk.engineIDs(in.Prompt == nil)
 		if err != nil {

@@ -23,9 +23,10 @@ type Source interface {
 type MessagesSource interface {
 	Source
 	TokenizeMessages(ctx context.Context, msgs []Message) ([]uint32, error)
-	// TokenizeChat is TokenizeMessages with the prompt ending as mode
-	// says (TokenizeMessages is ChatGenerate).
-	TokenizeChat(ctx context.Context, msgs []Message, mode ChatMode) ([]uint32, error)
+	// TokenizeChat is TokenizeMessages with the prompt ending as opts
+	// says, rendered with its tools and template kwargs
+	// (TokenizeMessages is the zero ChatOptions).
+	TokenizeChat(ctx context.Context, msgs []Message, opts ChatOptions) ([]uint32, error)
 }
 
 // EstimateSource is the fallback when no tokenizer is configured: one
@@ -64,12 +65,14 @@ type EngineSource struct {
 }
 
 type tokenizeRequest struct {
-	Model               string    `json:"model"`
-	Prompt              *string   `json:"prompt,omitempty"`
-	Messages            []Message `json:"messages,omitempty"`
-	AddSpecialTokens    *bool     `json:"add_special_tokens,omitempty"`
-	AddGenerationPrompt *bool     `json:"add_generation_prompt,omitempty"`
-	ContinueFinal       bool      `json:"continue_final_message,omitempty"`
+	Model               string          `json:"model"`
+	Prompt              *string         `json:"prompt,omitempty"`
+	Messages            []Message       `json:"messages,omitempty"`
+	AddSpecialTokens    *bool           `json:"add_special_tokens,omitempty"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt,omitempty"`
+	ContinueFinal       bool            `json:"continue_final_message,omitempty"`
+	Tools               json.RawMessage `json:"tools,omitempty"`
+	Kwargs              json.RawMessage `json:"chat_template_kwargs,omitempty"`
 }
 
 type tokenizeResponse struct {
@@ -116,14 +119,16 @@ func (e *StatusError) refused() bool {
 // TokenizeMessages implements MessagesSource: the engine renders the
 // conversation with its own chat template.
 func (s *EngineSource) TokenizeMessages(ctx context.Context, msgs []Message) ([]uint32, error) {
-	return s.TokenizeChat(ctx, msgs, ChatGenerate)
+	return s.TokenizeChat(ctx, msgs, ChatOptions{})
 }
 
 // TokenizeChat implements MessagesSource: vLLM's /tokenize takes
-// add_generation_prompt and continue_final_message as its chat API does.
-func (s *EngineSource) TokenizeChat(ctx context.Context, msgs []Message, mode ChatMode) ([]uint32, error) {
-	gen := mode == ChatGenerate
-	return s.post(ctx, tokenizeRequest{Model: s.Model, Messages: msgs, AddGenerationPrompt: &gen, ContinueFinal: mode == ChatContinue})
+// add_generation_prompt, continue_final_message, tools and
+// chat_template_kwargs as its chat API does.
+func (s *EngineSource) TokenizeChat(ctx context.Context, msgs []Message, opts ChatOptions) ([]uint32, error) {
+	gen := opts.Mode == ChatGenerate
+	return s.post(ctx, tokenizeRequest{Model: s.Model, Messages: msgs, AddGenerationPrompt: &gen, ContinueFinal: opts.Mode == ChatContinue,
+		Tools: opts.Tools, Kwargs: opts.Kwargs})
 }
 
 func (s *EngineSource) post(ctx context.Context, req tokenizeRequest) ([]uint32, error) {

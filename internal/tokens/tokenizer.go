@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -84,13 +85,15 @@ func (t *Tokenizer) Prompt(ctx context.Context, prompt string) ([]uint32, error)
 // Otherwise each rendered message segment is cached, so a growing
 // conversation re-tokenizes only its new messages.
 func (t *Tokenizer) Chat(ctx context.Context, msgs []Message) ([]uint32, error) {
-	return t.ChatAs(ctx, msgs, ChatGenerate)
+	return t.ChatAs(ctx, msgs, ChatOptions{})
 }
 
-// ChatAs is Chat with the prompt ending as mode says.
-func (t *Tokenizer) ChatAs(ctx context.Context, msgs []Message, mode ChatMode) ([]uint32, error) {
+// ChatAs is Chat with the prompt ending as opts says, with its tools and
+// template kwargs (which only an exact chat renders: the engine's or the
+// model's own template).
+func (t *Tokenizer) ChatAs(ctx context.Context, msgs []Message, opts ChatOptions) ([]uint32, error) {
 	if t.exactChats() {
-		ids, err := t.exactChat(ctx, msgs, mode)
+		ids, err := t.exactChat(ctx, msgs, opts)
 		var se *StatusError
 		if err == nil || !errors.As(err, &se) || !se.refused() {
 			return ids, err
@@ -105,7 +108,7 @@ func (t *Tokenizer) ChatAs(ctx context.Context, msgs []Message, mode ChatMode) (
 		segment = es.tokenizeSegment
 	}
 	var out []uint32
-	for _, seg := range t.tmpl.SegmentsAs(msgs, mode) {
+	for _, seg := range t.tmpl.SegmentsAs(msgs, opts.Mode) {
 		ids, err := t.cached(ctx, 's', seg, segment)
 		if err != nil {
 			return nil, err
@@ -120,16 +123,16 @@ func (t *Tokenizer) ChatAs(ctx context.Context, msgs []Message, mode ChatMode) (
 const minShared = 16
 
 // exactChat asks the engine to render and tokenize msgs (see Chat).
-func (t *Tokenizer) exactChat(ctx context.Context, msgs []Message, mode ChatMode) ([]uint32, error) {
+func (t *Tokenizer) exactChat(ctx context.Context, msgs []Message, opts ChatOptions) ([]uint32, error) {
 	ms := t.src.(MessagesSource)
 	if t.cache == nil {
-		return ms.TokenizeChat(ctx, msgs, mode)
+		return ms.TokenizeChat(ctx, msgs, opts)
 	}
-	keys := t.conversationKeys(msgs, mode)
+	keys := t.conversationKeys(msgs, opts)
 	if ids, ok := t.cache.getCopy(keys[len(msgs)]); ok {
 		return ids, nil
 	}
-	ids, err := ms.TokenizeChat(ctx, msgs, mode)
+	ids, err := ms.TokenizeChat(ctx, msgs, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -140,13 +143,19 @@ func (t *Tokenizer) exactChat(ctx context.Context, msgs []Message, mode ChatMode
 // conversationKeys returns the cache key of every prefix of msgs rendered
 // as mode says: keys[i] is msgs[:i]'s, chained so that computing all of
 // them reads each message once.
-func (t *Tokenizer) conversationKeys(msgs []Message, mode ChatMode) []uint64 {
+func (t *Tokenizer) conversationKeys(msgs []Message, opts ChatOptions) []uint64 {
 	keys := make([]uint64, len(msgs)+1)
 	var b [9]byte
 	binary.LittleEndian.PutUint64(b[:8], t.ns)
-	b[8] = 'c' + byte(mode)
-	keys[0] = xxhash.Sum64(b[:])
+	b[8] = 'c' + byte(opts.Mode)
 	d := xxhash.New()
+	_, _ = d.Write(b[:])
+	for _, raw := range []json.RawMessage{opts.Tools, opts.Kwargs} {
+		binary.LittleEndian.PutUint64(b[:8], uint64(len(raw)))
+		_, _ = d.Write(b[:8])
+		_, _ = d.Write(raw)
+	}
+	keys[0] = d.Sum64()
 	for i, m := range msgs {
 		d.Reset()
 		binary.LittleEndian.PutUint64(b[:8], keys[i])
@@ -154,6 +163,8 @@ func (t *Tokenizer) conversationKeys(msgs []Message, mode ChatMode) []uint64 {
 		_, _ = d.WriteString(m.Role)
 		_, _ = d.Write([]byte{0})
 		_, _ = d.WriteString(m.Text())
+		_, _ = d.Write([]byte{0})
+		_, _ = d.Write(m.object)
 		keys[i+1] = d.Sum64()
 	}
 	return keys

@@ -1,0 +1,98 @@
+package tokens
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// toolsTemplate renders tools and tool calls as Qwen's templates do (in
+// short): the tools after the system prompt, one tojson line each, an
+// assistant's tool calls after its content, and chat_template_kwargs'
+// enable_thinking.
+const toolsTemplate = `{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}
+{{- messages[0].content + '\n\n' }}
+{%- endif %}
+{{- '# Tools\n<tools>' }}
+{%- for tool in tools %}
+{{- '\n' }}{{- tool | tojson }}
+{%- endfor %}
+{{- '\n</tools><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if not (tools and loop.first and message.role == 'system') %}
+{{- '<|im_start|>' + message.role + '\n' + message.content }}
+{%- for tc in message.tool_calls or [] %}
+{{- '\n<tool_call>\n{"name": "' + tc.function.name + '", "arguments": ' + tc.function.arguments + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and not enable_thinking %}
+{{- '<think>\n\n</think>\n\n' }}
+{%- endif %}
+{%- endif %}`
+
+// TestRenderChatTools: a model's own template is given the request's
+// tools as vLLM gives them (each tool's type and function first; the
+// function's name, description and parameters first, null when absent,
+// then its other members in the order sent: tojson writes them as
+// Python's json.dumps would), every message as the client sent it (its
+// tool calls), and chat_template_kwargs as variables.
+func TestRenderChatTools(t *testing.T) {
+	ct, err := NewChatTemplate(toolsTemplate, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := json.RawMessage(`{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"path\": \"a.go\"}"}}]}`)
+	msgs := []Message{TextMessage("system", "Be terse."), TextMessage("user", "read a.go"), ObjectMessage("assistant", "", call),
+		ObjectMessage("tool", "package a", json.RawMessage(`{"role":"tool","tool_call_id":"c1","content":"package a"}`))}
+	tools := json.RawMessage(`[{"function":{"name":"read_file","parameters":{"type":"object","properties":{"path":{"type":"string"}}},"strict":true},"type":"function"}]`)
+	got, err := ct.RenderChat(msgs, ChatOptions{Mode: ChatGenerate, Tools: tools, Kwargs: json.RawMessage(`{"enable_thinking":false}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "<|im_start|>system\nBe terse.\n\n# Tools\n<tools>\n" +
+		`{"type": "function", "function": {"name": "read_file", "description": null, "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}, "strict": true}}` +
+		"\n</tools><|im_end|>\n<|im_start|>user\nread a.go<|im_end|>\n<|im_start|>assistant\n\n<tool_call>\n" +
+		`{"name": "read_file", "arguments": {"path": "a.go"}}` +
+		"\n</tool_call><|im_end|>\n<|im_start|>tool\npackage a<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+	if got != want {
+		t.Fatalf("got\n%q\nwant\n%q", got, want)
+	}
+	// Without tools or kwargs the same template renders the plain chat.
+	plain, err := ct.Render(msgs[:2], true)
+	if err != nil || plain != "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nread a.go<|im_end|>\n<|im_start|>assistant\n" {
+		t.Fatalf("%q %v", plain, err)
+	}
+	for _, bad := range []ChatOptions{{Tools: json.RawMessage(`{}`)}, {Tools: json.RawMessage(`[5]`)}, {Tools: json.RawMessage(`[{"type":"function"}]`)}, {Kwargs: json.RawMessage(`[1]`)}} {
+		if _, err := ct.RenderChat(msgs, bad); err == nil {
+			t.Errorf("%s %s rendered", bad.Tools, bad.Kwargs)
+		}
+	}
+}
+
+// TestConversationKeysTools: the cache of exact conversations keys the
+// tools, the kwargs and each message as sent, so a conversation with
+// other tools or other tool calls is never served another's ids.
+func TestConversationKeysTools(t *testing.T) {
+	tk := &Tokenizer{}
+	msgs := []Message{TextMessage("user", "q"), ObjectMessage("assistant", "", json.RawMessage(`{"role":"assistant","tool_calls":[{"function":{"name":"a"}}]}`))}
+	other := []Message{msgs[0], ObjectMessage("assistant", "", json.RawMessage(`{"role":"assistant","tool_calls":[{"function":{"name":"b"}}]}`))}
+	base := tk.conversationKeys(msgs, ChatOptions{})
+	for name, k := range map[string][]uint64{
+		"tools":      tk.conversationKeys(msgs, ChatOptions{Tools: json.RawMessage(`[{"function":{"name":"f"}}]`)}),
+		"kwargs":     tk.conversationKeys(msgs, ChatOptions{Kwargs: json.RawMessage(`{"enable_thinking":false}`)}),
+		"tool calls": tk.conversationKeys(other, ChatOptions{}),
+	} {
+		if k[len(k)-1] == base[len(base)-1] {
+			t.Errorf("%s: the same key", name)
+		}
+	}
+	if again := tk.conversationKeys(msgs, ChatOptions{}); again[2] != base[2] || base[1] != tk.conversationKeys(other, ChatOptions{})[1] {
+		t.Error("keys not stable, or a shared first message keyed apart")
+	}
+}
