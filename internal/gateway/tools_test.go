@@ -15,6 +15,7 @@ import (
 // templates do), so a gateway that tokenizes with the engine's own
 // template (source=engine) sends them along: turn after turn of an agent's
 // conversation, the gateway claims cached exactly what the engine finds.
+// (TestMessagesToolsKeyedAsRendered: the same through the Messages API.)
 func TestToolsKeyedAsRendered(t *testing.T) {
 	e := startEngine(t, fleet.RoleBoth, nil)
 	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, Policy: "kvgate", BlockSize: 16,
@@ -48,5 +49,80 @@ func TestToolsKeyedAsRendered(t *testing.T) {
 	if json.Unmarshal([]byte(post(t, e.URL()+"/tokenize", string(with), nil).body), &a) != nil ||
 		json.Unmarshal([]byte(post(t, e.URL()+"/tokenize", string(without), nil).body), &b) != nil || a.Count <= b.Count+50 {
 		t.Fatalf("the engine counts %d tokens with the tools, %d without", a.Count, b.Count)
+	}
+}
+
+// TestMessagesToolsKeyedAsRendered: an agent speaking the Messages API
+// (Claude Code's shape: a system prompt, tools, then turns of tool_use and
+// tool_result blocks) is keyed as the engine renders the chat request it
+// converts the message to: turn after turn, the gateway claims cached
+// exactly what the engine finds (its /v1/messages reports no cache hits,
+// so each turn is sent twice, then as the chat request it converts to,
+// whose cached tokens the engine reports: the second message's claim
+// must be what the chat request finds).
+func TestMessagesToolsKeyedAsRendered(t *testing.T) {
+	e := startEngine(t, fleet.RoleBoth, nil)
+	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, Policy: "kvgate", BlockSize: 16,
+		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e.URL()}}
+	g, url, _ := startGateway(t, cfg, Options{})
+	waitSubscribed(t, g)
+	quiet := func() {
+		waitFor(t, func() bool {
+			st := g.sub.Stats()
+			next := e.KVEventsSeq()
+			return len(st) == 1 && (next == 0 || st[0].LastSeq != nil && *st[0].LastSeq+1 >= next)
+		})
+	}
+	tools := []map[string]any{{"name": "read_file", "description": "Read a file.", "input_schema": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]string{"type": "string"}}}},
+		{"name": "run", "input_schema": map[string]any{"properties": map[string]any{"cmd": map[string]string{"type": "string"}}}}}
+	system := []map[string]string{{"type": "text", "text": "x-anthropic-billing-header: cch=1234;"}, {"type": "text", "text": prefix("claude")}}
+	msgs := []any{map[string]any{"role": "user", "content": "fix the failing test"}}
+	for turn := range 3 {
+		quiet()
+		body, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "system": system, "tools": tools, "messages": msgs})
+		r := post(t, url+"/v1/messages", string(body), nil)
+		if first, _ := strconv.Atoi(r.header.Get(hdrCached)); r.status != 200 || (turn > 0 && first == 0) {
+			t.Fatalf("turn %d: %d %s (claimed %d)", turn, r.status, r.body, first)
+		}
+		quiet()
+		// Sent again, all of it is cached: an exact gateway claims what
+		// the engine then finds.
+		r = post(t, url+"/v1/messages", string(body), nil)
+		claimed, _ := strconv.Atoi(r.header.Get(hdrCached))
+		// The engine's own count of that prompt cached: the same
+		// request again, as the chat request vLLM converts it to.
+		parsed, err := openai.ParseMessages(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var chatMsgs []json.RawMessage
+		for _, m := range parsed.Messages {
+			chatMsgs = append(chatMsgs, m.Raw)
+		}
+		quiet()
+		chat, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "messages": chatMsgs, "tools": parsed.Tools})
+		c := post(t, url+"/v1/chat/completions", string(chat), nil)
+		again, _ := strconv.Atoi(c.header.Get(hdrCached))
+		found, ok := openai.ResponseCachedTokens([]byte(c.body))
+		var m struct {
+			Usage struct {
+				InputTokens int `json:"input_tokens"`
+			}
+		}
+		_ = json.Unmarshal([]byte(r.body), &m)
+		var u struct {
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			}
+		}
+		_ = json.Unmarshal([]byte(c.body), &u)
+		if c.status != 200 || !ok || again != found || claimed != found || u.Usage.PromptTokens != m.Usage.InputTokens || found < m.Usage.InputTokens-16 {
+			t.Fatalf("turn %d: the message's %d prompt tokens, claimed %d cached; as chat %d, claimed %d, the engine found %d: %s",
+				turn, m.Usage.InputTokens, claimed, u.Usage.PromptTokens, again, found, c.body)
+		}
+		id := "toolu_" + strconv.Itoa(turn)
+		msgs = append(msgs, map[string]any{"role": "assistant", "content": []map[string]any{{"type": "text", "text": "Let me look."},
+			{"type": "tool_use", "id": id, "name": "read_file", "input": map[string]any{"path": "a.go", "line": 1.0}}}},
+			map[string]any{"role": "user", "content": []map[string]any{{"type": "tool_result", "tool_use_id": id, "content": prefix("file" + strconv.Itoa(turn))}}})
 	}
 }

@@ -1,9 +1,11 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 )
 
@@ -25,15 +27,16 @@ const billingHeader = "x-anthropic-billing-header"
 // ParseMessages parses a /v1/messages body as the chat request vLLM makes
 // of it: the system text (the top-level system, a string or text blocks,
 // then any system message's, joined without a separator) as a system
-// message, then the messages: a string content as it is, text blocks as
-// text parts, an image as a part of its type (which kvgate's tokenizer
-// refuses, as it refuses a chat request's images), a tool_use block as
-// the text name(input) (kvgate's rendering of a tool call; the exact one
-// is the template's), a user's tool_result as a tool message before the
-// rest of its message, an assistant's as the text "Tool result: …", and
-// thinking blocks not at all (templates drop past reasoning). A user
-// message left without content is dropped. max_tokens (required) is
-// MaxTokens; model, stream and kv_transfer_params are read as a chat
+// message, then the messages (messagesMessage), each with its object as
+// vLLM builds it (Message.Raw), so that an exact tokenizer renders it as
+// the engine does: its text blocks as its content, its tool_use blocks
+// as tool calls, a user's tool_result as a tool message before the rest
+// of its message, an assistant's as the text "Tool result: …", its
+// thinking blocks as its reasoning, an image as a part (which kvgate's
+// tokenizers refuse, as they refuse a chat request's images). A user
+// message left without content is dropped. The tools become the chat
+// API's (messagesTools); max_tokens (required) is MaxTokens; model,
+// stream, kv_transfer_params and chat_template_kwargs are read as a chat
 // request's. Raw is the body.
 func ParseMessages(body []byte) (*Request, error) {
 	return parseMessagesBody(body, true)
@@ -56,8 +59,10 @@ func parseMessagesBody(body []byte, generates bool) (*Request, error) {
 	for _, m := range r.members {
 		v := body[m.v0:m.v1]
 		switch m.key {
-		case "model", "stream", "kv_transfer_params":
+		case "model", "stream", "kv_transfer_params", "chat_template_kwargs":
 			err = r.setField(m.key, v)
+		case "tools":
+			r.Tools, err = messagesTools(v)
 		case "max_tokens":
 			r.MaxTokens, err = parseInt(m.key, v)
 		case "system":
@@ -76,7 +81,7 @@ func parseMessagesBody(body []byte, generates bool) (*Request, error) {
 		return nil, BadRequest("max_tokens is required").WithParam("max_tokens")
 	}
 	if s := strings.Join(system, ""); s != "" {
-		r.Messages = append(r.Messages, Message{Role: "system", Content: Content{String: s}})
+		r.Messages = append(r.Messages, objectMessage("system", Content{String: s}, "", nil))
 	}
 	r.Messages = append(r.Messages, msgs...)
 	if len(r.Messages) == 0 {
@@ -87,11 +92,14 @@ func parseMessagesBody(body []byte, generates bool) (*Request, error) {
 
 // messagesBlock is one content block as kvgate reads it.
 type messagesBlock struct {
-	Type    string          `json:"type"`
-	Text    string          `json:"text"`
-	Name    string          `json:"name"`
-	Input   json.RawMessage `json:"input"`
-	Content json.RawMessage `json:"content"` // a tool_result's: a string or blocks
+	Type      string          `json:"type"`
+	Text      string          `json:"text"`
+	Thinking  *string         `json:"thinking"`
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Input     json.RawMessage `json:"input"`
+	ToolUseID string          `json:"tool_use_id"`
+	Content   json.RawMessage `json:"content"` // a tool_result's: a string or blocks
 }
 
 // messagesSystem reads the top-level system: a string, or text blocks
@@ -194,7 +202,12 @@ func parseMessagesList(v []byte, system *[]string) ([]Message, error) {
 // ctx and msg are the user's, as vLLM reads them.
 var messagesRoles = map[string]string{"user": "user", "assistant": "assistant", "system": "system", "ctx": "user", "msg": "user"}
 
-// messagesMessage appends message k (el) to out as chat messages.
+// messagesMessage appends message k (el) to out as the chat messages
+// vLLM converts it to, each with its object (Message.Raw) as vLLM
+// builds it: role, then reasoning (its thinking blocks), tool_calls (its
+// tool_use blocks, arguments written as Python's json.dumps writes the
+// input) and content (one text: a string; more parts: a list); a user's
+// tool_result a tool message of its own before it.
 func messagesMessage(out []Message, system *[]string, el []byte, k int) ([]Message, error) {
 	var m struct {
 		Role    string          `json:"role"`
@@ -217,42 +230,115 @@ func messagesMessage(out []Message, system *[]string, el []byte, k int) ([]Messa
 		*system = append(*system, systemTexts(c)...)
 		return out, nil
 	case c.blocks == nil:
-		return append(out, Message{Role: role, Content: Content{String: c.text}}), nil
+		return append(out, objectMessage(role, Content{String: c.text}, "", nil)), nil
 	}
-	msg := Message{Role: role}
+	var content Content
+	var reasoning strings.Builder
+	var calls []messagesToolCall
 	for _, b := range c.blocks {
 		switch b.Type {
 		case "text":
 			if b.Text != "" {
-				msg.Content.Parts = append(msg.Content.Parts, ContentPart{Type: "text", Text: b.Text})
+				content.Parts = append(content.Parts, ContentPart{Type: "text", Text: b.Text})
 			}
 		case "image":
-			msg.Content.Parts = append(msg.Content.Parts, ContentPart{Type: "image"})
-		case "tool_use":
-			in := string(b.Input)
-			if in == "" || in == "null" {
-				in = "{}"
+			content.Parts = append(content.Parts, ContentPart{Type: "image_url"})
+		case "thinking":
+			if b.Thinking != nil {
+				reasoning.WriteString(*b.Thinking)
 			}
-			msg.Content.Parts = append(msg.Content.Parts, ContentPart{Type: "text", Text: fmt.Sprintf("%s(%s)", b.Name, in)})
+		case "tool_use":
+			call, err := toolCallOf(b, param)
+			if err != nil {
+				return nil, err
+			}
+			calls = append(calls, call)
 		case "tool_result":
 			text, err := toolResultText(b.Content, param)
 			if err != nil {
 				return nil, err
 			}
 			if role == "user" {
-				out = append(out, Message{Role: "tool", Content: Content{String: text}})
+				out = append(out, toolMessage(b.ToolUseID, text))
 			} else {
-				msg.Content.Parts = append(msg.Content.Parts, ContentPart{Type: "text", Text: "Tool result: " + text})
+				content.Parts = append(content.Parts, ContentPart{Type: "text", Text: "Tool result: " + text})
 			}
 		}
 	}
-	if len(msg.Content.Parts) == 1 && msg.Content.Parts[0].Type == "text" {
-		msg.Content = Content{String: msg.Content.Parts[0].Text}
+	if len(content.Parts) == 1 && content.Parts[0].Type == "text" {
+		content = Content{String: content.Parts[0].Text}
 	}
-	if role == "user" && msg.Content.Parts == nil && msg.Content.String == "" {
+	hasContent := content.Parts != nil || content.String != ""
+	if role == "user" && !hasContent {
 		return out, nil // only tool results, or nothing
 	}
-	return append(out, msg), nil
+	if !hasContent {
+		content.String = "" // an assistant's without content: none in its object
+	}
+	return append(out, objectMessage(role, content, reasoning.String(), calls)), nil
+}
+
+// messagesToolCall is a tool_use block as the chat API's tool call.
+type messagesToolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// toolCallOf is a tool_use block's call: its input (none: {}) written as
+// Python's json.dumps writes it.
+func toolCallOf(b messagesBlock, param string) (messagesToolCall, error) {
+	c := messagesToolCall{ID: b.ID, Type: "function"}
+	c.Function.Name = b.Name
+	in := b.Input
+	if len(in) == 0 || isNull(in) {
+		in = json.RawMessage("{}")
+	}
+	args, err := PythonJSON(in)
+	if err != nil {
+		return c, BadRequest("%s: a tool_use input: %v", param, err).WithParam("messages")
+	}
+	c.Function.Arguments = args
+	return c, nil
+}
+
+// toolMessage is a user's tool_result as a tool message.
+func toolMessage(id, text string) Message {
+	raw, _ := json.Marshal(struct {
+		Role       string `json:"role"`
+		ToolCallID string `json:"tool_call_id"`
+		Content    string `json:"content"`
+	}{"tool", id, text})
+	return Message{Role: "tool", Content: Content{String: text}, Raw: raw}
+}
+
+// objectMessage is a converted message with its object: role, reasoning
+// (if any), tool_calls (if any), content (if any: a string, or parts).
+func objectMessage(role string, content Content, reasoning string, calls []messagesToolCall) Message {
+	raw := []byte(`{"role":`)
+	raw, _ = appendJSON(raw, role)
+	if reasoning != "" {
+		raw = append(raw, `,"reasoning":`...)
+		raw, _ = appendJSON(raw, reasoning)
+	}
+	if calls != nil {
+		raw = append(raw, `,"tool_calls":`...)
+		raw, _ = appendJSON(raw, calls)
+	}
+	if content.Parts != nil || content.String != "" || calls == nil && reasoning == "" {
+		raw = append(raw, `,"content":`...)
+		raw, _ = appendJSON(raw, content)
+	}
+	return Message{Role: role, Content: content, Raw: append(raw, '}')}
+}
+
+// appendJSON appends v's JSON to b.
+func appendJSON(b []byte, v any) ([]byte, error) {
+	j, err := json.Marshal(v)
+	return append(b, j...), err
 }
 
 // toolResultText is a tool_result's content as text: a string, or its
@@ -327,3 +413,55 @@ func (w messagesErrors) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // form (MessagesErrorBody): a handler of /v1/messages passes it on
 // instead of w.
 func MessagesErrors(w http.ResponseWriter) http.ResponseWriter { return messagesErrors{w} }
+
+// messagesTools is a Messages request's tools as the chat API's, as vLLM
+// converts them: each a function of the tool's name, description
+// (null when absent), input_schema as its parameters (with "type":
+// "object" when it names no type) and defer_loading (nil: no tools).
+func messagesTools(v []byte) (json.RawMessage, error) {
+	if isNull(v) {
+		return nil, nil
+	}
+	var tools []struct {
+		Name         string          `json:"name"`
+		Description  *string         `json:"description"`
+		InputSchema  json.RawMessage `json:"input_schema"`
+		DeferLoading *bool           `json:"defer_loading"`
+	}
+	if v[0] != '[' || json.Unmarshal(v, &tools) != nil {
+		return nil, BadRequest("tools must be a list of tools with a name and an input_schema").WithParam("tools")
+	}
+	if len(tools) == 0 {
+		return nil, nil
+	}
+	out := []byte{'['}
+	for i, t := range tools {
+		schema := t.InputSchema
+		if len(schema) == 0 || schema[0] != '{' {
+			return nil, BadRequest("tools[%d].input_schema must be an object", i).WithParam("tools")
+		}
+		ms, err := objectMembers(schema, "input_schema")
+		switch {
+		case err != nil:
+			return nil, BadRequest("tools[%d].input_schema must be an object", i).WithParam("tools")
+		case len(ms) == 0:
+			schema = []byte(`{"type":"object"}`)
+		case find(ms, "type") == nil: // vLLM adds it, last
+			body := bytes.TrimRight(schema[:len(bytes.TrimRight(schema, " \t\r\n"))-1], " \t\r\n")
+			schema = append(slices.Clone(body), `,"type":"object"}`...)
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, `{"type":"function","function":{"name":`...)
+		out, _ = appendJSON(out, t.Name)
+		out = append(out, `,"description":`...)
+		out, _ = appendJSON(out, t.Description)
+		out = append(out, `,"parameters":`...)
+		out = append(out, schema...)
+		out = append(out, `,"defer_loading":`...)
+		out, _ = appendJSON(out, t.DeferLoading)
+		out = append(out, "}}"...)
+	}
+	return append(out, ']'), nil
+}

@@ -9,61 +9,58 @@ import (
 	"time"
 )
 
-// chatOf is the chat messages of r as "role: text" lines (a part that
-// is not text as [type]).
+// chatOf is the chat messages of r: each its object (Message.Raw) on a
+// line.
 func chatOf(t *testing.T, r *Request) string {
 	t.Helper()
 	var got []string
 	for _, m := range r.Messages {
-		text := m.Content.String
-		if m.Content.Parts != nil {
-			var parts []string
-			for _, p := range m.Content.Parts {
-				if p.Type == "text" {
-					parts = append(parts, p.Text)
-				} else {
-					parts = append(parts, "["+p.Type+"]")
-				}
-			}
-			text = strings.Join(parts, "+")
+		if m.Raw == nil || !json.Valid(m.Raw) {
+			t.Fatalf("message %+v without a valid object", m)
 		}
-		got = append(got, m.Role+": "+text)
+		got = append(got, string(m.Raw))
 	}
 	return strings.Join(got, "\n")
 }
 
+// TestParseMessages: a Messages request is the chat request vLLM
+// converts it to, message objects and all (role, reasoning, tool_calls
+// with their arguments as Python's json.dumps writes them, content).
 func TestParseMessages(t *testing.T) {
 	cases := []struct {
 		name, body, want string
 	}{
-		{"string content", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, "user: hi"},
+		{"string content", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, `{"role":"user","content":"hi"}`},
 		{"system string", `{"model":"m","max_tokens":5,"system":"be brief","messages":[{"role":"user","content":"hi"}]}`,
-			"system: be brief\nuser: hi"},
+			`{"role":"system","content":"be brief"}` + "\n" + `{"role":"user","content":"hi"}`},
 		{"system blocks joined, billing header dropped, system messages after", `{"model":"m","max_tokens":5,
 			"system":[{"type":"text","text":"x-anthropic-billing-header: cc=1;"},{"type":"text","text":"You are "},{"type":"text","text":"terse."}],
 			"messages":[{"role":"system","content":" Really."},{"role":"user","content":"hi"}]}`,
-			"system: You are terse. Really.\nuser: hi"},
+			`{"role":"system","content":"You are terse. Really."}` + "\n" + `{"role":"user","content":"hi"}`},
 		{"text blocks: one is a string, two are parts", `{"model":"m","max_tokens":5,"messages":[
 			{"role":"user","content":[{"type":"text","text":"a"}]},
 			{"role":"assistant","content":[{"type":"text","text":"b"},{"type":"text","text":"c"}]}]}`,
-			"user: a\nassistant: b+c"},
+			`{"role":"user","content":"a"}` + "\n" + `{"role":"assistant","content":[{"type":"text","text":"b"},{"type":"text","text":"c"}]}`},
 		{"tool use and its result", `{"model":"m","max_tokens":5,"messages":[
 			{"role":"user","content":"2+2?"},
-			{"role":"assistant","content":[{"type":"thinking","thinking":"add","signature":"s"},{"type":"text","text":"calling"},{"type":"tool_use","id":"t1","name":"add","input":{"a":2,"b":2}}]},
+			{"role":"assistant","content":[{"type":"thinking","thinking":"add","signature":"s"},{"type":"text","text":"calling"},{"type":"tool_use","id":"t1","name":"add","input":{"a":2,"b":2.0,"s":"é"}}]},
 			{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"4"},{"type":"text","text":"ok"}]},{"type":"text","text":"thanks"}]}]}`,
-			"user: 2+2?\nassistant: calling+add({\"a\":2,\"b\":2})\ntool: 4\nok\nuser: thanks"},
-		{"a user message of tool results only is dropped", `{"model":"m","max_tokens":5,"messages":[
-			{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"tool_use","name":"f"}]},
+			`{"role":"user","content":"2+2?"}` + "\n" +
+				`{"role":"assistant","reasoning":"add","tool_calls":[{"id":"t1","type":"function","function":{"name":"add","arguments":"{\"a\": 2, \"b\": 2.0, \"s\": \"\\u00e9\"}"}}],"content":"calling"}` + "\n" +
+				`{"role":"tool","tool_call_id":"t1","content":"4\nok"}` + "\n" + `{"role":"user","content":"thanks"}`},
+		{"a user message of tool results only is dropped; an assistant's of calls only has no content", `{"model":"m","max_tokens":5,"messages":[
+			{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f"}]},
 			{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]}]}`,
-			"user: q\nassistant: f({})\ntool: r"},
+			`{"role":"user","content":"q"}` + "\n" + `{"role":"assistant","tool_calls":[{"id":"t","type":"function","function":{"name":"f","arguments":"{}"}}]}` + "\n" +
+				`{"role":"tool","tool_call_id":"t","content":"r"}`},
 		{"an assistant's tool result is text", `{"model":"m","max_tokens":5,"messages":[
 			{"role":"assistant","content":[{"type":"tool_result","content":"r"}]},{"role":"user","content":"q"}]}`,
-			"assistant: Tool result: r\nuser: q"},
-		{"image kept as its type, Claude Code's roles", `{"model":"m","max_tokens":5,"messages":[
+			`{"role":"assistant","content":"Tool result: r"}` + "\n" + `{"role":"user","content":"q"}`},
+		{"image kept as a part, Claude Code's roles", `{"model":"m","max_tokens":5,"messages":[
 			{"role":"ctx","content":[{"type":"image","source":{"type":"url","url":"u"}},{"type":"text","text":"what?"}]},{"role":"msg","content":"x"}]}`,
-			"user: [image]+what?\nuser: x"},
+			`{"role":"user","content":[{"type":"image_url","text":""},{"type":"text","text":"what?"}]}` + "\n" + `{"role":"user","content":"x"}`},
 		{"an empty assistant message stays", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[]}]}`,
-			"user: q\nassistant: "},
+			`{"role":"user","content":"q"}` + "\n" + `{"role":"assistant","content":""}`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -84,8 +81,34 @@ func TestParseMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	// vLLM's Messages API reads neither cache_salt nor priority.
-	if !r.Stream || r.CacheSalt != "" || r.Priority != nil || *r.OutputLimit(true) != 9 {
+	if !r.Stream || r.CacheSalt != "" || r.Priority != nil || *r.OutputLimit(true) != 9 || r.Tools != nil {
 		t.Fatalf("%+v", r)
+	}
+}
+
+// TestParseMessagesTools: the tools as vLLM converts them (the chat
+// API's functions: name, description or null, input_schema as the
+// parameters with "type": "object" added last when it has none,
+// defer_loading), and chat_template_kwargs read.
+func TestParseMessagesTools(t *testing.T) {
+	r, err := ParseMessages([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"enable_thinking":false},
+		"tools":[{"name":"a","description":"does a","input_schema":{"type":"object","properties":{"x":{"type":"string"}}}},{"name":"b","input_schema":{"properties":{} },"defer_loading":true},{"name":"c","input_schema":{}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `[{"type":"function","function":{"name":"a","description":"does a","parameters":{"type":"object","properties":{"x":{"type":"string"}}},"defer_loading":null}},` +
+		`{"type":"function","function":{"name":"b","description":null,"parameters":{"properties":{},"type":"object"},"defer_loading":true}},` +
+		`{"type":"function","function":{"name":"c","description":null,"parameters":{"type":"object"},"defer_loading":null}}]`
+	if string(r.Tools) != want || string(r.ChatTemplateKwargs) != `{"enable_thinking":false}` {
+		t.Fatalf("tools %s\nwant  %s\nkwargs %s", r.Tools, want, r.ChatTemplateKwargs)
+	}
+	for _, bad := range []string{`"tools":5`, `"tools":[{"name":"a","input_schema":5}]`, `"tools":[{"name":"a"}]`, `"chat_template_kwargs":[1]`} {
+		if _, err := ParseMessages([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}],` + bad + `}`)); err == nil {
+			t.Errorf("%s parsed", bad)
+		}
+	}
+	if r, err := ParseMessages([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}],"tools":[]}`)); err != nil || r.Tools != nil {
+		t.Fatalf("no tools: %v %s", err, r.Tools)
 	}
 }
 
