@@ -228,13 +228,66 @@ func TestExactChatDefaultAndFallback(t *testing.T) {
 			t.Fatalf("fallback: %v %v", ids, err)
 		}
 	}
-	if refused.Load() != 1 {
-		t.Errorf("engine asked %d times for a conversation it refuses, want once", refused.Load())
+	if refused.Load() != 2 {
+		t.Errorf("engine asked %d times for a conversation it refuses, want twice (the first and a plain one)", refused.Load())
 	}
 	// A failure that is not a refusal is an error, not a fallback.
 	srv.Close()
 	tk = NewTokenizer(&EngineSource{BaseURL: srv.URL, Model: "m"}, tmpl, NewCache(0), true, "m2")
 	if _, err := tk.Chat(ctx, conv); err == nil {
 		t.Error("no error from an engine that is down")
+	}
+}
+
+// TestExactChatOneRefusal: an engine that refuses one conversation (its
+// template refuses its tools, or its roles' order) but takes conversations
+// is not given up on: that conversation is rendered with the template,
+// and the next is exact again; the engine is asked about a plain
+// conversation once, not at every refusal. Until 2026-12-04 one refused
+// conversation made every later one use the template: a client could
+// turn a gateway's exact tokenization off for everyone.
+func TestExactChatOneRefusal(t *testing.T) {
+	var plain atomic.Int64
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req tokenizeRequest
+		switch err := json.NewDecoder(r.Body).Decode(&req); {
+		case err != nil:
+			http.Error(w, "bad", http.StatusBadRequest)
+			return
+		case req.Prompt != nil: // the template's segments
+			_ = json.NewEncoder(w).Encode(map[string]any{"tokens": bytesOf(*req.Prompt), "count": len(*req.Prompt)})
+			return
+		}
+		if len(req.Messages) == 1 && req.Messages[0].Text() == "hi" {
+			plain.Add(1)
+		}
+		if len(req.Tools) > 0 {
+			http.Error(w, `{"error":"tools[0].function.name: Field required"}`, http.StatusBadRequest)
+			return
+		}
+		text := "ENGINE:"
+		for _, m := range req.Messages {
+			text += m.Role + "=" + m.Text() + ";"
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": bytesOf(text), "count": len(text)})
+	}))
+	defer engine.Close()
+	tmpl := builtinTemplates["chatml"]
+	tk := NewTokenizer(&EngineSource{BaseURL: engine.URL, Model: "m"}, tmpl, NewCache(0), true, "m")
+	ctx := context.Background()
+	conv := []Message{TextMessage("user", "q")}
+	exact := bytesOf("ENGINE:user=q;")
+	for i := range 3 {
+		bad := ChatOptions{Tools: json.RawMessage(fmt.Sprintf(`[{"type":"function","function":{"n":%d}}]`, i))}
+		ids, err := tk.ChatAs(ctx, conv, bad)
+		if err != nil || !reflect.DeepEqual(ids, bytesOf(tmpl.Render(conv))) {
+			t.Fatalf("refused conversation %d: %v (%v), want the template's", i, ids, err)
+		}
+		if ids, err := tk.ChatAs(ctx, conv, ChatOptions{}); err != nil || !reflect.DeepEqual(ids, exact) {
+			t.Fatalf("after refusal %d: %v (%v), want the engine's", i, ids, err)
+		}
+	}
+	if plain.Load() != 1 || !tk.exactChats() {
+		t.Fatalf("asked about a plain conversation %d times, want once; exact %v", plain.Load(), tk.exactChats())
 	}
 }

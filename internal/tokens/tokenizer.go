@@ -24,10 +24,11 @@ type Tokenizer struct {
 	src   Source
 	tmpl  Template
 	exact bool // chat via the engine's own template (MessagesSource)
-	// noMessages is set once the engine refused a conversation (its
-	// /tokenize takes no "messages"): chats are rendered with tmpl since.
-	noMessages atomic.Bool
-	cache      *Cache
+	// noMessages is set once the engine refused a conversation and a
+	// plain one after it (its /tokenize takes no "messages"): chats are
+	// rendered with tmpl since. takesMessages is set once it took one.
+	noMessages, takesMessages atomic.Bool
+	cache                     *Cache
 	// ns separates this tokenizer's entries in a shared cache: two models
 	// with different tokenizers must never get each other's ids.
 	ns uint64
@@ -95,10 +96,18 @@ func (t *Tokenizer) ChatAs(ctx context.Context, msgs []Message, opts ChatOptions
 	if t.exactChats() {
 		ids, err := t.exactChat(ctx, msgs, opts)
 		var se *StatusError
-		if err == nil || !errors.As(err, &se) || !se.refused() {
-			return ids, err
-		}
-		if !t.noMessages.Swap(true) {
+		switch {
+		case err == nil:
+			t.takesMessages.Store(true)
+			return ids, nil
+		case !errors.As(err, &se) || !se.refused():
+			return nil, err
+		case t.takesConversations(ctx):
+			// This conversation's own refusal (a template that refuses
+			// its roles' order, tools the engine cannot read): it is
+			// rendered with tmpl, and the engine answers it as it will.
+			slog.Debug("tokens: the engine refused one conversation at /tokenize; rendering it with the configured template", "err", err)
+		case !t.noMessages.Swap(true):
 			slog.Warn("tokens: the engine refused a conversation at /tokenize; rendering chats with the configured template from now on (set exact_chat=false to choose this)",
 				"template", t.tmpl.Name, "err", err)
 		}
@@ -116,6 +125,22 @@ func (t *Tokenizer) ChatAs(ctx context.Context, msgs []Message, opts ChatOptions
 		out = append(out, ids...)
 	}
 	return out, nil
+}
+
+// takesConversations reports whether the engine's /tokenize takes
+// conversations: it took one before, or a plain one now. Only a refusal
+// of the plain one says no (a failure says nothing: asked again next
+// time).
+func (t *Tokenizer) takesConversations(ctx context.Context) bool {
+	if t.takesMessages.Load() {
+		return true
+	}
+	_, err := t.src.(MessagesSource).TokenizeChat(ctx, []Message{TextMessage("user", "hi")}, ChatOptions{})
+	var se *StatusError
+	if err == nil {
+		t.takesMessages.Store(true)
+	}
+	return err == nil || !errors.As(err, &se) || !se.refused()
 }
 
 // minShared is the fewest ids a conversation must share with an earlier
