@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -146,6 +147,33 @@ func BenchmarkExactChatHit(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := tk.Chat(ctx, conv); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	// As the gateway asks since 2026-12-04: each message with its object,
+	// and an agent's tools (about 30 KB, Claude Code's order of size).
+	objs := make([]Message, len(conv))
+	for i, m := range conv {
+		raw, _ := json.Marshal(map[string]string{"role": m.Role, "content": m.Text()})
+		objs[i] = ObjectMessage(m.Role, m.Text(), raw)
+	}
+	var tools []map[string]any
+	for i := range 60 {
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{"name": fmt.Sprint("tool", i),
+			"description": strings.Repeat("Does one thing well. ", 20), "parameters": map[string]any{"type": "object"}}})
+	}
+	opts := ChatOptions{}
+	opts.Tools, _ = json.Marshal(tools)
+	for n := 2; n <= len(objs); n += 2 {
+		if _, err := tk.ChatAs(ctx, objs[:n], opts); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("tails-objects-tools", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := tk.ChatAs(ctx, objs, opts); err != nil {
 				b.Fatal(err)
 			}
 		}
