@@ -34,7 +34,7 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 	fs.StringVar(&f.model, "model", "", "model name to request")
 	fs.StringVar(&f.workload, "workload", "chat", "chat (the baseline chapter's multi-turn chat, as text) or trace (--trace)")
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSON-lines trace to replay (each 512-token hash id becomes the same text everywhere)")
-	fs.StringVar(&f.api, "api", "completions", "completions, chat or responses (the Responses API: the chat workload's system prompt as instructions, its turns as input items)")
+	fs.StringVar(&f.api, "api", "completions", "completions, chat, responses (the Responses API: the chat workload's system prompt as instructions, its turns as input items) or messages (Anthropic's Messages API: the system prompt as its system; no cache hits are reported there)")
 	fs.StringVar(&f.arrivals, "arrivals", "poisson", "open-loop arrivals: poisson, constant, or trace (the trace's timestamps)")
 	fs.StringVar(&f.rates, "rates", "", "a rate ladder: comma-separated rates, one run each (overrides --rate)")
 	fs.StringVar(&f.format, "format", "table", "table or json")
@@ -87,7 +87,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("--url: %q is not an http(s) base URL", u)
 		}
 	}
-	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale, Responses: f.api == "responses",
+	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale, Responses: f.api == "responses", Messages: f.api == "messages",
 		Whole: f.noStream, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
 	if f.header != "" {
 		k, v, ok := strings.Cut(f.header, ":")
@@ -169,11 +169,13 @@ func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.api != "completions" && f.api != "chat" && f.api != "responses" {
-		return nil, fmt.Errorf("--api %q: completions, chat or responses", f.api)
+	switch f.api {
+	case "completions", "chat", "responses", "messages":
+	default:
+		return nil, fmt.Errorf("--api %q: completions, chat, responses or messages", f.api)
 	}
 	if f.noStream && f.api == "responses" {
-		return nil, fmt.Errorf("--no-stream: chat and completions only, not --api responses")
+		return nil, fmt.Errorf("--no-stream: chat, completions and messages only, not --api responses")
 	}
 	if f.requests > 0 && len(items) > f.requests {
 		items = items[:f.requests]

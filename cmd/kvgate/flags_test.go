@@ -227,3 +227,39 @@ func TestBenchNoStream(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 }
+
+// TestBenchMessages: kvgate bench speaks Anthropic's Messages API,
+// streamed and not, to the emulator: every request served with the
+// output length asked for (ignore_eos), the hit rate shown as unknown
+// ("-", -1 in JSON: vLLM's Messages API reports no cache hits), and a
+// streamed run's TPOT measured.
+func TestBenchMessages(t *testing.T) {
+	e := enginetest.Start(t, 50)
+	for _, unstreamed := range []bool{false, true} {
+		args := []string{"bench", "--url", e.URL(), "--model", enginetest.Model, "--api", "messages", "--requests", "4", "--rate", "50", "--duration", "1",
+			"--output-tokens", "7", "--format", "json", "--csv", t.TempDir() + "/r.csv"}
+		if unstreamed {
+			args = append(args, "--no-stream")
+		}
+		out, errOut, code := runCmd(t, args...)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		var res struct {
+			Runs []struct {
+				Outcomes     map[string]int `json:"outcomes"`
+				HitRate      float64        `json:"hit_rate"`
+				TokensPerSec float64        `json:"tokens_per_sec"`
+				TPOT         struct{ P50 float64 }
+			} `json:"runs"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Runs) != 1 || res.Runs[0].Outcomes["ok"] != 4 || res.Runs[0].HitRate != -1 ||
+			(res.Runs[0].TPOT.P50 > 0) == unstreamed {
+			t.Fatalf("unstreamed %v: %v: %s", unstreamed, err, out)
+		}
+	}
+	out, errOut, code := runCmd(t, "bench", "--url", e.URL(), "--model", enginetest.Model, "--api", "messages", "--requests", "2", "--rate", "50", "--duration", "1")
+	if code != 0 || !strings.Contains(out, " - ") {
+		t.Fatalf("table: exit %d: %s %s", code, out, errOut)
+	}
+}

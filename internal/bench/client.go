@@ -37,7 +37,8 @@ type Record struct {
 	// prompt reported cached: the answer's usage, or behind kvgate's
 	// gateway in front of a P/D fleet its x-kvgate-prefill-cached-tokens
 	// (the prefill engine's own count; the decode engine's usage counts
-	// what it received).
+	// what it received); -1 when the answer cannot say (vLLM's Messages
+	// API reports none).
 	CachedTokens int `json:"cached_tokens"`
 	OutputTokens int `json:"output_tokens"`
 	// Endpoint is kvgate's x-kvgate-prefill-endpoint, when present.
@@ -72,8 +73,10 @@ type Client struct {
 	Header    http.Header
 	// Responses sends chat items through the Responses API
 	// (/v1/responses: the system prompt as instructions, the turns as
-	// input items) instead of /v1/chat/completions.
-	Responses bool
+	// input items) instead of /v1/chat/completions; Messages through
+	// Anthropic's Messages API (/v1/messages: the system prompt as its
+	// system, the turns as its messages).
+	Responses, Messages bool
 	// Whole sends chat and completion requests unstreamed: the answer's
 	// arrival is its first token (TTFT = E2E), and there is no TPOT.
 	Whole bool
@@ -103,8 +106,11 @@ func (c *Client) base(idx int) string {
 const historyAnswer = "ok"
 
 func (c *Client) body(it *Item) ([]byte, string) {
-	if it.Chat && c.Responses {
+	switch {
+	case it.Chat && c.Responses:
 		return c.responsesBody(it)
+	case it.Chat && c.Messages:
+		return c.messagesBody(it)
 	}
 	req := map[string]any{"model": c.Model, "max_tokens": it.MaxTokens, "stream": true,
 		"stream_options": map[string]any{"include_usage": true}, "ignore_eos": true}
@@ -144,6 +150,23 @@ func (c *Client) responsesBody(it *Item) ([]byte, string) {
 	}
 	b, _ := json.Marshal(req)
 	return b, "/v1/responses"
+}
+
+// messagesBody is a chat item as a Messages API request (ignore_eos,
+// which vLLM's Messages API does not read, makes kvgate's emulator run
+// to max_tokens there too).
+func (c *Client) messagesBody(it *Item) ([]byte, string) {
+	msgs := []map[string]string{}
+	for _, h := range it.History {
+		msgs = append(msgs, map[string]string{"role": "user", "content": h}, map[string]string{"role": "assistant", "content": historyAnswer})
+	}
+	msgs = append(msgs, map[string]string{"role": "user", "content": it.Prompt})
+	req := map[string]any{"model": c.Model, "max_tokens": it.MaxTokens, "stream": !c.Whole, "messages": msgs, "ignore_eos": true}
+	if it.System != "" {
+		req["system"] = it.System
+	}
+	b, _ := json.Marshal(req)
+	return b, "/v1/messages"
 }
 
 // Do sends one request (streamed, with usage, unless Whole) and measures
@@ -190,6 +213,10 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	switch {
 	case path == "/v1/responses":
 		read = c.readResponsesStream
+	case path == "/v1/messages" && c.Whole:
+		read = c.readWholeMessage
+	case path == "/v1/messages":
+		read = c.readMessagesStream
 	case c.Whole:
 		read = c.readWhole
 	}
@@ -417,4 +444,80 @@ func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 		return errors.New("stream ended without [DONE]")
 	}
 	return a.record(c, sent, rec)
+}
+
+// messagesUsage is a Messages API usage: the whole prompt (vLLM's
+// count) and the output; no cache hits.
+type messagesUsage struct {
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
+}
+
+// take records the usage in rec (its cache hits unknown: -1).
+func (u *messagesUsage) take(rec *Record) {
+	rec.PromptTokens, rec.OutputTokens, rec.CachedTokens = u.InputTokens, u.OutputTokens, -1
+}
+
+// readMessagesStream reads a Messages API stream: each content_block_delta
+// with text is a token arrival, message_delta its usage, message_stop its
+// end; an error event fails it.
+func (c *Client) readMessagesStream(r io.Reader, sent time.Time, rec *Record) error {
+	sc := sseScanner(r)
+	var a arrivals
+	done := false
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type  string                `json:"type"`
+			Delta struct{ Text string } `json:"delta"`
+			Usage *messagesUsage        `json:"usage"`
+		}
+		if err := json.Unmarshal(bytes.TrimSpace(data), &ev); err != nil {
+			return fmt.Errorf("bad SSE event: %v", err)
+		}
+		switch ev.Type {
+		case "content_block_delta":
+			if ev.Delta.Text != "" {
+				a.token()
+			}
+		case "message_delta":
+			if ev.Usage != nil {
+				ev.Usage.take(rec)
+			}
+		case "message_stop":
+			done = true
+		case "error":
+			return fmt.Errorf("the stream failed: %s", data)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	if !done {
+		return errors.New("stream ended without message_stop")
+	}
+	return a.record(c, sent, rec)
+}
+
+// readWholeMessage reads an unstreamed message: its arrival is its first
+// token for the client.
+func (c *Client) readWholeMessage(r io.Reader, sent time.Time, rec *Record) error {
+	b, err := io.ReadAll(io.LimitReader(r, maxAnswerBytes))
+	if err != nil {
+		return err
+	}
+	var m struct {
+		Type  string         `json:"type"`
+		Usage *messagesUsage `json:"usage"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m.Type != "message" || m.Usage == nil {
+		return fmt.Errorf("bad answer: not a message with its usage (%v)", err)
+	}
+	m.Usage.take(rec)
+	rec.E2E = time.Since(sent).Seconds() * c.scale()
+	rec.TTFT = rec.E2E
+	return nil
 }

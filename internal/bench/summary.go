@@ -41,7 +41,7 @@ type Summary struct {
 	Goodput      float64        `json:"goodput"` // requests meeting the SLO per second
 	Throughput   float64        `json:"throughput"`
 	TokensPerSec float64        `json:"output_tokens_per_sec"`
-	HitRate      float64        `json:"hit_rate"` // cached / prompt tokens, from the server's usage
+	HitRate      float64        `json:"hit_rate"` // cached / prompt tokens, from the server's usage; -1 when no answer said (the Messages API)
 	Rejected     float64        `json:"rejected"` // share answered 429
 	Outcomes     map[string]int `json:"outcomes"`
 	TTFT         Percentiles    `json:"ttft"`
@@ -89,8 +89,10 @@ func Summarize(label string, recs []Record, duration float64, slo SLO) Summary {
 			itl = append(itl, r.MeanITL)
 		}
 		out += r.OutputTokens
-		prompt += int64(r.PromptTokens)
-		cached += int64(r.CachedTokens)
+		if r.CachedTokens >= 0 {
+			prompt += int64(r.PromptTokens)
+			cached += int64(r.CachedTokens)
+		}
 		if slo.Met(r) {
 			good++
 		}
@@ -105,8 +107,11 @@ func Summarize(label string, recs []Record, duration float64, slo SLO) Summary {
 		s.Throughput = float64(s.Outcomes["ok"]) / duration
 		s.TokensPerSec = float64(out) / duration
 	}
-	if prompt > 0 {
+	switch {
+	case prompt > 0:
 		s.HitRate = float64(cached) / float64(prompt)
+	case len(ttft) > 0:
+		s.HitRate = -1 // served, and no answer said what it found cached
 	}
 	return s
 }
@@ -117,8 +122,12 @@ func WriteTable(w io.Writer, ss []Summary) error {
 	fmt.Fprintln(tw, "run\trequests\tok\trejected\terrors\thit\tTTFT p50\tTTFT p99\tTPOT p50\tTPOT p99\tattain\tgoodput\ttok/s\t")
 	for _, s := range ss {
 		errs := s.Requests - s.Outcomes["ok"] - s.Outcomes["rejected"]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%.1f%%\t%.3fs\t%.3fs\t%.4fs\t%.4fs\t%.1f%%\t%.2f/s\t%.0f\t\n",
-			s.Label, s.Requests, s.Outcomes["ok"], 100*s.Rejected, errs, 100*s.HitRate, s.TTFT.P50, s.TTFT.P99,
+		hit := fmt.Sprintf("%.1f%%", 100*s.HitRate)
+		if s.HitRate < 0 {
+			hit = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%s\t%.3fs\t%.3fs\t%.4fs\t%.4fs\t%.1f%%\t%.2f/s\t%.0f\t\n",
+			s.Label, s.Requests, s.Outcomes["ok"], 100*s.Rejected, errs, hit, s.TTFT.P50, s.TTFT.P99,
 			s.TPOT.P50, s.TPOT.P99, 100*s.Attainment, s.Goodput, s.TokensPerSec)
 	}
 	return tw.Flush()

@@ -200,8 +200,9 @@ func satAdd(a, b int64) int64 {
 // checks that prompt and output fit the model and the KV cache. Client
 // numbers are compared, never added: max_tokens may be 2^63-1. With
 // capOnly max_tokens is only a cap on the natural length (the Messages
-// API requires it: Claude Code sends 32 000); otherwise the answer runs
-// to it, which lets a benchmark set output lengths.
+// API requires it: Claude Code sends 32 000), unless ignore_eos (which
+// vLLM's Messages API does not read; kvgate bench sends it); otherwise
+// the answer runs to it, which lets a benchmark set output lengths.
 func (e *Engine) outputLength(req *openai.Request, chat bool, toks []uint32, remoteDecode, capOnly bool) (maxTokens int64, natural bool, err error) {
 	p, limit := int64(len(toks)), int64(e.cfg.MaxModelLen)
 	if req.MinTokens != nil && *req.MinTokens < 0 {
@@ -217,7 +218,7 @@ func (e *Engine) outputLength(req *openai.Request, chat bool, toks []uint32, rem
 			return 0, false, openai.BadRequest("max_tokens must be at least 1, got %d", *mt).WithParam("max_tokens")
 		}
 		maxTokens = *mt
-		if n := int64(naturalLength(toks)); capOnly && n <= maxTokens {
+		if n := int64(naturalLength(toks)); capOnly && !req.IgnoreEOS && n <= maxTokens {
 			maxTokens, natural = min(n, room), true
 		}
 		if req.MinTokens != nil && *req.MinTokens > maxTokens {

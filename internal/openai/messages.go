@@ -37,7 +37,8 @@ const billingHeader = "x-anthropic-billing-header"
 // message left without content is dropped. The tools become the chat
 // API's (messagesTools); max_tokens (required) is MaxTokens; model,
 // stream, kv_transfer_params and chat_template_kwargs are read as a chat
-// request's. Raw is the body.
+// request's, and ignore_eos (which vLLM's Messages API does not read;
+// kvgate's emulator does, for kvgate bench). Raw is the body.
 func ParseMessages(body []byte) (*Request, error) {
 	return parseMessagesBody(body, true)
 }
@@ -59,7 +60,7 @@ func parseMessagesBody(body []byte, generates bool) (*Request, error) {
 	for _, m := range r.members {
 		v := body[m.v0:m.v1]
 		switch m.key {
-		case "model", "stream", "kv_transfer_params", "chat_template_kwargs":
+		case "model", "stream", "kv_transfer_params", "chat_template_kwargs", "ignore_eos":
 			err = r.setField(m.key, v)
 		case "tools":
 			r.Tools, err = messagesTools(v)
