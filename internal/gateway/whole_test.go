@@ -410,6 +410,35 @@ func BenchmarkWholeAnswer(b *testing.B) {
 	}
 }
 
+// BenchmarkWholeMessage: answering a Messages API request whole from its
+// 500-token stream (vLLM's events: message_start, one text delta a
+// token, message_delta, message_stop), as BenchmarkWholeAnswer's
+// whole-from-stream does a chat answer.
+func BenchmarkWholeMessage(b *testing.B) {
+	events := []string{"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"chatcmpl-1\",\"content\":[],\"model\":\"m\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":5,\"output_tokens\":0}}}\n\n",
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"}
+	for i := range 500 {
+		events = append(events, fmt.Sprintf("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" word%d\"}}\n\n", i))
+	}
+	events = append(events, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"input_tokens\":5,\"output_tokens\":500}}\n\n",
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+	fresh := func() assembler { return &openai.MessagesAssembler{} }
+	for range b.N {
+		a := newWholeAnswer(&discardWriter{h: http.Header{"Content-Type": {"text/event-stream"}}}, fresh, &atomic.Int64{})
+		a.WriteHeader(http.StatusOK)
+		for _, ev := range events {
+			if _, err := a.Write([]byte(ev)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := a.finish(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/answer")
+}
+
 // FuzzWholeAnswer: any bytes an engine streams, in reads of any size,
 // give the client one JSON answer (the assembled one, or a 502 saying
 // why), and give back their share of the budget.
