@@ -55,7 +55,9 @@ func parseMessagesBody(body []byte, generates bool) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	var system []string
+	// The top-level system comes first, whatever the members' order;
+	// system messages' texts after it.
+	var system, inMessages []string
 	var msgs []Message
 	for _, m := range r.members {
 		v := body[m.v0:m.v1]
@@ -69,7 +71,7 @@ func parseMessagesBody(body []byte, generates bool) (*Request, error) {
 		case "system":
 			system, err = messagesSystem(v)
 		case "messages":
-			msgs, err = parseMessagesList(v, &system)
+			msgs, err = parseMessagesList(v, &inMessages)
 		}
 		if err != nil {
 			return nil, err
@@ -81,7 +83,7 @@ func parseMessagesBody(body []byte, generates bool) (*Request, error) {
 	case r.MaxTokens == nil && generates:
 		return nil, BadRequest("max_tokens is required").WithParam("max_tokens")
 	}
-	if s := strings.Join(system, ""); s != "" {
+	if s := strings.Join(append(system, inMessages...), ""); s != "" {
 		r.Messages = append(r.Messages, objectMessage("system", Content{String: s}, "", nil))
 	}
 	r.Messages = append(r.Messages, msgs...)

@@ -37,6 +37,8 @@ func TestParseMessages(t *testing.T) {
 			"system":[{"type":"text","text":"x-anthropic-billing-header: cc=1;"},{"type":"text","text":"You are "},{"type":"text","text":"terse."}],
 			"messages":[{"role":"system","content":" Really."},{"role":"user","content":"hi"}]}`,
 			`{"role":"system","content":"You are terse. Really."}` + "\n" + `{"role":"user","content":"hi"}`},
+		{"the top-level system first, whatever the members' order", `{"model":"m","max_tokens":5,"messages":[{"role":"system","content":"B"},{"role":"user","content":"hi"}],"system":"A"}`,
+			`{"role":"system","content":"AB"}` + "\n" + `{"role":"user","content":"hi"}`},
 		{"text blocks: one is a string, two are parts", `{"model":"m","max_tokens":5,"messages":[
 			{"role":"user","content":[{"type":"text","text":"a"}]},
 			{"role":"assistant","content":[{"type":"text","text":"b"},{"type":"text","text":"c"}]}]}`,
