@@ -34,7 +34,7 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 	fs.StringVar(&f.model, "model", "", "model name to request")
 	fs.StringVar(&f.workload, "workload", "chat", "chat (the baseline chapter's multi-turn chat, as text) or trace (--trace)")
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSON-lines trace to replay (each 512-token hash id becomes the same text everywhere)")
-	fs.StringVar(&f.api, "api", "completions", "completions, chat, responses (the Responses API: the chat workload's system prompt as instructions, its turns as input items) or messages (Anthropic's Messages API: the system prompt as its system; no cache hits are reported there)")
+	fs.StringVar(&f.api, "api", "completions", "completions, chat, responses (the Responses API: the chat workload's system prompt as instructions, its turns as input items) or messages (Anthropic's Messages API: the system prompt as its system; vLLM reports no cache hits there, SGLang does)")
 	fs.StringVar(&f.arrivals, "arrivals", "poisson", "open-loop arrivals: poisson, constant, or trace (the trace's timestamps)")
 	fs.StringVar(&f.rates, "rates", "", "a rate ladder: comma-separated rates, one run each (overrides --rate)")
 	fs.StringVar(&f.format, "format", "table", "table or json")

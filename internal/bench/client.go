@@ -446,16 +446,28 @@ func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 	return a.record(c, sent, rec)
 }
 
-// messagesUsage is a Messages API usage: the whole prompt (vLLM's
-// count) and the output; no cache hits.
+// messagesUsage is a Messages API usage. vLLM counts the whole prompt as
+// input and reports no cache hits; SGLang and Anthropic's API count as
+// input what was not read from the cache, which cache_read_input_tokens
+// (and cache_creation_input_tokens) count apart.
 type messagesUsage struct {
-	InputTokens  int `json:"input_tokens"`
-	OutputTokens int `json:"output_tokens"`
+	InputTokens   int  `json:"input_tokens"`
+	OutputTokens  int  `json:"output_tokens"`
+	CacheRead     *int `json:"cache_read_input_tokens"`
+	CacheCreation *int `json:"cache_creation_input_tokens"`
 }
 
-// take records the usage in rec (its cache hits unknown: -1).
+// take records the usage in rec: its prompt the three counts' sum and
+// its cache hits the reads, when reported (else -1: unknown).
 func (u *messagesUsage) take(rec *Record) {
 	rec.PromptTokens, rec.OutputTokens, rec.CachedTokens = u.InputTokens, u.OutputTokens, -1
+	if u.CacheRead != nil {
+		rec.CachedTokens = max(*u.CacheRead, 0)
+		rec.PromptTokens += rec.CachedTokens
+		if u.CacheCreation != nil {
+			rec.PromptTokens += max(*u.CacheCreation, 0)
+		}
+	}
 }
 
 // readMessagesStream reads a Messages API stream: each content_block_delta

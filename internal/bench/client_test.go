@@ -220,3 +220,50 @@ func TestNoStream(t *testing.T) {
 		}
 	}
 }
+
+// TestMessagesUsage: a Messages API usage read as vLLM writes it (the
+// whole prompt as input, no cache hits: unknown, -1) and as SGLang and
+// Anthropic's API write it (input what was computed, cache reads and
+// creations apart: the prompt their sum, the reads its hits).
+func TestMessagesUsage(t *testing.T) {
+	for _, c := range []struct {
+		usage                  string
+		prompt, cached, output int
+	}{
+		{`{"input_tokens":100,"output_tokens":7}`, 100, -1, 7},
+		{`{"input_tokens":40,"cache_read_input_tokens":60,"output_tokens":7}`, 100, 60, 7},
+		{`{"input_tokens":30,"cache_creation_input_tokens":10,"cache_read_input_tokens":60,"output_tokens":7}`, 100, 60, 7},
+		{`{"input_tokens":100,"cache_read_input_tokens":0,"cache_creation_input_tokens":0,"output_tokens":7}`, 100, 0, 7},
+	} {
+		for _, whole := range []bool{false, true} {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if whole {
+					fmt.Fprintf(w, `{"id":"m","type":"message","role":"assistant","content":[{"type":"text","text":"a"}],"usage":%s}`, c.usage)
+					return
+				}
+				w.Header().Set("Content-Type", "text/event-stream")
+				for _, ev := range []string{`{"type":"message_start","message":{"id":"m","content":[],"usage":{"input_tokens":1,"output_tokens":0}}}`,
+					`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}`,
+					`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":` + c.usage + `}`, `{"type":"message_stop"}`} {
+					var typ struct{ Type string }
+					_ = json.Unmarshal([]byte(ev), &typ)
+					fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ.Type, ev)
+				}
+			}))
+			cl := &Client{URL: srv.URL, Model: "m", HTTP: srv.Client(), Messages: true, Whole: whole}
+			rec := cl.Do(context.Background(), &Item{Chat: true, Prompt: "hi", MaxTokens: 7}, 0, time.Now())
+			srv.Close()
+			if rec.Outcome != "ok" || rec.PromptTokens != c.prompt || rec.CachedTokens != c.cached || rec.OutputTokens != c.output {
+				t.Errorf("%s (whole %v): %+v", c.usage, whole, rec)
+			}
+		}
+	}
+	s := Summarize("x", []Record{{Outcome: "ok", PromptTokens: 100, CachedTokens: -1}}, 1, SLO{})
+	if s.HitRate != -1 {
+		t.Fatalf("hit rate %v with no cache count, want -1", s.HitRate)
+	}
+	s = Summarize("x", []Record{{Outcome: "ok", PromptTokens: 100, CachedTokens: -1}, {Outcome: "ok", PromptTokens: 100, CachedTokens: 60}}, 1, SLO{})
+	if s.HitRate != 0.6 {
+		t.Fatalf("hit rate %v, want 0.6 (the unknown record left out)", s.HitRate)
+	}
+}
