@@ -439,18 +439,26 @@ func BenchmarkWholeMessage(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/answer")
 }
 
-// FuzzWholeAnswer: any bytes an engine streams, in reads of any size,
+// FuzzWholeAnswer: any bytes an engine streams (chat, Responses or
+// Messages), in reads of any size,
 // give the client one JSON answer (the assembled one, or a 502 saying
 // why), and give back their share of the budget.
 func FuzzWholeAnswer(f *testing.F) {
-	f.Add([]byte("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"), uint8(7), true)
-	f.Add([]byte("data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\"}}\n\n"), uint8(3), false)
-	f.Add([]byte(": keepalive\n\ndata: not json\n\ndata: {\"choi"), uint8(1), true)
-	f.Fuzz(func(t *testing.T, in []byte, step uint8, chat bool) {
+	f.Add([]byte("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"), uint8(7), uint8(0))
+	f.Add([]byte("data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\"}}\n\n"), uint8(3), uint8(1))
+	f.Add([]byte(": keepalive\n\ndata: not json\n\ndata: {\"choi"), uint8(1), uint8(0))
+	f.Add([]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[]}}\n\n"+
+		"data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"+
+		"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\ndata: {\"type\":\"message_stop\"}\n\n"), uint8(5), uint8(2))
+	// api: the answer's API (mod 3): chat, the Responses or the Messages API.
+	f.Fuzz(func(t *testing.T, in []byte, step, api uint8) {
 		var budget atomic.Int64
 		fresh := chatAssembler
-		if !chat {
+		switch api % 3 {
+		case 1:
 			fresh = func() assembler { return &openai.ResponsesAssembler{} }
+		case 2:
+			fresh = func() assembler { return &openai.MessagesAssembler{} }
 		}
 		rec := httptest.NewRecorder()
 		a := newWholeAnswer(rec, fresh, &budget)
