@@ -440,9 +440,9 @@ func BenchmarkWholeMessage(b *testing.B) {
 }
 
 // FuzzWholeAnswer: any bytes an engine streams (chat, Responses or
-// Messages), in reads of any size,
-// give the client one JSON answer (the assembled one, or a 502 saying
-// why), and give back their share of the budget.
+// Messages), in reads of any size, give the client one JSON answer (the
+// assembled one, or a 502 saying why), and give back their share of the
+// budget.
 func FuzzWholeAnswer(f *testing.F) {
 	f.Add([]byte("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"), uint8(7), uint8(0))
 	f.Add([]byte("data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\"}}\n\n"), uint8(3), uint8(1))
