@@ -85,12 +85,43 @@ func (a *Admin) Handler() http.Handler {
 }
 
 type lookupRequest struct {
-	Model    string           `json:"model"`
-	TokenIDs *tokenIDs        `json:"token_ids"`
-	Prompt   *string          `json:"prompt"`
-	Messages []tokens.Message `json:"messages"`
-	LoRA     string           `json:"lora"`
-	Endpoint string           `json:"endpoint"` // routed only
+	Model    string    `json:"model"`
+	TokenIDs *tokenIDs `json:"token_ids"`
+	Prompt   *string   `json:"prompt"`
+	// Messages, Tools and ChatTemplateKwargs are a chat request's, as
+	// the gateway tokenizes them: each message the object sent.
+	Messages           []json.RawMessage `json:"messages"`
+	Tools              json.RawMessage   `json:"tools"`
+	ChatTemplateKwargs json.RawMessage   `json:"chat_template_kwargs"`
+	LoRA               string            `json:"lora"`
+	Endpoint           string            `json:"endpoint"` // routed only
+}
+
+// chat is the request's conversation as the gateway gives it to its
+// tokenizer: every message with its object, the tools and kwargs.
+func (req *lookupRequest) chat() ([]tokens.Message, tokens.ChatOptions, error) {
+	msgs := make([]tokens.Message, len(req.Messages))
+	for i, raw := range req.Messages {
+		var m tokens.Message
+		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
+			return nil, tokens.ChatOptions{}, openai.BadRequest("messages[%d] must be a message object", i).WithParam("messages")
+		}
+		msgs[i] = tokens.ObjectMessage(m.Role, m.Text(), raw)
+	}
+	opts := tokens.ChatOptions{}
+	if t := req.Tools; len(t) > 0 && string(t) != "null" && string(t) != "[]" {
+		if t[0] != '[' {
+			return nil, opts, openai.BadRequest("tools must be a list of tools").WithParam("tools")
+		}
+		opts.Tools = t
+	}
+	if k := req.ChatTemplateKwargs; len(k) > 0 && string(k) != "null" {
+		if k[0] != '{' {
+			return nil, opts, openai.BadRequest("chat_template_kwargs must be an object").WithParam("chat_template_kwargs")
+		}
+		opts.Kwargs = k
+	}
+	return msgs, opts, nil
 }
 
 // tokenIDs decodes a list of token ids straight into uint32s.
@@ -168,7 +199,11 @@ func (a *Admin) keysOf(w http.ResponseWriter, r *http.Request) (req lookupReques
 		if req.Prompt != nil {
 			ids, err = tk.Prompt(r.Context(), *req.Prompt)
 		} else {
-			ids, err = tk.Chat(r.Context(), req.Messages)
+			msgs, opts, cerr := req.chat()
+			if cerr != nil {
+				return req, 0, nil, release, cerr
+			}
+			ids, err = tk.ChatAs(r.Context(), msgs, opts)
 		}
 		if err != nil {
 			if e := openai.AsError(err); e.Status == http.StatusGatewayTimeout {

@@ -169,3 +169,59 @@ func TestAdminLimits(t *testing.T) {
 		t.Errorf("validate: %v", err)
 	}
 }
+
+// TestAdminLookupTools: a lookup of a conversation is tokenized as the
+// gateway tokenizes a chat request: the engine's /tokenize gets the
+// tools, the template kwargs and every message as sent (its tool calls).
+func TestAdminLookupTools(t *testing.T) {
+	var got struct {
+		Messages []map[string]any `json:"messages"`
+		Tools    []any            `json:"tools"`
+		Kwargs   map[string]any   `json:"chat_template_kwargs"`
+	}
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Messages, got.Tools, got.Kwargs = nil, nil, nil
+		_ = json.NewDecoder(r.Body).Decode(&got)
+		n := 10 + 5*len(got.Tools) // the tools render into the prompt
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": make([]int, n), "count": n})
+	}))
+	defer engine.Close()
+	set, err := tokens.NewSet([]tokens.Spec{{Source: "engine", URL: engine.URL}}, tokens.NewCache(0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := New(Config{BlockSize: 4})
+	mustAdd(t, x, "127.0.0.1:8001", "m")
+	srv := httptest.NewServer((&Admin{Index: x, Tokens: set}).Handler())
+	defer srv.Close()
+	lookup := func(body string) (int, int) {
+		t.Helper()
+		resp, err := http.Post(srv.URL+"/admin/kv/lookup", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			PromptTokens int `json:"prompt_tokens"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out.PromptTokens
+	}
+	msgs := `"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}]`
+	if code, n := lookup(`{"model":"m",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false}}`); code != 200 || n != 15 ||
+		len(got.Messages) != 2 || got.Messages[1]["tool_calls"] == nil || len(got.Tools) != 1 || got.Kwargs["enable_thinking"] != false {
+		t.Fatalf("with tools: %d, %d tokens; the engine got %+v", code, n, got)
+	}
+	if code, n := lookup(`{"model":"m",` + msgs + `}`); code != 200 || n != 10 {
+		t.Fatalf("without tools: %d, %d tokens", code, n)
+	}
+	for _, bad := range []string{`"tools":{}`, `"chat_template_kwargs":[1]`, `"messages":[5]`} {
+		body := `{"model":"m",` + msgs + `,` + bad + `}`
+		if bad == `"messages":[5]` {
+			body = `{"model":"m",` + bad + `}`
+		}
+		if code, _ := lookup(body); code != 400 {
+			t.Errorf("%s: %d, want 400", bad, code)
+		}
+	}
+}
