@@ -347,17 +347,10 @@ type responsesEvent struct {
 // readResponsesStream reads a Responses API stream: each text delta is a
 // token arrival, response.completed (or incomplete) its end and usage.
 func (c *Client) readResponsesStream(r io.Reader, sent time.Time, rec *Record) error {
-	sc := sseScanner(r)
-	var a arrivals
-	done := false
-	for sc.Scan() {
-		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
-		if !ok {
-			continue
-		}
+	return c.readEvents(r, sent, rec, "response.completed", func(data []byte, a *arrivals) (bool, error) {
 		var ev responsesEvent
-		if err := json.Unmarshal(bytes.TrimSpace(data), &ev); err != nil {
-			return fmt.Errorf("bad SSE event: %v", err)
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return false, fmt.Errorf("bad SSE event: %v", err)
 		}
 		switch {
 		case strings.HasSuffix(ev.Type, ".delta") && ev.Delta != "":
@@ -369,16 +362,37 @@ func (c *Client) readResponsesStream(r io.Reader, sent time.Time, rec *Record) e
 					rec.CachedTokens = d.CachedTokens
 				}
 			}
-			done = true
+			return true, nil
 		case ev.Type == "response.failed" || ev.Type == "error":
-			return fmt.Errorf("the stream failed: %s", data)
+			return false, fmt.Errorf("the stream failed: %s", data)
 		}
+		return false, nil
+	})
+}
+
+// readEvents reads a stream of named events: event takes each data
+// line's JSON (and the arrivals, to time tokens) and says whether it
+// ended the stream, whose last event is named last.
+func (c *Client) readEvents(r io.Reader, sent time.Time, rec *Record, last string, event func(data []byte, a *arrivals) (bool, error)) error {
+	sc := sseScanner(r)
+	var a arrivals
+	done := false
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
+		if !ok {
+			continue
+		}
+		end, err := event(bytes.TrimSpace(data), &a)
+		if err != nil {
+			return err
+		}
+		done = done || end
 	}
 	if err := sc.Err(); err != nil {
 		return err
 	}
 	if !done {
-		return errors.New("stream ended without response.completed")
+		return fmt.Errorf("stream ended without %s", last)
 	}
 	return a.record(c, sent, rec)
 }
@@ -474,21 +488,14 @@ func (u *messagesUsage) take(rec *Record) {
 // with text is a token arrival, message_delta its usage, message_stop its
 // end; an error event fails it.
 func (c *Client) readMessagesStream(r io.Reader, sent time.Time, rec *Record) error {
-	sc := sseScanner(r)
-	var a arrivals
-	done := false
-	for sc.Scan() {
-		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
-		if !ok {
-			continue
-		}
+	return c.readEvents(r, sent, rec, "message_stop", func(data []byte, a *arrivals) (bool, error) {
 		var ev struct {
 			Type  string                `json:"type"`
 			Delta struct{ Text string } `json:"delta"`
 			Usage *messagesUsage        `json:"usage"`
 		}
-		if err := json.Unmarshal(bytes.TrimSpace(data), &ev); err != nil {
-			return fmt.Errorf("bad SSE event: %v", err)
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return false, fmt.Errorf("bad SSE event: %v", err)
 		}
 		switch ev.Type {
 		case "content_block_delta":
@@ -500,18 +507,12 @@ func (c *Client) readMessagesStream(r io.Reader, sent time.Time, rec *Record) er
 				ev.Usage.take(rec)
 			}
 		case "message_stop":
-			done = true
+			return true, nil
 		case "error":
-			return fmt.Errorf("the stream failed: %s", data)
+			return false, fmt.Errorf("the stream failed: %s", data)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	if !done {
-		return errors.New("stream ended without message_stop")
-	}
-	return a.record(c, sent, rec)
+		return false, nil
+	})
 }
 
 // readWholeMessage reads an unstreamed message: its arrival is its first
