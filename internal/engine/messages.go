@@ -8,10 +8,9 @@ import (
 )
 
 // The Anthropic Messages API (POST /v1/messages and its count_tokens), as
-// vLLM serves it: the
-// request converted to a chat request (openai.ParseMessages), the answer
-// a message object, or streamed as the Messages API's events; errors in
-// its form (openai.MessagesErrors).
+// vLLM serves it: the request converted to a chat request
+// (openai.ParseMessages), the answer a message object, or streamed as the
+// Messages API's events; errors in its form (openai.MessagesErrors).
 
 func (e *Engine) handleMessages(w http.ResponseWriter, r *http.Request) {
 	e.serveGeneration(openai.MessagesErrors(w), r, apiMessages)
