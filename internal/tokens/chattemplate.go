@@ -53,13 +53,15 @@ func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, err
 	list := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {
 		d := jinja.NewDict()
-		if m.object != nil {
-			if o, err := jsonValue(m.object); err == nil && o.IsDict() {
-				d = o
-			}
-		}
 		d.AsDict().Set("role", jinja.NewString(m.Role))
 		d.AsDict().Set("content", jinja.NewString(m.Text()))
+		// The object's other members (tool_calls, tool_call_id, name),
+		// decoded; its content, the bulk, is not decoded again.
+		eachOtherMember(m.object, func(key string, v []byte) {
+			if val, err := jsonValue(v); err == nil {
+				d.AsDict().Set(key, val)
+			}
+		})
 		list[i] = d
 	}
 	vars := make(map[string]jinja.Value, len(c.vars)+4)
@@ -90,6 +92,84 @@ func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, err
 		return "", fmt.Errorf("tokens: render chat template: %w", err)
 	}
 	return out, nil
+}
+
+// eachOtherMember calls f with each top-level member of the JSON object
+// obj (valid JSON, or nothing: nil; other bytes end it somewhere, never
+// out of bounds) but its role and content, in order, scanning past their
+// values without decoding them.
+func eachOtherMember(obj []byte, f func(key string, v []byte)) {
+	i := skipJSONSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return
+	}
+	i = skipJSONSpace(obj, i+1)
+	for i < len(obj) && obj[i] == '"' {
+		k1 := skipJSONValue(obj, i)
+		if k1 > len(obj) || k1 < i+2 { // an unterminated key: not JSON
+			return
+		}
+		key := string(obj[i+1 : k1-1])
+		if bytes.IndexByte(obj[i:k1], '\\') >= 0 && json.Unmarshal(obj[i:k1], &key) != nil {
+			return
+		}
+		v0 := skipJSONSpace(obj, k1)
+		if v0 >= len(obj) || obj[v0] != ':' {
+			return
+		}
+		v0 = skipJSONSpace(obj, v0+1)
+		v1 := min(skipJSONValue(obj, v0), len(obj))
+		if key != "role" && key != "content" {
+			f(key, obj[v0:v1])
+		}
+		if i = skipJSONSpace(obj, v1); i < len(obj) && obj[i] == ',' {
+			i = skipJSONSpace(obj, i+1)
+		}
+	}
+}
+
+func skipJSONSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipJSONValue is the end of the JSON value (of valid JSON) at b[i].
+func skipJSONValue(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+			if depth < 0 {
+				return i
+			}
+		case ',', ':':
+			if depth == 0 {
+				return i
+			}
+		case ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return i
 }
 
 // toolsValue is a request's tools as vLLM gives them to the template

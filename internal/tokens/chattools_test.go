@@ -96,3 +96,37 @@ func TestConversationKeysTools(t *testing.T) {
 		t.Error("keys not stable, or a shared first message keyed apart")
 	}
 }
+
+// TestEachOtherMember: a message object's members but role and content,
+// in order, its values whole (strings with quotes, braces and escapes,
+// nesting, white space), its keys unescaped.
+func TestEachOtherMember(t *testing.T) {
+	obj := ` { "role" : "assistant", "content":"a \"}{\" \\ b", "tool_calls" : [{"function":{"name":"f","arguments":"{\"x\": [1, {}]}"}}],` +
+		` "n\u0061me":"x", "k": 1.5e3 , "z":null, "b":true }`
+	var got []string
+	eachOtherMember([]byte(obj), func(key string, v []byte) { got = append(got, key+"="+string(v)) })
+	want := []string{`tool_calls=[{"function":{"name":"f","arguments":"{\"x\": [1, {}]}"}}]`, `name="x"`, `k=1.5e3`, `z=null`, `b=true`}
+	if len(got) != len(want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("member %d: %q, want %q", i, got[i], want[i])
+		}
+	}
+	for _, none := range []string{``, `[]`, `"x"`, `{}`, `{"role":"user","content":"q"}`} {
+		eachOtherMember([]byte(none), func(key string, _ []byte) { t.Errorf("%q: member %q", none, key) })
+	}
+}
+
+func FuzzEachOtherMember(f *testing.F) {
+	f.Add([]byte(`{"role":"a","content":"b","tool_calls":[{"x":"}"}],"n":1}`))
+	f.Add([]byte(`{"k`))
+	f.Fuzz(func(t *testing.T, obj []byte) {
+		eachOtherMember(obj, func(key string, v []byte) {
+			if json.Valid(obj) && !json.Valid(v) {
+				t.Fatalf("%q: member %q = %q is not JSON", obj, key, v)
+			}
+		})
+	})
+}

@@ -175,18 +175,25 @@ func BenchmarkLocalChat(b *testing.B) {
 				break
 			}
 		}
-		for _, cached := range []bool{true, false} {
-			name := fam + "/no-cache"
-			if cached {
-				name = fam + "/cache"
-			}
-			b.Run(name, func(b *testing.B) {
+		// As the gateway gives them since 2026-12-04: each message with
+		// its object, which the template is given decoded.
+		objs := make([]Message, len(msgs))
+		for i, m := range msgs {
+			raw, _ := json.Marshal(map[string]string{"role": m.Role, "content": m.Text()})
+			objs[i] = ObjectMessage(m.Role, m.Text(), raw)
+		}
+		for _, c := range []struct {
+			name    string
+			cached  bool
+			history []Message
+		}{{"/cache", true, msgs}, {"/no-cache", false, msgs}, {"/cache-objects", true, objs}} {
+			b.Run(fam+c.name, func(b *testing.B) {
 				ls.cache = nil
-				if cached {
+				if c.cached {
 					ls.cache = NewCache(0)
 				}
 				defer func() { ls.cache = nil }()
-				conv := append([]Message(nil), msgs...)
+				conv := append([]Message(nil), c.history...)
 				i := 0
 				for b.Loop() {
 					i++
