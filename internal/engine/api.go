@@ -194,8 +194,8 @@ func toolsText(tools json.RawMessage) (string, error) {
 // message's tool calls: each call's function, its JSON compacted,
 // between <tool_call> tags after the content ("": none).
 func toolCallsText(m openai.Message) (string, error) {
-	if m.Role != "assistant" || m.Raw == nil {
-		return "", nil
+	if m.Role != "assistant" || !bytes.Contains(m.Raw, []byte(`"tool_calls"`)) {
+		return "", nil // (most messages: not decoded again)
 	}
 	var msg struct {
 		ToolCalls []struct {
