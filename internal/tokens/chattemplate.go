@@ -68,22 +68,21 @@ func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, err
 	for k, v := range c.vars {
 		vars[k] = v
 	}
+	// Kwargs that are not an object and tools that are not a list of
+	// functions are left out: the engine refuses such a request itself,
+	// which the gateway still routes (on this rendering).
 	if len(opts.Kwargs) > 0 {
-		kw, err := jsonValue(opts.Kwargs)
-		if err != nil || !kw.IsDict() {
-			return "", fmt.Errorf("tokens: chat_template_kwargs: not a JSON object")
-		}
-		for _, k := range kw.AsDict().OrderedKeys() {
-			v, _ := kw.AsDict().Get(k)
-			vars[k] = v
+		if kw, err := jsonValue(opts.Kwargs); err == nil && kw.IsDict() {
+			for _, k := range kw.AsDict().OrderedKeys() {
+				v, _ := kw.AsDict().Get(k)
+				vars[k] = v
+			}
 		}
 	}
 	if len(opts.Tools) > 0 {
-		tools, err := toolsValue(opts.Tools)
-		if err != nil {
-			return "", err
+		if tools, err := toolsValue(opts.Tools); err == nil {
+			vars["tools"] = tools
 		}
-		vars["tools"] = tools
 	}
 	vars["messages"] = jinja.NewList(list)
 	vars["add_generation_prompt"] = jinja.NewBool(opts.Mode == ChatGenerate)

@@ -68,9 +68,13 @@ func TestRenderChatTools(t *testing.T) {
 	if err != nil || plain != "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nread a.go<|im_end|>\n<|im_start|>assistant\n" {
 		t.Fatalf("%q %v", plain, err)
 	}
+	// Malformed tools or kwargs (which the engine refuses itself) are
+	// left out: the request is still rendered, and routed on it.
+	without, _ := ct.RenderChat(msgs, ChatOptions{Mode: ChatGenerate})
 	for _, bad := range []ChatOptions{{Tools: json.RawMessage(`{}`)}, {Tools: json.RawMessage(`[5]`)}, {Tools: json.RawMessage(`[{"type":"function"}]`)}, {Kwargs: json.RawMessage(`[1]`)}} {
-		if _, err := ct.RenderChat(msgs, bad); err == nil {
-			t.Errorf("%s %s rendered", bad.Tools, bad.Kwargs)
+		bad.Mode = ChatGenerate
+		if got, err := ct.RenderChat(msgs, bad); err != nil || got != without {
+			t.Errorf("%s %s: %v, or not rendered without them", bad.Tools, bad.Kwargs, err)
 		}
 	}
 }
