@@ -71,7 +71,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&f.k8s.Kubeconfig, "kubeconfig", "", "discovery: kubeconfig file (default: in-cluster)")
 	fs.BoolVar(&c.NoHealthChecks, "no-health-checks", false, "do not probe /health and /metrics of the endpoints")
 	fs.StringVar(&c.FairnessHeader, "fairness-header", gateway.DefaultFairnessHeader, "the header naming a request's tenant: with early rejection, when a tenant's request is rejected for the load, for a second tenants with more prompt tokens in flight are admitted only while they leave the room it lacked; without, held requests are served by tenant in turn (docs/serve.md, \"Tenants\")")
-	fs.BoolVar(&c.NoStreamUpstream, "no-stream-upstream", false, "send a chat or completion the client did not stream to its engine as sent; by default the engine streams it and the gateway answers whole, so that its first token and TPOT are observed (docs/serve.md, \"Whole answers from streams\")")
+	fs.BoolVar(&c.NoStreamUpstream, "no-stream-upstream", false, "send a chat, completion, Responses or Messages request the client did not stream to its engine as sent; by default the engine streams it and the gateway answers whole, so that its first token and TPOT are observed (docs/serve.md, \"Whole answers from streams\")")
 	fs.BoolVar(&c.NoFairness, "no-fairness", false, "treat tenants alike: keep no room for tenants turned away from tenants with more in flight (early rejection), and hold requests in arrival order, not by tenant in turn (without)")
 	fl := flagrange.New(fs)
 	flagrange.Var(fl, &f.k8s.Port, "k8s-port", flagrange.Range[int]{Min: 1, Max: 65535, Zero: "use --k8s-port-name"}, "discovery: the pods' HTTP port")
