@@ -189,8 +189,9 @@ func (c *StreamChunk) addText(v []byte) {
 	c.Text = append(append([]byte(nil), c.Text...), t...)
 }
 
-// eachMember calls f with each member of the JSON object b (valid JSON),
-// its key as written, quotes included; false if b is not an object.
+// eachMember calls f with each member of the JSON object b (valid JSON;
+// other bytes end it somewhere, never out of bounds), its key as
+// written, quotes included; false if b is not an object.
 func eachMember(b []byte, f func(key, v []byte)) bool {
 	i := skipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
@@ -201,6 +202,9 @@ func eachMember(b []byte, f func(key, v []byte)) bool {
 		k1 := skipString(b, i)
 		key := b[i:k1]
 		v0 := skipSpace(b, skipSpace(b, k1)+1) // past ':'
+		if v0 >= len(b) {
+			return true // not JSON: cut short
+		}
 		v1 := skipValue(b, v0)
 		f(key, b[v0:v1])
 		i = skipSpace(b, v1)
@@ -209,6 +213,18 @@ func eachMember(b []byte, f func(key, v []byte)) bool {
 		}
 	}
 	return true
+}
+
+// Members calls f with each top-level member of the JSON object obj
+// (valid JSON; other bytes end it somewhere, never out of bounds), in
+// order, its key unquoted (a key that is not a JSON string is skipped),
+// its value as written: a caller decodes only the members it needs.
+func Members(obj []byte, f func(key string, v []byte)) {
+	eachMember(obj, func(k, v []byte) {
+		if key, err := unquote(k); err == nil {
+			f(key, v)
+		}
+	})
 }
 
 // nonNull is v, or nil when v is null.

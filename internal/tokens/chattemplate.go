@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // ChatTemplate is a model's own Jinja chat template (tokenizer_config.json's
@@ -94,81 +96,14 @@ func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, err
 }
 
 // eachOtherMember calls f with each top-level member of the JSON object
-// obj (valid JSON, or nothing: nil; other bytes end it somewhere, never
-// out of bounds) but its role and content, in order, scanning past their
-// values without decoding them.
+// obj but its role and content, in order, without decoding their values
+// (openai.Members).
 func eachOtherMember(obj []byte, f func(key string, v []byte)) {
-	i := skipJSONSpace(obj, 0)
-	if i >= len(obj) || obj[i] != '{' {
-		return
-	}
-	i = skipJSONSpace(obj, i+1)
-	for i < len(obj) && obj[i] == '"' {
-		k1 := skipJSONValue(obj, i)
-		if k1 > len(obj) || k1 < i+2 { // an unterminated key: not JSON
-			return
-		}
-		key := string(obj[i+1 : k1-1])
-		if bytes.IndexByte(obj[i:k1], '\\') >= 0 && json.Unmarshal(obj[i:k1], &key) != nil {
-			return
-		}
-		v0 := skipJSONSpace(obj, k1)
-		if v0 >= len(obj) || obj[v0] != ':' {
-			return
-		}
-		v0 = skipJSONSpace(obj, v0+1)
-		v1 := min(skipJSONValue(obj, v0), len(obj))
+	openai.Members(obj, func(key string, v []byte) {
 		if key != "role" && key != "content" {
-			f(key, obj[v0:v1])
+			f(key, v)
 		}
-		if i = skipJSONSpace(obj, v1); i < len(obj) && obj[i] == ',' {
-			i = skipJSONSpace(obj, i+1)
-		}
-	}
-}
-
-func skipJSONSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipJSONValue is the end of the JSON value (of valid JSON) at b[i].
-func skipJSONValue(b []byte, i int) int {
-	depth := 0
-	for ; i < len(b); i++ {
-		switch b[i] {
-		case '"':
-			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] == '\\' {
-					i++
-				}
-			}
-			if depth == 0 {
-				return i + 1
-			}
-		case '{', '[':
-			depth++
-		case '}', ']':
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
-			if depth < 0 {
-				return i
-			}
-		case ',', ':':
-			if depth == 0 {
-				return i
-			}
-		case ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return i
-			}
-		}
-	}
-	return i
+	})
 }
 
 // toolsValue is a request's tools as vLLM gives them to the template
