@@ -639,3 +639,18 @@ func waitSubscribed(t *testing.T, g *Gateway) {
 		return len(st) > 0
 	})
 }
+
+// waitIndexed waits until every batch of KV events engine e published
+// has reached g's index (quiet: its claims are then the engine's).
+func waitIndexed(t *testing.T, g *Gateway, e *engine.Engine) {
+	t.Helper()
+	waitFor(t, func() bool {
+		next := e.KVEventsSeq()
+		for _, st := range g.sub.Stats() {
+			if st.Endpoint == e.Addr() {
+				return next == 0 || st.LastSeq != nil && *st.LastSeq+1 >= next
+			}
+		}
+		return false
+	})
+}

@@ -43,11 +43,7 @@ func TestIndexExactOnAQuietEngine(t *testing.T) {
 			convs[c] = append(convs[c][:600:600], ids(300)...)
 		}
 		// Quiet: every batch the engine published has reached the index.
-		waitFor(t, func() bool {
-			st := g.sub.Stats()
-			next := e.KVEventsSeq()
-			return len(st) == 1 && (next == 0 || st[0].LastSeq != nil && *st[0].LastSeq+1 >= next)
-		})
+		waitIndexed(t, g, e)
 		b, _ := json.Marshal(map[string]any{"model": testModel, "prompt": convs[c], "max_tokens": 1})
 		r := post(t, url+"/v1/completions", string(b), nil)
 		if r.status != 200 {

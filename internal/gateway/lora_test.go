@@ -52,15 +52,7 @@ func TestLoRAAdapters(t *testing.T) {
 		found, _ = openai.ResponseCachedTokens([]byte(r.body))
 		e := byName[home]
 		// Quiet: the engine's events reached the index.
-		waitFor(t, func() bool {
-			for _, st := range g.sub.Stats() {
-				if st.Endpoint == home {
-					next := e.KVEventsSeq()
-					return next == 0 || st.LastSeq != nil && *st.LastSeq+1 >= next
-				}
-			}
-			return false
-		})
+		waitIndexed(t, g, e)
 		return home, claimed, found
 	}
 	ids := func(tag, n int) []int {

@@ -55,10 +55,7 @@ func TestMessages(t *testing.T) {
 		len(m.Content) != 1 || len(strings.Fields(m.Content[0].Text)) != 4 || m.StopReason != "max_tokens" || m.Usage.OutputTokens != 4 {
 		t.Fatalf("message: %d %s", r.status, r.body)
 	}
-	waitFor(t, func() bool {
-		st := g.sub.Stats()
-		return len(st) == 1 && st[0].LastSeq != nil && *st[0].LastSeq+1 >= e.KVEventsSeq()
-	})
+	waitIndexed(t, g, e)
 	chat, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1,
 		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": "hello"}}})
 	c := post(t, url+"/v1/chat/completions", string(chat), nil)

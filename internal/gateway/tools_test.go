@@ -26,11 +26,7 @@ func TestToolsKeyedAsRendered(t *testing.T) {
 		`{"type":"function","function":{"name":"run","description":"Run a shell command.","parameters":{"type":"object","properties":{"cmd":{"type":"string"}}}}}]`)
 	msgs := []any{map[string]any{"role": "system", "content": prefix("agent")}, map[string]any{"role": "user", "content": "fix the failing test"}}
 	for turn := range 4 {
-		waitFor(t, func() bool {
-			st := g.sub.Stats()
-			next := e.KVEventsSeq()
-			return len(st) == 1 && (next == 0 || st[0].LastSeq != nil && *st[0].LastSeq+1 >= next)
-		})
+		waitIndexed(t, g, e)
 		body, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "messages": msgs, "tools": tools, "chat_template_kwargs": map[string]bool{"enable_thinking": false}})
 		r := post(t, url+"/v1/chat/completions", string(body), nil)
 		claimed, _ := strconv.Atoi(r.header.Get(hdrCached))
@@ -66,25 +62,18 @@ func TestMessagesToolsKeyedAsRendered(t *testing.T) {
 		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e.URL()}}
 	g, url, _ := startGateway(t, cfg, Options{})
 	waitSubscribed(t, g)
-	quiet := func() {
-		waitFor(t, func() bool {
-			st := g.sub.Stats()
-			next := e.KVEventsSeq()
-			return len(st) == 1 && (next == 0 || st[0].LastSeq != nil && *st[0].LastSeq+1 >= next)
-		})
-	}
 	tools := []map[string]any{{"name": "read_file", "description": "Read a file.", "input_schema": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]string{"type": "string"}}}},
 		{"name": "run", "input_schema": map[string]any{"properties": map[string]any{"cmd": map[string]string{"type": "string"}}}}}
 	system := []map[string]string{{"type": "text", "text": "x-anthropic-billing-header: cch=1234;"}, {"type": "text", "text": prefix("claude")}}
 	msgs := []any{map[string]any{"role": "user", "content": "fix the failing test"}}
 	for turn := range 3 {
-		quiet()
+		waitIndexed(t, g, e)
 		body, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "system": system, "tools": tools, "messages": msgs})
 		r := post(t, url+"/v1/messages", string(body), nil)
 		if first, _ := strconv.Atoi(r.header.Get(hdrCached)); r.status != 200 || (turn > 0 && first == 0) {
 			t.Fatalf("turn %d: %d %s (claimed %d)", turn, r.status, r.body, first)
 		}
-		quiet()
+		waitIndexed(t, g, e)
 		// Sent again, all of it is cached: an exact gateway claims what
 		// the engine then finds.
 		r = post(t, url+"/v1/messages", string(body), nil)
@@ -99,7 +88,7 @@ func TestMessagesToolsKeyedAsRendered(t *testing.T) {
 		for _, m := range parsed.Messages {
 			chatMsgs = append(chatMsgs, m.Raw)
 		}
-		quiet()
+		waitIndexed(t, g, e)
 		chat, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "messages": chatMsgs, "tools": parsed.Tools})
 		c := post(t, url+"/v1/chat/completions", string(chat), nil)
 		again, _ := strconv.Atoi(c.header.Get(hdrCached))
