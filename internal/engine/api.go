@@ -133,24 +133,36 @@ func requestTokens(req *openai.Request) ([]uint32, error) {
 	return promptTokens(req.Prompt)
 }
 
-func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
+// counted reads a request to count (/tokenize, count_tokens): its body
+// parsed by parse, its model this engine's, and its prompt's tokens.
+func (e *Engine) counted(w http.ResponseWriter, r *http.Request, parse func([]byte) (*openai.Request, error)) ([]uint32, error) {
 	body, release, err := e.readBody(w, r)
 	defer release()
 	if err != nil {
-		openai.WriteError(w, err)
-		return
+		return nil, err
 	}
+	req, err := parse(body)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := e.checkModel(req.Model); err != nil {
+		return nil, err
+	}
+	return requestTokens(req)
+}
+
+// tokenizeRequest parses a /tokenize body: a chat's messages, or a
+// prompt (an empty text tokenizes to nothing, as vLLM's does).
+func tokenizeRequest(body []byte) (*openai.Request, error) {
 	req, err := openai.ParseRequest(body)
-	if err == nil {
-		_, err = e.checkModel(req.Model)
-	}
 	if err == nil && req.Messages == nil && !(req.Prompt.Kind == openai.PromptText && req.Prompt.Texts[0] == "") {
-		err = req.Prompt.Check() // an empty text tokenizes to nothing, as vLLM's does
+		err = req.Prompt.Check()
 	}
-	var toks []uint32
-	if err == nil {
-		toks, err = requestTokens(req)
-	}
+	return req, err
+}
+
+func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	toks, err := e.counted(w, r, tokenizeRequest)
 	if err != nil {
 		openai.WriteError(w, err)
 		return

@@ -21,19 +21,7 @@ func (e *Engine) handleMessages(w http.ResponseWriter, r *http.Request) {
 // counts and writes them.
 func (e *Engine) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 	w = openai.MessagesErrors(w)
-	body, release, err := e.readBody(w, r)
-	defer release()
-	var req *openai.Request
-	if err == nil {
-		req, err = openai.ParseCountTokens(body)
-	}
-	if err == nil {
-		_, err = e.checkModel(req.Model)
-	}
-	var toks []uint32
-	if err == nil {
-		toks, err = requestTokens(req)
-	}
+	toks, err := e.counted(w, r, openai.ParseCountTokens)
 	if err != nil {
 		openai.WriteError(w, err)
 		return
