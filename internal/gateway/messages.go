@@ -23,10 +23,10 @@ const (
 
 // namedEventsOf is the kind of rt's stream.
 func namedEventsOf(rt *routed) namedEvents {
-	switch {
-	case rt.responses:
+	switch rt.api {
+	case apiResponses:
 		return responsesEvents
-	case rt.messages:
+	case apiMessages:
 		return messagesEvents
 	}
 	return 0

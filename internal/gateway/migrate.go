@@ -28,7 +28,7 @@ const maxMigrations = 8
 // of chat or completions (SGLang's /generate counts its tokens in its own
 // events, the Responses and Messages APIs' are events of another shape).
 func tapped(rt *routed) bool {
-	return rt.req.Stream && !rt.generate && !rt.responses && !rt.messages
+	return rt.req.Stream && (rt.api == apiCompletions || rt.api == apiChat)
 }
 
 // migratable reports whether rt's stream is one the gateway may continue
@@ -37,7 +37,7 @@ func (g *Gateway) migratable(rt *routed) bool {
 	if g.cfg.MigrationLimit <= 0 || !tapped(rt) {
 		return false
 	}
-	if rt.chat {
+	if rt.chat() {
 		return true
 	}
 	_, ok := rt.req.TextPrompt()
@@ -89,7 +89,7 @@ func (g *Gateway) continuation(rt *routed, t *streamTap, failed string) (*routed
 	}
 	req := rt.req // nothing came yet: the request as it was
 	if t.tokens > 0 || t.text.Len() > 0 {
-		body, err := rt.req.Continuation(rt.chat, t.text.String(), t.tokens)
+		body, err := rt.req.Continuation(rt.chat(), t.text.String(), t.tokens)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -430,7 +430,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		ctx = ictx
 		start = func() bool { return p.mf.investing.remove(inv) }
 	}
-	if p.decode != nil && (rt.responses || rt.messages) {
+	if p.decode != nil && (rt.api == apiResponses || rt.api == apiMessages) {
 		// vLLM's P/D flows run completions: a Responses or Messages
 		// request's prefill leg has no form.
 		dropRoutingHeaders(w.Header())
@@ -442,7 +442,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		if p.prefill.ep.BootstrapPort > 0 {
 			return g.proxySGLang(ctx, w, r, rt, p, fl, &got)
 		}
-		if rt.generate {
+		if rt.api == apiGenerate {
 			// vLLM's P/D flow (NixlConnector) has no /generate.
 			dropRoutingHeaders(w.Header())
 			return "", openai.BadRequest("/generate is SGLang's API; this model's prefill endpoint %s runs vLLM's P/D flow (no bootstrap_port): use /v1/completions", p.prefill.ep.Name)
@@ -895,9 +895,9 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 		r.end = &streamEnd{named: namedEventsOf(rt)}
 		r.tokens, r.done = func() int { return r.end.tokens(rt.seqs) }, r.end.done
 		switch {
-		case rt.generate && rt.seqs == 1: // its events count its tokens (meta_info)
+		case rt.api == apiGenerate && rt.seqs == 1: // its events count its tokens (meta_info)
 			r.usage = &openai.AnswerUsage{}
-		case rt.responses, rt.messages: // its response.completed or message_delta event does
+		case rt.api == apiResponses || rt.api == apiMessages: // its response.completed or message_delta event does
 			r.usage = openai.ResponsesUsage()
 		}
 		if r.usage != nil {
@@ -914,12 +914,12 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 		r.h.probe = nil
 		if ok && g.traffic != nil && !rt.continued {
 			r.usage = &openai.AnswerUsage{}
-			if rt.responses || rt.messages {
+			if rt.api == apiResponses || rt.api == apiMessages {
 				r.usage = openai.ResponsesUsage()
 			}
 		}
 	}
-	if ok && rt.responses {
+	if ok && rt.api == apiResponses {
 		r.rid = &responseID{}
 	}
 	r.hold = ok && r.end != nil && r.end.named != 0

@@ -39,20 +39,22 @@ const (
 	apiMessages                   // /v1/messages (messages.go)
 )
 
+// chat reports whether the API's prompt is chat messages (the Responses
+// and Messages APIs' are converted to them).
+func (a apiKind) chat() bool { return a == apiChat || a == apiResponses || a == apiMessages }
+
+// chat reports whether rt's prompt is chat messages.
+func (rt *routed) chat() bool { return rt.api.chat() }
+
 // routed is one request on its way through the gateway.
 type routed struct {
 	id   string
 	path string
-	chat bool
-	// generate: SGLang's /generate (openai.ParseGenerate); responses:
-	// the Responses API (openai.ParseResponses), and pin the endpoint
-	// that made the response it continues ("": none known).
-	generate  bool
-	responses bool
-	// messages: the Anthropic Messages API (openai.ParseMessages).
-	messages bool
-	pin      string
-	req      *openai.Request
+	// api is the API it came by; pin, for the Responses API, the
+	// endpoint that made the response it continues ("": none known).
+	api apiKind
+	pin string
+	req *openai.Request
 	// model is the fleet that serves it: req.Model, or a LoRA adapter's
 	// base model; lora the adapter ("" for a base model).
 	model, lora string
@@ -150,7 +152,6 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, api apiKind) (rt
 func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed, error) {
 	var err error
 	var req *openai.Request
-	chat := api == apiChat || api == apiResponses || api == apiMessages
 	switch api {
 	case apiChat:
 		req, err = openai.ParseChat(body)
@@ -177,7 +178,7 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 	case model == "":
 		return nil, openai.BadRequest("model is required").WithParam("model")
 	}
-	rt := &routed{path: r.URL.Path, chat: chat, generate: api == apiGenerate, responses: api == apiResponses, messages: api == apiMessages, req: req, arrival: g.now()}
+	rt := &routed{path: r.URL.Path, api: api, req: req, arrival: g.now()}
 	if req.PreviousResponseID != "" {
 		rt.pin = g.respHolders.holder(req.PreviousResponseID)
 	}
@@ -192,10 +193,10 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 	rt.tenant = tenantOf(r.Header.Get(g.cfg.FairnessHeader))
 	limName := "max_tokens"
 	rt.outN = defaultOutputTokens
-	if rt.generate {
+	if rt.api == apiGenerate {
 		rt.outN, limName = openai.GenerateDefaultMaxNewTokens, "sampling_params.max_new_tokens"
 	}
-	if lim := req.OutputLimit(chat); lim != nil {
+	if lim := req.OutputLimit(api.chat()); lim != nil {
 		if *lim < 1 {
 			return nil, openai.BadRequest("%s must be at least 1, got %d", limName, *lim).WithParam(limName)
 		}
@@ -261,7 +262,7 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	in := tokens.Input{LoRA: rt.lora}
 	req := rt.req
 	switch {
-	case rt.chat:
+	case rt.chat():
 		msgs := make([]tokens.Message, len(req.Messages))
 		for i, m := range req.Messages {
 			text, err := m.Content.Text()

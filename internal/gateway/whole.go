@@ -240,18 +240,18 @@ func (a *wholeAnswer) fail(err error) bool {
 // rt, which the client did not stream, goes to its engine as a stream
 // answered whole, and makes it one; nil when it goes as sent.
 func (g *Gateway) streamUpstream(rt *routed) func() assembler {
-	if rt.req.Stream || rt.generate {
+	if rt.req.Stream || rt.api == apiGenerate {
 		return nil
 	}
 	why := "--no-stream-upstream"
 	if !g.cfg.NoStreamUpstream {
-		switch {
-		case rt.responses:
+		switch rt.api {
+		case apiResponses:
 			why = rt.req.WholeResponsesFromStream()
-		case rt.messages:
+		case apiMessages:
 			why = "" // a message's stream carries all of it
 		default:
-			why = rt.req.WholeFromStream(rt.chat)
+			why = rt.req.WholeFromStream(rt.chat())
 		}
 	}
 	if why != "" {
@@ -260,12 +260,12 @@ func (g *Gateway) streamUpstream(rt *routed) func() assembler {
 	}
 	rt.req.StreamInstead()
 	g.met.whole.WithLabelValues("streamed").Inc()
-	switch {
-	case rt.responses:
+	switch rt.api {
+	case apiResponses:
 		return func() assembler { return &openai.ResponsesAssembler{} }
-	case rt.messages:
+	case apiMessages:
 		return func() assembler { return &openai.MessagesAssembler{} }
 	}
-	chat := rt.chat
+	chat := rt.chat()
 	return func() assembler { return openai.NewAssembler(chat) }
 }
