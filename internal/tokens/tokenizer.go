@@ -187,9 +187,12 @@ func (t *Tokenizer) conversationKeys(msgs []Message, opts ChatOptions) []uint64 
 		_, _ = d.Write(b[:8])
 		_, _ = d.WriteString(m.Role)
 		_, _ = d.Write([]byte{0})
-		_, _ = d.WriteString(m.Text())
-		_, _ = d.Write([]byte{0})
-		_, _ = d.Write(m.object)
+		if m.object != nil { // what it renders from: its text is the object's
+			_, _ = d.Write([]byte{1})
+			_, _ = d.Write(m.object)
+		} else {
+			_, _ = d.WriteString(m.Text())
+		}
 		keys[i+1] = d.Sum64()
 	}
 	return keys
