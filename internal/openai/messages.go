@@ -380,28 +380,49 @@ type MessagesErrorInfo struct {
 	Message string `json:"message"`
 }
 
+// messagesErrorTypes pairs statuses with the Messages API's error types
+// (Anthropic's: 529 is its overloaded status, first so that the type
+// reads back as it).
+var messagesErrorTypes = [...]struct {
+	status int
+	typ    string
+}{
+	{http.StatusBadRequest, "invalid_request_error"},
+	{http.StatusUnauthorized, "authentication_error"},
+	{http.StatusForbidden, "permission_error"},
+	{http.StatusNotFound, "not_found_error"},
+	{http.StatusRequestEntityTooLarge, "request_too_large"},
+	{http.StatusTooManyRequests, "rate_limit_error"},
+	{529, "overloaded_error"},
+	{http.StatusServiceUnavailable, "overloaded_error"},
+	{http.StatusGatewayTimeout, "timeout_error"},
+	{http.StatusInternalServerError, "api_error"},
+}
+
 // MessagesErrorType is the Messages API's error type for status (the
-// Anthropic SDKs read the status; people and logs read the type).
+// Anthropic SDKs read the status; people and logs read the type): other
+// 5xx are api_error, other 4xx invalid_request_error.
 func MessagesErrorType(status int) string {
-	switch {
-	case status == http.StatusUnauthorized:
-		return "authentication_error"
-	case status == http.StatusForbidden:
-		return "permission_error"
-	case status == http.StatusNotFound:
-		return "not_found_error"
-	case status == http.StatusRequestEntityTooLarge:
-		return "request_too_large"
-	case status == http.StatusTooManyRequests:
-		return "rate_limit_error"
-	case status == http.StatusServiceUnavailable || status == 529:
-		return "overloaded_error"
-	case status == http.StatusGatewayTimeout:
-		return "timeout_error"
-	case status >= 500:
+	for _, e := range messagesErrorTypes {
+		if e.status == status {
+			return e.typ
+		}
+	}
+	if status >= 500 {
 		return "api_error"
 	}
 	return "invalid_request_error"
+}
+
+// MessagesErrorStatus is the status of a Messages API error type (500
+// for a type it does not name, vLLM's OpenAI-style ones among them).
+func MessagesErrorStatus(typ string) int {
+	for _, e := range messagesErrorTypes {
+		if e.typ == typ {
+			return e.status
+		}
+	}
+	return http.StatusInternalServerError
 }
 
 // messagesErrors is a client's writer whose errors WriteError writes in

@@ -192,30 +192,6 @@ func keepMembers(ms []kept, obj []byte) []kept {
 	return ms
 }
 
-// MessagesErrorStatus is the status of a Messages API error type (500
-// for a type it does not name, vLLM's OpenAI-style ones among them).
-func MessagesErrorStatus(typ string) int {
-	switch typ {
-	case "invalid_request_error":
-		return http.StatusBadRequest
-	case "authentication_error":
-		return http.StatusUnauthorized
-	case "permission_error":
-		return http.StatusForbidden
-	case "not_found_error":
-		return http.StatusNotFound
-	case "request_too_large":
-		return http.StatusRequestEntityTooLarge
-	case "rate_limit_error":
-		return http.StatusTooManyRequests
-	case "timeout_error":
-		return http.StatusGatewayTimeout
-	case "overloaded_error":
-		return 529 // Anthropic's
-	}
-	return http.StatusInternalServerError
-}
-
 // Answer is the assembled message (200), or the error event (its type's
 // status); an error when the stream brought no event, or ended before
 // its message_stop.
