@@ -898,7 +898,7 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 		case rt.api == apiGenerate && rt.seqs == 1: // its events count its tokens (meta_info)
 			r.usage = &openai.AnswerUsage{}
 		case rt.api == apiResponses || rt.api == apiMessages: // its response.completed or message_delta event does
-			r.usage = openai.ResponsesUsage()
+			r.usage = openai.OutputTokensUsage()
 		}
 		if r.usage != nil {
 			r.tokens = func() int {
@@ -915,7 +915,7 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 		if ok && g.traffic != nil && !rt.continued {
 			r.usage = &openai.AnswerUsage{}
 			if rt.api == apiResponses || rt.api == apiMessages {
-				r.usage = openai.ResponsesUsage()
+				r.usage = openai.OutputTokensUsage()
 			}
 		}
 	}

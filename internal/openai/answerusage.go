@@ -18,9 +18,10 @@ type AnswerUsage struct {
 
 const completionKey = `"completion_tokens"`
 
-// ResponsesUsage reads a Responses API answer for its output tokens
-// (usage.output_tokens; in a stream, its response.completed event's).
-func ResponsesUsage() *AnswerUsage { return &AnswerUsage{key: `"output_tokens"`} }
+// OutputTokensUsage reads a Responses or Messages API answer for its
+// output tokens (usage.output_tokens; in a stream, its response.completed
+// or message_delta event's).
+func OutputTokensUsage() *AnswerUsage { return &AnswerUsage{key: `"output_tokens"`} }
 
 // answerCarry is the bytes kept between reads: a key, spaces and a
 // count split between two reads are whole in the next window.
