@@ -105,6 +105,24 @@ func (c *Client) base(idx int) string {
 // generated chat (the workload does not keep the answers it got).
 const historyAnswer = "ok"
 
+// turns is a chat item's turns as messages: each earlier turn the
+// user's, answered by the assistant (historyAnswer), then the new one;
+// typ, when set, is each message's type (the Responses API's items).
+func turns(it *Item, typ string) []map[string]string {
+	msg := func(role, text string) map[string]string {
+		m := map[string]string{"role": role, "content": text}
+		if typ != "" {
+			m["type"] = typ
+		}
+		return m
+	}
+	var msgs []map[string]string
+	for _, h := range it.History {
+		msgs = append(msgs, msg("user", h), msg("assistant", historyAnswer))
+	}
+	return append(msgs, msg("user", it.Prompt))
+}
+
 func (c *Client) body(it *Item) ([]byte, string) {
 	switch {
 	case it.Chat && c.Responses:
@@ -119,15 +137,11 @@ func (c *Client) body(it *Item) ([]byte, string) {
 		delete(req, "stream_options")
 	}
 	if it.Chat {
-		msgs := []map[string]string{}
+		msgs := turns(it, "")
 		if it.System != "" {
-			msgs = append(msgs, map[string]string{"role": "system", "content": it.System})
+			msgs = append([]map[string]string{{"role": "system", "content": it.System}}, msgs...)
 		}
-		for _, h := range it.History {
-			msgs = append(msgs, map[string]string{"role": "user", "content": h},
-				map[string]string{"role": "assistant", "content": historyAnswer})
-		}
-		req["messages"] = append(msgs, map[string]string{"role": "user", "content": it.Prompt})
+		req["messages"] = msgs
 		b, _ := json.Marshal(req)
 		return b, "/v1/chat/completions"
 	}
@@ -138,13 +152,7 @@ func (c *Client) body(it *Item) ([]byte, string) {
 
 // responsesBody is a chat item as a streamed Responses API request.
 func (c *Client) responsesBody(it *Item) ([]byte, string) {
-	input := []map[string]string{}
-	for _, h := range it.History {
-		input = append(input, map[string]string{"type": "message", "role": "user", "content": h},
-			map[string]string{"type": "message", "role": "assistant", "content": historyAnswer})
-	}
-	input = append(input, map[string]string{"type": "message", "role": "user", "content": it.Prompt})
-	req := map[string]any{"model": c.Model, "max_output_tokens": it.MaxTokens, "stream": true, "input": input, "ignore_eos": true}
+	req := map[string]any{"model": c.Model, "max_output_tokens": it.MaxTokens, "stream": true, "input": turns(it, "message"), "ignore_eos": true}
 	if it.System != "" {
 		req["instructions"] = it.System
 	}
@@ -156,12 +164,7 @@ func (c *Client) responsesBody(it *Item) ([]byte, string) {
 // which vLLM's Messages API does not read, makes kvgate's emulator run
 // to max_tokens there too).
 func (c *Client) messagesBody(it *Item) ([]byte, string) {
-	msgs := []map[string]string{}
-	for _, h := range it.History {
-		msgs = append(msgs, map[string]string{"role": "user", "content": h}, map[string]string{"role": "assistant", "content": historyAnswer})
-	}
-	msgs = append(msgs, map[string]string{"role": "user", "content": it.Prompt})
-	req := map[string]any{"model": c.Model, "max_tokens": it.MaxTokens, "stream": !c.Whole, "messages": msgs, "ignore_eos": true}
+	req := map[string]any{"model": c.Model, "max_tokens": it.MaxTokens, "stream": !c.Whole, "messages": turns(it, ""), "ignore_eos": true}
 	if it.System != "" {
 		req["system"] = it.System
 	}
