@@ -35,11 +35,7 @@ func anthropicError(body string) string {
 // first token trains the predictor; count_tokens is forwarded; the
 // gateway's own errors are in the Messages API's form.
 func TestMessages(t *testing.T) {
-	e := startEngine(t, fleet.RoleBoth, nil)
-	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, Policy: "kvgate", BlockSize: 16,
-		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e.URL()}}
-	g, url, admin := startGateway(t, cfg, Options{})
-	waitSubscribed(t, g)
+	e, g, url, admin := exactGateway(t)
 	system := prefix("messages")
 	r := post(t, url+"/v1/messages", messagesBody(system, "hello", 4, false), nil)
 	var m struct {

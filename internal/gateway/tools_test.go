@@ -5,9 +5,23 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
 )
+
+// exactGateway starts an engine and a gateway in front of it that
+// tokenizes with the engine's own template (source=engine), the kvgate
+// policy, 16-token blocks, subscribed to its KV events.
+func exactGateway(t *testing.T) (e *engine.Engine, g *Gateway, url, admin string) {
+	t.Helper()
+	e = startEngine(t, fleet.RoleBoth, nil)
+	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, Policy: "kvgate", BlockSize: 16,
+		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e.URL()}}
+	g, url, admin = startGateway(t, cfg, Options{})
+	waitSubscribed(t, g)
+	return e, g, url, admin
+}
 
 // TestToolsKeyedAsRendered: a chat request's tools and its assistant
 // messages' tool calls are part of the prompt a model's template renders
@@ -17,11 +31,7 @@ import (
 // conversation, the gateway claims cached exactly what the engine finds.
 // (TestMessagesToolsKeyedAsRendered: the same through the Messages API.)
 func TestToolsKeyedAsRendered(t *testing.T) {
-	e := startEngine(t, fleet.RoleBoth, nil)
-	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, Policy: "kvgate", BlockSize: 16,
-		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e.URL()}}
-	g, url, _ := startGateway(t, cfg, Options{})
-	waitSubscribed(t, g)
+	e, g, url, _ := exactGateway(t)
 	tools := json.RawMessage(`[{"type":"function","function":{"name":"read_file","description":"Read a file of the repository.","parameters":{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}}},` +
 		`{"type":"function","function":{"name":"run","description":"Run a shell command.","parameters":{"type":"object","properties":{"cmd":{"type":"string"}}}}}]`)
 	msgs := []any{map[string]any{"role": "system", "content": prefix("agent")}, map[string]any{"role": "user", "content": "fix the failing test"}}
@@ -57,11 +67,7 @@ func TestToolsKeyedAsRendered(t *testing.T) {
 // whose cached tokens the engine reports: the second message's claim
 // must be what the chat request finds).
 func TestMessagesToolsKeyedAsRendered(t *testing.T) {
-	e := startEngine(t, fleet.RoleBoth, nil)
-	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, Policy: "kvgate", BlockSize: 16,
-		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e.URL()}}
-	g, url, _ := startGateway(t, cfg, Options{})
-	waitSubscribed(t, g)
+	e, g, url, _ := exactGateway(t)
 	tools := []map[string]any{{"name": "read_file", "description": "Read a file.", "input_schema": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]string{"type": "string"}}}},
 		{"name": "run", "input_schema": map[string]any{"properties": map[string]any{"cmd": map[string]string{"type": "string"}}}}}
 	system := []map[string]string{{"type": "text", "text": "x-anthropic-billing-header: cch=1234;"}, {"type": "text", "text": prefix("claude")}}
