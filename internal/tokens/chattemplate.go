@@ -59,11 +59,21 @@ func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, err
 		d.AsDict().Set("content", jinja.NewString(m.Text()))
 		// The object's other members (tool_calls, tool_call_id, name),
 		// decoded; its content, the bulk, is not decoded again.
+		var reasoning, reasoningContent *jinja.Value
 		eachOtherMember(m.object, func(key string, v []byte) {
 			if val, err := jsonValue(v); err == nil {
 				d.AsDict().Set(key, val)
+				switch key {
+				case "reasoning":
+					reasoning = &val
+				case "reasoning_content":
+					reasoningContent = &val
+				}
 			}
 		})
+		if m.Role == "assistant" {
+			setReasoning(d, reasoning, reasoningContent)
+		}
 		list[i] = d
 	}
 	vars := make(map[string]jinja.Value, len(c.vars)+4)
@@ -93,6 +103,23 @@ func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, err
 		return "", fmt.Errorf("tokens: render chat template: %w", err)
 	}
 	return out, nil
+}
+
+// setReasoning gives an assistant message's reasoning to the template
+// under both its names, as vLLM does (chat_utils: "reasoning" and, for
+// templates that read it, as Qwen's do, "reasoning_content"): the
+// message's reasoning, else its reasoning_content (vLLM's chat API reads
+// the older name as the newer); null or absent counts as none.
+func setReasoning(d jinja.Value, reasoning, reasoningContent *jinja.Value) {
+	r := reasoning
+	if r == nil || r.IsNone() {
+		r = reasoningContent
+	}
+	if r == nil || r.IsNone() {
+		return
+	}
+	d.AsDict().Set("reasoning", *r)
+	d.AsDict().Set("reasoning_content", *r)
 }
 
 // eachOtherMember calls f with each top-level member of the JSON object

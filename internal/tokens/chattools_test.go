@@ -134,3 +134,34 @@ func FuzzEachOtherMember(f *testing.F) {
 		})
 	})
 }
+
+// TestRenderChatReasoning: an assistant message's reasoning reaches the
+// template under both names, as vLLM gives it (Qwen's templates read
+// reasoning_content, newer ones reasoning); the older name alone counts
+// as the newer, which wins over it; another role's is left as sent.
+func TestRenderChatReasoning(t *testing.T) {
+	ct, err := NewChatTemplate(`{% for m in messages %}{{ m.role }}:`+
+		`{% if m.reasoning is defined %}{{ m.reasoning }}{% else %}-{% endif %}/`+
+		`{% if m.reasoning_content is defined %}{{ m.reasoning_content }}{% else %}-{% endif %};{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := func(role, members string) Message {
+		return ObjectMessage(role, "x", json.RawMessage(`{"role":"`+role+`","content":"x"`+members+`}`))
+	}
+	msgs := []Message{
+		obj("assistant", `,"reasoning":"r1"`),
+		obj("assistant", `,"reasoning_content":"r2"`),
+		obj("assistant", `,"reasoning":null,"reasoning_content":"r3"`),
+		obj("assistant", `,"reasoning":"r4","reasoning_content":"old"`),
+		obj("assistant", ``),
+		obj("user", `,"reasoning":"u"`),
+	}
+	got, err := ct.RenderChat(msgs, ChatOptions{Mode: ChatNoPrompt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "assistant:r1/r1;assistant:r2/r2;assistant:r3/r3;assistant:r4/r4;assistant:-/-;user:u/-;"; got != want {
+		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+}
