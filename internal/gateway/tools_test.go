@@ -121,3 +121,67 @@ func TestMessagesToolsKeyedAsRendered(t *testing.T) {
 			map[string]any{"role": "user", "content": []map[string]any{{"type": "tool_result", "tool_use_id": id, "content": prefix("file" + strconv.Itoa(turn))}}})
 	}
 }
+
+// TestResponsesToolsKeyedAsRendered: a Codex-shaped agent speaking the
+// Responses API (instructions, a developer message, function and
+// namespace tools, then turns of reasoning, a function call and its
+// output) is keyed as the engine renders the chat request vLLM converts
+// it to (openai.ParseResponses: the calls as the assistant's tool calls,
+// the tools as chat tools): turn after turn the gateway claims cached
+// exactly what the engine finds. With the tools left out of the
+// rendering the two part at the system prompt's end.
+func TestResponsesToolsKeyedAsRendered(t *testing.T) {
+	e, g, url, _ := exactGateway(t)
+	tools := json.RawMessage(`[{"type":"function","name":"shell","description":"Runs a shell command.","strict":false,` +
+		`"parameters":{"type":"object","properties":{"command":{"type":"array","items":{"type":"string"}}},"required":["command"]}},` +
+		`{"type":"web_search"},{"type":"namespace","name":"mcp","description":"Files.","tools":[{"type":"function","name":"read","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}]}]`)
+	input := []any{
+		map[string]any{"type": "message", "role": "developer", "content": []map[string]string{{"type": "input_text", "text": "<permissions>workspace-write</permissions>"}}},
+		map[string]any{"type": "message", "role": "user", "content": []map[string]string{{"type": "input_text", "text": "fix the failing test"}}},
+	}
+	usage := func(body string) (in, cached int) {
+		var u struct {
+			Usage struct {
+				InputTokens int `json:"input_tokens"`
+				Details     struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"input_tokens_details"`
+			}
+		}
+		if err := json.Unmarshal([]byte(body), &u); err != nil {
+			t.Fatalf("%v: %s", err, body)
+		}
+		return u.Usage.InputTokens, u.Usage.Details.Cached
+	}
+	for turn := range 4 {
+		waitIndexed(t, g, e)
+		body, _ := json.Marshal(map[string]any{"model": testModel, "max_output_tokens": 1, "instructions": prefix("codex"),
+			"input": input, "tools": tools, "reasoning": map[string]string{"effort": "medium"}, "store": false})
+		r := post(t, url+"/v1/responses", string(body), nil)
+		claimed, _ := strconv.Atoi(r.header.Get(hdrCached))
+		in, found := usage(r.body)
+		if r.status != 200 || claimed != found || (turn > 0 && found < in/2) {
+			t.Fatalf("turn %d: %d prompt tokens, claimed %d cached, the engine found %d: %d %s", turn, in, claimed, found, r.status, r.body)
+		}
+		id := "call_" + strconv.Itoa(turn)
+		input = append(input,
+			map[string]any{"type": "reasoning", "id": "rs_" + strconv.Itoa(turn), "summary": []map[string]string{{"type": "summary_text", "text": "Run it."}}},
+			map[string]any{"type": "function_call", "call_id": id, "name": "read", "namespace": "mcp", "arguments": `{"path":"x.go"}`},
+			map[string]any{"type": "function_call_output", "call_id": id, "output": prefix("out" + strconv.Itoa(turn))})
+	}
+	// The tools and calls are in the engine's prompt: it counts more
+	// tokens with them than for the same texts without.
+	with, _ := json.Marshal(map[string]any{"model": testModel, "max_output_tokens": 1, "input": input, "tools": tools, "store": false})
+	var plain []any
+	for _, it := range input {
+		if typ := it.(map[string]any)["type"]; typ != "reasoning" && typ != "function_call" {
+			plain = append(plain, it)
+		}
+	}
+	without, _ := json.Marshal(map[string]any{"model": testModel, "max_output_tokens": 1, "input": plain, "store": false})
+	a, _ := usage(post(t, e.URL()+"/v1/responses", string(with), nil).body)
+	b, _ := usage(post(t, e.URL()+"/v1/responses", string(without), nil).body)
+	if a <= b+100 {
+		t.Fatalf("the engine counts %d tokens with the tools and calls, %d without", a, b)
+	}
+}
