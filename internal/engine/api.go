@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"slices"
+	"strconv"
 
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/tokens"
@@ -194,12 +196,68 @@ func toolsText(tools json.RawMessage) (string, error) {
 	b.WriteString("# Tools\n<tools>")
 	for _, t := range list {
 		b.WriteByte('\n')
-		if err := json.Compact(&b, t); err != nil {
+		if err := writeValue(&b, t); err != nil {
 			return "", err
 		}
 	}
 	b.WriteString("\n</tools>")
 	return b.String(), nil
+}
+
+// writeValue writes the JSON value raw as a template renders it from the
+// value decoded (transformers' tojson: Python's json.dumps of what the
+// engine parsed), not from the bytes sent: compact, members in their
+// order, numbers as written, strings encoded anew, so that an escape the
+// sender chose (Go's \u003c for <, \/ for /) renders as the character
+// it stands for, as it does in vLLM.
+func writeValue(b *bytes.Buffer, raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	type frame struct {
+		object bool
+		n      int // tokens written inside it
+	}
+	var stack []frame
+	str := json.NewEncoder(b)
+	str.SetEscapeHTML(false)
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1]
+			b.WriteByte(byte(d))
+			continue
+		}
+		if n := len(stack); n > 0 {
+			f := &stack[n-1]
+			switch {
+			case f.object && f.n%2 == 1:
+				b.WriteByte(':')
+			case f.n > 0:
+				b.WriteByte(',')
+			}
+			f.n++
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			b.WriteByte(byte(t))
+			stack = append(stack, frame{object: t == '{'})
+		case string:
+			_ = str.Encode(t)
+			b.Truncate(b.Len() - 1) // the encoder's newline
+		case json.Number:
+			b.WriteString(string(t))
+		case bool:
+			b.WriteString(strconv.FormatBool(t))
+		case nil:
+			b.WriteString("null")
+		}
+	}
 }
 
 // toolCallsText is the emulated template's rendering of an assistant
@@ -221,7 +279,7 @@ func toolCallsText(m openai.Message) (string, error) {
 	for _, c := range msg.ToolCalls {
 		b.WriteString("\n<tool_call>\n")
 		if len(c.Function) > 0 {
-			if err := json.Compact(&b, c.Function); err != nil {
+			if err := writeValue(&b, c.Function); err != nil {
 				return "", err
 			}
 		}

@@ -1,9 +1,11 @@
 package tokens
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -317,5 +319,32 @@ func TestExactChatOneRefusal(t *testing.T) {
 	}
 	if plain.Load() != 1 || !tk.exactChats() {
 		t.Fatalf("asked about a plain conversation %d times, want once; exact %v", plain.Load(), tk.exactChats())
+	}
+}
+
+// TestEngineSourceSendsAsSent: the tools, kwargs and message objects
+// reach the engine's /tokenize as the client sent them, without the HTML
+// escapes json.Marshal adds (an engine that renders their bytes, as
+// kvgate's emulator did, rendered "\u003c" where the client's own request
+// had "<": found with Codex CLI's tools, whose descriptions hold tags).
+func TestEngineSourceSendsAsSent(t *testing.T) {
+	var got []byte
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ = io.ReadAll(r.Body)
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": []int{1}, "count": 1})
+	}))
+	defer engine.Close()
+	src := &EngineSource{BaseURL: engine.URL, Model: "m"}
+	tools := json.RawMessage(`[{"type":"function","function":{"name":"f","description":"<agent> & co"}}]`)
+	obj := json.RawMessage(`{"role":"user","content":"<x>"}`)
+	_, err := src.TokenizeChat(context.Background(), []Message{ObjectMessage("user", "<x>", obj)},
+		ChatOptions{Mode: ChatGenerate, Tools: tools, Kwargs: json.RawMessage(`{"k":"<&>"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{string(tools), string(obj), `{"k":"<&>"}`} {
+		if !bytes.Contains(got, []byte(want)) {
+			t.Errorf("the engine got %s, without %s", got, want)
+		}
 	}
 }

@@ -132,12 +132,17 @@ func (s *EngineSource) TokenizeChat(ctx context.Context, msgs []Message, opts Ch
 }
 
 func (s *EngineSource) post(ctx context.Context, req tokenizeRequest) ([]uint32, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
+	// The tools and message objects go as the client sent them: without
+	// HTML escaping (which json.Marshal adds to raw values), so that an
+	// engine that renders their bytes renders what its own API got.
+	var body bytes.Buffer
+	enc := json.NewEncoder(&body)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(req); err != nil {
 		return nil, fmt.Errorf("tokens: encode tokenize request: %w", err)
 	}
 	url := strings.TrimRight(s.BaseURL, "/") + "/tokenize"
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, &body)
 	if err != nil {
 		return nil, fmt.Errorf("tokens: %w", err)
 	}
