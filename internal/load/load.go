@@ -422,6 +422,19 @@ func (f *Fleet) Len() int {
 	return len(f.eps)
 }
 
+// CachedPrefix is how many of a prompt's tokens an engine serves from
+// its cache when blocks of bs tokens of its prefix are cached: whole
+// blocks, never the last token (vLLM and SGLang compute at least one
+// token of every prompt, whose logits give the first output token), so a
+// prompt of a whole number of blocks, all cached, recomputes its last
+// block.
+func CachedPrefix(blocks, bs, promptTokens int) int {
+	if promptTokens <= 0 || bs <= 0 {
+		return 0
+	}
+	return min(satMul(max(blocks, 0), bs), (promptTokens-1)/bs*bs)
+}
+
 // Snapshot fills dst with the fleet at time now for a request of
 // promptTokens tokens whose block keys are keys: identity and load fields
 // for every endpoint, and CachedTokens from pc (nil: nothing cached).
@@ -449,7 +462,7 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 		pc.CachedBlocks(keys, matched[:len(eps)])
 		bs := max(dst.BlockSize, 1)
 		for i := range eps {
-			dst.Endpoints[i].CachedTokens = min(satMul(matched[i], bs), promptTokens)
+			dst.Endpoints[i].CachedTokens = CachedPrefix(matched[i], bs, promptTokens)
 		}
 		if cs, ok := pc.(CacheSizer); ok {
 			for i := range eps {

@@ -371,3 +371,18 @@ func TestWakeOnSlack(t *testing.T) {
 		}
 	})
 }
+
+// TestCachedPrefix: whole cached blocks, but never the prompt's last
+// token, which vLLM and SGLang always compute: a prompt of whole blocks,
+// all cached, recomputes its last block.
+func TestCachedPrefix(t *testing.T) {
+	for _, c := range []struct{ blocks, bs, prompt, want int }{
+		{10, 16, 161, 160}, {10, 16, 160, 144}, {9, 16, 160, 144}, {3, 16, 160, 48},
+		{0, 16, 5, 0}, {1, 16, 16, 0}, {1, 16, 17, 16}, {3, 16, 0, 0}, {-2, 16, 100, 0},
+		{1 << 62, 16, 100, 96}, {5, 0, 100, 0}, {5, 1, 3, 2},
+	} {
+		if got := CachedPrefix(c.blocks, c.bs, c.prompt); got != c.want {
+			t.Errorf("CachedPrefix(%d, %d, %d) = %d, want %d", c.blocks, c.bs, c.prompt, got, c.want)
+		}
+	}
+}

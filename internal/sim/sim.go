@@ -427,13 +427,12 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 	// An investment on an aggregated instance has its blocks cached as it
 	// finishes or stops (invest.go); everything else at once.
 	tracked := d.Invests && r.dec == nil
-	hit, hitBlocks := r.snap.Endpoints[i].CachedTokens, r.matched[i]
+	hit := r.snap.Endpoints[i].CachedTokens
 	if r.view != nil {
 		// The engine computes what its true cache lacks, whatever the
 		// router believed.
 		r.cache.match(q.Keys, r.trueHit)
-		hitBlocks = r.trueHit[i]
-		hit = min(hitBlocks*r.tr.BlockSize, q.PromptTokens)
+		hit = load.CachedPrefix(r.trueHit[i], r.tr.BlockSize, q.PromptTokens)
 		if !tracked {
 			from := t
 			if r.cfg.EventsAtPrefill {
@@ -442,7 +441,7 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 			r.view.stored(t, from, i, q.Keys)
 		}
 	}
-	unc := q.PromptTokens - hit
+	unc, hitBlocks := q.PromptTokens-hit, hit/r.tr.BlockSize
 	fl := r.load.Route(r.eps[i], t, load.Work{Uncached: unc, Cached: hit, UncachedBlocks: len(q.Keys) - hitBlocks,
 		Keys: q.Keys, PrefillSeconds: r.cfg.Model.PrefillTime(unc), OpensConversation: r.opens[ri], Deadline: r.deadline(ri)})
 	done := r.load.PredictedPrefillEnd(fl)
