@@ -73,13 +73,21 @@ func (c *responsesConversion) messages() []Message {
 	return msgs
 }
 
-// prevAssistant is the last message when it is the assistant's (nil
-// otherwise): the one an item that continues the turn merges into.
-func (c *responsesConversion) prevAssistant() *convMessage {
-	if n := len(c.out); n > 0 && c.out[n-1].role == "assistant" {
-		return &c.out[n-1]
+// turn is the assistant message an item bringing member key (content,
+// reasoning or tool_calls) goes into, key set: the last message when it
+// is the assistant's and lacks key (tool_calls, which calls add to, it
+// may have), else a new assistant message.
+func (c *responsesConversion) turn(key string) *convMessage {
+	n := len(c.out)
+	if n == 0 || c.out[n-1].role != "assistant" || c.out[n-1].has[key] && key != "tool_calls" {
+		c.out = append(c.out, convMessage{role: "assistant"})
+		n++
 	}
-	return nil
+	p := &c.out[n-1]
+	if !p.has[key] {
+		p.set(key)
+	}
+	return p
 }
 
 // responsesItemHead is what every input item is read for first.
@@ -158,14 +166,7 @@ func (c *responsesConversion) addMessage(el []byte, role string, k int) error {
 		}
 		content = Content{String: content.Parts[0].Text}
 	}
-	if p := c.prevAssistant(); p != nil && !p.has["content"] {
-		p.content = content
-		p.set("content")
-		return nil
-	}
-	msg := convMessage{role: "assistant", content: content}
-	msg.set("content")
-	c.out = append(c.out, msg)
+	c.turn("content").content = content
 	return nil
 }
 
@@ -188,16 +189,8 @@ func (c *responsesConversion) addCall(el []byte, k int) error {
 		call.Function.Name = f.Namespace + "__" + f.Name
 	}
 	call.Function.Arguments = f.Arguments
-	if p := c.prevAssistant(); p != nil {
-		if !p.has["tool_calls"] {
-			p.set("tool_calls")
-		}
-		p.calls = append(p.calls, call)
-		return nil
-	}
-	msg := convMessage{role: "assistant", calls: []messagesToolCall{call}}
-	msg.set("tool_calls")
-	c.out = append(c.out, msg)
+	p := c.turn("tool_calls")
+	p.calls = append(p.calls, call)
 	return nil
 }
 
@@ -223,14 +216,7 @@ func (c *responsesConversion) addReasoning(el []byte, k int) error {
 	case len(r.Summary) > 0:
 		text = r.Summary[0].Text
 	}
-	if p := c.prevAssistant(); p != nil && !p.has["reasoning"] {
-		p.reasoning = text
-		p.set("reasoning")
-		return nil
-	}
-	msg := convMessage{role: "assistant", reasoning: text}
-	msg.set("reasoning")
-	c.out = append(c.out, msg)
+	c.turn("reasoning").reasoning = text
 	return nil
 }
 
