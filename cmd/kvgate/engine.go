@@ -13,12 +13,13 @@ import (
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
+	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 )
 
 // engineFlags are the kvgate engine flags that are not Config fields.
 type engineFlags struct {
-	role, format, style, logLevel, scheduling string
+	role, format, style, logLevel, scheduling, inlineSystem string
 }
 
 // newEngineFlagSet registers the engine flags on cfg (defaults from its
@@ -55,6 +56,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	flagrange.Var(fl, &cfg.NumGPUBlocks, "num-gpu-blocks", lim.NumGPUBlocks, "KV cache capacity in blocks")
 	flagrange.Var(fl, &cfg.BlockSize, "block-size", lim.BlockSize, "tokens per KV block")
 	flagrange.Var(fl, &cfg.MaxModelLen, "max-model-len", lim.MaxModelLen, "maximum prompt + output tokens of a request")
+	fs.StringVar(&ef.inlineSystem, "anthropic-inline-system", "preserve", "where the Messages API puts system messages inside messages, as vLLM's flag of that name: preserve (in place) or fold (into the user turn beside them); hoist (into the system prompt) is vLLM's first way, before it kept them in place")
 	fs.BoolVar(&cfg.ResponsesStore, "responses-store", false, "keep Responses API answers in memory (the newest 4096), as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1: previous_response_id and GET /v1/responses/{id} find them")
 	flagrange.Var(fl, &cfg.StreamInterval, "stream-interval", lim.StreamInterval, "stream output in chunks of this many tokens (vLLM's --stream-interval)")
 	flagrange.Var(fl, &cfg.TimeScale, "time-scale", lim.TimeScale, "run this many times faster than real time (modelled durations are divided by it)")
@@ -97,6 +99,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		cfg.PriorityScheduling = true
 	default:
 		return fmt.Errorf("scheduling-policy must be fcfs or priority, got %q", ef.scheduling)
+	}
+	if cfg.InlineSystem, err = openai.ParseInlineSystem(ef.inlineSystem); err != nil {
+		return fmt.Errorf("anthropic-inline-system: %w", err)
 	}
 	if cfg.KVEventsFormat, err = kvpub.ParseFormat(ef.format); err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
+	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/perfmodel"
 )
 
@@ -58,6 +59,10 @@ type Config struct {
 	// its previous_response_id, GET /v1/responses/{id} returns it.
 	// Without it store is ignored, as vLLM ignores it by default.
 	ResponsesStore bool
+	// InlineSystem is where a Messages request's system messages inside
+	// messages go (vLLM's --anthropic-inline-system: preserve or fold;
+	// hoist, as vLLM placed them first); "" is preserve.
+	InlineSystem openai.InlineSystem
 	// StreamInterval sends streamed tokens in chunks of this many tokens
 	// (vLLM's --stream-interval); 1 sends every token at once.
 	StreamInterval int

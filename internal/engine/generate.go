@@ -143,7 +143,7 @@ func (e *Engine) parseGeneration(body []byte, a api) (*openai.Request, []uint32,
 	case apiResponses:
 		parse = openai.ParseResponses
 	case apiMessages:
-		parse = openai.ParseMessages
+		parse = func(b []byte) (*openai.Request, error) { return openai.ParseMessagesAs(b, e.inlineSystem()) }
 	}
 	req, err := parse(body)
 	if err != nil {

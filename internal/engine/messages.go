@@ -12,6 +12,15 @@ import (
 // (openai.ParseMessages), the answer a message object, or streamed as the
 // Messages API's events; errors in its form (openai.MessagesErrors).
 
+// inlineSystem is where this engine puts a Messages request's system
+// messages inside messages (Config.InlineSystem).
+func (e *Engine) inlineSystem() openai.InlineSystem {
+	if e.cfg.InlineSystem == "" {
+		return openai.InlinePreserve
+	}
+	return e.cfg.InlineSystem
+}
+
 func (e *Engine) handleMessages(w http.ResponseWriter, r *http.Request) {
 	e.serveGeneration(openai.MessagesErrors(w), r, apiMessages)
 }
@@ -21,7 +30,7 @@ func (e *Engine) handleMessages(w http.ResponseWriter, r *http.Request) {
 // counts and writes them.
 func (e *Engine) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 	w = openai.MessagesErrors(w)
-	toks, err := e.counted(w, r, openai.ParseCountTokens)
+	toks, err := e.counted(w, r, func(b []byte) (*openai.Request, error) { return openai.ParseCountTokensAs(b, e.inlineSystem()) })
 	if err != nil {
 		openai.WriteError(w, err)
 		return

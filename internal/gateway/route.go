@@ -183,6 +183,15 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 		rt.pin = g.respHolders.holder(req.PreviousResponseID)
 	}
 	rt.model, rt.lora = g.resolve(model)
+	if api == apiMessages {
+		// The model's engines may place system messages inside messages
+		// otherwise than in place: convert as they do.
+		if mode := g.toks.For(rt.model).InlineSystem(); mode != openai.InlinePreserve {
+			if rt.req, err = openai.ParseMessagesAs(body, mode); err != nil {
+				return nil, err
+			}
+		}
+	}
 	rt.id = r.Header.Get("X-Request-Id")
 	if rt.id == "" || len(rt.id) > 128 {
 		rt.id = fmt.Sprintf("kvgate-%x-%d", g.start.UnixNano(), g.reqSeq.Add(1))

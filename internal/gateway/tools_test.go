@@ -185,3 +185,78 @@ func TestResponsesToolsKeyedAsRendered(t *testing.T) {
 		t.Fatalf("the engine counts %d tokens with the tools and calls, %d without", a, b)
 	}
 }
+
+// inlineSystemClaims runs three turns of a Claude-Code-shaped
+// conversation (a new system reminder inside messages every turn)
+// through a gateway whose tokenizer places inline system messages as
+// gwMode says, to an engine that places them as engineMode says, and
+// returns per turn what the gateway claimed cached on the turn's first
+// send (first) and on its second (claimed), and what the engine found for
+// the second (the same conversation as the chat request the engine
+// converts it to: its Messages API reports no cache hits).
+func inlineSystemClaims(t *testing.T, engineMode, gwMode openai.InlineSystem) (first, claimed, found []int) {
+	e := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.InlineSystem = engineMode })
+	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, Policy: "kvgate", BlockSize: 16,
+		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + e.URL() + ",inline_system=" + string(gwMode)}}
+	g, url, _ := startGateway(t, cfg, Options{})
+	waitSubscribed(t, g)
+	msgs := []any{map[string]any{"role": "user", "content": prefix("task")}}
+	for turn := range 3 {
+		body, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "system": prefix("claude"), "messages": msgs})
+		for send := range 2 {
+			waitIndexed(t, g, e)
+			r := post(t, url+"/v1/messages", string(body), nil)
+			if r.status != 200 {
+				t.Fatalf("turn %d: %d %s", turn, r.status, r.body)
+			}
+			n, _ := strconv.Atoi(r.header.Get(hdrCached))
+			if send == 0 {
+				first = append(first, n)
+			} else {
+				claimed = append(claimed, n)
+			}
+		}
+		parsed, err := openai.ParseMessagesAs(body, engineMode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var chatMsgs []json.RawMessage
+		for _, m := range parsed.Messages {
+			chatMsgs = append(chatMsgs, m.Raw)
+		}
+		waitIndexed(t, g, e)
+		chat, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "messages": chatMsgs})
+		c := post(t, e.URL()+"/v1/chat/completions", string(chat), nil)
+		n, ok := openai.ResponseCachedTokens([]byte(c.body))
+		if c.status != 200 || !ok {
+			t.Fatalf("turn %d: as chat %d %s", turn, c.status, c.body)
+		}
+		found = append(found, n)
+		msgs = append(msgs, map[string]any{"role": "assistant", "content": prefix("answer" + strconv.Itoa(turn))},
+			map[string]any{"role": "system", "content": "<system-reminder>" + strconv.Itoa(1000-turn) + " tokens left</system-reminder>"},
+			map[string]any{"role": "user", "content": "go on " + strconv.Itoa(turn)})
+	}
+	return first, claimed, found
+}
+
+// TestMessagesInlineSystemKeyed: with its tokenizer told where the
+// engines put inline system messages (inline_system=), the gateway claims
+// cached what the engine finds, turn after turn, for each of vLLM's
+// placements; told otherwise (preserve, against an engine that folds),
+// its claims part from the engine's cache.
+func TestMessagesInlineSystemKeyed(t *testing.T) {
+	for _, mode := range []openai.InlineSystem{openai.InlinePreserve, openai.InlineFold, openai.InlineHoist} {
+		first, claimed, found := inlineSystemClaims(t, mode, mode)
+		t.Logf("%s: a turn's first send claimed %v cached; its second %v, the engine found %v", mode, first, claimed, found)
+		for turn := range found {
+			if claimed[turn] != found[turn] || turn > 0 && mode != openai.InlineHoist && found[turn] < found[turn-1] {
+				t.Errorf("%s: turn %d claimed %d cached, the engine found %d (all: %v, %v)", mode, turn, claimed[turn], found[turn], claimed, found)
+			}
+		}
+	}
+	_, claimed, found := inlineSystemClaims(t, openai.InlineFold, openai.InlinePreserve)
+	t.Logf("preserve against fold: claimed %v, found %v", claimed, found)
+	if claimed[2] == found[2] {
+		t.Errorf("a gateway preserving against an engine folding claimed what the engine found: %v, %v", claimed, found)
+	}
+}

@@ -25,40 +25,54 @@ const maxMessagesBlocks = 1 << 16
 const billingHeader = "x-anthropic-billing-header"
 
 // ParseMessages parses a /v1/messages body as the chat request vLLM makes
-// of it: the system text (the top-level system, a string or text blocks,
-// then any system message's, joined without a separator) as a system
-// message, then the messages (messagesMessage), each with its object as
-// vLLM builds it (Message.Raw), so that an exact tokenizer renders it as
-// the engine does: its text blocks as its content, its tool_use blocks
-// as tool calls, a user's tool_result as a tool message before the rest
-// of its message, an assistant's as the text "Tool result: …", its
-// thinking blocks as its reasoning, an image as a part (which kvgate's
-// tokenizers refuse, as they refuse a chat request's images). A user
-// message left without content is dropped. The tools become the chat
-// API's (messagesTools); max_tokens (required) is MaxTokens; model,
-// stream, kv_transfer_params and chat_template_kwargs are read as a chat
-// request's, and ignore_eos (which vLLM's Messages API does not read;
-// kvgate's emulator does, for kvgate bench). Raw is the body.
+// of it, its inline system messages kept in place (ParseMessagesAs).
 func ParseMessages(body []byte) (*Request, error) {
-	return parseMessagesBody(body, true)
+	return ParseMessagesAs(body, InlinePreserve)
+}
+
+// ParseMessagesAs parses a /v1/messages body as the chat request vLLM
+// makes of it: the system prompt (the top-level system, a string or its
+// text blocks joined without a separator, the billing header's dropped)
+// and the system messages inside messages placed as mode says
+// (placeInline), as a system message; then the messages
+// (convertMessage), each with its object as vLLM builds it (Message.Raw),
+// so that an exact tokenizer renders it as the engine does: its text
+// blocks as its content, its tool_use blocks as tool calls, a user's
+// tool_result as a tool message before the rest of its message, an
+// assistant's as the text "Tool result: …", its thinking blocks as its
+// reasoning, an image as a part (which kvgate's tokenizers refuse, as
+// they refuse a chat request's images). A user message left without
+// content is dropped. The tools become the chat API's (messagesTools);
+// output_config's effort and thinking set the template kwargs vLLM sets
+// (messagesKwargs); max_tokens (required) is MaxTokens; model, stream and
+// kv_transfer_params are read as a chat request's, and ignore_eos (which
+// vLLM's Messages API does not read; kvgate's emulator does, for kvgate
+// bench). Raw is the body.
+func ParseMessagesAs(body []byte, mode InlineSystem) (*Request, error) {
+	return parseMessagesBody(body, true, mode)
 }
 
 // ParseCountTokens parses a /v1/messages/count_tokens body: a Messages
 // request without max_tokens, whose prompt is counted.
 func ParseCountTokens(body []byte) (*Request, error) {
-	return parseMessagesBody(body, false)
+	return ParseCountTokensAs(body, InlinePreserve)
 }
 
-// parseMessagesBody is ParseMessages, max_tokens required if generates.
-func parseMessagesBody(body []byte, generates bool) (*Request, error) {
+// ParseCountTokensAs is ParseCountTokens, the inline system messages
+// placed as mode says.
+func ParseCountTokensAs(body []byte, mode InlineSystem) (*Request, error) {
+	return parseMessagesBody(body, false, mode)
+}
+
+// parseMessagesBody is ParseMessagesAs, max_tokens required if generates.
+func parseMessagesBody(body []byte, generates bool, mode InlineSystem) (*Request, error) {
 	r, err := parseObject(body)
 	if err != nil {
 		return nil, err
 	}
-	// The top-level system comes first, whatever the members' order;
-	// system messages' texts after it.
-	var system, inMessages []string
-	var msgs []Message
+	var system string
+	var list []anthropicMessage
+	var effort messagesEffort
 	for _, m := range r.members {
 		v := body[m.v0:m.v1]
 		switch m.key {
@@ -71,25 +85,33 @@ func parseMessagesBody(body []byte, generates bool) (*Request, error) {
 		case "system":
 			system, err = messagesSystem(v)
 		case "messages":
-			msgs, err = parseMessagesList(v, &inMessages)
+			list, err = readMessagesList(v)
+		case "output_config", "thinking":
+			err = effort.read(m.key, v)
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
 	switch {
-	case msgs == nil:
+	case list == nil:
 		return nil, BadRequest("messages is required").WithParam("messages")
 	case r.MaxTokens == nil && generates:
 		return nil, BadRequest("max_tokens is required").WithParam("max_tokens")
 	}
-	if s := strings.Join(append(system, inMessages...), ""); s != "" {
-		r.Messages = append(r.Messages, objectMessage("system", Content{String: s}, "", nil))
+	prompt, placed := placeInline(system, list, mode)
+	if prompt != "" {
+		r.Messages = append(r.Messages, objectMessage("system", Content{String: prompt}, "", nil, true))
 	}
-	r.Messages = append(r.Messages, msgs...)
+	for _, m := range placed {
+		if r.Messages, err = convertMessage(r.Messages, m); err != nil {
+			return nil, err
+		}
+	}
 	if len(r.Messages) == 0 {
 		return nil, BadRequest("messages must not be empty").WithParam("messages")
 	}
+	r.ChatTemplateKwargs = effort.kwargs(r.ChatTemplateKwargs)
 	return r, nil
 }
 
@@ -103,34 +125,37 @@ type messagesBlock struct {
 	Input     json.RawMessage `json:"input"`
 	ToolUseID string          `json:"tool_use_id"`
 	Content   json.RawMessage `json:"content"` // a tool_result's: a string or blocks
+	// folded, when set, is a tool_result's content with inline system
+	// text folded into it (placeInline), instead of Content.
+	folded *messagesContentValue
 }
 
-// messagesSystem reads the top-level system: a string, or text blocks
-// (the billing header's dropped).
-func messagesSystem(v []byte) ([]string, error) {
+// messagesSystem reads the top-level system: a string, or its text
+// blocks but the billing header, joined without a separator.
+func messagesSystem(v []byte) (string, error) {
 	if isNull(v) {
-		return nil, nil
+		return "", nil
 	}
 	c, err := messagesContent(v, "system")
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	return systemTexts(c), nil
+	if c.blocks == nil {
+		return c.text, nil
+	}
+	return blocksText(c.blocks), nil
 }
 
-// systemTexts is the system text of content c: a string, or its text
-// blocks but the billing header.
-func systemTexts(c messagesContentValue) []string {
-	if c.blocks == nil {
-		return []string{c.text}
-	}
-	var out []string
-	for _, b := range c.blocks {
-		if b.Type == "text" && b.Text != "" && !strings.HasPrefix(b.Text, billingHeader) {
-			out = append(out, b.Text)
+// blocksText is the text of text blocks but the billing header's,
+// joined without a separator, as vLLM reads a system's.
+func blocksText(blocks []messagesBlock) string {
+	var b strings.Builder
+	for _, bl := range blocks {
+		if bl.Type == "text" && !strings.HasPrefix(bl.Text, billingHeader) {
+			b.WriteString(bl.Text)
 		}
 	}
-	return out
+	return b.String()
 }
 
 // messagesContentValue is a content: a string (blocks nil) or blocks.
@@ -175,28 +200,35 @@ func messagesContent(v []byte, param string) (messagesContentValue, error) {
 	return messagesContentValue{blocks: blocks}, nil
 }
 
-// parseMessagesList reads the messages: a system message's text is added
-// to system; the others are converted (messagesMessage).
-func parseMessagesList(v []byte, system *[]string) ([]Message, error) {
+// anthropicMessage is one message of a Messages request, read: its chat
+// role and its content; param names it in errors.
+type anthropicMessage struct {
+	role    string
+	content messagesContentValue
+	param   string
+}
+
+// readMessagesList reads the messages.
+func readMessagesList(v []byte) ([]anthropicMessage, error) {
 	if isNull(v) {
 		return nil, nil
 	}
 	if v[0] != '[' {
 		return nil, BadRequest("messages must be a list of messages").WithParam("messages")
 	}
-	out := []Message{}
+	out := []anthropicMessage{}
 	var err error
-	k := 0
 	eachElement(v, func(el []byte) {
 		if err != nil {
 			return
 		}
-		if k >= maxMessagesBlocks {
+		if len(out) >= maxMessagesBlocks {
 			err = BadRequest("messages has more than %d messages", maxMessagesBlocks).WithParam("messages")
 			return
 		}
-		out, err = messagesMessage(out, system, el, k)
-		k++
+		var m anthropicMessage
+		m, err = readMessage(el, len(out))
+		out = append(out, m)
 	})
 	return out, err
 }
@@ -205,35 +237,45 @@ func parseMessagesList(v []byte, system *[]string) ([]Message, error) {
 // ctx and msg are the user's, as vLLM reads them.
 var messagesRoles = map[string]string{"user": "user", "assistant": "assistant", "system": "system", "ctx": "user", "msg": "user"}
 
-// messagesMessage appends message k (el) to out as the chat messages
-// vLLM converts it to, each with its object (Message.Raw) as vLLM
-// builds it: role, then reasoning (its thinking blocks), tool_calls (its
-// tool_use blocks, arguments written as Python's json.dumps writes the
-// input) and content (one text: a string; more parts: a list); a user's
-// tool_result a tool message of its own before it.
-func messagesMessage(out []Message, system *[]string, el []byte, k int) ([]Message, error) {
+// readMessage reads message k (el).
+func readMessage(el []byte, k int) (anthropicMessage, error) {
 	var m struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	}
 	param := fmt.Sprintf("messages[%d]", k)
 	if el[0] != '{' || json.Unmarshal(el, &m) != nil {
-		return nil, BadRequest("%s must be a message object", param).WithParam("messages")
+		return anthropicMessage{}, BadRequest("%s must be a message object", param).WithParam("messages")
 	}
 	role, ok := messagesRoles[m.Role]
 	if !ok {
-		return nil, BadRequest("%s.role must be user or assistant, got %q", param, m.Role).WithParam("messages")
+		return anthropicMessage{}, BadRequest("%s.role must be user or assistant, got %q", param, m.Role).WithParam("messages")
 	}
 	c, err := messagesContent(m.Content, param+".content")
 	if err != nil {
-		return nil, err.(*Error).WithParam("messages")
+		return anthropicMessage{}, err.(*Error).WithParam("messages")
 	}
+	return anthropicMessage{role: role, content: c, param: param}, nil
+}
+
+// convertMessage appends message m to out as the chat messages vLLM
+// converts it to, each with its object (Message.Raw) as vLLM builds it:
+// role, then reasoning (its thinking blocks), tool_calls (its tool_use
+// blocks, arguments written as Python's json.dumps writes the input) and
+// content (a string as sent; of blocks, one text a string, more parts a
+// list, none no content); a user's tool_result a tool message of its own
+// before it; a system message (kept in place) its text, or nothing when
+// it has none.
+func convertMessage(out []Message, m anthropicMessage) ([]Message, error) {
+	c, param := m.content, m.param
 	switch {
-	case role == "system":
-		*system = append(*system, systemTexts(c)...)
+	case m.role == "system":
+		if text := systemText(c); text != "" {
+			out = append(out, objectMessage("system", Content{String: text}, "", nil, true))
+		}
 		return out, nil
 	case c.blocks == nil:
-		return append(out, objectMessage(role, Content{String: c.text}, "", nil)), nil
+		return append(out, objectMessage(m.role, Content{String: c.text}, "", nil, true)), nil
 	}
 	var content Content
 	var reasoning strings.Builder
@@ -257,11 +299,11 @@ func messagesMessage(out []Message, system *[]string, el []byte, k int) ([]Messa
 			}
 			calls = append(calls, call)
 		case "tool_result":
-			text, err := toolResultText(b.Content, param)
+			text, err := toolResultText(b, param)
 			if err != nil {
 				return nil, err
 			}
-			if role == "user" {
+			if m.role == "user" {
 				out = append(out, toolMessage(b.ToolUseID, text))
 			} else {
 				content.Parts = append(content.Parts, ContentPart{Type: "text", Text: "Tool result: " + text})
@@ -272,13 +314,10 @@ func messagesMessage(out []Message, system *[]string, el []byte, k int) ([]Messa
 		content = Content{String: content.Parts[0].Text}
 	}
 	hasContent := content.Parts != nil || content.String != ""
-	if role == "user" && !hasContent {
+	if m.role == "user" && !hasContent {
 		return out, nil // only tool results, or nothing
 	}
-	if !hasContent {
-		content.String = "" // an assistant's without content: none in its object
-	}
-	return append(out, objectMessage(role, content, reasoning.String(), calls)), nil
+	return append(out, objectMessage(m.role, content, reasoning.String(), calls, hasContent)), nil
 }
 
 // messagesToolCall is a tool_use block as the chat API's tool call.
@@ -319,8 +358,9 @@ func toolMessage(id, text string) Message {
 }
 
 // objectMessage is a converted message with its object: role, reasoning
-// (if any), tool_calls (if any), content (if any: a string, or parts).
-func objectMessage(role string, content Content, reasoning string, calls []messagesToolCall) Message {
+// (if any), tool_calls (if any), content (if hasContent: a string, or
+// parts).
+func objectMessage(role string, content Content, reasoning string, calls []messagesToolCall, hasContent bool) Message {
 	raw := []byte(`{"role":`)
 	raw, _ = appendJSON(raw, role)
 	if reasoning != "" {
@@ -331,7 +371,7 @@ func objectMessage(role string, content Content, reasoning string, calls []messa
 		raw = append(raw, `,"tool_calls":`...)
 		raw, _ = appendJSON(raw, calls)
 	}
-	if content.Parts != nil || content.String != "" || calls == nil && reasoning == "" {
+	if hasContent {
 		raw = append(raw, `,"content":`...)
 		raw, _ = appendJSON(raw, content)
 	}
@@ -344,26 +384,37 @@ func appendJSON(b []byte, v any) ([]byte, error) {
 	return append(b, j...), err
 }
 
-// toolResultText is a tool_result's content as text: a string, or its
-// text blocks joined by newlines.
-func toolResultText(v json.RawMessage, param string) (string, error) {
-	if len(v) == 0 || isNull(v) {
-		return "", nil
-	}
-	c, err := messagesContent(v, param+".content")
-	if err != nil {
-		return "", err.(*Error).WithParam("messages")
-	}
-	if c.blocks == nil {
-		return c.text, nil
+// toolResultText is a tool_result's content as text (folded into, when
+// inline system text was): a string, or its text blocks joined by
+// newlines.
+func toolResultText(b messagesBlock, param string) (string, error) {
+	c, err := toolResultContent(b, param)
+	if err != nil || c.blocks == nil {
+		return c.text, err
 	}
 	var texts []string
-	for _, b := range c.blocks {
-		if b.Type == "text" {
-			texts = append(texts, b.Text)
+	for _, bl := range c.blocks {
+		if bl.Type == "text" {
+			texts = append(texts, bl.Text)
 		}
 	}
 	return strings.Join(texts, "\n"), nil
+}
+
+// toolResultContent is a tool_result's content: folded, or read from
+// Content (none: the empty string).
+func toolResultContent(b messagesBlock, param string) (messagesContentValue, error) {
+	switch {
+	case b.folded != nil:
+		return *b.folded, nil
+	case len(b.Content) == 0 || isNull(b.Content):
+		return messagesContentValue{}, nil
+	}
+	c, err := messagesContent(b.Content, param+".content")
+	if err != nil {
+		return c, err.(*Error).WithParam("messages")
+	}
+	return c, nil
 }
 
 // MessagesErrorBody is an error as the Messages API sends it:
@@ -441,7 +492,8 @@ func MessagesErrors(w http.ResponseWriter) http.ResponseWriter { return messages
 // messagesTools is a Messages request's tools as the chat API's, as vLLM
 // converts them: each a function of the tool's name, description
 // (null when absent), input_schema as its parameters (with "type":
-// "object" when it names no type) and defer_loading (nil: no tools).
+// "object" when it names no type), strict and defer_loading (nil: no
+// tools).
 func messagesTools(v []byte) (json.RawMessage, error) {
 	if isNull(v) {
 		return nil, nil
@@ -450,6 +502,7 @@ func messagesTools(v []byte) (json.RawMessage, error) {
 		Name         string          `json:"name"`
 		Description  *string         `json:"description"`
 		InputSchema  json.RawMessage `json:"input_schema"`
+		Strict       *bool           `json:"strict"`
 		DeferLoading *bool           `json:"defer_loading"`
 	}
 	if v[0] != '[' || json.Unmarshal(v, &tools) != nil {
@@ -483,6 +536,8 @@ func messagesTools(v []byte) (json.RawMessage, error) {
 		out, _ = appendJSON(out, t.Description)
 		out = append(out, `,"parameters":`...)
 		out = append(out, schema...)
+		out = append(out, `,"strict":`...)
+		out, _ = appendJSON(out, t.Strict)
 		out = append(out, `,"defer_loading":`...)
 		out, _ = appendJSON(out, t.DeferLoading)
 		out = append(out, "}}"...)

@@ -33,12 +33,12 @@ func TestParseMessages(t *testing.T) {
 		{"string content", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, `{"role":"user","content":"hi"}`},
 		{"system string", `{"model":"m","max_tokens":5,"system":"be brief","messages":[{"role":"user","content":"hi"}]}`,
 			`{"role":"system","content":"be brief"}` + "\n" + `{"role":"user","content":"hi"}`},
-		{"system blocks joined, billing header dropped, system messages after", `{"model":"m","max_tokens":5,
+		{"system blocks joined, billing header dropped, a leading system message after a blank line", `{"model":"m","max_tokens":5,
 			"system":[{"type":"text","text":"x-anthropic-billing-header: cc=1;"},{"type":"text","text":"You are "},{"type":"text","text":"terse."}],
-			"messages":[{"role":"system","content":" Really."},{"role":"user","content":"hi"}]}`,
-			`{"role":"system","content":"You are terse. Really."}` + "\n" + `{"role":"user","content":"hi"}`},
+			"messages":[{"role":"system","content":"Really."},{"role":"user","content":"hi"}]}`,
+			`{"role":"system","content":"You are terse.\n\nReally."}` + "\n" + `{"role":"user","content":"hi"}`},
 		{"the top-level system first, whatever the members' order", `{"model":"m","max_tokens":5,"messages":[{"role":"system","content":"B"},{"role":"user","content":"hi"}],"system":"A"}`,
-			`{"role":"system","content":"AB"}` + "\n" + `{"role":"user","content":"hi"}`},
+			`{"role":"system","content":"A\n\nB"}` + "\n" + `{"role":"user","content":"hi"}`},
 		{"text blocks: one is a string, two are parts", `{"model":"m","max_tokens":5,"messages":[
 			{"role":"user","content":[{"type":"text","text":"a"}]},
 			{"role":"assistant","content":[{"type":"text","text":"b"},{"type":"text","text":"c"}]}]}`,
@@ -61,8 +61,8 @@ func TestParseMessages(t *testing.T) {
 		{"image kept as a part, Claude Code's roles", `{"model":"m","max_tokens":5,"messages":[
 			{"role":"ctx","content":[{"type":"image","source":{"type":"url","url":"u"}},{"type":"text","text":"what?"}]},{"role":"msg","content":"x"}]}`,
 			`{"role":"user","content":[{"type":"image_url","text":""},{"type":"text","text":"what?"}]}` + "\n" + `{"role":"user","content":"x"}`},
-		{"an empty assistant message stays", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[]}]}`,
-			`{"role":"user","content":"q"}` + "\n" + `{"role":"assistant","content":""}`},
+		{"an empty assistant message stays, without content; a string's is kept", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[]},{"role":"assistant","content":""}]}`,
+			`{"role":"user","content":"q"}` + "\n" + `{"role":"assistant"}` + "\n" + `{"role":"assistant","content":""}`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -90,17 +90,17 @@ func TestParseMessages(t *testing.T) {
 
 // TestParseMessagesTools: the tools as vLLM converts them (the chat
 // API's functions: name, description or null, input_schema as the
-// parameters with "type": "object" added last when it has none,
+// parameters with "type": "object" added last when it has none, strict,
 // defer_loading), and chat_template_kwargs read.
 func TestParseMessagesTools(t *testing.T) {
 	r, err := ParseMessages([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"enable_thinking":false},
-		"tools":[{"name":"a","description":"does a","input_schema":{"type":"object","properties":{"x":{"type":"string"}}}},{"name":"b","input_schema":{"properties":{} },"defer_loading":true},{"name":"c","input_schema":{}}]}`))
+		"tools":[{"name":"a","description":"does a","input_schema":{"type":"object","properties":{"x":{"type":"string"}}}},{"name":"b","input_schema":{"properties":{} },"defer_loading":true,"strict":true},{"name":"c","input_schema":{}}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `[{"type":"function","function":{"name":"a","description":"does a","parameters":{"type":"object","properties":{"x":{"type":"string"}}},"defer_loading":null}},` +
-		`{"type":"function","function":{"name":"b","description":null,"parameters":{"properties":{},"type":"object"},"defer_loading":true}},` +
-		`{"type":"function","function":{"name":"c","description":null,"parameters":{"type":"object"},"defer_loading":null}}]`
+	want := `[{"type":"function","function":{"name":"a","description":"does a","parameters":{"type":"object","properties":{"x":{"type":"string"}}},"strict":null,"defer_loading":null}},` +
+		`{"type":"function","function":{"name":"b","description":null,"parameters":{"properties":{},"type":"object"},"strict":true,"defer_loading":true}},` +
+		`{"type":"function","function":{"name":"c","description":null,"parameters":{"type":"object"},"strict":null,"defer_loading":null}}]`
 	if string(r.Tools) != want || string(r.ChatTemplateKwargs) != `{"enable_thinking":false}` {
 		t.Fatalf("tools %s\nwant  %s\nkwargs %s", r.Tools, want, r.ChatTemplateKwargs)
 	}
@@ -192,21 +192,113 @@ func TestMessagesErrors(t *testing.T) {
 func FuzzParseMessages(f *testing.F) {
 	f.Add([]byte(`{"model":"m","max_tokens":3,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"x"}]}]}]}`))
 	f.Add([]byte(`{"model":"m","max_tokens":3,"messages":[{"role":"assistant","content":[{"type":"tool_use","name":"f","input":null}]}]}`))
+	f.Add([]byte(`{"model":"m","max_tokens":3,"system":"s","messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"image"}]}]},{"role":"system","content":"a"},{"role":"assistant","content":"b"},{"role":"system","content":[{"type":"text","text":"c"}]}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		r, err := ParseMessages(body)
-		if err != nil {
-			if AsError(err).Status != http.StatusBadRequest {
-				t.Fatalf("%v", err)
+		for _, mode := range []InlineSystem{InlinePreserve, InlineFold, InlineHoist} {
+			r, err := ParseMessagesAs(body, mode)
+			if err != nil {
+				if AsError(err).Status != http.StatusBadRequest {
+					t.Fatalf("%v", err)
+				}
+				return
 			}
-			return
-		}
-		if len(r.Messages) == 0 || r.MaxTokens == nil {
-			t.Fatalf("parsed without messages or max_tokens: %+v", r)
-		}
-		for _, m := range r.Messages {
-			if m.Role == "" {
-				t.Fatalf("a message without a role: %+v", r.Messages)
+			if len(r.Messages) == 0 || r.MaxTokens == nil {
+				t.Fatalf("parsed without messages or max_tokens: %+v", r)
+			}
+			for _, m := range r.Messages {
+				if m.Role == "" || !json.Valid(m.Raw) {
+					t.Fatalf("a message without a role or a valid object: %+v", r.Messages)
+				}
+			}
+			if k := r.ChatTemplateKwargs; k != nil && !json.Valid(k) {
+				t.Fatalf("kwargs %s", k)
 			}
 		}
 	})
+}
+
+// TestMessagesInlineSystem: system messages inside messages placed as
+// each of vLLM's ways places them (its normalize_inline_system, read in
+// its public source, and its tests' cases): preserve keeps them in place
+// (one after a tool call after the results that answer it; without any
+// system prompt it folds), fold merges them into the user turn before
+// (its last tool result when it has only results) or after, or a user
+// message of their own, hoist joins them all into the system prompt.
+func TestMessagesInlineSystem(t *testing.T) {
+	call := `{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{}}]}`
+	callOut := `{"role":"assistant","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{}"}}]}`
+	cases := []struct {
+		name, system, messages string
+		preserve, fold, hoist  string
+	}{
+		{"after the user", `"Top."`, `{"role":"user","content":"Hello"},{"role":"system","content":"Hint."}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":"Hello"}|{"role":"system","content":"Hint."}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":"Hello\n\nHint."}`,
+			`{"role":"system","content":"Top.Hint."}|{"role":"user","content":"Hello"}`},
+		{"leading ones join the prompt", `null`, `{"role":"system","content":"First."},{"role":"user","content":"Hello"},{"role":"system","content":"Second."}`,
+			`{"role":"system","content":"First."}|{"role":"user","content":"Hello"}|{"role":"system","content":"Second."}`,
+			`{"role":"system","content":"First."}|{"role":"user","content":"Hello\n\nSecond."}`,
+			`{"role":"system","content":"First.Second."}|{"role":"user","content":"Hello"}`},
+		{"no system prompt: preserve folds", `[{"type":"text","text":"x-anthropic-billing-header: cch=1;"}]`, `{"role":"user","content":"Q"},{"role":"system","content":"S"}`,
+			`{"role":"user","content":"Q\n\nS"}`, `{"role":"user","content":"Q\n\nS"}`, `{"role":"system","content":"S"}|{"role":"user","content":"Q"}`},
+		{"after the assistant, before the user", `"Top."`, `{"role":"user","content":"Q"},{"role":"assistant","content":"A"},{"role":"system","content":"S"},{"role":"user","content":"Q2"}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":"Q"}|{"role":"assistant","content":"A"}|{"role":"system","content":"S"}|{"role":"user","content":"Q2"}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":"Q"}|{"role":"assistant","content":"A"}|{"role":"user","content":"S\n\nQ2"}`,
+			`{"role":"system","content":"Top.S"}|{"role":"user","content":"Q"}|{"role":"assistant","content":"A"}|{"role":"user","content":"Q2"}`},
+		{"after the assistant, before another, and at the end", `"Top."`, `{"role":"user","content":"Q"},{"role":"assistant","content":"A"},{"role":"system","content":"S"},{"role":"assistant","content":"B"},{"role":"system","content":"T"}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":"Q"}|{"role":"assistant","content":"A"}|{"role":"system","content":"S"}|{"role":"assistant","content":"B"}|{"role":"system","content":"T"}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":"Q"}|{"role":"assistant","content":"A"}|{"role":"user","content":"S"}|{"role":"assistant","content":"B"}|{"role":"user","content":"T"}`,
+			`{"role":"system","content":"Top.ST"}|{"role":"user","content":"Q"}|{"role":"assistant","content":"A"}|{"role":"assistant","content":"B"}`},
+		{"into the last text block", `"Top."`, `{"role":"user","content":[{"type":"text","text":"A"},{"type":"text","text":"B"}]},{"role":"system","content":[{"type":"text","text":"S"}]}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":[{"type":"text","text":"A"},{"type":"text","text":"B"}]}|{"role":"system","content":"S"}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":[{"type":"text","text":"A"},{"type":"text","text":"B\n\nS"}]}`, ``},
+		{"after a tool call: after its results", `"Top."`, `{"role":"user","content":"Q"},` + call + `,{"role":"system","content":"S"},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"out"}]}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":"Q"}|` + callOut + `|{"role":"tool","tool_call_id":"t1","content":"out"}|{"role":"system","content":"S"}`,
+			`{"role":"system","content":"Top."}|{"role":"user","content":"Q"}|` + callOut + `|{"role":"tool","tool_call_id":"t1","content":"out\n\nS"}`, ``},
+		{"a user turn of results and text: into the text", `"Top."`, `{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"out"},{"type":"text","text":"r"}]},{"role":"system","content":"S"}`,
+			``, `{"role":"system","content":"Top."}|{"role":"tool","tool_call_id":"t1","content":"out"}|{"role":"user","content":"r\n\nS"}`, ``},
+		{"two into a result without text", `"Top."`, `{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"tool_reference","tool_name":"x"}]}]},{"role":"system","content":"S1"},{"role":"system","content":"S2"}`,
+			``, `{"role":"system","content":"Top."}|{"role":"tool","tool_call_id":"t1","content":"S1\n\nS2"}`, ``},
+	}
+	for _, c := range cases {
+		body := `{"model":"m","max_tokens":5,"system":` + c.system + `,"messages":[` + c.messages + `]}`
+		for mode, want := range map[InlineSystem]string{InlinePreserve: c.preserve, InlineFold: c.fold, InlineHoist: c.hoist} {
+			if want == "" {
+				continue
+			}
+			r, err := ParseMessagesAs([]byte(body), mode)
+			if err != nil {
+				t.Fatalf("%s, %s: %v", c.name, mode, err)
+			}
+			if got := strings.ReplaceAll(chatOf(t, r), "\n", "|"); got != want {
+				t.Errorf("%s, %s:\n got %s\nwant %s", c.name, mode, got, want)
+			}
+		}
+	}
+}
+
+// TestMessagesEffortKwargs: output_config's effort and a disabled
+// thinking set the template kwargs vLLM sets (reasoning_effort, and
+// enable_thinking unless the client sent it); a budget or adaptive
+// thinking sets none.
+func TestMessagesEffortKwargs(t *testing.T) {
+	for extra, want := range map[string]string{
+		`"output_config":{"effort":"high"},"thinking":{"type":"adaptive"}`:                        `{"enable_thinking":true,"reasoning_effort":"high"}`,
+		`"thinking":{"type":"disabled"}`:                                                          `{"enable_thinking":false,"reasoning_effort":"none"}`,
+		`"thinking":{"type":"disabled"},"output_config":{"effort":"max"}`:                         `{"enable_thinking":false,"reasoning_effort":"none"}`,
+		`"output_config":{"effort":"low"},"chat_template_kwargs":{"enable_thinking":false,"x":1}`: `{"enable_thinking":false,"x":1,"reasoning_effort":"low"}`,
+		`"chat_template_kwargs":{"reasoning_effort":"low"},"output_config":{"effort":"xhigh"}`:    `{"enable_thinking":true,"reasoning_effort":"xhigh"}`,
+		`"thinking":{"type":"enabled","budget_tokens":2048},"chat_template_kwargs":{"k":2}`:       `{"k":2}`,
+		`"output_config":{"format":{"type":"json_schema"}}`:                                       ``,
+	} {
+		r, err := ParseMessages([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}],` + extra + `}`))
+		if err != nil || string(r.ChatTemplateKwargs) != want {
+			t.Errorf("%s: kwargs %s (%v), want %s", extra, r.ChatTemplateKwargs, err, want)
+		}
+	}
+	for _, bad := range []string{`"output_config":5`, `"thinking":"on"`, `"output_config":{"effort":5}`} {
+		if _, err := ParseMessages([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}],` + bad + `}`)); err == nil {
+			t.Errorf("%s parsed", bad)
+		}
+	}
 }

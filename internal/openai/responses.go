@@ -64,7 +64,7 @@ func ParseResponses(body []byte) (*Request, error) {
 		return nil, BadRequest("input is required").WithParam("input")
 	}
 	if r.Instructions != "" {
-		r.Messages = append(r.Messages, objectMessage("system", Content{String: r.Instructions}, "", nil))
+		r.Messages = append(r.Messages, objectMessage("system", Content{String: r.Instructions}, "", nil, true))
 	}
 	r.Messages = append(r.Messages, input...)
 	if len(r.Messages) == 0 {
@@ -90,7 +90,7 @@ func parseResponsesInput(v []byte) (msgs []Message, continueFinal bool, err erro
 		if err != nil {
 			return nil, false, BadRequest("input: %v", err).WithParam("input")
 		}
-		return []Message{objectMessage("user", Content{String: s}, "", nil)}, false, nil
+		return []Message{objectMessage("user", Content{String: s}, "", nil, true)}, false, nil
 	case v[0] != '[':
 		return nil, false, BadRequest("input must be a string or a list of input items").WithParam("input")
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvgate/kvgate/internal/kvspec"
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // Tokenizer turns one model's requests into token ids: a Source, a chat
@@ -32,6 +33,19 @@ type Tokenizer struct {
 	// ns separates this tokenizer's entries in a shared cache: two models
 	// with different tokenizers must never get each other's ids.
 	ns uint64
+	// inline is where the model's engines put a Messages request's
+	// system messages inside messages (Spec.InlineSystem).
+	inline openai.InlineSystem
+}
+
+// InlineSystem is where the model's engines put a Messages request's
+// system messages inside messages, so that its conversations are
+// converted as theirs (openai.ParseMessagesAs).
+func (t *Tokenizer) InlineSystem() openai.InlineSystem {
+	if t.inline == "" {
+		return openai.InlinePreserve
+	}
+	return t.inline
 }
 
 // NewTokenizer combines a source, a template and a cache (nil: no cache).
@@ -388,11 +402,15 @@ type Spec struct {
 	// ExactChat sends conversations to the engine's own template; nil
 	// means yes for source=engine.
 	ExactChat *bool
+	// InlineSystem is where the model's engines put a Messages request's
+	// system messages inside messages (vLLM's --anthropic-inline-system,
+	// or hoist for vLLM before it kept them in place); "" is preserve.
+	InlineSystem openai.InlineSystem
 }
 
 // ParseSpec parses "model=m,source=engine,url=http://127.0.0.1:8001,
-// template=llama3,exact_chat=true" (keys in any order; source=estimate
-// takes bytes_per_token=N, source=local takes file=PATH).
+// template=llama3,exact_chat=true,inline_system=fold" (keys in any order;
+// source=estimate takes bytes_per_token=N, source=local takes file=PATH).
 func ParseSpec(s string) (Spec, error) {
 	var sp Spec
 	err := kvspec.Each(s, func(k, v string) error {
@@ -419,6 +437,12 @@ func ParseSpec(s string) (Spec, error) {
 				return fmt.Errorf("bad exact_chat %q", v)
 			}
 			sp.ExactChat = &b
+		case "inline_system":
+			m, err := openai.ParseInlineSystem(v)
+			if err != nil {
+				return err
+			}
+			sp.InlineSystem = m
 		default:
 			return fmt.Errorf("unknown key %q", k)
 		}
@@ -493,7 +517,9 @@ func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
 		return nil, fmt.Errorf("tokens: model %q: unknown source %q (estimate, engine, local)", sp.Model, sp.Source)
 	}
 	ns := fmt.Sprintf("%q|%q|%q|%q|%d|%q|%v", sp.Model, sp.Source, sp.URL, sp.File, sp.BytesPerToken, sp.Template, exact)
-	return NewTokenizer(src, tmpl, cache, exact, ns), nil
+	t := NewTokenizer(src, tmpl, cache, exact, ns)
+	t.inline = sp.InlineSystem
+	return t, nil
 }
 
 // For returns the tokenizer of model.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // fakeEngine serves vLLM's /tokenize with one token per byte.
@@ -117,7 +119,11 @@ func TestSpecsAndSet(t *testing.T) {
 	if err != nil || sp.Model != "m" || sp.BytesPerToken != 3 || sp.Template != "llama3" {
 		t.Fatalf("%+v %v", sp, err)
 	}
-	for _, bad := range []string{"model", "source=engine,foo=1", "bytes_per_token=x"} {
+	placed, err := NewSet([]Spec{must(ParseSpec("model=f,inline_system=fold")), must(ParseSpec("model=h,inline_system=hoist"))}, nil, nil)
+	if err != nil || placed.For("f").InlineSystem() != openai.InlineFold || placed.For("h").InlineSystem() != openai.InlineHoist || placed.For("x").InlineSystem() != openai.InlinePreserve {
+		t.Fatalf("inline system placements not kept: %v", err)
+	}
+	for _, bad := range []string{"model", "source=engine,foo=1", "bytes_per_token=x", "inline_system=top"} {
 		if _, err := ParseSpec(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
@@ -219,4 +225,11 @@ func TestEngineIDs(t *testing.T) {
 			}
 		})
 	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
