@@ -86,17 +86,8 @@ func TestMessagesToolsKeyedAsRendered(t *testing.T) {
 		claimed, _ := strconv.Atoi(r.header.Get(hdrCached))
 		// The engine's own count of that prompt cached: the same
 		// request again, as the chat request vLLM converts it to.
-		parsed, err := openai.ParseMessages(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var chatMsgs []json.RawMessage
-		for _, m := range parsed.Messages {
-			chatMsgs = append(chatMsgs, m.Raw)
-		}
 		waitIndexed(t, g, e)
-		chat, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "messages": chatMsgs, "tools": parsed.Tools})
-		c := post(t, url+"/v1/chat/completions", string(chat), nil)
+		c := post(t, url+"/v1/chat/completions", asChat(t, body, openai.InlinePreserve), nil)
 		again, _ := strconv.Atoi(c.header.Get(hdrCached))
 		found, ok := openai.ResponseCachedTokens([]byte(c.body))
 		var m struct {
@@ -186,6 +177,22 @@ func TestResponsesToolsKeyedAsRendered(t *testing.T) {
 	}
 }
 
+// asChat is a Messages body as the chat request vLLM converts it to (its
+// inline system messages placed as mode says), one output token.
+func asChat(t *testing.T, body []byte, mode openai.InlineSystem) string {
+	t.Helper()
+	parsed, err := openai.ParseMessagesAs(body, mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []json.RawMessage
+	for _, m := range parsed.Messages {
+		msgs = append(msgs, m.Raw)
+	}
+	chat, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "messages": msgs, "tools": parsed.Tools})
+	return string(chat)
+}
+
 // inlineSystemClaims runs three turns of a Claude-Code-shaped
 // conversation (a new system reminder inside messages every turn)
 // through a gateway whose tokenizer places inline system messages as
@@ -216,17 +223,8 @@ func inlineSystemClaims(t *testing.T, engineMode, gwMode openai.InlineSystem) (f
 				claimed = append(claimed, n)
 			}
 		}
-		parsed, err := openai.ParseMessagesAs(body, engineMode)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var chatMsgs []json.RawMessage
-		for _, m := range parsed.Messages {
-			chatMsgs = append(chatMsgs, m.Raw)
-		}
 		waitIndexed(t, g, e)
-		chat, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "messages": chatMsgs})
-		c := post(t, e.URL()+"/v1/chat/completions", string(chat), nil)
+		c := post(t, e.URL()+"/v1/chat/completions", asChat(t, body, engineMode), nil)
 		n, ok := openai.ResponseCachedTokens([]byte(c.body))
 		if c.status != 200 || !ok {
 			t.Fatalf("turn %d: as chat %d %s", turn, c.status, c.body)
