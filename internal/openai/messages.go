@@ -44,7 +44,7 @@ func ParseMessages(body []byte) (*Request, error) {
 // they refuse a chat request's images). A user message left without
 // content is dropped. The tools become the chat API's (messagesTools);
 // output_config's effort and thinking set the template kwargs vLLM sets
-// (messagesKwargs); max_tokens (required) is MaxTokens; model, stream and
+// (messagesEffort); max_tokens (required) is MaxTokens; model, stream and
 // kv_transfer_params are read as a chat request's, and ignore_eos (which
 // vLLM's Messages API does not read; kvgate's emulator does, for kvgate
 // bench). Raw is the body.
