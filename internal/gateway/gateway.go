@@ -160,6 +160,8 @@ type modelFleet struct {
 	// prefixRequests counts its prefix requests in flight: the hold's touches
 	// (touch.go) and copies ahead of the conversation balance (copy.go).
 	prefixRequests atomic.Int64
+	// outputs are its latest answers' lengths (outputlen.go).
+	outputs outputLengths
 }
 
 // New builds a gateway from a validated config.

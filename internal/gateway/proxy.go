@@ -1020,11 +1020,18 @@ func (r *relayed) broke(err error) error {
 
 // finish records the whole answer and returns a stream's TPOT.
 func (r *relayed) finish() float64 {
-	if t := r.tokens(); t > 2 {
+	t := r.tokens()
+	if t > 0 && r.rt.outputs != nil {
+		r.rt.outputs.observe(t)
+	}
+	if t > 2 {
 		return r.g.streamed(r.rt, r.m, r.firstAt, t)
 	}
 	if r.usage != nil && !r.rt.req.Stream {
 		if n, ok := r.usage.Count(); ok && n > 0 {
+			if t == 0 && r.rt.outputs != nil {
+				r.rt.outputs.observe(n / max(r.rt.seqs, 1))
+			}
 			r.g.traffic.AnsweredOutput(r.g.clock(), n)
 		}
 	}

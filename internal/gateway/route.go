@@ -63,7 +63,12 @@ type routed struct {
 	tenant  string
 	prep    tokens.Prepared
 	promptN int
-	outN    int
+	// outN is its output limit (max_tokens; defaultOutputTokens when it
+	// set none: outLimited false); outputs, its model's answers' lengths
+	// (set when decided), which plan its output within outN.
+	outN       int
+	outLimited bool
+	outputs    *outputLengths
 	// seqs is how many sequences it samples (OpenAI's n, at least 1,
 	// times the prompts of a batch): its stream interleaves their events.
 	seqs    int
@@ -209,7 +214,7 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 		if *lim < 1 {
 			return nil, openai.BadRequest("%s must be at least 1, got %d", limName, *lim).WithParam(limName)
 		}
-		rt.outN = int(min(*lim, maxOutputTokens))
+		rt.outN, rt.outLimited = int(min(*lim, maxOutputTokens)), true
 	}
 	rt.seqs = 1
 	if n := req.N; n != nil {
@@ -353,6 +358,7 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	rt.outputs = &mf.outputs
 	sreq := g.schedRequest(rt, fs.snap.Now)
 	mf.hold.q.NoteArrival(fs.snap.Now, rt.prep.Keys)
 	start := time.Now()
@@ -421,10 +427,15 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	return fs, nil
 }
 
-// schedRequest is what the scheduler knows of rt.
+// schedRequest is what the scheduler knows of rt: its output planned at
+// what its model's answers have been (outputLengths), within its limit.
 func (g *Gateway) schedRequest(rt *routed, now float64) sched.Request {
+	out := rt.outN
+	if rt.outputs != nil {
+		out = rt.outputs.planned(rt.outN, rt.outLimited)
+	}
 	return sched.Request{ID: rt.id, Arrival: now, PromptTokens: rt.promptN, PromptBlocks: len(rt.prep.Keys),
-		OutputTokens: rt.outN, Sequences: rt.seqs, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority, OpensConversation: rt.opens,
+		OutputTokens: out, Sequences: rt.seqs, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority, OpensConversation: rt.opens,
 		CanCopy: rt.opens && rt.engineIDs != nil}
 }
 
