@@ -63,8 +63,9 @@ type routed struct {
 	tenant  string
 	prep    tokens.Prepared
 	promptN int
-	// outN is its output limit (max_tokens; defaultOutputTokens when it
-	// set none: outLimited false); outputs, its model's answers' lengths
+	// outN is its output limit (max_tokens, or SGLang's default for
+	// /generate; defaultOutputTokens when there is none: outLimited
+	// false); outputs, its model's answers' lengths
 	// (set when decided), which plan its output within outN.
 	outN       int
 	outLimited bool
@@ -208,7 +209,8 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 	limName := "max_tokens"
 	rt.outN = defaultOutputTokens
 	if rt.api == apiGenerate {
-		rt.outN, limName = openai.GenerateDefaultMaxNewTokens, "sampling_params.max_new_tokens"
+		// SGLang's default max_new_tokens bounds the output as a sent one.
+		rt.outN, rt.outLimited, limName = openai.GenerateDefaultMaxNewTokens, true, "sampling_params.max_new_tokens"
 	}
 	if lim := req.OutputLimit(api.chat()); lim != nil {
 		if *lim < 1 {
