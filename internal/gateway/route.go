@@ -206,26 +206,34 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 		return nil, err
 	}
 	rt.tenant = tenantOf(r.Header.Get(g.cfg.FairnessHeader))
+	if err := rt.setOutput(); err != nil {
+		return nil, err
+	}
+	return rt, nil
+}
+
+// setOutput reads rt's output limit (outN, outLimited) and sequences.
+func (rt *routed) setOutput() error {
 	limName := "max_tokens"
 	rt.outN = defaultOutputTokens
 	if rt.api == apiGenerate {
 		// SGLang's default max_new_tokens bounds the output as a sent one.
 		rt.outN, rt.outLimited, limName = openai.GenerateDefaultMaxNewTokens, true, "sampling_params.max_new_tokens"
 	}
-	if lim := req.OutputLimit(api.chat()); lim != nil {
+	if lim := rt.req.OutputLimit(rt.api.chat()); lim != nil {
 		if *lim < 1 {
-			return nil, openai.BadRequest("%s must be at least 1, got %d", limName, *lim).WithParam(limName)
+			return openai.BadRequest("%s must be at least 1, got %d", limName, *lim).WithParam(limName)
 		}
 		rt.outN, rt.outLimited = int(min(*lim, maxOutputTokens)), true
 	}
 	rt.seqs = 1
-	if n := req.N; n != nil {
+	if n := rt.req.N; n != nil {
 		if *n < 1 {
-			return nil, openai.BadRequest("n must be at least 1, got %d", *n).WithParam("n")
+			return openai.BadRequest("n must be at least 1, got %d", *n).WithParam("n")
 		}
 		rt.seqs = int(min(*n, maxSequences))
 	}
-	return rt, nil
+	return nil
 }
 
 // classOf picks the request's SLO class from its header.
