@@ -964,8 +964,12 @@ func (r *relayed) chunk(p []byte) error {
 	// events, whose first events (response.created, in_progress) vLLM
 	// may send before its prefill: there the first token's event is.
 	deltas := r.end != nil && r.end.named != 0
-	if r.firstAt.IsZero() && !deltas {
-		r.first()
+	var at time.Time // when these bytes came, before the client has them
+	if r.firstAt.IsZero() {
+		at = r.g.now()
+		if !deltas {
+			r.first(at)
+		}
 	}
 	if err := writeFlush(r.w, r.rc, p); err != nil {
 		return err
@@ -981,7 +985,7 @@ func (r *relayed) chunk(p []byte) error {
 		}
 	}
 	if r.firstAt.IsZero() && deltas && r.end.events > 0 {
-		r.first()
+		r.first(at)
 	}
 	if r.h.probe != nil {
 		if t := r.tokens(); t > load.TPOTProbeTokens {
@@ -992,9 +996,9 @@ func (r *relayed) chunk(p []byte) error {
 	return nil
 }
 
-// first records the answer's first token, now.
-func (r *relayed) first() {
-	r.firstAt = r.g.now()
+// first records the answer's first token, come at at.
+func (r *relayed) first(at time.Time) {
+	r.firstAt = at
 	r.h.firstByte()
 	if r.resp.StatusCode == http.StatusOK && r.rt.req.Stream && !r.rt.continued {
 		r.g.met.ttft.WithLabelValues(r.rt.class.Name).Observe(r.firstAt.Sub(r.rt.arrival).Seconds())
