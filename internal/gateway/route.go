@@ -281,25 +281,62 @@ func tokenizerFailed(ctx, tctx context.Context, model string, timeout time.Durat
 	return &tokenizerError{resp: resp, cause: err}
 }
 
+// tokenMessages is a request's messages as its tokenizer takes them:
+// each with its object when it has one (its tool calls too).
+func tokenMessages(ms []openai.Message) ([]tokens.Message, error) {
+	msgs := make([]tokens.Message, len(ms))
+	for i, m := range ms {
+		text, err := m.Content.Text()
+		if err != nil {
+			return nil, openai.BadRequest("messages[%d].content: %v", i, err).WithParam("messages")
+		}
+		msgs[i] = tokens.TextMessage(m.Role, text)
+		if m.Raw != nil {
+			msgs[i] = tokens.ObjectMessage(m.Role, text, m.Raw)
+		}
+	}
+	return msgs, nil
+}
+
+// foldedAlternative is, for a Messages request whose system messages
+// inside messages are kept in place while the model's placement is auto
+// and unsettled, its conversation with them folded, for the tokenizer to
+// try if the engine or the template refuses them in place (nil
+// otherwise).
+func (g *Gateway) foldedAlternative(rt *routed) func() []tokens.Message {
+	if rt.api != apiMessages || !openai.HasInlineSystem(rt.req.Messages) {
+		return nil
+	}
+	if tk := g.toks.For(rt.model); !tk.InlineAuto() || tk.InlineSystem() != openai.InlinePreserve {
+		return nil
+	}
+	raw := rt.req.Raw
+	return func() []tokens.Message {
+		r, err := openai.ParseMessagesAs(raw, openai.InlineFold)
+		if err != nil {
+			return nil
+		}
+		msgs, err := tokenMessages(r.Messages)
+		if err != nil {
+			return nil
+		}
+		return msgs
+	}
+}
+
 // prepare computes the request's tokens and block keys.
 func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	in := tokens.Input{LoRA: rt.lora}
 	req := rt.req
 	switch {
 	case rt.chat():
-		msgs := make([]tokens.Message, len(req.Messages))
-		for i, m := range req.Messages {
-			text, err := m.Content.Text()
-			if err != nil {
-				return openai.BadRequest("messages[%d].content: %v", i, err).WithParam("messages")
-			}
-			msgs[i] = tokens.TextMessage(m.Role, text)
-			if m.Raw != nil { // the chat API's: its tool calls too
-				msgs[i] = tokens.ObjectMessage(m.Role, text, m.Raw)
-			}
+		msgs, err := tokenMessages(req.Messages)
+		if err != nil {
+			return err
 		}
 		in.Messages = msgs
-		in.Chat = tokens.ChatOptions{Mode: chatMode(req), Tools: req.Tools, Kwargs: req.ChatTemplateKwargs}
+		in.Chat = tokens.ChatOptions{Mode: chatMode(req), Tools: req.Tools, Kwargs: req.ChatTemplateKwargs,
+			Alternative: g.foldedAlternative(rt)}
 		// A response that continues another is its conversation's
 		// next turn, whose start the engine keeps.
 		rt.opens = openai.OpensConversation(req.Messages) && req.PreviousResponseID == ""
@@ -315,6 +352,10 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	p, err := g.toks.Prepare(tctx, rt.model, in, g.cfg.BlockSize)
 	if err != nil {
 		return tokenizerFailed(ctx, tctx, rt.model, g.tokenizeTimeout, err)
+	}
+	if p.Alternative && g.toks.For(rt.model).FoldInline() {
+		g.log.Info("the model's engines refuse system messages inside messages in place: they are folded from now on, as vLLM's --anthropic-inline-system auto folds them (set inline_system= in its tokenizer spec to choose)",
+			"model", rt.model)
 	}
 	rt.prep = p
 	rt.promptN = len(p.Tokens)

@@ -1,8 +1,13 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -256,5 +261,62 @@ func TestMessagesInlineSystemKeyed(t *testing.T) {
 	t.Logf("preserve against fold: claimed %v, found %v", claimed, found)
 	if claimed[2] == found[2] {
 		t.Errorf("a gateway preserving against an engine folding claimed what the engine found: %v, %v", claimed, found)
+	}
+}
+
+// TestMessagesInlineSystemAuto: with the placement left to auto, a model
+// whose engine refuses a system message in place (as Qwen 3.5's template
+// does) has its Messages requests tokenized with them folded from the
+// first refusal on, as vLLM's auto probe decides: the request is served,
+// the engine asked about the in-place conversation once, and the
+// gateway's claims are what the (folding) engine finds.
+func TestMessagesInlineSystemAuto(t *testing.T) {
+	e := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.InlineSystem = openai.InlineFold })
+	var refused atomic.Int64
+	tok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct{ Messages []struct{ Role string } }
+		_ = json.Unmarshal(body, &req)
+		for i, m := range req.Messages {
+			if i > 0 && m.Role == "system" {
+				refused.Add(1)
+				http.Error(w, `{"error":"System message must be at the beginning."}`, http.StatusBadRequest)
+				return
+			}
+		}
+		resp, err := http.Post(e.URL()+"/tokenize", "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(tok.Close)
+	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}, Policy: "kvgate", BlockSize: 16,
+		Tokenizers: []string{"model=" + testModel + ",source=engine,url=" + tok.URL}}
+	g, url, _ := startGateway(t, cfg, Options{})
+	waitSubscribed(t, g)
+	msgs := []any{map[string]any{"role": "user", "content": prefix("task")}, map[string]any{"role": "assistant", "content": prefix("answer")},
+		map[string]any{"role": "system", "content": "<system-reminder>999 tokens left</system-reminder>"}, map[string]any{"role": "user", "content": "go on"}}
+	body, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "system": prefix("claude"), "messages": msgs})
+	var claimed int
+	for range 2 {
+		waitIndexed(t, g, e)
+		r := post(t, url+"/v1/messages", string(body), nil)
+		if r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+		claimed, _ = strconv.Atoi(r.header.Get(hdrCached))
+	}
+	if mode := g.toks.For(testModel).InlineSystem(); mode != openai.InlineFold || refused.Load() != 1 {
+		t.Fatalf("placement %s after %d refusals, want fold after one", mode, refused.Load())
+	}
+	waitIndexed(t, g, e)
+	c := post(t, e.URL()+"/v1/chat/completions", asChat(t, body, openai.InlineFold), nil)
+	found, ok := openai.ResponseCachedTokens([]byte(c.body))
+	if !ok || claimed != found || found == 0 {
+		t.Fatalf("claimed %d cached, the engine found %d (%s)", claimed, found, c.body)
 	}
 }

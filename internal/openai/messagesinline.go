@@ -34,17 +34,34 @@ const (
 	// InlineHoist joins every one into the system prompt, as vLLM did
 	// first.
 	InlineHoist InlineSystem = "hoist"
+	// InlineAuto is preserve until the engine, or the model's template,
+	// refuses a system message mid-conversation, then fold, as vLLM's
+	// --anthropic-inline-system auto decides (the gateway's tokenizer
+	// keeps the decision; a conversion here reads it as preserve).
+	InlineAuto InlineSystem = "auto"
 )
 
-// ParseInlineSystem reads an InlineSystem ("" is preserve).
+// ParseInlineSystem reads an InlineSystem ("" is auto).
 func ParseInlineSystem(s string) (InlineSystem, error) {
 	switch m := InlineSystem(s); m {
 	case "":
-		return InlinePreserve, nil
-	case InlinePreserve, InlineFold, InlineHoist:
+		return InlineAuto, nil
+	case InlineAuto, InlinePreserve, InlineFold, InlineHoist:
 		return m, nil
 	}
-	return "", fmt.Errorf("inline system placement %q: want preserve, fold or hoist", s)
+	return "", fmt.Errorf("inline system placement %q: want auto, preserve, fold or hoist", s)
+}
+
+// HasInlineSystem reports whether msgs, converted with the system
+// messages inside messages kept in place, hold one (a system message
+// after the first message).
+func HasInlineSystem(msgs []Message) bool {
+	for i := 1; i < len(msgs); i++ {
+		if msgs[i].Role == "system" {
+			return true
+		}
+	}
+	return false
 }
 
 // joinTexts joins the non-empty texts with blank lines, as vLLM joins
@@ -108,7 +125,7 @@ func placeInline(top string, msgs []anthropicMessage, mode InlineSystem) (string
 	leading := joinTexts(lead...)
 	rest := afterToolResults(msgs[n:])
 	prompt := joinTexts(top, leading)
-	if mode == InlinePreserve && (top != "" || leading != "") {
+	if (mode == InlinePreserve || mode == InlineAuto) && (top != "" || leading != "") {
 		return prompt, rest
 	}
 	return prompt, foldInline(rest)

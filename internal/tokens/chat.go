@@ -143,6 +143,12 @@ type ChatOptions struct {
 	Mode   ChatMode
 	Tools  json.RawMessage
 	Kwargs json.RawMessage
+	// Alternative, when set, gives another rendering of the same request
+	// to try when the engine or the model's own template refuses this
+	// one (a Messages request's system messages folded instead of kept in
+	// place, as vLLM folds them for a template that refuses them); nil
+	// from it: none.
+	Alternative func() []Message
 }
 
 // ChatMode is how a conversation's prompt ends: vLLM's chat request flags

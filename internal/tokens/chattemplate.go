@@ -100,7 +100,7 @@ func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, err
 	vars["add_generation_prompt"] = jinja.NewBool(opts.Mode == ChatGenerate)
 	out, err := c.tmpl.RenderValues(vars)
 	if err != nil {
-		return "", fmt.Errorf("tokens: render chat template: %w", err)
+		return "", fmt.Errorf("%w: %w", errRender, err)
 	}
 	return out, nil
 }
@@ -121,6 +121,10 @@ func setReasoning(d jinja.Value, reasoning, reasoningContent *jinja.Value) {
 	d.AsDict().Set("reasoning", *r)
 	d.AsDict().Set("reasoning_content", *r)
 }
+
+// errRender is a chat template's refusal of a conversation (it raised, or
+// failed on its values).
+var errRender = errors.New("tokens: render chat template")
 
 // eachOtherMember calls f with each top-level member of the JSON object
 // obj but its role and content, in order, without decoding their values

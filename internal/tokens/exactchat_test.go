@@ -348,3 +348,60 @@ func TestEngineSourceSendsAsSent(t *testing.T) {
 		}
 	}
 }
+
+// TestChatAlternative: a conversation the engine refuses (4xx), or the
+// model's own template raises on, is rendered as its Alternative when it
+// has one (a Messages request's system messages folded, as vLLM folds
+// them for a template that refuses them in place), and Prepare says so;
+// a failure that is not a refusal is not.
+func TestChatAlternative(t *testing.T) {
+	ctx := context.Background()
+	inline := []Message{TextMessage("system", "s"), TextMessage("user", "q"), TextMessage("system", "note")}
+	folded := []Message{TextMessage("system", "s"), TextMessage("user", "q\n\nnote")}
+	alt := func() []Message { return folded }
+	var status atomic.Int64
+	status.Store(http.StatusBadRequest)
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req tokenizeRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		for i, m := range req.Messages {
+			if i > 0 && m.Role == "system" {
+				http.Error(w, `{"error":"System message must be at the beginning."}`, int(status.Load()))
+				return
+			}
+		}
+		text := "E:" + builtinTemplates["chatml"].Render(req.Messages)
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": bytesOf(text), "count": len(text)})
+	}))
+	defer engine.Close()
+	set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: engine.URL}}, NewCache(0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytesOf("E:" + builtinTemplates["chatml"].Render(folded))
+	p, err := set.Prepare(ctx, "m", Input{Messages: inline, Chat: ChatOptions{Alternative: alt}}, 16)
+	if err != nil || !p.Alternative || !reflect.DeepEqual(p.Tokens, want) {
+		t.Fatalf("refused by the engine: alternative %v, %v", p.Alternative, err)
+	}
+	if p, err := set.Prepare(ctx, "m", Input{Messages: folded, Chat: ChatOptions{Alternative: alt}}, 16); err != nil || p.Alternative {
+		t.Fatalf("taken as it is: alternative %v, %v", p.Alternative, err)
+	}
+	status.Store(http.StatusInternalServerError) // a failure, not a refusal
+	if _, err := set.Prepare(ctx, "m", Input{Messages: append(inline, TextMessage("user", "x")), Chat: ChatOptions{Alternative: alt}}, 16); err == nil {
+		t.Fatal("a failing engine's answer replaced by the alternative")
+	}
+
+	// The model's own template raising on a system message in place.
+	dir := writeModelDir(t, map[string]any{"chat_template": `{% for m in messages %}{% if m.role == "system" and not loop.first %}` +
+		`{{ raise_exception("System message must be at the beginning.") }}{% endif %}<|turn|>{{ m.role }}: {{ m.content }}<|end|>{% endfor %}`})
+	local, err := NewSet([]Spec{{Model: "m", Source: "local", File: dir + "/tokenizer.json"}}, NewCache(0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := local.Prepare(ctx, "m", Input{Messages: inline, Chat: ChatOptions{Alternative: alt}}, 16); err != nil || !p.Alternative || len(p.Tokens) == 0 {
+		t.Fatalf("raised by the template: alternative %v, %v", p.Alternative, err)
+	}
+	if _, err := local.Prepare(ctx, "m", Input{Messages: inline}, 16); err == nil {
+		t.Fatal("the raise without an alternative hidden")
+	}
+}

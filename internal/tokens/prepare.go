@@ -38,6 +38,9 @@ type Prepared struct {
 	// chat template), so a request of these ids finds the blocks this
 	// request leaves cached; not so with the estimate.
 	EngineIDs bool
+	// Alternative: the conversation was refused and Tokens are its
+	// Input.Chat.Alternative rendering's.
+	Alternative bool
 }
 
 // ErrNoInput is returned when an Input holds none or more than one form.
@@ -60,19 +63,19 @@ func (s *Set) Prepare(ctx context.Context, model string, in Input, blockSize int
 	if given != 1 {
 		return Prepared{}, ErrNoInput
 	}
-	ids, engine := in.TokenIDs, true
+	ids, engine, alt := in.TokenIDs, true, false
 	if ids == nil {
 		tk := s.For(model)
 		var err error
 		if in.Prompt != nil {
 			ids, err = tk.Prompt(ctx, *in.Prompt)
 		} else {
-			ids, err = tk.ChatAs(ctx, in.Messages, in.Chat)
+			ids, alt, err = tk.chatAs(ctx, in.Messages, in.Chat)
 		}
 		engine = tk.engineIDs(in.Prompt == nil)
 		if err != nil {
 			return Prepared{}, fmt.Errorf("tokenize: %w", err)
 		}
 	}
-	return Prepared{Tokens: ids, Keys: NewHasher(blockSize).Keys(ids, LoRAExtra(in.LoRA)), EngineIDs: engine}, nil
+	return Prepared{Tokens: ids, Keys: NewHasher(blockSize).Keys(ids, LoRAExtra(in.LoRA)), EngineIDs: engine, Alternative: alt}, nil
 }

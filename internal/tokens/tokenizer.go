@@ -34,18 +34,36 @@ type Tokenizer struct {
 	// with different tokenizers must never get each other's ids.
 	ns uint64
 	// inline is where the model's engines put a Messages request's
-	// system messages inside messages (Spec.InlineSystem).
+	// system messages inside messages (Spec.InlineSystem; "" or auto:
+	// preserve, until folded is set).
 	inline openai.InlineSystem
+	folded atomic.Bool
 }
 
 // InlineSystem is where the model's engines put a Messages request's
 // system messages inside messages, so that its conversations are
-// converted as theirs (openai.ParseMessagesAs).
+// converted as theirs (openai.ParseMessagesAs): as configured; auto is
+// preserve until a refusal made it fold (FoldInline).
 func (t *Tokenizer) InlineSystem() openai.InlineSystem {
-	if t.inline == "" {
-		return openai.InlinePreserve
+	switch {
+	case !t.InlineAuto():
+		return t.inline
+	case t.folded.Load():
+		return openai.InlineFold
 	}
-	return t.inline
+	return openai.InlinePreserve
+}
+
+// InlineAuto reports whether the placement is auto.
+func (t *Tokenizer) InlineAuto() bool {
+	return t.inline == "" || t.inline == openai.InlineAuto
+}
+
+// FoldInline settles auto on fold (the engine or the template refused a
+// system message in place and took it folded, as vLLM's auto probe
+// decides); it reports whether this call settled it.
+func (t *Tokenizer) FoldInline() bool {
+	return t.InlineAuto() && !t.folded.Swap(true)
 }
 
 // NewTokenizer combines a source, a template and a cache (nil: no cache).
@@ -107,15 +125,33 @@ func (t *Tokenizer) Chat(ctx context.Context, msgs []Message) ([]uint32, error) 
 // template kwargs (which only an exact chat renders: the engine's or the
 // model's own template).
 func (t *Tokenizer) ChatAs(ctx context.Context, msgs []Message, opts ChatOptions) ([]uint32, error) {
+	ids, _, err := t.chatAs(ctx, msgs, opts)
+	return ids, err
+}
+
+// chatAs is ChatAs; alt reports ids of opts.Alternative's rendering,
+// tried when the exact rendering of msgs was refused (the engine's 4xx,
+// or the model's own template raising).
+func (t *Tokenizer) chatAs(ctx context.Context, msgs []Message, opts ChatOptions) (ids []uint32, alt bool, err error) {
 	if t.exactChats() {
 		ids, err := t.exactChat(ctx, msgs, opts)
+		if err != nil && opts.Alternative != nil && refusedConversation(err) {
+			if other := opts.Alternative(); other != nil {
+				o := opts
+				o.Alternative = nil
+				if ids, err := t.exactChat(ctx, other, o); err == nil {
+					t.takesMessages.Store(true)
+					return ids, true, nil
+				}
+			}
+		}
 		var se *StatusError
 		switch {
 		case err == nil:
 			t.takesMessages.Store(true)
-			return ids, nil
+			return ids, false, nil
 		case !errors.As(err, &se) || !se.refused():
-			return nil, err
+			return nil, false, err
 		case t.takesConversations(ctx):
 			// This conversation's own refusal (a template that refuses
 			// its roles' order, tools the engine cannot read): it is
@@ -134,11 +170,19 @@ func (t *Tokenizer) ChatAs(ctx context.Context, msgs []Message, opts ChatOptions
 	for _, seg := range t.tmpl.SegmentsAs(msgs, opts.Mode) {
 		ids, err := t.cached(ctx, 's', seg, segment)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		out = append(out, ids...)
 	}
-	return out, nil
+	return out, false, nil
+}
+
+// refusedConversation reports whether err is a conversation's refusal
+// rather than a failure: the engine's /tokenize refusing it, or the
+// model's own template raising on it.
+func refusedConversation(err error) bool {
+	var se *StatusError
+	return errors.As(err, &se) && se.refused() || errors.Is(err, errRender)
 }
 
 // takesConversations reports whether the engine's /tokenize takes
@@ -404,7 +448,7 @@ type Spec struct {
 	ExactChat *bool
 	// InlineSystem is where the model's engines put a Messages request's
 	// system messages inside messages (vLLM's --anthropic-inline-system,
-	// or hoist for vLLM before it kept them in place); "" is preserve.
+	// or hoist for vLLM before it kept them in place); "" is auto.
 	InlineSystem openai.InlineSystem
 }
 
