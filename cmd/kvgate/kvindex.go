@@ -110,7 +110,7 @@ func newKVIndexFlagSet(o *kvindexOptions, stderr io.Writer) (*flag.FlagSet, *fla
 	fl := flagrange.New(fs)
 	lim := kvindexRanges()
 	flagrange.Var(fl, &o.blockSize, "block-size", lim.blockSize, "router block size in tokens")
-	fs.Var(&o.tokenizers, "tokenizer", "tokenizer spec: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=chatml|llama3|plain][,bytes_per_token=N][,exact_chat=false][,inline_system=preserve|fold|hoist] (repeatable; without model= it is the default; source=engine renders chats with the engine's template unless exact_chat=false; inline_system: where the engines put a Messages request's system messages inside messages)")
+	fs.Var(&o.tokenizers, "tokenizer", "tokenizer spec: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=chatml|llama3|plain][,bytes_per_token=N][,exact_chat=false][,inline_system=auto|preserve|fold|hoist] (repeatable; without model= it is the default; source=engine renders chats with the engine's template unless exact_chat=false; inline_system: where the engines put a Messages request's system messages inside messages)")
 	flagrange.Var(fl, &o.approxTTL, "approx-ttl", lim.approxTTL, "lifetime of approximate (routed) entries")
 	flagrange.Var(fl, &o.maxKeys, "max-keys", lim.maxKeys, "bound on keys per index table (model × group × 64 endpoints × tier)")
 	flagrange.Var(fl, &o.replayTimeout, "replay-timeout", lim.replayTimeout, "wait for each replay reply")
