@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -66,6 +67,19 @@ func (f *dpFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.got[rank]++
 		f.mu.Unlock()
 	}
+	// The body is read whole first, as the gateway reads its clients':
+	// a proxy that streams it on may still be reading it (for the end a
+	// Content-Length promises) when the engine's answer is passed back,
+	// and the server then closes it under the proxy, whose transport
+	// drops the upstream connection mid-answer (the gateway then rightly
+	// sends the request again to the other rank, leaving its prefix on
+	// both: this test failed about 1 run in 50 so).
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 	u, _ := url.Parse(f.ranks[rank].URL())
 	httputil.NewSingleHostReverseProxy(u).ServeHTTP(w, r)
 }
