@@ -3,6 +3,7 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 )
 
 // A Responses request's input items become chat messages as vLLM makes
@@ -26,16 +27,12 @@ type convMessage struct {
 	calls     []messagesToolCall
 	callID    json.RawMessage // a tool message's tool_call_id, as sent (null when absent)
 	keys      []string        // members after role, in the order set
-	has       map[string]bool
 }
 
-func (m *convMessage) set(key string) {
-	if m.has == nil {
-		m.has = map[string]bool{}
-	}
-	m.keys = append(m.keys, key)
-	m.has[key] = true
-}
+func (m *convMessage) set(key string) { m.keys = append(m.keys, key) }
+
+// has reports whether member key is set (of at most four).
+func (m *convMessage) has(key string) bool { return slices.Contains(m.keys, key) }
 
 // message is m as a Message, its object (Raw) as vLLM builds it.
 func (m *convMessage) message() Message {
@@ -79,12 +76,12 @@ func (c *responsesConversion) messages() []Message {
 // may have), else a new assistant message.
 func (c *responsesConversion) turn(key string) *convMessage {
 	n := len(c.out)
-	if n == 0 || c.out[n-1].role != "assistant" || c.out[n-1].has[key] && key != "tool_calls" {
+	if n == 0 || c.out[n-1].role != "assistant" || c.out[n-1].has(key) && key != "tool_calls" {
 		c.out = append(c.out, convMessage{role: "assistant"})
 		n++
 	}
 	p := &c.out[n-1]
-	if !p.has[key] {
+	if !p.has(key) {
 		p.set(key)
 	}
 	return p
