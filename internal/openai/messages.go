@@ -498,29 +498,35 @@ func messagesTools(v []byte) (json.RawMessage, error) {
 	if isNull(v) {
 		return nil, nil
 	}
-	var tools []struct {
-		Name         string          `json:"name"`
-		Description  *string         `json:"description"`
-		InputSchema  json.RawMessage `json:"input_schema"`
-		Strict       *bool           `json:"strict"`
-		DeferLoading *bool           `json:"defer_loading"`
-	}
-	if v[0] != '[' || json.Unmarshal(v, &tools) != nil {
-		return nil, BadRequest("tools must be a list of tools with a name and an input_schema").WithParam("tools")
-	}
-	if len(tools) == 0 {
-		return nil, nil
+	bad := BadRequest("tools must be a list of tools with a name and an input_schema").WithParam("tools")
+	if v[0] != '[' {
+		return nil, bad
 	}
 	out := []byte{'['}
-	for i, t := range tools {
-		schema := t.InputSchema
-		if len(schema) == 0 || schema[0] != '{' {
-			return nil, BadRequest("tools[%d].input_schema must be an object", i).WithParam("tools")
+	var err error
+	i := 0
+	eachElement(v, func(el []byte) {
+		if err != nil {
+			return
 		}
-		ms, err := objectMembers(schema, "input_schema")
+		// The body is valid JSON (parseObject): the members are read as
+		// written, not decoded again.
+		t := membersOf(el)
+		name, desc, schema := t.vals["name"], t.vals["description"], t.vals["input_schema"]
+		strict, deferLoading := t.vals["strict"], t.vals["defer_loading"]
 		switch {
-		case err != nil:
-			return nil, BadRequest("tools[%d].input_schema must be an object", i).WithParam("tools")
+		case el[0] != '{' || !jsonIs(name, '"') || !jsonIs(desc, '"') || !jsonIs(strict, 't', 'f') || !jsonIs(deferLoading, 't', 'f'):
+			err = bad
+			return
+		case len(schema) == 0 || schema[0] != '{':
+			err = BadRequest("tools[%d].input_schema must be an object", i).WithParam("tools")
+			return
+		}
+		ms, e := objectMembers(schema, "input_schema")
+		switch {
+		case e != nil:
+			err = BadRequest("tools[%d].input_schema must be an object", i).WithParam("tools")
+			return
 		case len(ms) == 0:
 			schema = []byte(`{"type":"object"}`)
 		case find(ms, "type") == nil: // vLLM adds it, last
@@ -530,17 +536,36 @@ func messagesTools(v []byte) (json.RawMessage, error) {
 		if i > 0 {
 			out = append(out, ',')
 		}
+		i++
 		out = append(out, `{"type":"function","function":{"name":`...)
-		out, _ = appendJSON(out, t.Name)
+		out = appendRawOr(out, name, `""`)
 		out = append(out, `,"description":`...)
-		out, _ = appendJSON(out, t.Description)
+		out = appendRawOr(out, desc, "null")
 		out = append(out, `,"parameters":`...)
 		out = append(out, schema...)
 		out = append(out, `,"strict":`...)
-		out, _ = appendJSON(out, t.Strict)
+		out = appendRawOr(out, strict, "null")
 		out = append(out, `,"defer_loading":`...)
-		out, _ = appendJSON(out, t.DeferLoading)
+		out = appendRawOr(out, deferLoading, "null")
 		out = append(out, "}}"...)
+	})
+	if err != nil || i == 0 {
+		return nil, err
 	}
 	return append(out, ']'), nil
+}
+
+// jsonIs reports whether the JSON value v is absent, null, or starts with
+// one of first (a string '"', a boolean 't' or 'f').
+func jsonIs(v []byte, first ...byte) bool {
+	return len(v) == 0 || isNull(v) || slices.Contains(first, v[0])
+}
+
+// appendRawOr appends the JSON value v as written, or none when it is
+// absent or null (a null name: as empty as an absent one).
+func appendRawOr(out, v []byte, none string) []byte {
+	if len(v) == 0 || isNull(v) {
+		return append(out, none...)
+	}
+	return append(out, v...)
 }

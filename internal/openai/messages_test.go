@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -299,6 +300,41 @@ func TestMessagesEffortKwargs(t *testing.T) {
 	for _, bad := range []string{`"output_config":5`, `"thinking":"on"`, `"output_config":{"effort":5}`} {
 		if _, err := ParseMessages([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}],` + bad + `}`)); err == nil {
 			t.Errorf("%s parsed", bad)
+		}
+	}
+}
+
+// claudeCodeShaped is a Messages body shaped as Claude Code's (its sizes,
+// not its text): a system of three blocks, 24 tools of about 2 KB of
+// schema each, and a few turns with a system message among them.
+func claudeCodeShaped() []byte {
+	var tools []map[string]any
+	for i := range 24 {
+		props := map[string]any{}
+		for k := range 12 {
+			props[fmt.Sprintf("param_%d", k)] = map[string]any{"type": "string", "description": strings.Repeat("what the parameter means ", 5)}
+		}
+		tools = append(tools, map[string]any{"name": fmt.Sprintf("Tool%d", i), "description": strings.Repeat("what the tool does, and when to use it. ", 20),
+			"input_schema": map[string]any{"type": "object", "properties": props, "required": []string{"param_0"}, "additionalProperties": false}})
+	}
+	text := func(s string) []map[string]any { return []map[string]any{{"type": "text", "text": s}} }
+	body, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 32000, "stream": true,
+		"system": []map[string]any{{"type": "text", "text": "x-anthropic-billing-header: cc_version=1;"}, {"type": "text", "text": "You are an agent."},
+			{"type": "text", "text": strings.Repeat("Follow the instructions. ", 400)}},
+		"tools": tools, "thinking": map[string]string{"type": "adaptive"}, "output_config": map[string]string{"effort": "high"},
+		"messages": []map[string]any{{"role": "user", "content": text(strings.Repeat("context ", 300))}, {"role": "system", "content": "agent types"},
+			{"role": "assistant", "content": text(strings.Repeat("answer ", 200))}, {"role": "user", "content": "go on"}}})
+	return body
+}
+
+// BenchmarkParseMessages: a Claude-Code-shaped body (about 80 KB, most of
+// it tools) converted as vLLM converts it.
+func BenchmarkParseMessages(b *testing.B) {
+	body := claudeCodeShaped()
+	b.SetBytes(int64(len(body)))
+	for range b.N {
+		if _, err := ParseMessages(body); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
