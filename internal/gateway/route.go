@@ -164,7 +164,12 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 	case apiResponses:
 		req, err = openai.ParseResponses(body)
 	case apiMessages:
-		req, err = openai.ParseMessages(body)
+		// The model's engines may place system messages inside messages
+		// otherwise than in place: convert as they do.
+		req, err = openai.ParseMessagesFor(body, func(model string) openai.InlineSystem {
+			base, _ := g.resolve(model)
+			return g.toks.For(base).InlineSystem()
+		})
 	case apiGenerate:
 		req, err = openai.ParseGenerate(body)
 	default:
@@ -189,15 +194,6 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 		rt.pin = g.respHolders.holder(req.PreviousResponseID)
 	}
 	rt.model, rt.lora = g.resolve(model)
-	if api == apiMessages {
-		// The model's engines may place system messages inside messages
-		// otherwise than in place: convert as they do.
-		if mode := g.toks.For(rt.model).InlineSystem(); mode != openai.InlinePreserve {
-			if rt.req, err = openai.ParseMessagesAs(body, mode); err != nil {
-				return nil, err
-			}
-		}
-	}
 	rt.id = r.Header.Get("X-Request-Id")
 	if rt.id == "" || len(rt.id) > 128 {
 		rt.id = fmt.Sprintf("kvgate-%x-%d", g.start.UnixNano(), g.reqSeq.Add(1))

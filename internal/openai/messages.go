@@ -49,6 +49,12 @@ func ParseMessages(body []byte) (*Request, error) {
 // vLLM's Messages API does not read; kvgate's emulator does, for kvgate
 // bench). Raw is the body.
 func ParseMessagesAs(body []byte, mode InlineSystem) (*Request, error) {
+	return parseMessagesBody(body, true, func(string) InlineSystem { return mode })
+}
+
+// ParseMessagesFor is ParseMessagesAs, the placement the one mode gives
+// for the request's model (its engines'), read in the same pass.
+func ParseMessagesFor(body []byte, mode func(model string) InlineSystem) (*Request, error) {
 	return parseMessagesBody(body, true, mode)
 }
 
@@ -61,11 +67,11 @@ func ParseCountTokens(body []byte) (*Request, error) {
 // ParseCountTokensAs is ParseCountTokens, the inline system messages
 // placed as mode says.
 func ParseCountTokensAs(body []byte, mode InlineSystem) (*Request, error) {
-	return parseMessagesBody(body, false, mode)
+	return parseMessagesBody(body, false, func(string) InlineSystem { return mode })
 }
 
-// parseMessagesBody is ParseMessagesAs, max_tokens required if generates.
-func parseMessagesBody(body []byte, generates bool, mode InlineSystem) (*Request, error) {
+// parseMessagesBody is ParseMessagesFor, max_tokens required if generates.
+func parseMessagesBody(body []byte, generates bool, mode func(model string) InlineSystem) (*Request, error) {
 	r, err := parseObject(body)
 	if err != nil {
 		return nil, err
@@ -99,7 +105,7 @@ func parseMessagesBody(body []byte, generates bool, mode InlineSystem) (*Request
 	case r.MaxTokens == nil && generates:
 		return nil, BadRequest("max_tokens is required").WithParam("max_tokens")
 	}
-	prompt, placed := placeInline(system, list, mode)
+	prompt, placed := placeInline(system, list, mode(r.Model))
 	if prompt != "" {
 		r.Messages = append(r.Messages, objectMessage("system", Content{String: prompt}, "", nil, true))
 	}
