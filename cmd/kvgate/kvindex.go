@@ -184,7 +184,7 @@ func tokenizerSet(specs []string) (*tokens.Set, *tokens.Cache, error) {
 		parsed = append(parsed, sp)
 	}
 	cache := tokens.NewCache(0)
-	toks, err := tokens.NewSet(parsed, cache, &http.Client{Timeout: 30 * time.Second})
+	toks, err := tokens.NewSet(parsed, cache, &http.Client{Timeout: 30 * time.Second}, nil)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -19,7 +19,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,6 +132,7 @@ type Gateway struct {
 	inflight atomic.Int64
 	reqSeq   atomic.Uint64
 	passTurn atomic.Uint64 // passthrough ties, in turn
+	tokTurn  atomic.Uint64 // tokenizers' fallback engines, in turn
 	bufs     sync.Pool     // *[]byte: relay's 32 KiB copy buffers
 }
 
@@ -197,11 +200,13 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		}
 		specs = append(specs, sp)
 	}
-	toks, err := tokens.NewSet(specs, tokens.NewCache(0), &http.Client{Timeout: 30 * time.Second})
+	var g *Gateway
+	engines := func(model, configured string) ([]string, bool) { return g.tokenizerEngines(model, configured) }
+	toks, err := tokens.NewSet(specs, tokens.NewCache(0), &http.Client{Timeout: 30 * time.Second}, engines)
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{
+	g = &Gateway{
 		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic, holdGrace: o.HoldGrace, respHolders: newResponseHolders(),
 		holdPoll: o.HoldPoll, tokenizeTimeout: o.TokenizeTimeout, policy: cfg.Policy,
 		toks:     toks,
@@ -439,6 +444,41 @@ func sameMembers(a, b []*member) bool {
 		}
 	}
 	return true
+}
+
+// tokenizerEngines is the tokenizers' tokens.EngineFallback: the base
+// URLs of model's eligible endpoints (discovered, healthy) other than
+// configured, in turn from one call to the next so that a dead
+// configured engine's load spreads, and whether configured is a member
+// of the fleet that is not eligible now.
+func (g *Gateway) tokenizerEngines(model, configured string) ([]string, bool) {
+	configured = strings.TrimRight(configured, "/")
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	var urls []string
+	eligible := false
+	if mf := g.models[model]; mf != nil {
+		start := int(g.tokTurn.Add(1) % uint64(max(len(mf.members), 1)))
+		for i := range mf.members {
+			u := strings.TrimRight(mf.members[(start+i)%len(mf.members)].ep.URL, "/")
+			switch {
+			case u == configured:
+				eligible = true
+			case u != "" && !slices.Contains(urls, u): // data-parallel ranks share a URL
+				urls = append(urls, u)
+			}
+		}
+	}
+	out := false
+	if configured != "" && !eligible {
+		for _, m := range g.members {
+			if strings.TrimRight(m.ep.URL, "/") == configured {
+				out = true
+				break
+			}
+		}
+	}
+	return urls, out
 }
 
 // Models lists the models the fleet serves: its base models, and then

@@ -18,7 +18,7 @@ func TestAdminAPI(t *testing.T) {
 	x := New(Config{BlockSize: 4})
 	a := mustAdd(t, x, "127.0.0.1:8001", "m")
 	mustAdd(t, x, "127.0.0.1:8002", "m")
-	set, err := tokens.NewSet([]tokens.Spec{{Source: "estimate", BytesPerToken: 1}}, tokens.NewCache(0), nil)
+	set, err := tokens.NewSet([]tokens.Spec{{Source: "estimate", BytesPerToken: 1}}, tokens.NewCache(0), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestAdminLookupTools(t *testing.T) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": make([]int, n), "count": n})
 	}))
 	defer engine.Close()
-	set, err := tokens.NewSet([]tokens.Spec{{Source: "engine", URL: engine.URL}}, tokens.NewCache(0), nil)
+	set, err := tokens.NewSet([]tokens.Spec{{Source: "engine", URL: engine.URL}}, tokens.NewCache(0), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func TestChatModesAgainstEngine(t *testing.T) {
 	set, err := tokens.NewSet([]tokens.Spec{
 		{Model: "exact", Source: "engine", URL: e.URL()},
 		{Model: "segments", Source: "engine", URL: e.URL(), ExactChat: &no},
-	}, tokens.NewCache(0), nil)
+	}, tokens.NewCache(0), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

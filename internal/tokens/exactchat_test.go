@@ -45,7 +45,7 @@ func TestExactChatGrowingConversation(t *testing.T) {
 	defer srv.Close()
 	ctx := context.Background()
 	cache := NewCache(0)
-	set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: srv.URL}}, cache, nil)
+	set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: srv.URL}}, cache, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestExactChatDefaultAndFallback(t *testing.T) {
 		{Spec{Model: "m", Source: "engine", URL: srv.URL}, engineIDs(conv)},
 		{Spec{Model: "m", Source: "engine", URL: srv.URL, ExactChat: &no}, bytesOf(tmpl.Render(conv))},
 	} {
-		set, err := NewSet([]Spec{tc.spec}, NewCache(0), nil)
+		set, err := NewSet([]Spec{tc.spec}, NewCache(0), nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -374,7 +374,7 @@ func TestChatAlternative(t *testing.T) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": bytesOf(text), "count": len(text)})
 	}))
 	defer engine.Close()
-	set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: engine.URL}}, NewCache(0), nil)
+	set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: engine.URL}}, NewCache(0), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +394,7 @@ func TestChatAlternative(t *testing.T) {
 	// The model's own template raising on a system message in place.
 	dir := writeModelDir(t, map[string]any{"chat_template": `{% for m in messages %}{% if m.role == "system" and not loop.first %}` +
 		`{{ raise_exception("System message must be at the beginning.") }}{% endif %}<|turn|>{{ m.role }}: {{ m.content }}<|end|>{% endfor %}`})
-	local, err := NewSet([]Spec{{Model: "m", Source: "local", File: dir + "/tokenizer.json"}}, NewCache(0), nil)
+	local, err := NewSet([]Spec{{Model: "m", Source: "local", File: dir + "/tokenizer.json"}}, NewCache(0), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

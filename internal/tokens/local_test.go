@@ -505,7 +505,7 @@ func TestSpecLocalUsesModelTemplate(t *testing.T) {
 	set, err := NewSet([]Spec{
 		{Model: "own", Source: "local", File: dir},
 		{Model: "over", Source: "local", File: dir, Template: "chatml"},
-	}, cache, nil)
+	}, cache, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,10 +539,10 @@ func TestSpecLocalUsesModelTemplate(t *testing.T) {
 		t.Errorf("growing conversation: %d cache misses, want 3", got)
 	}
 
-	if _, err := NewSet([]Spec{{Model: "m", Source: "local", File: writeModelDir(t, nil), ExactChat: func() *bool { b := true; return &b }()}}, nil, nil); err == nil {
+	if _, err := NewSet([]Spec{{Model: "m", Source: "local", File: writeModelDir(t, nil), ExactChat: func() *bool { b := true; return &b }()}}, nil, nil, nil); err == nil {
 		t.Error("exact_chat=true accepted for a file without a chat template")
 	}
-	if _, err := NewSet([]Spec{{Model: "m", Source: "local", File: filepath.Join(dir, "missing.json")}}, nil, nil); err == nil {
+	if _, err := NewSet([]Spec{{Model: "m", Source: "local", File: filepath.Join(dir, "missing.json")}}, nil, nil, nil); err == nil {
 		t.Error("missing file accepted")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -56,13 +57,27 @@ func (s EstimateSource) tokens(text string) []uint32 {
 
 // EngineSource asks an engine's POST /tokenize (vLLM's API).
 type EngineSource struct {
-	BaseURL string // e.g. http://127.0.0.1:8001
+	BaseURL string // e.g. http://127.0.0.1:8001; "": Others' only
 	Model   string
 	Client  *http.Client // default http.DefaultClient
 	// AddSpecialTokens is sent as add_special_tokens for prompts; chat
 	// segments are always tokenized without special tokens.
 	AddSpecialTokens bool
+	// Others, when set, names the other engines serving Model that may
+	// answer now (EngineFallback); they are asked when BaseURL cannot
+	// answer (unreachable, or a 5xx), and first when it is known out.
+	Others EngineFallback
 }
+
+// EngineFallback returns, for a model, the base URLs of the engines
+// serving it that may answer /tokenize now other than configured, and
+// whether configured is one of the fleet's engines known to be out. Any
+// engine of a model renders and tokenizes as the others do, so one dead
+// engine does not take its model's tokenizer with it.
+type EngineFallback func(model, configured string) (others []string, configuredOut bool)
+
+// maxTokenizeTries bounds the engines one tokenization asks.
+const maxTokenizeTries = 3
 
 type tokenizeRequest struct {
 	Model               string          `json:"model"`
@@ -141,8 +156,60 @@ func (s *EngineSource) post(ctx context.Context, req tokenizeRequest) ([]uint32,
 	if err := enc.Encode(req); err != nil {
 		return nil, fmt.Errorf("tokens: encode tokenize request: %w", err)
 	}
-	url := strings.TrimRight(s.BaseURL, "/") + "/tokenize"
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, &body)
+	var first error
+	for i, base := range s.engines() {
+		ids, err := s.postTo(ctx, base, body.Bytes())
+		if err == nil || i+1 == maxTokenizeTries || !unanswered(ctx, err) {
+			if err != nil && first != nil {
+				err = fmt.Errorf("%w (and before it: %v)", err, first)
+			}
+			return ids, err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	return nil, fmt.Errorf("tokens: no engine serving model %q can tokenize now", s.Model)
+}
+
+// engines lists the base URLs to ask, in order: the configured one, then
+// the others (the others first when the configured one is known out).
+func (s *EngineSource) engines() []string {
+	var out []string
+	if s.BaseURL != "" {
+		out = append(out, s.BaseURL)
+	}
+	if s.Others == nil {
+		return out
+	}
+	others, out0 := s.Others(s.Model, s.BaseURL)
+	if out0 {
+		return append(others, out...)
+	}
+	return append(out, others...)
+}
+
+// unanswered reports whether err is an engine's failure to answer (it is
+// unreachable, or failed with a 5xx) that another engine may not share;
+// not a refusal of the request's form, nor the caller's deadline.
+func unanswered(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	var se *StatusError
+	if errors.As(err, &se) {
+		return se.Code >= 500
+	}
+	return true
+}
+
+// postTo asks one engine's /tokenize.
+func (s *EngineSource) postTo(ctx context.Context, base string, body []byte) ([]uint32, error) {
+	url := strings.TrimRight(base, "/") + "/tokenize"
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("tokens: %w", err)
 	}

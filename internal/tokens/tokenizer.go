@@ -506,11 +506,14 @@ type Set struct {
 }
 
 // NewSet builds tokenizers from specs sharing one cache. Without a default
-// spec the default is the byte estimate with the default template.
-func NewSet(specs []Spec, cache *Cache, client *http.Client) (*Set, error) {
+// spec the default is the byte estimate with the default template. With
+// engines (the gateway's fleet), a model's source=engine tokenizer asks
+// its other engines when the configured one cannot answer, and needs no
+// url= (it asks the model's engines).
+func NewSet(specs []Spec, cache *Cache, client *http.Client, engines EngineFallback) (*Set, error) {
 	s := &Set{byModel: map[string]*Tokenizer{}, cache: cache}
 	for _, sp := range specs {
-		t, err := build(sp, cache, client)
+		t, err := build(sp, cache, client, engines)
 		if err != nil {
 			return nil, err
 		}
@@ -521,7 +524,7 @@ func NewSet(specs []Spec, cache *Cache, client *http.Client) (*Set, error) {
 		}
 	}
 	if s.def == nil {
-		t, err := build(Spec{}, cache, client)
+		t, err := build(Spec{}, cache, client, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -530,7 +533,7 @@ func NewSet(specs []Spec, cache *Cache, client *http.Client) (*Set, error) {
 	return s, nil
 }
 
-func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
+func build(sp Spec, cache *Cache, client *http.Client, engines EngineFallback) (*Tokenizer, error) {
 	tmpl, err := LookupTemplate(sp.Template)
 	if err != nil {
 		return nil, err
@@ -544,10 +547,18 @@ func build(sp Spec, cache *Cache, client *http.Client) (*Tokenizer, error) {
 	case "", "estimate":
 		src = EstimateSource{BytesPerToken: sp.BytesPerToken}
 	case "engine":
-		if sp.URL == "" {
+		named := sp.Model != "" && sp.Model != "*"
+		if sp.URL == "" && (engines == nil || !named) {
+			if engines != nil {
+				return nil, fmt.Errorf("tokens: source=engine without model= needs url=")
+			}
 			return nil, fmt.Errorf("tokens: model %q: source=engine needs url=", sp.Model)
 		}
-		src = &EngineSource{BaseURL: sp.URL, Model: sp.Model, Client: client}
+		es := &EngineSource{BaseURL: sp.URL, Model: sp.Model, Client: client}
+		if named {
+			es.Others = engines
+		}
+		src = es
 	case "local":
 		if sp.File == "" {
 			return nil, fmt.Errorf("tokens: model %q: source=local needs file=", sp.Model)

@@ -3,6 +3,7 @@ package tokens
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -119,7 +120,7 @@ func TestSpecsAndSet(t *testing.T) {
 	if err != nil || sp.Model != "m" || sp.BytesPerToken != 3 || sp.Template != "llama3" {
 		t.Fatalf("%+v %v", sp, err)
 	}
-	placed, err := NewSet([]Spec{must(ParseSpec("model=f,inline_system=fold")), must(ParseSpec("model=h,inline_system=hoist"))}, nil, nil)
+	placed, err := NewSet([]Spec{must(ParseSpec("model=f,inline_system=fold")), must(ParseSpec("model=h,inline_system=hoist"))}, nil, nil, nil)
 	if err != nil || placed.For("f").InlineSystem() != openai.InlineFold || placed.For("h").InlineSystem() != openai.InlineHoist || placed.For("x").InlineSystem() != openai.InlinePreserve {
 		t.Fatalf("inline system placements not kept: %v", err)
 	}
@@ -128,13 +129,13 @@ func TestSpecsAndSet(t *testing.T) {
 			t.Errorf("%q: no error", bad)
 		}
 	}
-	if _, err := NewSet([]Spec{{Model: "m", Source: "engine"}}, nil, nil); err == nil {
+	if _, err := NewSet([]Spec{{Model: "m", Source: "engine"}}, nil, nil, nil); err == nil {
 		t.Error("engine without url accepted")
 	}
-	if _, err := NewSet([]Spec{{Model: "m", Template: "nope"}}, nil, nil); err == nil {
+	if _, err := NewSet([]Spec{{Model: "m", Template: "nope"}}, nil, nil, nil); err == nil {
 		t.Error("unknown template accepted")
 	}
-	set, err := NewSet([]Spec{sp}, NewCache(0), nil)
+	set, err := NewSet([]Spec{sp}, NewCache(0), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +155,7 @@ func TestSpecsAndSet(t *testing.T) {
 // share one cache and must never get each other's ids.
 func TestSharedCacheKeepsModelsApart(t *testing.T) {
 	cache := NewCache(0)
-	set, err := NewSet([]Spec{{Model: "a", BytesPerToken: 4}, {Model: "b", BytesPerToken: 2}}, cache, nil)
+	set, err := NewSet([]Spec{{Model: "a", BytesPerToken: 4}, {Model: "b", BytesPerToken: 2}}, cache, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +168,7 @@ func TestSharedCacheKeepsModelsApart(t *testing.T) {
 }
 
 func TestPrepare(t *testing.T) {
-	set, err := NewSet(nil, NewCache(0), nil)
+	set, err := NewSet(nil, NewCache(0), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,4 +233,99 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestEngineSourceFallback: a model's source=engine tokenizer asks the
+// model's other engines when its configured one cannot answer (down, or
+// a 5xx), first when the fleet knows it is out, not on a refusal of the
+// request's form (a 4xx: every engine would refuse it), never past the
+// caller's deadline, and without url= it asks the model's engines.
+func TestEngineSourceFallback(t *testing.T) {
+	answer := func(code int, calls *atomic.Int64) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			if code != http.StatusOK {
+				http.Error(w, "no", code)
+				return
+			}
+			fmt.Fprint(w, `{"tokens":[7,8,9],"count":3}`)
+		}))
+	}
+	var okCalls, badCalls, refusing atomic.Int64
+	ok := answer(http.StatusOK, &okCalls)
+	defer ok.Close()
+	failing := answer(http.StatusServiceUnavailable, &badCalls)
+	defer failing.Close()
+	refuser := answer(http.StatusBadRequest, &refusing)
+	defer refuser.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+
+	cases := []struct {
+		name       string
+		configured string
+		others     []string
+		out        bool
+		want       bool  // tokens come back
+		ok, bad    int64 // calls each
+	}{
+		{"configured answers", ok.URL, []string{failing.URL}, false, true, 1, 0},
+		{"configured unreachable", deadURL, []string{ok.URL}, false, true, 1, 0},
+		{"configured fails with a 5xx", failing.URL, []string{ok.URL}, false, true, 1, 1},
+		{"configured out: others first", failing.URL, []string{ok.URL}, true, true, 1, 0},
+		{"no url: the model's engines", "", []string{deadURL, ok.URL}, false, true, 1, 0},
+		{"every engine down", deadURL, []string{failing.URL}, false, false, 0, 1},
+		{"no engine at all", "", nil, false, false, 0, 0},
+		{"a refusal is the request's", refuser.URL, []string{ok.URL}, false, false, 0, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			okCalls.Store(0)
+			badCalls.Store(0)
+			var asked []string
+			fb := func(model, configured string) ([]string, bool) {
+				asked = append(asked, model+"|"+configured)
+				return tc.others, tc.out
+			}
+			set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: tc.configured}}, nil, nil, fb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, err := set.For("m").src.Tokenize(context.Background(), "hello")
+			if got := err == nil; got != tc.want {
+				t.Fatalf("tokens %v, err %v; want tokens %v", ids, err, tc.want)
+			}
+			if tc.want && !reflect.DeepEqual(ids, []uint32{7, 8, 9}) {
+				t.Fatalf("ids %v", ids)
+			}
+			if okCalls.Load() != tc.ok || badCalls.Load() != tc.bad {
+				t.Fatalf("calls: answering %d, failing %d; want %d, %d", okCalls.Load(), badCalls.Load(), tc.ok, tc.bad)
+			}
+			if len(asked) != 1 || asked[0] != "m|"+tc.configured {
+				t.Fatalf("fallback asked %v", asked)
+			}
+		})
+	}
+	t.Run("deadline", func(t *testing.T) {
+		okCalls.Store(0)
+		set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: ok.URL}}, nil, nil,
+			func(string, string) ([]string, bool) { return []string{ok.URL}, false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := set.For("m").src.Tokenize(ctx, "hello"); err == nil || okCalls.Load() != 0 {
+			t.Fatalf("err %v after %d calls; want the caller's deadline, no call", err, okCalls.Load())
+		}
+	})
+	// Without a fleet (kvgate kvindex) url= is required, as is a model
+	// for the fallback.
+	if _, err := NewSet([]Spec{{Model: "m", Source: "engine"}}, nil, nil, nil); err == nil {
+		t.Fatal("source=engine without url= and without a fleet accepted")
+	}
+	if _, err := NewSet([]Spec{{Source: "engine"}}, nil, nil, func(string, string) ([]string, bool) { return nil, false }); err == nil {
+		t.Fatal("a default source=engine without url= accepted")
+	}
 }
