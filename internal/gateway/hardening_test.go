@@ -229,3 +229,46 @@ func containsAll(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// TestUpstreamTimeoutWholeRequest: --upstream-timeout bounds the whole
+// proxied request, its retry included: an unstreamed answer that runs
+// out of it on one engine is not given the whole timeout again on the
+// next (a client that set 1 s waited 2 s), and the client gets a 504.
+func TestUpstreamTimeoutWholeRequest(t *testing.T) {
+	var started atomic.Int64
+	slow := func() *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet { // health probes
+				return
+			}
+			started.Add(1)
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := 0; ; i++ { // a word every 50 ms, never ending
+				fmt.Fprintf(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"w%d \"},\"finish_reason\":null}]}\n\n", testModel, i)
+				w.(http.Flusher).Flush()
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	a, b := slow(), slow()
+	eps := []fleet.Endpoint{{Name: "a", URL: a.URL, Model: testModel, Role: fleet.RoleBoth}, {Name: "b", URL: b.URL, Model: testModel, Role: fleet.RoleBoth}}
+	const timeout = time.Second
+	_, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, UpstreamTimeout: timeout}, Options{})
+	begin := time.Now()
+	r := post(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"x"}],"max_tokens":1000}`, nil)
+	took := time.Since(begin)
+	if r.status != http.StatusGatewayTimeout {
+		t.Fatalf("status %d %s; want 504", r.status, r.body)
+	}
+	// Each attempt given the whole timeout took 2 s; one bound, 1 s and
+	// the retry's instant failure.
+	if took >= 2*timeout-100*time.Millisecond {
+		t.Fatalf("took %v with a %v upstream timeout (%d attempts)", took, timeout, started.Load())
+	}
+}

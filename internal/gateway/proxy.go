@@ -414,8 +414,13 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	g.announce(w.Header(), rt, p)
 	ctx := r.Context()
 	if g.cfg.UpstreamTimeout > 0 {
+		// One bound for the whole request: a retry or a migration has
+		// what the attempts before it left.
+		if rt.upstreamBy.IsZero() {
+			rt.upstreamBy = time.Now().Add(g.cfg.UpstreamTimeout)
+		}
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
+		ctx, cancel = context.WithDeadline(ctx, rt.upstreamBy)
 		defer cancel()
 	}
 	body := rt.req.StripRoutingParams()

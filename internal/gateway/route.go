@@ -55,6 +55,10 @@ type routed struct {
 	api apiKind
 	pin string
 	req *openai.Request
+	// upstreamBy is when --upstream-timeout ends its proxying, set at its
+	// first attempt and kept by its retry and its migrations (zero: not
+	// yet, or no timeout).
+	upstreamBy time.Time
 	// model is the fleet that serves it: req.Model, or a LoRA adapter's
 	// base model; lora the adapter ("" for a base model).
 	model, lora string
