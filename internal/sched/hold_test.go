@@ -120,6 +120,36 @@ func TestHoldServesOnMostlyIdleFleet(t *testing.T) {
 	}
 }
 
+// TestHoldServesOnAFleetOfOne: a model with one prefilling endpoint (a
+// decode endpoint beside it does not count) serves a request that misses
+// its SLO even alone while that endpoint is idle; it has no other to
+// keep for arrivals. Two prefilling endpoints still need both idle.
+func TestHoldServesOnAFleetOfOne(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, Hold: true, EarlyReject: true, DefaultSLO: SLO{TTFT: 2}}
+	for _, tc := range []struct {
+		prefill, idle, want int
+	}{{1, 0, 0}, {1, 1, 1}, {2, 1, 0}, {2, 2, 1}} {
+		f := &holdFleet{snap: Snapshot{Now: 100}}
+		for i := range tc.prefill {
+			e := Endpoint{Name: string(rune('a' + i)), Role: fleet.RolePrefill, PrefillSpeed: 1000, QueueWait: 1}
+			if i < tc.idle {
+				e.QueueWait = 0
+			}
+			f.snap.Endpoints = append(f.snap.Endpoints, e)
+		}
+		f.snap.Endpoints = append(f.snap.Endpoints, Endpoint{Name: "decode", Role: fleet.RoleDecode, KVFreeTokens: 1 << 20})
+		q := NewHoldQueue(4)
+		if err := q.Push(&Held{Req: Request{Arrival: 100, PromptTokens: 5000}, Until: 102}); err != nil {
+			t.Fatal(err)
+		}
+		var s Snapshot
+		if n := sc.ReleaseHeld(q, 100, f, &s); n != tc.want {
+			t.Errorf("%d of %d prefill endpoints idle: released %d, want %d", tc.idle, tc.prefill, n, tc.want)
+		}
+	}
+}
+
 // TestHoldWithEarlyRejection: with early rejection, only a request that
 // misses its SLO even on an idle endpoint is held (one that misses for the
 // load is rejected, and counts as a rejection for the load); it is served
