@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,10 +84,29 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	urls := strings.Split(f.url, ",")
-	for _, u := range urls {
-		if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+	for i, u := range urls {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
 			return fmt.Errorf("--url: %q is not an http(s) base URL", u)
 		}
+		if trimmed := strings.TrimSuffix(strings.TrimRight(u, "/"), "/v1"); trimmed != strings.TrimRight(u, "/") {
+			// An OpenAI SDK's base URL: bench adds /v1/… itself.
+			fmt.Fprintf(stderr, "kvgate bench: --url %s: the server's base URL is %s (bench adds the /v1/… paths)\n", u, trimmed)
+			urls[i] = trimmed
+		}
+	}
+	if err := outputsWritable(&f); err != nil {
+		return err
+	}
+	switch f.format {
+	case "table", "json":
+	default:
+		return fmt.Errorf("--format %q: table or json", f.format)
+	}
+	switch f.arrivals {
+	case "poisson", "constant", "trace":
+	default:
+		return fmt.Errorf("--arrivals %q: poisson, constant or trace", f.arrivals)
 	}
 	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale, Responses: f.api == "responses", Messages: f.api == "messages",
 		Whole: f.noStream, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
@@ -118,16 +139,67 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			rr.Summary.Rate = rate
 		}
 		runs = append(runs, rr)
+		reportFailures(stderr, rr)
 		if ctx.Err() != nil {
 			break
 		}
 	}
-	return benchOutput(&f, runs, stdout)
+	if err := benchOutput(&f, runs, stdout); err != nil {
+		return err
+	}
+	for _, r := range runs {
+		if r.Summary.Outcomes["ok"] > 0 || ctx.Err() != nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("no request succeeded (the first error of each kind is above; --csv has every request's)")
+}
+
+// outputsWritable checks, before a run, that the output files' folders
+// exist, so that a mistyped path does not cost a finished run.
+func outputsWritable(f *benchFlags) error {
+	for _, o := range []struct{ flag, path string }{{"--csv", f.csvPath}, {"--html", f.htmlPath}} {
+		if o.path == "" {
+			continue
+		}
+		dir := filepath.Dir(o.path)
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return fmt.Errorf("%s %s: no folder %s to write it in", o.flag, o.path, dir)
+		}
+	}
+	return nil
+}
+
+// reportFailures tells stderr, for a run whose requests failed, how many
+// of each outcome and the first one's error, so that a wrong URL, model
+// or API shows without --csv.
+func reportFailures(w io.Writer, rr bench.RunResult) {
+	first := map[string]string{}
+	var kinds []string
+	for _, r := range rr.Records {
+		if r.Outcome == "ok" || r.Outcome == "rejected" {
+			continue
+		}
+		if _, ok := first[r.Outcome]; !ok {
+			kinds = append(kinds, r.Outcome)
+			msg := r.Error
+			if r.Status != 0 {
+				msg = fmt.Sprintf("status %d: %s", r.Status, msg)
+			}
+			first[r.Outcome] = msg
+		}
+	}
+	for _, k := range kinds {
+		fmt.Fprintf(w, "kvgate bench: %s: %d %s, the first: %s\n", rr.Summary.Label, rr.Summary.Outcomes[k], k, first[k])
+	}
 }
 
 func benchRates(f *benchFlags) ([]float64, error) {
 	if f.rates == "" {
 		return []float64{f.rate}, nil
+	}
+	if f.concurrency > 0 {
+		return nil, fmt.Errorf("--rates: a ladder of open-loop rates, not with --concurrency (a closed loop has no rate)")
 	}
 	var out []float64
 	for _, s := range strings.Split(f.rates, ",") {
@@ -148,8 +220,13 @@ func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
 	var err error
 	switch f.workload {
 	case "chat":
+		count := 0
+		if f.concurrency > 0 {
+			count = f.requests // a closed loop sends --requests, not rate × duration
+		}
 		items, err = bench.Chat(bench.ChatConfig{Systems: f.systems, Sessions: f.sessions, SystemTokens: f.systemTokens,
-			TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, Seed: f.seed, AsChat: f.api != "completions"})
+			TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, Seed: f.seed, AsChat: f.api != "completions",
+			Count: count})
 	case "trace":
 		if f.trace == "" {
 			return nil, fmt.Errorf("--workload trace needs --trace FILE")
@@ -201,37 +278,45 @@ func benchRun(ctx context.Context, c *bench.Client, items []bench.Item, f *bench
 	return bench.RunResult{Summary: sum, Records: recs}, nil
 }
 
+// benchOutput writes the runs' outputs; one that fails does not keep the
+// others from being written (the table or JSON first).
 func benchOutput(f *benchFlags, runs []bench.RunResult, stdout io.Writer) error {
-	if f.csvPath != "" {
-		fh, err := os.Create(f.csvPath)
-		if err != nil {
-			return fmt.Errorf("--csv: %w", err)
-		}
-		for _, r := range runs {
-			if err := bench.WriteCSV(fh, r.Summary.Label, r.Records); err != nil {
-				fh.Close()
-				return err
-			}
-		}
-		if err := fh.Close(); err != nil {
-			return err
-		}
-	}
-	if f.htmlPath != "" {
-		if err := writeReport(f.htmlPath, "kvgate bench: "+f.url, runs); err != nil {
-			return err
-		}
-	}
 	ss := make([]bench.Summary, len(runs))
 	for i, r := range runs {
 		ss[i] = r.Summary
 	}
+	var errs []error
 	if f.format == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"runs": ss})
+		errs = append(errs, enc.Encode(map[string]any{"runs": ss}))
+	} else {
+		errs = append(errs, bench.WriteTable(stdout, ss))
 	}
-	return bench.WriteTable(stdout, ss)
+	if f.csvPath != "" {
+		errs = append(errs, writeCSV(f.csvPath, runs))
+	}
+	if f.htmlPath != "" {
+		errs = append(errs, writeReport(f.htmlPath, "kvgate bench: "+f.url, runs))
+	}
+	return errors.Join(errs...)
+}
+
+func writeCSV(path string, runs []bench.RunResult) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--csv: %w", err)
+	}
+	for _, r := range runs {
+		if err := bench.WriteCSV(fh, r.Summary.Label, r.Records); err != nil {
+			fh.Close()
+			return fmt.Errorf("--csv: %w", err)
+		}
+	}
+	if err := fh.Close(); err != nil {
+		return fmt.Errorf("--csv: %w", err)
+	}
+	return nil
 }
 
 func writeReport(path, title string, runs []bench.RunResult) error {

@@ -263,3 +263,56 @@ func TestBenchMessages(t *testing.T) {
 		t.Fatalf("table: exit %d: %s %s", code, out, errOut)
 	}
 }
+
+// TestBenchAsUsersMeetIt: what a first run of kvgate bench meets. A
+// closed loop sends --requests requests (it sent --rate × --duration);
+// an output path in no folder is refused before the run, not after it;
+// a base URL ending in /v1 (an OpenAI SDK's) is the server's; a run
+// whose every request failed says why on stderr, shows its latencies as
+// unknown and exits non-zero; an unknown --format or --arrivals, or
+// --rates with a closed loop, is refused at once.
+func TestBenchAsUsersMeetIt(t *testing.T) {
+	e := enginetest.Start(t, 50)
+	base := []string{"bench", "--model", enginetest.Model, "--output-tokens", "2", "--turn-tokens", "8", "--system-tokens", "8"}
+	run := func(args ...string) (string, string, int) {
+		return runCmd(t, append(append([]string(nil), base...), args...)...)
+	}
+
+	out, errOut, code := run("--url", e.URL()+"/v1/", "--concurrency", "4", "--requests", "30", "--duration", "1", "--format", "json")
+	var res struct {
+		Runs []struct {
+			Requests int            `json:"requests"`
+			Outcomes map[string]int `json:"outcomes"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); code != 0 || err != nil || len(res.Runs) != 1 || res.Runs[0].Requests != 30 || res.Runs[0].Outcomes["ok"] != 30 {
+		t.Fatalf("closed loop of 30 through a /v1 base URL: exit %d %v: %s %s", code, err, out, errOut)
+	}
+	if !strings.Contains(errOut, "base URL is "+e.URL()) {
+		t.Errorf("the /v1 base URL not explained: %s", errOut)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--url", e.URL(), "--csv", "/nonexistent-dir/r.csv"}, "--csv"},
+		{[]string{"--url", e.URL(), "--html", "/nonexistent-dir/r.html"}, "--html"},
+		{[]string{"--url", e.URL(), "--format", "xml"}, "--format"},
+		{[]string{"--url", e.URL(), "--arrivals", "foo"}, "poisson, constant or trace"},
+		{[]string{"--url", e.URL(), "--concurrency", "2", "--rates", "1,50"}, "--rates"},
+	} {
+		start := time.Now()
+		if _, errOut, code := run(append(tc.args, "--duration", "30")...); code == 0 || !strings.Contains(errOut, tc.msg) || time.Since(start) > 20*time.Second {
+			t.Errorf("%v: exit %d after %v: %s; want refused at once, naming %s", tc.args, code, time.Since(start), errOut, tc.msg)
+		}
+	}
+
+	out, errOut, code = run("--url", e.URL(), "--model", "nosuch", "--rate", "20", "--duration", "0.3")
+	if code == 0 || !strings.Contains(errOut, "does not exist") || !strings.Contains(errOut, "no request succeeded") {
+		t.Fatalf("every request failed: exit %d: %s", code, errOut)
+	}
+	if fields := strings.Fields(strings.Split(strings.TrimSpace(out), "\n")[1]); len(fields) < 10 || fields[6] != "-" || fields[8] != "-" {
+		t.Fatalf("latencies of no answer: %q", out)
+	}
+}

@@ -126,9 +126,17 @@ func WriteTable(w io.Writer, ss []Summary) error {
 		if s.HitRate < 0 {
 			hit = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%s\t%.3fs\t%.3fs\t%.4fs\t%.4fs\t%.1f%%\t%.2f/s\t%.0f\t\n",
-			s.Label, s.Requests, s.Outcomes["ok"], 100*s.Rejected, errs, hit, s.TTFT.P50, s.TTFT.P99,
-			s.TPOT.P50, s.TPOT.P99, 100*s.Attainment, s.Goodput, s.TokensPerSec)
+		// Latencies of no answer are unknown, not zero.
+		ttft50, ttft99, tpot50, tpot99 := "-", "-", "-", "-"
+		if s.Outcomes["ok"] > 0 {
+			ttft50, ttft99 = fmt.Sprintf("%.3fs", s.TTFT.P50), fmt.Sprintf("%.3fs", s.TTFT.P99)
+			if !s.Unstreamed {
+				tpot50, tpot99 = fmt.Sprintf("%.4fs", s.TPOT.P50), fmt.Sprintf("%.4fs", s.TPOT.P99)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.2f/s\t%.0f\t\n",
+			s.Label, s.Requests, s.Outcomes["ok"], 100*s.Rejected, errs, hit, ttft50, ttft99,
+			tpot50, tpot99, 100*s.Attainment, s.Goodput, s.TokensPerSec)
 	}
 	return tw.Flush()
 }

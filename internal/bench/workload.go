@@ -52,6 +52,9 @@ type ChatConfig struct {
 	// AsChat sends /v1/chat/completions (system + user message);
 	// otherwise the whole conversation is one completion prompt.
 	AsChat bool
+	// Count, when > 0, is the number of requests, whatever Duration
+	// (a closed loop's --requests: its arrival times are not used).
+	Count int
 }
 
 // Limits of generated workloads.
@@ -65,7 +68,10 @@ func Chat(c ChatConfig) ([]Item, error) {
 	if c.Systems <= 0 || c.Sessions <= 0 || c.SystemTokens < 0 || c.TurnTokens <= 0 || c.OutputTokens <= 0 {
 		return nil, fmt.Errorf("bench: chat needs systems, sessions, turn and output tokens > 0")
 	}
-	if !(c.Rate > 0) || !(c.Duration > 0) || c.Rate*c.Duration > maxItems {
+	switch {
+	case c.Count < 0 || c.Count > maxItems:
+		return nil, fmt.Errorf("bench: the number of requests must be in [1, %d]", maxItems)
+	case !(c.Rate > 0) || c.Count == 0 && (!(c.Duration > 0) || c.Rate*c.Duration > maxItems):
 		return nil, fmt.Errorf("bench: rate × duration must be in (0, %d] requests", maxItems)
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, 0xbe7c4))
@@ -89,7 +95,11 @@ func Chat(c ChatConfig) ([]Item, error) {
 		convs[i].system = rng.IntN(c.Systems)
 	}
 	var items []Item
-	for t := rng.ExpFloat64() / c.Rate; t < c.Duration; t += rng.ExpFloat64() / c.Rate {
+	more := func(t float64) bool { return t < c.Duration }
+	if c.Count > 0 {
+		more = func(float64) bool { return len(items) < c.Count }
+	}
+	for t := rng.ExpFloat64() / c.Rate; more(t); t += rng.ExpFloat64() / c.Rate {
 		s := rng.IntN(c.Sessions)
 		cv := &convs[s]
 		if cv.words+c.TurnTokens > maxItemTokens {
