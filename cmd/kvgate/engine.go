@@ -70,7 +70,9 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	flagrange.Var(fl, &cfg.KVHoldTimeout, "kv-hold-timeout", lim.KVHoldTimeout, "how long a prefill engine keeps KV for a remote decode (modelled time)")
 	fs.StringVar(&cfg.EngineID, "engine-id", "", "engine id in kv_transfer_params (default from the address)")
 	fs.StringVar(&ef.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	httpserve.AddFlags(fl, &cfg.HTTP) // --max-body-bytes 0: derived from --max-model-len
+	body := httpserve.ConfigLimits().BodyBytes
+	body.Zero = "from --max-model-len"
+	httpserve.AddFlagsBody(fl, &cfg.HTTP, body)
 	return fs, fl
 }
 
@@ -79,13 +81,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	cfg := engine.DefaultConfig()
 	var ef engineFlags
 	fs, fl := newEngineFlagSet(&cfg, &ef, stderr)
-	if err := fs.Parse(args); err != nil {
-		return err
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: kvgate engine [flags]\n\nRuns one emulated vLLM engine: its OpenAI-compatible HTTP API, /metrics and\nKV events over ZMQ, timed by the simulator's model (no GPU; docs/engine.md).\n\nFlags:")
+		fs.PrintDefaults()
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
-	if err := fl.Check(); err != nil {
+	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
 	var err error

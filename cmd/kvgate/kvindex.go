@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -13,14 +12,13 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/kvindex"
 	"github.com/kvgate/kvgate/internal/tokens"
+	"github.com/kvgate/kvgate/internal/yamlstrict"
 )
 
 // listFlag is a repeatable string flag.
@@ -42,9 +40,7 @@ func loadEnginesFile(path string) ([]fleet.Endpoint, error) {
 		return nil, fmt.Errorf("--engines: %w", err)
 	}
 	var f enginesFile
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+	if err := yamlstrict.Decode(data, &f); err != nil {
 		return nil, fmt.Errorf("--engines %s: %w", path, err)
 	}
 	eps, err := fleet.Validate(append(f.Endpoints, f.Engines...))

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -17,8 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/kvgate/kvgate/internal/discovery"
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
@@ -28,6 +25,7 @@ import (
 	"github.com/kvgate/kvgate/internal/planner"
 	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/tokens"
+	"github.com/kvgate/kvgate/internal/yamlstrict"
 )
 
 // serveFlags are kvgate serve's flags; any flag given on the command line
@@ -89,7 +87,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	flagrange.Var(fl, &c.MigrationLimit, "migration-limit", lim.MigrationLimit, "times a stream whose engine fails after it began is continued on another engine, the text so far sent back as the answer's start (docs/serve.md, \"Migration\")")
 	flagrange.Var(fl, &c.BindEventsRanks, "bind-events-ranks", lim.BindEventsRanks, "central KV events: bind this many SUBs, at --bind-events' port + 0 … N-1, for data-parallel engines (dp_size) whose rank R dials the port + R")
 	c.HTTP.MaxBodyBytes, c.HTTP.MaxConns = 32<<20, 8192
-	httpserve.AddFlags(fl, &c.HTTP)
+	body := lim.MaxBodyBytes
+	body.Zero = "built-in"
+	httpserve.AddFlagsBody(fl, &c.HTTP, body)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate serve [flags]\n\nRuns the gateway: an OpenAI-compatible proxy that routes each request to the\nprefill and decode engines predicted to serve it fastest, rejecting early what\ncannot meet its SLO. Endpoints come from --engine flags or --config.\n\nFlags:")
 		fs.PrintDefaults()
@@ -224,9 +224,7 @@ func parseServeConfig(data []byte) (serveConfig, error) {
 	if len(data) > 4<<20 {
 		return sc, fmt.Errorf("config is %d bytes; at most 4 MiB", len(data))
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&sc); err != nil && !errors.Is(err, io.EOF) {
+	if err := yamlstrict.Decode(data, &sc); err != nil {
 		return sc, err
 	}
 	return sc, nil
@@ -273,8 +271,12 @@ func serveGateway(ctx context.Context, g *gateway.Gateway, sc serveConfig, srcs 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	fmt.Fprintf(stdout, "kvgate serve: OpenAI API on http://%s, admin on http://%s, %d endpoint(s), policy %s\n",
-		ln.Addr(), aln.Addr(), len(cfg.Endpoints), cfg.Policy)
+	eps := fmt.Sprintf("%d endpoint(s)", len(cfg.Endpoints))
+	if len(srcs) > 0 { // the discovered ones come later (GET /admin/endpoints)
+		eps = fmt.Sprintf("%d configured endpoint(s) and %d discovery source(s)", len(cfg.Endpoints), len(srcs))
+	}
+	fmt.Fprintf(stdout, "kvgate serve: OpenAI API on http://%s, admin on http://%s, %s, policy %s\n",
+		ln.Addr(), aln.Addr(), eps, cfg.Policy)
 	var runErr error
 loop:
 	for {

@@ -108,7 +108,7 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"--engine", "url=http://h:1,model=m", "--slo-ttft", "NaN"}, "--slo-ttft must be"},
 		{[]string{"--engine", "url=http://h:1,model=m", "--slo-ttft", "1e9"}, "--slo-ttft must be"},
 		{[]string{"--engine", "url=http://h:1,model=m", "--block-size", "0"}, "--block-size must be in"},
-		{[]string{"--engine", "url=http://h:1,model=m", "--max-body-bytes", "10"}, "max_body_bytes"},
+		{[]string{"--engine", "url=http://h:1,model=m", "--max-body-bytes", "10"}, "--max-body-bytes must be 0 (built-in) or in [1024, 1073741824] bytes"},
 		{[]string{"--engine", "url=http://h:1,model=m", "--block-size", "5000"}, "--block-size must be in"},
 		{[]string{"--engine", "url=http://h:1,model=m", "--listen", "256.0.0.1:1"}, "listen"},
 		{[]string{"--config", bad}, "colour"},

@@ -124,6 +124,9 @@ func (v *value[T]) String() string {
 func (v *value[T]) Set(s string) error {
 	x, err := parse[T](s)
 	if err != nil {
+		if _, ok := any(x).(time.Duration); ok {
+			return fmt.Errorf("want a duration with its unit (1.5s, 300ms, 2m) %s", v.r)
+		}
 		return fmt.Errorf("want a number %s", v.r)
 	}
 	*v.p = x

@@ -93,6 +93,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"--f", "Inf"}, "--f must be in [0.001, 86400] seconds, got +Inf"},
 		{[]string{"--f", "1e-320"}, "got 1e-320"},
 		{[]string{"--f", "ten"}, "want a number in [0.001, 86400] seconds"},
+		{[]string{"--d", "5"}, `invalid value "5" for flag -d: want a duration with its unit (1.5s, 300ms, 2m) in [0s, 1m0s]`},
 		{[]string{"--d", "2m"}, "--d must be in [0s, 1m0s], got 2m0s"},
 		{[]string{"--d", "-1s"}, "--d must be in [0s, 1m0s], got -1s"},
 		{[]string{"--n64", "11"}, "--n64 must be in [0, 10], got 11"},

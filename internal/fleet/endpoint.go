@@ -1,10 +1,8 @@
 package fleet
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"reflect"
@@ -12,9 +10,8 @@ import (
 	"strconv"
 	"strings"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/kvgate/kvgate/internal/kvspec"
+	"github.com/kvgate/kvgate/internal/yamlstrict"
 )
 
 // Endpoint is one engine as an operator declares it.
@@ -325,9 +322,7 @@ type File struct {
 // errors, and each error names the entry and field.
 func ParseFile(data []byte) ([]Endpoint, error) {
 	var f File
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+	if err := yamlstrict.Decode(data, &f); err != nil {
 		return nil, err
 	}
 	return Validate(f.Endpoints)

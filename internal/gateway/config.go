@@ -1,16 +1,14 @@
 package gateway
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"github.com/kvgate/kvgate/internal/replicasync"
-	"io"
 	"math"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"github.com/kvgate/kvgate/internal/replicasync"
+	"github.com/kvgate/kvgate/internal/yamlstrict"
 
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
@@ -436,9 +434,7 @@ func ParseConfig(data []byte) (Config, error) {
 	if len(data) > maxConfigBytes {
 		return c, fmt.Errorf("config is %d bytes; at most %d", len(data), maxConfigBytes)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+	if err := yamlstrict.Decode(data, &c); err != nil {
 		return c, fmt.Errorf("config: %w", err)
 	}
 	return c, nil

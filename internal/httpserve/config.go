@@ -72,11 +72,11 @@ type Limits struct {
 // ConfigLimits returns the ranges Validate enforces.
 func ConfigLimits() Limits {
 	return Limits{
-		Timeout:     flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "default"},
-		HeaderBytes: flagrange.Range[int]{Min: 1024, Max: 16 << 20, Unit: "bytes", Zero: "default"},
-		Conns:       flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "connections", Zero: "default"},
-		BodyBytes:   flagrange.Range[int64]{Min: 1, Max: 1 << 40, Unit: "bytes", Zero: "default"},
-		LargeBodies: flagrange.Range[int]{Min: 1, Max: 1 << 16, Unit: "bodies", Zero: "default"},
+		Timeout:     flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "built-in"},
+		HeaderBytes: flagrange.Range[int]{Min: 1024, Max: 16 << 20, Unit: "bytes", Zero: "built-in"},
+		Conns:       flagrange.Range[int]{Min: 1, Max: 1 << 20, Unit: "connections", Zero: "built-in"},
+		BodyBytes:   flagrange.Range[int64]{Min: 1, Max: 1 << 40, Unit: "bytes", Zero: "built-in"},
+		LargeBodies: flagrange.Range[int]{Min: 1, Max: 1 << 16, Unit: "bodies", Zero: "built-in"},
 	}
 }
 
@@ -128,6 +128,12 @@ func (c Config) Validate() error {
 // AddFlags defines the flags of c on fl, with c's values (zero fields
 // filled from Defaults) as defaults, each with its range.
 func AddFlags(fl *flagrange.Flags, c *Config) {
+	AddFlagsBody(fl, c, ConfigLimits().BodyBytes)
+}
+
+// AddFlagsBody is AddFlags for a command whose --max-body-bytes has a
+// narrower range of its own (kvgate serve's), so that its help shows it.
+func AddFlagsBody(fl *flagrange.Flags, c *Config, body flagrange.Range[int64]) {
 	*c = c.WithDefaults()
 	l := ConfigLimits()
 	flagrange.Var(fl, &c.ReadHeaderTimeout, "http-read-header-timeout", l.Timeout, "HTTP: time to read a request's headers (and how long a new connection may stay silent)")
@@ -136,7 +142,7 @@ func AddFlags(fl *flagrange.Flags, c *Config) {
 	flagrange.Var(fl, &c.IdleTimeout, "http-idle-timeout", l.Timeout, "HTTP: close keep-alive connections idle this long")
 	flagrange.Var(fl, &c.MaxHeaderBytes, "http-max-header-bytes", l.HeaderBytes, "HTTP: largest request header block")
 	flagrange.Var(fl, &c.MaxConns, "http-max-conns", l.Conns, "HTTP: most open connections; more wait, and idle ones are closed to make room")
-	flagrange.Var(fl, &c.MaxBodyBytes, "max-body-bytes", l.BodyBytes, "largest request body, larger gets 413 (0: the server's default, see docs)")
+	flagrange.Var(fl, &c.MaxBodyBytes, "max-body-bytes", body, "largest request body, larger gets 413")
 	flagrange.Var(fl, &c.LargeBodyBytes, "http-large-body-bytes", l.BodyBytes, "HTTP: bodies above this many bytes count against --http-max-large-bodies")
 	flagrange.Var(fl, &c.MaxLargeBodies, "http-max-large-bodies", l.LargeBodies, "HTTP: large bodies read and processed at once (memory bound: this × --max-body-bytes)")
 	flagrange.Var(fl, &c.LargeBodyWait, "http-large-body-wait", l.Timeout, "HTTP: how long a large body waits for its turn before 503")

@@ -18,15 +18,13 @@
 package planner
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/kvgate/kvgate/internal/flagrange"
+	"github.com/kvgate/kvgate/internal/yamlstrict"
 )
 
 // Shape is the load's shape over an interval.
@@ -187,13 +185,11 @@ func ParsePhases(r io.Reader) ([]Phase, error) {
 	var doc struct {
 		Phases []Phase `yaml:"phases"`
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("phases file is empty")
-		}
+	if err := yamlstrict.Decode(data, &doc); err != nil {
 		return nil, fmt.Errorf("phases file: %w", err)
+	}
+	if doc.Phases == nil {
+		return nil, errors.New("phases file is empty: no phases")
 	}
 	if err := l.Phases.Check("number of phases", len(doc.Phases)); err != nil {
 		return nil, err
