@@ -54,7 +54,7 @@ func newPlanFlagSet(f *planFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.F
 	fs.StringVar(&f.policy, "policy", f.policy, "simulated-day: routing policy")
 	fs.BoolVar(&f.whatIf, "what-if", false, "simulated-day: also run the planner that simulates candidate splits on the recent traffic")
 	fs.BoolVar(&f.learn, "learn", false, "simulated-day: the planner corrects its capacity estimate from measured SLO misses")
-	fs.BoolVar(&f.verbose, "v", false, "simulated-day: log every planner decision to stderr")
+	fs.BoolVar(&f.verbose, "v", false, "simulated-day: log every planner decision to stderr (switches, holds and waits, each with its reason and run)")
 	return fs, fl
 }
 
@@ -175,7 +175,7 @@ func planDay(ctx context.Context, stdout, stderr io.Writer, f *planFlags, phases
 	c.PhaseMinutes, c.TransitionMinutes, c.Noise, c.NoiseMinutes = f.phaseMinutes, f.transitionMinutes, f.noise, f.noiseMinutes
 	c.Warmup, c.Interval = f.warmup, f.interval
 	if f.verbose {
-		c.Logger = slog.New(slog.NewTextHandler(stderr, nil))
+		c.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	if c.Instances > planner.DayLimits().Instances.Max {
 		return fmt.Errorf("simulated-day: --total %d: at most %d instances", c.Instances, planner.DayLimits().Instances.Max)

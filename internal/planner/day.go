@@ -535,6 +535,11 @@ func dayPlanner(c *DayConfig, whatIf bool) (*Planner, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	run := "planner"
+	if whatIf {
+		run = "planner + what-if"
+	}
+	log = log.With("run", run) // the day runs both: say whose decision
 	pc := Config{Total: c.Instances, Capacity: c.Capacity(), Warmup: c.Warmup, Interval: c.Interval, Learn: c.Learn, Logger: log}
 	if c.PlannerCapacity != nil {
 		pc.Capacity = StaticCapacity(*c.PlannerCapacity)

@@ -608,13 +608,17 @@ func pickInstances(inst []Instance, role fleet.Role, k int) []string {
 	return out
 }
 
+// hold and wait decide no change, for reason, logged at debug level (a
+// switch is logged at info).
 func (p *Planner) hold(d Decision, reason string) Decision {
 	d.Action, d.Reason = ActionHold, reason
+	p.log.Debug("planner: hold", "at", d.At, "reason", reason)
 	return d
 }
 
 func (p *Planner) wait(d Decision, reason string) Decision {
 	d.Action, d.Reason = ActionWait, reason
+	p.log.Debug("planner: wait", "at", d.At, "reason", reason)
 	return d
 }
 

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -434,5 +435,29 @@ func TestCandidatesAndSimulatedPick(t *testing.T) {
 	}
 	if g := gain(6); math.Abs(g-0.491) > 1e-9 || !math.IsInf(gain(4), -1) {
 		t.Errorf("gains %v %v", g, gain(4))
+	}
+}
+
+// TestEveryDecisionLogged: a switch is logged at info, and every hold
+// and wait at debug with its reason (kvgate plan -v shows them all), one
+// log line for each decision.
+func TestEveryDecisionLogged(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ph := SeedPhases()[0]
+	src := &shapeSource{shape: func(float64) Shape { return ph.Shape }, rng: rand.New(rand.NewPCG(1, 1))}
+	ds := simulate(t, Config{Total: 24, Logger: log}, newFakeFleet(20, 4, 40), src, 1200)
+	counts := map[string]int{}
+	for _, d := range ds {
+		counts[d.Action]++
+	}
+	lines := strings.Count(buf.String(), "\n")
+	if counts[ActionSwitch] == 0 || counts[ActionHold] == 0 || counts[ActionWait] == 0 || lines != len(ds) {
+		t.Fatalf("%d decisions %v, %d log lines:\n%s", len(ds), counts, lines, buf.String())
+	}
+	for _, a := range []string{ActionSwitch, ActionHold, ActionWait} {
+		if n := strings.Count(buf.String(), `msg="planner: `+a+`"`); n != counts[a] {
+			t.Errorf("%d %s decisions, %d logged", counts[a], a, n)
+		}
 	}
 }
