@@ -40,7 +40,7 @@ func newPlanFlagSet(f *planFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.F
 	fs.StringVar(&f.scenario, "scenario", f.scenario, "seed-phases (the seed's sizing table) or simulated-day (fixed, best fixed, planner and oracle over a simulated day)")
 	fs.StringVar(&f.format, "format", f.format, "output: table or json")
 	fs.StringVar(&f.phases, "phases", "", "YAML or JSON file of phases ({phases: [{name, rate, isl, osl, hit, minutes}]}); default: the seed's chat, long-documents, agents")
-	fs.StringVar(&f.fixed, "fixed", f.fixed, "the fixed split to compare, as <P>P<D>D")
+	fs.StringVar(&f.fixed, "fixed", f.fixed, "the fixed split to compare, as <P>P<D>D (default: half of --total each side, 12P12D of 24)")
 	flagrange.Var(fl, &f.total, "total", sl.Total, "instances in the budget")
 	flagrange.Var(fl, &f.prefillCap, "prefill-capacity", sl.PrefillCapacity, "uncached prompt tokens per second one prefill instance computes (simulated-day: when given, the planner is configured with it instead of the timing model's)")
 	flagrange.Var(fl, &f.decodeCap, "decode-capacity", sl.DecodeCapacity, "output tokens per second one decode instance produces within the TPOT target (simulated-day: as --prefill-capacity)")
@@ -106,6 +106,13 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if f.format != "table" && f.format != "json" {
 		return fmt.Errorf("unknown format %q (table or json)", f.format)
 	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if !set["fixed"] {
+		// The default compares the half-and-half split of --total (the
+		// seed's 12P12D of 24), so that --total alone is enough.
+		f.fixed = fmt.Sprintf("%dP%dD", f.total/2, f.total-f.total/2)
+	}
 	fp, fd, err := parseSplit(f.fixed, f.total)
 	if err != nil {
 		return err
@@ -121,9 +128,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if fp+fd != f.total {
 			return fmt.Errorf("simulated-day: --fixed %dP%dD must use all --total %d instances", fp, fd, f.total)
 		}
-		capSet := false
-		fs.Visit(func(fl *flag.Flag) { capSet = capSet || fl.Name == "prefill-capacity" || fl.Name == "decode-capacity" })
-		return planDay(ctx, stdout, stderr, &f, phases, fp, capSet)
+		return planDay(ctx, stdout, stderr, &f, phases, fp, set["prefill-capacity"] || set["decode-capacity"])
 	}
 	return fmt.Errorf("unknown scenario %q (seed-phases, simulated-day)", f.scenario)
 }
@@ -193,7 +198,7 @@ func planDay(ctx context.Context, stdout, stderr io.Writer, f *planFlags, phases
 }
 
 func printDay(w io.Writer, rep *planner.DayReport) error {
-	fmt.Fprintf(w, "simulated day: %d requests over %.0f minutes, %d instances\n\n", rep.Requests, rep.Minutes, rep.Instances)
+	fmt.Fprintf(w, "simulated day: %d requests over %.4g minutes, %d instances\n\n", rep.Requests, rep.Minutes, rep.Instances)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	head := "run\tsplit\tattain\tTTFT ok\tTPOT ok\trejected\tswitches"
 	if len(rep.Runs) > 0 {

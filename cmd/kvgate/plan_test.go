@@ -74,11 +74,17 @@ func TestPlanFlagsAndPhasesFile(t *testing.T) {
 	if out != want {
 		t.Fatalf("got %q", out)
 	}
+	// Without --fixed the split compared is half of --total each side.
+	if out, errOut, code := runCmd(t, "plan", "--total", "16"); code != 0 || !strings.HasPrefix(out, "fixed 8P8D vs adjusting per phase (16 instances in total)") {
+		t.Fatalf("--total 16 alone: exit %d: %s %s", code, out, errOut)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--total", "1"}, "--total must be"},
+		{[]string{"--phases", writeFile(t, dir, "unknown.yaml", "phases:\n  - {name: a, rate: 1, isl: 1, osl: 1, hit: 0, colour: red}\n")}, "colour is not a setting here"},
+		{[]string{"--phases", writeFile(t, dir, "empty.yaml", "")}, "phases file is empty"},
 		{[]string{"--prefill-capacity", "NaN"}, "--prefill-capacity must be"},
 		{[]string{"--decode-capacity", "0"}, "--decode-capacity must be"},
 		{[]string{"--fixed", "12:12"}, "want <P>P<D>D"},
@@ -147,4 +153,14 @@ func TestPlanSimulatedDaySmall(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "best fixed (hindsight)") || !strings.Contains(out, "planner switches:") {
 		t.Errorf("table: exit %d %s\n%s", code, errOut, out)
 	}
+}
+
+// writeFile writes a file of text in dir and returns its path.
+func writeFile(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
