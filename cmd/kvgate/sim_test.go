@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -113,6 +114,32 @@ func TestSimDecodeAndWorkloads(t *testing.T) {
 		if !strings.Contains(out, `"attainment"`) {
 			t.Errorf("%v: no runs in %s", args, out)
 		}
+	}
+}
+
+// TestSimDecodeTable: with decode instances the TPOT is a target, and
+// the table shows its percentiles.
+func TestSimDecodeTable(t *testing.T) {
+	out, errOut, code := runCmd(t, "sim", "--duration", "5", "--policies", "kvgate", "--early-reject", "on", "--decode-instances", "2", "--slo-tpot", "0.05", "--rates", "10")
+	if code != 0 || !strings.Contains(strings.Split(out, "\n")[0], "TPOT p50") {
+		t.Fatalf("exit %d: %s %s", code, out, errOut)
+	}
+}
+
+// TestBuildWithin: a workload still being built does not keep a canceled
+// run waiting.
+func TestBuildWithin(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	slow := traceSpec{build: func() (*workload.Trace, error) { <-release; return nil, nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := buildWithin(ctx, slow); !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want the context's error at once", err)
+	}
+	quick := traceSpec{build: func() (*workload.Trace, error) { return &workload.Trace{}, nil }}
+	if tr, err := buildWithin(context.Background(), quick); err != nil || tr == nil {
+		t.Fatalf("%v %v", tr, err)
 	}
 }
 
