@@ -300,7 +300,11 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 		return
 	}
 	e.sched.submit(rq)
-	resp := newResponder(e.cfg.Model, rq, a, req)
+	name := e.cfg.Model
+	if rq.loraName != "" {
+		name = rq.loraName // vLLM answers with the adapter's name
+	}
+	resp := newResponder(name, rq, a, req)
 	if a == apiResponses {
 		resp.responses = newResponsesState(req, rq.id, e.cfg.ResponsesStore)
 	}
@@ -480,9 +484,15 @@ func (s *responder) roleChunk(b []byte) []byte {
 // continuous_usage_stats).
 func (s *responder) end(b []byte, generated int) []byte {
 	if s.continuous {
-		u, _ := json.Marshal(openai.Usage{PromptTokens: s.rq.promptLen, CompletionTokens: generated, TotalTokens: s.rq.promptLen + generated})
-		b = append(b, `,"usage":`...)
-		b = append(b, u...)
+		// vLLM's usage in an event: the counts alone (its cache hits come
+		// with the final usage only).
+		b = append(b, `,"usage":{"prompt_tokens":`...)
+		b = strconv.AppendInt(b, int64(s.rq.promptLen), 10)
+		b = append(b, `,"total_tokens":`...)
+		b = strconv.AppendInt(b, int64(s.rq.promptLen+generated), 10)
+		b = append(b, `,"completion_tokens":`...)
+		b = strconv.AppendInt(b, int64(generated), 10)
+		b = append(b, '}')
 	}
 	return append(b, "}\n\n"...)
 }

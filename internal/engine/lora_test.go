@@ -171,3 +171,43 @@ func TestMaxLoRAs(t *testing.T) {
 		t.Fatal("the chat request never ran once the sql request was gone")
 	}
 }
+
+// TestAnswersNameTheirModel: as vLLM, an answer names the model the
+// request named, an adapter's name for an adapter (streamed and not),
+// and an event's usage with continuous_usage_stats holds the counts
+// alone, the cache hits coming with the final usage.
+func TestAnswersNameTheirModel(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.LoRAModules = []string{"sql"} })
+	for _, model := range []string{"test-model", "sql"} {
+		if got := complete(t, e, map[string]any{"model": model, "prompt": "hello there", "max_tokens": 2}).Model; got != model {
+			t.Errorf("unstreamed answer for %s names %s", model, got)
+		}
+		resp, err := http.Post(e.URL()+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(
+			`{"model":%q,"prompt":"hello there","max_tokens":3,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`, model)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := readSSE(t, resp.Body)
+		resp.Body.Close()
+		for i, ev := range evs {
+			if ev.data == "[DONE]" {
+				continue
+			}
+			var c struct {
+				Model   string                     `json:"model"`
+				Choices []json.RawMessage          `json:"choices"`
+				Usage   map[string]json.RawMessage `json:"usage"`
+			}
+			if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
+				t.Fatal(err)
+			}
+			if c.Model != model {
+				t.Errorf("%s: event %d names %s", model, i, c.Model)
+			}
+			_, details := c.Usage["prompt_tokens_details"]
+			if final := len(c.Choices) == 0; details != final {
+				t.Errorf("%s: event %d (final usage %v) has prompt_tokens_details: %v: %s", model, i, final, details, ev.data)
+			}
+		}
+	}
+}
