@@ -486,16 +486,22 @@ func (g *Gateway) tokenizerEngines(model, configured string) ([]string, bool) {
 func (g *Gateway) Models() []ServedModel {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
-	seen := map[string]bool{}
-	var out []ServedModel
+	lens := map[string]int{} // a model's max_model_len: the least its engines listed
 	for _, m := range g.members {
-		if !seen[m.ep.Model] {
-			seen[m.ep.Model] = true
-			out = append(out, ServedModel{ID: m.ep.Model})
+		n := lens[m.ep.Model]
+		if g.health != nil {
+			if l, ok := g.health.MaxModelLen(m.ep.Name); ok && (n == 0 || l < n) {
+				n = l
+			}
 		}
+		lens[m.ep.Model] = n
+	}
+	out := make([]ServedModel, 0, len(lens)+len(g.adapters))
+	for model, n := range lens {
+		out = append(out, ServedModel{ID: model, MaxModelLen: n})
 	}
 	for a, base := range g.adapters {
-		out = append(out, ServedModel{ID: a, Parent: base})
+		out = append(out, ServedModel{ID: a, Parent: base, MaxModelLen: lens[base]})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if (out[i].Parent == "") != (out[j].Parent == "") {
@@ -508,7 +514,12 @@ func (g *Gateway) Models() []ServedModel {
 
 // ServedModel is a model the fleet serves; Parent is a LoRA adapter's base
 // model ("" for a base model).
-type ServedModel struct{ ID, Parent string }
+type ServedModel struct {
+	ID, Parent string
+	// MaxModelLen is the least its engines' /v1/models listed (0: none
+	// listed one yet).
+	MaxModelLen int
+}
 
 // resolve is the fleet that serves model and the LoRA adapter a request
 // naming it is served with: (model, "") for a base model, (its base,

@@ -76,14 +76,26 @@ func (g *Gateway) handleModels(w http.ResponseWriter, _ *http.Request) {
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
-		Parent  string `json:"parent,omitempty"` // a LoRA adapter's base model, as vLLM lists it
+		// Root is a base model's name (vLLM's; an adapter's is its path,
+		// which kvgate does not know).
+		Root   string  `json:"root,omitempty"`
+		Parent *string `json:"parent"` // a LoRA adapter's base model; null for a base model, as vLLM lists them
+		// MaxModelLen is the least its engines listed (absent until one
+		// did).
+		MaxModelLen int `json:"max_model_len,omitempty"`
 	}
 	out := struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
 	for _, m := range g.Models() {
-		out.Data = append(out.Data, model{ID: m.ID, Object: "model", Created: g.start.Unix(), OwnedBy: "kvgate", Parent: m.Parent})
+		card := model{ID: m.ID, Object: "model", Created: g.start.Unix(), OwnedBy: "kvgate", MaxModelLen: m.MaxModelLen}
+		if m.Parent != "" {
+			card.Parent = &m.Parent
+		} else {
+			card.Root = m.ID
+		}
+		out.Data = append(out.Data, card)
 	}
 	openai.WriteJSON(w, http.StatusOK, out)
 }

@@ -265,6 +265,31 @@ func TestLoRAListedByEngines(t *testing.T) {
 	if base, lora := g.resolve("other"); base != "other" || lora != "" {
 		t.Fatalf("other resolves to %q, %q: a served model's name is not an adapter", base, lora)
 	}
+	// The gateway's model list is vLLM's cards: a base model with its
+	// root, a null parent and the least max_model_len its engines list,
+	// an adapter with its parent.
+	var models struct {
+		Data []map[string]any `json:"data"`
+	}
+	waitFor(t, func() bool { // both engines listed
+		getJSON(t, url+"/v1/models", &models)
+		for _, m := range models.Data {
+			if m["max_model_len"] == nil {
+				return false
+			}
+		}
+		return true
+	})
+	want := map[string][2]any{testModel: {nil, testModel}, "sql": {testModel, nil}, "other": {nil, "other"}} // parent, root
+	if len(models.Data) != len(want) {
+		t.Fatalf("models %v", models.Data)
+	}
+	for _, m := range models.Data {
+		w := want[m["id"].(string)]
+		if parent, ok := m["parent"]; !ok || parent != w[0] || m["root"] != w[1] || m["max_model_len"] != 32768.0 {
+			t.Errorf("model card %v; want parent %v, root %v, max_model_len 32768", m, w[0], w[1])
+		}
+	}
 	ids := make([]int, 200)
 	for i := range ids {
 		ids[i] = 500 + i

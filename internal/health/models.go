@@ -19,60 +19,87 @@ const modelsEvery = 5
 // maxModelsBody bounds a /v1/models answer.
 const maxModelsBody = 1 << 20
 
-// listAdapters GETs base/v1/models and returns the LoRA adapters of model
-// it lists: the entries whose parent is model, as vLLM lists an adapter
-// (at most fleet.MaxLoRA; names of 1 to fleet.MaxLoRANameLen bytes).
-func (p *Prober) listAdapters(ctx context.Context, base, model string) ([]string, error) {
+// modelList is what an engine's /v1/models says of its model: its LoRA
+// adapters (the entries whose parent is the model, as vLLM lists an
+// adapter; at most fleet.MaxLoRA, names of 1 to fleet.MaxLoRANameLen
+// bytes) and the model's max_model_len (0: not said).
+type modelList struct {
+	adapters    []string
+	maxModelLen int
+}
+
+// maxModelLen bounds a max_model_len taken from an engine.
+const maxModelLen = 1 << 30
+
+// listAdapters GETs base/v1/models and reads what it says of model.
+func (p *Prober) listAdapters(ctx context.Context, base, model string) (modelList, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
 	if err != nil {
-		return nil, err
+		return modelList{}, err
 	}
 	resp, err := p.cfg.Client.Do(req)
 	if err != nil {
-		return nil, err
+		return modelList{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		return nil, fmt.Errorf("GET /v1/models: status %s", resp.Status)
+		return modelList{}, fmt.Errorf("GET /v1/models: status %s", resp.Status)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBody+1))
 	if err != nil {
-		return nil, fmt.Errorf("GET /v1/models: %w", err)
+		return modelList{}, fmt.Errorf("GET /v1/models: %w", err)
 	}
 	if len(body) > maxModelsBody {
-		return nil, fmt.Errorf("GET /v1/models: answer over %d bytes", maxModelsBody)
+		return modelList{}, fmt.Errorf("GET /v1/models: answer over %d bytes", maxModelsBody)
 	}
-	return parseAdapters(body, model)
+	return parseModels(body, model)
 }
 
-// parseAdapters reads an OpenAI model list and returns the ids whose
-// parent is model, each once.
-func parseAdapters(body []byte, model string) ([]string, error) {
+// parseModels reads an OpenAI model list: the ids whose parent is model,
+// each once, and model's own max_model_len (one out of range is not
+// taken).
+func parseModels(body []byte, model string) (modelList, error) {
 	var list struct {
 		Data []struct {
-			ID     string  `json:"id"`
-			Parent *string `json:"parent"`
+			ID          string  `json:"id"`
+			Parent      *string `json:"parent"`
+			MaxModelLen float64 `json:"max_model_len"`
 		} `json:"data"`
 	}
 	if err := json.Unmarshal(body, &list); err != nil {
-		return nil, fmt.Errorf("GET /v1/models: %w", err)
+		return modelList{}, fmt.Errorf("GET /v1/models: %w", err)
 	}
-	var out []string
+	var out modelList
 	seen := map[string]bool{}
 	for _, m := range list.Data {
+		if m.ID == model && m.Parent == nil && m.MaxModelLen >= 1 && m.MaxModelLen <= maxModelLen && m.MaxModelLen == float64(int(m.MaxModelLen)) {
+			out.maxModelLen = int(m.MaxModelLen)
+		}
 		if m.Parent == nil || *m.Parent != model || m.ID == model || m.ID == "" || len(m.ID) > fleet.MaxLoRANameLen || seen[m.ID] {
 			continue
 		}
-		if len(out) == fleet.MaxLoRA {
-			break
+		if len(out.adapters) == fleet.MaxLoRA {
+			continue
 		}
 		seen[m.ID] = true
-		out = append(out, m.ID)
+		out.adapters = append(out.adapters, m.ID)
 	}
 	return out, nil
+}
+
+// MaxModelLen is the max_model_len name's engine listed for its model
+// last (0, false before any listing said one).
+func (p *Prober) MaxModelLen(name string) (int, bool) {
+	t := p.target(name)
+	if t == nil {
+		return 0, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.maxModelLen, t.maxModelLen > 0
 }
 
 // Adapters returns the LoRA adapters name's engine listed last (nil,
@@ -96,7 +123,7 @@ func (p *Prober) probeModels(ctx context.Context, t *target, ep fleet.Endpoint) 
 	if !due || p.cfg.NoModels {
 		return
 	}
-	ads, err := p.listAdapters(ctx, ep.URL, ep.Model)
+	list, err := p.listAdapters(ctx, ep.URL, ep.Model)
 	if ctx.Err() != nil {
 		return
 	}
@@ -106,7 +133,10 @@ func (p *Prober) probeModels(ctx context.Context, t *target, ep fleet.Endpoint) 
 		t.modelsErr = err.Error()
 		return
 	}
-	t.adapters, t.hasAdapters, t.modelsErr = ads, true, ""
+	t.adapters, t.hasAdapters, t.modelsErr = list.adapters, true, ""
+	if list.maxModelLen > 0 {
+		t.maxModelLen = list.maxModelLen
+	}
 }
 
 // ForgetAdapter drops adapter from name's listing until the next one

@@ -83,6 +83,8 @@ type target struct {
 	adapters    []string
 	hasAdapters bool
 	modelsErr   string
+	// maxModelLen is the model's max_model_len it listed last (0: none).
+	maxModelLen int
 }
 
 // Prober runs the checks. Its methods are safe for concurrent use.

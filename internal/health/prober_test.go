@@ -498,7 +498,7 @@ func TestAdaptersListed(t *testing.T) {
 	if _, ok := off.Adapters("b"); ok {
 		t.Fatal("NoModels listed adapters")
 	}
-	if ads, err := parseAdapters([]byte(`{"data":`), model); err == nil || ads != nil {
-		t.Fatalf("a cut answer: %v %v", ads, err)
+	if l, err := parseModels([]byte(`{"data":`), model); err == nil || l.adapters != nil {
+		t.Fatalf("a cut answer: %v %v", l, err)
 	}
 }
