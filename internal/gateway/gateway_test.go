@@ -361,6 +361,9 @@ func TestRejectionUnderOverloadSparesHigherPriority(t *testing.T) {
 			{Name: "interactive", Priority: 2, TTFT: 60},
 			{Name: "standard", Priority: 1, TTFT: 0.5},
 		},
+		// kvgate's hold would serve what misses its SLO even alone on this
+		// idle, quiet fleet (docs/policies.md).
+		Policy: "cache-only",
 	}
 	_, url, _ := startGateway(t, cfg, Options{})
 	long := strings.Repeat("word ", 4000) // ~5000 estimate tokens: 5 s at 1000 tok/s

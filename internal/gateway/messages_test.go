@@ -104,7 +104,10 @@ func TestMessages(t *testing.T) {
 func TestMessagesRejectedEarly(t *testing.T) {
 	c := &capture{}
 	up := c.server(t)
-	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}, Classes: []Class{{Name: "standard", TTFT: 0.5}}}
+	// cache-only: kvgate's hold would serve a request that misses its SLO
+	// even alone on this idle, quiet fleet (docs/policies.md).
+	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}}, Classes: []Class{{Name: "standard", TTFT: 0.5}},
+		Policy: "cache-only"}
 	_, url, _ := startGateway(t, cfg, Options{})
 	r := post(t, url+"/v1/messages", messagesBody(strings.Repeat("word ", 4000), "x", 2, true), nil)
 	if r.status != 429 || anthropicError(r.body) != "rate_limit_error" || r.header.Get("X-Should-Retry") != "false" || r.header.Get("Retry-After") == "" ||

@@ -208,6 +208,9 @@ func TestWholeFromStream(t *testing.T) {
 		{`{"model":"m","messages":[],"tools":[],"tool_choice":null}`, true, ""},
 		{`{"model":"m","prompt":"x","best_of":2}`, false, "best_of"},
 		{`{"model":"m","prompt":"x","logprobs":null}`, false, ""},
+		// Routing members, which the gateway strips before any engine
+		// sees the body.
+		{`{"model":"m","prompt":"x","kv_transfer_params":{"do_remote_decode":true},"bootstrap_host":"h","bootstrap_port":1,"bootstrap_room":2}`, false, ""},
 	} {
 		r, err := ParseRequest([]byte(tc.body))
 		if err != nil {

@@ -1,6 +1,9 @@
 package openai
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"slices"
+)
 
 // WholeFromStream reports whether a gateway may ask the engine to stream
 // r, a chat (chat) or completion request that does not stream, and
@@ -24,8 +27,8 @@ func (r *Request) WholeFromStream(chat bool) string {
 		return "stream"
 	}
 	for _, m := range r.members {
-		if !wholeKey(m.key, chat) && !neutral(m.key, r.Raw[m.v0:m.v1]) {
-			return m.key
+		if !wholeKey(m.key, chat) && !neutral(m.key, r.Raw[m.v0:m.v1]) && !slices.Contains(routingKeys[:], m.key) {
+			return m.key // (a routing key is stripped before the engine sees it)
 		}
 	}
 	return ""

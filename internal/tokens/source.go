@@ -91,9 +91,9 @@ type tokenizeRequest struct {
 }
 
 type tokenizeResponse struct {
-	Tokens      []int64 `json:"tokens"`
-	Count       int     `json:"count"`
-	MaxModelLen int     `json:"max_model_len"`
+	Tokens      *[]int64 `json:"tokens"` // nil: not a /tokenize answer
+	Count       int      `json:"count"`
+	MaxModelLen int      `json:"max_model_len"`
 }
 
 // Tokenize implements Source.
@@ -232,10 +232,13 @@ func (s *EngineSource) postTo(ctx context.Context, base string, body []byte) ([]
 	}
 	var out tokenizeResponse
 	if err := json.Unmarshal(data, &out); err != nil {
-		return nil, fmt.Errorf("tokens: decode tokenize response: %w", err)
+		return nil, fmt.Errorf("tokens: decode tokenize response from %s: %w", url, err)
 	}
-	ids := make([]uint32, len(out.Tokens))
-	for i, t := range out.Tokens {
+	if out.Tokens == nil {
+		return nil, fmt.Errorf("tokens: %s answered without tokens: %.200s", url, data)
+	}
+	ids := make([]uint32, len(*out.Tokens))
+	for i, t := range *out.Tokens {
 		if t < 0 || t > 0xffffffff {
 			return nil, fmt.Errorf("tokens: token id %d out of range", t)
 		}
