@@ -110,6 +110,10 @@ func TestSimFlagRanges(t *testing.T) {
 		{[]string{"--block-size", "0"}, "--block-size"},
 		{[]string{"--seeds", "1e6"}, "--seeds"},
 		{[]string{"--duration", "0", "--instances", "0"}, "--instances"}, // every bad flag is named
+		// Flags nothing would read are refused, not ignored.
+		{[]string{"--trace", trace, "--rates", "5"}, "--rates: a trace is replayed at its own rate"},
+		{[]string{"--time-scale", "0.1"}, "--time-scale scales a --trace"},
+		{[]string{"--slo-tpot", "0.01"}, "--slo-tpot needs --decode-instances"},
 	}
 	for _, tt := range tests {
 		_, errOut, code := runCmd(t, append([]string{"sim", "--policies", "kvgate"}, tt.args...)...)

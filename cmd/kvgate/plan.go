@@ -123,6 +123,15 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	switch f.scenario {
 	case "seed-phases":
+		var dayOnly []string
+		for _, name := range []string{"phase-minutes", "transition-minutes", "noise", "noise-minutes", "warmup", "interval", "seed", "policy", "what-if", "learn", "v"} {
+			if set[name] {
+				dayOnly = append(dayOnly, "--"+name)
+			}
+		}
+		if len(dayOnly) > 0 {
+			return fmt.Errorf("%s: only with --scenario simulated-day (the seed's sizing table is arithmetic)", strings.Join(dayOnly, ", "))
+		}
 		return planSeedPhases(stdout, &f, phases, fp, fd)
 	case "simulated-day":
 		if fp+fd != f.total {

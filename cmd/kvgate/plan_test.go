@@ -83,6 +83,7 @@ func TestPlanFlagsAndPhasesFile(t *testing.T) {
 		want string
 	}{
 		{[]string{"--total", "1"}, "--total must be"},
+		{[]string{"--policy", "foo", "--what-if"}, "--policy, --what-if: only with --scenario simulated-day"},
 		{[]string{"--phases", writeFile(t, dir, "unknown.yaml", "phases:\n  - {name: a, rate: 1, isl: 1, osl: 1, hit: 0, colour: red}\n")}, "colour is not a setting here"},
 		{[]string{"--phases", writeFile(t, dir, "empty.yaml", "")}, "phases file is empty"},
 		{[]string{"--prefill-capacity", "NaN"}, "--prefill-capacity must be"},

@@ -269,6 +269,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 	}
+	if err := unusedFlags(fs, &f); err != nil {
+		return err
+	}
 	if f.observe != "first-token" && f.observe != "windows" {
 		return fmt.Errorf("--observe must be first-token or windows, got %q", f.observe)
 	}
@@ -763,6 +766,22 @@ func printTable(w io.Writer, rs []sim.Result) error {
 		fmt.Fprintln(tw, line)
 	}
 	return tw.Flush()
+}
+
+// unusedFlags refuses flags given where nothing reads them (a run that
+// silently ignores a flag looks like a run that used it).
+func unusedFlags(fs *flag.FlagSet, f *simFlags) error {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	switch {
+	case f.trace != "" && set["rates"]:
+		return fmt.Errorf("--rates: a trace is replayed at its own rate (--time-scale compresses it)")
+	case f.trace == "" && set["time-scale"]:
+		return fmt.Errorf("--time-scale scales a --trace's timestamps; a generated workload's rate is --rates or --loads")
+	case f.decodeInstances == 0 && f.sloTPOT > 0 && f.scenario != "heterogeneous":
+		return fmt.Errorf("--slo-tpot needs --decode-instances (without decode instances no TPOT is simulated)")
+	}
+	return nil
 }
 
 // heteroOnly rejects the heterogeneous scenario's flags given without it
