@@ -21,7 +21,8 @@ import (
 )
 
 type benchFlags struct {
-	url, model, workload, trace, api, arrivals, rates, format, csvPath, htmlPath, header, label string
+	url, model, workload, trace, api, arrivals, rates, format, csvPath, htmlPath, label         string
+	headers                                                                                     []string
 	rate, duration, traceScale, timeScale, sloTTFT, sloTPOT                                     float64
 	concurrency, requests, sessions, systems, systemTokens, turnTokens, outputTokens, maxOutput int
 	seed                                                                                        uint64
@@ -42,7 +43,13 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 	fs.StringVar(&f.format, "format", "table", "table or json")
 	fs.StringVar(&f.csvPath, "csv", "", "write one line per request to this file")
 	fs.StringVar(&f.htmlPath, "html", "", "write an HTML report with plots to this file")
-	fs.StringVar(&f.header, "header", "", "extra request header NAME:VALUE (e.g. X-Kvgate-Class:batch)")
+	fs.Func("header", "extra request header NAME:VALUE (e.g. X-Kvgate-Class:batch; repeatable)", func(v string) error {
+		if len(f.headers) == 64 {
+			return fmt.Errorf("at most 64 headers")
+		}
+		f.headers = append(f.headers, v)
+		return nil
+	})
 	fs.StringVar(&f.label, "label", "", "name of the run in reports (default: the URL)")
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed of the workload and arrivals")
 	fs.BoolVar(&f.noStream, "no-stream", false, "send chat and completion requests unstreamed: an answer's arrival is its first token (TTFT = end-to-end), no TPOT")
@@ -110,12 +117,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale, Responses: f.api == "responses", Messages: f.api == "messages",
 		Whole: f.noStream, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
-	if f.header != "" {
-		k, v, ok := strings.Cut(f.header, ":")
+	for _, h := range f.headers {
+		k, v, ok := strings.Cut(h, ":")
 		if !ok || strings.TrimSpace(k) == "" {
-			return fmt.Errorf("--header %q: want NAME:VALUE", f.header)
+			return fmt.Errorf("--header %q: want NAME:VALUE", h)
 		}
-		client.Header = http.Header{http.CanonicalHeaderKey(strings.TrimSpace(k)): {strings.TrimSpace(v)}}
+		if client.Header == nil {
+			client.Header = http.Header{}
+		}
+		client.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
 	label := f.label
 	if label == "" {

@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -318,5 +321,26 @@ func TestBenchAsUsersMeetIt(t *testing.T) {
 	}
 	if fields := strings.Fields(strings.Split(strings.TrimSpace(out), "\n")[1]); len(fields) < 10 || fields[6] != "-" || fields[8] != "-" {
 		t.Fatalf("latencies of no answer: %q", out)
+	}
+}
+
+// TestBenchHeaders: --header is repeatable and every one reaches the
+// server.
+func TestBenchHeaders(t *testing.T) {
+	var mu sync.Mutex
+	var got http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+		http.Error(w, "no", http.StatusTeapot)
+	}))
+	defer srv.Close()
+	runCmd(t, "bench", "--url", srv.URL, "--model", "m", "--requests", "1", "--rate", "50", "--duration", "1",
+		"--header", "X-Kvgate-Class: batch", "--header", "Authorization:Bearer k")
+	mu.Lock()
+	defer mu.Unlock()
+	if got.Get("X-Kvgate-Class") != "batch" || got.Get("Authorization") != "Bearer k" {
+		t.Fatalf("headers the server got: %v", got)
 	}
 }
