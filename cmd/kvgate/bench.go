@@ -90,42 +90,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	urls := strings.Split(f.url, ",")
-	for i, u := range urls {
-		p, err := url.Parse(u)
-		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			return fmt.Errorf("--url: %q is not an http(s) base URL", u)
-		}
-		if trimmed := strings.TrimSuffix(strings.TrimRight(u, "/"), "/v1"); trimmed != strings.TrimRight(u, "/") {
-			// An OpenAI SDK's base URL: bench adds /v1/… itself.
-			fmt.Fprintf(stderr, "kvgate bench: --url %s: the server's base URL is %s (bench adds the /v1/… paths)\n", u, trimmed)
-			urls[i] = trimmed
-		}
-	}
-	if err := outputsWritable(&f); err != nil {
+	client, err := benchClient(&f, stderr)
+	if err != nil {
 		return err
-	}
-	switch f.format {
-	case "table", "json":
-	default:
-		return fmt.Errorf("--format %q: table or json", f.format)
-	}
-	switch f.arrivals {
-	case "poisson", "constant", "trace":
-	default:
-		return fmt.Errorf("--arrivals %q: poisson, constant or trace", f.arrivals)
-	}
-	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale, Responses: f.api == "responses", Messages: f.api == "messages",
-		Whole: f.noStream, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
-	for _, h := range f.headers {
-		k, v, ok := strings.Cut(h, ":")
-		if !ok || strings.TrimSpace(k) == "" {
-			return fmt.Errorf("--header %q: want NAME:VALUE", h)
-		}
-		if client.Header == nil {
-			client.Header = http.Header{}
-		}
-		client.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
 	label := f.label
 	if label == "" {
@@ -163,6 +130,49 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	return fmt.Errorf("no request succeeded (the first error of each kind is above; --csv has every request's)")
+}
+
+// benchClient checks the flags a run does not read until its end (its
+// outputs) or not at all in some modes, and builds the client.
+func benchClient(f *benchFlags, stderr io.Writer) (*bench.Client, error) {
+	urls := strings.Split(f.url, ",")
+	for i, u := range urls {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return nil, fmt.Errorf("--url: %q is not an http(s) base URL", u)
+		}
+		if trimmed := strings.TrimSuffix(strings.TrimRight(u, "/"), "/v1"); trimmed != strings.TrimRight(u, "/") {
+			// An OpenAI SDK's base URL: bench adds /v1/… itself.
+			fmt.Fprintf(stderr, "kvgate bench: --url %s: the server's base URL is %s (bench adds the /v1/… paths)\n", u, trimmed)
+			urls[i] = trimmed
+		}
+	}
+	if err := outputsWritable(f); err != nil {
+		return nil, err
+	}
+	switch f.format {
+	case "table", "json":
+	default:
+		return nil, fmt.Errorf("--format %q: table or json", f.format)
+	}
+	switch f.arrivals {
+	case "poisson", "constant", "trace":
+	default:
+		return nil, fmt.Errorf("--arrivals %q: poisson, constant or trace", f.arrivals)
+	}
+	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale, Responses: f.api == "responses", Messages: f.api == "messages",
+		Whole: f.noStream, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
+	for _, h := range f.headers {
+		k, v, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("--header %q: want NAME:VALUE", h)
+		}
+		if client.Header == nil {
+			client.Header = http.Header{}
+		}
+		client.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	return client, nil
 }
 
 // outputsWritable checks, before a run, that the output files' folders

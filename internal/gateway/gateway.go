@@ -192,17 +192,8 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	var specs []tokens.Spec
-	for _, s := range cfg.Tokenizers {
-		sp, err := tokens.ParseSpec(s)
-		if err != nil {
-			return nil, err
-		}
-		specs = append(specs, sp)
-	}
 	var g *Gateway
-	engines := func(model, configured string) ([]string, bool) { return g.tokenizerEngines(model, configured) }
-	toks, err := tokens.NewSet(specs, tokens.NewCache(0), &http.Client{Timeout: 30 * time.Second}, engines)
+	toks, err := newTokenizers(cfg.Tokenizers, func(model, configured string) ([]string, bool) { return g.tokenizerEngines(model, configured) })
 	if err != nil {
 		return nil, err
 	}
@@ -240,6 +231,21 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, err
 	}
 	return g, nil
+}
+
+// newTokenizers builds the models' tokenizers from their specs; a
+// source=engine tokenizer asks the model's other engines through engines
+// (the gateway's, set once it exists).
+func newTokenizers(specs []string, engines tokens.EngineFallback) (*tokens.Set, error) {
+	var parsed []tokens.Spec
+	for _, s := range specs {
+		sp, err := tokens.ParseSpec(s)
+		if err != nil {
+			return nil, err
+		}
+		parsed = append(parsed, sp)
+	}
+	return tokens.NewSet(parsed, tokens.NewCache(0), &http.Client{Timeout: 30 * time.Second}, engines)
 }
 
 // newTransport is tuned for many concurrent streams to a few engines.
@@ -472,8 +478,8 @@ func (g *Gateway) tokenizerEngines(model, configured string) ([]string, bool) {
 	out := false
 	if configured != "" && !eligible {
 		for _, m := range g.members {
-			if strings.TrimRight(m.ep.URL, "/") == configured {
-				out = true
+			if m.ep.Model == model && strings.TrimRight(m.ep.URL, "/") == configured {
+				out = true // one of the model's engines, and not eligible now
 				break
 			}
 		}

@@ -387,6 +387,19 @@ func (g *Gateway) route(rt *routed, p *plan) *load.Flight {
 		Keys:           rt.prep.Keys, OpensConversation: rt.opens, Deadline: deadline, Sequences: rt.seqs}) // the fleet's predictor times the prefill
 }
 
+// upstreamContext bounds an attempt at rt by --upstream-timeout: one bound
+// for the whole request, so that a retry or a migration has what the
+// attempts before it left.
+func (g *Gateway) upstreamContext(ctx context.Context, rt *routed) (context.Context, context.CancelFunc) {
+	if g.cfg.UpstreamTimeout <= 0 {
+		return ctx, func() {}
+	}
+	if rt.upstreamBy.IsZero() {
+		rt.upstreamBy = time.Now().Add(g.cfg.UpstreamTimeout)
+	}
+	return context.WithDeadline(ctx, rt.upstreamBy)
+}
+
 // proxy runs the plan: aggregated, or the two NixlConnector legs. It
 // returns the endpoint to avoid on a retry ("" when a retry makes no
 // sense) with the error.
@@ -412,17 +425,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	var got reached
 	defer g.withdraw(p, rt.prep.Keys, &got)
 	g.announce(w.Header(), rt, p)
-	ctx := r.Context()
-	if g.cfg.UpstreamTimeout > 0 {
-		// One bound for the whole request: a retry or a migration has
-		// what the attempts before it left.
-		if rt.upstreamBy.IsZero() {
-			rt.upstreamBy = time.Now().Add(g.cfg.UpstreamTimeout)
-		}
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, rt.upstreamBy)
-		defer cancel()
-	}
+	ctx, cancel := g.upstreamContext(r.Context(), rt)
+	defer cancel()
 	body := rt.req.StripRoutingParams()
 	target := p.prefill
 	var start func() bool // nil: the answer's headers go at once
