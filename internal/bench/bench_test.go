@@ -167,10 +167,19 @@ func TestMooncakeTraceText(t *testing.T) {
 	if same != 512 {
 		t.Fatalf("shared prefix %d words, want exactly the 512 of hash id 7", same)
 	}
-	for _, bad := range []string{`{"timestamp": -1, "input_length": 5, "output_length": 1}`, `{"input_length": 0}`, `nope`,
-		`{"timestamp": 1, "input_length": 5, "output_length": 9223372036854775807}`} {
-		if _, err := MooncakeTrace(strings.NewReader(bad), 1, 0); err == nil {
-			t.Errorf("%s: accepted", bad)
+	// Refused as the simulator refuses them (one reader, named errors).
+	for _, bad := range []struct{ in, msg string }{
+		{`{"timestamp": -1, "input_length": 5, "output_length": 1}`, "line 1: timestamp must be in [0, 1e+13] ms, got -1"},
+		{`{"input_length": 0}`, "need timestamp, input_length and output_length"},
+		{`nope`, "want a JSON object"},
+		{`[1, 2]`, "want a JSON object"},
+		{`{"timestamp": 1, "input_length": 5, "output_length": 9223372036854775807}`, "output_length must be"},
+		{"{\"timestamp\": 5, \"input_length\": 5, \"output_length\": 1}\n{\"timestamp\": 4, \"input_length\": 5, \"output_length\": 1}", "line 2: timestamp 4 goes back in time"},
+		{`{"timestamp": 1, "input_length": 2000000, "output_length": 1}`, "at most 1048576 tokens"},
+		{``, "no requests"},
+	} {
+		if _, err := MooncakeTrace(strings.NewReader(bad.in), 1, 0); err == nil || !strings.Contains(err.Error(), bad.msg) || strings.Contains(err.Error(), "Go value") {
+			t.Errorf("%s: got %v, want %q", bad.in, err, bad.msg)
 		}
 	}
 }

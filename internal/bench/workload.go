@@ -8,14 +8,13 @@
 package bench
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
+
+	"github.com/kvgate/kvgate/internal/workload"
 )
 
 // Item is one request to send.
@@ -247,45 +246,32 @@ func MooncakeTrace(r io.Reader, timeScale float64, maxOutput int) ([]Item, error
 	if !(timeScale > 0) || timeScale > 1e6 {
 		return nil, fmt.Errorf("bench: trace time scale must be in (0, 1e6], got %v", timeScale)
 	}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	var items []Item
-	line := 0
 	tt := newTraceText()
-	for sc.Scan() {
-		line++
-		if strings.TrimSpace(sc.Text()) == "" {
-			continue
-		}
-		var rec struct {
-			Timestamp    float64  `json:"timestamp"`
-			InputLength  int      `json:"input_length"`
-			OutputLength int      `json:"output_length"`
-			HashIDs      []uint64 `json:"hash_ids"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return nil, fmt.Errorf("bench: trace line %d: %w", line, err)
-		}
-		if rec.InputLength < 1 || rec.InputLength > maxItemTokens || rec.OutputLength < 0 || rec.OutputLength > maxItemTokens ||
-			math.IsNaN(rec.Timestamp) || rec.Timestamp < 0 || rec.Timestamp > 1e12 || len(rec.HashIDs) > maxItemTokens/512+1 {
-			return nil, fmt.Errorf("bench: trace line %d: lengths, timestamp or hash ids out of range", line)
+	ids := []uint64(nil)
+	err := workload.ScanMooncake(r, func(rec workload.MooncakeRecord) error {
+		if rec.InputLength > maxItemTokens || len(rec.HashIDs) > maxItemTokens/512+1 {
+			return fmt.Errorf("bench: trace line %d: a prompt of at most %d tokens (%d hash ids) is replayed, got %d (%d)",
+				rec.Line, maxItemTokens, maxItemTokens/512+1, rec.InputLength, len(rec.HashIDs))
 		}
 		if len(items) >= maxItems {
-			return nil, fmt.Errorf("bench: trace has more than %d requests", maxItems)
+			return fmt.Errorf("bench: trace has more than %d requests", maxItems)
+		}
+		ids = ids[:0]
+		for _, id := range rec.HashIDs {
+			ids = append(ids, uint64(id))
 		}
 		var b strings.Builder
-		tt.prompt(&b, rec.HashIDs, rec.InputLength, line)
+		tt.prompt(&b, ids, rec.InputLength, rec.Line)
 		out := max(rec.OutputLength, 1)
 		if maxOutput > 0 {
 			out = min(out, maxOutput)
 		}
-		items = append(items, Item{At: rec.Timestamp / 1000 * timeScale, Prompt: b.String(), MaxTokens: out, Session: -1})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("bench: trace: %w", err)
-	}
-	if len(items) == 0 {
-		return nil, fmt.Errorf("bench: trace has no requests")
+		items = append(items, Item{At: rec.TimestampMs / 1000 * timeScale, Prompt: b.String(), MaxTokens: out, Session: -1})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	t0 := items[0].At
 	for i := range items {

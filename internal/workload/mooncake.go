@@ -2,6 +2,7 @@ package workload
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,21 +21,26 @@ type mooncakeLine struct {
 	HashIDs      []int64  `json:"hash_ids"`
 }
 
-// ReadMooncake reads a Mooncake-format trace: JSON lines of {"timestamp": ms,
-// "input_length": n, "output_length": n, "hash_ids": [...]}, each hash id a
-// 512-token block whose equal ids are equal prefixes. timeScale multiplies
-// arrival times (0.5 compresses the trace to twice the rate). Bad lines are
-// reported with their line number; nothing is silently dropped.
-//
-// Every number has a range: timestamps in [0, MaxTimestampMs], input_length
-// in [1, MaxPromptTokens], output_length in [0, MaxOutputTokens], hash ids
-// >= 0, and a trace holds at most MaxRequests lines and MaxKeys blocks. Its
-// Duration is the span of its arrivals, at least 1 ms (1 s when all arrive
-// at once), so rates computed from it are finite.
-func ReadMooncake(r io.Reader, timeScale float64) (*Trace, error) {
-	if err := ParamLimits().TimeScale.Check("time scale", timeScale); err != nil {
-		return nil, fmt.Errorf("mooncake trace: %w", err)
-	}
+// MooncakeRecord is one line of a Mooncake-format trace, checked.
+type MooncakeRecord struct {
+	Line                      int // its number in the file, from 1
+	TimestampMs               float64
+	InputLength, OutputLength int
+	HashIDs                   []int64 // each >= 0
+}
+
+// ScanMooncake reads a Mooncake-format trace: JSON lines of {"timestamp":
+// ms, "input_length": n, "output_length": n, "hash_ids": [...]}, each hash
+// id a 512-token block whose equal ids are equal prefixes, and calls fn
+// with each line in order (blank lines skipped). Every line is checked
+// before fn sees it, and a bad one is an error naming its line: the three
+// numbers present and in range (timestamps in [0, MaxTimestampMs],
+// input_length in [1, MaxPromptTokens], output_length in [0,
+// MaxOutputTokens]), hash ids >= 0, timestamps never going back, at most
+// MaxRequests lines. fn's error stops the scan and is returned. The
+// simulator and kvgate bench read traces with it, so both accept the same
+// files.
+func ScanMooncake(r io.Reader, fn func(MooncakeRecord) error) error {
 	var (
 		tsRange  = flagrange.Range[float64]{Min: 0, Max: MaxTimestampMs, Unit: "ms"}
 		inRange  = flagrange.Range[int]{Min: 1, Max: MaxPromptTokens, Unit: "tokens"}
@@ -42,59 +48,94 @@ func ReadMooncake(r io.Reader, timeScale float64) (*Trace, error) {
 	)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<16), 1<<26)
-	tr := &Trace{Name: "mooncake", BlockSize: MooncakeBlockTokens}
-	first := 0.0
-	line, blocks := 0, 0
+	line, n, last := 0, 0, 0.0
 	for sc.Scan() {
 		line++
 		b := sc.Bytes()
-		if len(b) == 0 {
+		if len(bytes.TrimSpace(b)) == 0 {
 			continue
 		}
 		var m mooncakeLine
 		if err := json.Unmarshal(b, &m); err != nil {
-			return nil, fmt.Errorf("mooncake trace line %d: %w", line, err)
+			return fmt.Errorf("mooncake trace line %d: %w", line, lineError(err))
 		}
 		if m.Timestamp == nil || m.InputLength == nil || m.OutputLength == nil {
-			return nil, fmt.Errorf("mooncake trace line %d: need timestamp, input_length and output_length", line)
+			return fmt.Errorf("mooncake trace line %d: need timestamp, input_length and output_length", line)
 		}
 		if err := errors.Join(
 			tsRange.Check("timestamp", *m.Timestamp),
 			inRange.Check("input_length", *m.InputLength),
 			outRange.Check("output_length", *m.OutputLength),
 		); err != nil {
-			return nil, fmt.Errorf("mooncake trace line %d: %w", line, err)
+			return fmt.Errorf("mooncake trace line %d: %w", line, err)
 		}
-		if len(tr.Requests) == MaxRequests {
-			return nil, fmt.Errorf("mooncake trace line %d: more than %d requests", line, MaxRequests)
+		if n == MaxRequests {
+			return fmt.Errorf("mooncake trace line %d: more than %d requests", line, MaxRequests)
 		}
-		if len(tr.Requests) == 0 {
-			first = *m.Timestamp
-		}
-		at := (*m.Timestamp - first) / 1000 * timeScale
-		if n := len(tr.Requests); n > 0 && at < tr.Requests[n-1].Arrival {
-			return nil, fmt.Errorf("mooncake trace line %d: timestamp %v goes back in time", line, *m.Timestamp)
+		if n > 0 && *m.Timestamp < last {
+			return fmt.Errorf("mooncake trace line %d: timestamp %v goes back in time", line, *m.Timestamp)
 		}
 		for _, id := range m.HashIDs {
 			if id < 0 {
-				return nil, fmt.Errorf("mooncake trace line %d: hash id %d is negative", line, id)
+				return fmt.Errorf("mooncake trace line %d: hash id %d is negative", line, id)
 			}
 		}
-		full := min(len(m.HashIDs), *m.InputLength/MooncakeBlockTokens)
+		n, last = n+1, *m.Timestamp
+		if err := fn(MooncakeRecord{Line: line, TimestampMs: *m.Timestamp, InputLength: *m.InputLength, OutputLength: *m.OutputLength, HashIDs: m.HashIDs}); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("mooncake trace: %w", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("mooncake trace: no requests")
+	}
+	return nil
+}
+
+// lineError says what is wrong with a line that does not decode, in the
+// file's terms (encoding/json's type errors name Go types).
+func lineError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		if te.Field == "" {
+			return fmt.Errorf("want a JSON object with timestamp, input_length, output_length and hash_ids, got a JSON %s", te.Value)
+		}
+		return fmt.Errorf("%s: a JSON %s where a number or list of numbers belongs", te.Field, te.Value)
+	}
+	return fmt.Errorf("want a JSON object with timestamp, input_length, output_length and hash_ids: %w", err)
+}
+
+// ReadMooncake reads a Mooncake-format trace (ScanMooncake) as a workload:
+// timeScale multiplies arrival times (0.5 compresses the trace to twice
+// the rate), counted from the first, and a trace holds at most MaxKeys
+// blocks. Its Duration is the span of its arrivals, at least 1 ms (1 s
+// when all arrive at once), so rates computed from it are finite.
+func ReadMooncake(r io.Reader, timeScale float64) (*Trace, error) {
+	if err := ParamLimits().TimeScale.Check("time scale", timeScale); err != nil {
+		return nil, fmt.Errorf("mooncake trace: %w", err)
+	}
+	tr := &Trace{Name: "mooncake", BlockSize: MooncakeBlockTokens}
+	first, blocks := 0.0, 0
+	err := ScanMooncake(r, func(m MooncakeRecord) error {
+		if len(tr.Requests) == 0 {
+			first = m.TimestampMs
+		}
+		full := min(len(m.HashIDs), m.InputLength/MooncakeBlockTokens)
 		if blocks += full; blocks > MaxKeys {
-			return nil, fmt.Errorf("mooncake trace line %d: more than %d blocks in all", line, MaxKeys)
+			return fmt.Errorf("mooncake trace line %d: more than %d blocks in all", m.Line, MaxKeys)
 		}
 		keys := make([]uint64, full)
 		for i := range keys {
 			keys[i] = mooncakeKey(m.HashIDs[i])
 		}
-		tr.Requests = append(tr.Requests, Request{Arrival: at, PromptTokens: *m.InputLength, OutputTokens: *m.OutputLength, Keys: keys, Session: -1})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("mooncake trace: %w", err)
-	}
-	if len(tr.Requests) == 0 {
-		return nil, fmt.Errorf("mooncake trace: no requests")
+		at := (m.TimestampMs - first) / 1000 * timeScale
+		tr.Requests = append(tr.Requests, Request{Arrival: at, PromptTokens: m.InputLength, OutputTokens: m.OutputLength, Keys: keys, Session: -1})
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	switch last := tr.Requests[len(tr.Requests)-1].Arrival; {
 	case last <= 0:
