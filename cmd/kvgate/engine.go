@@ -56,6 +56,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	flagrange.Var(fl, &cfg.NumGPUBlocks, "num-gpu-blocks", lim.NumGPUBlocks, "KV cache capacity in blocks")
 	flagrange.Var(fl, &cfg.BlockSize, "block-size", lim.BlockSize, "tokens per KV block")
 	flagrange.Var(fl, &cfg.MaxModelLen, "max-model-len", lim.MaxModelLen, "maximum prompt + output tokens of a request")
+	fs.BoolVar(&cfg.BOS, "bos", cfg.BOS, "start a text prompt (completions, /generate, /tokenize's prompt form) with a BOS token unless the request says add_special_tokens: false, as a Llama-family tokenizer does in vLLM and SGLang (a chat's template writes its own)")
 	fs.StringVar(&ef.inlineSystem, "anthropic-inline-system", "preserve", "where the Messages API puts system messages inside messages, as vLLM's flag of that name: preserve (in place) or fold (into the user turn beside them; auto is preserve here, whose template renders them); hoist (into the system prompt) is vLLM's first way, before it kept them in place")
 	fs.BoolVar(&cfg.ResponsesStore, "responses-store", false, "keep Responses API answers in memory (the newest 4096), as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1: previous_response_id and GET /v1/responses/{id} find them")
 	flagrange.Var(fl, &cfg.StreamInterval, "stream-interval", lim.StreamInterval, "stream output in chunks of this many tokens (vLLM's --stream-interval)")

@@ -124,7 +124,7 @@ func promptTokens(p openai.Prompt) ([]uint32, error) {
 
 // requestTokens are the prompt tokens of a parsed request: the rendered
 // messages when given (chat, or /tokenize's chat form), else the prompt.
-func requestTokens(req *openai.Request) ([]uint32, error) {
+func (e *Engine) requestTokens(req *openai.Request) ([]uint32, error) {
 	if req.Messages != nil {
 		text, err := chatPrompt(req)
 		if err != nil {
@@ -132,8 +132,16 @@ func requestTokens(req *openai.Request) ([]uint32, error) {
 		}
 		return Tokenize(text), nil
 	}
-	return promptTokens(req.Prompt)
+	ids, err := promptTokens(req.Prompt)
+	if err == nil && e.cfg.BOS && (req.Prompt.Kind == openai.PromptText || req.Prompt.Kind == openai.PromptTexts) && !req.NoSpecialTokens() {
+		ids = append([]uint32{bosTokenID}, ids...)
+	}
+	return ids, err
 }
+
+// bosTokenID is the BOS token Config.BOS adds (ids below firstTokenID
+// are the special tokens').
+const bosTokenID = 1
 
 // counted reads a request to count (/tokenize, count_tokens): its body
 // parsed by parse, its model this engine's, and its prompt's tokens.
@@ -150,7 +158,7 @@ func (e *Engine) counted(w http.ResponseWriter, r *http.Request, parse func([]by
 	if _, err := e.checkModel(req.Model); err != nil {
 		return nil, err
 	}
-	return requestTokens(req)
+	return e.requestTokens(req)
 }
 
 // tokenizeRequest parses a /tokenize body: a chat's messages, or a

@@ -63,6 +63,11 @@ type Config struct {
 	// messages go (vLLM's --anthropic-inline-system: preserve or fold;
 	// hoist, as vLLM placed them first); "" is preserve.
 	InlineSystem openai.InlineSystem
+	// BOS starts a text prompt (a completion's, /generate's, /tokenize's
+	// prompt form) with a BOS token (id 1) unless the request says
+	// add_special_tokens: false, as a Llama-family tokenizer does in
+	// vLLM and SGLang; a chat's template writes its own.
+	BOS bool
 	// StreamInterval sends streamed tokens in chunks of this many tokens
 	// (vLLM's --stream-interval); 1 sends every token at once.
 	StreamInterval int

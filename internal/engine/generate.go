@@ -158,7 +158,7 @@ func (e *Engine) parseGeneration(body []byte, a api) (*openai.Request, []uint32,
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	toks, err := requestTokens(req)
+	toks, err := e.requestTokens(req)
 	if err != nil {
 		return nil, nil, 0, err
 	}

@@ -344,6 +344,7 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 		// A batch is routed as one request by its first prompt (the
 		// engine serves the batch together); its size counts them all.
 		in.Prompt = &req.Prompt.Texts[0]
+		in.NoSpecialTokens = req.NoSpecialTokens()
 	default:
 		in.TokenIDs = req.Prompt.Tokens[0]
 	}

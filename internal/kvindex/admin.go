@@ -88,6 +88,9 @@ type lookupRequest struct {
 	Model    string    `json:"model"`
 	TokenIDs *tokenIDs `json:"token_ids"`
 	Prompt   *string   `json:"prompt"`
+	// AddSpecialTokens: the prompt with the tokenizer's special tokens
+	// (absent: true, as an engine tokenizes a completion's prompt).
+	AddSpecialTokens *bool `json:"add_special_tokens"`
 	// Messages, Tools and ChatTemplateKwargs are a chat request's, as
 	// the gateway tokenizes them: each message the object sent.
 	Messages           []json.RawMessage `json:"messages"`
@@ -197,7 +200,7 @@ func (a *Admin) keysOf(w http.ResponseWriter, r *http.Request) (req lookupReques
 	default:
 		tk := a.Tokens.For(req.Model)
 		if req.Prompt != nil {
-			ids, err = tk.Prompt(r.Context(), *req.Prompt)
+			ids, err = tk.PromptAs(r.Context(), *req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 		} else {
 			msgs, opts, cerr := req.chat()
 			if cerr != nil {

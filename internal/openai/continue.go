@@ -157,6 +157,13 @@ func (r *Request) TextPrompt() (string, bool) {
 	return "", false
 }
 
+// NoSpecialTokens reports whether the request asks for its prompt without
+// the tokenizer's special tokens (add_special_tokens: false; vLLM's
+// completions add them by default).
+func (r *Request) NoSpecialTokens() bool {
+	return string(r.value("add_special_tokens")) == "false"
+}
+
 // value is the raw value of the body's top-level key (nil: absent).
 func (r *Request) value(key string) []byte {
 	if m := find(r.members, key); m != nil {

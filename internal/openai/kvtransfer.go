@@ -199,7 +199,20 @@ func (r *Request) PrefillBody() []byte {
 	if r.Has("max_completion_tokens") {
 		edits = append(edits, Edit{Key: "max_completion_tokens", Value: json.RawMessage("1")})
 	}
-	return r.Rewrite(edits...)
+	return r.Rewrite(append(edits, r.bootstrapStripped()...)...)
+}
+
+// bootstrapStripped removes a client's SGLang bootstrap members, which aim
+// engines at each other, from a leg of vLLM's P/D flow (the
+// kv_transfer_params are the leg's own).
+func (r *Request) bootstrapStripped() []Edit {
+	var edits []Edit
+	for _, k := range routingKeys {
+		if k != "kv_transfer_params" && r.Has(k) {
+			edits = append(edits, Edit{Key: k})
+		}
+	}
+	return edits
 }
 
 // DecodeBody is the body of leg 2, to the decode engine: the client's
@@ -211,7 +224,7 @@ func (r *Request) DecodeBody(params json.RawMessage) ([]byte, error) {
 	if err := CheckPrefillAnswer(params); err != nil {
 		return nil, err
 	}
-	return r.Rewrite(Edit{Key: "kv_transfer_params", Value: params}), nil
+	return r.Rewrite(append(r.bootstrapStripped(), Edit{Key: "kv_transfer_params", Value: params})...), nil
 }
 
 // CheckPrefillAnswer checks the kv_transfer_params of a prefill engine's

@@ -230,3 +230,21 @@ func TestResponseCachedTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestVLLMLegsStripBootstrap: a client's SGLang bootstrap members never
+// reach either leg of vLLM's P/D flow.
+func TestVLLMLegsStripBootstrap(t *testing.T) {
+	r, err := ParseRequest([]byte(`{"model":"m","prompt":"x","max_tokens":2,"bootstrap_host":"10.9.9.9","bootstrap_port":1,"bootstrap_room":7}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := r.DecodeBody(json.RawMessage(`{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"p"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for leg, body := range map[string][]byte{"prefill": r.PrefillBody(), "decode": dec} {
+		if strings.Contains(string(body), "bootstrap") || !strings.Contains(string(body), `"kv_transfer_params"`) {
+			t.Errorf("%s leg: %s", leg, body)
+		}
+	}
+}

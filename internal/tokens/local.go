@@ -388,13 +388,19 @@ func parsePostProcessor(raw json.RawMessage) (prefix, suffix []uint32, err error
 }
 
 // Tokenize implements Source.
-func (s *LocalSource) Tokenize(_ context.Context, text string) ([]uint32, error) {
+func (s *LocalSource) Tokenize(ctx context.Context, text string) ([]uint32, error) {
+	return s.TokenizePrompt(ctx, text, s.AddSpecialTokens)
+}
+
+// TokenizePrompt implements PromptSource: special adds the
+// post-processor's special tokens (a BOS token) around the text.
+func (s *LocalSource) TokenizePrompt(_ context.Context, text string, special bool) ([]uint32, error) {
 	out := make([]uint32, 0, len(text)/3+len(s.prefix)+len(s.suffix)+1)
-	if s.AddSpecialTokens {
+	if special {
 		out = append(out, s.prefix...)
 	}
 	out = s.appendText(out, text, false)
-	if s.AddSpecialTokens {
+	if special {
 		out = append(out, s.suffix...)
 	}
 	return out, nil

@@ -22,6 +22,10 @@ type Input struct {
 	// LoRA is the adapter the request is served with ("" for the base
 	// model); it is mixed into every block key.
 	LoRA string
+	// NoSpecialTokens: Prompt is tokenized without the tokenizer's
+	// special tokens (a request's add_special_tokens: false); by default
+	// with them, as engines tokenize a completion's prompt.
+	NoSpecialTokens bool
 	// Chat is how Messages' prompt ends (add_generation_prompt,
 	// continue_final_message) and the tools and template kwargs it is
 	// rendered with.
@@ -68,7 +72,7 @@ func (s *Set) Prepare(ctx context.Context, model string, in Input, blockSize int
 		tk := s.For(model)
 		var err error
 		if in.Prompt != nil {
-			ids, err = tk.Prompt(ctx, *in.Prompt)
+			ids, err = tk.PromptAs(ctx, *in.Prompt, !in.NoSpecialTokens)
 		} else {
 			ids, alt, err = tk.chatAs(ctx, in.Messages, in.Chat)
 		}

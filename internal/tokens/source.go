@@ -19,6 +19,15 @@ type Source interface {
 	Tokenize(ctx context.Context, text string) ([]uint32, error)
 }
 
+// PromptSource is a Source that tokenizes a prompt with or without the
+// tokenizer's special tokens (a BOS token), as vLLM's add_special_tokens
+// asks: true by default for a completion's prompt, as an engine adds
+// them (vLLM's completions and /tokenize, SGLang's /generate).
+type PromptSource interface {
+	Source
+	TokenizePrompt(ctx context.Context, text string, special bool) ([]uint32, error)
+}
+
 // MessagesSource is a Source that can also apply the engine's own chat
 // template to a conversation (vLLM's /tokenize with "messages").
 type MessagesSource interface {
@@ -98,8 +107,12 @@ type tokenizeResponse struct {
 
 // Tokenize implements Source.
 func (s *EngineSource) Tokenize(ctx context.Context, text string) ([]uint32, error) {
-	add := s.AddSpecialTokens
-	return s.post(ctx, tokenizeRequest{Model: s.Model, Prompt: &text, AddSpecialTokens: &add})
+	return s.TokenizePrompt(ctx, text, s.AddSpecialTokens)
+}
+
+// TokenizePrompt implements PromptSource.
+func (s *EngineSource) TokenizePrompt(ctx context.Context, text string, special bool) ([]uint32, error) {
+	return s.post(ctx, tokenizeRequest{Model: s.Model, Prompt: &text, AddSpecialTokens: &special})
 }
 
 // tokenizeSegment tokenizes a rendered chat segment (no special tokens

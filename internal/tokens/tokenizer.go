@@ -94,9 +94,27 @@ func (t *Tokenizer) engineIDs(chat bool) bool {
 // engine's own chat template now (Chat).
 func (t *Tokenizer) exactChats() bool { return t.exact && !t.noMessages.Load() }
 
-// Prompt tokenizes a completion prompt.
+// Prompt tokenizes a completion prompt as an engine does by default,
+// with the tokenizer's special tokens (PromptAs).
 func (t *Tokenizer) Prompt(ctx context.Context, prompt string) ([]uint32, error) {
-	ids, err := t.cached(ctx, 'p', prompt, t.src.Tokenize)
+	return t.PromptAs(ctx, prompt, true)
+}
+
+// PromptAs tokenizes a completion prompt, with the tokenizer's special
+// tokens (a BOS token) when special: vLLM's add_special_tokens, true by
+// default for completions, so that a Llama-family model's prompt is keyed
+// from the BOS its engine caches first. A source without special tokens
+// (the estimate) tokenizes alike either way.
+func (t *Tokenizer) PromptAs(ctx context.Context, prompt string, special bool) ([]uint32, error) {
+	ps, ok := t.src.(PromptSource)
+	f, kind := t.src.Tokenize, byte('p')
+	if ok {
+		f = func(ctx context.Context, text string) ([]uint32, error) { return ps.TokenizePrompt(ctx, text, special) }
+		if special {
+			kind = 'P'
+		}
+	}
+	ids, err := t.cached(ctx, kind, prompt, f)
 	if err != nil {
 		return nil, err
 	}

@@ -329,3 +329,42 @@ func TestEngineSourceFallback(t *testing.T) {
 		t.Fatal("a default source=engine without url= accepted")
 	}
 }
+
+// TestPromptSpecialTokens: a completion's prompt is tokenized with the
+// tokenizer's special tokens unless the request says otherwise, each way
+// cached apart: the engine is asked with add_special_tokens as the
+// request wants it.
+func TestPromptSpecialTokens(t *testing.T) {
+	var asked []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			AddSpecialTokens *bool `json:"add_special_tokens"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if req.AddSpecialTokens != nil && *req.AddSpecialTokens {
+			asked = append(asked, "special")
+			fmt.Fprint(w, `{"tokens":[1,7,8]}`)
+			return
+		}
+		asked = append(asked, "plain")
+		fmt.Fprint(w, `{"tokens":[7,8]}`)
+	}))
+	defer srv.Close()
+	set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: srv.URL}}, NewCache(0), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := "hello"
+	for _, tc := range []struct {
+		no   bool
+		want []uint32
+	}{{false, []uint32{1, 7, 8}}, {true, []uint32{7, 8}}, {false, []uint32{1, 7, 8}}, {true, []uint32{7, 8}}} {
+		p, err := set.Prepare(context.Background(), "m", Input{Prompt: &text, NoSpecialTokens: tc.no}, 16)
+		if err != nil || !reflect.DeepEqual(p.Tokens, tc.want) {
+			t.Fatalf("no special tokens %v: %v %v, want %v", tc.no, p.Tokens, err, tc.want)
+		}
+	}
+	if !reflect.DeepEqual(asked, []string{"special", "plain"}) {
+		t.Fatalf("the engine was asked %v; want once each way (then cached)", asked)
+	}
+}
