@@ -272,3 +272,34 @@ func TestUpstreamTimeoutWholeRequest(t *testing.T) {
 		t.Fatalf("took %v with a %v upstream timeout (%d attempts)", took, timeout, started.Load())
 	}
 }
+
+// TestHalfAFleetIsUnavailable: a disaggregated model with only prefill
+// or only decode endpoints up is an outage: 503 with Retry-After, outcome
+// unavailable, and /ready says so; never early rejection's 429 telling
+// the client not to retry (it was, with or without early rejection).
+func TestHalfAFleetIsUnavailable(t *testing.T) {
+	for _, role := range []fleet.Role{fleet.RolePrefill, fleet.RoleDecode} {
+		for _, early := range []bool{true, false} {
+			c := &capture{}
+			up := c.server(t)
+			cfg := Config{Endpoints: []fleet.Endpoint{{Name: "half", URL: up.URL, Model: testModel, Role: role}}, NoHealthChecks: true}
+			cfg.EarlyReject = &early
+			_, url, admin := startGateway(t, cfg, Options{})
+			r := post(t, url+"/v1/completions", completion("hello there", false, 2), nil)
+			if r.status != 503 || r.header.Get("Retry-After") == "" || r.header.Get("X-Should-Retry") == "false" || !strings.Contains(r.body, "cannot be served now") {
+				t.Errorf("%s only, early rejection %v: %d %v %s", role, early, r.status, r.header, r.body)
+			}
+			if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="unavailable"`) {
+				t.Errorf("%s only: not counted unavailable", role)
+			}
+			if resp, err := http.Get(url + "/ready"); err != nil || resp.StatusCode != 503 {
+				t.Errorf("%s only: /ready %v %v", role, resp, err)
+			} else {
+				resp.Body.Close()
+			}
+			if len(c.bodies) != 0 {
+				t.Errorf("%s only: the engine got %d requests", role, len(c.bodies))
+			}
+		}
+	}
+}

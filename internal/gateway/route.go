@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/enginemetrics"
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/sched"
@@ -473,10 +474,39 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	if len(fs.snap.Endpoints) == 0 {
 		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
 	}
+	if why := unservable(members); why != "" {
+		// An outage, not the load: 503 (the client may retry), never
+		// early rejection's 429.
+		return nil, openai.Unavailable(5*time.Second, "model %q cannot be served now: %s", rt.req.Model, why)
+	}
 	fs.snap.HeldCompute = mf.hold.q.Compute()
 	mf.hold.q.FillRejections(&fs.snap)
 	fs.members, fs.eps = members, eps
 	return fs, nil
+}
+
+// unservable says why endpoints cannot serve a request of their model
+// ("": they can): a prefill endpoint needs a decode endpoint beside it,
+// and a decode endpoint a prefill one, unless one serves both.
+func unservable(ms []*member) string {
+	var prefill, decode bool
+	for _, m := range ms {
+		switch m.ep.Role {
+		case fleet.RoleBoth:
+			return ""
+		case fleet.RolePrefill:
+			prefill = true
+		case fleet.RoleDecode:
+			decode = true
+		}
+	}
+	switch {
+	case prefill && !decode:
+		return "its prefill endpoints are up, but none of its decode endpoints is"
+	case decode && !prefill:
+		return "its decode endpoints are up, but none of its prefill endpoints is"
+	}
+	return ""
 }
 
 // schedRequest is what the scheduler knows of rt: its output planned at
