@@ -308,13 +308,16 @@ func reload(g *gateway.Gateway, running serveConfig, u *fleetUnion, f *serveFlag
 	}
 	next, err := f.load(flags)
 	if err == nil {
-		if !reflect.DeepEqual(next.Discovery, running.Discovery) {
-			log.Warn("config reloaded; discovery changes need a restart and keep their running values")
-		}
 		var restart []string
 		next.Endpoints = u.withStatic(next.Endpoints)
 		restart, err = g.Reload(next.Config)
-		if len(restart) > 0 {
+		if !reflect.DeepEqual(next.Discovery, running.Discovery) {
+			restart = append(restart, "discovery")
+		}
+		if !reflect.DeepEqual(next.Planner, running.Planner) {
+			restart = append(restart, "planner")
+		}
+		if err == nil && len(restart) > 0 {
 			log.Warn("config reloaded; these fields need a restart and keep their running values", "fields", restart)
 		}
 	}
