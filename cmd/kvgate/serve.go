@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -101,9 +102,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	c.EarlyReject = &early
 	c.EngineStepTokens = &stepTokens
-	if f.k8s.Selector != "" {
-		f.disc.Kubernetes = &f.k8s
-	}
 	sc, err := f.load(c)
 	if err != nil {
 		return err
@@ -147,6 +145,39 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return serveGateway(ctx, g, sc, srcs, u, &f, c, stdout, log)
 }
 
+// overK8s applies the --k8s-* flags given over the config's
+// discovery.kubernetes, field by field (the file's other fields kept); a
+// section that only flags make needs --k8s-selector.
+func (f *serveFlags) overK8s(d *discoveryConfig) error {
+	over := map[string]func(k *k8sConfig){
+		"k8s-selector": func(k *k8sConfig) { k.Selector = f.k8s.Selector }, "k8s-namespace": func(k *k8sConfig) { k.Namespace = f.k8s.Namespace },
+		"k8s-port-name": func(k *k8sConfig) { k.PortName = f.k8s.PortName }, "k8s-port": func(k *k8sConfig) { k.Port = f.k8s.Port },
+		"k8s-model": func(k *k8sConfig) { k.Model = f.k8s.Model }, "kubeconfig": func(k *k8sConfig) { k.Kubeconfig = f.k8s.Kubeconfig },
+	}
+	var given []string
+	for name := range over {
+		if f.set[name] {
+			given = append(given, "--"+name)
+		}
+	}
+	if len(given) == 0 {
+		return nil
+	}
+	if d.Kubernetes == nil {
+		if !f.set["k8s-selector"] {
+			slices.Sort(given)
+			return fmt.Errorf("%s: Kubernetes discovery needs --k8s-selector (or discovery.kubernetes in --config)", strings.Join(given, ", "))
+		}
+		d.Kubernetes = &k8sConfig{Namespace: f.k8s.Namespace}
+	}
+	for name, set := range over {
+		if f.set[name] {
+			set(d.Kubernetes)
+		}
+	}
+	return nil
+}
+
 // load builds the config: the file (if any), then the flags given.
 func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 	var sc serveConfig
@@ -162,8 +193,8 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 	if f.disc.File != "" {
 		sc.Discovery.File = f.disc.File
 	}
-	if f.disc.Kubernetes != nil {
-		sc.Discovery.Kubernetes = f.disc.Kubernetes
+	if err := f.overK8s(&sc.Discovery); err != nil {
+		return sc, err
 	}
 	c := &sc.Config
 	over := map[string]func(){

@@ -296,3 +296,37 @@ func get(t *testing.T, url string) string {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+// TestK8sFlagsOverFileFields: --k8s-* flags override the config's
+// discovery.kubernetes field by field (its other fields kept); flags that
+// would make a section alone need --k8s-selector.
+func TestK8sFlagsOverFileFields(t *testing.T) {
+	flags := func(set ...string) *serveFlags {
+		f := &serveFlags{set: map[string]bool{}}
+		f.k8s = k8sConfig{Selector: "app=other", Namespace: "default", Port: 9000, Kubeconfig: "kc.yaml"}
+		for _, s := range set {
+			f.set[s] = true
+		}
+		return f
+	}
+	file := func() *discoveryConfig {
+		return &discoveryConfig{Kubernetes: &k8sConfig{Namespace: "x", Selector: "app=vllm", Port: 8000, RoleLabel: "r", Scheme: "https", NameFromPod: true}}
+	}
+	d := file()
+	if err := flags("k8s-selector", "kubeconfig").overK8s(d); err != nil {
+		t.Fatal(err)
+	}
+	if want := (k8sConfig{Namespace: "x", Selector: "app=other", Port: 8000, RoleLabel: "r", Scheme: "https", NameFromPod: true, Kubeconfig: "kc.yaml"}); *d.Kubernetes != want {
+		t.Fatalf("got %+v, want %+v", *d.Kubernetes, want)
+	}
+	d = &discoveryConfig{}
+	if err := flags("k8s-selector", "k8s-port").overK8s(d); err != nil || *d.Kubernetes != (k8sConfig{Namespace: "default", Selector: "app=other", Port: 9000}) {
+		t.Fatalf("from flags alone: %v %+v", err, d.Kubernetes)
+	}
+	if err := flags("k8s-port", "kubeconfig").overK8s(&discoveryConfig{}); err == nil || !strings.Contains(err.Error(), "--k8s-port, --kubeconfig: Kubernetes discovery needs --k8s-selector") {
+		t.Fatalf("flags without a selector or a section: %v", err)
+	}
+	if d := file(); flags().overK8s(d) != nil || *d.Kubernetes != *file().Kubernetes {
+		t.Fatal("no flag changed the file's section")
+	}
+}
