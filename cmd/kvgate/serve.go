@@ -293,7 +293,7 @@ func serveGateway(ctx context.Context, g *gateway.Gateway, sc serveConfig, srcs 
 	if len(srcs) > 0 {
 		go func() {
 			if err := runDiscovery(ctx, srcs, u); err != nil {
-				errc <- fmt.Errorf("discovery: %w", err)
+				errc <- err // its sources name themselves (discovery:, k8s:)
 			}
 		}()
 	}

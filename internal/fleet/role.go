@@ -5,7 +5,11 @@
 // uses these types, so an endpoint means the same thing everywhere.
 package fleet
 
-import "fmt"
+import (
+	"fmt"
+
+	"gopkg.in/yaml.v3"
+)
 
 // Role is what an endpoint does: prefill and decode (aggregated), only
 // prefill, or only decode.
@@ -50,6 +54,15 @@ func (r Role) CanDecode() bool { return r != RolePrefill }
 
 // MarshalText implements encoding.TextMarshaler (JSON and YAML use it).
 func (r Role) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// UnmarshalYAML reads a role in a YAML file, naming its line and key in
+// an error (yaml.v3 passes a TextUnmarshaler's error on without them).
+func (r *Role) UnmarshalYAML(n *yaml.Node) error {
+	if err := r.UnmarshalText([]byte(n.Value)); err != nil {
+		return fmt.Errorf("line %d: role: %w", n.Line, err)
+	}
+	return nil
+}
 
 // UnmarshalText implements encoding.TextUnmarshaler.
 func (r *Role) UnmarshalText(b []byte) error {

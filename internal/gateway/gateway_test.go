@@ -572,6 +572,10 @@ func TestConditionalDisaggregation(t *testing.T) {
 	if short.status != 200 || short.header.Get(hdrPrefill) != d.Addr() || short.header.Get(hdrDecode) != d.Addr() {
 		t.Fatalf("short prompt: %d prefill %s decode %s: %s", short.status, short.header.Get(hdrPrefill), short.header.Get(hdrDecode), short.body)
 	}
+	// Its reason speaks of the endpoint that served it.
+	if why := short.header.Get(hdrReason); !strings.Contains(why, "decode endpoint "+d.Addr()+" computes the prompt itself") {
+		t.Errorf("short prompt's reason: %s", why)
+	}
 	long := post(t, url+"/v1/completions", completion(prefix("long"), false, 3), nil)
 	if long.status != 200 || long.header.Get(hdrPrefill) != p.Addr() || long.header.Get(hdrDecode) != d.Addr() {
 		t.Fatalf("long prompt: %d prefill %s decode %s", long.status, long.header.Get(hdrPrefill), long.header.Get(hdrDecode))

@@ -786,7 +786,7 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 		return nil, &upstreamError{m.ep.Name, err}
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, &openai.Error{Status: resp.StatusCode, Message: fmt.Sprintf("prefill endpoint %s: %s", m.ep.Name, bytes.TrimSpace(data))}
+		return nil, openai.EngineError(resp.StatusCode, "prefill endpoint "+m.ep.Name+": ", data)
 	}
 	return data, nil
 }

@@ -527,6 +527,7 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 	if d.Prefill >= 0 {
 		p.prefill, p.pEP = fs.members[d.Prefill], fs.eps[d.Prefill]
 	}
+	local := false
 	if d.Decode >= 0 {
 		p.decode, p.dEP = fs.members[d.Decode], fs.eps[d.Decode]
 		if g.cfg.LocalPrefillTokens > 0 && rt.promptN-fs.snap.Endpoints[d.Decode].CachedTokens <= g.cfg.LocalPrefillTokens {
@@ -534,6 +535,7 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 			// the short uncached part itself.
 			p.prefill, p.pEP, p.decode, p.dEP = p.decode, p.dEP, nil, nil
 			p.dec.CachedTokens = fs.snap.Endpoints[d.Decode].CachedTokens
+			local = true
 		}
 	}
 	if d.Admit && d.CopyTokens > 0 {
@@ -541,6 +543,10 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 		p.copy = &prefixCopy{to: fs.members[d.CopyTo], ep: fs.eps[d.CopyTo], tokens: d.CopyTokens, cached: to.CachedTokens, speed: to.PrefillSpeed}
 	}
 	p.reason = g.explain(&fs.snap, &d, rt.promptN)
+	if local {
+		p.reason = fmt.Sprintf("decode endpoint %s computes the prompt itself: it holds %d of its %d tokens, the rest within local_prefill_tokens %d",
+			p.prefill.ep.Name, p.dec.CachedTokens, rt.promptN, g.cfg.LocalPrefillTokens)
+	}
 	if d.Admit && d.Reason != "" {
 		p.reason = d.Reason + "; " + p.reason // released from the hold queue
 	}

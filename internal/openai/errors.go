@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -41,6 +42,39 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return e.Message }
+
+// EngineError reads an engine's error answer with the given status: an
+// OpenAI error body ({"error":{"message","type","param"}}, or vLLM's older
+// {"object":"error","message",...}) keeps its message, type and param, the
+// message prefixed with who answered (prefix); any other body is the
+// message as it came.
+func EngineError(status int, prefix string, body []byte) *Error {
+	type fields struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Param   any    `json:"param"`
+	}
+	var doc struct {
+		Error *fields `json:"error"`
+		fields
+	}
+	e := &Error{Status: status, Message: prefix + strings.TrimSpace(string(body))}
+	if json.Unmarshal(body, &doc) != nil {
+		return e
+	}
+	f := doc.Error
+	if f == nil {
+		f = &doc.fields
+	}
+	if f.Message == "" {
+		return e
+	}
+	e.Message, e.Type = prefix+f.Message, f.Type
+	if p, ok := f.Param.(string); ok {
+		e.Param = p
+	}
+	return e
+}
 
 // WithParam sets the field at fault and returns e.
 func (e *Error) WithParam(p string) *Error {
