@@ -164,7 +164,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		if g.ended(w, r, rt, err, failed == "" || attempt == 1 || r.Context().Err() != nil) {
 			return
 		}
-		g.log.Warn("upstream failed before responding; retrying elsewhere", "id", rt.id, "endpoint", failed, "err", err)
+		g.log.Warn("upstream failed before responding; retrying elsewhere if another endpoint can take it", "id", rt.id, "endpoint", failed, "err", err)
 		g.met.retries.Inc()
 		exclude, failure = failed, err
 	}
