@@ -126,10 +126,11 @@ func (s *Subscriber) register(st *stream) {
 	}
 }
 
-// unregister removes st's topics (under the lock).
+// unregister removes st's topics (under the lock): its name's, its
+// Addr's and a host's its topic named (streamForHost).
 func (s *Subscriber) unregister(st *stream) {
-	for _, k := range [...]string{st.cfg.Name + "@" + st.cfg.Model, st.cfg.aliasKey()} {
-		if k != "" && s.byTopic[k] == st {
+	for k, v := range s.byTopic {
+		if v == st {
 			delete(s.byTopic, k)
 		}
 	}
@@ -638,6 +639,14 @@ func (s *Subscriber) streamForTopic(topic string, rank int) (*stream, error) {
 	if st != nil {
 		return st, nil
 	}
+	if base, _ := fleet.SplitRankName(name); !hostPort(base) {
+		// llm-d's vLLM deployments name the pod by its IP alone
+		// (kv@${POD_IP}@MODEL): the configured engine of that model
+		// whose API is at that host, when it is the only one.
+		if st, err := s.streamForHost(base, model, rank, topic); st != nil || err != nil {
+			return st, err
+		}
+	}
 	if s.fromWire >= s.cfg.MaxCentralEngines {
 		n := s.centralRefused.Add(1)
 		if n <= 10 || n%1000 == 0 {
@@ -658,6 +667,36 @@ func (s *Subscriber) streamForTopic(topic string, rank int) (*stream, error) {
 	s.byTopic[key] = st
 	s.mu.Unlock()
 	return st, nil
+}
+
+// streamForHost finds the configured engine of model at rank whose API's
+// host is host (a topic that names no port), and makes the topic's key
+// its alias; nil when none is; an error when several are (the topic
+// cannot tell them apart).
+func (s *Subscriber) streamForHost(host, model string, rank int, topic string) (*stream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var match []*stream
+	for _, st := range s.streams {
+		if h, r, ok := st.cfg.apiHost(); ok && !st.fromWire && st.cfg.Model == model && r == rank && h == host {
+			match = append(match, st)
+		}
+	}
+	switch {
+	case len(match) == 0:
+		return nil, nil
+	case len(match) > 1 || !match[0].claim(rank):
+		return nil, fmt.Errorf("topic %q names host %s without a port, and %d configured engines of model %s are there: give each engine's topic its port (kv@HOST:PORT@MODEL)", topic, host, len(match), model)
+	}
+	s.byTopic[fleet.RankName(host, rank)+"@"+model] = match[0]
+	s.log.Info("kv events: engine identified by the host its topic names", "endpoint", match[0].cfg.Name, "model", model, "topic", topic)
+	return match[0], nil
+}
+
+// hostPort reports whether name is a host:port.
+func hostPort(name string) bool {
+	host, port, err := net.SplitHostPort(name)
+	return err == nil && host != "" && port != ""
 }
 
 // Stats returns every engine stream's counters, sorted by endpoint name.

@@ -136,6 +136,37 @@ func TestCentralTopicNamesAddr(t *testing.T) {
 	}
 }
 
+// TestCentralTopicNamesHostOnly: llm-d's vLLM deployments name an engine
+// by its pod's IP alone (kv@${POD_IP}@MODEL); the topic reaches the
+// configured engine of that model whose API is at that host, when it is
+// the only one there (then by a key of its own: later frames find it at
+// once, and it goes with the engine), and is refused when two are.
+func TestCentralTopicNamesHostOnly(t *testing.T) {
+	s, err := New(Config{Engines: []EngineConfig{
+		{Name: "vllm-0", Model: "m", Addr: "10.0.0.5:8000"}, {Name: "vllm-1", Model: "m", Addr: "10.0.0.6:8000"},
+		{Name: "10.0.0.7:8000", Model: "m"}, {Name: "10.0.0.7:8001", Model: "m"},
+	}}, kvindex.New(kvindex.Config{BlockSize: 16}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if st, err := s.streamForTopic("kv@10.0.0.5@m", 0); err != nil || st == nil || st.cfg.Name != "vllm-0" {
+			t.Fatalf("the pod IP's topic reached %+v (%v), want vllm-0", st, err)
+		}
+	}
+	if st, err := s.streamForTopic("kv@10.0.0.7@m", 0); err == nil || st != nil || !strings.Contains(err.Error(), "give each engine's topic its port") {
+		t.Fatalf("a host of two engines: %+v %v", st, err)
+	}
+	if err := s.SetEngines([]EngineConfig{{Name: "vllm-1", Model: "m", Addr: "10.0.0.6:8000"}}); err != nil {
+		t.Fatal(err)
+	}
+	for k, st := range s.byTopic {
+		if st.cfg.Name == "vllm-0" {
+			t.Errorf("key %s still leads to the removed engine", k)
+		}
+	}
+}
+
 // TestCentralEmptyTopicAfterSetEngines: a publisher refused while no
 // engine fits is identified once discovery adds the engine.
 func TestCentralEmptyTopicAfterSetEngines(t *testing.T) {
