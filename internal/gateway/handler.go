@@ -114,7 +114,7 @@ func (g *Gateway) handleReady(w http.ResponseWriter, _ *http.Request) {
 			openai.WriteError(w, openai.Unavailable(time.Second, "no healthy endpoint for model %q", name))
 			return
 		}
-		if why := unservable(mf.members); why != "" {
+		if _, why := servable(mf.members); why != "" {
 			openai.WriteError(w, openai.Unavailable(time.Second, "model %q cannot be served: %s", name, why))
 			return
 		}

@@ -273,11 +273,14 @@ func TestUpstreamTimeoutWholeRequest(t *testing.T) {
 	}
 }
 
-// TestHalfAFleetIsUnavailable: a disaggregated model with only prefill
-// or only decode endpoints up is an outage: 503 with Retry-After, outcome
-// unavailable, and /ready says so; never early rejection's 429 telling
-// the client not to retry (it was, with or without early rejection).
-func TestHalfAFleetIsUnavailable(t *testing.T) {
+// TestHalfAFleet: a disaggregated model with only prefill endpoints up is
+// an outage: 503 with Retry-After, outcome unavailable, and /ready says
+// so; never early rejection's 429 telling the client not to retry (it
+// was, with or without early rejection). With only decode endpoints up,
+// they serve requests alone (the engine gets the request as the client
+// sent it, no kv_transfer_params), as a decode endpoint serves a short
+// prompt under local_prefill_tokens.
+func TestHalfAFleet(t *testing.T) {
 	for _, role := range []fleet.Role{fleet.RolePrefill, fleet.RoleDecode} {
 		for _, early := range []bool{true, false} {
 			c := &capture{}
@@ -286,19 +289,29 @@ func TestHalfAFleetIsUnavailable(t *testing.T) {
 			cfg.EarlyReject = &early
 			_, url, admin := startGateway(t, cfg, Options{})
 			r := post(t, url+"/v1/completions", completion("hello there", false, 2), nil)
+			resp, err := http.Get(url + "/ready")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			c.mu.Lock()
+			bodies := append([]string(nil), c.bodies...)
+			c.mu.Unlock()
+			if role == fleet.RoleDecode {
+				if r.status != 200 || !strings.Contains(r.header.Get(hdrReason), "decode endpoints serve requests alone") || resp.StatusCode != 200 ||
+					len(bodies) != 1 || strings.Contains(bodies[0], "kv_transfer_params") {
+					t.Errorf("decode only, early rejection %v: %d %v %s; /ready %d; the engine got %q", early, r.status, r.header, r.body, resp.StatusCode, bodies)
+				}
+				continue
+			}
 			if r.status != 503 || r.header.Get("Retry-After") == "" || r.header.Get("X-Should-Retry") == "false" || !strings.Contains(r.body, "cannot be served now") {
-				t.Errorf("%s only, early rejection %v: %d %v %s", role, early, r.status, r.header, r.body)
+				t.Errorf("prefill only, early rejection %v: %d %v %s", early, r.status, r.header, r.body)
 			}
 			if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="unavailable"`) {
-				t.Errorf("%s only: not counted unavailable", role)
+				t.Error("prefill only: not counted unavailable")
 			}
-			if resp, err := http.Get(url + "/ready"); err != nil || resp.StatusCode != 503 {
-				t.Errorf("%s only: /ready %v %v", role, resp, err)
-			} else {
-				resp.Body.Close()
-			}
-			if len(c.bodies) != 0 {
-				t.Errorf("%s only: the engine got %d requests", role, len(c.bodies))
+			if resp.StatusCode != 503 || len(bodies) != 0 {
+				t.Errorf("prefill only: /ready %d, the engine got %d requests", resp.StatusCode, len(bodies))
 			}
 		}
 	}

@@ -445,6 +445,9 @@ type fleetView struct {
 	members []*member
 	eps     []*load.Endpoint
 	snap    sched.Snapshot
+	// decodeAlone: no prefill endpoint is up, and the decode endpoints
+	// are in snap as serving requests alone.
+	decodeAlone bool
 }
 
 // fleetFor builds the snapshot of mf for rt now (the load accounting, the
@@ -474,7 +477,16 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	if len(fs.snap.Endpoints) == 0 {
 		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
 	}
-	if why := unservable(members); why != "" {
+	switch decodeOnly, why := servable(members); {
+	case decodeOnly:
+		// No prefill endpoint is up: the decode endpoints compute their
+		// requests' prompts themselves, as in conditional disaggregation
+		// (and Dynamo's decode workers without prefill workers).
+		for i := range fs.snap.Endpoints {
+			fs.snap.Endpoints[i].Role = fleet.RoleBoth
+		}
+		fs.decodeAlone = true
+	case why != "":
 		// An outage, not the load: 503 (the client may retry), never
 		// early rejection's 429.
 		return nil, openai.Unavailable(5*time.Second, "model %q cannot be served now: %s", rt.req.Model, why)
@@ -485,28 +497,26 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	return fs, nil
 }
 
-// unservable says why endpoints cannot serve a request of their model
-// ("": they can): a prefill endpoint needs a decode endpoint beside it,
-// and a decode endpoint a prefill one, unless one serves both.
-func unservable(ms []*member) string {
+// servable says how endpoints can serve a request of their model: why
+// they cannot ("": they can; a prefill endpoint needs a decode endpoint
+// beside it, unless one serves both), or decodeOnly, when only decode
+// endpoints are up, which then serve requests alone.
+func servable(ms []*member) (decodeOnly bool, why string) {
 	var prefill, decode bool
 	for _, m := range ms {
 		switch m.ep.Role {
 		case fleet.RoleBoth:
-			return ""
+			return false, ""
 		case fleet.RolePrefill:
 			prefill = true
 		case fleet.RoleDecode:
 			decode = true
 		}
 	}
-	switch {
-	case prefill && !decode:
-		return "its prefill endpoints are up, but none of its decode endpoints is"
-	case decode && !prefill:
-		return "its decode endpoints are up, but none of its prefill endpoints is"
+	if prefill && !decode {
+		return false, "its prefill endpoints are up, but none of its decode endpoints is"
 	}
-	return ""
+	return decode && !prefill, ""
 }
 
 // schedRequest is what the scheduler knows of rt: its output planned at
@@ -543,6 +553,9 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 		p.copy = &prefixCopy{to: fs.members[d.CopyTo], ep: fs.eps[d.CopyTo], tokens: d.CopyTokens, cached: to.CachedTokens, speed: to.PrefillSpeed}
 	}
 	p.reason = g.explain(&fs.snap, &d, rt.promptN)
+	if fs.decodeAlone {
+		p.reason = "no prefill endpoint is up: decode endpoints serve requests alone; " + p.reason
+	}
 	if local {
 		p.reason = fmt.Sprintf("decode endpoint %s computes the prompt itself: it holds %d of its %d tokens, the rest within local_prefill_tokens %d",
 			p.prefill.ep.Name, p.dec.CachedTokens, rt.promptN, g.cfg.LocalPrefillTokens)
