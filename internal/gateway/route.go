@@ -478,6 +478,8 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
 	}
 	switch decodeOnly, why := servable(members); {
+	case decodeOnly && g.sglangPD(rt.model):
+		return nil, openai.Unavailable(5*time.Second, "model %q cannot be served now: its decode endpoints are up, but none of its prefill endpoints is (SGLang's decode engines do not compute a prompt alone)", rt.req.Model)
 	case decodeOnly:
 		// No prefill endpoint is up: the decode endpoints compute their
 		// requests' prompts themselves, as in conditional disaggregation
@@ -495,6 +497,24 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	mf.hold.q.FillRejections(&fs.snap)
 	fs.members, fs.eps = members, eps
 	return fs, nil
+}
+
+// sglangPD reports whether model's fleet runs SGLang's P/D protocol (a
+// prefill endpoint with a bootstrap port, up or not).
+func (g *Gateway) sglangPD(model string) bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.sglangPDLocked(model)
+}
+
+// sglangPDLocked is sglangPD with g.mu held.
+func (g *Gateway) sglangPDLocked(model string) bool {
+	for _, m := range g.members {
+		if m.ep.Model == model && m.ep.BootstrapPort > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // servable says how endpoints can serve a request of their model: why
