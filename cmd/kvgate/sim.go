@@ -745,8 +745,12 @@ func printTable(w io.Writer, rs []sim.Result) error {
 		if r.LateTTFTP50 > 0 {
 			late = fmt.Sprintf("%.2fs", r.LateTTFTP50)
 		}
-		line := fmt.Sprintf("%d\t%g\t%s\t%s\t%d\t%.1f%%\t%.2fs\t%.2fs\t%.2fs\t%s\t%.1f%%\t%.1f%%\t",
-			r.Seed, r.Rate, pol, rej, r.Requests, 100*r.HitRate, r.TTFTP50, r.TTFTP99, r.TTFTMax, late, 100*r.Attainment, 100*r.Rejected)
+		ttft := [3]string{"-", "-", "-"} // of no request served: unknown, not 0
+		if r.Rejected+r.Unserved < 1 {
+			ttft = [3]string{fmt.Sprintf("%.2fs", r.TTFTP50), fmt.Sprintf("%.2fs", r.TTFTP99), fmt.Sprintf("%.2fs", r.TTFTMax)}
+		}
+		line := fmt.Sprintf("%d\t%g\t%s\t%s\t%d\t%.1f%%\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t",
+			r.Seed, r.Rate, pol, rej, r.Requests, 100*r.HitRate, ttft[0], ttft[1], ttft[2], late, 100*r.Attainment, 100*r.Rejected)
 		if unserved {
 			line += fmt.Sprintf("%.1f%%\t", 100*r.Unserved)
 		}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/workload"
 )
 
@@ -303,5 +304,21 @@ func TestSimCopiesAheadOfTheBalance(t *testing.T) {
 	steps := simJSON(t, "--rates", "40", "--seed", "4", "--engine-steps", "8192", "--early-reject", "off", "--policies", "kvgate").Runs[0]
 	if p := steps["ttft_p99"].(float64); p > 0.06 {
 		t.Errorf("steps mode, 40 req/s: p99 %.4f s, want under 0.06 s (0.117 s with copies hidden from the predictor)", p)
+	}
+}
+
+// TestSimTableNothingServed: a run that served nothing shows its TTFTs as
+// unknown, not as 0 s.
+func TestSimTableNothingServed(t *testing.T) {
+	var b strings.Builder
+	if err := printTable(&b, []sim.Result{{Policy: "kvgate", Requests: 10, Rejected: 1}, {Policy: "cache-only", Requests: 10, Rejected: 0.5, TTFTP50: 0.25}}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if f := strings.Fields(lines[1]); len(f) < 9 || f[6] != "-" || f[7] != "-" || f[8] != "-" {
+		t.Errorf("nothing served: %q", lines[1])
+	}
+	if f := strings.Fields(lines[2]); len(f) < 7 || f[6] != "0.25s" {
+		t.Errorf("half served: %q", lines[2])
 	}
 }
