@@ -124,6 +124,13 @@ func (s *Subscriber) register(st *stream) {
 			s.byTopic[k] = st
 		}
 	}
+	if h, _, ok := st.cfg.apiHost(); ok {
+		// A topic naming its host alone (streamForHost) registered from
+		// the wire before st was configured: its next frame finds st.
+		if k := h + "@" + st.cfg.Model; s.byTopic[k] != nil && s.byTopic[k].fromWire {
+			delete(s.byTopic, k)
+		}
+	}
 }
 
 // unregister removes st's topics (under the lock): its name's, its

@@ -157,8 +157,16 @@ func TestCentralTopicNamesHostOnly(t *testing.T) {
 	if st, err := s.streamForTopic("kv@10.0.0.7@m", 0); err == nil || st != nil || !strings.Contains(err.Error(), "give each engine's topic its port") {
 		t.Fatalf("a host of two engines: %+v %v", st, err)
 	}
-	if err := s.SetEngines([]EngineConfig{{Name: "vllm-1", Model: "m", Addr: "10.0.0.6:8000"}}); err != nil {
+	// A host's topic heard before its engine was configured registered
+	// an engine of its own; configured, the engine takes the topic.
+	if st, err := s.streamForTopic("kv@10.0.0.8@m", 0); err != nil || st == nil || !st.fromWire {
+		t.Fatalf("an unknown host's topic: %+v %v", st, err)
+	}
+	if err := s.SetEngines([]EngineConfig{{Name: "vllm-1", Model: "m", Addr: "10.0.0.6:8000"}, {Name: "vllm-8", Model: "m", Addr: "10.0.0.8:8000"}}); err != nil {
 		t.Fatal(err)
+	}
+	if st, err := s.streamForTopic("kv@10.0.0.8@m", 0); err != nil || st == nil || st.cfg.Name != "vllm-8" {
+		t.Fatalf("the host's topic once its engine is configured: %+v %v", st, err)
 	}
 	for k, st := range s.byTopic {
 		if st.cfg.Name == "vllm-0" {
