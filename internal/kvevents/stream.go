@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvgate/kvgate/internal/zmtp"
 )
@@ -91,6 +94,16 @@ type stream struct {
 	past     bool   // 2^64-1 was applied: every sequence number is behind
 	// sizeChecked: warnSmallBlocks has seen the engine's block size.
 	sizeChecked bool
+	// connected carries a connection to the engine's PUB (per-engine
+	// mode, with a replay endpoint) to the receive loop (onConnect).
+	connected chan struct{}
+	// lastHash is the hash of the last applied batch's payload, which a
+	// reconnection's replay compares (resync).
+	lastHash uint64
+	// dupWindow: a replay at a connection has applied batches that live
+	// frames queued meanwhile bring again; until a live frame past them
+	// comes, one behind is such a duplicate, not a restart.
+	dupWindow bool
 	// centralRank is 1 + the data-parallel rank whose central SUB feeds
 	// the stream (0: none yet): one goroutine a stream.
 	centralRank atomic.Int32
@@ -166,6 +179,12 @@ func (s *stream) behind(seq uint64) bool { return s.past || seq < s.next }
 // from the replay socket first, up to seq and no further, so the live
 // batch is never mistaken for a duplicate.
 func (s *stream) onMessage(ctx context.Context, seq uint64, payload []byte) {
+	if s.dupWindow {
+		if s.started && !s.past && seq < s.next {
+			return // applied by the connection's replay
+		}
+		s.dupWindow = false
+	}
 	switch {
 	case !s.started:
 		s.started, s.next = true, seq
@@ -218,6 +237,7 @@ func (s *stream) apply(seq uint64, payload []byte) {
 		return
 	}
 	s.st.batches.Add(1)
+	s.lastHash = xxhash.Sum64(payload)
 	s.m.apply(&s.batch)
 	s.st.mapSize.Store(int64(s.m.nodes.len()))
 	if !s.sizeChecked {
@@ -250,6 +270,87 @@ func (s *stream) malformed(err error) {
 	if n <= 10 || n%1000 == 0 {
 		s.log.Warn("kv events: malformed frame", "endpoint", s.cfg.Name, "count", n, "err", err)
 	}
+}
+
+// onConnect runs in the receive loop when the engine's PUB accepted a
+// connection (its first, or a reconnection): with a replay endpoint, the
+// engine's buffer is asked at once rather than at its next batch, which a
+// quiet engine may not send for long. Never started: the buffer warms the
+// index (a gateway started beside a running engine). Started: resync.
+func (s *stream) onConnect(ctx context.Context) {
+	if s.rep == nil || s.past {
+		return
+	}
+	if !s.started {
+		s.warm(ctx)
+		return
+	}
+	s.resync(ctx)
+}
+
+// warm applies what the engine's replay buffer holds, from its oldest
+// batch, as the sequence's start.
+func (s *stream) warm(ctx context.Context) {
+	s.st.replays.Add(1)
+	err := s.rep.request(ctx, 0, func(seq uint64, payload []byte) bool {
+		if s.started && seq < s.next {
+			return true // a duplicate reply
+		}
+		s.started = true
+		s.st.replayedBatches.Add(1)
+		s.apply(seq, payload)
+		return !s.past
+	})
+	if err != nil {
+		s.st.replayFailures.Add(1)
+		s.log.Warn("kv events: replay at connection failed", "endpoint", s.cfg.Name, "replay", s.cfg.Replay, "err", err)
+	}
+	s.dupWindow = s.started
+}
+
+// resync asks the reconnected engine for the last batch applied and what
+// followed: the same batch (its payload's hash) means the same engine,
+// and what it sent meanwhile is applied; another batch, or none (a
+// restarted engine numbers from 0 again, or its buffer no longer reaches
+// back), means its cache is not what the index holds: its blocks are
+// dropped and its buffer warms the index again, as at a restart seen in
+// the live sequence. A replay that fails changes nothing (the next live
+// batch decides, as before).
+func (s *stream) resync(ctx context.Context) {
+	s.st.replays.Add(1)
+	last, hash := s.next-1, s.lastHash
+	decided, same := false, false
+	err := s.rep.request(ctx, last, func(seq uint64, payload []byte) bool {
+		if !decided {
+			decided, same = true, seq == last && xxhash.Sum64(payload) == hash
+			return same
+		}
+		if seq < s.next {
+			return true
+		}
+		if seq > s.next {
+			s.st.unrecovered.Add(1)
+			s.log.Warn("kv events: replay buffer does not reach back far enough", "endpoint", s.cfg.Name, "from", s.next, "first", seq)
+		}
+		s.st.replayedBatches.Add(1)
+		s.apply(seq, payload)
+		return !s.past
+	})
+	switch {
+	case err != nil:
+		s.st.replayFailures.Add(1)
+		s.log.Warn("kv events: replay at reconnection failed; the next batch decides", "endpoint", s.cfg.Name, "replay", s.cfg.Replay, "err", err)
+		return
+	case !same:
+		s.st.restarts.Add(1)
+		s.log.Warn("kv events: reconnected to an engine whose replay does not continue what was applied (restarted); dropping its blocks",
+			"endpoint", s.cfg.Name, "last_seq", last)
+		s.m.reset()
+		s.started, s.next, s.past = false, 0, false
+		s.warm(ctx)
+		return
+	}
+	s.dupWindow = true
 }
 
 // maxExtraReplies bounds the replies a replay may send beyond the batches

@@ -260,7 +260,8 @@ func (s *Subscriber) newStream(ec EngineConfig) (*stream, error) {
 	st := &EngineStats{}
 	str := &stream{
 		cfg: ec, st: st, log: s.log,
-		m: newMapper(id, ec.Model, s.idx.BlockSize(), s.cfg.MaxMapBlocks, s.idx, st),
+		m:         newMapper(id, ec.Model, s.idx.BlockSize(), s.cfg.MaxMapBlocks, s.idx, st),
+		connected: make(chan struct{}, 1),
 	}
 	if ec.Replay != "" {
 		str.rep = &replayClient{
@@ -375,16 +376,42 @@ func (s *Subscriber) startStream(ctx context.Context, st *stream) error {
 		<-done
 	}
 	st.stopMu.Unlock()
-	s.loops.Add(1)
-	go func() {
+	s.loops.Add(2)
+	frames := make(chan [][]byte, 64)
+	go func() { // Recv blocks; the loop below also hears connections
 		defer s.loops.Done()
-		defer close(done)
+		defer close(frames)
 		for {
 			msg, err := sock.Recv(ctx)
 			if err != nil {
 				return
 			}
-			st.onFrames(ctx, msg)
+			select {
+			case frames <- msg:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() {
+		defer s.loops.Done()
+		defer close(done)
+		for {
+			select { // a connection first: its replay precedes its frames
+			case <-st.connected:
+				st.onConnect(ctx)
+				continue
+			default:
+			}
+			select {
+			case <-st.connected:
+				st.onConnect(ctx)
+			case msg, ok := <-frames:
+				if !ok {
+					return
+				}
+				st.onFrames(ctx, msg)
+			}
 		}
 	}()
 	return nil
@@ -456,6 +483,10 @@ func (s *Subscriber) dialSocket(st *stream) (*zmtp.Sub, error) {
 		OnConnect: func(net.Addr) {
 			st.st.connects.Add(1)
 			s.log.Info("kv events: subscribed", "endpoint", name, "events", ep)
+			select { // the receive loop asks the replay (onConnect)
+			case st.connected <- struct{}{}:
+			default: // one waiting already
+			}
 		},
 		OnDisconnect: func(_ net.Addr, err error) {
 			if err != nil { // nil: we are closing
