@@ -316,3 +316,27 @@ func TestHalfAFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestWithoutModel: a chat or completion that names no model is
+// served by the fleet's one base model, as vLLM serves it with its own;
+// with several models it is a 400 saying so.
+func TestRequestWithoutModel(t *testing.T) {
+	c := &capture{}
+	up := c.server(t)
+	one := []fleet.Endpoint{{Name: "a", URL: up.URL, Model: testModel}}
+	_, url, _ := startGateway(t, Config{Endpoints: one, NoHealthChecks: true}, Options{})
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+		body := `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
+		if path == "/v1/completions" {
+			body = `{"prompt":"hi","max_tokens":2}`
+		}
+		if r := post(t, url+path, body, nil); r.status != 200 {
+			t.Errorf("%s without model, one model served: %d %s", path, r.status, r.body)
+		}
+	}
+	two := append(one, fleet.Endpoint{Name: "b", URL: up.URL, Model: "other"})
+	_, url, _ = startGateway(t, Config{Endpoints: two, NoHealthChecks: true}, Options{})
+	if r := post(t, url+"/v1/completions", `{"prompt":"hi","max_tokens":2}`, nil); r.status != 400 || !strings.Contains(r.body, "model") {
+		t.Errorf("without model, two models served: %d %s", r.status, r.body)
+	}
+}

@@ -96,6 +96,9 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, api apiKind) {
 		release()
 	}
 	if err != nil {
+		if rt != nil {
+			w.Header().Set("X-Request-Id", rt.id)
+		}
 		g.met.outcome(preOutcome(r.Context(), err), "", g.policy)
 		openai.WriteError(w, err)
 		return
@@ -276,8 +279,11 @@ func clientError(err error) error {
 // or tokenized.
 func preOutcome(ctx context.Context, err error) string {
 	var te *tokenizerError
+	var ne *noEndpoint
 	status := openai.AsError(err).Status
 	switch {
+	case errors.As(err, &ne):
+		return outcomeUnavailable
 	case status == http.StatusRequestTimeout:
 		// Its body came too slowly (net/http cancels the request's
 		// context on the read deadline, but the client is there to

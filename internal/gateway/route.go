@@ -184,15 +184,13 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 		return nil, err
 	}
 	model := req.Model
-	switch {
-	case model == "" && api == apiGenerate:
-		// SGLang's /generate names no model (an adapter, by lora_path):
-		// the fleet's one base model.
+	if model == "" {
+		// SGLang's /generate names no model (an adapter, by lora_path),
+		// and vLLM serves a request without one with its model: the
+		// fleet's one base model (several: 400).
 		if model, err = g.onlyBaseModel(); err != nil {
 			return nil, err
 		}
-	case model == "":
-		return nil, openai.BadRequest("model is required").WithParam("model")
 	}
 	rt := &routed{path: r.URL.Path, api: api, req: req, arrival: g.now()}
 	if req.PreviousResponseID != "" {
@@ -282,6 +280,13 @@ func tokenizerFailed(ctx, tctx context.Context, model string, timeout time.Durat
 	return &tokenizerError{resp: resp, cause: err}
 }
 
+// noEndpoint is a request that no endpoint of its model can take, found
+// before it was tokenized (outcome unavailable).
+type noEndpoint struct{ err *openai.Error }
+
+func (e *noEndpoint) Error() string { return e.err.Error() }
+func (e *noEndpoint) Unwrap() error { return e.err }
+
 // tokenMessages is a request's messages as its tokenizer takes them:
 // each with its object when it has one (its tool calls too).
 func tokenMessages(ms []openai.Message) ([]tokens.Message, error) {
@@ -327,6 +332,15 @@ func (g *Gateway) foldedAlternative(rt *routed) func() []tokens.Message {
 
 // prepare computes the request's tokens and block keys.
 func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
+	g.mu.RLock()
+	mf := g.models[rt.model]
+	down := mf != nil && len(mf.members) == 0 // an unknown model is a 404, later
+	g.mu.RUnlock()
+	if down {
+		// Nothing to serve it, nor (source=engine) to tokenize it: an
+		// outage, not a tokenizer's fault.
+		return &noEndpoint{openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.model)}
+	}
 	in := tokens.Input{LoRA: rt.lora}
 	req := rt.req
 	switch {

@@ -2,8 +2,12 @@ package gateway
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/health"
 )
 
 // TestTokenizerEngineFallback: a model's source=engine tokenizer is not
@@ -35,5 +39,36 @@ func TestTokenizerEngineFallback(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNoEngineUpIsUnavailable: with every engine of a model down, a text
+// request is an outage (503 with Retry-After, outcome unavailable, its
+// X-Request-Id), not a tokenizer's fault (502), though its tokenizer is
+// those engines' /tokenize.
+func TestNoEngineUpIsUnavailable(t *testing.T) {
+	e1, e2, eps := twoAggregated(t)
+	pr, err := health.New(health.Config{Interval: 20 * time.Millisecond, Timeout: time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	_, url, admin := startGateway(t, Config{Endpoints: eps, Tokenizers: []string{"model=" + testModel + ",source=engine"}}, Options{Health: pr})
+	e1.Close()
+	e2.Close()
+	waitFor(t, func() bool {
+		resp, err := http.Get(url + "/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 503
+	})
+	r := post(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`, nil)
+	if r.status != 503 || r.header.Get("Retry-After") == "" || r.header.Get("X-Request-Id") == "" {
+		t.Fatalf("%d %v %s", r.status, r.header, r.body)
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="unavailable"`) || strings.Contains(m, `outcome="tokenizer_error"`) {
+		t.Error("not counted unavailable")
 	}
 }
