@@ -237,7 +237,9 @@ func (s *stream) apply(seq uint64, payload []byte) {
 		return
 	}
 	s.st.batches.Add(1)
-	s.lastHash = xxhash.Sum64(payload)
+	if s.rep != nil { // only a replay at a reconnection compares it (resync)
+		s.lastHash = xxhash.Sum64(payload)
+	}
 	s.m.apply(&s.batch)
 	s.st.mapSize.Store(int64(s.m.nodes.len()))
 	if !s.sizeChecked {
@@ -296,9 +298,8 @@ func (s *stream) warm(ctx context.Context) {
 		if s.started && seq < s.next {
 			return true // a duplicate reply
 		}
+		s.replayed(seq, payload, !s.started) // the buffer's oldest starts the sequence
 		s.started = true
-		s.st.replayedBatches.Add(1)
-		s.apply(seq, payload)
 		return !s.past
 	})
 	if err != nil {
@@ -328,12 +329,7 @@ func (s *stream) resync(ctx context.Context) {
 		if seq < s.next {
 			return true
 		}
-		if seq > s.next {
-			s.st.unrecovered.Add(1)
-			s.log.Warn("kv events: replay buffer does not reach back far enough", "endpoint", s.cfg.Name, "from", s.next, "first", seq)
-		}
-		s.st.replayedBatches.Add(1)
-		s.apply(seq, payload)
+		s.replayed(seq, payload, false)
 		return !s.past
 	})
 	switch {
@@ -351,6 +347,18 @@ func (s *stream) resync(ctx context.Context) {
 		return
 	}
 	s.dupWindow = true
+}
+
+// replayed applies a batch a replay brought and counts it; one past the
+// next expected means the buffer no longer held the batches between
+// (lost, counted and logged), unless it starts the sequence (starts).
+func (s *stream) replayed(seq uint64, payload []byte, starts bool) {
+	if seq > s.next && !starts {
+		s.st.unrecovered.Add(1)
+		s.log.Warn("kv events: replay buffer does not reach back far enough", "endpoint", s.cfg.Name, "from", s.next, "first", seq)
+	}
+	s.st.replayedBatches.Add(1)
+	s.apply(seq, payload)
 }
 
 // maxExtraReplies bounds the replies a replay may send beyond the batches
@@ -381,13 +389,8 @@ func (s *stream) recover(ctx context.Context, from, until uint64, warm bool) {
 		if seq < s.next {
 			return true // already applied
 		}
-		if seq > s.next && !(warm && first) {
-			s.st.unrecovered.Add(1)
-			s.log.Warn("kv events: replay buffer does not reach back far enough", "endpoint", s.cfg.Name, "from", s.next, "first", seq)
-		}
+		s.replayed(seq, payload, warm && first)
 		first = false
-		s.st.replayedBatches.Add(1)
-		s.apply(seq, payload)
 		return s.next < until
 	})
 	if err != nil {
