@@ -114,10 +114,7 @@ func (g *Gateway) handleReady(w http.ResponseWriter, _ *http.Request) {
 			openai.WriteError(w, openai.Unavailable(time.Second, "no healthy endpoint for model %q", name))
 			return
 		}
-		if decodeOnly, why := servable(mf.members); why != "" || decodeOnly && g.sglangPDLocked(name) {
-			if why == "" {
-				why = "no prefill endpoint is up, and its SGLang decode engines do not compute a prompt alone"
-			}
+		if _, why := g.servable(name, mf.members); why != "" {
 			openai.WriteError(w, openai.Unavailable(time.Second, "model %q cannot be served: %s", name, why))
 			return
 		}

@@ -187,7 +187,7 @@ func (g *Gateway) passthroughTarget(model string, avoid *member) (best *member, 
 		}
 	}
 	if best == nil {
-		return nil, 0, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", model)
+		return nil, 0, noHealthyEndpoint(model)
 	}
 	return best, n - 1, nil
 }

@@ -280,6 +280,12 @@ func tokenizerFailed(ctx, tctx context.Context, model string, timeout time.Durat
 	return &tokenizerError{resp: resp, cause: err}
 }
 
+// noHealthyEndpoint is the answer to a request for model when none of its
+// endpoints is up.
+func noHealthyEndpoint(model string) *openai.Error {
+	return openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", model)
+}
+
 // noEndpoint is a request that no endpoint of its model can take, found
 // before it was tokenized (outcome unavailable).
 type noEndpoint struct{ err *openai.Error }
@@ -339,7 +345,7 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 	if down {
 		// Nothing to serve it, nor (source=engine) to tokenize it: an
 		// outage, not a tokenizer's fault.
-		return &noEndpoint{openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.model)}
+		return &noEndpoint{noHealthyEndpoint(rt.model)}
 	}
 	in := tokens.Input{LoRA: rt.lora}
 	req := rt.req
@@ -489,12 +495,13 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 		members, eps = g.keepLoRASlots(rt.lora, members, eps, &fs.snap)
 	}
 	if len(fs.snap.Endpoints) == 0 {
-		return nil, openai.Unavailable(5*time.Second, "no healthy endpoint serves model %q", rt.req.Model)
+		return nil, noHealthyEndpoint(rt.req.Model)
 	}
-	switch decodeOnly, why := servable(members); {
-	case decodeOnly && g.sglangPD(rt.model):
-		return nil, openai.Unavailable(5*time.Second, "model %q cannot be served now: its decode endpoints are up, but none of its prefill endpoints is (SGLang's decode engines do not compute a prompt alone)", rt.req.Model)
-	case decodeOnly:
+	g.mu.RLock()
+	decodeAlone, why := g.servable(rt.model, members)
+	g.mu.RUnlock()
+	switch {
+	case decodeAlone:
 		// No prefill endpoint is up: the decode endpoints compute their
 		// requests' prompts themselves, as in conditional disaggregation
 		// (and Dynamo's decode workers without prefill workers).
@@ -513,29 +520,12 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	return fs, nil
 }
 
-// sglangPD reports whether model's fleet runs SGLang's P/D protocol (a
-// prefill endpoint with a bootstrap port, up or not).
-func (g *Gateway) sglangPD(model string) bool {
-	g.mu.RLock()
-	defer g.mu.RUnlock()
-	return g.sglangPDLocked(model)
-}
-
-// sglangPDLocked is sglangPD with g.mu held.
-func (g *Gateway) sglangPDLocked(model string) bool {
-	for _, m := range g.members {
-		if m.ep.Model == model && m.ep.BootstrapPort > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// servable says how endpoints can serve a request of their model: why
-// they cannot ("": they can; a prefill endpoint needs a decode endpoint
-// beside it, unless one serves both), or decodeOnly, when only decode
-// endpoints are up, which then serve requests alone.
-func servable(ms []*member) (decodeOnly bool, why string) {
+// servable says how model's endpoints ms can serve a request: why they
+// cannot ("": they can; a prefill endpoint needs a decode endpoint beside
+// it, unless one serves both), or decodeAlone, when only decode endpoints
+// are up, which then serve requests alone, in vLLM's P/D flow (an SGLang
+// fleet's, one with a bootstrap port up or not, cannot). g.mu is held.
+func (g *Gateway) servable(model string, ms []*member) (decodeAlone bool, why string) {
 	var prefill, decode bool
 	for _, m := range ms {
 		switch m.ep.Role {
@@ -547,10 +537,18 @@ func servable(ms []*member) (decodeOnly bool, why string) {
 			decode = true
 		}
 	}
-	if prefill && !decode {
+	switch {
+	case prefill && !decode:
 		return false, "its prefill endpoints are up, but none of its decode endpoints is"
+	case !decode || prefill:
+		return false, ""
 	}
-	return decode && !prefill, ""
+	for _, m := range g.members {
+		if m.ep.Model == model && m.ep.BootstrapPort > 0 {
+			return false, "its decode endpoints are up, but none of its prefill endpoints is (SGLang's decode engines do not compute a prompt alone)"
+		}
+	}
+	return true, ""
 }
 
 // schedRequest is what the scheduler knows of rt: its output planned at
