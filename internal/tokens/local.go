@@ -34,11 +34,6 @@ import (
 // the file, TokenizeMessages renders conversations with the model's own
 // chat template. Safe for concurrent use.
 type LocalSource struct {
-	// AddSpecialTokens adds the post-processor's special tokens (such as a
-	// BOS token) around a text given to Tokenize, as EngineSource's field
-	// does. Rendered chats never get them: the template writes its own.
-	AddSpecialTokens bool
-
 	added     *addedMatcher // added tokens matched in the raw text
 	addedNorm *addedMatcher // "normalized" added tokens, matched after normalizing
 	normalize func(string) string
@@ -387,13 +382,15 @@ func parsePostProcessor(raw json.RawMessage) (prefix, suffix []uint32, err error
 	return nil, nil, fmt.Errorf("tokens: post-processor %q is not supported (ByteLevel, TemplateProcessing, Sequence)", c.Type)
 }
 
-// Tokenize implements Source.
+// Tokenize implements Source: the text without special tokens
+// (TokenizePrompt chooses).
 func (s *LocalSource) Tokenize(ctx context.Context, text string) ([]uint32, error) {
-	return s.TokenizePrompt(ctx, text, s.AddSpecialTokens)
+	return s.TokenizePrompt(ctx, text, false)
 }
 
 // TokenizePrompt implements PromptSource: special adds the
-// post-processor's special tokens (a BOS token) around the text.
+// post-processor's special tokens (a BOS token) around the text; rendered
+// chats never get them (the template writes its own).
 func (s *LocalSource) TokenizePrompt(_ context.Context, text string, special bool) ([]uint32, error) {
 	out := make([]uint32, 0, len(text)/3+len(s.prefix)+len(s.suffix)+1)
 	if special {

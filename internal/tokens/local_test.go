@@ -204,9 +204,8 @@ func TestPostProcessor(t *testing.T) {
 	if got := tokenize(t, s, "a"); !slices.Equal(got, []uint32{'a'}) {
 		t.Errorf("without special tokens: %v", got)
 	}
-	s.AddSpecialTokens = true
-	if got := tokenize(t, s, "a"); !slices.Equal(got, []uint32{1000, 'a', 1001}) {
-		t.Errorf("with special tokens: %v", got)
+	if got, err := s.TokenizePrompt(context.Background(), "a", true); err != nil || !slices.Equal(got, []uint32{1000, 'a', 1001}) {
+		t.Errorf("with special tokens: %v %v", got, err)
 	}
 }
 

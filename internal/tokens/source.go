@@ -69,9 +69,6 @@ type EngineSource struct {
 	BaseURL string // e.g. http://127.0.0.1:8001; "": Others' only
 	Model   string
 	Client  *http.Client // default http.DefaultClient
-	// AddSpecialTokens is sent as add_special_tokens for prompts; chat
-	// segments are always tokenized without special tokens.
-	AddSpecialTokens bool
 	// Others, when set, names the other engines serving Model that may
 	// answer now (EngineFallback); they are asked when BaseURL cannot
 	// answer (unreachable, or a 5xx), and first when it is known out.
@@ -105,21 +102,15 @@ type tokenizeResponse struct {
 	MaxModelLen int      `json:"max_model_len"`
 }
 
-// Tokenize implements Source.
+// Tokenize implements Source: the text without special tokens
+// (TokenizePrompt chooses).
 func (s *EngineSource) Tokenize(ctx context.Context, text string) ([]uint32, error) {
-	return s.TokenizePrompt(ctx, text, s.AddSpecialTokens)
+	return s.TokenizePrompt(ctx, text, false)
 }
 
 // TokenizePrompt implements PromptSource.
 func (s *EngineSource) TokenizePrompt(ctx context.Context, text string, special bool) ([]uint32, error) {
 	return s.post(ctx, tokenizeRequest{Model: s.Model, Prompt: &text, AddSpecialTokens: &special})
-}
-
-// tokenizeSegment tokenizes a rendered chat segment (no special tokens
-// added: the template already wrote them).
-func (s *EngineSource) tokenizeSegment(ctx context.Context, text string) ([]uint32, error) {
-	no := false
-	return s.post(ctx, tokenizeRequest{Model: s.Model, Prompt: &text, AddSpecialTokens: &no})
 }
 
 // StatusError is a /tokenize answer other than 200.

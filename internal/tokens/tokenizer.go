@@ -180,13 +180,11 @@ func (t *Tokenizer) chatAs(ctx context.Context, msgs []Message, opts ChatOptions
 				"template", t.tmpl.Name, "err", err)
 		}
 	}
-	segment := t.src.Tokenize
-	if es, ok := t.src.(*EngineSource); ok {
-		segment = es.tokenizeSegment
-	}
 	var out []uint32
 	for _, seg := range t.tmpl.SegmentsAs(msgs, opts.Mode) {
-		ids, err := t.cached(ctx, 's', seg, segment)
+		// A rendered segment without special tokens: the template wrote
+		// them (Tokenize).
+		ids, err := t.cached(ctx, 's', seg, t.src.Tokenize)
 		if err != nil {
 			return nil, false, err
 		}
