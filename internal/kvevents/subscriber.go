@@ -376,9 +376,32 @@ func (s *Subscriber) startStream(ctx context.Context, st *stream) error {
 		<-done
 	}
 	st.stopMu.Unlock()
+	if st.rep == nil {
+		s.loops.Add(1)
+		go func() {
+			defer s.loops.Done()
+			defer close(done)
+			for {
+				msg, err := sock.Recv(ctx)
+				if err != nil {
+					return
+				}
+				st.onFrames(ctx, msg)
+			}
+		}()
+		return nil
+	}
+	s.receiveWithReplay(ctx, st, sock, done)
+	return nil
+}
+
+// receiveWithReplay runs the receive loop of a stream with a replay
+// endpoint, which also hears the SUB's connections (onConnect): Recv
+// blocks, so a goroutine of its own reads the frames.
+func (s *Subscriber) receiveWithReplay(ctx context.Context, st *stream, sock *zmtp.Sub, done chan struct{}) {
 	s.loops.Add(2)
 	frames := make(chan [][]byte, 64)
-	go func() { // Recv blocks; the loop below also hears connections
+	go func() {
 		defer s.loops.Done()
 		defer close(frames)
 		for {
@@ -414,7 +437,6 @@ func (s *Subscriber) startStream(ctx context.Context, st *stream) error {
 			}
 		}
 	}()
-	return nil
 }
 
 // SetEngines replaces the configured engines while the subscriber runs
@@ -483,9 +505,11 @@ func (s *Subscriber) dialSocket(st *stream) (*zmtp.Sub, error) {
 		OnConnect: func(net.Addr) {
 			st.st.connects.Add(1)
 			s.log.Info("kv events: subscribed", "endpoint", name, "events", ep)
-			select { // the receive loop asks the replay (onConnect)
-			case st.connected <- struct{}{}:
-			default: // one waiting already
+			if st.rep != nil {
+				select { // the receive loop asks the replay (onConnect)
+				case st.connected <- struct{}{}:
+				default: // one waiting already
+				}
 			}
 		},
 		OnDisconnect: func(_ net.Addr, err error) {
