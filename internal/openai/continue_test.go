@@ -99,7 +99,7 @@ func TestContinueFinalMessageParsed(t *testing.T) {
 			t.Errorf("%s: %v, want vLLM's 400", body, err)
 		}
 	}
-	if _, err := ParseRequest([]byte(`{"continue_final_message":"yes"}`)); err == nil {
+	if _, err := ParseRequest([]byte(`{"continue_final_message":"maybe"}`)); err == nil {
 		t.Error("a string continue_final_message was accepted")
 	}
 }

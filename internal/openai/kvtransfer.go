@@ -63,7 +63,7 @@ func ParseKVTransferParams(raw json.RawMessage) (*KVTransferParams, error) {
 		dst *bool
 	}{{"do_remote_decode", &p.DoRemoteDecode}, {"do_remote_prefill", &p.DoRemotePrefill}} {
 		if v := val(f.key); v != nil {
-			if *f.dst, err = parseBool("kv_transfer_params."+f.key, v); err != nil {
+			if *f.dst, err = parseStrictBool("kv_transfer_params."+f.key, v); err != nil {
 				return nil, err
 			}
 		}
@@ -251,7 +251,7 @@ func CheckPrefillAnswer(params json.RawMessage) error {
 		if m == nil || isNull(raw[m.v0:m.v1]) {
 			return false, nil
 		}
-		return parseBool("kv_transfer_params."+key, raw[m.v0:m.v1])
+		return parseStrictBool("kv_transfer_params."+key, raw[m.v0:m.v1])
 	}
 	decode, err := flag("do_remote_decode")
 	if err != nil {

@@ -119,7 +119,7 @@ func TestParseMessagesRejects(t *testing.T) {
 	for _, bad := range []string{
 		``, `[]`, `{"model":"m","max_tokens":5}`,
 		`{"model":"m","messages":[{"role":"user","content":"q"}]}`,
-		`{"model":"m","max_tokens":"5","messages":[{"role":"user","content":"q"}]}`,
+		`{"model":"m","max_tokens":"5x","messages":[{"role":"user","content":"q"}]}`,
 		`{"model":"m","max_tokens":5,"messages":[]}`,
 		`{"model":"m","max_tokens":5,"messages":{}}`,
 		`{"model":"m","max_tokens":5,"messages":[5]}`,

@@ -35,6 +35,50 @@ func TestParseRequestFields(t *testing.T) {
 	}
 }
 
+// TestLaxScalars: vLLM reads requests with pydantic in its default (lax)
+// mode, which takes "5" or 5.0 for an integer and "yes" or 1 for a
+// boolean; the gateway forwards the body as sent, so it must read what the
+// engine reads rather than refuse it.
+func TestLaxScalars(t *testing.T) {
+	ints := []struct {
+		v    string
+		want int64
+	}{
+		{`7`, 7}, {`7.0`, 7}, {`-3`, -3}, {`1e3`, 1000}, {`"7"`, 7}, {`" 7 "`, 7}, {`"+7"`, 7},
+		{`"-7"`, -7}, {`"7.00"`, 7}, {`"7."`, 7}, {`"1_000"`, 1000}, {`"\u0037"`, 7}, {`true`, 1}, {`false`, 0},
+	}
+	for _, tt := range ints {
+		r, err := ParseRequest([]byte(`{"max_tokens":` + tt.v + `}`))
+		if err != nil || r.MaxTokens == nil || *r.MaxTokens != tt.want {
+			t.Errorf("max_tokens %s: got %v, %v, want %d", tt.v, r, err, tt.want)
+		}
+	}
+	for _, bad := range []string{`"7.5"`, `""`, `"_7"`, `"7_"`, `"1__0"`, `"--7"`, `"+-7"`, `"0x7"`, `"9223372036854775808"`, `1.5`, `[7]`} {
+		if _, err := ParseRequest([]byte(`{"max_tokens":` + bad + `}`)); err == nil {
+			t.Errorf("max_tokens %s: accepted", bad)
+		}
+	}
+	bools := []struct {
+		v    string
+		want bool
+	}{
+		{`true`, true}, {`false`, false}, {`null`, false}, {`1`, true}, {`0`, false}, {`1.0`, true}, {`0.0`, false},
+		{`"true"`, true}, {`"True"`, true}, {`"yes"`, true}, {`"on"`, true}, {`"t"`, true}, {`"Y"`, true}, {`"1"`, true},
+		{`"false"`, false}, {`"OFF"`, false}, {`"no"`, false}, {`"n"`, false}, {`"0"`, false}, {`"f"`, false},
+	}
+	for _, tt := range bools {
+		r, err := ParseRequest([]byte(`{"stream":` + tt.v + `}`))
+		if err != nil || r.Stream != tt.want {
+			t.Errorf("stream %s: got %v, %v, want %v", tt.v, r, err, tt.want)
+		}
+	}
+	for _, bad := range []string{`2`, `-1`, `0.5`, `"2"`, `"yess"`, `""`, `" true"`, `{}`} {
+		if _, err := ParseRequest([]byte(`{"stream":` + bad + `}`)); err == nil {
+			t.Errorf("stream %s: accepted", bad)
+		}
+	}
+}
+
 func TestParsePromptShapes(t *testing.T) {
 	tests := []struct {
 		body string
@@ -74,10 +118,14 @@ func TestParseErrors(t *testing.T) {
 		{"null body", `null`, ParseRequest, "JSON object", ""},
 		{"duplicate key", `{"max_tokens":1,"max_tokens":100000}`, ParseRequest, "twice", "max_tokens"},
 		{"escaped duplicate", `{"max_tokens":1,"\u006dax_tokens":2}`, ParseRequest, "twice", "max_tokens"},
-		{"max_tokens string", `{"max_tokens":"5"}`, ParseRequest, "integer", "max_tokens"},
+		{"max_tokens string", `{"max_tokens":"5x"}`, ParseRequest, "integer", "max_tokens"},
+		{"max_tokens string fraction", `{"max_tokens":"5.5"}`, ParseRequest, "integer", "max_tokens"},
+		{"max_tokens object", `{"max_tokens":{}}`, ParseRequest, "integer", "max_tokens"},
 		{"max_tokens fraction", `{"max_tokens":1.5}`, ParseRequest, "integer", "max_tokens"},
 		{"max_tokens huge", `{"max_tokens":1e30}`, ParseRequest, "64-bit", "max_tokens"},
-		{"stream not bool", `{"stream":1}`, ParseRequest, "boolean", "stream"},
+		{"stream not bool", `{"stream":2}`, ParseRequest, "boolean", "stream"},
+		{"stream word", `{"stream":"maybe"}`, ParseRequest, "boolean", "stream"},
+		{"stream list", `{"stream":[]}`, ParseRequest, "boolean", "stream"},
 		{"model not string", `{"model":1}`, ParseRequest, "string", "model"},
 		{"stream_options", `{"stream_options":true}`, ParseRequest, "stream_options", "stream_options"},
 		{"prompt number", `{"prompt":5}`, ParseRequest, "prompt must be", "prompt"},

@@ -22,7 +22,7 @@ func TestParseResponses(t *testing.T) {
 	for _, bad := range []string{
 		``, `[]`, `{"model":"m"}`, `{"model":"m","input":[]}`, `{"model":"m","input":5}`,
 		`{"model":"m","input":[5]}`, `{"model":"m","input":[{"content":"x"}]}`, `{"model":"m","input":[{"type":"message","content":"x"}]}`,
-		`{"model":"m","input":[{"role":"user"}]}`, `{"model":"m","input":"x","max_output_tokens":"7"}`,
+		`{"model":"m","input":[{"role":"user"}]}`, `{"model":"m","input":"x","max_output_tokens":"7x"}`,
 		`{"model":"m","input":"x","previous_response_id":7}`, `{"model":"m","input":"x","input":"y"}`,
 		`{"input":[{"type":"function_call","name":"f","arguments":{},"call_id":"c"}]}`,
 		`{"input":[{"type":"reasoning","summary":"s"}]}`, `{"input":[{"type":"function_call_output","call_id":1,"output":"o"}]}`,

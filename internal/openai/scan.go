@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -169,27 +170,103 @@ func find(ms []member, key string) *member {
 
 func isNull(v []byte) bool { return string(v) == "null" }
 
-// parseInt reads an integer field: an integer literal, or a number with no
-// fractional part within int64 (as pydantic accepts 1.0).
+// parseInt reads an integer field as vLLM's pydantic models read one in
+// their default (lax) mode: an integer literal, a number with no fractional
+// part (1.0), a boolean (1 or 0), or a string holding an integer ("2",
+// " 2 ", "+2", "2.00", "1_000"), within int64. The body goes to the engine
+// as sent, so a value the engine takes must not be refused here.
 func parseInt(key string, v []byte) (*int64, error) {
 	if isNull(v) {
 		return nil, nil
 	}
-	if len(v) == 0 || !(v[0] == '-' || v[0] >= '0' && v[0] <= '9') {
-		return nil, BadRequest("%s must be an integer", key).WithParam(key)
+	var n int64
+	var ok bool
+	switch {
+	case len(v) == 0:
+	case v[0] == '"':
+		if s, err := unquote(v); err == nil {
+			n, ok = laxInt(s)
+		}
+	case string(v) == "true":
+		n, ok = 1, true
+	case string(v) == "false":
+		n, ok = 0, true
+	default:
+		n, ok = jsonInt(string(v))
 	}
-	if n, err := strconv.ParseInt(string(v), 10, 64); err == nil {
-		return &n, nil
+	if !ok {
+		return nil, BadRequest("%s must be an integer in the 64-bit range, got %s", key, clip(v)).WithParam(key)
 	}
-	f, err := strconv.ParseFloat(string(v), 64)
-	if err != nil || f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
-		return nil, BadRequest("%s must be an integer in the 64-bit range, got %s", key, v).WithParam(key)
-	}
-	n := int64(f)
 	return &n, nil
 }
 
+// jsonInt reads a JSON number with no fractional part within int64.
+func jsonInt(s string) (int64, bool) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return n, true
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// laxInt reads a string as pydantic reads one for an integer: surrounding
+// white space trimmed, an optional sign, decimal digits with single
+// underscores between them, and an optional fraction of zeros only.
+func laxInt(s string) (int64, bool) {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		if strings.Trim(s[i+1:], "0") != "" {
+			return 0, false
+		}
+		s = s[:i]
+	}
+	digits := strings.TrimLeft(s, "+-")
+	if len(s)-len(digits) > 1 || digits == "" || digits[0] == '_' || digits[len(digits)-1] == '_' ||
+		strings.Contains(digits, "__") {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
+	return n, err == nil
+}
+
+// parseBool reads a boolean field as pydantic's lax mode does: true or
+// false, 0 or 1 (also 0.0 and 1.0), or one of the strings "0", "1", "t",
+// "f", "y", "n", "yes", "no", "on", "off", "true", "false" in any case.
+// null is false.
 func parseBool(key string, v []byte) (bool, error) {
+	s := string(v)
+	if len(v) > 0 && v[0] == '"' {
+		u, err := unquote(v)
+		if err != nil {
+			return false, BadRequest("%s must be a boolean", key).WithParam(key)
+		}
+		switch strings.ToLower(u) {
+		case "1", "t", "y", "yes", "on", "true":
+			return true, nil
+		case "0", "f", "n", "no", "off", "false":
+			return false, nil
+		}
+		return false, BadRequest("%s must be a boolean, got %s", key, clip(v)).WithParam(key)
+	}
+	switch s {
+	case "true":
+		return true, nil
+	case "false", "null":
+		return false, nil
+	}
+	if n, ok := jsonInt(s); ok && (n == 0 || n == 1) {
+		return n == 1, nil
+	}
+	return false, BadRequest("%s must be a boolean, got %s", key, clip(v)).WithParam(key)
+}
+
+// parseStrictBool reads a boolean that must be JSON's true or false (null
+// is false): kv_transfer_params is a free dict to vLLM, whose connectors
+// test its flags for truth, so "false" there would be true.
+func parseStrictBool(key string, v []byte) (bool, error) {
 	switch string(v) {
 	case "true":
 		return true, nil
