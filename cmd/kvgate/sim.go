@@ -238,9 +238,8 @@ type simOutput struct {
 
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f simFlags
-	var err error
 	fs, fl := newSimFlagSet(&f, stderr)
-	if err = fs.Parse(args); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -250,62 +249,119 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	longPromptDefaults(fs, &f)
+	predictors, err := simScenario(fs, &f)
+	if err != nil {
+		return err
+	}
+	c, err := parseSimChoices(&f)
+	if err != nil {
+		return err
+	}
+	if f.scenario == "sweep" {
+		return runSweep(ctx, &f, c.eviction, c.policies, c.rejects, stdout, sweepMaxRequests)
+	}
+	cfg, stepPredictors, err := simConfig(fs, &f, c.eviction)
+	if err != nil {
+		return err
+	}
+	if stepPredictors != nil {
+		predictors = stepPredictors
+	}
+	specs, err := traceSpecs(ctx, &f, cfg)
+	if err != nil {
+		return err
+	}
+	if err := writeFirstTrace(f.writeTrace, specs); err != nil {
+		return err
+	}
+	results, _, err := runJobs(ctx, cfg, specs, c.policies, c.rejects, predictors, f.holdSettings())
+	if err != nil {
+		return err
+	}
+	if f.format == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(simOutput{Runs: results})
+	}
+	return printTable(stdout, results)
+}
+
+// simScenario checks the scenario and the flags it takes or refuses, and
+// returns the predictors to compare (one, the configured, but for the
+// heterogeneous scenario).
+func simScenario(fs *flag.FlagSet, f *simFlags) ([]string, error) {
 	predictors := []string{""}
+	var err error
 	switch f.scenario {
 	case "", "seed-routing":
 	case "heterogeneous":
-		if predictors, err = heteroScenario(fs, &f); err != nil {
-			return err
+		if predictors, err = heteroScenario(fs, f); err != nil {
+			return nil, err
 		}
 	case "sweep":
-		if err := sweepFlags(fs, &f); err != nil {
-			return err
+		if err := sweepFlags(fs, f); err != nil {
+			return nil, err
 		}
 	default:
-		return fmt.Errorf("unknown scenario %q (known: seed-routing, heterogeneous, sweep)", f.scenario)
+		return nil, fmt.Errorf("unknown scenario %q (known: seed-routing, heterogeneous, sweep)", f.scenario)
 	}
 	if f.scenario != "heterogeneous" {
 		if err := heteroOnly(fs, f.engineSteps > 0); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if err := unusedFlags(fs, &f); err != nil {
-		return err
-	}
+	return predictors, unusedFlags(fs, f)
+}
+
+// simChoices are the parsed choices of a run: what to compare and how the
+// engines evict.
+type simChoices struct {
+	policies []string
+	rejects  []bool
+	eviction sim.Eviction
+}
+
+// parseSimChoices parses and checks the flags that name choices.
+func parseSimChoices(f *simFlags) (simChoices, error) {
+	var c simChoices
 	if f.observe != "first-token" && f.observe != "windows" {
-		return fmt.Errorf("--observe must be first-token or windows, got %q", f.observe)
+		return c, fmt.Errorf("--observe must be first-token or windows, got %q", f.observe)
 	}
 	if f.format != "table" && f.format != "json" {
-		return fmt.Errorf("unknown format %q (table or json)", f.format)
-	}
-	policies, err := parsePolicies(f.policies)
-	if err != nil {
-		return err
-	}
-	rejects, err := parseEarlyReject(f.earlyReject)
-	if err != nil {
-		return err
-	}
-	if _, err := sched.ParseHoldMode(f.hold); err != nil {
-		return fmt.Errorf("--hold %w", err)
-	}
-	eviction, err := sim.ParseEviction(f.eviction)
-	if err != nil {
-		return fmt.Errorf("--eviction: %w", err)
+		return c, fmt.Errorf("unknown format %q (table or json)", f.format)
 	}
 	if f.eventsAt != "dispatch" && f.eventsAt != "prefill" {
-		return fmt.Errorf("--events-at must be dispatch or prefill, got %q", f.eventsAt)
+		return c, fmt.Errorf("--events-at must be dispatch or prefill, got %q", f.eventsAt)
 	}
-	if f.scenario == "sweep" {
-		return runSweep(ctx, &f, eviction, policies, rejects, stdout, sweepMaxRequests)
+	if _, err := sched.ParseHoldMode(f.hold); err != nil {
+		return c, fmt.Errorf("--hold %w", err)
 	}
-	cacheBlocks, err := simCacheBlocks(&f)
+	var err error
+	if c.policies, err = parsePolicies(f.policies); err != nil {
+		return c, err
+	}
+	if c.rejects, err = parseEarlyReject(f.earlyReject); err != nil {
+		return c, err
+	}
+	if c.eviction, err = sim.ParseEviction(f.eviction); err != nil {
+		return c, fmt.Errorf("--eviction: %w", err)
+	}
+	return c, nil
+}
+
+// simConfig builds the simulated fleet of a seed-routing or heterogeneous
+// run, and with --engine-steps the predictors to compare (nil otherwise).
+func simConfig(fs *flag.FlagSet, f *simFlags, eviction sim.Eviction) (sim.Config, []string, error) {
+	cacheBlocks, err := simCacheBlocks(f)
 	if err != nil {
-		return err
+		return sim.Config{}, nil, err
 	}
 	if f.instances*cacheBlocks > maxCacheBlocks {
-		return fmt.Errorf("--instances × --cache-blocks = %d cache blocks in the fleet, more than %d (the simulator allocates them up front)",
+		return sim.Config{}, nil, fmt.Errorf("--instances × --cache-blocks = %d cache blocks in the fleet, more than %d (the simulator allocates them up front)",
 			f.instances*cacheBlocks, maxCacheBlocks)
+	}
+	if f.engineSteps > 0 && f.decodeInstances > 0 {
+		return sim.Config{}, nil, fmt.Errorf("--engine-steps models aggregated instances: not with --decode-instances")
 	}
 	model := perfmodel.Default()
 	model.PrefillTokensPerSec = f.prefillSpeed
@@ -313,9 +369,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		CacheTokens: f.cacheBlocks * f.blockSize, DecodeKVTokens: f.decodeKVTokens,
 		SLO: sched.SLO{TTFT: f.sloTTFT, TPOT: f.sloTPOT}, EventLag: f.eventLag, ApproxTTL: f.approxTTL, Eviction: eviction,
 		EventsAtPrefill: f.eventsAt == "prefill"}
-	if f.engineSteps > 0 && f.decodeInstances > 0 {
-		return fmt.Errorf("--engine-steps models aggregated instances: not with --decode-instances")
-	}
+	var predictors []string
 	switch {
 	case f.scenario == "heterogeneous":
 		cfg.Truth = sim.Heterogeneous(f.instances, f.prefillSpeed, f.spread, f.noise, f.duration/2, f.driftFactor, f.seed)
@@ -326,28 +380,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	case f.engineSteps > 0:
 		cfg.Truth = sim.Chunked(f.instances, f.prefillSpeed, f.engineSteps)
-		if predictors, cfg.BatchingEngines, err = stepsPredictors(fs, &f); err != nil {
-			return err
+		if predictors, cfg.BatchingEngines, err = stepsPredictors(fs, f); err != nil {
+			return sim.Config{}, nil, err
 		}
 	}
-
-	specs, err := traceSpecs(ctx, &f, cfg)
-	if err != nil {
-		return err
-	}
-	if err := writeFirstTrace(f.writeTrace, specs); err != nil {
-		return err
-	}
-	results, _, err := runJobs(ctx, cfg, specs, policies, rejects, predictors, f.holdSettings())
-	if err != nil {
-		return err
-	}
-	if f.format == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(simOutput{Runs: results})
-	}
-	return printTable(stdout, results)
+	return cfg, predictors, nil
 }
 
 // sweepFlags refuses the flags a sweep draws itself or cannot use: its
