@@ -41,12 +41,12 @@ type serveFlags struct {
 	loop             *planner.Loop // the planner, when configured
 }
 
-func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// newServeFlagSet defines serve's flags over f and c; early and
+// stepTokens are the config's early_reject and engine_step_tokens.
+func newServeFlagSet(f *serveFlags, c *gateway.Config, early *bool, stepTokens *int, stderr io.Writer) (*flag.FlagSet, *flagrange.Flags) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var f serveFlags
-	var c gateway.Config
-	early, stepTokens := true, gateway.DefaultEngineStepTokens
+	*early, *stepTokens = true, gateway.DefaultEngineStepTokens
 	fs.StringVar(&f.config, "config", "", "YAML config file (docs/serve.md); flags given too override its fields; SIGHUP reloads it")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8000", "client API address (OpenAI-compatible)")
 	fs.StringVar(&c.Admin, "admin", "127.0.0.1:8090", "admin API and /metrics address (keep it private)")
@@ -54,7 +54,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(&f.toks, "tokenizer", "tokenizer spec as for kvgate kvindex: [model=M,]source=estimate|engine|local[,url=URL][,file=PATH][,template=T][,exact_chat=false][,inline_system=auto|preserve|fold|hoist] (repeatable; source=engine renders chats with the engine's template unless exact_chat=false, and asks the model's other engines when url='s cannot answer or is out; without url= a model's engines; inline_system: where the engines put a Messages request's system messages inside messages, as vLLM's --anthropic-inline-system)")
 	fs.StringVar(&c.Policy, "policy", "kvgate", "routing policy: "+strings.Join(sched.Names(), ", "))
 	fs.StringVar(&c.Predictor, "predictor", gateway.PredictorLearned, "latency predictor: learned (online, from observed first tokens and TPOTs) or analytic (configured prefill speeds, observed mean TPOT)")
-	fs.BoolVar(&early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
+	fs.BoolVar(early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
 	fs.StringVar(&c.Hold.Mode, "hold", gateway.HoldPolicy, "hold at the router requests that fit nowhere until an endpoint has slack or their deadline (with early rejection: those that miss their SLO even on an idle endpoint, served on an idle endpoint of a quiet fleet, which they give up to a request that would otherwise be rejected, or rejected at their deadline; docs/policies.md): policy (the policies meant to: kvgate), on or off")
 	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
 	fs.StringVar(&c.Sync.Bind, "sync-bind", "", "several gateway replicas: publish this replica's requests in flight on a ZMQ PUB here (e.g. tcp://0.0.0.0:5600) for the other replicas (docs/serve.md, \"Several gateway replicas\")")
@@ -80,7 +80,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	flagrange.Var(fl, &c.SLOTPOT, "slo-tpot", lim.SLO, "TPOT SLO of the default class")
 	flagrange.Var(fl, &c.BlockSize, "block-size", lim.BlockSize, "router block size")
 	flagrange.Var(fl, &c.PrefillSpeed, "prefill-speed", lim.PrefillSpeed, "prompt tokens/s assumed for endpoints without prefill_speed")
-	flagrange.Var(fl, &stepTokens, "engine-step-tokens", lim.EngineStepTokens, "the engines' chunked-prefill step budget (vLLM's --max-num-batched-tokens): the kvgate policy queues a request where its first chunk would share the step ending the queue and push a first token due in it past its SLO only when no other endpoint fits, and admission adds the learned step slack to the pessimistic TTFT of a request that would queue (docs/predictor.md); 0: neither")
+	flagrange.Var(fl, stepTokens, "engine-step-tokens", lim.EngineStepTokens, "the engines' chunked-prefill step budget (vLLM's --max-num-batched-tokens): the kvgate policy queues a request where its first chunk would share the step ending the queue and push a first token due in it past its SLO only when no other endpoint fits, and admission adds the learned step slack to the pessimistic TTFT of a request that would queue (docs/predictor.md); 0: neither")
 	flagrange.Var(fl, &c.LocalPrefillTokens, "local-prefill-tokens", lim.LocalPrefillTokens, "P/D: serve on the decode endpoint alone when at most this many prompt tokens are uncached there")
 	flagrange.Var(fl, &c.MaxInflight, "max-inflight", lim.MaxInflight, "requests proxied at once; more get 429")
 	flagrange.Var(fl, &c.UpstreamTimeout, "upstream-timeout", lim.UpstreamTimeout, "bound on a whole proxied request, from its first send to an engine: its retry and migrations share it (time held at the router is not counted)")
@@ -95,6 +95,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, "Usage: kvgate serve [flags]\n\nRuns the gateway: an OpenAI-compatible proxy that routes each request to the\nprefill and decode engines predicted to serve it fastest, rejecting early what\ncannot meet its SLO. Endpoints come from --engine flags or --config.\n\nFlags:")
 		fs.PrintDefaults()
 	}
+	return fs, fl
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var f serveFlags
+	var c gateway.Config
+	var early bool
+	var stepTokens int
+	fs, fl := newServeFlagSet(&f, &c, &early, &stepTokens, stderr)
 	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
