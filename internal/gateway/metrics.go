@@ -62,7 +62,7 @@ func newMetrics(g *Gateway) *metrics {
 		hitTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_prefix_hit_tokens_total",
 			Help: "Prompt tokens the chosen endpoint held in its prefix cache, per the index."}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_retries_total",
-			Help: "Requests retried on another endpoint after a failure before any byte."}),
+			Help: "Requests sent again to another endpoint after a failure before the client had any byte."}),
 		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_migrations_total",
 			Help: "Streams broken after they began and continued on another engine (--migration-limit): ok, the client got the whole answer; failed, no continuation finished it."}, []string{"result"}),
 		whole: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_whole_answers_total",

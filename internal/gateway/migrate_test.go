@@ -68,6 +68,15 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 			w.(http.Flusher).Flush()
 			panic(http.ErrAbortHandler)
 		}
+		switch b.fail {
+		case "firstline": // dies inside its first line
+			fmt.Fprint(w, `data: {"id":"first-engine-id","obj`)
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		case "empty": // a 200 without a body
+			w.WriteHeader(http.StatusOK)
+			return
+		}
 		opts, _ := body["stream_options"].(map[string]any)
 		continuous := opts["include_usage"] == true && opts["continuous_usage_stats"] == true
 		sent := 0 // words
@@ -111,6 +120,8 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 		switch b.fail {
 		case "abort":
 			panic(http.ErrAbortHandler)
+		case "badjson":
+			fmt.Fprint(w, "data: {not json\n\n")
 		case "half":
 			fmt.Fprint(w, `data: {"id":"first-engine-id","choi`)
 			w.(http.Flusher).Flush()

@@ -115,7 +115,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	// Every answer from here on, a rejection or an error as much as a
 	// routed response, names the request for the logs.
 	w.Header().Set("X-Request-Id", rt.id)
-	out, tap := g.writers(w, rt)
+	cw := newClientWriter(w)
+	out, tap := g.writers(cw, rt)
 	if rt.whole != nil {
 		defer rt.whole.release()
 	}
@@ -157,20 +158,47 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		}
 		g.copyPrefix(rt, p)
 		rt.engineIDs = nil // admitted: nothing more to touch or copy
+		if failure != nil {
+			g.met.retries.Inc()
+		}
 		failed, err := g.proxy(out, r, rt, p)
 		err = g.completed(r, rt, tap, p, err)
-		if failed == "" && retried(r, rt, err) {
+		switch {
+		case failed != "":
+		case retried(r, rt, err):
 			failed, err = p.answering().ep.Name, &upstreamError{p.answering().ep.Name, err}
 			rt.whole.restart()
 			out, tap = g.tapOver(rt, rt.whole)
+		case unsent(r, rt, cw, err):
+			failed, err = p.answering().ep.Name, &upstreamError{p.answering().ep.Name, err}
+			cw.reset()
+			out, tap = cw, tap.again()
+			if tap != nil {
+				out = tap
+			}
 		}
-		if g.ended(w, r, rt, err, failed == "" || attempt == 1 || r.Context().Err() != nil) {
+		if g.ended(cw, r, rt, err, failed == "" || attempt == 1 || r.Context().Err() != nil || rt.timedOut()) {
 			return
 		}
-		g.log.Warn("upstream failed before responding; retrying elsewhere if another endpoint can take it", "id", rt.id, "endpoint", failed, "err", err)
-		g.met.retries.Inc()
+		g.log.Warn("upstream failed before the client had any byte; retrying elsewhere if another endpoint can take it", "id", rt.id, "endpoint", failed, "err", err)
 		exclude, failure = failed, err
 	}
+}
+
+// unsent reports whether an attempt at rt that ended with err is one
+// whose engine broke its stream before the client had any byte of it
+// (inside its first line, which the tap holds back until whole), and
+// whose client is there: it is retried elsewhere, as a failure before
+// the first byte is. (An answer assembled whole is retried().)
+func unsent(r *http.Request, rt *routed, cw *clientWriter, err error) bool {
+	return rt.whole == nil && !cw.committed && errors.Is(err, errStreamBroken) &&
+		!errors.Is(err, errClientWrite) && r.Context().Err() == nil
+}
+
+// timedOut reports whether rt's --upstream-timeout has run out: no
+// retry then, which would fail at once and be blamed on its endpoint.
+func (rt *routed) timedOut() bool {
+	return !rt.upstreamBy.IsZero() && !time.Now().Before(rt.upstreamBy)
 }
 
 // writers are what rt's answer is written through on its way to w: the
@@ -214,6 +242,13 @@ func (g *Gateway) completed(r *http.Request, rt *routed, tap *streamTap, p *plan
 			err = fmt.Errorf("%w: %w", errStreamBroken, err)
 		}
 	}
+	if tap != nil && err == nil && tap.broken() {
+		// The engine's stream ended cleanly but before its answer did
+		// (no finish reason, no [DONE]), and was not continued: a
+		// broken answer, not a served one.
+		err = fmt.Errorf("%w: %s: %w", errStreamBroken, p.answering().ep.Name, errCutShort)
+		g.reportFailure(p.answering(), err)
+	}
 	if rt.whole != nil && err == nil {
 		if err = rt.whole.finish(); err != nil {
 			err = fmt.Errorf("%w: %w", errStreamBroken, err)
@@ -226,7 +261,7 @@ func (g *Gateway) completed(r *http.Request, rt *routed, tap *streamTap, p *plan
 // (nil: served) and reports whether the request is over: served, a
 // yielded investment (429), the engine's own refusal (relayed already),
 // or, when last, any failure. false: retry elsewhere.
-func (g *Gateway) ended(w http.ResponseWriter, r *http.Request, rt *routed, err error, last bool) bool {
+func (g *Gateway) ended(w *clientWriter, r *http.Request, rt *routed, err error, last bool) bool {
 	var refused *engineRefused
 	switch {
 	case err == nil:
@@ -251,6 +286,12 @@ func (g *Gateway) ended(w http.ResponseWriter, r *http.Request, rt *routed, err 
 		g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
 		if rt.whole != nil && rt.whole.fail(err) {
 			return true // the client had nothing of it: a 502 says why
+		}
+		if rt.whole == nil && w.reset() {
+			// Nor had a streaming client (the engine broke inside its
+			// first line): the error goes with its status.
+			openai.WriteError(w, openai.Errorf(http.StatusBadGateway, "kvgate: the engine's answer broke before the client had any of it: %v", err))
+			return true
 		}
 		if r.Context().Err() == nil && !errors.Is(err, errClientWrite) {
 			// The engine's answer broke after the client had part of
@@ -363,6 +404,13 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 	}
 	return nil
 }
+
+// errEmptyAnswer: an engine answered 200 with no body (no engine does
+// when it works): a failure before the first byte, retried elsewhere.
+var errEmptyAnswer = errors.New("the engine answered 200 with an empty body")
+
+// errCutShort: a stream ended without its answer's end.
+var errCutShort = errors.New("the engine's stream ended before its answer did")
 
 // errStreamBroken: the upstream failed after the client got bytes; the
 // response cannot be replaced.
@@ -834,6 +882,10 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	for {
 		n, err := resp.Body.Read(buf)
 		p := buf[:n]
+		r.empty = r.empty && n == 0
+		if err == io.EOF && r.empty && r.deferred && resp.StatusCode == http.StatusOK {
+			return 0, r.broke(errEmptyAnswer)
+		}
 		if r.hold {
 			p = r.holdBack(p, err == io.EOF)
 		}
@@ -878,6 +930,8 @@ type relayed struct {
 	// then in pending (holdBack).
 	deferred, hold bool
 	pending        []byte
+	// empty: no body byte came yet.
+	empty bool
 	// firstAt is when the first body bytes came (zero: none yet).
 	firstAt time.Time
 	// end reads an SSE answer the client's writer does not read
@@ -898,7 +952,7 @@ type relayed struct {
 }
 
 func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *routed, m *member, h relayHooks) *relayed {
-	r := &relayed{g: g, w: w, rc: http.NewResponseController(w), resp: resp, rt: rt, m: m, h: h, deferred: true}
+	r := &relayed{g: g, w: w, rc: http.NewResponseController(w), resp: resp, rt: rt, m: m, h: h, deferred: true, empty: true}
 	ok := resp.StatusCode == http.StatusOK
 	stream := rt.req.Stream && ok
 	switch tap, tapped := w.(streamReader); {

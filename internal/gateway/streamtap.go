@@ -92,6 +92,15 @@ func newStreamTap(w http.ResponseWriter, req *openai.Request, prompt, seqs int, 
 	return t
 }
 
+// again is a fresh tap for another attempt at the answer from its start
+// (the client had none of this one), as the client asked it; nil for nil.
+func (t *streamTap) again() *streamTap {
+	if t == nil {
+		return nil
+	}
+	return &streamTap{w: t.w, rc: t.rc, prompt: t.prompt, seqs: t.seqs, keep: t.keep, final: t.final, continuous: t.continuous}
+}
+
 // Header is the client's headers until a continuation: its engine's
 // headers go nowhere (the client has the first engine's).
 func (t *streamTap) Header() http.Header {

@@ -86,10 +86,11 @@ func (a *wholeAnswer) restart() {
 // whose engine broke an answer assembled whole before the client had any
 // of it (and whose client is there): it is sent again from its start, as
 // an unstreamed answer whose engine failed was before the gateway
-// streamed it. An assembly that failed on its own (too large) is not.
+// streamed it; so is one whose engine sent an event that is not JSON. An
+// assembly that failed on its own (too large) is not.
 func retried(r *http.Request, rt *routed, err error) bool {
 	return rt.whole != nil && !rt.whole.sent && errors.Is(err, errStreamBroken) &&
-		!errors.Is(err, errClientWrite) && r.Context().Err() == nil
+		(!errors.Is(err, errClientWrite) || errors.Is(err, openai.ErrBadEvent)) && r.Context().Err() == nil
 }
 
 // errWholeBudget: the answers being assembled hold the whole budget.

@@ -106,20 +106,27 @@ func TestWholeAnswerMatchesEngine(t *testing.T) {
 // answer.
 func viaBreaker(t *testing.T, url, body string, b *breaker) result {
 	t.Helper()
+	var r result
+	untilBreaker(t, b, func() { r = post(t, url, body, nil) })
+	return r
+}
+
+// untilBreaker calls send until round-robin sends its request to the
+// breaker (the first or the second time).
+func untilBreaker(t *testing.T, b *breaker, send func()) {
+	t.Helper()
+	received := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.bodies)
+	}
 	for range 2 {
-		b.mu.Lock()
-		n := len(b.bodies)
-		b.mu.Unlock()
-		r := post(t, url, body, nil)
-		b.mu.Lock()
-		hit := len(b.bodies) > n
-		b.mu.Unlock()
-		if hit {
-			return r
+		n := received()
+		if send(); received() > n {
+			return
 		}
 	}
 	t.Fatal("round-robin never chose the breaker")
-	return result{}
 }
 
 // wholeChat is a chat answer's text, finish reason and completion tokens.

@@ -14,6 +14,10 @@ import (
 // each); a longer stream is not assembled.
 const MaxAssembled = 128 << 20
 
+// ErrBadEvent: an event of the engine's stream is not a JSON object (the
+// engine's fault: another engine may answer the request).
+var ErrBadEvent = errors.New("an event that is not a JSON object")
+
 // ErrAssembledTooLarge: the stream brought more than MaxAssembled bytes.
 var ErrAssembledTooLarge = fmt.Errorf("the answer's stream is longer than kvgate assembles (%d MiB)", MaxAssembled>>20)
 
@@ -30,7 +34,9 @@ var ErrAssembledTooLarge = fmt.Errorf("the answer's stream is longer than kvgate
 //     a completion choice's "text" concatenated, "logprobs" merged
 //     (their arrays concatenated), every other member its last non-null
 //     value (finish_reason, stop_reason);
-//   - an error event is the answer, with the status its code names.
+//   - an error event is the answer, with the status its code names
+//     ({"error":{...}}, or vLLM's older {"object":"error",...} as the
+//     error of one).
 //
 // Which requests a stream answers whole is Request.WholeFromStream's.
 type Assembler struct {
@@ -87,6 +93,12 @@ func (a *Assembler) Event(data []byte) error {
 			if nonNull(v) != nil && a.errEv == nil {
 				a.errEv = slices.Clone(data)
 			}
+		case `"object"`:
+			if string(v) == `"error"` && a.errEv == nil {
+				// vLLM's older error shape, the event itself: the
+				// answer is in the shape clients read.
+				a.errEv = append(append([]byte(`{"error":`), data...), '}')
+			}
 		}
 		if first {
 			m := kept{key: slices.Clone(key)}
@@ -97,7 +109,7 @@ func (a *Assembler) Event(data []byte) error {
 		}
 	})
 	if !ok {
-		return errors.New("an event that is not a JSON object")
+		return ErrBadEvent
 	}
 	return a.err
 }
@@ -109,7 +121,7 @@ func checkEvent(size *int, data []byte) error {
 		return ErrAssembledTooLarge
 	}
 	if !valid(data) {
-		return errors.New("an event that is not JSON")
+		return ErrBadEvent
 	}
 	return nil
 }
@@ -549,7 +561,7 @@ func (a *ResponsesAssembler) Event(data []byte) error {
 		}
 	})
 	if !ok {
-		return errors.New("an event that is not a JSON object")
+		return ErrBadEvent
 	}
 	switch string(typ) {
 	case `"response.completed"`, `"response.incomplete"`, `"response.failed"`:

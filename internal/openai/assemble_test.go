@@ -138,13 +138,14 @@ func TestAssembleEnds(t *testing.T) {
 		{"error event", []string{ev("null"), `{"error":{"object":"error","message":"boom","type":"BadRequestError","code":400}}`, "[DONE]"}, 400, false},
 		{"nested error", []string{`{"error":{"error":{"message":"x","code":503}}}`}, 503, false},
 		{"error without a code", []string{`{"error":{"message":"x"}}`}, 500, false},
+		{"older error shape", []string{ev("null"), `{"object":"error","message":"boom","type":"InternalServerError","param":null,"code":503}`, "[DONE]"}, 503, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, body, err := assemble(t, true, tc.events...)
 			if (err != nil) != tc.err || status != tc.status {
 				t.Fatalf("status %d err %v, want %d err %v (%s)", status, err, tc.status, tc.err, body)
 			}
-			if tc.status >= 400 && !strings.Contains(body, `"error"`) {
+			if tc.status >= 400 && !strings.HasPrefix(body, `{"error":{`) {
 				t.Errorf("error answer %s", body)
 			}
 		})

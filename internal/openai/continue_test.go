@@ -141,6 +141,10 @@ func TestParseStreamChunk(t *testing.T) {
 	if c, _ := ParseStreamChunk([]byte(`{"usage":null,"error":{"message":"x"}}`)); c.Usage != nil || string(c.Error) != `{"message":"x"}` {
 		t.Errorf("usage %q error %q", c.Usage, c.Error)
 	}
+	older := `{"object":"error","message":"boom","code":500}` // vLLM's older error shape
+	if c, _ := ParseStreamChunk([]byte(older)); string(c.Error) != older {
+		t.Errorf("older error shape: Error %q", c.Error)
+	}
 }
 
 // FuzzParseStreamChunk: events written by encoding/json (any text, any

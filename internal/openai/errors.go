@@ -185,7 +185,7 @@ func WriteError(w http.ResponseWriter, err error) {
 	if e.NoRetry {
 		w.Header().Set("X-Should-Retry", "false")
 	}
-	if _, ok := w.(messagesErrors); ok {
+	if messagesForm(w) {
 		WriteJSON(w, e.Status, MessagesErrorBody{Type: "error", Error: MessagesErrorInfo{Type: MessagesErrorType(e.Status), Message: e.Message}})
 		return
 	}

@@ -495,6 +495,22 @@ func (w messagesErrors) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // instead of w.
 func MessagesErrors(w http.ResponseWriter) http.ResponseWriter { return messagesErrors{w} }
 
+// messagesForm reports whether w, or a writer it wraps (Unwrap, as
+// http.ResponseController reads them), is a MessagesErrors writer.
+func messagesForm(w http.ResponseWriter) bool {
+	for range 16 { // writers wrap a few deep; a cycle must not hang
+		if _, ok := w.(messagesErrors); ok {
+			return true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return false
+		}
+		w = u.Unwrap()
+	}
+	return false
+}
+
 // messagesTools is a Messages request's tools as the chat API's, as vLLM
 // converts them: each a function of the tool's name, description
 // (null when absent), input_schema as its parameters (with "type":

@@ -60,7 +60,7 @@ func (a *MessagesAssembler) Event(data []byte) error {
 		}
 	})
 	if !ok {
-		return errors.New("an event that is not a JSON object")
+		return ErrBadEvent
 	}
 	switch string(typ) {
 	case `"message_start"`:

@@ -100,7 +100,7 @@ func TestAssembleMessageEnds(t *testing.T) {
 		{"unknown delta", []string{start, block, `{"type":"content_block_delta","index":0,"delta":{"type":"audio_delta","audio":"x"}}`}, "of type"},
 		{"text not a string", []string{start, block, `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":5}}`}, "not a string"},
 		{"bad index", []string{start, `{"type":"content_block_start","index":-1,"content_block":{"type":"text"}}`}, "index"},
-		{"not JSON", []string{start, `{"type":`}, "not JSON"},
+		{"not JSON", []string{start, `{"type":`}, "not a JSON object"},
 		{"tool input not JSON", []string{start, `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","input":{}}}`,
 			`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}`, `{"type":"message_stop"}`}, "not JSON"},
 	} {

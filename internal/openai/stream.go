@@ -57,6 +57,10 @@ func ParseStreamChunk(data []byte) (StreamChunk, error) {
 			c.usageAt = [2]int{cap(data) - cap(key), cap(data) - cap(v) + len(v)}
 		case `"error"`:
 			c.Error = nonNull(v)
+		case `"object"`:
+			if string(v) == `"error"` && c.Error == nil {
+				c.Error = data // vLLM's older error shape: the event is the error
+			}
 		case `"choices"`:
 			eachElement(v, func(el []byte) {
 				c.Choices++

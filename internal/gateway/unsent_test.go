@@ -1,0 +1,176 @@
+package gateway
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
+)
+
+// viaBreakerStream sends a streamed body until round-robin sends it to the
+// breaker (the first or the second time) and returns what the client read.
+func viaBreakerStream(t *testing.T, url, body string, b *breaker) streamed {
+	t.Helper()
+	var s streamed
+	untilBreaker(t, b, func() { s = readStream(t, url, body) })
+	return s
+}
+
+// TestBrokenBeforeTheClientHadAByte: an engine that fails before the
+// client has any byte of its answer is retried on another engine, however
+// it failed: inside its stream's first line (which the tap holds back
+// until whole: the client had no byte, yet the gateway took the answer
+// as begun and the client got an empty reply, no status), with a 200 and
+// no body (the client got an empty 200 counted ok, or with migration
+// another engine's SSE under the first's JSON headers), or, for an
+// answer assembled whole, with an event that is not JSON (a 502 while
+// another engine was free). Found by a walkthrough with a misbehaving
+// fake engine (2026-12-04).
+func TestBrokenBeforeTheClientHadAByte(t *testing.T) {
+	chat := func(stream bool) string {
+		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"tell me"}],"max_tokens":20,"stream":%v}`, testModel, stream)
+	}
+	for _, c := range []struct {
+		fail   string
+		stream bool
+		limit  int
+	}{
+		{"firstline", true, 0}, {"firstline", true, 1}, {"firstline", false, 0},
+		{"empty", true, 0}, {"empty", true, 1}, {"empty", false, 0}, {"empty", false, 1},
+		{"badjson", false, 0},
+	} {
+		t.Run(fmt.Sprintf("%s stream=%v limit %d", c.fail, c.stream, c.limit), func(t *testing.T) {
+			b := &breaker{words: 5, fail: c.fail}
+			url, admin, e := migrationFleet(t, b, c.limit)
+			var from, ct, text string
+			if c.stream {
+				s := viaBreakerStream(t, url+"/v1/chat/completions", chat(true), b)
+				if s.status != 200 || s.readErr != nil || s.done != 1 || s.finish == "" {
+					t.Fatalf("status %d, read %v, %d [DONE], finish %q:\n%s", s.status, s.readErr, s.done, s.finish, s.raw)
+				}
+				from, text = s.endpoint, s.text
+				ct = "text/event-stream"
+			} else {
+				r := viaBreaker(t, url+"/v1/chat/completions", chat(false), b)
+				if r.status != 200 {
+					t.Fatalf("%d %s", r.status, r.body)
+				}
+				from, ct = r.header.Get(hdrPrefill), r.header.Get("Content-Type")
+				text, _, _ = wholeChat(t, r.body)
+				if r.header.Get("X-Engine") != "" {
+					t.Errorf("the breaker's header reached the client")
+				}
+			}
+			if from != e.Addr() || strings.HasPrefix(text, "w0") || text == "" {
+				t.Errorf("answered by %q with %q; want the emulator's answer", from, text)
+			}
+			if got := ct; !strings.HasPrefix(got, "text/event-stream") && c.stream || !c.stream && !strings.HasPrefix(got, "application/json") {
+				t.Errorf("Content-Type %q", got)
+			}
+			m := get(t, admin+"/metrics")
+			if !strings.Contains(m, "kvgate_retries_total 1") || !strings.Contains(m, `kvgate_requests_total{class="standard",outcome="ok"`) {
+				t.Errorf("want one retry and an ok outcome:\n%s", grepLines(m, "kvgate_re"))
+			}
+		})
+	}
+}
+
+// TestBrokenAloneIsAnError: with nowhere to retry, a streaming client
+// whose engine broke before it had any byte gets a 502 naming the engine
+// and why (it got an empty reply), and one whose stream ended cleanly but before its
+// answer's end (no finish reason, no [DONE]) reads an incomplete body and
+// is counted a broken stream (it was counted ok).
+func TestBrokenAloneIsAnError(t *testing.T) {
+	for _, fail := range []string{"firstline", "empty", "eof"} {
+		t.Run(fail, func(t *testing.T) {
+			b := &breaker{words: 5, fail: fail}
+			srv := b.server(t)
+			eps := []fleet.Endpoint{{Name: "breaker", URL: srv.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 20000 * 50}}
+			_, url, admin := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true}, Options{})
+			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"x"}],"max_tokens":20,"stream":true}`, testModel)
+			if fail == "eof" {
+				s := readStream(t, url+"/v1/chat/completions", body)
+				if s.status != 200 || s.readErr == nil || s.done != 0 {
+					t.Fatalf("want a body that breaks: status %d, read %v, %d [DONE]", s.status, s.readErr, s.done)
+				}
+			} else {
+				r := post(t, url+"/v1/chat/completions", body, nil)
+				if r.status != http.StatusBadGateway || !containsAll(r.body, `"code":502`, "endpoint breaker: ") ||
+					!strings.HasPrefix(r.header.Get("Content-Type"), "application/json") {
+					t.Fatalf("want a 502 saying why: %d %v %s", r.status, r.header, r.body)
+				}
+			}
+			m := get(t, admin+"/metrics")
+			want := `outcome="broken_stream"`
+			if fail == "empty" {
+				want = `outcome="upstream_error"` // it failed before its first byte
+			}
+			if !strings.Contains(m, want) || strings.Contains(m, `outcome="ok",policy`) || !strings.Contains(m, "kvgate_retries_total 0") {
+				t.Errorf("want %s, not ok, and no retry counted:\n%s", want, grepLines(m, "kvgate_re"))
+			}
+		})
+	}
+}
+
+// TestNoRetryPastTheUpstreamTimeout: an engine that hangs until
+// --upstream-timeout runs out is the one the client hears of (504 naming
+// it); the other engine is neither sent the request with no time left
+// nor blamed for it (it was, and health ejected healthy engines so).
+func TestNoRetryPastTheUpstreamTimeout(t *testing.T) {
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body) // net/http hears the connection close only once the body is read
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hang.Close)
+	var other atomic.Int64
+	c := &capture{}
+	healthy := c.server(t)
+	counting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			other.Add(1)
+		}
+		healthy.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(counting.Close)
+	eps := []fleet.Endpoint{{Name: "hang", URL: hang.URL, Model: testModel}, {Name: "healthy", URL: counting.URL, Model: testModel}}
+	pr, err := health.New(health.Config{Interval: time.Hour, EjectAfter: 100, NoMetrics: true, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pr.Close() })
+	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", UpstreamTimeout: 300 * time.Millisecond}, Options{Health: pr})
+	sent := 0
+	for range 4 {
+		before := other.Load()
+		r := post(t, url+"/v1/completions", completion("hi", false, 2), nil)
+		if other.Load() > before {
+			continue // round-robin chose the healthy engine
+		}
+		sent++
+		if r.status != http.StatusGatewayTimeout || !strings.Contains(r.body, "endpoint hang") || r.header.Get(hdrPrefill) != "hang" {
+			t.Fatalf("want hang's 504: %d %v %s", r.status, r.header, r.body)
+		}
+	}
+	if sent == 0 {
+		t.Fatal("round-robin never chose the hanging engine")
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_retries_total 0") {
+		t.Errorf("a retry with no time left:\n%s", grepLines(m, "kvgate_retries_total"))
+	}
+	if st, _ := pr.State("healthy"); st.PassiveFailures != 0 {
+		t.Errorf("the healthy engine was blamed: %d passive failures", st.PassiveFailures)
+	}
+	if st, _ := pr.State("hang"); st.PassiveFailures != sent {
+		t.Errorf("the hanging engine: %d passive failures, want %d", st.PassiveFailures, sent)
+	}
+}
