@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -161,9 +162,13 @@ func (s *EngineSource) post(ctx context.Context, req tokenizeRequest) ([]uint32,
 		return nil, fmt.Errorf("tokens: encode tokenize request: %w", err)
 	}
 	var first error
-	for i, base := range s.engines() {
-		ids, err := s.postTo(ctx, base, body.Bytes())
-		if err == nil || i+1 == maxTokenizeTries || !unanswered(ctx, err) {
+	engines := s.engines()
+	tries := min(len(engines), maxTokenizeTries)
+	for i, base := range engines[:tries] {
+		tctx, cancel := tryContext(ctx, tries-i)
+		ids, err := s.postTo(tctx, base, body.Bytes())
+		cancel()
+		if err == nil || i+1 == tries || !unanswered(ctx, err) {
 			if err != nil && first != nil {
 				err = fmt.Errorf("%w (and before it: %v)", err, first)
 			}
@@ -177,6 +182,19 @@ func (s *EngineSource) post(ctx context.Context, req tokenizeRequest) ([]uint32,
 		return nil, first
 	}
 	return nil, fmt.Errorf("tokens: no engine serving model %q can tokenize now", s.Model)
+}
+
+// tryContext bounds one of the left tries of a tokenization by its share
+// of ctx's deadline (the time left over the tries left): an engine that
+// hangs (a frozen API server) leaves the others time to answer, where it
+// took the whole deadline (10 s in the gateway) and the request failed
+// with the model's other engines healthy.
+func tryContext(ctx context.Context, left int) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok || left <= 1 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, time.Until(deadline)/time.Duration(left))
 }
 
 // engines lists the base URLs to ask, in order: the configured one, then
@@ -197,7 +215,8 @@ func (s *EngineSource) engines() []string {
 }
 
 // unanswered reports whether err is an engine's failure to answer (it is
-// unreachable, or failed with a 5xx) that another engine may not share;
+// unreachable, failed with a 5xx, or did not answer within its try's
+// share of the deadline) that another engine may not share;
 // not a refusal of the request's form, nor the caller's deadline.
 func unanswered(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -307,6 +309,31 @@ func TestEngineSourceFallback(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a hung engine", func(t *testing.T) {
+		// A frozen API server: it takes the request and never answers.
+		hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+		}))
+		defer hung.Close()
+		okCalls.Store(0)
+		set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: hung.URL}}, nil, nil,
+			func(string, string) ([]string, bool) { return []string{ok.URL}, false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		const deadline = 2 * time.Second
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		defer cancel()
+		start := time.Now()
+		ids, err := set.For("m").src.Tokenize(ctx, "hello")
+		// The hung engine has half the deadline (two engines to ask),
+		// the other answers at once: it took the whole deadline and
+		// failed.
+		if err != nil || !reflect.DeepEqual(ids, []uint32{7, 8, 9}) || okCalls.Load() != 1 {
+			t.Fatalf("ids %v, err %v after %v, %d calls; want the other engine's answer", ids, err, time.Since(start), okCalls.Load())
+		}
+	})
 	t.Run("deadline", func(t *testing.T) {
 		okCalls.Store(0)
 		set, err := NewSet([]Spec{{Model: "m", Source: "engine", URL: ok.URL}}, nil, nil,
