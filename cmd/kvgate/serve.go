@@ -145,12 +145,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	u := &fleetUnion{static: sc.Endpoints, latest: map[int][]fleet.Endpoint{}, g: g, log: log}
 	if sc.Planner != nil {
-		if f.loop, err = newPlannerLoop(sc.Planner, rec, g, sc.Endpoints, log); err != nil {
+		if len(sc.Sync.Peers) > 0 {
+			log.Warn("planner: this replica has sync peers; run the planner on one replica only (each sees its own share of the traffic, and two engine actuators would switch the same engines)")
+		}
+		if f.loop, err = newPlannerLoop(sc.Planner, rec, g, u, sc.PrefillSpeed, len(srcs) > 0, log); err != nil {
 			return err
 		}
 	}
-	u := &fleetUnion{static: sc.Endpoints, latest: map[int][]fleet.Endpoint{}, g: g, log: log}
 	return serveGateway(ctx, g, sc, srcs, u, &f, c, stdout, log)
 }
 

@@ -78,26 +78,100 @@ func (d discoveryConfig) sources(log *slog.Logger) ([]discovery.Source, error) {
 }
 
 // fleetUnion merges the static endpoints with each source's latest list
-// and hands the union to the gateway; a union the gateway refuses (say, a
-// name used twice) is logged and the running fleet kept.
+// into the gateway's endpoint list, and applies the planner's switches
+// over it: an engine the planner moved keeps its new role whatever the
+// config or discovery list later (a reload or a discovery update no
+// longer puts it back in its old role), and one switching is out of
+// routing until it serves again.
 type fleetUnion struct {
 	mu     sync.Mutex
 	static []fleet.Endpoint
 	latest map[int][]fleet.Endpoint
 	g      *gateway.Gateway
 	log    *slog.Logger
+	// roles are the planner's actuator's roles of the engines it
+	// manages, and out those of them switching (nil: no actuator has
+	// routed yet); managed is the engines the actuator last saw (Fleet).
+	roles   map[string]fleet.Role
+	out     map[string]bool
+	managed []string
 }
 
 func (u *fleetUnion) update(src int, eps []fleet.Endpoint) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.latest[src] = eps
-	all := u.union()
+	all := u.routed()
 	if err := u.g.SetEndpoints(all); err != nil {
 		u.log.Error("discovery: endpoint update refused; the running fleet is kept", "err", err)
 		return
 	}
 	u.log.Info("discovery: fleet updated", "endpoints", len(all))
+}
+
+// Fleet is every endpoint of the fleet, the planner's roles applied,
+// those switching included (planner.EngineOptions.Fleet): the engines the
+// planner manages from now.
+func (u *fleetUnion) Fleet() []fleet.Endpoint {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	all := u.withRoles(u.union())
+	u.managed = u.managed[:0]
+	for _, e := range all {
+		u.managed = append(u.managed, e.Name)
+	}
+	return all
+}
+
+// endpoints is every endpoint of the fleet, the planner's roles applied,
+// those switching included (as Fleet, which also records them as the
+// planner's actuator's).
+func (u *fleetUnion) endpoints() []fleet.Endpoint {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.withRoles(u.union())
+}
+
+// SetEndpoints implements planner.Router: eps are the engines of the
+// planner's that serve, in their roles; the others it manages are
+// switching. The gateway gets the whole fleet so (discovered engines the
+// planner does not manage kept as listed).
+func (u *fleetUnion) SetEndpoints(eps []fleet.Endpoint) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.roles, u.out = map[string]fleet.Role{}, map[string]bool{}
+	for _, e := range eps {
+		u.roles[e.Name] = e.Role
+	}
+	for _, name := range u.managed {
+		if _, ok := u.roles[name]; !ok {
+			u.out[name] = true
+		}
+	}
+	return u.g.SetEndpoints(u.routed())
+}
+
+// routed is the fleet as the gateway routes it: the planner's roles
+// applied, its engines switching left out.
+func (u *fleetUnion) routed() []fleet.Endpoint {
+	all := u.withRoles(u.union())
+	out := all[:0]
+	for _, e := range all {
+		if !u.out[e.Name] {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// withRoles applies the planner's roles to eps (in place).
+func (u *fleetUnion) withRoles(eps []fleet.Endpoint) []fleet.Endpoint {
+	for i := range eps {
+		if r, ok := u.roles[eps[i].Name]; ok {
+			eps[i].Role = r
+		}
+	}
+	return eps
 }
 
 // runDiscovery runs every source until ctx ends; it returns the first
@@ -132,10 +206,10 @@ func (u *fleetUnion) union() []fleet.Endpoint {
 }
 
 // withStatic replaces the static endpoints (a config reload) and returns
-// the new union.
+// the fleet to route.
 func (u *fleetUnion) withStatic(static []fleet.Endpoint) []fleet.Endpoint {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.static = static
-	return u.union()
+	return u.routed()
 }

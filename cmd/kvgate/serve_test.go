@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -283,6 +284,83 @@ func TestServePlannerDryRun(t *testing.T) {
 	}
 	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_planner") {
 		t.Fatal("/metrics has no planner metrics")
+	}
+}
+
+// plannerStatus reads /admin/planner.
+type plannerStatus struct {
+	Actuator  string           `json:"actuator"`
+	Instances []map[string]any `json:"instances"`
+	Actions   map[string]int   `json:"actions"`
+	Last      *struct {
+		Capacity struct{ Prefill, Decode float64 } `json:"capacity"`
+	} `json:"last"`
+}
+
+func readPlanner(t *testing.T, admin string) plannerStatus {
+	t.Helper()
+	var st plannerStatus
+	if err := json.Unmarshal([]byte(get(t, admin+"/admin/planner")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestServePlannerSeesDiscovered: the planner plans the fleet the gateway
+// routes to, its discovered endpoints included (it saw only the
+// configured ones: "instances": null and "budget 0" for ever), with the
+// prefill capacity the endpoints are configured with (it was 20 000
+// whatever their prefill_speed).
+func TestServePlannerSeesDiscovered(t *testing.T) {
+	a, b, c := upstream(t), upstream(t), upstream(t)
+	dir := t.TempDir()
+	eps := filepath.Join(dir, "endpoints.yaml")
+	os.WriteFile(eps, []byte(fmt.Sprintf("endpoints:\n  - {name: p, url: %q, model: m, role: prefill, prefill_speed: 6000}\n"+
+		"  - {name: d1, url: %q, model: m, role: decode}\n  - {name: d2, url: %q, model: m, role: decode}\n", a, b, c)), 0o644)
+	path := filepath.Join(dir, "kvgate.yaml")
+	os.WriteFile(path, []byte(fmt.Sprintf("discovery: {file: %q}\nno_health_checks: true\nplanner: {actuator: dry-run, interval: 0.2}\n", eps)), 0o644)
+	_, admin, stop := startServe(t, "--config", path)
+	defer stop()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := readPlanner(t, admin)
+		if len(st.Instances) == 3 && st.Last != nil {
+			// One endpoint says 6 000 tokens/s, two nothing (the
+			// gateway's --prefill-speed, 20 000): their mean.
+			if want := (6000 + 2*20000) / 3.0; math.Abs(st.Last.Capacity.Prefill-want) > 1 {
+				t.Fatalf("prefill capacity %v, want %v", st.Last.Capacity.Prefill, want)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the planner never saw the discovered fleet: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestServePlannerRefusesWhatTheFleetCannotHold: with a fleet that is
+// only configured, a planner that cannot plan it is a start-up error (it
+// started and held for ever, saying why only in /admin/planner).
+func TestServePlannerRefusesWhatTheFleetCannotHold(t *testing.T) {
+	a, b := upstream(t), upstream(t)
+	for _, tc := range []struct{ roles, planner, want string }{
+		{"prefill decode", "{total: 10}", "planner.total is 10"},
+		{"prefill decode", "{min_prefill: 2}", "do not fit"},
+		{"both both", "{}", "no prefill or decode endpoints"},
+		{"prefill decode", "{grace: -1}", "planner.grace"},
+		{"prefill decode", "{prefill_capacity: -5}", "planner.prefill_capacity"},
+	} {
+		r := strings.Fields(tc.roles)
+		path := filepath.Join(t.TempDir(), "kvgate.yaml")
+		os.WriteFile(path, []byte(fmt.Sprintf("endpoints:\n  - {name: a, url: %q, model: m, role: %s}\n  - {name: b, url: %q, model: m, role: %s}\n"+
+			"no_health_checks: true\nplanner: %s\n", a, r[0], b, r[1], tc.planner)), 0o644)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := runServe(ctx, []string{"--config", path, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, io.Discard, io.Discard)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %s: %v, want an error with %q", tc.roles, tc.planner, err, tc.want)
+		}
 	}
 }
 

@@ -539,6 +539,20 @@ func (g *Gateway) resolve(model string) (base, lora string) {
 	return model, ""
 }
 
+// Eligible is the names of the endpoints requests may be routed to now
+// (configured or discovered, and in by the health checks).
+func (g *Gateway) Eligible() map[string]bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	in := map[string]bool{}
+	for _, mf := range g.models {
+		for _, m := range mf.members {
+			in[m.ep.Name] = true
+		}
+	}
+	return in
+}
+
 // AddCollector registers more metrics on the gateway's /metrics (a
 // planner's, say).
 func (g *Gateway) AddCollector(c prometheus.Collector) error { return g.met.reg.Register(c) }

@@ -35,6 +35,12 @@ type EngineOptions struct {
 	// Client defaults to one with a 10 s timeout.
 	Client *http.Client
 	Logger *slog.Logger
+	// Fleet, when set, is the fleet's endpoints now (a gateway's, its
+	// discovered engines included), read at each Instances: an engine
+	// it adds is managed from then on, in the role it lists; one it
+	// drops is no longer; an engine the actuator switched keeps the role
+	// it switched it to. Nil: the endpoints given to NewEngineActuator.
+	Fleet func() []fleet.Endpoint
 }
 
 // EngineActuator switches engines' roles through their POST /admin/role
@@ -159,6 +165,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // role.
 func (a *EngineActuator) Instances(ctx context.Context) ([]Instance, error) {
 	a.mu.Lock()
+	if a.o.Fleet != nil {
+		a.eps = a.follow(a.o.Fleet())
+	}
 	eps := append([]fleet.Endpoint(nil), a.eps...)
 	a.mu.Unlock()
 	out := make([]Instance, len(eps))
@@ -210,6 +219,32 @@ func (a *EngineActuator) Instances(ctx context.Context) ([]Instance, error) {
 		}
 	}
 	return out, nil
+}
+
+// follow is the engines to manage when the fleet lists now: the ones
+// known keep the role the actuator has them in, new ones come in the role
+// listed, those that cannot be switched (no URL, a data-parallel rank)
+// are left to the router.
+func (a *EngineActuator) follow(now []fleet.Endpoint) []fleet.Endpoint {
+	known := make(map[string]fleet.Role, len(a.eps))
+	for _, e := range a.eps {
+		known[e.Name] = e.Role
+	}
+	out := make([]fleet.Endpoint, 0, len(now))
+	for _, e := range now {
+		if e.URL == "" || e.Ranked() {
+			continue
+		}
+		if r, ok := known[e.Name]; ok {
+			e.Role = r
+		}
+		out = append(out, e)
+		delete(known, e.Name)
+	}
+	for name := range known { // gone from the fleet: no longer switching
+		delete(a.moving, name)
+	}
+	return out
 }
 
 // publishLocked gives the router the engines that are not switching.

@@ -123,6 +123,58 @@ func TestEngineActuatorSwitchesThroughAdminRole(t *testing.T) {
 	}
 }
 
+// TestEngineActuatorFollowsTheFleet: with Fleet, the engines the
+// actuator manages are the fleet's now (a gateway's discovered engines):
+// one that joins is reported and can be switched, one that leaves is not
+// reported, and an engine it switched keeps its new role whatever the
+// fleet lists.
+func TestEngineActuatorFollowsTheFleet(t *testing.T) {
+	p, d, d2 := startEngine(t, fleet.RolePrefill), startEngine(t, fleet.RoleDecode), startEngine(t, fleet.RoleDecode)
+	var mu sync.Mutex
+	fl := []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)}
+	a, err := NewEngineActuator(nil, EngineOptions{Router: &routerLog{}, Logger: quiet(), Fleet: func() []fleet.Endpoint {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]fleet.Endpoint(nil), fl...)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func() []string {
+		inst, err := a.Instances(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, in := range inst {
+			out = append(out, in.Name+"="+in.Role.String())
+		}
+		return out
+	}
+	if got := names(); len(got) != 2 {
+		t.Fatalf("instances %v", got)
+	}
+	mu.Lock()
+	fl = append(fl, endpointOf(d2, fleet.RoleDecode))
+	mu.Unlock()
+	if got := names(); len(got) != 3 || got[2] != d2.Addr()+"=decode" {
+		t.Fatalf("a joining engine: instances %v", got)
+	}
+	if err := a.Switch(context.Background(), d2.Addr(), fleet.RolePrefill); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the switch to finish", func() bool { return !instance(t, a, d2.Addr()).Switching })
+	if in := instance(t, a, d2.Addr()); in.Role != fleet.RolePrefill {
+		t.Fatalf("the fleet's listed role undid the switch: %+v", in)
+	}
+	mu.Lock()
+	fl = fl[:2]
+	mu.Unlock()
+	if got := names(); len(got) != 2 {
+		t.Fatalf("a leaving engine is still managed: %v", got)
+	}
+}
+
 // TestEngineActuatorRestoresOnFailure: an engine that refuses the switch
 // goes back into the router as it was.
 func TestEngineActuatorRestoresOnFailure(t *testing.T) {

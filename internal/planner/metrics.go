@@ -50,8 +50,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descTarget, float64(s.TargetPrefill), "prefill")
 	gauge(descTarget, float64(s.TargetDecode), "decode")
 	if d := s.Last; d != nil {
-		gauge(descUtil, finite(d.PrefillUtil), "prefill")
-		gauge(descUtil, finite(d.DecodeUtil), "decode")
+		// A role with no instance has no utilisation (the decision's
+		// is a large number standing for its load on nothing).
+		if d.Prefill > 0 {
+			gauge(descUtil, finite(d.PrefillUtil), "prefill")
+		}
+		if d.Decode > 0 {
+			gauge(descUtil, finite(d.DecodeUtil), "decode")
+		}
 		gauge(descLoad, d.PrefillLoad, "prefill")
 		gauge(descLoad, d.DecodeLoad, "decode")
 		gauge(descCapacity, d.Capacity.Prefill, "prefill")

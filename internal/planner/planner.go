@@ -253,6 +253,9 @@ type Planner struct {
 	pendingDir int     // direction of the last proposed change (+1: more prefill)
 	pendingN   int     // consecutive proposals in that direction
 	lastWhatIf float64
+	// cannot is why the planner last could not plan the fleet at all
+	// (logged once a reason).
+	cannot string
 }
 
 // New returns a planner; cfg is validated and its zero values defaulted.
@@ -353,7 +356,7 @@ func (p *Planner) Decide(ctx context.Context, obs *Observation, inst []Instance)
 		return p.wait(d, fmt.Sprintf("observing: %d of %d windows", p.fc.windows(), p.cfg.MinWindows))
 	}
 	if np+nd != total {
-		return p.hold(d, fmt.Sprintf("the fleet has %d serving instances, not the budget of %d: not planning", np+nd, total))
+		return p.cannotPlan(d, fmt.Sprintf("the fleet has %d serving instances, not the budget of %d: not planning", np+nd, total))
 	}
 	if obs.Now < p.coolUntil {
 		return p.hold(d, fmt.Sprintf("cool-down until %.0fs (%.0fs after the last change started)", p.coolUntil, p.cfg.Cooldown))
@@ -367,8 +370,9 @@ func (p *Planner) plan(ctx context.Context, d Decision, obs *Observation, inst [
 	lp, ld := d.PrefillLoad, d.DecodeLoad
 	lo, hi := p.cfg.MinPrefill, total-p.cfg.MinDecode
 	if lo > hi {
-		return p.hold(d, fmt.Sprintf("budget %d cannot hold %d prefill and %d decode instances", total, p.cfg.MinPrefill, p.cfg.MinDecode))
+		return p.cannotPlan(d, fmt.Sprintf("budget %d cannot hold %d prefill and %d decode instances", total, p.cfg.MinPrefill, p.cfg.MinDecode))
 	}
+	p.cannot = ""
 	cur := p.loss(lp, ld, np, total-np, c)
 	sp, sd := p.fc.smoothed()
 	now := p.loss(sp, sd, np, total-np, c)
@@ -614,6 +618,17 @@ func (p *Planner) hold(d Decision, reason string) Decision {
 	d.Action, d.Reason = ActionHold, reason
 	p.log.Debug("planner: hold", "at", d.At, "reason", reason)
 	return d
+}
+
+// cannotPlan holds because the fleet cannot be planned as configured
+// (its size is not the budget, the budget cannot hold the minimums): a
+// warning the first time for a reason, not only a decision's.
+func (p *Planner) cannotPlan(d Decision, reason string) Decision {
+	if reason != p.cannot {
+		p.log.Warn("planner: cannot plan the fleet", "why", reason)
+		p.cannot = reason
+	}
+	return p.hold(d, reason)
 }
 
 func (p *Planner) wait(d Decision, reason string) Decision {
