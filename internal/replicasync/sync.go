@@ -106,6 +106,12 @@ type Config struct {
 // Enabled reports whether the config asks for any sync.
 func (c Config) Enabled() bool { return c.Bind != "" || len(c.Peers) > 0 }
 
+// The heartbeat's range.
+const (
+	minHeartbeat = 10 * time.Millisecond
+	maxHeartbeat = time.Minute
+)
+
 // Validate checks the addresses and the heartbeat.
 func (c Config) Validate() error {
 	if c.Bind != "" {
@@ -126,7 +132,7 @@ func (c Config) Validate() error {
 		}
 		seen[p] = true
 	}
-	if c.Heartbeat != 0 && (c.Heartbeat < 10*time.Millisecond || c.Heartbeat > time.Minute) {
+	if c.Heartbeat != 0 && (c.Heartbeat < minHeartbeat || c.Heartbeat > maxHeartbeat) {
 		return fmt.Errorf("sync.heartbeat: %v is not in [10ms, 1m]", c.Heartbeat)
 	}
 	return nil
@@ -187,6 +193,9 @@ type Sync struct {
 	held  int // flights and places of all peers
 	// maxHeld bounds held (MaxHeld; tests lower it).
 	maxHeld int
+	// unknown is the peers' model and endpoint names this replica has
+	// warned it does not know (at most maxUnknownWarnings).
+	unknown map[string]bool
 
 	bound atomic.Pointer[string] // the PUB's address once bound
 
@@ -199,7 +208,13 @@ type peer struct {
 	flights map[uint64]peerFlight
 	places  map[uint64]func() // adapter places: their done
 	heard   time.Time
+	// beat is the peer's heartbeat (0: a replica that does not say).
+	beat time.Duration
 }
+
+// maxUnknownWarnings bounds the warnings about names a peer uses that
+// this replica does not know.
+const maxUnknownWarnings = 16
 
 type peerFlight struct {
 	fleet *load.Fleet
@@ -319,7 +334,7 @@ func (s *Sync) publish(ctx context.Context, pub *zmtp.Pub) {
 		if pub == nil || (len(b.Events) == 0 && !alive) {
 			continue
 		}
-		b.Version, b.Replica = version, s.id
+		b.Version, b.Replica, b.Heartbeat = version, s.id, s.cfg.Heartbeat.Seconds()
 		raw, err := msgpack.Marshal(&b)
 		if err != nil {
 			s.log.Error("replica sync: encoding a batch", "err", err)
@@ -470,6 +485,10 @@ type batch struct {
 	Events   []event
 	HasAlive bool
 	Alive    []uint64
+	// Heartbeat is the sender's, in seconds (last: a replica of the
+	// version before it skips it, and sends none: 0): a peer is silent
+	// after three of the slower of the two.
+	Heartbeat float64
 }
 
 // event is one flight's change.
@@ -530,8 +549,12 @@ func (s *Sync) apply(b *batch, now time.Time) {
 		}
 		p = &peer{flights: map[uint64]peerFlight{}, places: map[uint64]func(){}}
 		s.peers[b.Replica] = p
+		s.log.Info("replica sync: a peer is heard", "replica", fmt.Sprintf("%016x", b.Replica))
 	}
 	p.heard = now
+	if hb := time.Duration(b.Heartbeat * float64(time.Second)); hb >= minHeartbeat && hb <= maxHeartbeat {
+		p.beat = hb
+	}
 	at := s.clock()
 	for i := range b.Events {
 		s.st.received.Add(1)
@@ -632,12 +655,12 @@ func (s *Sync) route(p *peer, e *event, at float64) {
 	}
 	f := s.local.LoadFleet(e.Model)
 	if f == nil {
-		s.st.ignored.Add(1)
+		s.ignoreUnknown(e)
 		return
 	}
 	ep := f.Endpoint(e.Endpoint)
 	if ep == nil {
-		s.st.ignored.Add(1)
+		s.ignoreUnknown(e)
 		return
 	}
 	fl := f.Route(ep, at, load.Work{Uncached: e.Uncached, Cached: e.Cached, UncachedBlocks: e.UncachedBlocks,
@@ -645,6 +668,24 @@ func (s *Sync) route(p *peer, e *event, at float64) {
 	p.flights[e.ID] = peerFlight{fleet: f, fl: fl}
 	s.held++
 	s.st.applied.Add(1)
+}
+
+// ignoreUnknown counts a peer's flight on a model or endpoint this
+// replica does not know, and warns of the names the first times: replicas
+// that name a fleet's endpoints differently (one its engines' addresses,
+// another name=) share nothing, and the count alone looked healthy.
+func (s *Sync) ignoreUnknown(e *event) {
+	s.st.ignored.Add(1)
+	key := e.Model + "\x00" + e.Endpoint
+	if s.unknown[key] || len(s.unknown) >= maxUnknownWarnings {
+		return
+	}
+	if s.unknown == nil {
+		s.unknown = map[string]bool{}
+	}
+	s.unknown[key] = true
+	s.log.Warn("replica sync: a peer routes to an endpoint this replica does not have; replicas must name a fleet's endpoints alike (their name=, or the same discovery)",
+		"model", e.Model, "endpoint", e.Endpoint)
 }
 
 // place counts a peer's adapter place on the replica's member.
@@ -711,8 +752,11 @@ func (s *Sync) endSilent(now time.Time) {
 	defer s.pmu.Unlock()
 	at := s.clock()
 	for id, p := range s.peers {
-		if now.Sub(p.heard) >= silentBeats*s.cfg.Heartbeat {
-			s.st.bySilence.Add(uint64(s.endPeer(id, p, at)))
+		if now.Sub(p.heard) >= silentBeats*max(s.cfg.Heartbeat, p.beat) {
+			n := s.endPeer(id, p, at)
+			s.st.bySilence.Add(uint64(n))
+			s.log.Warn("replica sync: a peer fell silent; its requests in flight are ended", "replica", fmt.Sprintf("%016x", id),
+				"silent", now.Sub(p.heard).Round(time.Millisecond), "ended", n)
 		}
 	}
 }

@@ -1,7 +1,10 @@
 package replicasync
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"strings"
@@ -224,6 +227,50 @@ func TestLiveSetEndsLostFlights(t *testing.T) {
 	}
 	if st := s.Stats(); st.BySilence != 2 || st.Peers != 0 || st.PeerFlights != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestSlowerPeersHeartbeat: a peer is silent after three of the slower
+// heartbeat, its own or this replica's: a replica at 1 s ended the
+// flights of a live peer at 5 s every 3 s, and then ignored their ends.
+// A heartbeat out of range is not believed.
+func TestSlowerPeersHeartbeat(t *testing.T) {
+	fs := newFleets()
+	s := newSync(t, fs) // 1 s
+	now := time.Now()
+	s.apply(&batch{Replica: 7, Heartbeat: 5, Events: []event{routed(1, "a", 100)}}, now)
+	s.apply(&batch{Replica: 8, Heartbeat: 1e9, Events: []event{routed(1, "b", 100)}}, now)
+	s.endSilent(now.Add(3 * time.Second))
+	if n, _, _ := state(fs.f, "a", 0); n != 1 {
+		t.Fatalf("a peer at 5 s ended after 3 s: %d requests", n)
+	}
+	if n, _, _ := state(fs.f, "b", 0); n != 0 {
+		t.Fatalf("a peer claiming 1e9 s kept after 3 s: %d requests", n)
+	}
+	s.endSilent(now.Add(15 * time.Second))
+	if n, _, _ := state(fs.f, "a", 0); n != 0 {
+		t.Fatalf("a peer at 5 s kept after 15 s of silence: %d requests", n)
+	}
+}
+
+// TestUnknownEndpointWarns: a peer's flight on an endpoint this replica
+// does not know is ignored and, the first times, warned of by name
+// (replicas naming a fleet's endpoints differently shared nothing in
+// silence); the warnings are bounded.
+func TestUnknownEndpointWarns(t *testing.T) {
+	var logs bytes.Buffer
+	s, err := New(Config{Heartbeat: time.Second}, newFleets(), func() float64 { return 0 }, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		s.apply(&batch{Replica: 7, Events: []event{routed(uint64(i+1), fmt.Sprintf("127.0.0.1:%d", 9000+i), 100)}}, time.Now())
+	}
+	if st := s.Stats(); st.Ignored != 100 {
+		t.Fatalf("ignored %d, want 100", st.Ignored)
+	}
+	if n := strings.Count(logs.String(), "does not have"); n != maxUnknownWarnings || !strings.Contains(logs.String(), "127.0.0.1:9000") {
+		t.Fatalf("%d warnings, want %d naming the endpoint:\n%s", n, maxUnknownWarnings, logs.String())
 	}
 }
 
@@ -570,5 +617,10 @@ func TestEventWireCompat(t *testing.T) {
 	var ob oldBatch
 	if err := msgpack.Unmarshal(b, &ob); err != nil || len(ob.Events) != 2 || ob.Events[1].Model != "m2" {
 		t.Fatalf("new batch -> old: %v %+v", err, ob)
+	}
+	b, _ = msgpack.Marshal(oldBatch{Version: 1, Replica: 3, HasAlive: true})
+	var nb batch
+	if err := msgpack.Unmarshal(b, &nb); err != nil || nb.Replica != 3 || !nb.HasAlive || nb.Heartbeat != 0 {
+		t.Fatalf("old batch -> new: %v %+v", err, nb)
 	}
 }
