@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -49,6 +50,12 @@ func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, err)
 		return
 	}
+	ctx := r.Context()
+	if g.cfg.UpstreamTimeout > 0 { // one bound for the request, its retry included
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
+		defer cancel()
+	}
 	var tried *member
 	for attempt := 0; attempt < 2; attempt++ {
 		m, others, err := g.passthroughTarget(model, tried)
@@ -62,7 +69,7 @@ func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
 			openai.WriteError(w, err)
 			return
 		}
-		if g.forward(w, r, m, body, contentType, attempt == 1 || others == 0) {
+		if g.forward(ctx, w, r, m, body, contentType, attempt == 1 || others == 0) {
 			return
 		}
 		tried = m
@@ -192,16 +199,22 @@ func (g *Gateway) passthroughTarget(model string, avoid *member) (best *member, 
 	return best, n - 1, nil
 }
 
-// forward sends body to m at the request's path and relays the answer;
-// false, with nothing written, when m could not be reached, or answered
-// 5xx and this is not the last attempt (the caller may retry elsewhere).
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, m *member, body []byte, contentType string, last bool) bool {
+// forward sends body to m at the request's path under ctx (the client's,
+// bounded by --upstream-timeout) and relays the answer; false, with
+// nothing written, when m could not be reached, or answered 5xx and this
+// is not the last attempt (the caller may retry elsewhere).
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, m *member, body []byte, contentType string, last bool) bool {
 	m.passing.Add(1)
 	defer m.passing.Add(-1)
-	resp, err := g.post(r.Context(), r, m, r.URL.RequestURI(), body, "", contentType)
+	resp, err := g.post(ctx, r, m, r.URL.RequestURI(), body, "", contentType)
 	if err != nil {
-		if r.Context().Err() != nil {
+		switch {
+		case r.Context().Err() != nil:
 			g.met.passthrough.WithLabelValues(passGone).Inc()
+			return true
+		case ctx.Err() != nil: // --upstream-timeout: no time for a retry
+			g.met.passthrough.WithLabelValues(passUpstream).Inc()
+			openai.WriteError(w, openai.Errorf(http.StatusGatewayTimeout, "kvgate: endpoint %s did not answer within --upstream-timeout (%v)", m.ep.Name, g.cfg.UpstreamTimeout))
 			return true
 		}
 		return false

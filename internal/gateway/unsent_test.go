@@ -174,3 +174,25 @@ func TestNoRetryPastTheUpstreamTimeout(t *testing.T) {
 		t.Errorf("the hanging engine: %d passive failures, want %d", st.PassiveFailures, sent)
 	}
 }
+
+// TestPassthroughUpstreamTimeout: --upstream-timeout bounds a forwarded
+// request (/tokenize, embeddings, ...) as it bounds a routed one: a
+// hanging engine's /tokenize is a 504 at the timeout (the client waited
+// until it gave up).
+func TestPassthroughUpstreamTimeout(t *testing.T) {
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hang.Close)
+	eps := []fleet.Endpoint{{Name: "hang", URL: hang.URL, Model: testModel}}
+	_, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, UpstreamTimeout: 200 * time.Millisecond}, Options{})
+	start := time.Now()
+	r := post(t, url+"/tokenize", `{"model":"`+testModel+`","prompt":"hi"}`, nil)
+	if took := time.Since(start); r.status != http.StatusGatewayTimeout || took > 5*time.Second || !strings.Contains(r.body, "hang") {
+		t.Fatalf("want a 504 naming the engine at the timeout: %d after %v: %s", r.status, took, r.body)
+	}
+}
