@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
 // syncBuffer is an io.Writer safe to read while the command writes.
@@ -282,8 +284,19 @@ func TestServePlannerDryRun(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_planner") {
+	m := get(t, admin+"/metrics")
+	if !strings.Contains(m, "kvgate_planner") {
 		t.Fatal("/metrics has no planner metrics")
+	}
+	// Prometheus' own linter (promtool check metrics' rules), over the
+	// whole of serve's /metrics: the gateway's, health's, the index's
+	// and the planner's.
+	problems, err := promlint.New(strings.NewReader(m)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("%s: %s", p.Metric, p.Text)
 	}
 }
 
