@@ -116,6 +116,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	// routed response, names the request for the logs.
 	w.Header().Set("X-Request-Id", rt.id)
 	cw := newClientWriter(w)
+	defer cw.commit() // an answer without a body byte still has its status
 	out, tap := g.writers(cw, rt)
 	if rt.whole != nil {
 		defer rt.whole.release()

@@ -196,3 +196,24 @@ func TestPassthroughUpstreamTimeout(t *testing.T) {
 		t.Fatalf("want a 504 naming the engine at the timeout: %d after %v: %s", r.status, took, r.body)
 	}
 }
+
+// TestEmptyRefusalKeepsItsStatus: an engine's refusal without a body
+// (a 4xx and nothing after) reaches the client with its status, streamed
+// or answered whole, though no body byte ever commits it.
+func TestEmptyRefusalKeepsItsStatus(t *testing.T) {
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return
+		}
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	t.Cleanup(refuse.Close)
+	eps := []fleet.Endpoint{{Name: "refuse", URL: refuse.URL, Model: testModel}}
+	_, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true}, Options{})
+	for _, stream := range []bool{true, false} {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"x"}],"max_tokens":2,"stream":%v}`, testModel, stream)
+		if r := post(t, url+"/v1/chat/completions", body, nil); r.status != http.StatusNotFound {
+			t.Errorf("stream=%v: %d %q, want the engine's 404", stream, r.status, r.body)
+		}
+	}
+}
