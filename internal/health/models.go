@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 
 	"github.com/kvgate/kvgate/internal/fleet"
 )
@@ -26,6 +27,9 @@ const maxModelsBody = 1 << 20
 type modelList struct {
 	adapters    []string
 	maxModelLen int
+	// missing says that a listing does not name the endpoint's model
+	// ("": it does, or lists nothing).
+	missing string
 }
 
 // maxModelLen bounds a max_model_len taken from an engine.
@@ -74,7 +78,9 @@ func parseModels(body []byte, model string) (modelList, error) {
 	}
 	var out modelList
 	seen := map[string]bool{}
+	listed := len(list.Data) == 0 // an empty list says nothing
 	for _, m := range list.Data {
+		listed = listed || m.ID == model
 		if m.ID == model && m.Parent == nil && m.MaxModelLen >= 1 && m.MaxModelLen <= maxModelLen && m.MaxModelLen == float64(int(m.MaxModelLen)) {
 			out.maxModelLen = int(m.MaxModelLen)
 		}
@@ -86,6 +92,14 @@ func parseModels(body []byte, model string) (modelList, error) {
 		}
 		seen[m.ID] = true
 		out.adapters = append(out.adapters, m.ID)
+	}
+	if !listed {
+		ids := make([]string, 0, min(len(list.Data), 4))
+		for _, m := range list.Data[:min(len(list.Data), 4)] {
+			ids = append(ids, fmt.Sprintf("%.64q", m.ID))
+		}
+		out.missing = fmt.Sprintf("GET /v1/models: the engine serves %s, not model %q: its requests get the engine's 404 (is the endpoint's model its --served-model-name?)",
+			strings.Join(ids, ", "), model)
 	}
 	return out, nil
 }
@@ -133,7 +147,10 @@ func (p *Prober) probeModels(ctx context.Context, t *target, ep fleet.Endpoint) 
 		t.modelsErr = err.Error()
 		return
 	}
-	t.adapters, t.hasAdapters, t.modelsErr = list.adapters, true, ""
+	if list.missing != "" && list.missing != t.modelsErr {
+		p.cfg.Logger.Warn("health: the engine does not list the endpoint's model", "endpoint", ep.Name, "listing", list.missing)
+	}
+	t.adapters, t.hasAdapters, t.modelsErr = list.adapters, true, list.missing
 	if list.maxModelLen > 0 {
 		t.maxModelLen = list.maxModelLen
 	}

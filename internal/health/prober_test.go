@@ -501,4 +501,14 @@ func TestAdaptersListed(t *testing.T) {
 	if l, err := parseModels([]byte(`{"data":`), model); err == nil || l.adapters != nil {
 		t.Fatalf("a cut answer: %v %v", l, err)
 	}
+	// An engine serving another model (a --served-model-name that is
+	// not the endpoint's model): every request of the model gets its
+	// 404, so the listing says so (it said nothing).
+	if l, err := parseModels([]byte(`{"data":[{"id":"other","parent":null}]}`), model); err != nil ||
+		!strings.Contains(l.missing, `"other", not model "`+model+`"`) {
+		t.Fatalf("another model: %v %q", err, l.missing)
+	}
+	if l, err := parseModels([]byte(`{"data":[]}`), model); err != nil || l.missing != "" {
+		t.Fatalf("an empty list: %v %q", err, l.missing)
+	}
 }
