@@ -85,6 +85,7 @@ func newServeFlagSet(f *serveFlags, c *gateway.Config, early *bool, stepTokens *
 	flagrange.Var(fl, &c.MaxInflight, "max-inflight", lim.MaxInflight, "requests proxied at once; more get 429")
 	flagrange.Var(fl, &c.UpstreamTimeout, "upstream-timeout", lim.UpstreamTimeout, "bound on a whole proxied request, from its first send to an engine: its retry and migrations share it (time held at the router is not counted)")
 	flagrange.Var(fl, &c.ConnectTimeout, "connect-timeout", lim.ConnectTimeout, "bound on connecting to an engine")
+	flagrange.Var(fl, &c.StreamIdleTimeout, "stream-idle-timeout", lim.StreamIdleTimeout, "bound on an engine's silence once its answer's first bytes came: longer, the attempt is broken (continued elsewhere with --migration-limit; an answer assembled whole is sent again) and the engine reported to health")
 	flagrange.Var(fl, &c.MigrationLimit, "migration-limit", lim.MigrationLimit, "times a stream whose engine fails after it began is continued on another engine, the text so far sent back as the answer's start (docs/serve.md, \"Migration\")")
 	flagrange.Var(fl, &c.BindEventsRanks, "bind-events-ranks", lim.BindEventsRanks, "central KV events: bind this many SUBs, at --bind-events' port + 0 … N-1, for data-parallel engines (dp_size) whose rank R dials the port + R")
 	c.HTTP.MaxBodyBytes, c.HTTP.MaxConns = 32<<20, 8192
@@ -225,7 +226,8 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 		"no-fairness":        func() { c.NoFairness = flags.NoFairness },
 		"no-stream-upstream": func() { c.NoStreamUpstream = flags.NoStreamUpstream },
 		"upstream-timeout":   func() { c.UpstreamTimeout = flags.UpstreamTimeout }, "connect-timeout": func() { c.ConnectTimeout = flags.ConnectTimeout },
-		"migration-limit": func() { c.MigrationLimit = flags.MigrationLimit },
+		"stream-idle-timeout": func() { c.StreamIdleTimeout = flags.StreamIdleTimeout },
+		"migration-limit":     func() { c.MigrationLimit = flags.MigrationLimit },
 	}
 	httpFlags := map[string]func(){
 		"max-body-bytes": func() { c.HTTP.MaxBodyBytes = flags.HTTP.MaxBodyBytes }, "http-max-conns": func() { c.HTTP.MaxConns = flags.HTTP.MaxConns },

@@ -82,6 +82,10 @@ type Config struct {
 	HTTP            httpserve.Config `yaml:"http"`
 	UpstreamTimeout time.Duration    `yaml:"upstream_timeout"` // whole request; 0: none
 	ConnectTimeout  time.Duration    `yaml:"connect_timeout"`
+	// StreamIdleTimeout bounds the silence of an engine's answer once its
+	// first bytes came (idle.go): longer, the attempt is broken (its
+	// stream migrated with MigrationLimit); 0, the default: none.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// MigrationLimit is how many times a stream whose engine failed after
 	// it began is continued on another engine (Dynamo's migration_limit;
 	// migrate.go); 0, the default, never.
@@ -196,6 +200,7 @@ type Limits struct {
 	EngineStepTokens   flagrange.Range[int]
 	UpstreamTimeout    flagrange.Range[time.Duration]
 	ConnectTimeout     flagrange.Range[time.Duration]
+	StreamIdleTimeout  flagrange.Range[time.Duration]
 	MigrationLimit     flagrange.Range[int]
 	HoldMin            flagrange.Range[float64]
 	HoldBacklog        flagrange.Range[float64]
@@ -219,6 +224,7 @@ func ConfigLimits() Limits {
 		EngineStepTokens:   flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens", Zero: "unknown"},
 		UpstreamTimeout:    flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "none"},
 		ConnectTimeout:     flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour},
+		StreamIdleTimeout:  flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "none"},
 		MigrationLimit:     flagrange.Range[int]{Min: 1, Max: maxMigrations, Unit: "migrations", Zero: "never"},
 		HoldMin:            flagrange.Range[float64]{Min: 0.01, Max: 1000, Unit: "SLOs", Zero: "default"},
 		HoldBacklog:        flagrange.Range[float64]{Min: 0.01, Max: 1000, Zero: "default"},
@@ -344,6 +350,7 @@ func (c *Config) Validate() error {
 		l.EngineStepTokens.Check("engine_step_tokens (--engine-step-tokens)", c.engineStepTokens()),
 		l.UpstreamTimeout.Check("upstream_timeout (--upstream-timeout)", c.UpstreamTimeout),
 		l.ConnectTimeout.Check("connect_timeout (--connect-timeout)", c.ConnectTimeout),
+		l.StreamIdleTimeout.Check("stream_idle_timeout (--stream-idle-timeout)", c.StreamIdleTimeout),
 		l.MigrationLimit.Check("migration_limit (--migration-limit)", c.MigrationLimit),
 		l.HoldMin.Check("hold.min_slos", c.Hold.Min),
 		l.HoldBacklog.Check("hold.backlog", c.Hold.Backlog),

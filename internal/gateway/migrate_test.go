@@ -122,6 +122,9 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 			panic(http.ErrAbortHandler)
 		case "badjson":
 			fmt.Fprint(w, "data: {not json\n\n")
+		case "freeze": // silent, the connection open, until the gateway gives up
+			<-r.Context().Done()
+			return
 		case "half":
 			fmt.Fprint(w, `data: {"id":"first-engine-id","choi`)
 			w.(http.Flusher).Flush()

@@ -482,6 +482,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	g.announce(w.Header(), rt, p)
 	ctx, cancel := g.upstreamContext(r.Context(), rt)
 	defer cancel()
+	ctx, unwatch := g.watchIdle(ctx)
+	defer unwatch()
 	body := rt.req.StripRoutingParams()
 	target := p.prefill
 	var start func() bool // nil: the answer's headers go at once
@@ -880,8 +882,12 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	bp := g.copyBuffer()
 	defer g.bufs.Put(bp)
 	buf := *bp
+	idle := idleWatchOf(resp.Request.Context())
 	for {
 		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			idle.touch()
+		}
 		p := buf[:n]
 		r.empty = r.empty && n == 0
 		if err == io.EOF && r.empty && r.deferred && resp.StatusCode == http.StatusOK {
@@ -1081,7 +1087,10 @@ func (r *relayed) broke(err error) error {
 	if r.deferred && r.h.start != nil && !r.h.start() {
 		return errYielded // stopped, nothing written: the 429 goes
 	}
-	if !errors.Is(r.resp.Request.Context().Err(), context.Canceled) {
+	if ctx := r.resp.Request.Context(); idled(ctx) {
+		err = errStreamIdle // the read's own error says "context canceled"
+		r.g.reportFailure(r.m, err)
+	} else if !errors.Is(ctx.Err(), context.Canceled) {
 		// The engine broke its answer (its client is still there): a
 		// failure, as a refused connection is.
 		r.g.reportFailure(r.m, err)
