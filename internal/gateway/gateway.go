@@ -148,6 +148,43 @@ type member struct {
 	// declare (health.Prober.Adapters), kept current by refresh.
 	found   atomic.Pointer[[]string]
 	removed atomic.Bool // left the fleet; its index id may be reused
+	// gone is closed when the health checks take the member out (a new
+	// one is made when they bring it back): the requests waiting for its
+	// first byte are sent elsewhere (idle.go).
+	goneMu sync.Mutex
+	gone   chan struct{}
+	isOut  bool
+}
+
+// goneSignal is closed when the health checks take m out.
+func (m *member) goneSignal() <-chan struct{} {
+	m.goneMu.Lock()
+	defer m.goneMu.Unlock()
+	if m.gone == nil {
+		m.gone = make(chan struct{})
+		if m.isOut {
+			close(m.gone)
+		}
+	}
+	return m.gone
+}
+
+// setOut records whether the health checks have m out, closing its gone
+// signal when they take it out.
+func (m *member) setOut(out bool) {
+	m.goneMu.Lock()
+	defer m.goneMu.Unlock()
+	switch {
+	case out == m.isOut:
+	case out:
+		if m.gone == nil {
+			m.gone = make(chan struct{})
+		}
+		close(m.gone)
+	default:
+		m.gone = nil // made anew when asked
+	}
+	m.isOut = out
 }
 
 // modelFleet is the endpoints serving one model that may take traffic now,
@@ -390,7 +427,9 @@ func (g *Gateway) refresh() {
 	byModel := map[string][]*member{}
 	g.adapters = g.adaptersOf()
 	for _, m := range g.members {
-		if g.health == nil || g.health.Available(m.ep.Name) {
+		in := g.health == nil || g.health.Available(m.ep.Name)
+		m.setOut(!in)
+		if in {
 			byModel[m.ep.Model] = append(byModel[m.ep.Model], m)
 		}
 	}

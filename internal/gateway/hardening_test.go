@@ -259,17 +259,21 @@ func TestUpstreamTimeoutWholeRequest(t *testing.T) {
 	a, b := slow(), slow()
 	eps := []fleet.Endpoint{{Name: "a", URL: a.URL, Model: testModel, Role: fleet.RoleBoth}, {Name: "b", URL: b.URL, Model: testModel, Role: fleet.RoleBoth}}
 	const timeout = time.Second
-	_, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, UpstreamTimeout: timeout}, Options{})
-	begin := time.Now()
-	r := post(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"x"}],"max_tokens":1000}`, nil)
-	took := time.Since(begin)
-	if r.status != http.StatusGatewayTimeout {
-		t.Fatalf("status %d %s; want 504", r.status, r.body)
-	}
-	// Each attempt given the whole timeout took 2 s; one bound, 1 s and
-	// the retry's instant failure.
-	if took >= 2*timeout-100*time.Millisecond {
-		t.Fatalf("took %v with a %v upstream timeout (%d attempts)", took, timeout, started.Load())
+	// With migration too: a stream cut by the timeout is not continued
+	// (it was, failed at once, and the client got a 502).
+	for _, limit := range []int{0, 1} {
+		_, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, UpstreamTimeout: timeout, MigrationLimit: limit}, Options{})
+		begin := time.Now()
+		r := post(t, url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"x"}],"max_tokens":1000}`, nil)
+		took := time.Since(begin)
+		if r.status != http.StatusGatewayTimeout {
+			t.Fatalf("migration limit %d: status %d %s; want 504", limit, r.status, r.body)
+		}
+		// Each attempt given the whole timeout took 2 s; one bound, 1 s
+		// and the retry's instant failure.
+		if took >= 2*timeout-100*time.Millisecond {
+			t.Fatalf("migration limit %d: took %v with a %v upstream timeout (%d attempts)", limit, took, timeout, started.Load())
+		}
 	}
 }
 

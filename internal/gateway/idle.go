@@ -7,64 +7,110 @@ import (
 	"time"
 )
 
-// The stream idle timeout (Config.StreamIdleTimeout). An engine that
-// freezes in the middle of an answer (its API server stopped, a GPU
-// hung) sends nothing more and closes nothing: its health checks take it
-// out, but a stream already on it waits as long as its client does.
-// Bounded, the silence breaks the attempt as a failed read does: the
-// stream is continued elsewhere with --migration-limit, an answer
-// assembled whole is sent again, and the engine is reported to health.
-// The bound starts with the answer's first bytes: before them the engine
-// may be queueing or computing a long prompt (no engine sends a byte
-// before its first token), which --upstream-timeout bounds.
+// Each attempt at a request is watched (attemptWatch) for two ways an
+// engine fails without saying so.
+//
+// Before the answer's first bytes, its engines must stay in: an engine
+// that freezes (its API server stopped, a hung GPU) answers nothing and
+// closes nothing, and the requests waiting on it waited as long as their
+// clients did while the health checks had it out within seconds. When
+// the health checks take one of the attempt's engines out, the attempt
+// is called off and the request sent elsewhere, as a failure before the
+// first byte is.
+//
+// After the first bytes, with a stream idle timeout
+// (Config.StreamIdleTimeout), the answer must not stay silent longer:
+// the attempt then breaks as a failed read does (the stream continued
+// elsewhere with --migration-limit, an answer assembled whole sent
+// again), and the engine is reported to health. The bound starts with
+// the first bytes: before them the engine may be queueing or computing a
+// long prompt (no engine sends a byte before its first token), which
+// --upstream-timeout bounds.
 
 // errStreamIdle: the engine's answer was silent longer than
 // --stream-idle-timeout.
 var errStreamIdle = errors.New("the engine's answer was silent longer than --stream-idle-timeout")
 
-// idleWatch cancels an attempt's upstream context when its answer stays
-// silent for d once its first bytes came.
-type idleWatch struct {
-	d      time.Duration
-	cancel context.CancelCauseFunc
-	mu     sync.Mutex
-	timer  *time.Timer
-	done   bool
+// errEngineOut: the health checks took the engine out before it answered.
+var errEngineOut = errors.New("the health checks took the engine out before it answered")
+
+// attemptWatch cancels an attempt's upstream context when one of its
+// engines goes out before the answer's first bytes, or when the answer
+// stays silent for d after them (d > 0).
+type attemptWatch struct {
+	d       time.Duration
+	cancel  context.CancelCauseFunc
+	mu      sync.Mutex
+	timer   *time.Timer
+	began   bool          // the first bytes came
+	done    bool          // the attempt is over
+	unwatch chan struct{} // closed at the first bytes or the end
 }
 
-type idleKey struct{}
+type attemptKey struct{}
 
-// watchIdle returns ctx, cancelled by an idle watch when the gateway has
-// a stream idle timeout (the watch travels in the context to the relay,
-// which touches it as the answer's bytes come), and the function that
-// ends the watch.
-func (g *Gateway) watchIdle(ctx context.Context) (context.Context, func()) {
-	if g.cfg.StreamIdleTimeout <= 0 {
+// watchAttempt returns ctx, cancelled by the attempt's watch, which
+// travels in the context to the relay (it touches the watch as the
+// answer's bytes come), and the function that ends the watch. engines
+// are the attempt's (nil ones skipped).
+func (g *Gateway) watchAttempt(ctx context.Context, engines ...*member) (context.Context, func()) {
+	if g.cfg.StreamIdleTimeout <= 0 && g.health == nil {
 		return ctx, func() {}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	w := &idleWatch{d: g.cfg.StreamIdleTimeout, cancel: cancel}
-	return context.WithValue(ctx, idleKey{}, w), func() {
+	w := &attemptWatch{d: g.cfg.StreamIdleTimeout, cancel: cancel, unwatch: make(chan struct{})}
+	if g.health != nil {
+		var gone [2]<-chan struct{} // a nil channel never fires
+		for i, m := range engines[:min(len(engines), 2)] {
+			if m != nil {
+				gone[i] = m.goneSignal()
+			}
+		}
+		go w.watchGone(ctx, gone)
+	}
+	return context.WithValue(ctx, attemptKey{}, w), func() {
 		w.stop()
 		cancel(nil)
 	}
 }
 
-// idleWatchOf is ctx's idle watch (nil: none).
-func idleWatchOf(ctx context.Context) *idleWatch {
-	w, _ := ctx.Value(idleKey{}).(*idleWatch)
+// watchGone calls the attempt off when an engine goes out before the
+// answer's first bytes.
+func (w *attemptWatch) watchGone(ctx context.Context, gone [2]<-chan struct{}) {
+	select {
+	case <-gone[0]:
+	case <-gone[1]:
+	case <-w.unwatch:
+		return
+	case <-ctx.Done():
+		return
+	}
+	w.cancel(errEngineOut)
+}
+
+// attemptWatchOf is ctx's attempt watch (nil: none).
+func attemptWatchOf(ctx context.Context) *attemptWatch {
+	w, _ := ctx.Value(attemptKey{}).(*attemptWatch)
 	return w
 }
 
-// touch (re)starts the silence the answer is allowed: its bytes came.
-func (w *idleWatch) touch() {
+// touch records that the answer's bytes came: the first stop the watch
+// on its engines, and each (re)starts the silence allowed.
+func (w *attemptWatch) touch() {
 	if w == nil {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.done {
+		return
+	}
+	if !w.began {
+		w.began = true
+		close(w.unwatch)
+	}
 	switch {
-	case w.done:
+	case w.d <= 0:
 	case w.timer == nil:
 		w.timer = time.AfterFunc(w.d, func() { w.cancel(errStreamIdle) })
 	default:
@@ -72,16 +118,20 @@ func (w *idleWatch) touch() {
 	}
 }
 
-func (w *idleWatch) stop() {
+func (w *attemptWatch) stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !w.began {
+		w.began = true
+		close(w.unwatch)
+	}
 	w.done = true
 	if w.timer != nil {
 		w.timer.Stop()
 	}
 }
 
-// idled reports whether ctx was cancelled by its idle watch.
+// idled reports whether ctx was cancelled for its answer's silence.
 func idled(ctx context.Context) bool {
 	return errors.Is(context.Cause(ctx), errStreamIdle)
 }

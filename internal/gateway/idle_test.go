@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +52,11 @@ func TestStreamIdleTimeout(t *testing.T) {
 				if r.status != 200 {
 					t.Fatalf("%d %s", r.status, r.body)
 				}
+				// Its headers go with the whole answer: they name the
+				// engine that finished it (they named the frozen one).
+				if got := r.header.Get(hdrDecode); got != e.Addr() {
+					t.Errorf("decode endpoint %q, want %q", got, e.Addr())
+				}
 				text, _, _ = wholeChat(t, r.body)
 			}
 			if took := time.Since(start); took > 10*time.Second {
@@ -85,5 +93,63 @@ func TestStreamIdleTimeoutWaitsForTheFirstByte(t *testing.T) {
 	_, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, NoStreamUpstream: true, StreamIdleTimeout: 100 * time.Millisecond}, Options{})
 	if r := post(t, url+"/v1/completions", completion("hi", false, 2), nil); r.status != 200 || !strings.Contains(r.body, `"ok"`) {
 		t.Fatalf("%d %s", r.status, r.body)
+	}
+}
+
+// TestEngineOutBeforeItAnswers: a request waiting on an engine that
+// freezes before its first byte (it takes the request, then answers
+// nothing, /health included) is sent to another engine once the health
+// checks take the frozen one out; it waited as long as its client did.
+func TestEngineOutBeforeItAnswers(t *testing.T) {
+	var frozen atomic.Bool
+	freezer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && !frozen.Load() {
+			return // healthy until a request comes
+		}
+		frozen.Store(true)
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
+	}))
+	t.Cleanup(freezer.Close)
+	e := startEngine(t, fleet.RoleBoth, nil)
+	pr, err := health.New(health.Config{Interval: 100 * time.Millisecond, Timeout: 100 * time.Millisecond, FailAfter: 2,
+		NoMetrics: true, NoModels: true, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pr.Close() })
+	eps := []fleet.Endpoint{{Name: "freezer", URL: freezer.URL, Model: testModel, PrefillSpeed: 20000 * 50}, endpointOf(e, fleet.RoleBoth)}
+	g, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin"}, Options{Health: pr})
+	for stream := range 2 {
+		frozen.Store(false)
+		waitUntilIn(t, g, "freezer")
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"x"}],"max_tokens":5,"stream":%v}`, testModel, stream == 1)
+		for range 2 { // round-robin: one of two goes to the freezer
+			start := time.Now()
+			r := post(t, url+"/v1/chat/completions", body, nil)
+			if r.status != 200 || r.header.Get(hdrPrefill) != e.Addr() {
+				t.Fatalf("stream=%v: %d from %q after %v: %s", stream == 1, r.status, r.header.Get(hdrPrefill), time.Since(start), r.body)
+			}
+			// Held is until the first send: the time on the frozen
+			// engine (at least two probes of 100 ms) is not.
+			if held, _ := strconv.ParseFloat(r.header.Get(hdrHeld), 64); held > 100 {
+				t.Errorf("held %v ms: the time on the frozen engine counted", held)
+			}
+		}
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, "kvgate_retries_total 2") {
+		t.Errorf("want two retries:\n%s", grepLines(m, "kvgate_re"))
+	}
+}
+
+// waitUntilIn waits until g routes to name again.
+func waitUntilIn(t *testing.T, g *Gateway, name string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !g.Eligible()[name] {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never came back", name)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -46,13 +46,13 @@ func (k namedEvents) token(name []byte) bool {
 }
 
 // last reports whether the event named name ends the stream: a
-// Responses stream's response.completed, .incomplete or .failed; a
-// Messages stream's message_stop or error.
+// Responses stream's response.completed, .incomplete, .failed or error;
+// a Messages stream's message_stop or error.
 func (k namedEvents) last(name []byte) bool {
 	switch k {
 	case responsesEvents:
 		switch string(name) {
-		case "response.completed", "response.incomplete", "response.failed":
+		case "response.completed", "response.incomplete", "response.failed", "error":
 			return true
 		}
 	case messagesEvents:

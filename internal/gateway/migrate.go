@@ -69,6 +69,11 @@ func (g *Gateway) migrate(r *http.Request, rt *routed, t *streamTap, failed stri
 		}
 		if err == nil && t.done {
 			g.met.migrations.WithLabelValues("ok").Inc()
+			if rt.whole != nil && !rt.whole.sent {
+				// Answered whole, its headers still to go: they name
+				// the engine that finished it.
+				rt.whole.Header().Set(hdrDecode, p.answering().ep.Name)
+			}
 			return nil
 		}
 		failed = p.answering().ep.Name

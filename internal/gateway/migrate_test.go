@@ -122,6 +122,9 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 			panic(http.ErrAbortHandler)
 		case "badjson":
 			fmt.Fprint(w, "data: {not json\n\n")
+		case "errevent": // its own error event, as vLLM sends one mid-stream
+			fmt.Fprint(w, "data: {\"error\":{\"message\":\"engine fault\",\"type\":\"InternalServerError\",\"code\":500}}\n\ndata: [DONE]\n\n")
+			return
 		case "freeze": // silent, the connection open, until the gateway gives up
 			<-r.Context().Done()
 			return

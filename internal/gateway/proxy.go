@@ -130,8 +130,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			// Nowhere to retry (no other endpoint, none that can serve
 			// the request, or one that would hold or reject it): the
 			// client hears the engine's failure, not a 503 or 429 of
-			// the retry's.
+			// the retry's (the engine's own error answer, when its
+			// stream carried one).
 			g.met.outcome(outcomeOf(r.Context(), failure), rt.class.Name, g.policy)
+			var ee *engineErrorEvent
+			if rt.whole != nil && errors.As(failure, &ee) && rt.whole.fail(failure) {
+				return
+			}
 			openai.WriteError(w, clientError(failure))
 			return
 		}
@@ -238,7 +243,9 @@ func (g *Gateway) completed(r *http.Request, rt *routed, tap *streamTap, p *plan
 	if tap != nil && err == nil {
 		tap.eof()
 	}
-	if tap != nil && tap.keep && tap.broken() && (err == nil || errors.Is(err, errStreamBroken)) {
+	if tap != nil && tap.keep && tap.broken() && (err == nil || errors.Is(err, errStreamBroken)) && !rt.timedOut() {
+		// (Not once --upstream-timeout ran out: a continuation would
+		// fail at once, and the client is told of the timeout, a 504.)
 		if err = g.migrate(r, rt, tap, p.answering().ep.Name); err != nil {
 			err = fmt.Errorf("%w: %w", errStreamBroken, err)
 		}
@@ -252,6 +259,10 @@ func (g *Gateway) completed(r *http.Request, rt *routed, tap *streamTap, p *plan
 	}
 	if rt.whole != nil && err == nil {
 		if err = rt.whole.finish(); err != nil {
+			var ee *engineErrorEvent
+			if errors.As(err, &ee) {
+				g.reportFailure(p.answering(), err)
+			}
 			err = fmt.Errorf("%w: %w", errStreamBroken, err)
 		}
 	}
@@ -354,8 +365,12 @@ func decideOutcome(err error) string {
 }
 
 func outcomeOf(ctx context.Context, err error) string {
+	var ee *engineErrorEvent
 	if ctx.Err() != nil {
 		return outcomeClientGone
+	}
+	if errors.As(err, &ee) { // the engine's error before the client had a byte
+		return outcomeUpstreamError
 	}
 	if errors.Is(err, errStreamBroken) {
 		return outcomeBrokenStream
@@ -482,7 +497,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	g.announce(w.Header(), rt, p)
 	ctx, cancel := g.upstreamContext(r.Context(), rt)
 	defer cancel()
-	ctx, unwatch := g.watchIdle(ctx)
+	ctx, unwatch := g.watchAttempt(ctx, p.prefill, p.decode)
 	defer unwatch()
 	body := rt.req.StripRoutingParams()
 	target := p.prefill
@@ -564,7 +579,10 @@ func (g *Gateway) announce(h http.Header, rt *routed, p *plan) {
 	h.Set(hdrPrefill, p.prefill.ep.Name)
 	h.Set(hdrCached, strconv.Itoa(p.dec.CachedTokens))
 	h.Set(hdrPredicted, fmtMillis(p.dec.PredictedTTFT))
-	h.Set(hdrHeld, fmtMillis(max(g.now().Sub(rt.arrival).Seconds(), 0)))
+	if rt.sentAt.IsZero() { // a retry was not held meanwhile: it was on the failed engine
+		rt.sentAt = g.now()
+	}
+	h.Set(hdrHeld, fmtMillis(max(rt.sentAt.Sub(rt.arrival).Seconds(), 0)))
 	h.Set(hdrReason, p.reason)
 }
 
@@ -789,6 +807,9 @@ func (g *Gateway) post(ctx context.Context, r *http.Request, m *member, uri stri
 	}
 	up.ContentLength = int64(len(body))
 	resp, err := g.client.Do(up)
+	if err != nil && errors.Is(context.Cause(ctx), errEngineOut) {
+		err = fmt.Errorf("%w: %w", errEngineOut, err)
+	}
 	if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 		g.reportFailure(m, err)
 	}
@@ -882,11 +903,11 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 	bp := g.copyBuffer()
 	defer g.bufs.Put(bp)
 	buf := *bp
-	idle := idleWatchOf(resp.Request.Context())
+	watch := attemptWatchOf(resp.Request.Context())
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
-			idle.touch()
+			watch.touch()
 		}
 		p := buf[:n]
 		r.empty = r.empty && n == 0
@@ -911,6 +932,9 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 			}
 		}
 		if err == io.EOF {
+			if r.cutShort() {
+				return 0, r.broke(errCutShort)
+			}
 			break
 		}
 		if err != nil {
@@ -921,6 +945,15 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rt *routed, 
 		}
 	}
 	return r.finish(), nil
+}
+
+// cutShort reports whether a stream the relay reads for its end (a
+// Responses, Messages or /generate stream: a chat or completion stream's
+// tap judges its own) ended cleanly before it: no response.completed,
+// .incomplete, .failed or error, no message_stop or error, no [DONE].
+// Passed on as whole, such a stream read as served to the client's SDK.
+func (r *relayed) cutShort() bool {
+	return r.resp.StatusCode == http.StatusOK && r.end != nil && !r.end.done()
 }
 
 // relayed is one answer on its way through relay.
@@ -1087,8 +1120,11 @@ func (r *relayed) broke(err error) error {
 	if r.deferred && r.h.start != nil && !r.h.start() {
 		return errYielded // stopped, nothing written: the 429 goes
 	}
-	if ctx := r.resp.Request.Context(); idled(ctx) {
-		err = errStreamIdle // the read's own error says "context canceled"
+	ctx := r.resp.Request.Context()
+	if errors.Is(context.Cause(ctx), errEngineOut) {
+		err = errEngineOut // health knows; the read's own error says "context canceled"
+	} else if idled(ctx) {
+		err = errStreamIdle
 		r.g.reportFailure(r.m, err)
 	} else if !errors.Is(ctx.Err(), context.Canceled) {
 		// The engine broke its answer (its client is still there): a

@@ -60,6 +60,9 @@ type routed struct {
 	// first attempt and kept by its retry and its migrations (zero: not
 	// yet, or no timeout).
 	upstreamBy time.Time
+	// sentAt is when its first attempt was sent (zero before): the time
+	// it was held is until then, a retry's included.
+	sentAt time.Time
 	// model is the fleet that serves it: req.Model, or a LoRA adapter's
 	// base model; lora the adapter ("" for a base model).
 	model, lora string

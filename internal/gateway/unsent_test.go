@@ -45,6 +45,10 @@ func TestBrokenBeforeTheClientHadAByte(t *testing.T) {
 		{"firstline", true, 0}, {"firstline", true, 1}, {"firstline", false, 0},
 		{"empty", true, 0}, {"empty", true, 1}, {"empty", false, 0}, {"empty", false, 1},
 		{"badjson", false, 0},
+		// The engine's own 5xx error event, before or after tokens: an
+		// answer assembled whole has no byte at the client yet (it got
+		// the engine's 500, counted ok).
+		{"errevent", false, 0},
 	} {
 		t.Run(fmt.Sprintf("%s stream=%v limit %d", c.fail, c.stream, c.limit), func(t *testing.T) {
 			b := &breaker{words: 5, fail: c.fail}
@@ -215,5 +219,48 @@ func TestEmptyRefusalKeepsItsStatus(t *testing.T) {
 		if r := post(t, url+"/v1/chat/completions", body, nil); r.status != http.StatusNotFound {
 			t.Errorf("stream=%v: %d %q, want the engine's 404", stream, r.status, r.body)
 		}
+	}
+}
+
+// TestNamedStreamCutShort: a Responses or Messages stream that ends
+// cleanly before its end (no response.completed, .incomplete, .failed or
+// error; no message_stop or error) is broken_stream, its client's
+// connection ended without the body's end, and its engine reported, as a
+// chat stream's is: passed on as whole, the SDKs read it as served (a
+// Responses answer "in_progress"), and it counted ok.
+func TestNamedStreamCutShort(t *testing.T) {
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		if strings.HasSuffix(r.URL.Path, "/responses") {
+			fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n")
+			fmt.Fprint(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"alpha \"}\n\n")
+			return
+		}
+		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":{\"input_tokens\":3,\"output_tokens\":0}}}\n\n")
+		fmt.Fprint(w, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"alpha \"}}\n\n")
+	}))
+	t.Cleanup(cut.Close)
+	eps := []fleet.Endpoint{{Name: "cut", URL: cut.URL, Model: testModel}}
+	_, url, admin := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true}, Options{})
+	for _, c := range []struct{ path, body string }{
+		{"/v1/responses", `{"model":"` + testModel + `","input":"hi","max_output_tokens":5,"stream":true}`},
+		{"/v1/messages", messagesBody("s", "hi", 5, true)},
+	} {
+		resp, err := http.Post(url+c.path, "application/json", strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || rerr == nil || !strings.Contains(string(raw), "alpha") {
+			t.Errorf("%s: want the stream so far and a broken body: %d, read %v:\n%s", c.path, resp.StatusCode, rerr, raw)
+		}
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="broken_stream",policy="kvgate"} 2`) {
+		t.Errorf("want two broken streams:\n%s", grepLines(m, "kvgate_requests_total"))
 	}
 }

@@ -210,6 +210,13 @@ func (a *wholeAnswer) finish() error {
 	if err != nil {
 		return err
 	}
+	if status >= http.StatusInternalServerError {
+		// The engine failed (an error event of its own, before or
+		// after tokens): the client has nothing yet, so another engine
+		// may answer it, as a 5xx before the first byte is retried.
+		a.err = &engineErrorEvent{status: status, body: body}
+		return a.err
+	}
 	h := a.w.Header()
 	h.Del("Cache-Control")
 	h.Set("Content-Type", "application/json")
@@ -220,15 +227,34 @@ func (a *wholeAnswer) finish() error {
 	return err
 }
 
+// engineErrorEvent: the engine's stream carried an error event of a 5xx
+// (the answer assembled whole from it).
+type engineErrorEvent struct {
+	status int
+	body   []byte
+}
+
+func (e *engineErrorEvent) Error() string {
+	return fmt.Sprintf("the engine's stream carried an error (status %d): %.300s", e.status, e.body)
+}
+
 // fail tells the client that the answer it did not get whole failed
-// (502 with why; 504 when --upstream-timeout ran out), when it has
-// nothing of it yet; false when it has.
+// (502 with why; 504 when --upstream-timeout ran out; the engine's own
+// error answer when its stream carried one), when it has nothing of it
+// yet; false when it has.
 func (a *wholeAnswer) fail(err error) bool {
 	if a.sent {
 		return false
 	}
 	a.sent = true
 	a.w.Header().Del("Content-Length")
+	var ee *engineErrorEvent
+	if errors.As(err, &ee) { // nowhere else to send it: the engine's own error
+		a.w.Header().Set("Content-Type", "application/json")
+		a.w.WriteHeader(ee.status)
+		_, _ = a.w.Write(ee.body)
+		return true
+	}
 	status := http.StatusBadGateway
 	if errors.Is(err, context.DeadlineExceeded) {
 		status = http.StatusGatewayTimeout

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -585,9 +586,36 @@ func (a *ResponsesAssembler) Answer() (int, []byte, error) {
 	case a.final != nil:
 		return http.StatusOK, a.final, nil
 	case a.errEv != nil:
-		return errorStatus(a.errEv), a.errEv, nil
+		body := responsesErrorBody(a.errEv)
+		return errorStatus(body), body, nil
 	case a.events == 0:
 		return 0, nil, errors.New("the engine's stream had no event")
 	}
 	return 0, nil, errors.New("the engine's stream ended before its response did")
+}
+
+// responsesErrorBody is a Responses stream's error event as an error
+// answer's body, in the shape clients read ({"error":{"message", "type",
+// "param", "code"}}): the event is {"type":"error","code","message",
+// "param"}, which an SDK reading an unstreamed answer takes for no body.
+// An event that nests its error already is the body as it is.
+func responsesErrorBody(ev []byte) []byte {
+	var e struct {
+		Error   json.RawMessage `json:"error"`
+		Code    any             `json:"code"`
+		Message string          `json:"message"`
+		Param   any             `json:"param"`
+	}
+	if json.Unmarshal(ev, &e) != nil || len(e.Error) > 0 && string(e.Error) != "null" {
+		return ev
+	}
+	typ := "server_error"
+	if c, ok := e.Code.(string); ok && c != "" {
+		typ = c
+	}
+	body, err := json.Marshal(map[string]any{"error": map[string]any{"message": e.Message, "type": typ, "param": e.Param, "code": e.Code}})
+	if err != nil {
+		return ev
+	}
+	return body
 }

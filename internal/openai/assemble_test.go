@@ -295,7 +295,12 @@ func TestResponsesAssembler(t *testing.T) {
 		{"completed", append(head, `{"type":"response.completed","sequence_number":4,"response":`+resp("completed")+`}`), 200, resp("completed")},
 		{"incomplete", append(head, `{"type":"response.incomplete","sequence_number":4,"response":`+resp("incomplete")+`}`), 200, resp("incomplete")},
 		{"failed", append(head, `{"type":"response.failed","sequence_number":4,"response":`+resp("failed")+`}`), 200, resp("failed")},
-		{"error", append(head, `{"type":"error","code":429,"message":"slow down"}`), 429, `{"type":"error","code":429,"message":"slow down"}`},
+		// An error event is the answer in the shape clients read (the
+		// event itself read as no body to the OpenAI SDK).
+		{"error", append(head, `{"type":"error","code":429,"message":"slow down"}`), 429, `{"error":{"code":429,"message":"slow down","param":null,"type":"server_error"}}`},
+		{"error with a code name", append(head, `{"type":"error","code":"server_error","message":"boom","param":null,"sequence_number":7}`), 500,
+			`{"error":{"code":"server_error","message":"boom","param":null,"type":"server_error"}}`},
+		{"nested error", append(head, `{"type":"error","error":{"message":"x","code":503}}`), 503, `{"type":"error","error":{"message":"x","code":503}}`},
 		{"cut", head, 0, ""},
 		{"nothing", nil, 0, ""},
 	} {
