@@ -76,6 +76,9 @@ func (b *breaker) server(t *testing.T) *httptest.Server {
 		case "empty": // a 200 without a body
 			w.WriteHeader(http.StatusOK)
 			return
+		case "errfirst": // fails before its first event: its error event first
+			fmt.Fprint(w, "data: {\"error\":{\"message\":\"engine fault\",\"type\":\"InternalServerError\",\"code\":500}}\n\ndata: [DONE]\n\n")
+			return
 		}
 		opts, _ := body["stream_options"].(map[string]any)
 		continuous := opts["include_usage"] == true && opts["continuous_usage_stats"] == true

@@ -133,8 +133,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			// the retry's (the engine's own error answer, when its
 			// stream carried one).
 			g.met.outcome(outcomeOf(r.Context(), failure), rt.class.Name, g.policy)
-			var ee *engineErrorEvent
-			if rt.whole != nil && errors.As(failure, &ee) && rt.whole.fail(failure) {
+			if engineErrorAnswer(rt, cw, failure) {
 				return
 			}
 			openai.WriteError(w, clientError(failure))
@@ -169,18 +168,17 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		}
 		failed, err := g.proxy(out, r, rt, p)
 		err = g.completed(r, rt, tap, p, err)
-		switch {
-		case failed != "":
-		case retried(r, rt, err):
+		if failed == "" && unsent(r, rt, cw, err) {
 			failed, err = p.answering().ep.Name, &upstreamError{p.answering().ep.Name, err}
-			rt.whole.restart()
-			out, tap = g.tapOver(rt, rt.whole)
-		case unsent(r, rt, cw, err):
-			failed, err = p.answering().ep.Name, &upstreamError{p.answering().ep.Name, err}
-			cw.reset()
-			out, tap = cw, tap.again()
-			if tap != nil {
-				out = tap
+			if rt.whole != nil {
+				rt.whole.restart()
+				out, tap = g.tapOver(rt, rt.whole)
+			} else {
+				cw.reset()
+				out, tap = cw, tap.again()
+				if tap != nil {
+					out = tap
+				}
 			}
 		}
 		if g.ended(cw, r, rt, err, failed == "" || attempt == 1 || r.Context().Err() != nil || rt.timedOut()) {
@@ -192,13 +190,44 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 }
 
 // unsent reports whether an attempt at rt that ended with err is one
-// whose engine broke its stream before the client had any byte of it
-// (inside its first line, which the tap holds back until whole), and
-// whose client is there: it is retried elsewhere, as a failure before
-// the first byte is. (An answer assembled whole is retried().)
+// whose engine failed before the client had any byte of its answer, and
+// whose client is there: it is sent again from its start elsewhere, as a
+// failure before the first byte is. The engine broke its stream inside
+// its first line (the tap holds lines back until whole), or broke an
+// answer assembled whole, or sent an event that is not JSON into one, or
+// a 5xx error event before its answer's first event or into an answer
+// assembled whole. An assembly that failed on its own (too large) is not
+// sent again.
 func unsent(r *http.Request, rt *routed, cw *clientWriter, err error) bool {
-	return rt.whole == nil && !cw.committed && errors.Is(err, errStreamBroken) &&
-		!errors.Is(err, errClientWrite) && r.Context().Err() == nil
+	if r.Context().Err() != nil || !errors.Is(err, errStreamBroken) {
+		return false
+	}
+	var ee *engineErrorEvent
+	engines := !errors.Is(err, errClientWrite) || errors.Is(err, openai.ErrBadEvent) || errors.As(err, &ee)
+	if rt.whole != nil {
+		return engines && !rt.whole.sent
+	}
+	return engines && !cw.committed
+}
+
+// engineErrorAnswer answers the client with the engine's own error, when
+// err carries one (a 5xx error event) and the client has no byte of the
+// answer yet, and reports whether it did.
+func engineErrorAnswer(rt *routed, cw *clientWriter, err error) bool {
+	var ee *engineErrorEvent
+	if !errors.As(err, &ee) {
+		return false
+	}
+	if rt.whole != nil {
+		return rt.whole.fail(err)
+	}
+	if !cw.reset() {
+		return false
+	}
+	cw.Header().Set("Content-Type", "application/json")
+	cw.WriteHeader(ee.status)
+	_, _ = cw.Write(ee.body)
+	return true
 }
 
 // timedOut reports whether rt's --upstream-timeout has run out: no
@@ -259,12 +288,11 @@ func (g *Gateway) completed(r *http.Request, rt *routed, tap *streamTap, p *plan
 	}
 	if rt.whole != nil && err == nil {
 		if err = rt.whole.finish(); err != nil {
-			var ee *engineErrorEvent
-			if errors.As(err, &ee) {
-				g.reportFailure(p.answering(), err)
-			}
 			err = fmt.Errorf("%w: %w", errStreamBroken, err)
 		}
+	}
+	if ee := (*engineErrorEvent)(nil); errors.As(err, &ee) {
+		g.reportFailure(p.answering(), ee) // the engine said it failed
 	}
 	return err
 }
@@ -296,6 +324,9 @@ func (g *Gateway) ended(w *clientWriter, r *http.Request, rt *routed, err error,
 		openai.WriteError(w, clientError(err))
 	default:
 		g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
+		if engineErrorAnswer(rt, w, err) {
+			return true
+		}
 		if rt.whole != nil && rt.whole.fail(err) {
 			return true // the client had nothing of it: a 502 says why
 		}

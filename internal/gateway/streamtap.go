@@ -55,6 +55,9 @@ type streamTap struct {
 	delivered           bool // the client has it
 	// stuck says why the answer cannot be continued ("": it can).
 	stuck string
+	// failed is the engine's 5xx error event that came before any other
+	// event (held back: Write fails with it).
+	failed *engineErrorEvent
 	// keep: the answer may migrate: its text is kept (maxTapText).
 	keep bool
 	// seqs is how many sequences the answer samples; counted, whether
@@ -167,6 +170,10 @@ func (t *streamTap) Write(p []byte) (int, error) {
 		out = t.line(out, line)
 		t.tail = t.tail[:0]
 		p = p[i+1:]
+		if t.failed != nil { // nothing of this answer goes to the client
+			t.werr = t.failed
+			return 0, t.failed
+		}
 	}
 	if len(out) > 0 {
 		if err := t.send(out); err != nil {
@@ -217,6 +224,15 @@ func (t *streamTap) line(out, line []byte) []byte {
 		t.halt("an event that is not a JSON object")
 		t.open = true
 		return append(out, line...)
+	}
+	if c.Error != nil && !t.events && !t.cont {
+		// The engine failed before its answer's first event: with a
+		// 5xx the event is held, and the attempt fails before the client
+		// has a byte of it (Write), so that another engine may answer.
+		if status, body := openai.ErrorAnswer(data); status >= http.StatusInternalServerError {
+			t.failed = &engineErrorEvent{status: status, body: bytes.Clone(body)}
+			return out
+		}
 	}
 	t.read(&c)
 	// What the client did not ask for: the usage event at the end, the

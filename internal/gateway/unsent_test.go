@@ -49,6 +49,10 @@ func TestBrokenBeforeTheClientHadAByte(t *testing.T) {
 		// answer assembled whole has no byte at the client yet (it got
 		// the engine's 500, counted ok).
 		{"errevent", false, 0},
+		// The same before the answer's first event, streamed too: the
+		// client got a 200 and the event, which the SDK raised without
+		// a status (and so did not retry).
+		{"errfirst", true, 0}, {"errfirst", false, 0},
 	} {
 		t.Run(fmt.Sprintf("%s stream=%v limit %d", c.fail, c.stream, c.limit), func(t *testing.T) {
 			b := &breaker{words: 5, fail: c.fail}
@@ -92,19 +96,26 @@ func TestBrokenBeforeTheClientHadAByte(t *testing.T) {
 // answer's end (no finish reason, no [DONE]) reads an incomplete body and
 // is counted a broken stream (it was counted ok).
 func TestBrokenAloneIsAnError(t *testing.T) {
-	for _, fail := range []string{"firstline", "empty", "eof"} {
+	for _, fail := range []string{"firstline", "empty", "eof", "errfirst"} {
 		t.Run(fail, func(t *testing.T) {
 			b := &breaker{words: 5, fail: fail}
 			srv := b.server(t)
 			eps := []fleet.Endpoint{{Name: "breaker", URL: srv.URL, Model: testModel, Role: fleet.RoleBoth, PrefillSpeed: 20000 * 50}}
 			_, url, admin := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true}, Options{})
 			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"x"}],"max_tokens":20,"stream":true}`, testModel)
-			if fail == "eof" {
+			switch fail {
+			case "eof":
 				s := readStream(t, url+"/v1/chat/completions", body)
 				if s.status != 200 || s.readErr == nil || s.done != 0 {
 					t.Fatalf("want a body that breaks: status %d, read %v, %d [DONE]", s.status, s.readErr, s.done)
 				}
-			} else {
+			case "errfirst": // the engine's own error, with its status
+				r := post(t, url+"/v1/chat/completions", body, nil)
+				if r.status != 500 || !strings.HasPrefix(r.body, `{"error":{"message":"engine fault"`) ||
+					!strings.HasPrefix(r.header.Get("Content-Type"), "application/json") {
+					t.Fatalf("want the engine's 500: %d %v %s", r.status, r.header, r.body)
+				}
+			default:
 				r := post(t, url+"/v1/chat/completions", body, nil)
 				if r.status != http.StatusBadGateway || !containsAll(r.body, `"code":502`, "endpoint breaker: ") ||
 					!strings.HasPrefix(r.header.Get("Content-Type"), "application/json") {
@@ -113,7 +124,7 @@ func TestBrokenAloneIsAnError(t *testing.T) {
 			}
 			m := get(t, admin+"/metrics")
 			want := `outcome="broken_stream"`
-			if fail == "empty" {
+			if fail == "empty" || fail == "errfirst" {
 				want = `outcome="upstream_error"` // it failed before its first byte
 			}
 			if !strings.Contains(m, want) || strings.Contains(m, `outcome="ok",policy`) || !strings.Contains(m, "kvgate_retries_total 0") {

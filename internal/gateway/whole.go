@@ -82,17 +82,6 @@ func (a *wholeAnswer) restart() {
 	}
 }
 
-// retried reports whether an attempt at rt that ended with err is one
-// whose engine broke an answer assembled whole before the client had any
-// of it (and whose client is there): it is sent again from its start, as
-// an unstreamed answer whose engine failed was before the gateway
-// streamed it; so is one whose engine sent an event that is not JSON. An
-// assembly that failed on its own (too large) is not.
-func retried(r *http.Request, rt *routed, err error) bool {
-	return rt.whole != nil && !rt.whole.sent && errors.Is(err, errStreamBroken) &&
-		(!errors.Is(err, errClientWrite) || errors.Is(err, openai.ErrBadEvent)) && r.Context().Err() == nil
-}
-
 // errWholeBudget: the answers being assembled hold the whole budget.
 var errWholeBudget = fmt.Errorf("the answers kvgate is assembling hold %d MiB already", wholeBudget>>20)
 

@@ -263,6 +263,23 @@ func (a *Assembler) appendChoices(dst []byte) []byte {
 	return append(dst, ']')
 }
 
+// ErrorAnswer is a chat or completion stream's error event (its data,
+// which StreamChunk.Error found) as an error answer: the status its code
+// names (else 500) and the body, {"error":{...}} (vLLM's older
+// {"object":"error",...} as the error of one).
+func ErrorAnswer(data []byte) (int, []byte) {
+	data = trimSpace(data)
+	body := data
+	older := false
+	eachMember(data, func(key, v []byte) {
+		older = older || string(key) == `"object"` && string(v) == `"error"`
+	})
+	if older {
+		body = append(append([]byte(`{"error":`), data...), '}')
+	}
+	return errorStatus(body), body
+}
+
 // errorStatus is the status an error event names (its error's code, or
 // the code of an error nested in it, when in 400–599), else 500.
 func errorStatus(data []byte) int {
