@@ -138,9 +138,10 @@ func TestPreparedRequestDropsParsedPrompt(t *testing.T) {
 }
 
 // TestFailedEngineIs502: when the engines refuse the connection or answer
-// 5xx (the first choice and the retry), the client gets 502 Bad Gateway
-// with an OpenAI error body, not a 500 as if the gateway itself had
-// failed.
+// 5xx (the first choice and the retry), the client gets the last one's
+// failure with an OpenAI error body: 502 Bad Gateway for the refused
+// connection, the engine's own 500 with its message, never a 500 as if
+// the gateway itself had failed.
 func TestFailedEngineIs502(t *testing.T) {
 	fivexx := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "engine on fire", http.StatusInternalServerError)
@@ -158,24 +159,31 @@ func TestFailedEngineIs502(t *testing.T) {
 	_, url, _ := startGateway(t, cfg, Options{})
 	for range 4 {
 		r := post(t, url+"/v1/completions", completion("hi", false, 2), nil)
-		if r.status != http.StatusBadGateway || !containsAll(r.body, `"error"`, `"code":502`) {
+		refused := r.status == http.StatusBadGateway && containsAll(r.body, `"error"`, `"code":502`, "endpoint refused")
+		fivexx := r.status == http.StatusInternalServerError && containsAll(r.body, `"error"`, `"code":500`, "endpoint fivexx: engine on fire")
+		if !refused && !fivexx {
 			t.Fatalf("%d %s", r.status, r.body)
 		}
 	}
 }
 
-// TestLoneFailedEngineIs502: with no other endpoint to retry on, the
-// client hears the engine's failure (502, its message), not a 503 saying
-// that no endpoint is healthy while the one that failed still is.
-func TestLoneFailedEngineIs502(t *testing.T) {
+// TestLoneFailedEngineAnswers: with no other endpoint to retry on, the
+// client hears the engine's failure as the engine gave it: its 503, its
+// message and its Retry-After, in an OpenAI error body naming it; not a
+// 503 of kvgate's saying that no endpoint is healthy while the one that
+// failed still is (before 2026-12-02), nor a 502 that dropped the
+// engine's status and its Retry-After (until 2026-12-04).
+func TestLoneFailedEngineAnswers(t *testing.T) {
 	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "7")
 		http.Error(w, `{"error":{"message":"The server is overloaded or not ready yet."}}`, http.StatusServiceUnavailable)
 	}))
 	t.Cleanup(busy.Close)
 	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "busy", URL: busy.URL, Model: testModel}}}
 	_, url, admin := startGateway(t, cfg, Options{})
 	r := post(t, url+"/v1/completions", completion("hi", false, 2), nil)
-	if r.status != http.StatusBadGateway || !containsAll(r.body, `"code":502`, "busy", "overloaded") || r.header.Get("Retry-After") != "" {
+	if r.status != http.StatusServiceUnavailable || !containsAll(r.body, `"code":503`, "endpoint busy: The server is overloaded") ||
+		r.header.Get("Retry-After") != "7" {
 		t.Fatalf("%d %v %s", r.status, r.header, r.body)
 	}
 	if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="upstream_error"`) || strings.Contains(m, `outcome="unavailable"`) {

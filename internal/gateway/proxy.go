@@ -169,7 +169,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		failed, err := g.proxy(out, r, rt, p)
 		err = g.completed(r, rt, tap, p, err)
 		if failed == "" && unsent(r, rt, cw, err) {
-			failed, err = p.answering().ep.Name, &upstreamError{p.answering().ep.Name, err}
+			failed, err = p.answering().ep.Name, &upstreamError{endpoint: p.answering().ep.Name, err: err}
 			if rt.whole != nil {
 				rt.whole.restart()
 				out, tap = g.tapOver(rt, rt.whole)
@@ -347,15 +347,19 @@ func (g *Gateway) ended(w *clientWriter, r *http.Request, rt *routed, err error,
 	return true
 }
 
-// clientError is what the client is told: an engine that refused the
-// connection or answered 5xx is a 502, not an error of the gateway's own
-// (500); timeouts keep their 504.
+// clientError is what the client is told: an engine's own 5xx answer
+// as the engine gave it (its status, message and Retry-After, in an
+// OpenAI error body), an engine that could not be reached or broke a 502,
+// not an error of the gateway's own (500); timeouts keep their 504.
 func clientError(err error) error {
 	var ue *upstreamError
-	if errors.As(err, &ue) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-		return openai.Errorf(http.StatusBadGateway, "%v", err)
+	switch {
+	case !errors.As(err, &ue) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return err
+	case ue.answer != nil:
+		return ue.answer
 	}
-	return err
+	return openai.Errorf(http.StatusBadGateway, "%v", err)
 }
 
 // preOutcome names, in the outcome metric, a request that failed before
@@ -470,6 +474,9 @@ var errClientWrite = errors.New("client")
 type upstreamError struct {
 	endpoint string
 	err      error
+	// answer is the engine's own 5xx answer, when it sent one: with
+	// nowhere to retry, the client gets it (clientError).
+	answer *openai.Error
 }
 
 func (e *upstreamError) Error() string { return fmt.Sprintf("endpoint %s: %v", e.endpoint, e.err) }
@@ -793,14 +800,18 @@ func (g *Gateway) withdraw(p *plan, keys []uint64, got *reached) {
 func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *routed, body []byte) (*http.Response, error) {
 	resp, err := g.post(ctx, r, m, rt.path, body, rt.id, "")
 	if err != nil {
-		return nil, &upstreamError{m.ep.Name, err}
+		return nil, &upstreamError{endpoint: m.ep.Name, err: err}
 	}
 	if resp.StatusCode >= 500 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
 		err := fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
 		g.reportFailure(m, err)
-		return nil, &upstreamError{m.ep.Name, err}
+		answer := openai.EngineError(resp.StatusCode, "endpoint "+m.ep.Name+": ", bytes.TrimSpace(msg))
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+			answer.RetryAfter = time.Duration(min(secs, 3600)) * time.Second
+		}
+		return nil, &upstreamError{endpoint: m.ep.Name, err: err, answer: answer}
 	}
 	if resp.StatusCode == http.StatusNotFound && rt.lora != "" {
 		g.adapterGone(m, rt.lora)
@@ -892,7 +903,7 @@ func (g *Gateway) prefillAnswer(ctx context.Context, r *http.Request, rt *routed
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))
 	if err != nil {
-		return nil, &upstreamError{m.ep.Name, err}
+		return nil, &upstreamError{endpoint: m.ep.Name, err: err}
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, openai.EngineError(resp.StatusCode, "prefill endpoint "+m.ep.Name+": ", data)
@@ -1163,7 +1174,7 @@ func (r *relayed) broke(err error) error {
 		r.g.reportFailure(r.m, err)
 	}
 	if r.deferred { // nothing written yet: a retry may mend it
-		return &upstreamError{r.m.ep.Name, err}
+		return &upstreamError{endpoint: r.m.ep.Name, err: err}
 	}
 	return fmt.Errorf("%w: %s: %w", errStreamBroken, r.m.ep.Name, err)
 }

@@ -147,8 +147,8 @@ func TestSGLangDisaggregation(t *testing.T) {
 	pair.prefillStatus.Store(500)
 	pair.decodeWaits.Store(true)
 	r := post(t, url+"/v1/completions", completion("hello again", true, 4), nil)
-	if r.status != http.StatusBadGateway || !strings.Contains(r.body, "prefill") {
-		t.Fatalf("failed prefill: %d %s", r.status, r.body)
+	if r.status != http.StatusInternalServerError || !strings.Contains(r.body, "endpoint p: ") || !strings.Contains(r.body, "prefill") {
+		t.Fatalf("failed prefill: %d %s, want the prefill engine's 500", r.status, r.body)
 	}
 	waitFor(t, func() bool { return pair.decodeCanceled.Load() == 1 })
 	pair.prefillStatus.Store(400)
