@@ -251,7 +251,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.client.Transport = newTransport(cfg.ConnectTimeout)
 	}
 	if cfg.Sync.Enabled() {
-		if g.sync, err = replicasync.New(cfg.Sync, syncLocal{g}, g.clock, o.Logger); err != nil {
+		sc := cfg.Sync
+		sc.BlockSize = cfg.BlockSize
+		if g.sync, err = replicasync.New(sc, syncLocal{g}, g.clock, o.Logger); err != nil {
 			return nil, err
 		}
 	}

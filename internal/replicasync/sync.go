@@ -61,6 +61,8 @@ const (
 	maxTokens    = 1 << 31
 	maxCompute   = 86400
 	maxSequences = 1 << 16
+	// maxBlockSize bounds a peer's block size (the gateway's range).
+	maxBlockSize = 4096
 	// maxKeys bounds a prefix note's block keys (a 2-million-token prompt
 	// in 16-token blocks).
 	maxKeys = 1 << 17
@@ -101,6 +103,10 @@ type Config struct {
 	// Heartbeat is how often the live set is sent (default 1 s, in
 	// [10 ms, 1 min]); a peer silent for three is ended.
 	Heartbeat time.Duration `yaml:"heartbeat"`
+	// BlockSize is the replica's router block size (the gateway's; 0:
+	// unknown): a peer's prefix notes are block keys, which mean nothing
+	// to a replica that keys prompts in blocks of another size.
+	BlockSize int `yaml:"-"`
 }
 
 // Enabled reports whether the config asks for any sync.
@@ -210,6 +216,10 @@ type peer struct {
 	heard   time.Time
 	// beat is the peer's heartbeat (0: a replica that does not say).
 	beat time.Duration
+	// blockSize is the peer's router block size (0: not said); warned,
+	// whether its difference from this replica's was logged.
+	blockSize int
+	warned    bool
 }
 
 // maxUnknownWarnings bounds the warnings about names a peer uses that
@@ -334,7 +344,7 @@ func (s *Sync) publish(ctx context.Context, pub *zmtp.Pub) {
 		if pub == nil || (len(b.Events) == 0 && !alive) {
 			continue
 		}
-		b.Version, b.Replica, b.Heartbeat = version, s.id, s.cfg.Heartbeat.Seconds()
+		b.Version, b.Replica, b.Heartbeat, b.BlockSize = version, s.id, s.cfg.Heartbeat.Seconds(), s.cfg.BlockSize
 		raw, err := msgpack.Marshal(&b)
 		if err != nil {
 			s.log.Error("replica sync: encoding a batch", "err", err)
@@ -489,6 +499,8 @@ type batch struct {
 	// version before it skips it, and sends none: 0): a peer is silent
 	// after three of the slower of the two.
 	Heartbeat float64
+	// BlockSize is the sender's router block size (0: not said).
+	BlockSize int
 }
 
 // event is one flight's change.
@@ -555,6 +567,9 @@ func (s *Sync) apply(b *batch, now time.Time) {
 	if hb := time.Duration(b.Heartbeat * float64(time.Second)); hb >= minHeartbeat && hb <= maxHeartbeat {
 		p.beat = hb
 	}
+	if b.BlockSize > 0 && b.BlockSize <= maxBlockSize {
+		p.blockSize = b.BlockSize
+	}
 	at := s.clock()
 	for i := range b.Events {
 		s.st.received.Add(1)
@@ -595,6 +610,10 @@ func (s *Sync) applyEvent(p *peer, e *event, at float64) {
 		s.route(p, e, at)
 		return
 	case kindPrefix, kindUnprefix:
+		if s.otherBlocks(p) {
+			s.st.ignored.Add(1)
+			return
+		}
 		s.prefix(e)
 		return
 	case kindPlace:
@@ -668,6 +687,22 @@ func (s *Sync) route(p *peer, e *event, at float64) {
 	p.flights[e.ID] = peerFlight{fleet: f, fl: fl}
 	s.held++
 	s.st.applied.Add(1)
+}
+
+// otherBlocks reports whether peer p keys prompts in blocks of another
+// size than this replica (its prefix notes are then not applied), and
+// warns of it once a peer: replicas configured with different
+// --block-size share their loads but not their prefixes.
+func (s *Sync) otherBlocks(p *peer) bool {
+	if p.blockSize == 0 || s.cfg.BlockSize == 0 || p.blockSize == s.cfg.BlockSize {
+		return false
+	}
+	if !p.warned {
+		p.warned = true
+		s.log.Warn("replica sync: a peer keys prompts in blocks of another size; its prefix notes are not applied (set the same block_size on every replica)",
+			"peer_block_size", p.blockSize, "block_size", s.cfg.BlockSize)
+	}
+	return true
 }
 
 // ignoreUnknown counts a peer's flight on a model or endpoint this

@@ -274,6 +274,26 @@ func TestUnknownEndpointWarns(t *testing.T) {
 	}
 }
 
+// TestOtherBlockSize: a peer keying prompts in blocks of another size
+// shares its load but not its prefix notes (their keys mean nothing
+// here), and it is warned of once; they were applied in silence.
+func TestOtherBlockSize(t *testing.T) {
+	var logs bytes.Buffer
+	s, err := New(Config{Heartbeat: time.Second, BlockSize: 16}, newFleets(), func() float64 { return 0 }, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	note := event{Kind: kindPrefix, Model: "m", Endpoint: "a", Keys: []uint64{1, 2, 3}}
+	s.apply(&batch{Replica: 7, BlockSize: 32, Events: []event{note, note, routed(1, "a", 100)}}, time.Now())
+	s.apply(&batch{Replica: 8, BlockSize: 16, Events: []event{note}}, time.Now())
+	if st := s.Stats(); st.Ignored != 2 || st.Applied != 2 {
+		t.Fatalf("ignored %d applied %d, want 2 and 2 (the other size's notes ignored, its flight and the same size's note applied)", st.Ignored, st.Applied)
+	}
+	if n := strings.Count(logs.String(), "blocks of another size"); n != 1 {
+		t.Fatalf("%d warnings, want 1:\n%s", n, logs.String())
+	}
+}
+
 // TestRefused: every number and name a peer sends has a range, and state
 // it may make a replica keep has a bound.
 func TestRefused(t *testing.T) {
