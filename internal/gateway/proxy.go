@@ -549,22 +549,15 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		ctx = ictx
 		start = func() bool { return p.mf.investing.remove(inv) }
 	}
-	if p.decode != nil && (rt.api == apiResponses || rt.api == apiMessages) {
-		// vLLM's P/D flows run completions: a Responses or Messages
-		// request's prefill leg has no form.
-		dropRoutingHeaders(w.Header())
-		return "", openai.BadRequest("%s runs on aggregated endpoints; model %q is served disaggregated here: use /v1/chat/completions", rt.path, rt.model)
-	}
 	if p.decode != nil {
+		if err := disaggregatedRefusal(rt, p); err != nil {
+			dropRoutingHeaders(w.Header())
+			return "", err
+		}
 		w.Header().Set(hdrDecode, p.decode.ep.Name)
 		lf.Decode(fl, p.dEP)
 		if p.prefill.ep.BootstrapPort > 0 {
 			return g.proxySGLang(ctx, w, r, rt, p, fl, &got)
-		}
-		if rt.api == apiGenerate {
-			// vLLM's P/D flow (NixlConnector) has no /generate.
-			dropRoutingHeaders(w.Header())
-			return "", openai.BadRequest("/generate is SGLang's API; this model's prefill endpoint %s runs vLLM's P/D flow (no bootstrap_port): use /v1/completions", p.prefill.ep.Name)
 		}
 		var avoid string
 		var err error
@@ -592,6 +585,20 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	}
 	defer resp.Body.Close()
 	return g.answer(w, resp, rt, target, lf, fl, &got, start)
+}
+
+// disaggregatedRefusal is why rt cannot run on p's disaggregated
+// endpoints (nil: it can): vLLM's and SGLang's P/D flows run completions,
+// so a Responses or Messages request's prefill leg has no form, and
+// vLLM's (NixlConnector, no bootstrap_port) has no /generate.
+func disaggregatedRefusal(rt *routed, p *plan) error {
+	switch {
+	case rt.api == apiResponses || rt.api == apiMessages:
+		return openai.BadRequest("%s runs on aggregated endpoints; model %q is served disaggregated here: use /v1/chat/completions", rt.path, rt.model)
+	case rt.api == apiGenerate && p.prefill.ep.BootstrapPort == 0:
+		return openai.BadRequest("/generate is SGLang's API; this model's prefill endpoint %s runs vLLM's P/D flow (no bootstrap_port): use /v1/completions", p.prefill.ep.Name)
+	}
+	return nil
 }
 
 // prefillEndsAsPredicted ends fl's prefill in lf at its predicted end,
