@@ -548,7 +548,7 @@ func (g *Gateway) Models() []ServedModel {
 		out = append(out, ServedModel{ID: model, MaxModelLen: n})
 	}
 	for a, base := range g.adapters {
-		out = append(out, ServedModel{ID: a, Parent: base, MaxModelLen: lens[base]})
+		out = append(out, ServedModel{ID: a, Parent: base, MaxModelLen: lens[base], Root: g.adapterRoot(base, a)})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if (out[i].Parent == "") != (out[j].Parent == "") {
@@ -563,9 +563,28 @@ func (g *Gateway) Models() []ServedModel {
 // model ("" for a base model).
 type ServedModel struct {
 	ID, Parent string
+	// Root is an adapter's root as an engine of its base lists it
+	// (vLLM's: its path; "" when none did).
+	Root string
 	// MaxModelLen is the least its engines' /v1/models listed (0: none
 	// listed one yet).
 	MaxModelLen int
+}
+
+// adapterRoot is the root an engine of base lists for adapter ("" when
+// none does; under g.mu).
+func (g *Gateway) adapterRoot(base, adapter string) string {
+	if g.health == nil {
+		return ""
+	}
+	for _, m := range g.members {
+		if m.ep.Model == base {
+			if r, ok := g.health.AdapterRoot(m.ep.Name, adapter); ok {
+				return r
+			}
+		}
+	}
+	return ""
 }
 
 // resolve is the fleet that serves model and the LoRA adapter a request

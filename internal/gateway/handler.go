@@ -76,8 +76,8 @@ func (g *Gateway) handleModels(w http.ResponseWriter, _ *http.Request) {
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
-		// Root is a base model's name (vLLM's; an adapter's is its path,
-		// which kvgate does not know).
+		// Root is a base model's name, an adapter's root as its engines
+		// list it (vLLM's: its path; absent until one did).
 		Root   string  `json:"root,omitempty"`
 		Parent *string `json:"parent"` // a LoRA adapter's base model; null for a base model, as vLLM lists them
 		// MaxModelLen is the least its engines listed (absent until one
@@ -91,7 +91,7 @@ func (g *Gateway) handleModels(w http.ResponseWriter, _ *http.Request) {
 	for _, m := range g.Models() {
 		card := model{ID: m.ID, Object: "model", Created: g.start.Unix(), OwnedBy: "kvgate", MaxModelLen: m.MaxModelLen}
 		if m.Parent != "" {
-			card.Parent = &m.Parent
+			card.Parent, card.Root = &m.Parent, m.Root
 		} else {
 			card.Root = m.ID
 		}

@@ -267,7 +267,8 @@ func TestLoRAListedByEngines(t *testing.T) {
 	}
 	// The gateway's model list is vLLM's cards: a base model with its
 	// root, a null parent and the least max_model_len its engines list,
-	// an adapter with its parent.
+	// an adapter with its parent and the root its engines list (vLLM's:
+	// its path; the emulator's: its name; it had none until 2026-12-04).
 	var models struct {
 		Data []map[string]any `json:"data"`
 	}
@@ -280,7 +281,7 @@ func TestLoRAListedByEngines(t *testing.T) {
 		}
 		return true
 	})
-	want := map[string][2]any{testModel: {nil, testModel}, "sql": {testModel, nil}, "other": {nil, "other"}} // parent, root
+	want := map[string][2]any{testModel: {nil, testModel}, "sql": {testModel, "sql"}, "other": {nil, "other"}} // parent, root
 	if len(models.Data) != len(want) {
 		t.Fatalf("models %v", models.Data)
 	}

@@ -25,12 +25,18 @@ const maxModelsBody = 1 << 20
 // adapter; at most fleet.MaxLoRA, names of 1 to fleet.MaxLoRANameLen
 // bytes) and the model's max_model_len (0: not said).
 type modelList struct {
-	adapters    []string
+	adapters []string
+	// roots are the adapters' roots as listed (vLLM's: the adapter's
+	// path), for those that list one.
+	roots       map[string]string
 	maxModelLen int
 	// missing says that a listing does not name the endpoint's model
 	// ("": it does, or lists nothing).
 	missing string
 }
+
+// maxRootLen bounds an adapter's root taken from an engine (a path).
+const maxRootLen = 4096
 
 // maxModelLen bounds a max_model_len taken from an engine.
 const maxModelLen = 1 << 30
@@ -69,6 +75,7 @@ func parseModels(body []byte, model string) (modelList, error) {
 	var list struct {
 		Data []struct {
 			ID          string  `json:"id"`
+			Root        string  `json:"root"`
 			Parent      *string `json:"parent"`
 			MaxModelLen float64 `json:"max_model_len"`
 		} `json:"data"`
@@ -92,6 +99,12 @@ func parseModels(body []byte, model string) (modelList, error) {
 		}
 		seen[m.ID] = true
 		out.adapters = append(out.adapters, m.ID)
+		if m.Root != "" && len(m.Root) <= maxRootLen {
+			if out.roots == nil {
+				out.roots = map[string]string{}
+			}
+			out.roots[m.ID] = m.Root
+		}
 	}
 	if !listed {
 		ids := make([]string, 0, min(len(list.Data), 4))
@@ -150,10 +163,23 @@ func (p *Prober) probeModels(ctx context.Context, t *target, ep fleet.Endpoint) 
 	if list.missing != "" && list.missing != t.modelsErr {
 		p.cfg.Logger.Warn("health: the engine does not list the endpoint's model", "endpoint", ep.Name, "listing", list.missing)
 	}
-	t.adapters, t.hasAdapters, t.modelsErr = list.adapters, true, list.missing
+	t.adapters, t.roots, t.hasAdapters, t.modelsErr = list.adapters, list.roots, true, list.missing
 	if list.maxModelLen > 0 {
 		t.maxModelLen = list.maxModelLen
 	}
+}
+
+// AdapterRoot is the root name's engine listed last for adapter (vLLM's:
+// the adapter's path); false when it listed none.
+func (p *Prober) AdapterRoot(name, adapter string) (string, bool) {
+	t := p.target(name)
+	if t == nil {
+		return "", false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.roots[adapter]
+	return r, ok
 }
 
 // ForgetAdapter drops adapter from name's listing until the next one

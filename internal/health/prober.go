@@ -81,6 +81,7 @@ type target struct {
 	// adapters are the LoRA adapters of the endpoint's model its engine
 	// listed last (models.go).
 	adapters    []string
+	roots       map[string]string // the adapters' roots listed (parseModels)
 	hasAdapters bool
 	modelsErr   string
 	// maxModelLen is the model's max_model_len it listed last (0: none).

@@ -511,4 +511,7 @@ func TestAdaptersListed(t *testing.T) {
 	if l, err := parseModels([]byte(`{"data":[]}`), model); err != nil || l.missing != "" {
 		t.Fatalf("an empty list: %v %q", err, l.missing)
 	}
+	if l, _ := parseModels([]byte(`{"data":[{"id":"`+model+`","parent":null},{"id":"sql","root":"/adapters/sql","parent":"`+model+`"},{"id":"chat","parent":"`+model+`"}]}`), model); l.roots["sql"] != "/adapters/sql" || len(l.roots) != 1 {
+		t.Fatalf("adapter roots %v", l.roots)
+	}
 }
