@@ -170,8 +170,9 @@ func (m *member) goneSignal() <-chan struct{} {
 }
 
 // setOut records whether the health checks have m out, closing its gone
-// signal when they take it out.
-func (m *member) setOut(out bool) {
+// signal when they take it out, and reports whether they just brought it
+// back.
+func (m *member) setOut(out bool) (back bool) {
 	m.goneMu.Lock()
 	defer m.goneMu.Unlock()
 	switch {
@@ -183,8 +184,10 @@ func (m *member) setOut(out bool) {
 		close(m.gone)
 	default:
 		m.gone = nil // made anew when asked
+		back = true
 	}
 	m.isOut = out
+	return back
 }
 
 // modelFleet is the endpoints serving one model that may take traffic now,
@@ -430,7 +433,11 @@ func (g *Gateway) refresh() {
 	g.adapters = g.adaptersOf()
 	for _, m := range g.members {
 		in := g.health == nil || g.health.Available(m.ep.Name)
-		m.setOut(!in)
+		if m.setOut(!in) && m.ep.Events == "" && m.ep.Replay != "" {
+			// Back from out, in central mode: it may have restarted,
+			// and it says nothing until its next batch (Resync).
+			go g.sub.Resync(m.ep.Name)
+		}
 		if in {
 			byModel[m.ep.Model] = append(byModel[m.ep.Model], m)
 		}

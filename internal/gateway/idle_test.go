@@ -153,3 +153,29 @@ func waitUntilIn(t *testing.T, g *Gateway, name string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestMemberOutAndBack: a member's gone signal closes when health takes
+// it out, a new one waits once it is back, and only the return reports
+// back (refresh then asks a central-mode engine's replay whether it
+// restarted: kvevents.Subscriber.Resync).
+func TestMemberOutAndBack(t *testing.T) {
+	var m member
+	first := m.goneSignal()
+	for _, step := range []struct {
+		out, back bool
+	}{{false, false}, {true, false}, {true, false}, {false, true}, {false, false}} {
+		if back := m.setOut(step.out); back != step.back {
+			t.Fatalf("setOut(%v): back %v, want %v", step.out, back, step.back)
+		}
+	}
+	select {
+	case <-first:
+	default:
+		t.Fatal("the gone signal did not close when the member went out")
+	}
+	select {
+	case <-m.goneSignal():
+		t.Fatal("a member back in is gone")
+	default:
+	}
+}

@@ -2,7 +2,9 @@ package kvevents
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/kvindex"
 )
@@ -63,4 +65,40 @@ func TestResyncAtConnection(t *testing.T) {
 	if statsOf(sub, "e").Restarts != 2 || lookup(idx, a) > 0 || lookup(idx, b) != 4 {
 		t.Fatalf("restarted to the same length: restarts %d, a %d, b %d", statsOf(sub, "e").Restarts, lookup(idx, a), lookup(idx, b))
 	}
+}
+
+// TestCentralResync: in central mode a restarted engine dials kvgate
+// again and sends nothing until its next batch, so its old blocks were
+// claimed until then. Resync, asked when its health checks bring it back,
+// compares the engine's replay with the last batch applied: the same
+// engine keeps its blocks; a restarted one (its buffer does not hold the
+// batch) has them dropped at once.
+func TestCentralResync(t *testing.T) {
+	const name = "127.0.0.1:9003"
+	topic := "kv@" + name + "@m"
+	a := seqTokens(64, 9)
+	var restarted atomic.Bool
+	var stored []byte
+	rs := startReplayServer(t, topic, func(send func(uint64, []byte) bool, start uint64) {
+		if !restarted.Load() && start <= 1 { // a new buffer has nothing of what was applied
+			send(1, stored)
+		}
+		send(endSeq, nil) // vLLM's end of a replay
+	})
+	stored = pStored(t, a, 1, nil)
+	sub, idx, p := centralWithReplay(t, name, rs, Config{ReplayTimeout: time.Second})
+	if err := p.WriteMsg([]byte(topic), seq8(1), stored); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "batch 1 applied", func() bool { return lookup(idx, a) == 4 })
+	sub.Resync(name) // the same engine: its replay continues what was applied
+	if st := statsOf(sub, name); lookup(idx, a) != 4 || st.Restarts != 0 || st.ReplayFailures != 0 {
+		t.Fatalf("the same engine: lookup %d, %+v", lookup(idx, a), st)
+	}
+	restarted.Store(true)
+	sub.Resync(name)
+	if st := statsOf(sub, name); lookup(idx, a) != 0 || st.Restarts != 1 {
+		t.Fatalf("a restarted engine: lookup %d, %+v", lookup(idx, a), st)
+	}
+	sub.Resync("no such engine") // a no-op
 }

@@ -107,6 +107,10 @@ type stream struct {
 	// centralRank is 1 + the data-parallel rank whose central SUB feeds
 	// the stream (0: none yet): one goroutine a stream.
 	centralRank atomic.Int32
+	// mu serialises the stream's state between the goroutine that
+	// receives its frames and a resync asked from outside
+	// (Subscriber.Resync).
+	mu sync.Mutex
 }
 
 // claim binds the stream to the central SUB of rank (the first to ask
@@ -169,6 +173,8 @@ func (s *stream) onFrames(ctx context.Context, frames [][]byte) {
 		s.malformed(err)
 		return
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.onMessage(ctx, seq, payload)
 }
 
@@ -280,6 +286,8 @@ func (s *stream) malformed(err error) {
 // quiet engine may not send for long. Never started: the buffer warms the
 // index (a gateway started beside a running engine). Started: resync.
 func (s *stream) onConnect(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.rep == nil || s.past {
 		return
 	}

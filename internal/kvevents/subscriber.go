@@ -786,6 +786,35 @@ func (s *Subscriber) Stats() []EngineSnapshot {
 	return out
 }
 
+// Resync asks the replay endpoint of the central-mode engine called name
+// whether it still continues what the index applied of it (resync: the
+// same last batch, by its payload's hash), when something outside the
+// event stream says it may have restarted: its health checks took it out
+// and brought it back. In central mode the engine dials kvgate and sends
+// nothing until its next batch, so a restart was seen only then, its old
+// blocks claimed meanwhile. A no-op for other engines (per-engine mode
+// asks at every reconnection), without a replay endpoint, or before its
+// first batch.
+func (s *Subscriber) Resync(name string) {
+	s.mu.Lock()
+	ctx := s.runCtx
+	var st *stream
+	for _, c := range s.streams {
+		if c.cfg.Name == name {
+			st = c
+		}
+	}
+	s.mu.Unlock()
+	if ctx == nil || st == nil || st.cfg.Events != "" || st.rep == nil {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.started && !st.past {
+		st.resync(ctx)
+	}
+}
+
 // CentralMalformed is the number of central-mode frames naming no engine.
 func (s *Subscriber) CentralMalformed() int64 { return s.centralMalformed.malformed.Load() }
 
