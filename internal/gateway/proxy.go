@@ -126,12 +126,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	var failure error  // the first attempt's
 	for attempt := 0; attempt < 2; attempt++ {
 		p, err := g.decide(rt, exclude)
-		if failure != nil && (err != nil || !p.dec.Admit || p.dec.Hold) {
+		if failure != nil && (err != nil || p.prefill == nil) {
 			// Nowhere to retry (no other endpoint, none that can serve
-			// the request, or one that would hold or reject it): the
-			// client hears the engine's failure, not a 503 or 429 of
-			// the retry's (the engine's own error answer, when its
-			// stream carried one).
+			// the request): the client hears the engine's failure, not
+			// a 503 of the retry's (the engine's own error answer, when
+			// its stream carried one).
 			g.met.outcome(outcomeOf(r.Context(), failure), rt.class.Name, g.policy)
 			if engineErrorAnswer(rt, cw, failure) {
 				return
@@ -144,18 +143,20 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			openai.WriteError(w, err)
 			return
 		}
-		if p.dec.Hold {
-			if p, err = g.hold(r.Context(), rt, p); err != nil {
-				g.met.outcome(holdOutcome(r.Context(), err), rt.class.Name, g.policy)
-				openai.WriteError(w, err)
+		if failure == nil {
+			var ok bool
+			if p, ok = g.holdAndAdmit(w, r, rt, p); !ok {
 				return
 			}
-		}
-		if err := g.admit(rt, p); err != nil {
-			g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
-			g.met.rejections.WithLabelValues(rt.class.Name).Inc()
-			openai.WriteError(w, err)
-			return
+			rt.admitted = true
+		} else {
+			// The client was admitted: its retry is neither held nor
+			// rejected (as a continuation is not), but sent to the best
+			// other endpoint now (it was given the engine's failure when
+			// the retry would have been held or rejected: a long
+			// prompt's, live, with another prefill engine idle).
+			p.invests = false
+			g.met.retries.Inc()
 		}
 		if release == nil && !g.cfg.NoFairness { // once, whatever the retries
 			release = g.fair.admitted(rt.model, rt.tenant, max(rt.promptN-p.dec.CachedTokens, 0))
@@ -163,9 +164,6 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		}
 		g.copyPrefix(rt, p)
 		rt.engineIDs = nil // admitted: nothing more to touch or copy
-		if failure != nil {
-			g.met.retries.Inc()
-		}
 		failed, err := g.proxy(out, r, rt, p)
 		err = g.completed(r, rt, tap, p, err)
 		if failed == "" && unsent(r, rt, cw, err) {
@@ -187,6 +185,27 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		g.log.Warn("upstream failed before the client had any byte; retrying elsewhere if another endpoint can take it", "id", rt.id, "endpoint", failed, "err", err)
 		exclude, failure = failed, err
 	}
+}
+
+// holdAndAdmit holds rt when p says so and applies admission to it, and
+// reports whether it goes on (with the plan it is released with); false
+// when the client was answered (a rejection, a hold that failed).
+func (g *Gateway) holdAndAdmit(w http.ResponseWriter, r *http.Request, rt *routed, p *plan) (*plan, bool) {
+	if p.dec.Hold {
+		var err error
+		if p, err = g.hold(r.Context(), rt, p); err != nil {
+			g.met.outcome(holdOutcome(r.Context(), err), rt.class.Name, g.policy)
+			openai.WriteError(w, err)
+			return nil, false
+		}
+	}
+	if err := g.admit(rt, p); err != nil {
+		g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
+		g.met.rejections.WithLabelValues(rt.class.Name).Inc()
+		openai.WriteError(w, err)
+		return nil, false
+	}
+	return p, true
 }
 
 // unsent reports whether an attempt at rt that ended with err is one
@@ -341,6 +360,7 @@ func (g *Gateway) ended(w *clientWriter, r *http.Request, rt *routed, err error,
 			// it: the connection ends without the answer's end, as a
 			// proxy ends it, so that the client reads a broken answer
 			// (an incomplete body), not a short one.
+			g.log.Warn("stream broken after the client had part of it; its answer ends incomplete", "id", rt.id, "err", err)
 			panic(http.ErrAbortHandler)
 		}
 	}

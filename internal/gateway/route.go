@@ -63,6 +63,9 @@ type routed struct {
 	// sentAt is when its first attempt was sent (zero before): the time
 	// it was held is until then, a retry's included.
 	sentAt time.Time
+	// admitted: its first attempt was admitted (its retry and its
+	// continuations are decided without its TTFT target: schedRequest).
+	admitted bool
 	// model is the fleet that serves it: req.Model, or a LoRA adapter's
 	// base model; lora the adapter ("" for a base model).
 	model, lora string
@@ -561,8 +564,16 @@ func (g *Gateway) schedRequest(rt *routed, now float64) sched.Request {
 	if rt.outputs != nil {
 		out = rt.outputs.planned(rt.outN, rt.outLimited)
 	}
+	slo := rt.class.slo(rt.promptN)
+	if rt.admitted {
+		// Its retry or continuation: the client was admitted, so no
+		// TTFT target holds or rejects it again; the fastest endpoint
+		// serves it (a long prompt's was held again, found no endpoint
+		// and failed with another engine idle).
+		slo.TTFT = 0
+	}
 	return sched.Request{ID: rt.id, Arrival: now, PromptTokens: rt.promptN, PromptBlocks: len(rt.prep.Keys),
-		OutputTokens: out, Sequences: rt.seqs, SLO: rt.class.slo(rt.promptN), Priority: rt.class.Priority, OpensConversation: rt.opens,
+		OutputTokens: out, Sequences: rt.seqs, SLO: slo, Priority: rt.class.Priority, OpensConversation: rt.opens,
 		CanCopy: rt.opens && rt.engineIDs != nil}
 }
 

@@ -275,3 +275,37 @@ func TestNamedStreamCutShort(t *testing.T) {
 		t.Errorf("want two broken streams:\n%s", grepLines(m, "kvgate_requests_total"))
 	}
 }
+
+// TestHeldRequestIsRetried: a request the hold released (it fits
+// nowhere: its prompt misses the SLO even alone) whose engine fails
+// before its first byte is sent to the other engine, neither held nor
+// rejected again (the client was admitted): it got the engine's failure,
+// because its retry would have been held; live, a long prompt's 502
+// with another prefill engine idle.
+func TestHeldRequestIsRetried(t *testing.T) {
+	fail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		http.Error(w, `{"error":{"message":"engine on fire"}}`, http.StatusInternalServerError)
+	}))
+	t.Cleanup(fail.Close)
+	e := startEngine(t, fleet.RoleBoth, nil)
+	ok := endpointOf(e, fleet.RoleBoth)
+	ok.PrefillSpeed = 100
+	early := false
+	eps := []fleet.Endpoint{{Name: "fail", URL: fail.URL, Model: testModel, PrefillSpeed: 100}, ok}
+	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", EarlyReject: &early, NoHealthChecks: true,
+		Classes: []Class{{Name: "standard", TTFT: 0.5}}, Hold: HoldConfig{Mode: HoldOn}}, Options{})
+	for i := range 2 { // round-robin: one of the two goes to the failing engine first
+		r := post(t, url+"/v1/completions", completion(prefix(fmt.Sprint("held", i)), false, 2), nil)
+		if r.status != 200 || r.header.Get(hdrPrefill) != e.Addr() {
+			t.Fatalf("%d from %q (%s): %s", r.status, r.header.Get(hdrPrefill), r.header.Get(hdrReason), r.body)
+		}
+	}
+	m := get(t, admin+"/metrics")
+	if !strings.Contains(m, "kvgate_retries_total 1") || !strings.Contains(m, "kvgate_held_total 2") {
+		t.Errorf("want both held and one retry:\n%s", grepLines(m, "kvgate_"))
+	}
+}
