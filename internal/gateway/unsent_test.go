@@ -139,14 +139,7 @@ func TestBrokenAloneIsAnError(t *testing.T) {
 // it); the other engine is neither sent the request with no time left
 // nor blamed for it (it was, and health ejected healthy engines so).
 func TestNoRetryPastTheUpstreamTimeout(t *testing.T) {
-	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet {
-			return
-		}
-		_, _ = io.Copy(io.Discard, r.Body) // net/http hears the connection close only once the body is read
-		<-r.Context().Done()
-	}))
-	t.Cleanup(hang.Close)
+	hang := hangingEngine(t)
 	var other atomic.Int64
 	c := &capture{}
 	healthy := c.server(t)
@@ -195,14 +188,7 @@ func TestNoRetryPastTheUpstreamTimeout(t *testing.T) {
 // hanging engine's /tokenize is a 504 at the timeout (the client waited
 // until it gave up).
 func TestPassthroughUpstreamTimeout(t *testing.T) {
-	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet {
-			return
-		}
-		_, _ = io.Copy(io.Discard, r.Body)
-		<-r.Context().Done()
-	}))
-	t.Cleanup(hang.Close)
+	hang := hangingEngine(t)
 	eps := []fleet.Endpoint{{Name: "hang", URL: hang.URL, Model: testModel}}
 	_, url, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, UpstreamTimeout: 200 * time.Millisecond}, Options{})
 	start := time.Now()
@@ -308,4 +294,19 @@ func TestHeldRequestIsRetried(t *testing.T) {
 	if !strings.Contains(m, "kvgate_retries_total 1") || !strings.Contains(m, "kvgate_held_total 2") {
 		t.Errorf("want both held and one retry:\n%s", grepLines(m, "kvgate_"))
 	}
+}
+
+// hangingEngine takes every request and answers nothing until its client
+// goes (health probes, GETs, are answered at once).
+func hangingEngine(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body) // net/http hears the connection close only once the body is read
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }
