@@ -88,7 +88,7 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 	rq.setCacheKey(lora, req.Model, req.CacheSalt)
 	rq.priority = prio
 	rq.naturalEnd = natural
-	rq.continues = chat && continuesText(req)
+	rq.continues = continuesText(req, chat)
 	rq.remoteDecode = remoteDecode
 	if kv != nil && kv.DoRemotePrefill {
 		rq.remotePrefill = &remotePrefill{
@@ -99,14 +99,22 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 	return rq, req, nil
 }
 
-// continuesText reports whether a chat request continues its final
-// message (continue_final_message) and that message ends in a word.
-func continuesText(req *openai.Request) bool {
-	if !req.ContinueFinalMessage || len(req.Messages) == 0 {
-		return false
+// continuesText reports whether the answer continues a word the request
+// ends with: a chat's final message it continues (continue_final_message),
+// or a completion's text prompt (a real tokenizer's next word token then
+// starts with a space, as the gateway's migration relies on).
+func continuesText(req *openai.Request, chat bool) bool {
+	var t string
+	switch {
+	case chat && req.ContinueFinalMessage && len(req.Messages) > 0:
+		var err error
+		if t, err = req.Messages[len(req.Messages)-1].Content.Text(); err != nil {
+			return false
+		}
+	case !chat && req.Prompt.Kind == openai.PromptText:
+		t = req.Prompt.Texts[0]
 	}
-	t, err := req.Messages[len(req.Messages)-1].Content.Text()
-	if err != nil || t == "" {
+	if t == "" {
 		return false
 	}
 	last := t[len(t)-1]

@@ -130,3 +130,25 @@ func TestContinueFinalMessageSpace(t *testing.T) {
 		}
 	}
 }
+
+// TestCompletionContinuesItsWord: a completion's answer to a text prompt
+// that ends in a word begins with a space, as a real tokenizer's next word
+// token does: a migrated completion (the text so far appended to its
+// prompt) read "ametadipiscing" at the join. A prompt that ends in a
+// space, or a prompt of token ids, is answered from its word.
+func TestCompletionContinuesItsWord(t *testing.T) {
+	e := startEngine(t)
+	for _, c := range []struct {
+		prompt any
+		space  bool
+	}{{"once upon a", true}, {"once upon a ", false}, {[]int{5, 6, 7}, false}} {
+		_, raw := postJSON(t, e.URL()+"/v1/completions", map[string]any{"model": e.cfg.Model, "prompt": c.prompt, "max_tokens": 3})
+		var a struct{ Choices []struct{ Text string } }
+		if err := json.Unmarshal(raw, &a); err != nil || len(a.Choices) != 1 {
+			t.Fatalf("%s", raw)
+		}
+		if text := a.Choices[0].Text; strings.HasPrefix(text, " ") != c.space || len(strings.Fields(text)) != 3 {
+			t.Errorf("prompt %v: %q", c.prompt, text)
+		}
+	}
+}
