@@ -148,42 +148,42 @@ type member struct {
 	// declare (health.Prober.Adapters), kept current by refresh.
 	found   atomic.Pointer[[]string]
 	removed atomic.Bool // left the fleet; its index id may be reused
-	// gone is closed when the health checks take the member out (a new
-	// one is made when they bring it back): the requests waiting for its
+	// gone ends when the health checks take the member out (a new one
+	// is made when they bring it back): the requests waiting for its
 	// first byte are sent elsewhere (idle.go).
-	goneMu sync.Mutex
-	gone   chan struct{}
-	isOut  bool
+	goneMu     sync.Mutex
+	gone       context.Context
+	cancelGone context.CancelFunc
+	isOut      bool
 }
 
-// goneSignal is closed when the health checks take m out.
-func (m *member) goneSignal() <-chan struct{} {
+// goneContext ends when the health checks take m out.
+func (m *member) goneContext() context.Context {
 	m.goneMu.Lock()
 	defer m.goneMu.Unlock()
 	if m.gone == nil {
-		m.gone = make(chan struct{})
+		m.gone, m.cancelGone = context.WithCancel(context.Background())
 		if m.isOut {
-			close(m.gone)
+			m.cancelGone()
 		}
 	}
 	return m.gone
 }
 
-// setOut records whether the health checks have m out, closing its gone
-// signal when they take it out, and reports whether they just brought it
-// back.
+// setOut records whether the health checks have m out, ending its gone
+// context when they take it out, and reports whether they just brought
+// it back.
 func (m *member) setOut(out bool) (back bool) {
 	m.goneMu.Lock()
 	defer m.goneMu.Unlock()
 	switch {
 	case out == m.isOut:
 	case out:
-		if m.gone == nil {
-			m.gone = make(chan struct{})
+		if m.cancelGone != nil {
+			m.cancelGone()
 		}
-		close(m.gone)
 	default:
-		m.gone = nil // made anew when asked
+		m.gone, m.cancelGone = nil, nil // made anew when asked
 		back = true
 	}
 	m.isOut = out

@@ -38,13 +38,15 @@ var errEngineOut = errors.New("the health checks took the engine out before it a
 // engines goes out before the answer's first bytes, or when the answer
 // stays silent for d after them (d > 0).
 type attemptWatch struct {
-	d       time.Duration
-	cancel  context.CancelCauseFunc
-	mu      sync.Mutex
-	timer   *time.Timer
-	began   bool          // the first bytes came
-	done    bool          // the attempt is over
-	unwatch chan struct{} // closed at the first bytes or the end
+	d      time.Duration
+	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	timer  *time.Timer
+	began  bool // the first bytes came
+	done   bool // the attempt is over
+	// unwatch stop the watches on the engines (context.AfterFunc's, no
+	// goroutine a request), at the first bytes or the end.
+	unwatch []func() bool
 }
 
 type attemptKey struct{}
@@ -58,34 +60,18 @@ func (g *Gateway) watchAttempt(ctx context.Context, engines ...*member) (context
 		return ctx, func() {}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	w := &attemptWatch{d: g.cfg.StreamIdleTimeout, cancel: cancel, unwatch: make(chan struct{})}
+	w := &attemptWatch{d: g.cfg.StreamIdleTimeout, cancel: cancel}
 	if g.health != nil {
-		var gone [2]<-chan struct{} // a nil channel never fires
-		for i, m := range engines[:min(len(engines), 2)] {
+		for _, m := range engines {
 			if m != nil {
-				gone[i] = m.goneSignal()
+				w.unwatch = append(w.unwatch, context.AfterFunc(m.goneContext(), func() { cancel(errEngineOut) }))
 			}
 		}
-		go w.watchGone(ctx, gone)
 	}
 	return context.WithValue(ctx, attemptKey{}, w), func() {
 		w.stop()
 		cancel(nil)
 	}
-}
-
-// watchGone calls the attempt off when an engine goes out before the
-// answer's first bytes.
-func (w *attemptWatch) watchGone(ctx context.Context, gone [2]<-chan struct{}) {
-	select {
-	case <-gone[0]:
-	case <-gone[1]:
-	case <-w.unwatch:
-		return
-	case <-ctx.Done():
-		return
-	}
-	w.cancel(errEngineOut)
 }
 
 // attemptWatchOf is ctx's attempt watch (nil: none).
@@ -107,7 +93,7 @@ func (w *attemptWatch) touch() {
 	}
 	if !w.began {
 		w.began = true
-		close(w.unwatch)
+		w.stopWatchingEngines()
 	}
 	switch {
 	case w.d <= 0:
@@ -118,13 +104,20 @@ func (w *attemptWatch) touch() {
 	}
 }
 
+// stopWatchingEngines ends the watches on the attempt's engines (under
+// w.mu).
+func (w *attemptWatch) stopWatchingEngines() {
+	for _, stop := range w.unwatch {
+		stop()
+	}
+	w.unwatch = nil
+}
+
 func (w *attemptWatch) stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.began {
-		w.began = true
-		close(w.unwatch)
-	}
+	w.began = true
+	w.stopWatchingEngines()
 	w.done = true
 	if w.timer != nil {
 		w.timer.Stop()

@@ -154,13 +154,13 @@ func waitUntilIn(t *testing.T, g *Gateway, name string) {
 	}
 }
 
-// TestMemberOutAndBack: a member's gone signal closes when health takes
+// TestMemberOutAndBack: a member's gone context ends when health takes
 // it out, a new one waits once it is back, and only the return reports
 // back (refresh then asks a central-mode engine's replay whether it
 // restarted: kvevents.Subscriber.Resync).
 func TestMemberOutAndBack(t *testing.T) {
 	var m member
-	first := m.goneSignal()
+	first := m.goneContext().Done()
 	for _, step := range []struct {
 		out, back bool
 	}{{false, false}, {true, false}, {true, false}, {false, true}, {false, false}} {
@@ -171,10 +171,10 @@ func TestMemberOutAndBack(t *testing.T) {
 	select {
 	case <-first:
 	default:
-		t.Fatal("the gone signal did not close when the member went out")
+		t.Fatal("the gone context did not end when the member went out")
 	}
 	select {
-	case <-m.goneSignal():
+	case <-m.goneContext().Done():
 		t.Fatal("a member back in is gone")
 	default:
 	}

@@ -243,9 +243,7 @@ func engineErrorAnswer(rt *routed, cw *clientWriter, err error) bool {
 	if !cw.reset() {
 		return false
 	}
-	cw.Header().Set("Content-Type", "application/json")
-	cw.WriteHeader(ee.status)
-	_, _ = cw.Write(ee.body)
+	ee.writeTo(cw)
 	return true
 }
 

@@ -227,6 +227,14 @@ func (e *engineErrorEvent) Error() string {
 	return fmt.Sprintf("the engine's stream carried an error (status %d): %.300s", e.status, e.body)
 }
 
+// writeTo answers w with the engine's error, its status and body.
+func (e *engineErrorEvent) writeTo(w http.ResponseWriter) {
+	w.Header().Del("Content-Length")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.status)
+	_, _ = w.Write(e.body)
+}
+
 // fail tells the client that the answer it did not get whole failed
 // (502 with why; 504 when --upstream-timeout ran out; the engine's own
 // error answer when its stream carried one), when it has nothing of it
@@ -236,14 +244,12 @@ func (a *wholeAnswer) fail(err error) bool {
 		return false
 	}
 	a.sent = true
-	a.w.Header().Del("Content-Length")
 	var ee *engineErrorEvent
 	if errors.As(err, &ee) { // nowhere else to send it: the engine's own error
-		a.w.Header().Set("Content-Type", "application/json")
-		a.w.WriteHeader(ee.status)
-		_, _ = a.w.Write(ee.body)
+		ee.writeTo(a.w)
 		return true
 	}
+	a.w.Header().Del("Content-Length")
 	status := http.StatusBadGateway
 	if errors.Is(err, context.DeadlineExceeded) {
 		status = http.StatusGatewayTimeout

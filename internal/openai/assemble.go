@@ -96,9 +96,7 @@ func (a *Assembler) Event(data []byte) error {
 			}
 		case `"object"`:
 			if string(v) == `"error"` && a.errEv == nil {
-				// vLLM's older error shape, the event itself: the
-				// answer is in the shape clients read.
-				a.errEv = append(append([]byte(`{"error":`), data...), '}')
+				a.errEv = slices.Clone(data) // vLLM's older error shape (ErrorAnswer)
 			}
 		}
 		if first {
@@ -180,7 +178,8 @@ func (x *indexed) merge(el []byte, level int) error {
 // [DONE] and a choice without a finish reason.
 func (a *Assembler) Answer() (int, []byte, error) {
 	if a.errEv != nil {
-		return errorStatus(a.errEv), a.errEv, nil
+		status, body := ErrorAnswer(a.errEv)
+		return status, body, nil
 	}
 	if a.events == 0 {
 		return 0, nil, errors.New("the engine's stream had no event")

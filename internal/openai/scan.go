@@ -237,27 +237,19 @@ func laxInt(s string) (int64, bool) {
 // "f", "y", "n", "yes", "no", "on", "off", "true", "false" in any case.
 // null is false.
 func parseBool(key string, v []byte) (bool, error) {
-	s := string(v)
+	if b, err := parseStrictBool(key, v); err == nil {
+		return b, nil
+	}
 	if len(v) > 0 && v[0] == '"' {
-		u, err := unquote(v)
-		if err != nil {
-			return false, BadRequest("%s must be a boolean", key).WithParam(key)
+		if u, err := unquote(v); err == nil {
+			switch strings.ToLower(u) {
+			case "1", "t", "y", "yes", "on", "true":
+				return true, nil
+			case "0", "f", "n", "no", "off", "false":
+				return false, nil
+			}
 		}
-		switch strings.ToLower(u) {
-		case "1", "t", "y", "yes", "on", "true":
-			return true, nil
-		case "0", "f", "n", "no", "off", "false":
-			return false, nil
-		}
-		return false, BadRequest("%s must be a boolean, got %s", key, clip(v)).WithParam(key)
-	}
-	switch s {
-	case "true":
-		return true, nil
-	case "false", "null":
-		return false, nil
-	}
-	if n, ok := jsonInt(s); ok && (n == 0 || n == 1) {
+	} else if n, ok := jsonInt(string(v)); ok && (n == 0 || n == 1) {
 		return n == 1, nil
 	}
 	return false, BadRequest("%s must be a boolean, got %s", key, clip(v)).WithParam(key)
