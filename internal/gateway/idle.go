@@ -42,7 +42,6 @@ type attemptWatch struct {
 	cancel context.CancelCauseFunc
 	mu     sync.Mutex
 	timer  *time.Timer
-	began  bool // the first bytes came
 	done   bool // the attempt is over
 	// unwatch stop the watches on the engines (context.AfterFunc's, no
 	// goroutine a request), at the first bytes or the end.
@@ -91,10 +90,7 @@ func (w *attemptWatch) touch() {
 	if w.done {
 		return
 	}
-	if !w.began {
-		w.began = true
-		w.stopWatchingEngines()
-	}
+	w.stopWatchingEngines() // the first bytes came
 	switch {
 	case w.d <= 0:
 	case w.timer == nil:
@@ -116,7 +112,6 @@ func (w *attemptWatch) stopWatchingEngines() {
 func (w *attemptWatch) stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.began = true
 	w.stopWatchingEngines()
 	w.done = true
 	if w.timer != nil {
