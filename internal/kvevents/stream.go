@@ -199,10 +199,10 @@ func (s *stream) onMessage(ctx context.Context, seq uint64, payload []byte) {
 			s.recover(ctx, 0, seq, true)
 		}
 	case s.behind(seq):
-		s.st.restarts.Add(1)
 		s.log.Warn("kv events: sequence went back, engine restarted; dropping its blocks",
 			"endpoint", s.cfg.Name, "seq", seq, "expected", s.expected())
 		s.m.reset()
+		s.st.restarts.Add(1) // counted once its blocks are gone: a reader of the count sees them gone
 		s.next, s.past = seq, false
 		if seq > 0 && s.rep != nil {
 			s.recover(ctx, 0, seq, true)
@@ -346,10 +346,10 @@ func (s *stream) resync(ctx context.Context) {
 		s.log.Warn("kv events: replay at reconnection failed; the next batch decides", "endpoint", s.cfg.Name, "replay", s.cfg.Replay, "err", err)
 		return
 	case !same:
-		s.st.restarts.Add(1)
 		s.log.Warn("kv events: reconnected to an engine whose replay does not continue what was applied (restarted); dropping its blocks",
 			"endpoint", s.cfg.Name, "last_seq", last)
 		s.m.reset()
+		s.st.restarts.Add(1) // once its blocks are gone, as above
 		s.started, s.next, s.past = false, 0, false
 		s.warm(ctx)
 		return
