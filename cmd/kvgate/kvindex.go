@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -99,7 +100,7 @@ func newKVIndexFlagSet(o *kvindexOptions, stderr io.Writer) (*flag.FlagSet, *fla
 	}
 	fs := flag.NewFlagSet("kvindex", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Var(&o.engineSpecs, "engine", "an engine, as kvgate serve's: name=HOST:PORT,model=M[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT] (repeatable)")
+	fs.Var(&o.engineSpecs, "engine", "an engine, as kvgate serve's: name=HOST:PORT,model=M[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT][,url=URL][,lora=ADAPTER…][,dp_size=N] (repeatable; lora= once per adapter)")
 	fs.StringVar(&o.enginesPath, "engines", "", "YAML file listing engines (endpoints: [{name, model, events, replay}], as kvgate serve's files)")
 	fs.StringVar(&o.bindEvents, "bind-events", "", "central mode: bind a SUB here (e.g. tcp://0.0.0.0:5557) that engines dial; engines are named by topic kv@HOST:PORT@MODEL, or, for another topic (vLLM's default is \"\"), by the IP they dial from when one configured engine without events= has it")
 	fs.StringVar(&o.admin, "admin", o.admin, "admin HTTP address")
@@ -135,20 +136,20 @@ func parseKVIndexFlags(args []string, stderr io.Writer) (*kvindexOptions, error)
 }
 
 // engines collects the engines of --engines and every --engine, with
-// their sockets normalised.
-func (o *kvindexOptions) engines() ([]kvevents.EngineConfig, error) {
+// their sockets normalised, and the endpoints they came from.
+func (o *kvindexOptions) engines() ([]kvevents.EngineConfig, []fleet.Endpoint, error) {
 	var eps []fleet.Endpoint
 	if o.enginesPath != "" {
 		es, err := loadEnginesFile(o.enginesPath)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		eps = append(eps, es...)
 	}
 	for _, s := range o.engineSpecs {
 		e, err := fleet.ParseSpec(s)
 		if err != nil {
-			return nil, fmt.Errorf("--engine: %w", err)
+			return nil, nil, fmt.Errorf("--engine: %w", err)
 		}
 		eps = append(eps, e)
 	}
@@ -157,16 +158,52 @@ func (o *kvindexOptions) engines() ([]kvevents.EngineConfig, error) {
 		err = fleet.CheckCentralMode(o.bindEvents, o.bindRanks, eps)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	engines := make([]kvevents.EngineConfig, len(eps))
 	for i, e := range eps {
 		engines[i] = kvevents.EngineFor(e)
 	}
 	if len(engines) == 0 && o.bindEvents == "" {
-		return nil, errors.New("nothing to subscribe to: give --engine, --engines or --bind-events")
+		return nil, nil, errors.New("nothing to subscribe to: give --engine, --engines or --bind-events")
 	}
-	return engines, nil
+	return engines, eps, nil
+}
+
+// adapters maps each LoRA adapter the endpoints serve to its base model
+// (fleet.Validate let no two base models claim one).
+func adapters(eps []fleet.Endpoint) func(string) (string, bool) {
+	base := map[string]string{}
+	for _, e := range eps {
+		for _, a := range e.LoRA {
+			base[a] = e.Model
+		}
+	}
+	return func(name string) (string, bool) {
+		b, ok := base[name]
+		return b, ok
+	}
+}
+
+// logEngines says at start what each engine will give the index: an
+// engine without events only approximate entries, a replay socket
+// without events nothing more; and warns of each model whose engines
+// publish KV events while its tokenizer is the byte estimate (as the
+// gateway does).
+func logEngines(log *slog.Logger, toks *tokens.Set, engines []kvevents.EngineConfig, central bool) {
+	warned := map[string]bool{}
+	for _, e := range engines {
+		switch {
+		case e.Events == "" && !central && e.Replay != "":
+			log.Warn("engine with a replay socket but no events socket: its replay is never asked; only approximate entries (POST /admin/kv/routed)", "endpoint", e.Name, "model", e.Model)
+		case e.Events == "" && !central:
+			log.Info("engine without events: only approximate entries (POST /admin/kv/routed)", "endpoint", e.Name, "model", e.Model)
+		}
+		if (e.Events != "" || central) && !warned[e.Model] && toks.For(e.Model).Estimated() {
+			warned[e.Model] = true
+			log.Warn(tokens.EstimatedWarning, "model", e.Model)
+		}
+	}
 }
 
 // tokenizerSet builds the --tokenizer set over a fresh cache.
@@ -189,7 +226,7 @@ func tokenizerSet(specs []string) (*tokens.Set, *tokens.Cache, error) {
 
 // newKVIndexAdmin is the admin API over the index, with the subscriber's
 // and the tokenizer cache's statistics.
-func newKVIndexAdmin(o *kvindexOptions, idx *kvindex.Index, sub *kvevents.Subscriber, toks *tokens.Set, cache *tokens.Cache) (*kvindex.Admin, error) {
+func newKVIndexAdmin(o *kvindexOptions, eps []fleet.Endpoint, idx *kvindex.Index, sub *kvevents.Subscriber, toks *tokens.Set, cache *tokens.Cache) (*kvindex.Admin, error) {
 	adm := &kvindex.Admin{
 		Index:  idx,
 		Tokens: toks,
@@ -212,6 +249,7 @@ func newKVIndexAdmin(o *kvindexOptions, idx *kvindex.Index, sub *kvevents.Subscr
 		},
 		Bodies:             o.http.BodyLimiter(kvindex.DefaultMaxBodyBytes),
 		MaxRoutedEndpoints: o.maxRouted,
+		Adapter:            adapters(eps),
 	}
 	if err := adm.Validate(); err != nil {
 		return nil, err
@@ -228,7 +266,7 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	engines, err := o.engines()
+	engines, eps, err := o.engines()
 	if err != nil {
 		return err
 	}
@@ -236,6 +274,7 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	logEngines(log, toks, engines, o.bindEvents != "")
 	idx := kvindex.New(kvindex.Config{BlockSize: o.blockSize, ApproxTTL: o.approxTTL, MaxKeys: o.maxKeys})
 	sub, err := kvevents.New(kvevents.Config{
 		Engines: engines, BindEvents: zmqEndpoint(o.bindEvents), BindRanks: o.bindRanks,
@@ -245,7 +284,7 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	adm, err := newKVIndexAdmin(o, idx, sub, toks, cache)
+	adm, err := newKVIndexAdmin(o, eps, idx, sub, toks, cache)
 	if err != nil {
 		return err
 	}
@@ -257,10 +296,18 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return fmt.Errorf("--admin: %w", err)
 	}
-	return serveKVIndex(ctx, sub, srv, ln, func() {
-		fmt.Fprintf(stdout, "kvgate kvindex: admin on http://%s, %d engine(s), central=%q, block size %d\n",
-			ln.Addr(), len(engines), o.bindEvents, o.blockSize)
+	err = serveKVIndex(ctx, sub, srv, ln, func() {
+		events := "each engine's own socket"
+		if o.bindEvents != "" {
+			events = "central, engines dial " + zmqEndpoint(o.bindEvents)
+		}
+		fmt.Fprintf(stdout, "kvgate kvindex: admin on http://%s, %d engine(s) configured, KV events: %s, block size %d\n",
+			ln.Addr(), len(engines), events, o.blockSize)
 	})
+	if err == nil {
+		log.Info("kvgate kvindex: stopped")
+	}
+	return err
 }
 
 // serveKVIndex runs the subscriber and the admin server (calling started

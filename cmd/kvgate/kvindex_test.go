@@ -48,6 +48,7 @@ func TestKVIndexServes(t *testing.T) {
 	go func() {
 		done <- runKVIndex(ctx, []string{
 			"--admin", "127.0.0.1:0", "--engine", "name=127.0.0.1:8001,model=m",
+			"--engine", "name=127.0.0.1:8002,model=m,events=127.0.0.1:1",
 			"--block-size", "4", "--log-level", "warn",
 		}, &stdout, &stderr)
 	}()
@@ -90,7 +91,7 @@ func TestKVIndexServes(t *testing.T) {
 		t.Fatalf("lookup: %d %v", code, v)
 	}
 	eps, _ := v["endpoints"].([]any)
-	if v["block_size"] != 4.0 || v["prompt_blocks"] != 2.0 || len(eps) != 1 {
+	if v["block_size"] != 4.0 || v["prompt_blocks"] != 2.0 || len(eps) != 2 {
 		t.Fatalf("lookup: %v", v)
 	}
 	if e := eps[0].(map[string]any); e["endpoint"] != "127.0.0.1:8001" || e["matched_tokens"] != 8.0 || e["tier"] != "gpu" || e["approx"] != true {
@@ -109,6 +110,30 @@ func TestKVIndexServes(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body.String(), "127.0.0.1:8001") || !json.Valid(body.Bytes()) {
 		t.Errorf("stats: %d %s", resp.StatusCode, body)
+	}
+	// An engine with events behind the byte estimate: warned of at start.
+	if !strings.Contains(stderr.String(), "tokenizer is the byte estimate") {
+		t.Errorf("no warning of the estimate tokenizer: %s", stderr.String())
+	}
+	for _, c := range []struct {
+		method, path string
+		code         int
+		allow        string
+	}{
+		{http.MethodGet, "/health", 200, ""},
+		{http.MethodGet, "/metrics", 404, ""},
+		{http.MethodGet, "/admin/kv/lookup", 405, "POST"},
+		{http.MethodPost, "/admin/kv/stats", 405, "GET"},
+	} {
+		req, _ := http.NewRequest(c.method, base+c.path, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.code || resp.Header.Get("Allow") != c.allow || c.code == 404 && resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d, Allow %q, %s", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("Content-Type"))
+		}
 	}
 
 	cancel()

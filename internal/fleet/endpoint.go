@@ -339,6 +339,7 @@ func Validate(eps []Endpoint) ([]Endpoint, error) {
 	}
 	out := make([]Endpoint, 0, len(eps))
 	seen := make(map[string]int, len(eps))
+	socket := map[string]int{} // events and replay sockets
 	for i, e := range eps {
 		if err := e.Normalize(); err != nil {
 			return nil, fmt.Errorf("endpoints[%d]: %w", i, err)
@@ -355,6 +356,12 @@ func Validate(eps []Endpoint) ([]Endpoint, error) {
 				return nil, fmt.Errorf("endpoints[%d]: name %q already used by endpoints[%d]", i, r.Name, j)
 			}
 			seen[r.Name] = i
+			for _, sock := range []string{r.Events, r.Replay} {
+				if j, dup := socket[sock]; dup && sock != "" {
+					return nil, fmt.Errorf("endpoints[%d]: KV-event socket %s is already endpoints[%d]'s: each engine publishes on its own", i, sock, j)
+				}
+				socket[sock] = i
+			}
 			out = append(out, r)
 		}
 	}

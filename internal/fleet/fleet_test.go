@@ -257,3 +257,44 @@ func TestEndpointEqual(t *testing.T) {
 		t.Fatal("another URL must not compare equal")
 	}
 }
+
+// TestValidateSharedSocket: two endpoints on one KV-event (or replay)
+// socket are refused; each would be credited with the other's blocks
+// (found by a walkthrough of kvgate kvindex). Ranks of one data-parallel
+// engine publish at their own ports and pass.
+func TestValidateSharedSocket(t *testing.T) {
+	cases := []struct {
+		name string
+		eps  []Endpoint
+		ok   bool
+	}{
+		{"shared events", []Endpoint{
+			{Name: "a:1", Model: "m", Events: "tcp://h:5557"},
+			{Name: "b:1", Model: "m", Events: "tcp://h:5557"},
+		}, false},
+		{"shared replay", []Endpoint{
+			{Name: "a:1", Model: "m", Events: "tcp://h:5557", Replay: "tcp://h:5558"},
+			{Name: "b:1", Model: "m", Events: "tcp://h:5567", Replay: "tcp://h:5558"},
+		}, false},
+		{"events of one, replay of another", []Endpoint{
+			{Name: "a:1", Model: "m", Events: "tcp://h:5557"},
+			{Name: "b:1", Model: "m", Events: "tcp://h:5567", Replay: "tcp://h:5557"},
+		}, false},
+		{"own sockets", []Endpoint{
+			{Name: "a:1", Model: "m", Events: "tcp://h:5557", Replay: "tcp://h:5558"},
+			{Name: "b:1", Model: "m", Events: "tcp://h:5567"},
+			{Name: "c:1", Model: "m"},
+			{Name: "d:1", Model: "m"},
+		}, true},
+		{"data-parallel ranks", []Endpoint{{Name: "a:1", Model: "m", Events: "tcp://h:5557", DPSize: 2}}, true},
+	}
+	for _, c := range cases {
+		_, err := Validate(c.eps)
+		if (err == nil) != c.ok {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "already endpoints[0]'s") {
+			t.Errorf("%s: %v does not name the other endpoint", c.name, err)
+		}
+	}
+}

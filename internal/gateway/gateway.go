@@ -119,10 +119,13 @@ type Gateway struct {
 	fair       fairShare
 	bodies     *httpserve.BodyLimiter
 
-	setMu   sync.Mutex // one SetEndpoints at a time
-	mu      sync.RWMutex
-	members map[string]*member
-	models  map[string]*modelFleet
+	setMu sync.Mutex // one SetEndpoints at a time
+	// estimateWarned are the models warned of by warnEstimated (under
+	// setMu).
+	estimateWarned map[string]bool
+	mu             sync.RWMutex
+	members        map[string]*member
+	models         map[string]*modelFleet
 	// adapters maps each LoRA adapter an endpoint declares or its engine
 	// lists to its base model, whose fleet serves it (adaptersOf).
 	adapters map[string]string
@@ -399,10 +402,28 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 		g.health.Set(eps)
 	}
 	g.refresh()
+	g.warnEstimated(eps)
 	if subErr != nil {
 		return fmt.Errorf("kv events: %w", subErr)
 	}
 	return nil
+}
+
+// warnEstimated warns, once per model (under setMu), of a model whose
+// engines publish KV events while its tokenizer is the byte estimate:
+// the estimate's block keys never match an engine's, so those events
+// index blocks no request finds.
+func (g *Gateway) warnEstimated(eps []fleet.Endpoint) {
+	for _, e := range subscribed(eps, g.cfg.BindEvents != "") {
+		if g.estimateWarned[e.Model] || !g.toks.For(e.Model).Estimated() {
+			continue
+		}
+		if g.estimateWarned == nil {
+			g.estimateWarned = map[string]bool{}
+		}
+		g.estimateWarned[e.Model] = true
+		g.log.Warn(tokens.EstimatedWarning, "model", e.Model)
+	}
 }
 
 // subscribed are the engines whose KV events the subscriber hears: those

@@ -4,8 +4,10 @@ package gateway
 // attack) found in the gateway.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -350,5 +352,37 @@ func TestRequestWithoutModel(t *testing.T) {
 	_, url, _ = startGateway(t, Config{Endpoints: two, NoHealthChecks: true}, Options{})
 	if r := post(t, url+"/v1/completions", `{"prompt":"hi","max_tokens":2}`, nil); r.status != 400 || !strings.Contains(r.body, "model") {
 		t.Errorf("without model, two models served: %d %s", r.status, r.body)
+	}
+}
+
+// TestWarnsOfEventsNoPromptMatches: engines that publish KV events behind
+// the default byte-estimate tokenizer index blocks no text prompt finds;
+// the gateway says so once per model, and not when the model has a real
+// tokenizer (a walkthrough of kvgate kvindex met all-zero lookups and no
+// word of why).
+func TestWarnsOfEventsNoPromptMatches(t *testing.T) {
+	eps := []fleet.Endpoint{
+		{Name: "a", URL: "http://127.0.0.1:1", Model: testModel, Events: "tcp://127.0.0.1:2"},
+		{Name: "b", URL: "http://127.0.0.1:3", Model: testModel, Events: "tcp://127.0.0.1:4"},
+		{Name: "c", URL: "http://127.0.0.1:5", Model: "other"},
+	}
+	for _, tc := range []struct {
+		toks []string
+		want int
+	}{
+		{nil, 1},
+		{[]string{"model=" + testModel + ",source=engine,url=http://127.0.0.1:1"}, 0},
+	} {
+		var buf bytes.Buffer
+		g, err := New(Config{Endpoints: eps, Tokenizers: tc.toks}, Options{Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.SetEndpoints(eps[:2]); err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(buf.String(), "tokenizer is the byte estimate"); n != tc.want || tc.want == 1 && !strings.Contains(buf.String(), "model="+testModel) {
+			t.Errorf("tokenizers %v: %d warnings, want %d:\n%s", tc.toks, n, tc.want, buf.String())
+		}
 	}
 }

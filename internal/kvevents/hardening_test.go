@@ -300,6 +300,30 @@ func TestCentralEngineLimit(t *testing.T) {
 	}
 }
 
+// TestCentralEngineLimitForgetsTheSilent: at the limit, an engine
+// registered from its topic that has been silent CentralEvictSilence
+// gives its place (and its blocks) to a new topic's engine; a pod
+// restarted under a new IP is not locked out until kvgate restarts
+// (found by a walkthrough of kvgate kvindex with llm-d's kv@${POD_IP}
+// topics).
+func TestCentralEngineLimitForgetsTheSilent(t *testing.T) {
+	bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	sub, idx := runSub(t, Config{BindEvents: bind, MaxCentralEngines: 1, CentralEvictSilence: time.Millisecond})
+	p := rawPub(t, bind)
+	a, b := seqTokens(64, 21), seqTokens(64, 22)
+	_ = p.WriteMsg([]byte("kv@127.0.0.1:9300@m"), seq8(0), pStored(t, a, 1, nil))
+	eventually(t, "first engine heard", func() bool { return lookup(idx, a) == 4 })
+	time.Sleep(5 * time.Millisecond)
+	_ = p.WriteMsg([]byte("kv@127.0.0.1:9301@m"), seq8(0), pStored(t, b, 1, nil))
+	eventually(t, "second engine heard", func() bool { return lookup(idx, b) == 4 })
+	if n := lookup(idx, a); n != 0 {
+		t.Errorf("the forgotten engine's blocks: %d still indexed", n)
+	}
+	if st := sub.Stats(); len(st) != 1 || st[0].Endpoint != "127.0.0.1:9301" || sub.CentralRefused() != 0 {
+		t.Errorf("engines %+v, %d refused frames", st, sub.CentralRefused())
+	}
+}
+
 // TestWarmUpReplay: joining an engine whose first live batch is 10 and
 // whose buffer holds 3..12, the subscriber applies 3..9 from the replay
 // (in order, once), then the live batches; nothing is reported lost

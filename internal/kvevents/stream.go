@@ -107,6 +107,11 @@ type stream struct {
 	// centralRank is 1 + the data-parallel rank whose central SUB feeds
 	// the stream (0: none yet): one goroutine a stream.
 	centralRank atomic.Int32
+	// lastFrame is when the last frame came (unix ns; central mode's
+	// engines registered from topics: evictSilentWire).
+	lastFrame atomic.Int64
+	// adopted: registered from a topic, then configured (SetEngines).
+	adopted atomic.Bool
 	// mu serialises the stream's state between the goroutine that
 	// receives its frames and a resync asked from outside
 	// (Subscriber.Resync).
@@ -168,6 +173,9 @@ func splitBatch(frames [][]byte) (seq uint64, payload []byte, err error) {
 
 // onFrames handles one live message: [topic, seq, payload] or [seq, payload].
 func (s *stream) onFrames(ctx context.Context, frames [][]byte) {
+	if s.fromWire {
+		s.lastFrame.Store(time.Now().UnixNano())
+	}
 	seq, payload, err := splitBatch(frames)
 	if err != nil {
 		s.malformed(err)
@@ -349,7 +357,8 @@ func (s *stream) resync(ctx context.Context) {
 		s.log.Warn("kv events: reconnected to an engine whose replay does not continue what was applied (restarted); dropping its blocks",
 			"endpoint", s.cfg.Name, "last_seq", last)
 		s.m.reset()
-		s.st.restarts.Add(1) // once its blocks are gone, as above
+		s.st.started.Store(false) // last_seq: null until the new engine's first batch
+		s.st.restarts.Add(1)      // once its blocks are gone, as above
 		s.started, s.next, s.past = false, 0, false
 		s.warm(ctx)
 		return

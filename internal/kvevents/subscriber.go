@@ -36,6 +36,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -60,6 +61,7 @@ const (
 type Index interface {
 	Sink
 	AddEndpoint(name, model string) (kvindex.EndpointID, error)
+	RemoveEndpoint(kvindex.EndpointID) error
 	BlockSize() int
 }
 
@@ -165,6 +167,10 @@ type Config struct {
 	// further topics are refused and counted. The central SUB accepts as
 	// many connections as that plus the configured engines.
 	MaxCentralEngines int
+	// CentralEvictSilence: at MaxCentralEngines, an engine registered
+	// from a topic silent this long gives its place to a new one
+	// (default WireEvictSilence).
+	CentralEvictSilence time.Duration
 	// MaxMsgSize is the largest ZMQ message accepted, in bytes (default
 	// 16 MiB, at most 1 GiB); a publisher sending more is disconnected.
 	MaxMsgSize int64
@@ -234,6 +240,9 @@ func New(cfg Config, idx Index) (*Subscriber, error) {
 	}
 	if cfg.MaxMsgSize == 0 {
 		cfg.MaxMsgSize = DefaultMaxMsgSize
+	}
+	if cfg.CentralEvictSilence <= 0 {
+		cfg.CentralEvictSilence = WireEvictSilence
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -453,6 +462,9 @@ func (s *Subscriber) SetEngines(engines []EngineConfig) error {
 		}
 		want[ec.Name+"@"+ec.Model] = ec
 	}
+	// Under wireMu, so that evictSilentWire never frees an index id a
+	// new configured engine of the same name has just been given.
+	s.wireMu.Lock()
 	s.mu.Lock()
 	var stopped, started []*stream
 	keep := s.streams[:0:0]
@@ -460,6 +472,9 @@ func (s *Subscriber) SetEngines(engines []EngineConfig) error {
 		key := st.cfg.Name + "@" + st.cfg.Model
 		ec, ok := want[key]
 		if st.fromWire || (ok && ec == st.cfg) {
+			if st.fromWire && ok {
+				st.adopted.Store(true) // configured now: never evicted
+			}
 			keep = append(keep, st)
 			delete(want, key)
 			continue
@@ -486,6 +501,7 @@ func (s *Subscriber) SetEngines(engines []EngineConfig) error {
 		s.mu.Unlock()
 		started = append(started, st)
 	}
+	s.wireMu.Unlock()
 	if ctx != nil {
 		for _, st := range started {
 			if err := s.startStream(ctx, st); err != nil {
@@ -709,7 +725,7 @@ func (s *Subscriber) streamForTopic(topic string, rank int) (*stream, error) {
 			return st, err
 		}
 	}
-	if s.fromWire >= s.cfg.MaxCentralEngines {
+	if s.fromWire >= s.cfg.MaxCentralEngines && !s.evictSilentWire(rank) {
 		n := s.centralRefused.Add(1)
 		if n <= 10 || n%1000 == 0 {
 			s.log.Warn("kv events: frame refused: limit of engines registered from topics reached (raise --max-central-engines or configure the engine)",
@@ -723,12 +739,53 @@ func (s *Subscriber) streamForTopic(topic string, rank int) (*stream, error) {
 		return nil, err
 	}
 	st.fromWire = true
+	st.lastFrame.Store(time.Now().UnixNano())
 	st.claim(rank)
 	s.log.Info("kv events: new engine from topic", "endpoint", name, "model", model)
 	s.mu.Lock()
 	s.byTopic[key] = st
 	s.mu.Unlock()
 	return st, nil
+}
+
+// WireEvictSilence is how long an engine registered from a topic must
+// have been silent before a new engine's topic may take its place at
+// MaxCentralEngines (evictSilentWire; Config.CentralEvictSilence).
+const WireEvictSilence = time.Minute
+
+// evictSilentWire makes room, at MaxCentralEngines, for an engine heard
+// on rank's central SUB: the engine registered from topics on that SUB
+// (so the caller's goroutine is the one that applies its frames: none is
+// being applied) silent longest, if for at least CentralEvictSilence, is
+// forgotten with its blocks (a pod gone: each restart of llm-d's pods
+// brings a new IP, so a topic-named engine that went silent rarely
+// speaks again). One configured since under its name (adopted) is kept.
+// Under wireMu.
+func (s *Subscriber) evictSilentWire(rank int) bool {
+	s.mu.Lock()
+	var old *stream
+	for _, st := range s.streams {
+		if !st.fromWire || st.adopted.Load() || st.centralRank.Load() != int32(rank)+1 || s.byTopic[st.cfg.Name+"@"+st.cfg.Model] != st {
+			continue
+		}
+		if old == nil || st.lastFrame.Load() < old.lastFrame.Load() {
+			old = st
+		}
+	}
+	if old == nil || time.Since(time.Unix(0, old.lastFrame.Load())) < s.cfg.CentralEvictSilence {
+		s.mu.Unlock()
+		return false
+	}
+	s.unregister(old)
+	s.streams = slices.DeleteFunc(s.streams, func(st *stream) bool { return st == old })
+	s.mu.Unlock()
+	if err := s.idx.RemoveEndpoint(old.m.ep); err != nil {
+		s.log.Warn("kv events: forgetting a silent engine", "endpoint", old.cfg.Name, "err", err)
+	}
+	s.fromWire--
+	s.log.Info("kv events: engine registered from its topic forgotten with its blocks, to make room for a new one (--max-central-engines)",
+		"endpoint", old.cfg.Name, "model", old.cfg.Model, "silent", time.Since(time.Unix(0, old.lastFrame.Load())).Round(time.Second))
+	return true
 }
 
 // streamForHost finds the configured engine of model at rank whose API's

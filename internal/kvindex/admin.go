@@ -33,6 +33,7 @@ type EndpointEvents struct {
 //	POST /admin/kv/routed  the same request plus "endpoint":"host:port": record an
 //	                       approximate entry (what a router would do after routing)
 //	GET  /admin/kv/stats   per-endpoint block counts and event-stream counters
+//	GET  /health           200 while the process serves (a liveness probe)
 //
 // Errors are OpenAI-style error bodies (package openai) with a 4xx or 5xx
 // status. Bodies are capped (413 beyond) and large ones processed a few at
@@ -50,6 +51,9 @@ type Admin struct {
 	// registered is refused (403) once this many endpoints are registered;
 	// 0 means DefaultMaxRoutedEndpoints.
 	MaxRoutedEndpoints int
+	// Adapter gives the base model of a LoRA adapter named as a
+	// request's model (ok false: not an adapter); nil: no adapters.
+	Adapter func(name string) (base string, ok bool)
 }
 
 // Defaults of the admin API's limits.
@@ -81,7 +85,17 @@ func (a *Admin) Handler() http.Handler {
 	mux.HandleFunc("/admin/kv/lookup", a.lookup)
 	mux.HandleFunc("/admin/kv/routed", a.routed)
 	mux.HandleFunc("/admin/kv/stats", a.stats)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		openai.WriteError(w, openai.NotFound("the KV index serves POST /admin/kv/lookup, POST /admin/kv/routed, GET /admin/kv/stats and GET /health; not %s %s", r.Method, r.URL.Path))
+	})
 	return mux
+}
+
+// methodNotAllowed answers a request of another method than allow's.
+func methodNotAllowed(w http.ResponseWriter, allow string) error {
+	w.Header().Set("Allow", allow)
+	return openai.Errorf(http.StatusMethodNotAllowed, "use %s", allow)
 }
 
 type lookupRequest struct {
@@ -89,19 +103,53 @@ type lookupRequest struct {
 	TokenIDs *tokenIDs `json:"token_ids"`
 	Prompt   *string   `json:"prompt"`
 	// AddSpecialTokens: the prompt with the tokenizer's special tokens
-	// (absent: true, as an engine tokenizes a completion's prompt).
-	AddSpecialTokens *bool `json:"add_special_tokens"`
+	// (absent: true, as an engine tokenizes a completion's prompt). Read
+	// as vLLM reads a boolean (openai.ParseOptBool).
+	AddSpecialTokens json.RawMessage `json:"add_special_tokens"`
 	// Messages, Tools and ChatTemplateKwargs are a chat request's, as
-	// the gateway tokenizes them: each message the object sent.
-	Messages           []json.RawMessage `json:"messages"`
-	Tools              json.RawMessage   `json:"tools"`
-	ChatTemplateKwargs json.RawMessage   `json:"chat_template_kwargs"`
-	LoRA               string            `json:"lora"`
-	Endpoint           string            `json:"endpoint"` // routed only
+	// the gateway tokenizes them: each message the object sent;
+	// AddGenerationPrompt and ContinueFinalMessage end its prompt as
+	// vLLM's chat flags do.
+	Messages             []json.RawMessage `json:"messages"`
+	Tools                json.RawMessage   `json:"tools"`
+	ChatTemplateKwargs   json.RawMessage   `json:"chat_template_kwargs"`
+	AddGenerationPrompt  json.RawMessage   `json:"add_generation_prompt"`
+	ContinueFinalMessage json.RawMessage   `json:"continue_final_message"`
+	LoRA                 string            `json:"lora"`
+	Endpoint             string            `json:"endpoint"` // routed only
+}
+
+// specialTokens reports whether a prompt is tokenized with the
+// tokenizer's special tokens (add_special_tokens, default true).
+func (req *lookupRequest) specialTokens() (bool, error) {
+	b, err := openai.ParseOptBool("add_special_tokens", req.AddSpecialTokens)
+	return b == nil || *b, err
+}
+
+// chatMode is how the conversation's prompt ends, from vLLM's flags
+// add_generation_prompt and continue_final_message.
+func (req *lookupRequest) chatMode() (tokens.ChatMode, error) {
+	gen, err := openai.ParseOptBool("add_generation_prompt", req.AddGenerationPrompt)
+	if err != nil {
+		return 0, err
+	}
+	cont, err := openai.ParseOptBool("continue_final_message", req.ContinueFinalMessage)
+	switch {
+	case err != nil:
+		return 0, err
+	case cont != nil && *cont && gen != nil && *gen:
+		return 0, openai.BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.").WithParam("continue_final_message")
+	case cont != nil && *cont:
+		return tokens.ChatContinue, nil
+	case gen != nil && !*gen:
+		return tokens.ChatNoPrompt, nil
+	}
+	return tokens.ChatGenerate, nil
 }
 
 // chat is the request's conversation as the gateway gives it to its
-// tokenizer: every message with its object, the tools and kwargs.
+// tokenizer: every message with its object, how it ends, the tools and
+// kwargs.
 func (req *lookupRequest) chat() ([]tokens.Message, tokens.ChatOptions, error) {
 	msgs := make([]tokens.Message, len(req.Messages))
 	for i, raw := range req.Messages {
@@ -111,7 +159,11 @@ func (req *lookupRequest) chat() ([]tokens.Message, tokens.ChatOptions, error) {
 		}
 		msgs[i] = tokens.ObjectMessage(m.Role, m.Text(), raw)
 	}
-	opts := tokens.ChatOptions{}
+	mode, err := req.chatMode()
+	if err != nil {
+		return nil, tokens.ChatOptions{}, err
+	}
+	opts := tokens.ChatOptions{Mode: mode}
 	if t := req.Tools; len(t) > 0 && string(t) != "null" && string(t) != "[]" {
 		if t[0] != '[' {
 			return nil, opts, openai.BadRequest("tools must be a list of tools").WithParam("tools")
@@ -167,7 +219,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 func (a *Admin) keysOf(w http.ResponseWriter, r *http.Request) (req lookupRequest, n int, keys []tokens.BlockKey, release func(), err error) {
 	release = func() {}
 	if r.Method != http.MethodPost {
-		return req, 0, nil, release, openai.Errorf(http.StatusMethodNotAllowed, "use POST")
+		return req, 0, nil, release, methodNotAllowed(w, http.MethodPost)
 	}
 	body, release, err := a.Bodies.Read(w, r)
 	if err != nil {
@@ -181,6 +233,13 @@ func (a *Admin) keysOf(w http.ResponseWriter, r *http.Request) (req lookupReques
 		return req, 0, nil, release, openai.BadRequest(`"model" is required`).WithParam("model")
 	case len(req.Model) > maxNameBytes || len(req.Endpoint) > maxNameBytes:
 		return req, 0, nil, release, openai.BadRequest("model and endpoint names are limited to %d bytes", maxNameBytes)
+	}
+	if req.LoRA == "" && a.Adapter != nil && len(a.Index.Endpoints(req.Model)) == 0 {
+		// A LoRA adapter named as the model, as vLLM's clients name it:
+		// its base model's blocks keyed with the adapter.
+		if base, ok := a.Adapter(req.Model); ok {
+			req.Model, req.LoRA = base, req.Model
+		}
 	}
 	given := 0
 	for _, ok := range []bool{req.TokenIDs != nil, req.Prompt != nil, req.Messages != nil} {
@@ -200,7 +259,11 @@ func (a *Admin) keysOf(w http.ResponseWriter, r *http.Request) (req lookupReques
 	default:
 		tk := a.Tokens.For(req.Model)
 		if req.Prompt != nil {
-			ids, err = tk.PromptAs(r.Context(), *req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+			special, serr := req.specialTokens()
+			if serr != nil {
+				return req, 0, nil, release, serr
+			}
+			ids, err = tk.PromptAs(r.Context(), *req.Prompt, special)
 		} else {
 			msgs, opts, cerr := req.chat()
 			if cerr != nil {
@@ -280,7 +343,7 @@ type StatsEndpoint struct {
 
 func (a *Admin) stats(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
-		openai.WriteError(w, openai.Errorf(http.StatusMethodNotAllowed, "use GET"))
+		openai.WriteError(w, methodNotAllowed(w, http.MethodGet))
 		return
 	}
 	ev := map[string]any{}

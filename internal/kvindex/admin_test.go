@@ -3,6 +3,7 @@ package kvindex
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -179,17 +180,11 @@ func TestAdminLookupTools(t *testing.T) {
 		Tools    []any            `json:"tools"`
 		Kwargs   map[string]any   `json:"chat_template_kwargs"`
 	}
-	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	set := tokenizeEngine(t, func(body []byte) int {
 		got.Messages, got.Tools, got.Kwargs = nil, nil, nil
-		_ = json.NewDecoder(r.Body).Decode(&got)
-		n := 10 + 5*len(got.Tools) // the tools render into the prompt
-		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": make([]int, n), "count": n})
-	}))
-	defer engine.Close()
-	set, err := tokens.NewSet([]tokens.Spec{{Source: "engine", URL: engine.URL}}, tokens.NewCache(0), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+		_ = json.Unmarshal(body, &got)
+		return 10 + 5*len(got.Tools) // the tools render into the prompt
+	})
 	x := New(Config{BlockSize: 4})
 	mustAdd(t, x, "127.0.0.1:8001", "m")
 	srv := httptest.NewServer((&Admin{Index: x, Tokens: set}).Handler())
@@ -224,4 +219,97 @@ func TestAdminLookupTools(t *testing.T) {
 			t.Errorf("%s: %d, want 400", bad, code)
 		}
 	}
+}
+
+// TestAdminLookupAsTheEngineTokenizes: a lookup reads vLLM's chat flags
+// add_generation_prompt and continue_final_message (and passes them to
+// the engine's /tokenize), reads booleans as vLLM does, names a mistyped
+// field, and takes a LoRA adapter named as the model (found by a
+// walkthrough: the flags were ignored, "garbage" accepted, and an
+// adapter's name as the model a 404).
+func TestAdminLookupAsTheEngineTokenizes(t *testing.T) {
+	var got map[string]any
+	set := tokenizeEngine(t, func(body []byte) int {
+		got = nil
+		_ = json.Unmarshal(body, &got)
+		if got["add_generation_prompt"] == true {
+			return 13
+		}
+		return 10
+	})
+	x := New(Config{BlockSize: 4})
+	ep := mustAdd(t, x, "127.0.0.1:8001", "m")
+	x.Store(ep, 0, TierGPU, tokens.NewHasher(4).Keys([]uint32{1, 2, 3, 4, 5, 6, 7, 8}, tokens.LoRAExtra("ad1")))
+	adm := &Admin{Index: x, Tokens: set, Adapter: func(name string) (string, bool) { return "m", name == "ad1" }}
+	srv := httptest.NewServer(adm.Handler())
+	defer srv.Close()
+
+	msgs := `"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]`
+	cases := []struct {
+		flags   string
+		code, n int
+		gen     any
+		cont    any
+	}{
+		{"", 200, 13, true, false},
+		{`"add_generation_prompt":false`, 200, 10, false, false},
+		{`"add_generation_prompt":"no"`, 200, 10, false, false},
+		{`"add_generation_prompt":false,"continue_final_message":true`, 200, 10, false, true},
+		{`"add_generation_prompt":"garbage"`, 400, 0, nil, nil},
+		{`"add_generation_prompt":true,"continue_final_message":true`, 400, 0, nil, nil},
+	}
+	for _, c := range cases {
+		body := `{"model":"m",` + msgs
+		if c.flags != "" {
+			body += "," + c.flags
+		}
+		code, eb := postBody(t, srv.URL+"/admin/kv/lookup", body+"}")
+		if code != c.code {
+			t.Errorf("%s: %d %+v, want %d", c.flags, code, eb.Error, c.code)
+			continue
+		}
+		if code != 200 {
+			continue
+		}
+		resp, _ := http.Post(srv.URL+"/admin/kv/lookup", "application/json", strings.NewReader(body+"}"))
+		var out LookupResponse
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if out.PromptTokens != c.n || got["add_generation_prompt"] != c.gen || (got["continue_final_message"] == true) != (c.cont == true) {
+			t.Errorf("%s: %d tokens, the engine got %v, want %d tokens", c.flags, out.PromptTokens, got, c.n)
+		}
+	}
+
+	code, eb := postBody(t, srv.URL+"/admin/kv/lookup", `{"model":"m","prompt":123}`)
+	if code != 400 || eb.Error.Message != "prompt must be a string, not a number" || eb.Error.Param == nil || *eb.Error.Param != "prompt" {
+		t.Errorf("a number as the prompt: %d %+v", code, eb.Error)
+	}
+
+	resp, err := http.Post(srv.URL+"/admin/kv/lookup", "application/json", strings.NewReader(`{"model":"ad1","token_ids":[1,2,3,4,5,6,7,8,9]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out LookupResponse
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(out.Endpoints) != 1 || out.Endpoints[0].MatchedTokens != 8 {
+		t.Errorf("the adapter named as the model: %d %+v", resp.StatusCode, out)
+	}
+}
+
+// tokenizeEngine is a tokenizer set over a stand-in engine whose /tokenize
+// answers count(body) tokens.
+func tokenizeEngine(t *testing.T, count func(body []byte) int) *tokens.Set {
+	t.Helper()
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		n := count(body)
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": make([]int, n), "count": n})
+	}))
+	t.Cleanup(engine.Close)
+	set, err := tokens.NewSet([]tokens.Spec{{Source: "engine", URL: engine.URL}}, tokens.NewCache(0), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 )
 
@@ -226,9 +227,54 @@ func DecodeObject(body []byte, v any) error {
 		if errors.As(err, &e) { // from a field's UnmarshalJSON
 			return e
 		}
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return BadRequest("%s must be %s, not %s", te.Field, jsonKind(te.Type), article(te.Value)).WithParam(te.Field)
+		}
 		return BadRequest("invalid JSON body: %v", err)
 	}
 	return nil
+}
+
+// jsonKind names the JSON value a Go type is decoded from.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another type"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	if t.Kind() >= reflect.Int && t.Kind() <= reflect.Float64 {
+		return "a number"
+	}
+	return "another type"
+}
+
+// article is a JSON value kind as encoding/json names it ("number",
+// "array", …) with its article.
+func article(kind string) string {
+	switch {
+	case kind == "array":
+		return "a list"
+	case kind == "object":
+		return "an object"
+	case kind == "bool":
+		return "a boolean"
+	case strings.HasPrefix(kind, "number "): // a number that does not fit: its value
+		return strings.TrimPrefix(kind, "number ")
+	case kind == "":
+		return "this value"
+	}
+	return "a " + kind
 }
 
 // ParseRequest parses a completion or chat request body: one JSON object,

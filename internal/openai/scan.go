@@ -268,6 +268,15 @@ func parseStrictBool(key string, v []byte) (bool, error) {
 	return false, BadRequest("%s must be a boolean", key).WithParam(key)
 }
 
+// ParseOptBool reads the optional boolean field key as vLLM's pydantic
+// models read one (true, 1, "yes", …); absent (empty) or null is nil.
+func ParseOptBool(key string, v []byte) (*bool, error) {
+	if len(v) == 0 {
+		return nil, nil
+	}
+	return parseOptBool(key, v)
+}
+
 func parseOptBool(key string, v []byte) (*bool, error) {
 	if isNull(v) {
 		return nil, nil

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -86,9 +87,21 @@ func NewTokenizer(src Source, tmpl Template, cache *Cache, exactChat bool, names
 // whose ids mean nothing to an engine, and a conversation is rendered
 // with the engine's own chat template.
 func (t *Tokenizer) engineIDs(chat bool) bool {
-	_, est := t.src.(EstimateSource)
-	return !est && (!chat || t.exactChats())
+	return !t.Estimated() && (!chat || t.exactChats())
 }
+
+// Estimated reports whether the tokenizer is the byte estimate, whose ids
+// mean nothing to an engine: an engine's KV events never match its keys.
+func (t *Tokenizer) Estimated() bool {
+	_, est := t.src.(EstimateSource)
+	return est
+}
+
+// EstimatedWarning is the warning of a model whose engines publish KV
+// events while its tokenizer is the byte estimate (Estimated).
+const EstimatedWarning = "kv events: this model's engines publish KV events but its tokenizer is the byte estimate, " +
+	"so their blocks never match a text or chat prompt (token-id prompts and kvgate's own approximate entries still do); " +
+	"give --tokenizer model=MODEL,source=engine (or source=local,file=tokenizer.json)"
 
 // exactChats reports whether conversations are tokenized with the
 // engine's own chat template now (Chat).
@@ -487,8 +500,8 @@ func ParseSpec(s string) (Spec, error) {
 			sp.Template = v
 		case "bytes_per_token":
 			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return fmt.Errorf("bad bytes_per_token %q", v)
+			if err != nil || n <= 0 || n > 1024 {
+				return fmt.Errorf("bad bytes_per_token %q: want 1 to 1024", v)
 			}
 			sp.BytesPerToken = n
 		case "exact_chat":
@@ -569,6 +582,9 @@ func build(sp Spec, cache *Cache, client *http.Client, engines EngineFallback) (
 				return nil, fmt.Errorf("tokens: source=engine without model= needs url=")
 			}
 			return nil, fmt.Errorf("tokens: model %q: source=engine needs url=", sp.Model)
+		}
+		if u, err := url.Parse(sp.URL); sp.URL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+			return nil, fmt.Errorf("tokens: model %q: url=%q is not an engine's address: want http://HOST:PORT", sp.Model, sp.URL)
 		}
 		es := &EngineSource{BaseURL: sp.URL, Model: sp.Model, Client: client}
 		if named {
