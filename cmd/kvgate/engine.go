@@ -63,7 +63,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	flagrange.Var(fl, &cfg.TimeScale, "time-scale", lim.TimeScale, "run this many times faster than real time (modelled durations are divided by it)")
 	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "bind a ZMQ PUB socket for KV events here, e.g. tcp://*:5557")
 	fs.StringVar(&cfg.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER replay socket here, e.g. tcp://*:5558")
-	fs.StringVar(&cfg.KVEventsTopic, "kv-events-topic", "", "KV events topic (default kv@<host:port>@<model>)")
+	fs.StringVar(&cfg.KVEventsTopic, "kv-events-topic", "", "KV events topic (default kv@<host:port>@<model>, llm-d's; given empty, '', vLLM's default empty topic)")
 	fs.StringVar(&ef.format, "kv-events-format", cfg.KVEventsFormat.String(), "KV event encoding: array (vLLM <= 0.23) or map (newer vLLM)")
 	fs.StringVar(&ef.style, "kv-events-style", cfg.KVEventsStyle.String(), "KV event numbering: vllm (batches from 0, nil parent at a chain start) or llmd-sim (as llm-d-inference-sim: batches from 1, parent 0 in the array form)")
 	flagrange.Var(fl, &cfg.KVEventsBufferSteps, "kv-events-buffer-steps", lim.KVEventsBufferSteps, "event batches kept for replay")
@@ -89,6 +89,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
+	fs.Visit(func(f *flag.Flag) { cfg.KVEventsTopicSet = cfg.KVEventsTopicSet || f.Name == "kv-events-topic" })
 	var err error
 	if cfg.Role, err = fleet.ParseRole(ef.role); err != nil || ef.role == "" { // "" is not a role here
 		return fmt.Errorf("role must be both, prefill or decode, got %q", ef.role)

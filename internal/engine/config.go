@@ -91,8 +91,11 @@ type Config struct {
 	KVEventsEndpoint string
 	// KVEventsReplayEndpoint, when set, binds a ZMQ ROUTER for replays.
 	KVEventsReplayEndpoint string
-	// KVEventsTopic overrides the default topic kv@<host:port>@<model>.
-	KVEventsTopic string
+	// KVEventsTopic overrides the default topic kv@<host:port>@<model>
+	// (llm-d's); with KVEventsTopicSet even when empty (vLLM's default
+	// topic, "").
+	KVEventsTopic    string
+	KVEventsTopicSet bool
 	// KVEventsFormat is array (vLLM <= 0.23) or map (newer vLLM).
 	KVEventsFormat kvpub.Format
 	// KVEventsStyle is vLLM's (default) or llm-d-inference-sim's: batches

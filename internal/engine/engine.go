@@ -108,7 +108,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	if e.cfg.KVEventsEndpoint != "" {
 		topic := e.cfg.KVEventsTopic
-		if topic == "" {
+		if topic == "" && !e.cfg.KVEventsTopicSet {
 			topic = "kv@" + e.addr + "@" + e.cfg.Model
 		}
 		pub, err := kvpub.New(ctx, kvpub.Config{

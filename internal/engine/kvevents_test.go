@@ -400,3 +400,16 @@ func TestKVEventsReplay(t *testing.T) {
 		t.Errorf("replay from the future: %d batches", len(got))
 	}
 }
+
+// TestKVEventsEmptyTopic: the topic given empty is vLLM's default topic,
+// "" (a walkthrough could not make the emulator send it).
+func TestKVEventsEmptyTopic(t *testing.T) {
+	e := startEngine(t, func(c *Config) {
+		c.KVEventsEndpoint = "tcp://127.0.0.1:0"
+		c.KVEventsTopicSet = true
+	})
+	if e.KVEventsTopic() != "" {
+		t.Fatalf("topic %q, want vLLM's empty one", e.KVEventsTopic())
+	}
+	subscribe(t, e, kvpub.FormatArray) // fails unless batches come under the empty topic
+}
