@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -223,8 +224,14 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	case c.Whole:
 		read = c.readWhole
 	}
+	if ct := resp.Header.Get("Content-Type"); !c.Whole && strings.HasPrefix(ct, "application/json") {
+		read = wholeToStream
+	}
 	if err := read(resp.Body, sent, &rec); err != nil {
 		rec.Outcome, rec.Error = "transport", err.Error()
+		if errors.As(err, new(serverError)) {
+			rec.Outcome = "server_error"
+		}
 		return rec
 	}
 	if n, err := strconv.Atoi(resp.Header.Get("X-Kvgate-Prefill-Cached-Tokens")); err == nil && n >= 0 {
@@ -232,6 +239,50 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	}
 	rec.Outcome = "ok"
 	return rec
+}
+
+// serverError is an answer that began (200) and then said the server
+// failed: an error event in the stream, or an error body.
+type serverError string
+
+func (e serverError) Error() string { return string(e) }
+
+// errorEvent reads an OpenAI or vLLM error event or body ({"error":
+// {"message"}}, or vLLM's older {"object":"error","message"}): its
+// message, or "" when data is not one.
+func errorEvent(data []byte) string {
+	var ev struct {
+		Object  string          `json:"object"`
+		Message string          `json:"message"`
+		Error   json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(data, &ev) != nil {
+		return ""
+	}
+	if ev.Object == "error" {
+		return cmp.Or(ev.Message, "error")
+	}
+	if len(ev.Error) == 0 || string(ev.Error) == "null" {
+		return ""
+	}
+	var e struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(ev.Error, &e) == nil && e.Message != "" {
+		return e.Message
+	}
+	return string(ev.Error)
+}
+
+// wholeToStream reads a whole JSON answer to a streamed request: an
+// error body is the server's failure; any other is not the stream asked
+// for.
+func wholeToStream(r io.Reader, _ time.Time, _ *Record) error {
+	body, _ := io.ReadAll(io.LimitReader(r, 4096))
+	if msg := errorEvent(body); msg != "" {
+		return serverError("error answer: " + msg)
+	}
+	return errors.New(`the server answered the streamed request with one JSON body (it ignored "stream": true)`)
 }
 
 // millisHeader parses one of kvgate's millisecond headers into seconds of
@@ -367,7 +418,7 @@ func (c *Client) readResponsesStream(r io.Reader, sent time.Time, rec *Record) e
 			}
 			return true, nil
 		case ev.Type == "response.failed" || ev.Type == "error":
-			return false, fmt.Errorf("the stream failed: %s", data)
+			return false, serverError(fmt.Sprintf("the stream failed: %s", data))
 		}
 		return false, nil
 	})
@@ -411,6 +462,9 @@ func (c *Client) readWhole(r io.Reader, sent time.Time, rec *Record) error {
 	if err := json.Unmarshal(b, &ch); err != nil {
 		return fmt.Errorf("bad answer: %v", err)
 	}
+	if msg := errorEvent(b); msg != "" {
+		return serverError("error answer: " + msg)
+	}
 	if len(ch.Choices) == 0 || ch.Usage == nil {
 		return errors.New("an answer without a choice or a usage")
 	}
@@ -440,6 +494,9 @@ func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 		var ch chunk
 		if err := json.Unmarshal(data, &ch); err != nil {
 			return fmt.Errorf("bad SSE event: %v", err)
+		}
+		if msg := errorEvent(data); msg != "" {
+			return serverError("error event: " + msg)
 		}
 		if ch.Usage != nil {
 			ch.takeUsage(rec)
@@ -512,7 +569,7 @@ func (c *Client) readMessagesStream(r io.Reader, sent time.Time, rec *Record) er
 		case "message_stop":
 			return true, nil
 		case "error":
-			return false, fmt.Errorf("the stream failed: %s", data)
+			return false, serverError(fmt.Sprintf("the stream failed: %s", data))
 		}
 		return false, nil
 	})

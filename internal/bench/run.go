@@ -34,7 +34,7 @@ func Run(ctx context.Context, c *Client, items []Item, m Mode, progress Progress
 	}
 	recs := make([]Record, len(items))
 	for i := range recs {
-		recs[i] = Record{Index: i, Session: items[i].Session, Outcome: "not_sent"}
+		recs[i] = Record{Index: i, Session: items[i].Session, Outcome: "not_sent", Error: "the run stopped before its turn"}
 	}
 	var done atomic.Int64
 	finish := func(i int, r Record) {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/csv"
+	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -16,14 +17,29 @@ type SLO struct {
 	TPOT float64 `json:"tpot"`
 }
 
-// Percentiles of one latency over the requests that produced it.
+// Percentiles of one latency over the requests that produced it (N of
+// them); JSON null when none did, never a measured-looking 0.
 type Percentiles struct {
+	N    int     `json:"n"`
 	P50  float64 `json:"p50"`
 	P90  float64 `json:"p90"`
 	P99  float64 `json:"p99"`
 	Max  float64 `json:"max"`
 	Mean float64 `json:"mean"`
 }
+
+// MarshalJSON writes null for no sample.
+func (p Percentiles) MarshalJSON() ([]byte, error) {
+	if p.N == 0 {
+		return []byte("null"), nil
+	}
+	type plain Percentiles
+	return json.Marshal(plain(p))
+}
+
+// Outcomes is every outcome a request can have, each counted in
+// Summary.Outcomes (0 included).
+var Outcomes = []string{"ok", "rejected", "client_error", "server_error", "transport", "not_sent"}
 
 // Summary is a run's result.
 type Summary struct {
@@ -41,7 +57,7 @@ type Summary struct {
 	Goodput      float64        `json:"goodput"` // requests meeting the SLO per second
 	Throughput   float64        `json:"throughput"`
 	TokensPerSec float64        `json:"output_tokens_per_sec"`
-	HitRate      float64        `json:"hit_rate"` // cached / prompt tokens, from the server's usage; -1 when no answer said (the Messages API)
+	HitRate      float64        `json:"hit_rate"` // cached / prompt tokens, from the server's usage; -1 when no answer said (none served, or the Messages API)
 	Rejected     float64        `json:"rejected"` // share answered 429
 	Outcomes     map[string]int `json:"outcomes"`
 	TTFT         Percentiles    `json:"ttft"`
@@ -61,7 +77,7 @@ func pct(xs []float64) Percentiles {
 	for _, x := range s {
 		sum += x
 	}
-	return Percentiles{P50: at(0.5), P90: at(0.9), P99: at(0.99), Max: s[len(s)-1], Mean: sum / float64(len(s))}
+	return Percentiles{N: len(s), P50: at(0.5), P90: at(0.9), P99: at(0.99), Max: s[len(s)-1], Mean: sum / float64(len(s))}
 }
 
 // Met reports whether a record meets the SLO.
@@ -73,6 +89,9 @@ func (s SLO) Met(r *Record) bool {
 // reported (scaled) seconds.
 func Summarize(label string, recs []Record, duration float64, slo SLO) Summary {
 	s := Summary{Label: label, Requests: len(recs), Duration: duration, SLO: slo, Outcomes: map[string]int{}}
+	for _, o := range Outcomes {
+		s.Outcomes[o] = 0
+	}
 	var ttft, tpot, itl, e2e []float64
 	good, out := 0, 0
 	var prompt, cached int64
@@ -107,11 +126,8 @@ func Summarize(label string, recs []Record, duration float64, slo SLO) Summary {
 		s.Throughput = float64(s.Outcomes["ok"]) / duration
 		s.TokensPerSec = float64(out) / duration
 	}
-	switch {
-	case prompt > 0:
+	if s.HitRate = -1; prompt > 0 { // -1: nothing served, or no answer said what it found cached
 		s.HitRate = float64(cached) / float64(prompt)
-	case len(ttft) > 0:
-		s.HitRate = -1 // served, and no answer said what it found cached
 	}
 	return s
 }
@@ -142,15 +158,17 @@ func WriteTable(w io.Writer, ss []Summary) error {
 }
 
 // WriteCSV writes one line per request.
-func WriteCSV(w io.Writer, label string, recs []Record) error {
+func WriteCSV(w io.Writer, runs []RunResult) error {
 	cw := csv.NewWriter(w)
 	_ = cw.Write([]string{"run", "index", "session", "sent", "status", "outcome", "ttft", "tpot", "mean_itl", "max_itl", "e2e",
 		"prompt_tokens", "cached_tokens", "output_tokens", "endpoint", "predicted_ttft", "held", "predicted_cached", "error"})
 	f := func(x float64) string { return strconv.FormatFloat(x, 'f', 6, 64) }
-	for _, r := range recs {
-		_ = cw.Write([]string{label, strconv.Itoa(r.Index), strconv.Itoa(r.Session), f(r.Sent), strconv.Itoa(r.Status), r.Outcome,
-			f(r.TTFT), f(r.TPOT), f(r.MeanITL), f(r.MaxITL), f(r.E2E), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CachedTokens),
-			strconv.Itoa(r.OutputTokens), r.Endpoint, f(r.PredictedTTFT), f(r.Held), strconv.Itoa(r.PredictedCached), r.Error})
+	for _, run := range runs {
+		for _, r := range run.Records {
+			_ = cw.Write([]string{run.Summary.Label, strconv.Itoa(r.Index), strconv.Itoa(r.Session), f(r.Sent), strconv.Itoa(r.Status), r.Outcome,
+				f(r.TTFT), f(r.TPOT), f(r.MeanITL), f(r.MaxITL), f(r.E2E), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CachedTokens),
+				strconv.Itoa(r.OutputTokens), r.Endpoint, f(r.PredictedTTFT), f(r.Held), strconv.Itoa(r.PredictedCached), r.Error})
+		}
 	}
 	cw.Flush()
 	return cw.Error()

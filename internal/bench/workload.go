@@ -54,6 +54,9 @@ type ChatConfig struct {
 	// Count, when > 0, is the number of requests, whatever Duration
 	// (a closed loop's --requests: its arrival times are not used).
 	Count int
+	// Constant spaces arrivals 1/Rate apart instead of Poisson's random
+	// gaps; either way every arrival is within Duration.
+	Constant bool
 }
 
 // Limits of generated workloads.
@@ -98,7 +101,11 @@ func Chat(c ChatConfig) ([]Item, error) {
 	if c.Count > 0 {
 		more = func(float64) bool { return len(items) < c.Count }
 	}
-	for t := rng.ExpFloat64() / c.Rate; more(t); t += rng.ExpFloat64() / c.Rate {
+	gap := func() float64 { return rng.ExpFloat64() / c.Rate }
+	if c.Constant {
+		gap = func() float64 { return 1 / c.Rate }
+	}
+	for t := gap(); more(t); t += gap() {
 		s := rng.IntN(c.Sessions)
 		cv := &convs[s]
 		if cv.words+c.TurnTokens > maxItemTokens {
@@ -281,7 +288,9 @@ func MooncakeTrace(r io.Reader, timeScale float64, maxOutput int) ([]Item, error
 }
 
 // Schedule gives items arrival times: "poisson" or "constant" at rate
-// requests per second (the items' own times are replaced).
+// requests per second (the items' own times are replaced; a trace's
+// requests sent at another rate than their timestamps'; Chat times its
+// own).
 func Schedule(items []Item, kind string, rate float64, seed uint64) error {
 	if !(rate > 0) || rate > 1e6 {
 		return fmt.Errorf("bench: rate must be in (0, 1e6], got %v", rate)
