@@ -76,8 +76,8 @@ func newServeFlagSet(f *serveFlags, c *gateway.Config, early *bool, stepTokens *
 	flagrange.Var(fl, &f.k8s.Port, "k8s-port", flagrange.Range[int]{Min: 1, Max: 65535, Zero: "use --k8s-port-name"}, "discovery: the pods' HTTP port")
 	lim := gateway.ConfigLimits()
 	c.SLOTTFT, c.BlockSize, c.PrefillSpeed, c.MaxInflight, c.ConnectTimeout, c.BindEventsRanks = 2, tokens.DefaultBlockSize, 20000, 10000, 2*time.Second, 1
-	flagrange.Var(fl, &c.SLOTTFT, "slo-ttft", lim.SLO, "TTFT SLO of the default class")
-	flagrange.Var(fl, &c.SLOTPOT, "slo-tpot", lim.SLO, "TPOT SLO of the default class")
+	flagrange.Var(fl, &c.SLOTTFT, "slo-ttft", lim.SLO, "TTFT SLO (seconds) of the one class there is without classes: in --config (with classes:, an error: give each class its ttft)")
+	flagrange.Var(fl, &c.SLOTPOT, "slo-tpot", lim.SLO, "TPOT SLO (seconds) of the one class there is without classes: in --config (with classes:, an error: give each class its tpot)")
 	flagrange.Var(fl, &c.BlockSize, "block-size", lim.BlockSize, "router block size")
 	flagrange.Var(fl, &c.PrefillSpeed, "prefill-speed", lim.PrefillSpeed, "prompt tokens/s assumed for endpoints without prefill_speed")
 	flagrange.Var(fl, stepTokens, "engine-step-tokens", lim.EngineStepTokens, "the engines' chunked-prefill step budget (vLLM's --max-num-batched-tokens): the kvgate policy queues a request where its first chunk would share the step ending the queue and push a first token due in it past its SLO only when no other endpoint fits, and admission adds the learned step slack to the pessimistic TTFT of a request that would queue (docs/predictor.md); 0: neither")
@@ -254,6 +254,9 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 	c.Tokenizers = append(c.Tokenizers, f.toks...)
 	if len(c.Endpoints) == 0 && !sc.Discovery.any() {
 		return sc, errors.New("no endpoints: give --engine (repeatable), --endpoints-file, --k8s-selector, or endpoints:/discovery: in --config")
+	}
+	if err := c.CheckClassTargets(); err != nil {
+		return sc, err
 	}
 	c.Defaults()
 	if err := c.Validate(); err != nil {

@@ -101,6 +101,12 @@ func TestServeBadInput(t *testing.T) {
 	os.WriteFile(badSteps, []byte("engine_step_tokens: 99999999999\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
 	badPred := filepath.Join(dir, "pred.yaml")
 	os.WriteFile(badPred, []byte("predictor: psychic\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
+	classes := filepath.Join(dir, "classes.yaml")
+	os.WriteFile(classes, []byte("classes: [{name: standard, priority: 1, ttft: 2}]\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
+	classesSLO := filepath.Join(dir, "classes-slo.yaml")
+	os.WriteFile(classesSLO, []byte("slo_ttft: 1\nclasses: [{name: standard, priority: 1, ttft: 2}]\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
+	badHeader := filepath.Join(dir, "header.yaml")
+	os.WriteFile(badHeader, []byte("class_header: bad header\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -120,6 +126,12 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"--engine", "url=http://h:1,model=m", "--engine-step-tokens", "-1"}, "--engine-step-tokens must be"},
 		{[]string{"--config", badSteps}, "engine_step_tokens (--engine-step-tokens) must be"},
 		{[]string{"--config", filepath.Join(dir, "missing.yaml")}, "no such file"},
+		// Targets beside classes were ignored in silence; header names
+		// that cannot be sent were accepted (walkthrough of 2026-12-04).
+		{[]string{"--config", classes, "--slo-ttft", "0.001"}, "give each class its own ttft"},
+		{[]string{"--config", classesSLO}, "give each class its own ttft"},
+		{[]string{"--config", badHeader}, `class_header: "bad header" is not a header name`},
+		{[]string{"--engine", "url=http://h:1,model=m", "--fairness-header", "x:y"}, `fairness_header (--fairness-header): "x:y" is not a header name`},
 	} {
 		_, errOut, code := runCmd(t, append([]string{"serve"}, tt.args...)...)
 		if code == 0 || !strings.Contains(errOut, tt.want) {

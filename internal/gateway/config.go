@@ -336,6 +336,30 @@ func finiteIn(name string, v, lo, hi float64) error {
 	return nil
 }
 
+// headerName reports whether s is an HTTP header name (RFC 9110's token).
+func headerName(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r)) {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckClassTargets refuses slo_ttft or slo_tpot given beside classes,
+// before Defaults: they are the one class's targets when there are no
+// classes, and with classes they were ignored in silence (a walkthrough
+// set --slo-ttft 0.001 and its requests were held to 2 s).
+func (c *Config) CheckClassTargets() error {
+	if len(c.Classes) > 0 && (c.SLOTTFT != 0 || c.SLOTPOT != 0) {
+		return errors.New("slo_ttft and slo_tpot (--slo-ttft, --slo-tpot) are the targets when there are no classes; with classes:, give each class its own ttft and tpot")
+	}
+	return nil
+}
+
 // Validate checks every field; errors name the field (and its flag).
 func (c *Config) Validate() error {
 	l := ConfigLimits()
@@ -364,6 +388,11 @@ func (c *Config) Validate() error {
 	add := func(err error) {
 		if err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, h := range []struct{ field, name string }{{"class_header", c.ClassHeader}, {"fairness_header (--fairness-header)", c.FairnessHeader}} {
+		if !headerName(h.name) {
+			add(fmt.Errorf("%s: %q is not a header name (letters, digits and !#$%%&'*+-.^_`|~)", h.field, h.name))
 		}
 	}
 	if _, err := sched.New(c.Policy, sched.Options{}); err != nil {

@@ -386,3 +386,42 @@ func TestWarnsOfEventsNoPromptMatches(t *testing.T) {
 		}
 	}
 }
+
+// TestShedderKeepsModelsApart: a rejection sheds the lower classes of its
+// own model's fleet only; another model's fleet is another fleet (a
+// walkthrough saw an idle model's standard requests turned away because
+// another model's interactive ones were).
+func TestShedderKeepsModelsApart(t *testing.T) {
+	var s shedder
+	s.reject("m", 2, 10)
+	for _, c := range []struct {
+		model string
+		prio  int
+		now   float64
+		shed  bool
+	}{
+		{"m", 1, 10.5, true},   // a lower class of the same model
+		{"m", 2, 10.5, false},  // its own class
+		{"m2", 1, 10.5, false}, // another model
+		{"m", 1, 11.5, false},  // the window is over
+	} {
+		if got := s.shedding(c.model, c.prio, c.now); got != c.shed {
+			t.Errorf("%s priority %d at %.1f: shedding %v, want %v", c.model, c.prio, c.now, got, c.shed)
+		}
+	}
+}
+
+// TestUnknownClassEchoIsBounded: an unknown class name comes back in the
+// 400 cut to maxClassEcho bytes (a 60 000-byte header came back whole).
+func TestUnknownClassEchoIsBounded(t *testing.T) {
+	g, err := New(Config{Endpoints: []fleet.Endpoint{{Name: "a", URL: "http://127.0.0.1:1", Model: testModel}}}, Options{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/v1/completions", nil)
+	r.Header.Set("X-Kvgate-Class", strings.Repeat("x", 60000))
+	_, err = g.classOf(r)
+	if err == nil || len(err.Error()) > 300 || !strings.Contains(err.Error(), "known: standard") {
+		t.Errorf("%d bytes: %.200v", len(fmt.Sprint(err)), err)
+	}
+}

@@ -5,6 +5,7 @@ package gateway
 const (
 	outcomeOK             = "ok"
 	outcomeRejected       = "rejected"
+	outcomeYielded        = "yielded"
 	outcomeBadRequest     = "bad_request"
 	outcomeTokenizerError = "tokenizer_error"
 	outcomeOverloaded     = "overloaded"

@@ -325,9 +325,10 @@ func (g *Gateway) ended(w *clientWriter, r *http.Request, rt *routed, err error,
 		g.met.outcome(outcomeOK, rt.class.Name, g.policy)
 	case errors.Is(err, errYielded):
 		// An investment stopped for a request that can meet its SLO:
-		// the 429 early rejection would have sent at once.
-		g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
-		g.met.rejections.WithLabelValues(rt.class.Name).Inc()
+		// the 429 early rejection would have sent at once, but after
+		// compute: its own outcome, not rejected's "before any compute"
+		// (kvgate_hold_yielded_total counts it too).
+		g.met.outcome(outcomeYielded, rt.class.Name, g.policy)
 		dropRoutingHeaders(w.Header())
 		e := openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it misses its SLO even alone; served late on an idle engine, it gave the engine up to a request that can meet its SLO", rt.class.Name)
 		e.NoRetry = true // as rejectErr's
@@ -444,7 +445,7 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 		// idle endpoint says nothing about the load, and must not let one
 		// long prompt a second turn its whole class away.
 		if p.dec.Prefill >= 0 && !p.missesAlone {
-			g.shed.reject(rt.class.Priority, now)
+			g.shed.reject(rt.model, rt.class.Priority, now)
 			if slo := p.dec.SLO.TTFT; !g.cfg.NoFairness && slo > 0 {
 				g.fair.deny(rt.model, rt.tenant, rt.class.Priority, now, max(p.pessimistic-slo, 0))
 			}
@@ -462,7 +463,7 @@ func (g *Gateway) admit(rt *routed, p *plan) error {
 		}
 		return g.rejectErr(rt, p.dec.Reason, p.dec.PredictedTTFT)
 	}
-	if g.sched.Load().EarlyReject && g.shed.shedding(rt.class.Priority, now) {
+	if g.sched.Load().EarlyReject && g.shed.shedding(rt.model, rt.class.Priority, now) {
 		return g.rejectErr(rt, "a class of higher priority is being rejected", 0)
 	}
 	if slo := p.dec.SLO.TTFT; g.sched.Load().EarlyReject && !g.cfg.NoFairness && slo > 0 {

@@ -242,6 +242,9 @@ func (rt *routed) setOutput() error {
 }
 
 // classOf picks the request's SLO class from its header.
+// maxClassEcho bounds the unknown class name an error repeats.
+const maxClassEcho = 80
+
 func (g *Gateway) classOf(r *http.Request) (*Class, error) {
 	cs := g.classes.Load()
 	name := r.Header.Get(cs.header)
@@ -256,6 +259,9 @@ func (g *Gateway) classOf(r *http.Request) (*Class, error) {
 	names := make([]string, len(cs.classes))
 	for i, c := range cs.classes {
 		names[i] = c.Name
+	}
+	if len(name) > maxClassEcho { // a class name is at most 64 bytes: the rest need not come back
+		name = name[:maxClassEcho] + "…"
 	}
 	return nil, openai.BadRequest("unknown SLO class %q in %s (known: %s)", name, cs.header, strings.Join(names, ", "))
 }
