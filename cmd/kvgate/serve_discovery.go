@@ -95,6 +95,8 @@ type fleetUnion struct {
 	roles   map[string]fleet.Role
 	out     map[string]bool
 	managed []string
+	// refused are the refusals logged, while they last (routed).
+	refused map[string]bool
 }
 
 func (u *fleetUnion) update(src int, eps []fleet.Endpoint) {
@@ -152,7 +154,12 @@ func (u *fleetUnion) SetEndpoints(eps []fleet.Endpoint) error {
 }
 
 // routed is the fleet as the gateway routes it: the planner's roles
-// applied, its engines switching left out.
+// applied, its engines switching left out, and what would make the list
+// invalid left out too (logged once while it lasts): a discovered entry
+// that clashes with a static one or another source's (a name, a socket,
+// an adapter named like a model). One such entry used to make the
+// gateway refuse every later list whole, so that deleted pods stayed
+// routed and new ones were never added.
 func (u *fleetUnion) routed() []fleet.Endpoint {
 	all := u.withRoles(u.union())
 	out := all[:0]
@@ -161,7 +168,17 @@ func (u *fleetUnion) routed() []fleet.Endpoint {
 			out = append(out, e)
 		}
 	}
-	return out
+	kept, refused := fleet.ValidateEach(out)
+	seen := make(map[string]bool, len(refused))
+	for _, r := range refused {
+		msg := r.Error()
+		if !u.refused[msg] {
+			u.log.Error("discovery: endpoint left out of the fleet", "err", msg)
+		}
+		seen[msg] = true
+	}
+	u.refused = seen
+	return kept
 }
 
 // withRoles applies the planner's roles to eps (in place).

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/fleet"
@@ -81,4 +82,40 @@ func TestFleetUnionKeepsPlannerRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("reloaded", map[string]string{"p": "prefill", "d": "prefill", "d2": "decode", "d3": "decode"})
+}
+
+// TestFleetUnionLeavesOutClashes: a discovered endpoint that clashes with
+// a static one (or another's) is left out, logged once while it lasts,
+// and the rest of its source's list still applies (before, the gateway
+// refused the whole union, then every later one, so deleted engines
+// stayed routed and new ones never came).
+func TestFleetUnionLeavesOutClashes(t *testing.T) {
+	ep := func(name string) fleet.Endpoint {
+		return fleet.Endpoint{Name: name, URL: "http://127.0.0.1:1", Model: "m"}
+	}
+	static := []fleet.Endpoint{ep("e1")}
+	var logs lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	g, err := gateway.New(gateway.Config{Endpoints: static, NoHealthChecks: true}, gateway.Options{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &fleetUnion{static: static, latest: map[int][]fleet.Endpoint{}, g: g, log: log}
+	want := func(step string, names ...string) {
+		t.Helper()
+		roles := map[string]string{}
+		for _, n := range names {
+			roles[n] = "both"
+		}
+		if got := routedRoles(t, g); !reflect.DeepEqual(got, roles) {
+			t.Fatalf("%s: routed %v, want %v", step, got, names)
+		}
+	}
+	u.update(0, []fleet.Endpoint{ep("e1"), ep("e2")}) // e1 clashes with the static e1
+	want("a clash", "e1", "e2")
+	u.update(0, []fleet.Endpoint{ep("e1"), ep("e3")})
+	want("the next list applies", "e1", "e3")
+	if n := strings.Count(logs.String(), "left out of the fleet"); n != 1 {
+		t.Errorf("the clash logged %d times:\n%s", n, logs.String())
+	}
 }

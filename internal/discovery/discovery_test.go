@@ -138,6 +138,12 @@ func TestFileChanges(t *testing.T) {
 	writeFile(t, path, "")
 	sink.Wait(t, "empty file", 1)
 	discoverytest.NoUpdate(t, updates)
+	// A write cut after "endpoints:", or only a comment, is no list
+	// either (it emptied the fleet until 2026-12-04).
+	writeFile(t, path, "endpoints:\n")
+	sink.Wait(t, "no endpoints: list", 1)
+	writeFile(t, path, "# fleet drained\n") // the same error: not logged again
+	discoverytest.NoUpdate(t, updates)
 	// The old content again: nothing changed for the consumer.
 	writeFile(t, path, endpointsYAML("a", "c"))
 	writeFile(t, path, endpointsYAML("c"))

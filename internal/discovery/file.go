@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"gopkg.in/yaml.v3"
 
 	"github.com/kvgate/kvgate/internal/fleet"
 )
@@ -95,6 +96,15 @@ func LoadFile(path string) ([]fleet.Endpoint, []byte, error) {
 	eps, err := fleet.ParseFile(data)
 	if err != nil {
 		return nil, data, fmt.Errorf("%s: %w", path, err)
+	}
+	// "endpoints:" with nothing after it, or only comments, is as likely
+	// a write cut short as an empty one (it emptied the fleet until
+	// 2026-12-04); no endpoints is said with endpoints: [].
+	var probe struct {
+		Endpoints *[]yaml.Node `yaml:"endpoints"`
+	}
+	if yaml.Unmarshal(data, &probe) == nil && probe.Endpoints == nil {
+		return nil, data, fmt.Errorf("%s: no endpoints: list (write endpoints: [] for no endpoints)", path)
 	}
 	return eps, data, nil
 }

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -330,60 +331,121 @@ func ParseFile(data []byte) ([]Endpoint, error) {
 
 // Validate normalises a list of endpoints, makes one endpoint of each
 // data-parallel rank of an engine with dp_size > 1, and checks that names
-// are unique, that there are at most MaxEndpoints in all, and that every
-// LoRA adapter's name means one thing: one base model's adapter, never a
-// model of its own.
+// are unique, that no two share a KV-event socket, that there are at most
+// MaxEndpoints in all, and that every LoRA adapter's name means one thing:
+// one base model's adapter, never a model of its own.
 func Validate(eps []Endpoint) ([]Endpoint, error) {
 	if len(eps) > MaxEndpoints {
 		return nil, fmt.Errorf("%d endpoints: at most %d", len(eps), MaxEndpoints)
 	}
-	out := make([]Endpoint, 0, len(eps))
-	seen := make(map[string]int, len(eps))
-	socket := map[string]int{} // events and replay sockets
+	b := newBuilder(len(eps))
 	for i, e := range eps {
-		if err := e.Normalize(); err != nil {
-			return nil, fmt.Errorf("endpoints[%d]: %w", i, err)
-		}
-		rs, err := e.ranks()
-		if err != nil {
-			return nil, fmt.Errorf("endpoints[%d]: %w", i, err)
-		}
-		if len(out)+len(rs) > MaxEndpoints {
-			return nil, fmt.Errorf("endpoints[%d]: more than %d endpoints, data-parallel ranks counted", i, MaxEndpoints)
-		}
-		for _, r := range rs {
-			if j, dup := seen[r.Name]; dup {
-				return nil, fmt.Errorf("endpoints[%d]: name %q already used by endpoints[%d]", i, r.Name, j)
-			}
-			seen[r.Name] = i
-			for _, sock := range []string{r.Events, r.Replay} {
-				if j, dup := socket[sock]; dup && sock != "" {
-					return nil, fmt.Errorf("endpoints[%d]: KV-event socket %s is already endpoints[%d]'s: each engine publishes on its own", i, sock, j)
-				}
-				socket[sock] = i
-			}
-			out = append(out, r)
+		if err := b.add(i, e); err != nil {
+			return nil, err
 		}
 	}
-	return out, checkAdapters(out)
+	return b.out, nil
+}
+
+// ValidateEach keeps what Validate would accept of eps instead of
+// refusing the list: each endpoint is kept, as given, if the endpoints
+// kept so far stay valid with it (the earlier ones win a conflict), and
+// refused names each one left out with its reason (by Name, or URL). For
+// discovered fleets, where one bad pod or file entry must not freeze the
+// rest; Validate(kept) succeeds.
+func ValidateEach(eps []Endpoint) (kept []Endpoint, refused []Refused) {
+	b := newBuilder(len(eps))
+	for i, e := range eps {
+		if err := b.add(i, e); err != nil {
+			refused = append(refused, Refused{Endpoint: e, Err: err})
+			continue
+		}
+		kept = append(kept, e)
+	}
+	return kept, refused
+}
+
+// Refused is an endpoint ValidateEach left out, and why.
+type Refused struct {
+	Endpoint Endpoint
+	Err      error
+}
+
+func (r Refused) Error() string {
+	return fmt.Sprintf("endpoint %s left out: %v", cmp.Or(r.Endpoint.Name, r.Endpoint.URL), r.Err)
+}
+
+// builder grows a valid list of endpoints one at a time (Validate).
+type builder struct {
+	out    []Endpoint
+	seen   map[string]int    // rank names → the input index that has it
+	socket map[string]int    // events and replay sockets → the same
+	base   map[string]string // LoRA adapter → its base model
+	models map[string]string // served model → an endpoint serving it
+}
+
+func newBuilder(n int) *builder {
+	return &builder{out: make([]Endpoint, 0, n), seen: make(map[string]int, n), socket: map[string]int{},
+		base: map[string]string{}, models: map[string]string{}}
+}
+
+// add adds eps[i], e, with its ranks, or changes nothing and says why not.
+func (b *builder) add(i int, e Endpoint) error {
+	if err := e.Normalize(); err != nil {
+		return fmt.Errorf("endpoints[%d]: %w", i, err)
+	}
+	rs, err := e.ranks()
+	if err != nil {
+		return fmt.Errorf("endpoints[%d]: %w", i, err)
+	}
+	if len(b.out)+len(rs) > MaxEndpoints {
+		return fmt.Errorf("endpoints[%d]: more than %d endpoints, data-parallel ranks counted", i, MaxEndpoints)
+	}
+	names, socks := map[string]bool{}, map[string]bool{}
+	for _, r := range rs {
+		if j, dup := b.seen[r.Name]; dup || names[r.Name] {
+			return fmt.Errorf("endpoints[%d]: name %q already used by endpoints[%d]", i, r.Name, j)
+		}
+		names[r.Name] = true
+		for _, sock := range []string{r.Events, r.Replay} {
+			if j, dup := b.socket[sock]; sock != "" && (dup || socks[sock]) {
+				return fmt.Errorf("endpoints[%d]: KV-event socket %s is already endpoints[%d]'s: each engine publishes on its own", i, sock, j)
+			}
+			socks[sock] = sock != ""
+		}
+	}
+	if err := b.checkAdapters(e); err != nil {
+		return err
+	}
+	for _, r := range rs {
+		b.seen[r.Name] = i
+		for _, sock := range []string{r.Events, r.Replay} {
+			if sock != "" {
+				b.socket[sock] = i
+			}
+		}
+		b.out = append(b.out, r)
+	}
+	for _, a := range e.LoRA {
+		b.base[a] = e.Model
+	}
+	b.models[e.Model] = e.Name
+	return nil
 }
 
 // checkAdapters refuses an adapter name that two base models claim, or
 // that is also a served model: a request naming it would be ambiguous.
-func checkAdapters(eps []Endpoint) error {
-	base := map[string]string{}
-	for _, e := range eps {
-		for _, a := range e.LoRA {
-			if b, ok := base[a]; ok && b != e.Model {
-				return fmt.Errorf("endpoint %s: LoRA adapter %q is also declared on model %q's endpoints", e.Name, a, b)
-			}
-			base[a] = e.Model
+func (b *builder) checkAdapters(e Endpoint) error {
+	for _, a := range e.LoRA {
+		if m, ok := b.base[a]; ok && m != e.Model {
+			return fmt.Errorf("endpoint %s: LoRA adapter %q is also declared on model %q's endpoints", e.Name, a, m)
+		}
+		if other, ok := b.models[a]; ok {
+			return fmt.Errorf("endpoint %s: LoRA adapter %q is model %q elsewhere (endpoint %s)", e.Name, a, a, other)
 		}
 	}
-	for _, e := range eps {
-		if b, ok := base[e.Model]; ok {
-			return fmt.Errorf("endpoint %s: its model %q is a LoRA adapter of model %q elsewhere", e.Name, e.Model, b)
-		}
+	if m, ok := b.base[e.Model]; ok {
+		return fmt.Errorf("endpoint %s: its model %q is a LoRA adapter of model %q elsewhere", e.Name, e.Model, m)
 	}
 	return nil
 }

@@ -298,3 +298,37 @@ func TestValidateSharedSocket(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateEach: what one entry breaks is left out, named, and the rest
+// is kept (one bad pod froze a discovered fleet: every later list was
+// refused whole); Validate accepts what was kept.
+func TestValidateEach(t *testing.T) {
+	eps := []Endpoint{
+		{Name: "a:1", Model: "m", LoRA: []string{"x"}},
+		{Name: "b:1", Model: "x"}, // a model named like a's adapter
+		{Name: "a:1", Model: "m"}, // a's name again
+		{Name: "c:1", Model: "m", Events: "tcp://h:1"},
+		{Name: "d:1", Model: "m", Events: "tcp://h:1"}, // c's socket
+		{Name: "e:1", Model: "m", DPSize: 2},
+		{Name: "f:1"}, // no model
+	}
+	kept, refused := ValidateEach(eps)
+	var names []string
+	for _, e := range kept {
+		names = append(names, e.Name)
+	}
+	if strings.Join(names, " ") != "a:1 c:1 e:1" || len(refused) != 4 {
+		t.Fatalf("kept %v, refused %v", names, refused)
+	}
+	for i, want := range []string{"b:1", "a:1", "d:1", "f:1"} {
+		if !strings.Contains(refused[i].Error(), "endpoint "+want+" left out") || refused[i].Endpoint.Name != want {
+			t.Errorf("refusal %d: %v", i, refused[i])
+		}
+	}
+	if out, err := Validate(kept); err != nil || len(out) != 4 {
+		t.Errorf("Validate(kept): %d endpoints, %v", len(out), err)
+	}
+	if kept, refused := ValidateEach(eps[:1]); len(kept) != 1 || refused != nil {
+		t.Errorf("a valid list: %v %v", kept, refused)
+	}
+}

@@ -392,6 +392,13 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 			}
 			next[e.Name] = &member{kvID: id, ep: e}
 		case !m.ep.Equal(e):
+			if m.ep.URL != e.URL {
+				// Another engine under the same name (a pod recreated
+				// with a new IP): none of the blocks indexed are its
+				// (they were kept until 2026-12-04, and routing claimed
+				// them). Its stream restarted above (Addr changed).
+				g.idx.ClearEndpoint(m.kvID)
+			}
 			next[e.Name] = &member{kvID: m.kvID, ep: e}
 		}
 	}

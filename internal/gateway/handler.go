@@ -109,7 +109,18 @@ func (g *Gateway) handleReady(w http.ResponseWriter, _ *http.Request) {
 		openai.WriteError(w, openai.Unavailable(time.Second, "no endpoints"))
 		return
 	}
+	listed := map[string]bool{} // the models the fleet serves now, healthy or not
+	for _, m := range g.members {
+		listed[m.ep.Model] = true
+	}
 	for name, mf := range g.models {
+		if !listed[name] {
+			// Every endpoint of it left the fleet (a model renamed, a
+			// canary deleted): not a model this gateway serves now, so
+			// not a reason to take it out of its Service (until
+			// 2026-12-04 it stayed unready until restarted).
+			continue
+		}
 		if len(mf.members) == 0 {
 			openai.WriteError(w, openai.Unavailable(time.Second, "no healthy endpoint for model %q", name))
 			return

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/health"
+	"github.com/kvgate/kvgate/internal/tokens"
 )
 
 // tokenPrompt is a completion body whose prompt is n times token id.
@@ -423,5 +425,81 @@ func TestUnknownClassEchoIsBounded(t *testing.T) {
 	_, err = g.classOf(r)
 	if err == nil || len(err.Error()) > 300 || !strings.Contains(err.Error(), "known: standard") {
 		t.Errorf("%d bytes: %.200v", len(fmt.Sprint(err)), err)
+	}
+}
+
+// TestReadyAfterAModelLeaves: a model whose every endpoint left the fleet
+// (renamed, a canary deleted) no longer keeps the gateway unready; a
+// model whose endpoints are listed but none is healthy still does (found
+// by a walkthrough of discovery: /ready stayed 503 until a restart).
+func TestReadyAfterAModelLeaves(t *testing.T) {
+	eps := []fleet.Endpoint{
+		{Name: "a", URL: upstreamOK(t), Model: testModel},
+		{Name: "b", URL: upstreamOK(t), Model: "m2"},
+	}
+	g, url, admin := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true}, Options{})
+	ready := func() int {
+		t.Helper()
+		resp, err := http.Get(url + "/ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := ready(); c != 200 {
+		t.Fatalf("both models served: /ready %d", c)
+	}
+	if err := g.SetEndpoints(eps[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if c := ready(); c != 200 {
+		t.Errorf("m2's endpoint gone: /ready %d, want 200", c)
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_endpoint_eligible{endpoint="a",model="`+testModel+`"} 1`) {
+		t.Errorf("no eligible gauge for a:\n%s", m)
+	}
+}
+
+// upstreamOK is an engine stand-in that answers every request with 200.
+func upstreamOK(t *testing.T) string {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, `{"choices":[{"text":"hi"}]}`)
+	}))
+	t.Cleanup(s.Close)
+	return s.URL
+}
+
+// TestNewURLDropsTheBlocks: an endpoint that keeps its name but gets
+// another URL is another engine; the blocks indexed for the old one are
+// dropped (a walkthrough saw 560 of 573 tokens claimed cached on an
+// engine that had none).
+func TestNewURLDropsTheBlocks(t *testing.T) {
+	eps := []fleet.Endpoint{{Name: "e", URL: "http://127.0.0.1:1", Model: testModel}, {Name: "f", URL: "http://127.0.0.1:3", Model: testModel}}
+	g, err := New(Config{Endpoints: eps, NoHealthChecks: true}, Options{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := tokens.NewHasher(16).Keys(make([]uint32, 64), nil)
+	blocks := func(name string) int {
+		id := g.members[name].kvID
+		for _, m := range g.idx.Lookup(testModel, keys, nil) {
+			if m.Endpoint == id {
+				return m.Blocks
+			}
+		}
+		return -1
+	}
+	g.idx.Routed(g.members["e"].kvID, keys)
+	g.idx.Routed(g.members["f"].kvID, keys)
+	eps[1].Role = fleet.RolePrefill // changed, same URL: its blocks stay
+	eps[0].URL = "http://127.0.0.1:2"
+	if err := g.SetEndpoints(eps); err != nil {
+		t.Fatal(err)
+	}
+	if e, f := blocks("e"), blocks("f"); e != 0 || f != 4 {
+		t.Errorf("after e's new URL: e holds %d blocks (want 0), f %d (want 4)", e, f)
 	}
 }

@@ -142,6 +142,9 @@ var (
 	descPredErr   = prometheus.NewDesc("kvgate_endpoint_ttft_prediction_error", "Recent absolute percentage error of the endpoint's predicted TTFT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
 	descTPOT      = prometheus.NewDesc("kvgate_endpoint_learned_tpot_seconds", "TPOT (seconds per output token) the endpoint's learned model predicts for one more stream now.", []string{"endpoint", "model"}, nil)
 	descTPOTErr   = prometheus.NewDesc("kvgate_endpoint_tpot_prediction_error", "Recent absolute percentage error of the endpoint's predicted TPOT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
+	descEligible  = prometheus.NewDesc("kvgate_endpoint_eligible", "1 while requests may be routed to the endpoint (listed, healthy, not ejected), else 0.", []string{"endpoint", "model"}, nil)
+	descHealthy   = prometheus.NewDesc("kvgate_endpoint_healthy", "1 while the endpoint's active health checks pass (with hysteresis), else 0; absent without health checks.", []string{"endpoint", "model"}, nil)
+	descEjections = prometheus.NewDesc("kvgate_endpoint_ejections", "Passive ejections of the endpoint in its current run of failures (0 once it serves again).", []string{"endpoint", "model"}, nil)
 	descLag       = prometheus.NewDesc("kvgate_kv_events_last_seq", "Last KV-event sequence number applied per engine.", []string{"endpoint", "model"}, nil)
 	descGaps      = prometheus.NewDesc("kvgate_kv_events_gaps_total", "KV-event sequence gaps per engine.", []string{"endpoint", "model"}, nil)
 	descStepSlack = prometheus.NewDesc("kvgate_step_slack_seconds", "On engines that prefill in steps (engine_step_tokens): how much later than predicted the first tokens of requests routed near their SLO come (the 0.9 quantile), which admission adds to the pessimistic TTFT of a request that would queue (docs/predictor.md).", []string{"model"}, nil)
@@ -149,13 +152,18 @@ var (
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descUncached, descWait, descSpeed, descPredErr, descTPOT, descTPOTErr, descLag, descGaps, descReturns, descStepSlack} {
+	for _, d := range []*prometheus.Desc{descEligible, descHealthy, descEjections, descInflight, descUncached, descWait, descSpeed, descPredErr, descTPOT, descTPOTErr, descLag, descGaps, descReturns, descStepSlack} {
 		ch <- d
 	}
 }
 
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range c.g.endpointStates() {
+		ch <- prometheus.MustNewConstMetric(descEligible, prometheus.GaugeValue, bool01(st.Eligible), st.Name, st.Model)
+		if h := st.Health; h != nil {
+			ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, bool01(h.Healthy), st.Name, st.Model)
+			ch <- prometheus.MustNewConstMetric(descEjections, prometheus.GaugeValue, float64(h.Ejections), st.Name, st.Model)
+		}
 		ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(st.Load.InflightRequests), st.Name, st.Model)
 		ch <- prometheus.MustNewConstMetric(descUncached, prometheus.GaugeValue, float64(st.Load.InflightUncached), st.Name, st.Model)
 		if p := st.Predictor; p != nil {
@@ -182,6 +190,13 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(s.Gaps), s.Endpoint, s.Model)
 		}
 	}
+}
+
+func bool01(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // endpointLoad is the load part of /admin/endpoints.

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -97,6 +98,41 @@ type Client interface {
 type coreClient struct{ c *corev1client.CoreV1Client }
 
 func (c coreClient) CoreV1() corev1client.CoreV1Interface { return c.c }
+
+// apiState follows the API server's answers to the informer's lists and
+// watches: client-go retries a failed one with backoff, keeps the last
+// list meanwhile and logs nothing at its default level, so a walkthrough
+// stopped the API server for 13 s and kvgate said nothing. The first
+// failure is logged, then at most one a watchLogEvery with the count,
+// and the first success after them. The informer calls it from one
+// goroutine at a time, but a watch and a list may overlap: a mutex.
+type apiState struct {
+	mu       sync.Mutex
+	failures int       // since the last success
+	logged   time.Time // the last failure logged
+}
+
+// watchLogEvery bounds how often apiState logs failures.
+const watchLogEvery = 30 * time.Second
+
+func (a *apiState) result(ctx context.Context, log *slog.Logger, err error) {
+	if ctx.Err() != nil {
+		return // stopping
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case err == nil && a.failures > 0:
+		log.Info("kubernetes: the API server answers again", "failures", a.failures)
+		a.failures = 0
+	case err != nil:
+		a.failures++
+		if now := time.Now(); now.Sub(a.logged) >= watchLogEvery {
+			log.Warn("kubernetes: listing or watching pods failed; the last list is kept and client-go retries", "err", err, "failures", a.failures)
+			a.logged = now
+		}
+	}
+}
 
 // NewClient connects to the cluster: in-cluster (the pod's service account)
 // when kubeconfig is empty, else from that kubeconfig file.
@@ -206,14 +242,19 @@ func (s *Source) Run(ctx context.Context, update func([]fleet.Endpoint)) error {
 		}
 		return fmt.Errorf("kubernetes: list pods in %s: %w", s.cfg.Namespace, err)
 	}
+	var api apiState
 	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = s.cfg.Selector
-			return pods.List(ctx, o)
+			l, err := pods.List(ctx, o)
+			api.result(ctx, s.log, err)
+			return l, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.LabelSelector = s.cfg.Selector
-			return pods.Watch(ctx, o)
+			w, err := pods.Watch(ctx, o)
+			api.result(ctx, s.log, err)
+			return w, err
 		},
 	}, s.client)
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, s.cfg.Resync, cache.Indexers{})
@@ -278,6 +319,7 @@ func (s *Source) Run(ctx context.Context, update func([]fleet.Endpoint)) error {
 func (s *Source) endpoints(objs []any, skipped map[string]string) []fleet.Endpoint {
 	eps := make([]fleet.Endpoint, 0, len(objs))
 	seen := make(map[string]bool, len(objs))
+	podOf := make(map[string]string, len(objs)) // endpoint name → its pod
 	for _, o := range objs {
 		pod, ok := o.(*corev1.Pod)
 		if !ok || !s.selector.Matches(labels.Set(pod.Labels)) {
@@ -296,8 +338,11 @@ func (s *Source) endpoints(objs []any, skipped map[string]string) []fleet.Endpoi
 			delete(skipped, pod.Name)
 			continue
 		}
-		delete(skipped, pod.Name)
+		if skipped[pod.Name] != "" && !strings.Contains(skipped[pod.Name], " left out: ") {
+			delete(skipped, pod.Name) // its labels are fine now
+		}
 		eps = append(eps, ep)
+		podOf[ep.Name] = pod.Name
 	}
 	for name := range skipped {
 		if !seen[name] {
@@ -305,11 +350,20 @@ func (s *Source) endpoints(objs []any, skipped map[string]string) []fleet.Endpoi
 		}
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
-	if len(eps) > fleet.MaxEndpoints {
-		s.log.Warn("kubernetes: too many pods; keeping the first", "pods", len(eps), "max", fleet.MaxEndpoints)
-		eps = eps[:fleet.MaxEndpoints]
+	// The list must be valid as a whole (a pod whose model is another's
+	// adapter, two pods on one name, more ranks than a fleet holds): a
+	// pod that would break it is skipped as a bad label is, and logged
+	// once while it lasts (until 2026-12-04 the gateway refused every
+	// list after it).
+	kept, refused := fleet.ValidateEach(eps)
+	for _, r := range refused {
+		// Logged under its pod as the pod's other skips are.
+		if pod := podOf[r.Endpoint.Name]; skipped[pod] != r.Error() {
+			skipped[pod] = r.Error()
+			s.log.Warn("kubernetes: pod skipped", "pod", pod, "err", r.Error())
+		}
 	}
-	return eps
+	return kept
 }
 
 // endpoint reads one pod. serving is false for a pod that cannot take

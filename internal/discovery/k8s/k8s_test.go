@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -247,5 +248,72 @@ func TestRunListError(t *testing.T) {
 	err = src.Run(context.Background(), func([]fleet.Endpoint) { t.Error("update without a list") })
 	if err == nil || !strings.Contains(err.Error(), "forbidden") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// TestPodThatBreaksTheFleetIsSkipped: a pod that makes the list invalid
+// as a whole (its model is another pod's LoRA adapter) is skipped and
+// logged once, and later pods still come and go (before, every list
+// after it was refused by the gateway: deleted pods stayed routed, new
+// ones never came).
+func TestPodThatBreaksTheFleetIsSkipped(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(newPod("llm", "a", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(LoRAAnnotation, "x")))
+	var logs discoverytest.LogSink
+	src, err := New(client, Config{Namespace: "llm", Selector: "app=vllm", Port: 8000, NameFromPod: true,
+		Debounce: 5 * time.Millisecond, Logger: logs.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates := discoverytest.Run(t, src)
+	want := func(step, w string) {
+		t.Helper()
+		var got []string
+		for _, e := range discoverytest.Next(t, updates) {
+			got = append(got, e.Name)
+		}
+		if g := strings.Join(got, " "); g != w {
+			t.Fatalf("%s: got %q, want %q", step, g, w)
+		}
+	}
+	want("start", "a")
+	pods := client.CoreV1().Pods("llm")
+	if _, err := pods.Create(ctx, newPod("llm", "b", "10.0.0.2", label(DefaultModelLabel, "x")), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pods.Create(ctx, newPod("llm", "c", "10.0.0.3", label(DefaultModelLabel, "m")), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want("b clashes, c joins", "a c")
+	if err := pods.Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want("a deleted: b is valid now", "b c")
+	if n := logs.Count(`pod skipped`); n != 1 || logs.Count(`adapter`) != 1 {
+		t.Fatalf("the clash logged %d times:\n%s", n, logs.String())
+	}
+}
+
+// TestAPIOutageIsLogged: the informer's lists and watches that fail are
+// logged (client-go retries them silently), at most once per
+// watchLogEvery, and the first answer after them too.
+func TestAPIOutageIsLogged(t *testing.T) {
+	var logs discoverytest.LogSink
+	var a apiState
+	ctx := context.Background()
+	refused := errors.New("connection refused")
+	a.result(ctx, logs.Logger(), nil)
+	for range 3 {
+		a.result(ctx, logs.Logger(), refused)
+	}
+	a.result(ctx, logs.Logger(), nil)
+	if logs.Count("failed; the last list is kept") != 1 || logs.Count("answers again") != 1 || logs.Count("failures=3") != 1 {
+		t.Errorf("logs:\n%s", logs.String())
+	}
+	stopped, cancel := context.WithCancel(ctx)
+	cancel()
+	a.result(stopped, logs.Logger(), refused) // stopping: not an outage
+	if a.failures != 0 {
+		t.Errorf("a failure while stopping was counted")
 	}
 }
