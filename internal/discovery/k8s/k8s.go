@@ -427,10 +427,16 @@ func (s *Source) endpoint(pod *corev1.Pod) (ep fleet.Endpoint, serving bool, err
 		}
 	}
 	if err := ep.Normalize(); err != nil {
-		return ep, true, err
+		// The endpoint's fields are the pod's annotations: name them.
+		return ep, true, errors.New(annotated.Replace(err.Error()))
 	}
 	return ep, true, nil
 }
+
+// annotated names, in an endpoint's errors, the annotations its fields
+// came from.
+var annotated = strings.NewReplacer("dp_size", "dp_size (annotation "+DPSizeAnnotation+")",
+	"bootstrap_port", "bootstrap_port (annotation "+BootstrapPortAnnotation+")")
 
 func (s *Source) eventsPort(pod *corev1.Pod) (int, error) {
 	if v, ok := pod.Annotations[s.cfg.EventsAnnotation]; ok {

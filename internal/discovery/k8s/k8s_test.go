@@ -88,7 +88,7 @@ func TestEndpointFromPod(t *testing.T) {
 				annotation(DPSizeAnnotation, "4"), annotation(BootstrapPortAnnotation, "8998")), serving: true,
 			want: fleet.Endpoint{Name: "10.0.0.4:8000", URL: "http://10.0.0.4:8000", Model: "m", Role: fleet.RolePrefill, DPSize: 4, BootstrapPort: 8998}},
 		{name: "bad dp-size annotation", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(DPSizeAnnotation, "four")), serving: true, err: "not an integer"},
-		{name: "dp-size out of range", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(DPSizeAnnotation, "5000")), serving: true, err: "dp_size must be in"},
+		{name: "dp-size out of range", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(DPSizeAnnotation, "5000")), serving: true, err: "dp_size (annotation kvgate.io/dp-size) must be in"},
 		{name: "bootstrap port on a decode pod", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), label(DefaultRoleLabel, "decode"), annotation(BootstrapPortAnnotation, "8998")), serving: true, err: "role=prefill"},
 		{name: "LoRA adapters", pod: newPod("ns", "p", "10.0.0.5", label(DefaultModelLabel, "m"), annotation(LoRAAnnotation, "sql, chat")), serving: true,
 			want: fleet.Endpoint{Name: "10.0.0.5:8000", URL: "http://10.0.0.5:8000", Model: "m", LoRA: []string{"sql", "chat"}}},
