@@ -78,8 +78,8 @@ func kvindexPlainNumericFlags(t *testing.T) []string {
 func TestSimFlagRanges(t *testing.T) {
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "t.jsonl")
-	if err := os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2, 3]}
-{"timestamp": 1e-300, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2, 4]}
+	if err := os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2, 3, 5]}
+{"timestamp": 1e-300, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2, 4, 6]}
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,13 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	switch {
+	case len(args) == 0: // no command: the usage, as an error (git and go do so)
+		usage(stderr)
+		return 2
+	case len(args) >= 2 && args[0] == "help": // "kvgate help sim" is "kvgate sim -h"
+		args = []string{args[1], "-h"}
+	case args[0] == "-h" || args[0] == "--help" || args[0] == "help":
 		usage(stdout)
 		return 0
 	}

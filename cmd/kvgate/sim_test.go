@@ -34,6 +34,14 @@ func TestHelpListsCommands(t *testing.T) {
 	if _, errOut, code := runCmd(t, "nope"); code != 2 || !strings.Contains(errOut, "unknown command") {
 		t.Errorf("unknown command: exit %d, %q", code, errOut)
 	}
+	// No command is an error with the usage (it exited 0); "help sim" is
+	// sim's flags (it was the top-level usage).
+	if out, errOut, code := runCmd(t); code != 2 || out != "" || !strings.Contains(errOut, "Commands:") {
+		t.Errorf("no command: exit %d, stdout %q", code, out)
+	}
+	if _, errOut, code := runCmd(t, "help", "sim"); code != 0 || !strings.Contains(errOut, "-policies") {
+		t.Errorf("help sim: exit %d, %.200q", code, errOut)
+	}
 }
 
 // TestSimJSONShape runs a small chat simulation and checks the JSON the

@@ -174,8 +174,8 @@ func TestMooncakeTraceText(t *testing.T) {
 		{`nope`, "want a JSON object"},
 		{`[1, 2]`, "want a JSON object"},
 		{`{"timestamp": 1, "input_length": 5, "output_length": 9223372036854775807}`, "output_length must be"},
-		{"{\"timestamp\": 5, \"input_length\": 5, \"output_length\": 1}\n{\"timestamp\": 4, \"input_length\": 5, \"output_length\": 1}", "line 2: timestamp 4 goes back in time"},
-		{`{"timestamp": 1, "input_length": 2000000, "output_length": 1}`, "at most 1048576 tokens"},
+		{"{\"timestamp\": 5, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 4, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "line 2: timestamp 4 goes back in time"},
+		{`{"timestamp": 1, "input_length": 2000000, "output_length": 1, "hash_ids": [` + strings.Repeat("1, ", 3906) + `1]}`, "at most 1048576 tokens"},
 		{``, "no requests"},
 	} {
 		if _, err := MooncakeTrace(strings.NewReader(bad.in), 1, 0); err == nil || !strings.Contains(err.Error(), bad.msg) || strings.Contains(err.Error(), "Go value") {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/kvgate/kvgate/internal/flagrange"
 )
@@ -36,7 +37,8 @@ type MooncakeRecord struct {
 // before fn sees it, and a bad one is an error naming its line: the three
 // numbers present and in range (timestamps in [0, MaxTimestampMs],
 // input_length in [1, MaxPromptTokens], output_length in [0,
-// MaxOutputTokens]), hash ids >= 0, timestamps never going back, at most
+// MaxOutputTokens]), one hash id >= 0 a 512-token block (⌈input_length /
+// 512⌉, as Mooncake's traces have), timestamps never going back, at most
 // MaxRequests lines. fn's error stops the scan and is returned. The
 // simulator and kvgate bench read traces with it, so both accept the same
 // files.
@@ -80,6 +82,11 @@ func ScanMooncake(r io.Reader, fn func(MooncakeRecord) error) error {
 				return fmt.Errorf("mooncake trace line %d: hash id %d is negative", line, id)
 			}
 		}
+		if want := (*m.InputLength + MooncakeBlockTokens - 1) / MooncakeBlockTokens; len(m.HashIDs) != want {
+			// A line without its ids, or with too few, would be simulated
+			// as a prompt sharing nothing (or a long one as one block).
+			return fmt.Errorf("mooncake trace line %d: %d hash ids for input_length %d: want one a 512-token block, %d", line, len(m.HashIDs), *m.InputLength, want)
+		}
 		n, last = n+1, *m.Timestamp
 		if err := fn(MooncakeRecord{Line: line, TimestampMs: *m.Timestamp, InputLength: *m.InputLength, OutputLength: *m.OutputLength, HashIDs: m.HashIDs}); err != nil {
 			return err
@@ -102,7 +109,13 @@ func lineError(err error) error {
 		if te.Field == "" {
 			return fmt.Errorf("want a JSON object with timestamp, input_length, output_length and hash_ids, got a JSON %s", te.Value)
 		}
-		return fmt.Errorf("%s: a JSON %s where a number or list of numbers belongs", te.Field, te.Value)
+		switch {
+		case strings.HasPrefix(te.Value, "number "): // a number that does not fit: 100.7, 1e30
+			return fmt.Errorf("%s: %s is not an integer in range", te.Field, strings.TrimPrefix(te.Value, "number "))
+		case te.Field == "hash_ids" || strings.HasPrefix(te.Field, "hash_ids"):
+			return fmt.Errorf("%s: a JSON %s where a list of integers belongs", te.Field, te.Value)
+		}
+		return fmt.Errorf("%s: a JSON %s where a number belongs", te.Field, te.Value)
 	}
 	return fmt.Errorf("want a JSON object with timestamp, input_length, output_length and hash_ids: %w", err)
 }

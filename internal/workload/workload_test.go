@@ -96,7 +96,14 @@ func TestReadMooncake(t *testing.T) {
 		{"json", `{"timestamp": 1, "input_length": `, "line 1"},
 		{"missing", `{"timestamp": 1, "output_length": 3}`, "input_length"},
 		{"negative", `{"timestamp": 1, "input_length": -3, "output_length": 3}`, "line 1: input_length must be in [1, 16777216] tokens, got -3"},
-		{"backwards", "{\"timestamp\": 5, \"input_length\": 3, \"output_length\": 3}\n{\"timestamp\": 1, \"input_length\": 3, \"output_length\": 3}", "line 2"},
+		{"backwards", "{\"timestamp\": 5, \"input_length\": 3, \"output_length\": 3, \"hash_ids\": [1]}\n{\"timestamp\": 1, \"input_length\": 3, \"output_length\": 3, \"hash_ids\": [1]}", "line 2"},
+		// One id a 512-token block, as Mooncake's traces have: a line
+		// without them, or short of them, was simulated as sharing
+		// nothing (a walkthrough, 2026-12-04).
+		{"no ids", `{"timestamp": 1, "input_length": 3, "output_length": 3}`, "line 1: 0 hash ids for input_length 3: want one a 512-token block, 1"},
+		{"too few ids", `{"timestamp": 1, "input_length": 2000, "output_length": 3, "hash_ids": [0]}`, "1 hash ids for input_length 2000: want one a 512-token block, 4"},
+		{"too many ids", `{"timestamp": 1, "input_length": 100, "output_length": 3, "hash_ids": [0, 1, 2, 3, 4, 5]}`, "want one a 512-token block, 1"},
+		{"fractional length", `{"timestamp": 1, "input_length": 100.7, "output_length": 3, "hash_ids": [0]}`, "input_length: 100.7 is not an integer in range"},
 		{"empty", "", "no requests"},
 	}
 	for _, b := range bad {
@@ -200,9 +207,9 @@ func TestMooncakeIDsStayApart(t *testing.T) {
 // timestamp past the range or a negative hash id is an error naming the
 // line, instead of a simulation that never ends.
 func TestMooncakeCaps(t *testing.T) {
-	ok := `{"timestamp": 0, "input_length": 600, "output_length": 1}` + "\n"
+	ok := `{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}` + "\n"
 	bad := []struct{ name, in, msg string }{
-		{"output", ok + `{"timestamp": 1, "input_length": 600, "output_length": 9223372036854775807}`,
+		{"output", ok + `{"timestamp": 1, "input_length": 600, "output_length": 9223372036854775807, "hash_ids": [1, 2]}`,
 			"line 2: output_length must be in [0, 1048576] tokens, got 9223372036854775807"},
 		{"input", `{"timestamp": 1, "input_length": 9223372036854775807, "output_length": 1}`,
 			"line 1: input_length must be in [1, 16777216] tokens, got 9223372036854775807"},
@@ -223,7 +230,7 @@ func TestMooncakeCaps(t *testing.T) {
 	}
 	// Arrivals 1e-300 ms apart at the smallest time scale: the duration is
 	// floored so that the rate stays finite.
-	tr, err := ReadMooncake(strings.NewReader(ok+`{"timestamp": 1e-300, "input_length": 600, "output_length": 1}`), 1e-6)
+	tr, err := ReadMooncake(strings.NewReader(ok+`{"timestamp": 1e-300, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}`), 1e-6)
 	if err != nil {
 		t.Fatal(err)
 	}
