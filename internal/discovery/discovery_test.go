@@ -234,7 +234,7 @@ func TestFileStartErrors(t *testing.T) {
 	writeFile(t, bad, "endpoints: 3\n")
 	for path, want := range map[string]string{
 		filepath.Join(dir, "missing.yaml"):      "no such file",
-		bad:                                     "cannot unmarshal",
+		bad:                                     "where a list belongs",
 		filepath.Join(dir, "nodir", "eps.yaml"): "no such file",
 	} {
 		f := newFileSource(t, path, &discoverytest.LogSink{})

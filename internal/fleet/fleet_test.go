@@ -72,7 +72,7 @@ endpoints:
 		"endpoints:\n  - {name: a, model: m, role: boss}":              "unknown role",
 		"endpoints:\n  - {name: a, model: m}\n  - {name: a, model: n}": `endpoints[1]: name "a" already used`,
 		"endpoints:\n  - {name: a}":                                    "endpoints[0]: model is required",
-		"endpoints: 3":                                                 "cannot unmarshal",
+		"endpoints: 3":                                                 "endpoints: \"3\" where a list belongs",
 		"endpoints:\n  - {name: a, model: m, lora: [m]}":               "base model's name",
 	} {
 		if _, err := ParseFile([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {

@@ -7,16 +7,38 @@ package yamlstrict
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"reflect"
 	"regexp"
 
 	"gopkg.in/yaml.v3"
 )
 
-// Decode decodes data into v, refusing unknown keys. An empty document
-// leaves v as it is and returns nil (the caller decides whether that is
-// an error).
+// Decode decodes data into v, refusing unknown keys, a second document,
+// a fraction where an integer belongs and a duration without its unit
+// (checkShape). An empty document leaves v as it is and returns nil (the
+// caller decides whether that is an error).
 func Decode(data []byte, v any) error {
+	var doc, next yaml.Node
+	nodes := yaml.NewDecoder(bytes.NewReader(data))
+	if err := nodes.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	}
+	if err := nodes.Decode(&next); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return err
+		}
+		// A second document was ignored in silence (its keys never
+		// checked) until 2026-12-04.
+		return fmt.Errorf("line %d: a second YAML document (after ---): a file holds one", max(next.Line, 1))
+	}
+	if err := checkShape(&doc, reflect.TypeOf(v), ""); err != nil {
+		return err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
