@@ -38,7 +38,8 @@ type serveFlags struct {
 	set              map[string]bool
 	disc             discoveryConfig // from flags
 	k8s              k8sConfig
-	loop             *planner.Loop // the planner, when configured
+	loop             *planner.Loop  // the planner, when configured
+	hup              chan os.Signal // SIGHUPs, caught from the start
 }
 
 // newServeFlagSet defines serve's flags over f and c; early and
@@ -76,7 +77,7 @@ func newServeFlagSet(f *serveFlags, c *gateway.Config, early *bool, stepTokens *
 	flagrange.Var(fl, &f.k8s.Port, "k8s-port", flagrange.Range[int]{Min: 1, Max: 65535, Zero: "use --k8s-port-name"}, "discovery: the pods' HTTP port")
 	lim := gateway.ConfigLimits()
 	c.SLOTTFT, c.BlockSize, c.PrefillSpeed, c.MaxInflight, c.ConnectTimeout, c.BindEventsRanks = 2, tokens.DefaultBlockSize, 20000, 10000, 2*time.Second, 1
-	flagrange.Var(fl, &c.SLOTTFT, "slo-ttft", lim.SLO, "TTFT SLO (seconds) of the one class there is without classes: in --config (with classes:, an error: give each class its ttft)")
+	flagrange.Var(fl, &c.SLOTTFT, "slo-ttft", lim.SLOTTFT, "TTFT SLO (seconds) of the one class there is without classes: in --config (with classes:, an error: give each class its ttft)")
 	flagrange.Var(fl, &c.SLOTPOT, "slo-tpot", lim.SLO, "TPOT SLO (seconds) of the one class there is without classes: in --config (with classes:, an error: give each class its tpot)")
 	flagrange.Var(fl, &c.BlockSize, "block-size", lim.BlockSize, "router block size")
 	flagrange.Var(fl, &c.PrefillSpeed, "prefill-speed", lim.PrefillSpeed, "prompt tokens/s assumed for endpoints without prefill_speed")
@@ -108,6 +109,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
+	// SIGHUP is caught from here on, so that one sent while the gateway
+	// starts (a reloader firing at pod start) waits for the reload loop
+	// instead of killing the process (its default action).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	f.hup = hup
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	c.EarlyReject = &early
@@ -195,7 +203,7 @@ func (f *serveFlags) overK8s(d *discoveryConfig) error {
 func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 	var sc serveConfig
 	if f.config != "" {
-		data, err := os.ReadFile(f.config)
+		data, err := readConfig(f.config)
 		if err != nil {
 			return sc, fmt.Errorf("--config: %w", err)
 		}
@@ -265,11 +273,38 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 	return sc, nil
 }
 
+// maxConfigBytes bounds kvgate serve's config file.
+const maxConfigBytes = 4 << 20
+
+// readConfig reads a config file of at most maxConfigBytes: a regular
+// file (a FIFO blocked the start for ever, /dev/zero ran out of memory),
+// read no further than the bound (a 100 MB file was read whole first).
+func readConfig(path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	if st, err := fh.Stat(); err != nil {
+		return nil, err
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(fh, maxConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxConfigBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxConfigBytes)
+	}
+	return data, nil
+}
+
 // parseServeConfig parses kvgate serve's YAML file; unknown fields are
 // errors.
 func parseServeConfig(data []byte) (serveConfig, error) {
 	var sc serveConfig
-	if len(data) > 4<<20 {
+	if len(data) > maxConfigBytes {
 		return sc, fmt.Errorf("config is %d bytes; at most 4 MiB", len(data))
 	}
 	if err := yamlstrict.Decode(data, &sc); err != nil {
@@ -316,9 +351,6 @@ func serveGateway(ctx context.Context, g *gateway.Gateway, sc serveConfig, srcs 
 	}
 	go func() { errc <- fmt.Errorf("serve: %w", srv.Serve(ln)) }()
 	go func() { errc <- fmt.Errorf("admin: %w", adm.Serve(aln)) }()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	eps := fmt.Sprintf("%d endpoint(s)", len(cfg.Endpoints))
 	if len(srcs) > 0 { // the discovered ones come later (GET /admin/endpoints)
 		eps = fmt.Sprintf("%d configured endpoint(s) and %d discovery source(s)", len(cfg.Endpoints), len(srcs))
@@ -334,7 +366,7 @@ loop:
 		case err := <-errc:
 			runErr = err
 			break loop
-		case <-hup:
+		case <-f.hup:
 			reload(g, sc, u, f, flags, log)
 		}
 	}
@@ -357,8 +389,12 @@ func reload(g *gateway.Gateway, running serveConfig, u *fleetUnion, f *serveFlag
 	next, err := f.load(flags)
 	if err == nil {
 		var restart []string
-		next.Endpoints = u.withStatic(next.Endpoints)
-		restart, err = g.Reload(next.Config)
+		err = u.reload(next.Endpoints, func(routed []fleet.Endpoint) error {
+			next.Endpoints = routed
+			var rerr error
+			restart, rerr = g.Reload(next.Config)
+			return rerr
+		})
 		if !reflect.DeepEqual(next.Discovery, running.Discovery) {
 			restart = append(restart, "discovery")
 		}
@@ -370,6 +406,7 @@ func reload(g *gateway.Gateway, running serveConfig, u *fleetUnion, f *serveFlag
 		}
 	}
 	if err != nil {
+		g.ReloadRefused()
 		log.Error("config reload refused; the running config is kept", "err", err)
 		return
 	}

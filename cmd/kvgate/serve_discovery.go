@@ -222,11 +222,19 @@ func (u *fleetUnion) union() []fleet.Endpoint {
 	return all
 }
 
-// withStatic replaces the static endpoints (a config reload) and returns
-// the fleet to route.
-func (u *fleetUnion) withStatic(static []fleet.Endpoint) []fleet.Endpoint {
+// reload gives apply the fleet to route with static as the configured
+// endpoints (a config reload), and keeps static only when apply succeeds:
+// a refused reload leaves the union as it was (it kept the refused
+// file's endpoints, routed at the next discovery update until
+// 2026-12-04).
+func (u *fleetUnion) reload(static []fleet.Endpoint, apply func([]fleet.Endpoint) error) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	old := u.static
 	u.static = static
-	return u.routed()
+	if err := apply(u.routed()); err != nil {
+		u.static = old
+		return err
+	}
+	return nil
 }

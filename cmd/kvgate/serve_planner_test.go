@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -77,11 +78,20 @@ func TestFleetUnionKeepsPlannerRoles(t *testing.T) {
 
 	// A reload lists d in its configured role: the gateway is given the
 	// planner's.
-	routed := u.withStatic(static)
-	if err := g.SetEndpoints(routed); err != nil {
+	if err := u.reload(static, g.SetEndpoints); err != nil {
 		t.Fatal(err)
 	}
 	want("reloaded", map[string]string{"p": "prefill", "d": "prefill", "d2": "decode", "d3": "decode"})
+
+	// A reload refused (here by the gateway) leaves the union's static
+	// endpoints as they were: the next discovery update does not route
+	// the refused file's (it did until 2026-12-04).
+	refused := append(static, ep("x", fleet.RoleBoth))
+	if err := u.reload(refused, func([]fleet.Endpoint) error { return errors.New("refused") }); err == nil {
+		t.Fatal("the refusal was not returned")
+	}
+	u.update(0, []fleet.Endpoint{ep("d2", fleet.RoleDecode)})
+	want("after a refused reload", map[string]string{"p": "prefill", "d": "prefill", "d2": "decode"})
 }
 
 // TestFleetUnionLeavesOutClashes: a discovered endpoint that clashes with

@@ -126,6 +126,8 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"--engine", "url=http://h:1,model=m", "--engine-step-tokens", "-1"}, "--engine-step-tokens must be"},
 		{[]string{"--config", badSteps}, "engine_step_tokens (--engine-step-tokens) must be"},
 		{[]string{"--config", filepath.Join(dir, "missing.yaml")}, "no such file"},
+		{[]string{"--config", dir}, "is not a regular file"}, // a FIFO blocked for ever
+		{[]string{"--engine", "url=http://h:1,model=m", "--listen", "nonsense"}, "listen (--listen): address nonsense: missing port"},
 		// Targets beside classes were ignored in silence; header names
 		// that cannot be sent were accepted (walkthrough of 2026-12-04).
 		{[]string{"--config", classes, "--slo-ttft", "0.001"}, "give each class its own ttft"},
@@ -241,16 +243,31 @@ func TestServeReloadKeepsConfigOnError(t *testing.T) {
 		return fmt.Sprintf("endpoints:\n  - {name: %s, url: %q, model: m}\nno_health_checks: true\n", name, url)
 	}
 	os.WriteFile(path, []byte(cfg("a", a)), 0o644)
-	url, _, stop := startServe(t, "--config", path)
+	url, admin, stop := startServe(t, "--config", path)
 	defer stop()
 	if got := servedBy(t, url); got != "a" {
 		t.Fatalf("served by %q", got)
 	}
-	os.WriteFile(path, []byte("endpoints:\n  - {name: b, url: \"ftp://x\", model: m}\n"), 0o644)
-	syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	time.Sleep(300 * time.Millisecond)
-	if got := servedBy(t, url); got != "a" {
-		t.Fatalf("a bad reload changed the fleet: served by %q", got)
+	// A bad file, and files a start refuses that a reload once applied
+	// (it logged "config reloaded", and the next start failed), each
+	// with b's endpoint, which a reload applied would route to.
+	for _, bad := range []string{
+		"endpoints:\n  - {name: b, url: \"ftp://x\", model: m}\n",
+		cfg("b", b) + "tokenizers: [\"source=nope\"]\n",
+		cfg("b", b) + "health: {interval: -1s}\n",
+		cfg("b", b) + "connect_timeout: 5\n", // listen: is the test's flag here (flags win)
+		cfg("b", b) + "bind_events: \"foo://x\"\n",
+		cfg("b", b) + "max_inflight: 1.9\n",
+	} {
+		os.WriteFile(path, []byte(bad), 0o644)
+		syscall.Kill(os.Getpid(), syscall.SIGHUP)
+		time.Sleep(300 * time.Millisecond)
+		if got := servedBy(t, url); got != "a" {
+			t.Fatalf("a bad reload changed the fleet (served by %q):\n%s", got, bad)
+		}
+	}
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_config_reloads_total{result="refused"} 6`) {
+		t.Errorf("refused reloads not counted: %q", regexp.MustCompile(`(?m)^kvgate_config.*$`).FindAllString(m, -1))
 	}
 	os.WriteFile(path, []byte(cfg("b", b)), 0o644)
 	syscall.Kill(os.Getpid(), syscall.SIGHUP)
@@ -260,6 +277,10 @@ func TestServeReloadKeepsConfigOnError(t *testing.T) {
 			t.Fatal("a good reload was not applied")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// GET /admin/config shows what runs now.
+	if c := get(t, admin+"/admin/config"); !strings.Contains(c, "name: b") || strings.Contains(c, "name: a\n") || !strings.Contains(c, "# the configuration running") {
+		t.Errorf("/admin/config after the reload:\n%s", c)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -201,21 +203,25 @@ type Limits struct {
 	UpstreamTimeout    flagrange.Range[time.Duration]
 	ConnectTimeout     flagrange.Range[time.Duration]
 	StreamIdleTimeout  flagrange.Range[time.Duration]
-	MigrationLimit     flagrange.Range[int]
-	HoldMin            flagrange.Range[float64]
-	HoldBacklog        flagrange.Range[float64]
-	HoldMax            flagrange.Range[time.Duration]
-	HoldSlack          flagrange.Range[float64]
-	HoldQuiet          flagrange.Range[float64]
-	HoldRequests       flagrange.Range[int]
-	HoldTouchPriority  flagrange.Range[int]
-	BindEventsRanks    flagrange.Range[int]
+	// SLOTTFT is slo_ttft's range: 0 is the default target, 2 s (a
+	// class's ttft: 0 is no target; SLO is slo_tpot's).
+	SLOTTFT           flagrange.Range[float64]
+	MigrationLimit    flagrange.Range[int]
+	HoldMin           flagrange.Range[float64]
+	HoldBacklog       flagrange.Range[float64]
+	HoldMax           flagrange.Range[time.Duration]
+	HoldSlack         flagrange.Range[float64]
+	HoldQuiet         flagrange.Range[float64]
+	HoldRequests      flagrange.Range[int]
+	HoldTouchPriority flagrange.Range[int]
+	BindEventsRanks   flagrange.Range[int]
 }
 
 // ConfigLimits returns the ranges Validate enforces.
 func ConfigLimits() Limits {
 	return Limits{
 		SLO:                flagrange.Range[float64]{Min: 0.001, Max: 3600, Unit: "seconds", Zero: "none"},
+		SLOTTFT:            flagrange.Range[float64]{Min: 0.001, Max: 3600, Unit: "seconds", Zero: "the default, 2 s"},
 		PrefillSpeed:       flagrange.Range[float64]{Min: 1, Max: fleet.MaxPrefillSpeed, Unit: "tokens/s"},
 		BlockSize:          flagrange.Range[int]{Min: 1, Max: 4096, Unit: "tokens"},
 		MaxBodyBytes:       flagrange.Range[int64]{Min: 1024, Max: 1 << 30, Unit: "bytes"},
@@ -336,6 +342,22 @@ func finiteIn(name string, v, lo, hi float64) error {
 	return nil
 }
 
+// checkListen checks a HOST:PORT to listen on (a start binds it; a
+// reload must refuse what a start would).
+func checkListen(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("%q: port %q is not a number in [0, 65535]", addr, port)
+	}
+	if host != "" && net.ParseIP(host) == nil && strings.ContainsAny(host, " /\\") {
+		return fmt.Errorf("%q: %q is not a host", addr, host)
+	}
+	return nil
+}
+
 // headerName reports whether s is an HTTP header name (RFC 9110's token).
 func headerName(s string) bool {
 	if s == "" || len(s) > 256 {
@@ -364,7 +386,7 @@ func (c *Config) CheckClassTargets() error {
 func (c *Config) Validate() error {
 	l := ConfigLimits()
 	errs := []error{
-		l.SLO.Check("slo_ttft (--slo-ttft)", c.SLOTTFT),
+		l.SLOTTFT.Check("slo_ttft (--slo-ttft)", c.SLOTTFT),
 		l.SLO.Check("slo_tpot (--slo-tpot)", c.SLOTPOT),
 		l.PrefillSpeed.Check("prefill_speed (--prefill-speed)", c.PrefillSpeed),
 		l.BlockSize.Check("block_size (--block-size)", c.BlockSize),
@@ -418,9 +440,26 @@ func (c *Config) Validate() error {
 		c.Endpoints = eps
 	}
 	for i, s := range c.Tokenizers {
-		if _, err := tokens.ParseSpec(s); err != nil {
+		sp, err := tokens.ParseSpec(s)
+		if err == nil {
+			err = tokens.CheckSpec(sp, true) // the gateway's models ask their engines
+		}
+		if err != nil {
 			add(fmt.Errorf("tokenizers[%d]: %w", i, err))
 		}
+	}
+	for _, a := range []struct{ field, addr string }{{"listen (--listen)", c.Listen}, {"admin (--admin)", c.Admin}} {
+		if err := checkListen(a.addr); err != nil {
+			add(fmt.Errorf("%s: %w", a.field, err))
+		}
+	}
+	if b := c.BindEvents; b != "" {
+		if err := checkListen(strings.TrimPrefix(b, "tcp://")); err != nil || !strings.HasPrefix(b, "tcp://") {
+			add(fmt.Errorf("bind_events (--bind-events): %q is not tcp://HOST:PORT", b))
+		}
+	}
+	if err := c.Health.Check(); err != nil {
+		add(fmt.Errorf("health: %w", err))
 	}
 	add(c.validateClasses())
 	return errors.Join(errs...)

@@ -131,6 +131,9 @@ type Gateway struct {
 	adapters map[string]string
 
 	classes atomic.Pointer[classSet]
+	// running is the configuration running: cfg, then each reload's
+	// reloadable fields over it (Reload; GET /admin/config).
+	running atomic.Pointer[Config]
 
 	inflight atomic.Int64
 	reqSeq   atomic.Uint64
@@ -252,6 +255,8 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g.sched.Store(cfg.scheduler(pol))
 	g.start = g.now()
 	g.classes.Store(newClassSet(&cfg))
+	run := cfg
+	g.running.Store(&run)
 	g.client = &http.Client{Transport: o.Transport}
 	if g.client.Transport == nil {
 		g.client.Transport = newTransport(cfg.ConnectTimeout)

@@ -49,7 +49,8 @@ func (g *Gateway) Handler() http.Handler {
 }
 
 // AdminHandler is the operator API (listen on loopback): /admin/endpoints,
-// /admin/kv/... (the index's admin API) and /metrics.
+// /admin/config (the configuration running), /admin/kv/... (the index's
+// admin API) and /metrics.
 func (g *Gateway) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /admin/endpoints", func(w http.ResponseWriter, _ *http.Request) {
@@ -67,6 +68,7 @@ func (g *Gateway) AdminHandler() http.Handler {
 	}
 	mux.Handle("/admin/kv/", kv.Handler())
 	mux.Handle("GET /metrics", g.met.handler())
+	mux.HandleFunc("GET /admin/config", g.serveConfig)
 	return mux
 }
 

@@ -41,6 +41,10 @@ type metrics struct {
 	// passthrough counts requests to vLLM's other APIs by outcome
 	// (passthrough.go).
 	passthrough *prometheus.CounterVec
+	// reloads counts config reloads by result (applied, refused), and
+	// lastReload is when the last one was applied (reload.go).
+	reloads    *prometheus.CounterVec
+	lastReload prometheus.Gauge
 }
 
 func newMetrics(g *Gateway) *metrics {
@@ -111,10 +115,18 @@ func newMetrics(g *Gateway) *metrics {
 	for _, kind := range []string{"short", "idle"} {
 		m.loadRejections.WithLabelValues(kind) // exported from the start, at 0
 	}
+	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_config_reloads_total",
+		Help: "Config reloads (SIGHUP) by result: applied, or refused (the running config kept; GET /admin/config shows what runs)."}, []string{"result"})
+	m.reloads.WithLabelValues("applied")
+	m.reloads.WithLabelValues("refused")
+	m.lastReload = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_config_last_reload_success_timestamp_seconds",
+		Help: "When the running config was loaded: the start, then each reload applied (Unix seconds)."})
+	m.lastReload.SetToCurrentTime()
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
 	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries, m.migrations, m.whole, m.fairRejections,
 		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, m.passthrough, heldNow,
+		m.reloads, m.lastReload,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})
 	if g.sync != nil {

@@ -2,8 +2,15 @@ package gateway
 
 import (
 	"fmt"
+	"net/http"
 	"reflect"
+	"sort"
 	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/openai"
+	"gopkg.in/yaml.v3"
 )
 
 // classSet is the reloadable part of the SLO configuration.
@@ -26,14 +33,58 @@ func newClassSet(c *Config) *classSet {
 func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 	next.Defaults()
 	if err := next.Validate(); err != nil {
-		return nil, fmt.Errorf("reload refused, the running config is kept: %w", err)
+		return nil, err
 	}
 	if err := g.SetEndpoints(next.Endpoints); err != nil {
-		return nil, fmt.Errorf("reload refused, the running config is kept: %w", err)
+		return nil, err
 	}
 	g.classes.Store(newClassSet(&next))
 	g.sched.Store(next.scheduler(g.sched.Load().Policy))
-	return restartFields(&g.cfg, &next), nil
+	restart := restartFields(&g.cfg, &next)
+	// What runs now: the running config with the reloadable fields of
+	// next (GET /admin/config).
+	run := *g.running.Load()
+	run.EarlyReject, run.SLOTTFT, run.SLOTPOT = next.EarlyReject, next.SLOTTFT, next.SLOTPOT
+	run.Classes, run.DefaultClass, run.ClassHeader = next.Classes, next.DefaultClass, next.ClassHeader
+	maxReq, touchPrio := run.Hold.MaxRequests, run.Hold.TouchPriority
+	run.Hold = next.Hold
+	run.Hold.MaxRequests, run.Hold.TouchPriority = maxReq, touchPrio
+	g.running.Store(&run)
+	g.met.reloads.WithLabelValues("applied").Inc()
+	g.met.lastReload.SetToCurrentTime()
+	return restart, nil
+}
+
+// ReloadRefused counts a reload refused before Reload was asked (a file
+// that did not load).
+func (g *Gateway) ReloadRefused() { g.met.reloads.WithLabelValues("refused").Inc() }
+
+// serveConfig answers GET /admin/config: the configuration running now,
+// as YAML with the file's keys (a reload applies some fields and keeps
+// the rest until a restart: this is what runs), and the reloads.
+func (g *Gateway) serveConfig(w http.ResponseWriter, _ *http.Request) {
+	run := *g.running.Load()
+	// The endpoints are the fleet listed now: configured, discovered and
+	// as the planner switched them, in or out of health.
+	g.mu.RLock()
+	run.Endpoints = make([]fleet.Endpoint, 0, len(g.members))
+	for _, m := range g.members {
+		run.Endpoints = append(run.Endpoints, m.ep)
+	}
+	g.mu.RUnlock()
+	sort.Slice(run.Endpoints, func(i, j int) bool { return run.Endpoints[i].Name < run.Endpoints[j].Name })
+	run.Health = run.Health.WithDefaults()
+	out, err := yaml.Marshal(&run)
+	if err != nil {
+		openai.WriteError(w, openai.Errorf(http.StatusInternalServerError, "config: %v", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/yaml")
+	fmt.Fprintf(w, "# the configuration running (kvgate serve), as of %s: the file's fields a reload applies\n"+
+		"# (docs/serve.md, \"Configuration\") as last reloaded, the others as at the start; endpoints:\n"+
+		"# the fleet listed now. 0 in hold: and sync: is the documented default.\n",
+		g.now().UTC().Format(time.RFC3339))
+	_, _ = w.Write(out)
 }
 
 // reloadable reports whether Reload applies the top-level field of that

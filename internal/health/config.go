@@ -67,6 +67,22 @@ type Config struct {
 }
 
 // withDefaults fills zero fields and checks ranges.
+// WithDefaults is c with its zero fields set to their defaults (c itself
+// if it does not validate).
+func (c Config) WithDefaults() Config {
+	if d, err := c.withDefaults(); err == nil {
+		d.Logger = nil
+		return d
+	}
+	return c
+}
+
+// Check reports what New would refuse in c.
+func (c Config) Check() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c Config) withDefaults() (Config, error) {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -562,7 +563,46 @@ func NewSet(specs []Spec, cache *Cache, client *http.Client, engines EngineFallb
 	return s, nil
 }
 
+// CheckSpec checks what building sp's tokenizer would refuse, without
+// building it (a local tokenizer's file is only looked for, not read): a
+// config reload refuses what the next start would (until 2026-12-04 a
+// reload logged success for source=nope, which a start then refused).
+// withEngines: the set's models may ask their engines (NewSet's
+// engines), so source=engine with model= needs no url=.
+func CheckSpec(sp Spec, withEngines bool) error {
+	if _, err := LookupTemplate(sp.Template); err != nil {
+		return err
+	}
+	switch sp.Source {
+	case "", "estimate":
+	case "engine":
+		named := sp.Model != "" && sp.Model != "*"
+		if sp.URL == "" && (!withEngines || !named) {
+			if withEngines {
+				return fmt.Errorf("tokens: source=engine without model= needs url=")
+			}
+			return fmt.Errorf("tokens: model %q: source=engine needs url=", sp.Model)
+		}
+		if u, err := url.Parse(sp.URL); sp.URL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+			return fmt.Errorf("tokens: model %q: url=%q is not an engine's address: want http://HOST:PORT", sp.Model, sp.URL)
+		}
+	case "local":
+		if sp.File == "" {
+			return fmt.Errorf("tokens: model %q: source=local needs file=", sp.Model)
+		}
+		if _, err := os.Stat(sp.File); err != nil {
+			return fmt.Errorf("tokens: model %q: %w", sp.Model, err)
+		}
+	default:
+		return fmt.Errorf("tokens: model %q: unknown source %q (estimate, engine, local)", sp.Model, sp.Source)
+	}
+	return nil
+}
+
 func build(sp Spec, cache *Cache, client *http.Client, engines EngineFallback) (*Tokenizer, error) {
+	if err := CheckSpec(sp, engines != nil); err != nil {
+		return nil, err
+	}
 	tmpl, err := LookupTemplate(sp.Template)
 	if err != nil {
 		return nil, err
@@ -577,31 +617,17 @@ func build(sp Spec, cache *Cache, client *http.Client, engines EngineFallback) (
 		src = EstimateSource{BytesPerToken: sp.BytesPerToken}
 	case "engine":
 		named := sp.Model != "" && sp.Model != "*"
-		if sp.URL == "" && (engines == nil || !named) {
-			if engines != nil {
-				return nil, fmt.Errorf("tokens: source=engine without model= needs url=")
-			}
-			return nil, fmt.Errorf("tokens: model %q: source=engine needs url=", sp.Model)
-		}
-		if u, err := url.Parse(sp.URL); sp.URL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
-			return nil, fmt.Errorf("tokens: model %q: url=%q is not an engine's address: want http://HOST:PORT", sp.Model, sp.URL)
-		}
 		es := &EngineSource{BaseURL: sp.URL, Model: sp.Model, Client: client}
 		if named {
 			es.Others = engines
 		}
 		src = es
 	case "local":
-		if sp.File == "" {
-			return nil, fmt.Errorf("tokens: model %q: source=local needs file=", sp.Model)
-		}
 		ls, own, err := loadLocalSpec(sp, cache)
 		if err != nil {
 			return nil, err
 		}
 		src, exact = ls, own // the file's own chat template, unless template= overrides
-	default:
-		return nil, fmt.Errorf("tokens: model %q: unknown source %q (estimate, engine, local)", sp.Model, sp.Source)
 	}
 	ns := fmt.Sprintf("%q|%q|%q|%q|%d|%q|%v", sp.Model, sp.Source, sp.URL, sp.File, sp.BytesPerToken, sp.Template, exact)
 	t := NewTokenizer(src, tmpl, cache, exact, ns)
