@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/yamlstrict"
+	"gopkg.in/yaml.v3"
 )
 
 // Shape is the load's shape over an interval.
@@ -190,6 +191,20 @@ func ParsePhases(r io.Reader) ([]Phase, error) {
 	}
 	if doc.Phases == nil {
 		return nil, errors.New("phases file is empty: no phases")
+	}
+	// rate, isl and osl have no default: a phase without one was sized
+	// as 0 (0P0D, "fits"; a walkthrough, 2026-12-04).
+	var keys struct {
+		Phases []map[string]any `yaml:"phases"`
+	}
+	if err := yaml.Unmarshal(data, &keys); err == nil {
+		for i, ph := range keys.Phases {
+			for _, k := range []string{"rate", "isl", "osl"} {
+				if _, ok := ph[k]; !ok {
+					return nil, fmt.Errorf("phases[%d]: %s is required", i, k)
+				}
+			}
+		}
 	}
 	if err := l.Phases.Check("number of phases", len(doc.Phases)); err != nil {
 		return nil, err

@@ -92,9 +92,14 @@ func TestParsePhases(t *testing.T) {
 		{"phases: [{name: a, rate: 1, isl: 1, osl: 1, hit: 0}, {name: a, rate: 1, isl: 1, osl: 1, hit: 0}]", "used twice"},
 		{"phases: [{name: a, rate: 1, isl: 1, osl: 1, hit: 0, minutes: 0.01}]", "minutes must be"},
 		{"phases: {name: a}", "phases file"},
+		// No rate was sized as 0 (0P0D, "fits"); an unknown top-level key
+		// named an anonymous Go struct (walkthrough, 2026-12-04).
+		{"phases: [{name: a, isl: 1, osl: 1, hit: 0}]", "phases[0]: rate is required"},
+		{"phases: [{name: a, rate: 1, isl: 1, hit: 0}]", "phases[0]: osl is required"},
+		{"foo: 1", "line 1: foo is not a setting here"},
 		{strings.Repeat(" ", 1<<20+1), "larger than"},
 	} {
-		if _, err := ParsePhases(strings.NewReader(tc.doc)); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := ParsePhases(strings.NewReader(tc.doc)); err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "planner.") {
 			t.Errorf("%.60q: want error with %q, got %v", tc.doc, tc.want, err)
 		}
 	}

@@ -48,7 +48,7 @@ func Decode(data []byte, v any) error {
 }
 
 // unknownField is yaml.v3's wording of an unknown key.
-var unknownField = regexp.MustCompile(`field (\S+) not found in type \S+`)
+var unknownField = regexp.MustCompile(`field (\S+) not found in type (struct \{.*\}|\S+)`)
 
 // clean rewords yaml.v3's errors that name Go types: "line 3: field
 // bogus not found in type main.serveConfig" becomes "line 3: bogus is not
