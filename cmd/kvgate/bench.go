@@ -86,6 +86,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if f.url == "" || f.model == "" {
 		return fmt.Errorf("--url and --model are required")
 	}
+	arrivalsSet := false
+	fs.Visit(func(fl *flag.Flag) { arrivalsSet = arrivalsSet || fl.Name == "arrivals" || fl.Name == "rate" })
+	if f.concurrency > 0 && arrivalsSet {
+		// A closed loop sends each request when one ends: it has no
+		// arrivals (they were ignored in silence).
+		return fmt.Errorf("--arrivals and --rate: open-loop settings, not with --concurrency (a closed loop sends a request as one ends)")
+	}
 	rates, err := benchRates(&f)
 	if err != nil {
 		return err

@@ -308,6 +308,7 @@ func TestBenchAsUsersMeetIt(t *testing.T) {
 		{[]string{"--url", e.URL(), "--format", "xml"}, "--format"},
 		{[]string{"--url", e.URL(), "--arrivals", "foo"}, "poisson, constant or trace"},
 		{[]string{"--url", e.URL(), "--concurrency", "2", "--rates", "1,50"}, "--rates"},
+		{[]string{"--url", e.URL(), "--concurrency", "2", "--arrivals", "constant"}, "not with --concurrency"},
 	} {
 		start := time.Now()
 		if _, errOut, code := run(append(tc.args, "--duration", "30")...); code == 0 || !strings.Contains(errOut, tc.msg) || time.Since(start) > 20*time.Second {

@@ -152,6 +152,9 @@ func parseList(s, name string, r flagrange.Range[float64]) ([]float64, error) {
 	var out []float64
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
+		if p == "" && strings.TrimSpace(s) != "" {
+			return nil, fmt.Errorf("%s: an empty entry in %q (as kvgate bench --rates refuses it)", name, s)
+		}
 		if p == "" {
 			continue
 		}
@@ -824,8 +827,32 @@ func unusedFlags(fs *flag.FlagSet, f *simFlags) error {
 		return fmt.Errorf("--time-scale scales a --trace's timestamps; a generated workload's rate is --rates or --loads")
 	case f.decodeInstances == 0 && f.sloTPOT > 0 && f.scenario != "heterogeneous":
 		return fmt.Errorf("--slo-tpot needs --decode-instances (without decode instances no TPOT is simulated)")
+	case set["approx-ttl"] && f.approxTTL > 0 && f.eventLag == 0 && f.eventsAt != "prefill":
+		return fmt.Errorf("--approx-ttl: the router's own entries count only with --event-lag or --events-at prefill (the router hears every block at once otherwise)")
+	}
+	if f.scenario == "sweep" {
+		return nil // sweepFlags checked its own
+	}
+	for _, name := range []string{"workload", "duration", "systems", "system-tokens", "sessions", "turn-tokens", "output-tokens",
+		"prompt-median", "prompt-sigma", "context-tokens", "turns"} {
+		readers := workloadFlagReaders[name]
+		switch {
+		case !set[name]:
+		case f.trace != "":
+			return fmt.Errorf("--%s: not read with --trace (a trace is replayed as recorded)", name)
+		case readers != nil && !slices.Contains(readers, f.workloadName):
+			return fmt.Errorf("--%s: not read by --workload %s (only by %s)", name, f.workloadName, strings.Join(readers, ", "))
+		}
 	}
 	return nil
+}
+
+// workloadFlagReaders are the generated workloads that read each workload
+// flag (nil: every one).
+var workloadFlagReaders = map[string][]string{
+	"systems": {"chat"}, "system-tokens": {"chat"},
+	"sessions": {"chat", "long-prompts"}, "turn-tokens": {"chat", "long-prompts"}, "output-tokens": {"chat", "long-prompts"},
+	"prompt-median": {"long-prompts"}, "prompt-sigma": {"long-prompts"}, "context-tokens": {"long-prompts"}, "turns": {"long-prompts"},
 }
 
 // heteroOnly rejects the heterogeneous scenario's flags given without it
