@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
+	"unicode"
 
 	"github.com/kvgate/kvgate/internal/httpserve"
 	"github.com/kvgate/kvgate/internal/openai"
@@ -318,6 +320,16 @@ func (a *Admin) routed(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Endpoint == "" {
 		openai.WriteError(w, openai.BadRequest(`"endpoint" is required`).WithParam("endpoint"))
+		return
+	}
+	if strings.IndexFunc(req.Endpoint, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+		openai.WriteError(w, openai.BadRequest(`"endpoint" must be an endpoint's name (HOST:PORT), without spaces or control characters`).WithParam("endpoint"))
+		return
+	}
+	if len(keys) == 0 {
+		// A prompt shorter than a block: nothing to record, and no
+		// endpoint registered for it (a registration is for good).
+		writeJSON(w, http.StatusOK, map[string]any{"endpoint": req.Endpoint, "blocks": 0})
 		return
 	}
 	limit := a.MaxRoutedEndpoints

@@ -87,6 +87,7 @@ func TestAdminAPI(t *testing.T) {
 		{"/admin/kv/lookup", `{"model":"m","token_ids":[-1]}`, 400},
 		{"/admin/kv/lookup", `{"model":"nope","token_ids":[1]}`, 404},
 		{"/admin/kv/routed", `{"model":"m","token_ids":[1]}`, 400},
+		{"/admin/kv/routed", `{"model":"m","endpoint":"not a host","token_ids":[1,2,3,4]}`, 400},
 	}
 	for _, b := range bad {
 		code, out := post(b.path, b.body)
@@ -162,6 +163,14 @@ func TestAdminLimits(t *testing.T) {
 	}
 	if n := x.NumEndpoints(); n != 3 {
 		t.Errorf("%d endpoints registered, want 3", n)
+	}
+	// Nothing to record (under one block): no endpoint registered for
+	// good (a walkthrough registered any string, blocks 0).
+	x2 := New(Config{BlockSize: 4})
+	srv2 := httptest.NewServer((&Admin{Index: x2}).Handler())
+	defer srv2.Close()
+	if code, eb := postBody(t, srv2.URL+"/admin/kv/routed", `{"model":"m","endpoint":"e:1","token_ids":[1,2]}`); code != 200 || x2.NumEndpoints() != 0 {
+		t.Errorf("routed under one block: %d %+v, %d endpoints registered", code, eb.Error, x2.NumEndpoints())
 	}
 	if code, _ := postBody(t, srv.URL+"/admin/kv/routed", `{"model":"m","endpoint":"known:1","token_ids":[1,2,3,4]}`); code != 200 {
 		t.Errorf("routed for a known endpoint at the limit: %d", code)
