@@ -29,7 +29,8 @@ import (
 // otherwise the hold expires after KVHoldTimeout.
 
 // kvTransferResponse is what a prefill engine returns for remote decode.
-type kvTransferResponse = openai.KVTransferParams
+// (openai.KVTransferAnswer).
+type kvTransferResponse = openai.KVTransferAnswer
 
 // remotePrefill is a validated leg-2 request's origin.
 type remotePrefill struct {
@@ -51,11 +52,12 @@ func (e *Engine) holdResponse(r *request) *kvTransferResponse {
 		DoRemotePrefill: true,
 		DoRemoteDecode:  false,
 		RemoteEngineID:  e.cfg.EngineID,
-		RemoteBlockIDs:  ids,
+		RemoteBlockIDs:  [][]int{ids},
 		RemoteHost:      host,
 		RemotePort:      port,
 		RemoteRequestID: r.id,
 		TPSize:          1,
+		RemoteNumTokens: r.promptLen,
 	}
 }
 

@@ -40,8 +40,15 @@ func TestPrefillDecodeTwoLegs(t *testing.T) {
 	if kv["remote_host"] != host || kv["remote_port"] != float64(port) {
 		t.Errorf("remote address %v:%v, want %s:%d", kv["remote_host"], kv["remote_port"], host, port)
 	}
-	if ids, _ := kv["remote_block_ids"].([]any); len(ids) != 7 { // ceil(101/16)
+	// One list per KV-cache group, with remote_num_tokens, as vLLM's
+	// NixlConnector answers now (walkthrough against vLLM's source,
+	// 2026-12-04: flat before).
+	groups, _ := kv["remote_block_ids"].([]any)
+	if ids, _ := groups[0].([]any); len(groups) != 1 || len(ids) != 7 { // ceil(101/16)
 		t.Errorf("remote_block_ids %v", kv["remote_block_ids"])
+	}
+	if kv["remote_num_tokens"] != float64(r1.Usage.PromptTokens) {
+		t.Errorf("remote_num_tokens %v, prompt %d", kv["remote_num_tokens"], r1.Usage.PromptTokens)
 	}
 	if r1.Usage.CompletionTokens != 1 {
 		t.Errorf("leg 1 generated %d tokens", r1.Usage.CompletionTokens)

@@ -23,6 +23,26 @@ type KVTransferParams struct {
 	RemotePort      int    `json:"remote_port"`
 	RemoteRequestID string `json:"remote_request_id,omitempty"`
 	TPSize          int    `json:"tp_size,omitempty"`
+	// RemoteNumTokens is the prompt tokens whose KV the prefill engine
+	// holds (vLLM's newer NixlConnector answers say it).
+	RemoteNumTokens int `json:"remote_num_tokens,omitempty"`
+}
+
+// KVTransferAnswer is a prefill engine's answer kv_transfer_params, as
+// vLLM's NixlConnector writes them now: remote_block_ids one list per
+// KV-cache group ([[35, 36]]; flat until 2026-12-04), with
+// remote_num_tokens. The decode leg reads either form
+// (ParseKVTransferParams).
+type KVTransferAnswer struct {
+	DoRemoteDecode  bool    `json:"do_remote_decode"`
+	DoRemotePrefill bool    `json:"do_remote_prefill"`
+	RemoteEngineID  string  `json:"remote_engine_id"`
+	RemoteBlockIDs  [][]int `json:"remote_block_ids"`
+	RemoteHost      string  `json:"remote_host"`
+	RemotePort      int     `json:"remote_port"`
+	RemoteRequestID string  `json:"remote_request_id,omitempty"`
+	TPSize          int     `json:"tp_size,omitempty"`
+	RemoteNumTokens int     `json:"remote_num_tokens"`
 }
 
 // Bounds on kv_transfer_params values.
@@ -93,6 +113,9 @@ func ParseKVTransferParams(raw json.RawMessage) (*KVTransferParams, error) {
 	if v := val("tp_size"); v != nil && !intIn(v, 1, maxTPSize, &p.TPSize) {
 		bad = append(bad, "tp_size")
 	}
+	if v := val("remote_num_tokens"); v != nil && !intIn(v, 0, math.MaxInt32, &p.RemoteNumTokens) {
+		bad = append(bad, "remote_num_tokens")
+	}
 	if len(missing)+len(bad) > 0 {
 		var parts []string
 		if len(missing) > 0 {
@@ -100,7 +123,7 @@ func ParseKVTransferParams(raw json.RawMessage) (*KVTransferParams, error) {
 		}
 		if len(bad) > 0 {
 			parts = append(parts, "malformed "+strings.Join(bad, ", ")+
-				" (remote_engine_id, remote_host and remote_request_id are non-empty strings, remote_port a port number, remote_block_ids a list of block ids, tp_size a positive integer)")
+				" (remote_engine_id, remote_host and remote_request_id are non-empty strings, remote_port a port number, remote_block_ids a list of block ids (or one KV-cache group's list of them), tp_size a positive integer, remote_num_tokens a count)")
 		}
 		return nil, BadRequest("kv_transfer_params with do_remote_prefill=true: %s", strings.Join(parts, "; ")).WithParam("kv_transfer_params")
 	}
@@ -125,7 +148,19 @@ func intIn(v []byte, lo, hi int64, dst *int) bool {
 	return true
 }
 
+// blockIDs reads remote_block_ids: a list of block ids, or, as vLLM's
+// NixlConnector answers now, one list per KV-cache group ([[1, 2, 3]]),
+// of which a one-group engine (kvgate's emulator) takes one.
 func blockIDs(v []byte, dst *[]int) bool {
+	if i := skipSpace(v, 0); i < len(v) && v[i] == '[' {
+		if j := skipSpace(v, i+1); j < len(v) && v[j] == '[' {
+			var groups []json.RawMessage
+			if json.Unmarshal(v, &groups) != nil || len(groups) != 1 {
+				return false
+			}
+			v = groups[0]
+		}
+	}
 	ids, err := tokenIDs(v, "remote_block_ids", "kv_transfer_params")
 	if err != nil {
 		return false

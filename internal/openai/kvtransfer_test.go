@@ -18,6 +18,13 @@ func TestParseKVTransferParams(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(p, want) {
 		t.Fatalf("got %+v %v", p, err)
 	}
+	// vLLM's NixlConnector answers now: one list per KV-cache group, and
+	// remote_num_tokens.
+	nested := strings.Replace(full, `"remote_block_ids":[3,4]`, `"remote_block_ids":[ [3,4] ],"remote_num_tokens":20`, 1)
+	want.RemoteNumTokens = 20
+	if p, err := ParseKVTransferParams(json.RawMessage(nested)); err != nil || !reflect.DeepEqual(p, want) {
+		t.Errorf("per-group block ids: got %+v %v", p, err)
+	}
 	if p, err := ParseKVTransferParams(json.RawMessage(leg1KVTransferParams)); err != nil || !p.DoRemoteDecode || p.DoRemotePrefill {
 		t.Errorf("leg 1 params: %+v %v", p, err)
 	}
@@ -37,6 +44,9 @@ func TestParseKVTransferParams(t *testing.T) {
 		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":[2147483648]}`, "malformed remote_block_ids"},
 		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":"x"}`, "malformed remote_block_ids"},
 		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":[],"tp_size":0}`, "malformed tp_size"},
+		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":[[1],[2]]}`, "malformed remote_block_ids"}, // two groups: this engine has one
+		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":[[-1]]}`, "malformed remote_block_ids"},
+		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":[1],"remote_num_tokens":-1}`, "malformed remote_num_tokens"},
 	}
 	for _, b := range bad {
 		_, err := ParseKVTransferParams(json.RawMessage(b.raw))

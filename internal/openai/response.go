@@ -21,7 +21,7 @@ type Completion struct {
 	Model            string             `json:"model"`
 	Choices          []CompletionChoice `json:"choices"`
 	Usage            Usage              `json:"usage"`
-	KVTransferParams *KVTransferParams  `json:"kv_transfer_params"`
+	KVTransferParams *KVTransferAnswer  `json:"kv_transfer_params"`
 }
 
 // CompletionChoice is one choice of a Completion.
@@ -43,7 +43,7 @@ type ChatCompletion struct {
 	Choices          []ChatChoice      `json:"choices"`
 	Usage            Usage             `json:"usage"`
 	PromptLogprobs   any               `json:"prompt_logprobs"`
-	KVTransferParams *KVTransferParams `json:"kv_transfer_params"`
+	KVTransferParams *KVTransferAnswer `json:"kv_transfer_params"`
 }
 
 // ChatChoice is one choice of a ChatCompletion.
