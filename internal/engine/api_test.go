@@ -36,8 +36,11 @@ func TestCompletionNonStreaming(t *testing.T) {
 			"chat.completion", func(c completionResp) string { return c.Choices[0].Message.Content }, "length", 4},
 		{"chat parts", "/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "system", "content": "Be brief."}, {"role": "user", "content": []map[string]any{{"type": "text", "text": "Hi"}}}}, "max_tokens": 1},
 			"chat.completion", func(c completionResp) string { return c.Choices[0].Message.Content }, "length", 1},
-		{"natural end", "/v1/completions", map[string]any{"prompt": "no max tokens here"},
-			"text_completion", func(c completionResp) string { return c.Choices[0].Text }, "stop", -1},
+		{"natural end", "/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "user", "content": "no max tokens here"}}},
+			"chat.completion", func(c completionResp) string { return c.Choices[0].Message.Content }, "stop", -1},
+		// vLLM's completions default max_tokens to 16.
+		{"completion without max_tokens", "/v1/completions", map[string]any{"prompt": "no max tokens here"},
+			"text_completion", func(c completionResp) string { return c.Choices[0].Text }, "length", 16},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -41,6 +41,10 @@ func (e *Engine) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 	e.serveGeneration(w, r, apiChat)
 }
 
+// completionsDefaultMaxTokens is vLLM's max_tokens of a completion that
+// gives none.
+const completionsDefaultMaxTokens = 16
+
 // naturalLength is the output length of a request without max_tokens: a
 // deterministic 16..256 tokens derived from the prompt, ending with "EOS".
 func naturalLength(prompt []uint32) int {
@@ -70,6 +74,14 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 		return nil, nil, err
 	}
 	remoteDecode := kv != nil && kv.DoRemoteDecode
+	if a == apiCompletions && req.OutputLimit(false) == nil && !remoteDecode {
+		// vLLM's completions default max_tokens to 16 (within the room
+		// the prompt leaves); its chat runs to the end of the answer.
+		// The emulator ran 16–256 tokens (walkthrough against vLLM's
+		// source, 2026-12-04).
+		n := min(completionsDefaultMaxTokens, max(int64(e.cfg.MaxModelLen)-int64(len(toks)), 1))
+		req.MaxTokens = &n
+	}
 	maxTokens, natural, err := e.outputLength(req, chat, toks, remoteDecode, a == apiMessages)
 	if err != nil {
 		return nil, nil, err
