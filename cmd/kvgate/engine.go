@@ -63,6 +63,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	flagrange.Var(fl, &cfg.TimeScale, "time-scale", lim.TimeScale, "run this many times faster than real time (modelled durations are divided by it)")
 	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "bind a ZMQ PUB socket for KV events here, e.g. tcp://*:5557")
 	fs.StringVar(&cfg.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER replay socket here, e.g. tcp://*:5558")
+	fs.BoolVar(&cfg.PromptTokensDetails, "enable-prompt-tokens-details", false, "report cached prompt tokens in usage.prompt_tokens_details, as vLLM's flag of that name (off by default there too; a chat's only when some were cached)")
 	fs.StringVar(&cfg.KVEventsTopic, "kv-events-topic", "", "KV events topic (default kv@<host:port>@<model>, llm-d's; given empty, '', vLLM's default empty topic)")
 	fs.StringVar(&ef.format, "kv-events-format", cfg.KVEventsFormat.String(), "KV event encoding: array (vLLM <= 0.23) or map (newer vLLM)")
 	fs.StringVar(&ef.style, "kv-events-style", cfg.KVEventsStyle.String(), "KV event numbering: vllm (batches from 0, nil parent at a chain start) or llmd-sim (as llm-d-inference-sim: batches from 1, parent 0 in the array form)")

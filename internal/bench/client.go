@@ -325,7 +325,7 @@ type chunk struct {
 
 // takeUsage records the chunk's usage (not nil) in rec.
 func (ch *chunk) takeUsage(rec *Record) {
-	rec.PromptTokens, rec.OutputTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
+	rec.PromptTokens, rec.OutputTokens, rec.CachedTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens, -1
 	if d := ch.Usage.PromptTokensDetails; d != nil {
 		rec.CachedTokens = d.CachedTokens
 	}
@@ -411,7 +411,7 @@ func (c *Client) readResponsesStream(r io.Reader, sent time.Time, rec *Record) e
 			a.token()
 		case ev.Type == "response.completed" || ev.Type == "response.incomplete":
 			if u := ev.Response.Usage; u != nil {
-				rec.PromptTokens, rec.OutputTokens = u.InputTokens, u.OutputTokens
+				rec.PromptTokens, rec.OutputTokens, rec.CachedTokens = u.InputTokens, u.OutputTokens, -1
 				if d := u.InputTokensDetails; d != nil {
 					rec.CachedTokens = d.CachedTokens
 				}

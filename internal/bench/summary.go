@@ -95,6 +95,11 @@ func Summarize(label string, recs []Record, duration float64, slo SLO) Summary {
 	var ttft, tpot, itl, e2e []float64
 	good, out := 0, 0
 	var prompt, cached int64
+	// A server that reports cache hits in some answers leaves them out
+	// of others when none were cached (vLLM's chat does): those are 0.
+	// One that reports none (vLLM without --enable-prompt-tokens-details,
+	// its Messages API) has no hit rate.
+	reports := slices.ContainsFunc(recs, func(r Record) bool { return r.Outcome == "ok" && r.CachedTokens >= 0 })
 	for i := range recs {
 		r := &recs[i]
 		s.Outcomes[r.Outcome]++
@@ -108,9 +113,9 @@ func Summarize(label string, recs []Record, duration float64, slo SLO) Summary {
 			itl = append(itl, r.MeanITL)
 		}
 		out += r.OutputTokens
-		if r.CachedTokens >= 0 {
+		if reports {
 			prompt += int64(r.PromptTokens)
-			cached += int64(r.CachedTokens)
+			cached += int64(max(r.CachedTokens, 0))
 		}
 		if slo.Met(r) {
 			good++

@@ -471,3 +471,27 @@ func TestClientDisconnectCancels(t *testing.T) {
 		t.Errorf("aborted requests counted %v", v)
 	}
 }
+
+// TestPromptTokensDetails: usage reports cached prompt tokens only with
+// vLLM's --enable-prompt-tokens-details, and a chat's only when some were
+// cached, as vLLM's (walkthrough against vLLM's source, 2026-12-04: the
+// emulator always reported them, so a gateway tested on it never met a
+// default vLLM's answers).
+func TestPromptTokensDetails(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		e := startEngine(t, func(c *Config) { c.PromptTokensDetails = on })
+		for _, c := range []struct {
+			path string
+			body map[string]any
+			want bool
+		}{
+			{"/v1/completions", map[string]any{"prompt": "one two three", "max_tokens": 1}, on},
+			{"/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "user", "content": "first time"}}, "max_tokens": 1}, false}, // none cached
+		} {
+			_, out := postJSON(t, e.URL()+c.path, c.body)
+			if got := strings.Contains(string(out), "prompt_tokens_details"); got != c.want {
+				t.Errorf("details %v, %s: reported %v: %s", on, c.path, got, out)
+			}
+		}
+	}
+}

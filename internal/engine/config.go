@@ -91,6 +91,11 @@ type Config struct {
 	KVEventsEndpoint string
 	// KVEventsReplayEndpoint, when set, binds a ZMQ ROUTER for replays.
 	KVEventsReplayEndpoint string
+	// PromptTokensDetails: usage reports prompt_tokens_details (the
+	// cached prompt tokens), as vLLM with --enable-prompt-tokens-details;
+	// a chat's only when some were cached, as vLLM's. DefaultConfig sets
+	// it; kvgate engine's flag is off by default, as vLLM's.
+	PromptTokensDetails bool
 	// KVEventsTopic overrides the default topic kv@<host:port>@<model>
 	// (llm-d's); with KVEventsTopicSet even when empty (vLLM's default
 	// topic, "").
@@ -128,6 +133,7 @@ type Config struct {
 // defaults.
 func DefaultConfig() Config {
 	return Config{
+		PromptTokensDetails: true, // kvgate engine's flag defaults to vLLM's off
 		Model:               "kvgate-emulated",
 		Host:                "127.0.0.1",
 		Port:                8000,

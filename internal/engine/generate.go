@@ -325,6 +325,7 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 		name = rq.loraName // vLLM answers with the adapter's name
 	}
 	resp := newResponder(name, rq, a, req)
+	resp.details = e.cfg.PromptTokensDetails
 	if a == apiResponses {
 		resp.responses = newResponsesState(req, rq.id, e.cfg.ResponsesStore)
 	}
@@ -477,6 +478,9 @@ type responder struct {
 	created   int64
 	rq        *request
 	head      string // `data: {"id":...,"model":...,"choices":[{"index":0,`
+	// details: usage reports prompt_tokens_details (vLLM's
+	// --enable-prompt-tokens-details).
+	details bool
 }
 
 func newResponder(model string, rq *request, a api, req *openai.Request) *responder {
@@ -550,7 +554,12 @@ func (s *responder) tokenChunk(b []byte, from, to int, reason string) []byte {
 
 func (s *responder) usage(out requestOutput) openai.Usage {
 	u := openai.Usage{PromptTokens: s.rq.promptLen, CompletionTokens: out.generated, TotalTokens: s.rq.promptLen + out.generated}
-	u.PromptTokensDetails.CachedTokens = out.cachedTokens
+	// As vLLM: only with --enable-prompt-tokens-details, and a chat's
+	// only when some were cached (the emulator always sent them until
+	// 2026-12-04; a gateway tested on it met none from a default vLLM).
+	if s.details && (!s.chat || out.cachedTokens > 0) {
+		u.PromptTokensDetails = &openai.PromptTokensDetails{CachedTokens: out.cachedTokens}
+	}
 	return u
 }
 

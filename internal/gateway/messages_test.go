@@ -56,7 +56,7 @@ func TestMessages(t *testing.T) {
 		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": "hello"}}})
 	c := post(t, url+"/v1/chat/completions", string(chat), nil)
 	claimed, _ := strconv.Atoi(c.header.Get(hdrCached))
-	found, ok := openai.ResponseCachedTokens([]byte(c.body))
+	found, ok := usageCached([]byte(c.body))
 	if c.status != 200 || !ok || claimed != found || found < m.Usage.InputTokens-16 {
 		t.Fatalf("the same conversation as chat: claimed %d cached, the engine found %d of the message's %d: %d %s", claimed, found, m.Usage.InputTokens, c.status, c.body)
 	}

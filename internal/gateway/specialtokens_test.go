@@ -7,7 +7,6 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
-	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // TestCompletionKeyedWithBOS: an engine whose tokenizer starts a text
@@ -48,7 +47,7 @@ func TestCompletionKeyedWithBOS(t *testing.T) {
 				return len(st) > 0 && st[0].GPUBlocks >= int64(usage.Usage.PromptTokens/16)
 			})
 			r = post(t, url+"/v1/completions", body(first+" and a question that follows"), nil)
-			found, _ := openai.ResponseCachedTokens([]byte(r.body))
+			found, _ := usageCached([]byte(r.body))
 			if r.status != 200 || found == 0 || r.header.Get(hdrCached) != strconv.Itoa(found) {
 				t.Fatalf("second turn: %d, claimed %s cached, the engine found %d: %s", r.status, r.header.Get(hdrCached), found, r.body)
 			}

@@ -45,7 +45,7 @@ func TestToolsKeyedAsRendered(t *testing.T) {
 		body, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 1, "messages": msgs, "tools": tools, "chat_template_kwargs": map[string]bool{"enable_thinking": false}})
 		r := post(t, url+"/v1/chat/completions", string(body), nil)
 		claimed, _ := strconv.Atoi(r.header.Get(hdrCached))
-		found, ok := openai.ResponseCachedTokens([]byte(r.body))
+		found, ok := usageCached([]byte(r.body))
 		if r.status != 200 || !ok || claimed != found || (turn > 0 && found == 0) {
 			t.Fatalf("turn %d: claimed %d cached, the engine found %d: %d %s", turn, claimed, found, r.status, r.body)
 		}
@@ -94,7 +94,7 @@ func TestMessagesToolsKeyedAsRendered(t *testing.T) {
 		waitIndexed(t, g, e)
 		c := post(t, url+"/v1/chat/completions", asChat(t, body, openai.InlinePreserve), nil)
 		again, _ := strconv.Atoi(c.header.Get(hdrCached))
-		found, ok := openai.ResponseCachedTokens([]byte(c.body))
+		found, ok := usageCached([]byte(c.body))
 		var m struct {
 			Usage struct {
 				InputTokens int `json:"input_tokens"`
@@ -230,7 +230,7 @@ func inlineSystemClaims(t *testing.T, engineMode, gwMode openai.InlineSystem) (f
 		}
 		waitIndexed(t, g, e)
 		c := post(t, e.URL()+"/v1/chat/completions", asChat(t, body, engineMode), nil)
-		n, ok := openai.ResponseCachedTokens([]byte(c.body))
+		n, ok := usageCached([]byte(c.body))
 		if c.status != 200 || !ok {
 			t.Fatalf("turn %d: as chat %d %s", turn, c.status, c.body)
 		}
@@ -315,7 +315,7 @@ func TestMessagesInlineSystemAuto(t *testing.T) {
 	}
 	waitIndexed(t, g, e)
 	c := post(t, e.URL()+"/v1/chat/completions", asChat(t, body, openai.InlineFold), nil)
-	found, ok := openai.ResponseCachedTokens([]byte(c.body))
+	found, ok := usageCached([]byte(c.body))
 	if !ok || claimed != found || found == 0 {
 		t.Fatalf("claimed %d cached, the engine found %d (%s)", claimed, found, c.body)
 	}

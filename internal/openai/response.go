@@ -2,10 +2,12 @@ package openai
 
 // Usage is a response's token accounting.
 type Usage struct {
-	PromptTokens        int                 `json:"prompt_tokens"`
-	TotalTokens         int                 `json:"total_tokens"`
-	CompletionTokens    int                 `json:"completion_tokens"`
-	PromptTokensDetails PromptTokensDetails `json:"prompt_tokens_details"`
+	PromptTokens     int `json:"prompt_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	// PromptTokensDetails is absent unless the engine reports cache hits
+	// (vLLM with --enable-prompt-tokens-details).
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
 }
 
 // PromptTokensDetails reports prefix-cache hits.
