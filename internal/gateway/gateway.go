@@ -129,6 +129,9 @@ type Gateway struct {
 	// adapters maps each LoRA adapter an endpoint declares or its engine
 	// lists to its base model, whose fleet serves it (adaptersOf).
 	adapters map[string]string
+	// clashWarned: adapters listed on an endpoint while another base
+	// model serves them, warned of once (adapter NUL endpoint; under mu).
+	clashWarned map[string]bool
 
 	classes atomic.Pointer[classSet]
 	// running is the configuration running: cfg, then each reload's

@@ -107,8 +107,15 @@ func TestGenerate(t *testing.T) {
 	// Two base models: /generate names none, so it is refused.
 	two := append(eps, fleet.Endpoint{Name: "c", URL: eps[0].URL, Model: "other"})
 	_, url2, _ := startGateway(t, Config{Endpoints: two, Policy: "kvgate", BlockSize: 16}, Options{})
-	if r := post(t, url2+"/generate", `{"text":"hi"}`, nil); r.status != 400 || !strings.Contains(r.body, "model is required") {
+	// It says so in /generate's terms (it asked for a "model" /generate
+	// has no field for; walkthrough, 2026-12-04).
+	if r := post(t, url2+"/generate", `{"text":"hi"}`, nil); r.status != 400 || !strings.Contains(r.body, "names no model") || !strings.Contains(r.body, `"param":"lora_path"`) {
 		t.Fatalf("two models: %d %s", r.status, r.body)
+	}
+	// A batch's sampling_params and lora_path lists, as SGLang takes them.
+	batch := `{"text":["a b c","d e f"],"sampling_params":[{"max_new_tokens":2},{"max_new_tokens":3}],"lora_path":["sql","sql"]}`
+	if r := post(t, url+"/generate", batch, nil); r.status != 200 || r.header.Get(hdrPrefill) != "b" {
+		t.Fatalf("a batch with lists: %d to %s %s", r.status, r.header.Get(hdrPrefill), r.body)
 	}
 }
 

@@ -59,6 +59,16 @@ func (g *Gateway) adaptersOf() map[string]string {
 			}
 		}
 		for _, a := range listed {
+			if base, ok := out[a]; ok && base != m.ep.Model && !g.clashWarned[a+"\x00"+name] {
+				// An adapter of another base model too: not reachable
+				// here (a request names it, not its base). Said once.
+				if g.clashWarned == nil {
+					g.clashWarned = map[string]bool{}
+				}
+				g.clashWarned[a+"\x00"+name] = true
+				g.log.Warn("lora: an engine lists an adapter another base model already serves; requests for it go to that model's endpoints, not this one",
+					"endpoint", name, "model", m.ep.Model, "adapter", a, "served_as_adapter_of", base)
+			}
 			if base, ok := out[a]; models[a] || ok && base != m.ep.Model || declared[a] {
 				continue
 			}
@@ -139,6 +149,19 @@ func (g *Gateway) adapterGone(m *member, adapter string) {
 	}
 	g.log.Info("lora: adapter gone from its engine", "endpoint", m.ep.Name, "adapter", adapter)
 	g.refresh()
+}
+
+// servedElsewhere reports whether an endpoint other than m serves
+// adapter (declared, or listed by its engine).
+func (g *Gateway) servedElsewhere(m *member, adapter string) bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	for _, o := range g.members {
+		if o != m && o.ep.Model == m.ep.Model && o.serves(adapter) {
+			return true
+		}
+	}
+	return false
 }
 
 // defaultMaxLoRAs is vLLM's --max-loras default, assumed for an engine

@@ -841,6 +841,17 @@ func (g *Gateway) send(ctx context.Context, r *http.Request, m *member, rt *rout
 	}
 	if resp.StatusCode == http.StatusNotFound && rt.lora != "" {
 		g.adapterGone(m, rt.lora)
+		if g.servedElsewhere(m, rt.lora) {
+			// The engine does not have the adapter (unloaded, or
+			// declared and never loaded) and another endpoint does:
+			// the client has no byte yet, so it is retried there, its
+			// 404 the answer if that fails too (it reached the client
+			// until 2026-12-04).
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			return nil, &upstreamError{endpoint: m.ep.Name, err: fmt.Errorf("status 404: adapter %s not on the engine: %s", rt.lora, bytes.TrimSpace(msg)),
+				answer: openai.EngineError(http.StatusNotFound, "endpoint "+m.ep.Name+": ", bytes.TrimSpace(msg))}
+		}
 	}
 	if g.health != nil {
 		g.health.ReportSuccess(m.ep.Name)

@@ -195,6 +195,9 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 		// and vLLM serves a request without one with its model: the
 		// fleet's one base model (several: 400).
 		if model, err = g.onlyBaseModel(); err != nil {
+			if api == apiGenerate { // /generate has no model field to give
+				return nil, openai.BadRequest("SGLang's /generate names no model: kvgate serves it when the fleet has one base model, or for an adapter named by lora_path (%s)", strings.TrimPrefix(err.Error(), "model is required: ")).WithParam("lora_path")
+			}
 			return nil, err
 		}
 	}

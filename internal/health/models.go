@@ -1,6 +1,7 @@
 package health
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -163,7 +164,25 @@ func (p *Prober) probeModels(ctx context.Context, t *target, ep fleet.Endpoint) 
 	if list.missing != "" && list.missing != t.modelsErr {
 		p.cfg.Logger.Warn("health: the engine does not list the endpoint's model", "endpoint", ep.Name, "listing", list.missing)
 	}
-	t.adapters, t.roots, t.hasAdapters, t.modelsErr = list.adapters, list.roots, true, list.missing
+	problem := list.missing
+	// A declared adapter its engine does not serve: every request for it
+	// there gets the engine's 404 (a walkthrough: 6 of 6, and nothing
+	// said why).
+	var unlisted []string
+	for _, a := range ep.LoRA {
+		if !slices.Contains(list.adapters, a) {
+			unlisted = append(unlisted, a)
+		}
+	}
+	if len(unlisted) > 0 {
+		msg := fmt.Sprintf("declared LoRA adapters the engine does not list: %s", strings.Join(unlisted, ", "))
+		if problem == "" && msg != t.modelsErr {
+			p.cfg.Logger.Warn("health: the engine does not list adapters the endpoint declares (lora=); their requests there get its 404, retried on another endpoint that serves them",
+				"endpoint", ep.Name, "adapters", unlisted)
+		}
+		problem = cmp.Or(problem, msg)
+	}
+	t.adapters, t.roots, t.hasAdapters, t.modelsErr = list.adapters, list.roots, true, problem
 	if list.maxModelLen > 0 {
 		t.maxModelLen = list.maxModelLen
 	}

@@ -1,6 +1,11 @@
 package openai
 
-import "strings"
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
 
 // GenerateDefaultMaxNewTokens is SGLang's max_new_tokens when a /generate
 // request gives none.
@@ -62,38 +67,102 @@ func ParseGenerate(body []byte) (*Request, error) {
 		return nil, err
 	}
 	if m := find(r.members, "lora_path"); m != nil && !isNull(body[m.v0:m.v1]) {
-		if r.Model, err = parseString("lora_path", body[m.v0:m.v1]); err != nil || r.Model == "" {
-			return nil, BadRequest("lora_path must be an adapter's name (one for the whole request)").WithParam("lora_path")
+		if r.Model, err = loraPath(body[m.v0:m.v1]); err != nil {
+			return nil, err
 		}
 	}
 	return r, nil
 }
 
-// samplingParams reads max_new_tokens and n of sampling_params.
+// samplingParams reads max_new_tokens and n of sampling_params: an
+// object, or, for a batch, a list of them, one a prompt, as SGLang takes
+// them (the largest of each is planned; an element without
+// max_new_tokens has SGLang's default).
 func (r *Request) samplingParams(body []byte) error {
 	m := find(r.members, "sampling_params")
 	if m == nil || isNull(body[m.v0:m.v1]) {
 		return nil
 	}
 	v := body[m.v0:m.v1]
-	if v[0] != '{' {
-		return BadRequest("sampling_params must be an object").WithParam("sampling_params")
+	switch v[0] {
+	case '{':
+		return r.samplingObject(v, "sampling_params")
+	case '[':
+		var list []json.RawMessage
+		if json.Unmarshal(v, &list) != nil || len(list) == 0 {
+			return BadRequest("sampling_params must be an object or a list of them").WithParam("sampling_params")
+		}
+		var most, n *int64
+		for i, el := range list {
+			var one Request
+			if err := one.samplingObject(el, fmt.Sprintf("sampling_params[%d]", i)); err != nil {
+				return err
+			}
+			if one.MaxTokens == nil {
+				d := int64(GenerateDefaultMaxNewTokens)
+				one.MaxTokens = &d
+			}
+			if most == nil || *one.MaxTokens > *most {
+				most = one.MaxTokens
+			}
+			if one.N != nil && (n == nil || *one.N > *n) {
+				n = one.N
+			}
+		}
+		r.MaxTokens, r.N = most, n
+		return nil
 	}
-	ms, err := objectMembers(v, "sampling_params")
+	return BadRequest("sampling_params must be an object or a list of them").WithParam("sampling_params")
+}
+
+// samplingObject reads max_new_tokens and n of one sampling_params
+// object, named name in errors.
+func (r *Request) samplingObject(v []byte, name string) error {
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 || v[0] != '{' {
+		return BadRequest("%s must be an object", name).WithParam(name)
+	}
+	ms, err := objectMembers(v, name)
 	if err != nil {
-		return err.(*Error).WithParam("sampling_params")
+		return err.(*Error).WithParam(name)
 	}
 	for _, f := range []struct {
 		key string
 		dst **int64
 	}{{"max_new_tokens", &r.MaxTokens}, {"n", &r.N}} {
 		if p := find(ms, f.key); p != nil {
-			if *f.dst, err = parseInt("sampling_params."+f.key, v[p.v0:p.v1]); err != nil {
+			if *f.dst, err = parseInt(name+"."+f.key, v[p.v0:p.v1]); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// loraPath reads lora_path: an adapter's name, or a batch's list of them
+// naming one adapter (a batch goes to one engine).
+func loraPath(v []byte) (string, error) {
+	refuse := BadRequest("lora_path must be an adapter's name, or a list naming one adapter (kvgate sends a batch to one engine)").WithParam("lora_path")
+	if len(v) > 0 && v[0] == '[' {
+		var names []string
+		if json.Unmarshal(v, &names) != nil || len(names) == 0 {
+			return "", refuse
+		}
+		for _, n := range names[1:] {
+			if n != names[0] {
+				return "", refuse
+			}
+		}
+		if names[0] == "" {
+			return "", refuse
+		}
+		return names[0], nil
+	}
+	name, err := parseString("lora_path", v)
+	if err != nil || name == "" {
+		return "", refuse
+	}
+	return name, nil
 }
 
 // listOfStrings reports whether the JSON list v starts with a string.

@@ -29,10 +29,17 @@ func TestParseGenerate(t *testing.T) {
 		{body: `{"input_ids":[]}`, errParam: "input_ids", errText: "input_ids must not be empty"},
 		{body: `{"input_ids":[1,-2]}`, errParam: "input_ids"},
 		{body: `{"input_ids":"1 2"}`, errParam: "input_ids"},
-		{body: `{"text":"a","sampling_params":[1]}`, errParam: "sampling_params", errText: "must be an object"},
+		{body: `{"text":"a","sampling_params":[1]}`, errParam: "sampling_params[0]", errText: "must be an object"},
+		// A batch's sampling_params and lora_path as SGLang takes them, a
+		// list (refused until 2026-12-04): the largest is planned.
+		{body: `{"text":["a","b"],"sampling_params":[{"max_new_tokens":2},{"max_new_tokens":3,"n":2}]}`, kind: PromptTexts, maxTokens: 3, n: 2},
+		{body: `{"text":["a","b"],"sampling_params":[{"max_new_tokens":2},{}]}`, kind: PromptTexts, maxTokens: GenerateDefaultMaxNewTokens, n: -1},
+		{body: `{"text":["a","b"],"lora_path":["sql","sql"]}`, kind: PromptTexts, model: "sql", maxTokens: -1, n: -1},
+		{body: `{"text":["a","b"],"lora_path":["sql","chat"]}`, errParam: "lora_path", errText: "naming one adapter"},
+		{body: `{"text":"a","sampling_params":[]}`, errParam: "sampling_params", errText: "a list of them"},
 		{body: `{"text":"a","sampling_params":{"max_new_tokens":"many"}}`, errParam: "sampling_params.max_new_tokens"},
 		{body: `{"text":"a","sampling_params":{"max_new_tokens":1e400}}`, errParam: "sampling_params.max_new_tokens"},
-		{body: `{"text":"a","lora_path":["sql"]}`, errParam: "lora_path"},
+		{body: `{"text":"a","lora_path":[1]}`, errParam: "lora_path"},
 		{body: `{"text":"a","lora_path":""}`, errParam: "lora_path"},
 		{body: `{"text":"a"} x`, errText: "invalid JSON"},
 	} {
