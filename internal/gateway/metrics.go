@@ -229,7 +229,8 @@ func loadOf(e *sched.Endpoint) endpointLoad {
 
 // stepSlacks is each model fleet's step slack (load.Fleet.StepSlack).
 func (g *Gateway) stepSlacks() map[string]float64 {
-	return g.perModel(func(mf *modelFleet) float64 { return mf.load.StepSlack() })
+	now := g.clock()
+	return g.perModel(func(mf *modelFleet) float64 { return mf.load.StepSlackAt(now) })
 }
 
 // perModel is v of each model's fleet, by model name.

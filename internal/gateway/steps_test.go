@@ -78,7 +78,7 @@ func TestStepSlackMetric(t *testing.T) {
 	var s sched.Snapshot
 	eps := lf.Snapshot(0, 10, nil, nil, nil, &s)
 	for k := range 300 {
-		at := float64(k)
+		at := 0.35 * float64(k) // rounds back to back: the slack ages only while no first token comes
 		lf.FirstToken(lf.Route(eps[0], at, load.Work{Uncached: 100, PrefillSeconds: 0.1}), at+0.1)
 		lf.FirstToken(lf.Route(eps[0], at, load.Work{Uncached: 100, PrefillSeconds: 0.1, Deadline: at + 0.25}), at+0.3)
 	}

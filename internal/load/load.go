@@ -243,8 +243,11 @@ type Fleet struct {
 	// predicted prefill seconds (sched.Snapshot.MeanPrefill).
 	meanPrefill float64
 	routedAny   bool
-	// stepSlack is the step slack (stepslack.go; seconds).
-	stepSlack float64
+	// stepSlack is the step slack (stepslack.go; seconds) as of
+	// lastToken, the latest first token heard.
+	stepSlack, lastToken float64
+	// slackHalfLife is StepSlackHalfLife (tests set +Inf: no aging).
+	slackHalfLife float64
 	// slack, when set, is told of prefill ends that leave slack sooner
 	// than predicted (WakeOnSlack).
 	slack chan<- struct{}
@@ -297,7 +300,7 @@ const MeanPrefillRequests = 100
 // distinct blocks of in-flight sequences (sched.SignalActiveBlocks), which
 // costs a map update per block.
 func New(infos []Info, trackActive bool) *Fleet {
-	f := &Fleet{byName: map[string]*Endpoint{}, trackActive: trackActive}
+	f := &Fleet{byName: map[string]*Endpoint{}, trackActive: trackActive, slackHalfLife: StepSlackHalfLife}
 	f.Set(infos)
 	return f
 }
@@ -451,7 +454,7 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 	dst.MeanPrefill = f.meanPrefill
 	for i, e := range eps {
 		e.catchUp(now)
-		e.fill(now, &dst.Endpoints[i], f.stepSlack)
+		e.fill(now, &dst.Endpoints[i], f.slackAt(now))
 	}
 	predicted := f.pred != nil
 	f.mu.Unlock()
@@ -897,6 +900,7 @@ func (f *Fleet) FirstToken(fl *Flight, at float64) {
 	}
 	e := fl.prefill
 	start := max(fl.routed, e.lastDone)
+	f.heardToken(at)
 	f.noteStepSlack(e, fl, at)
 	f.prefillDone(fl, at)
 	if e.model == nil {

@@ -31,6 +31,7 @@ func TestStepSlack(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := New([]Info{{Name: "a", PrefillSpeed: 20000, StepTokens: tc.steps}}, false)
+			f.slackHalfLife = math.Inf(1) // the learning alone (rounds 10 s apart); aging below
 			_, eps := snap(f, 0, 100, nil)
 			e := eps[0]
 			for k := range 400 {
@@ -56,5 +57,40 @@ func TestStepSlack(t *testing.T) {
 				t.Errorf("with a queue, step slack %v, want the fleet's %v", got, f.StepSlack())
 			}
 		})
+	}
+}
+
+// TestStepSlackAges: while the fleet hears no first token for longer than
+// a step's compute (idle), the step slack halves every StepSlackHalfLife
+// seconds, in the snapshot, the
+// metric and the next learning step; a load that ended leaves none (it
+// stayed as the last load left it, and a walkthrough's idle fleet turned
+// away 2 to 4 of each burst of 16 it could serve).
+func TestStepSlackAges(t *testing.T) {
+	const step = 8192.0 / 20000
+	f := New([]Info{{Name: "a", PrefillSpeed: 20000, StepTokens: 8192}}, false)
+	_, eps := snap(f, 0, 100, nil)
+	e := eps[0]
+	var last float64
+	for k := range 200 { // 0.1 s late at the edge, every 0.5 s: the slack learns 0.1 s
+		at := 0.5 * float64(k)
+		head := f.Route(e, at, Work{Uncached: 2000, PrefillSeconds: 0.1, Deadline: at + 5})
+		f.FirstToken(head, at+0.1)
+		f.FirstToken(f.Route(e, at, Work{Uncached: 4000, PrefillSeconds: 0.2, Deadline: at + 0.4}), at+0.4)
+		last = at + 0.4
+	}
+	learned := f.StepSlack()
+	if math.Abs(learned-0.1) > step/64 {
+		t.Fatalf("learned %.3f s under load, want 0.1 (no aging while first tokens come within a step)", learned)
+	}
+	for _, c := range []struct{ idle, want float64 }{{0, learned}, {step, learned}, {step + StepSlackHalfLife, learned / 2}, {step + 3*StepSlackHalfLife, learned / 8}} {
+		if got := f.StepSlackAt(last + c.idle); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("after %.2f s idle: %.4f s, want %.4f", c.idle, got, c.want)
+		}
+	}
+	now := last + step + 3*StepSlackHalfLife
+	f.Route(e, now, Work{Uncached: 2000, PrefillSeconds: 0.1}) // a queue, so the snapshot carries the slack
+	if s, _ := snap(f, now, 100, nil); math.Abs(s.Endpoints[0].StepSlack-learned/8) > 1e-9 {
+		t.Errorf("the snapshot after 30 s idle: %.4f s, want %.4f", s.Endpoints[0].StepSlack, learned/8)
 	}
 }
