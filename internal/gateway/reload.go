@@ -55,8 +55,8 @@ func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 	return restart, nil
 }
 
-// ReloadRefused counts a reload refused before Reload was asked (a file
-// that did not load).
+// ReloadRefused counts a reload refused: its file did not load, or Reload
+// refused it (Reload counts the ones it applies).
 func (g *Gateway) ReloadRefused() { g.met.reloads.WithLabelValues("refused").Inc() }
 
 // serveConfig answers GET /admin/config: the configuration running now,
