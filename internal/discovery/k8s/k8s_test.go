@@ -159,24 +159,7 @@ func TestFollowsPods(t *testing.T) {
 		newPod("llm", "other-app", "10.0.0.9", label("app", "web"), label(DefaultModelLabel, "m")),
 		newPod("elsewhere", "x", "10.0.1.1", label(DefaultModelLabel, "m")),
 	)
-	var logs discoverytest.LogSink
-	src, err := New(client, Config{Namespace: "llm", Selector: "app=vllm", Port: 8000, NameFromPod: true,
-		Debounce: 5 * time.Millisecond, Logger: logs.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	updates := discoverytest.Run(t, src)
-	// want waits for the next update and compares it, as name/role lines.
-	want := func(step, w string) {
-		t.Helper()
-		var got []string
-		for _, e := range discoverytest.Next(t, updates) {
-			got = append(got, e.Name+"/"+e.Role.String())
-		}
-		if g := strings.Join(got, " "); g != w {
-			t.Fatalf("%s: got %q, want %q", step, g, w)
-		}
-	}
+	logs, want := followPods(t, client)
 	pods := client.CoreV1().Pods("llm")
 	want("start", "a/prefill")
 
@@ -259,24 +242,8 @@ func TestRunListError(t *testing.T) {
 func TestPodThatBreaksTheFleetIsSkipped(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset(newPod("llm", "a", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(LoRAAnnotation, "x")))
-	var logs discoverytest.LogSink
-	src, err := New(client, Config{Namespace: "llm", Selector: "app=vllm", Port: 8000, NameFromPod: true,
-		Debounce: 5 * time.Millisecond, Logger: logs.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	updates := discoverytest.Run(t, src)
-	want := func(step, w string) {
-		t.Helper()
-		var got []string
-		for _, e := range discoverytest.Next(t, updates) {
-			got = append(got, e.Name)
-		}
-		if g := strings.Join(got, " "); g != w {
-			t.Fatalf("%s: got %q, want %q", step, g, w)
-		}
-	}
-	want("start", "a")
+	logs, want := followPods(t, client)
+	want("start", "a/both")
 	pods := client.CoreV1().Pods("llm")
 	if _, err := pods.Create(ctx, newPod("llm", "b", "10.0.0.2", label(DefaultModelLabel, "x")), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -284,11 +251,11 @@ func TestPodThatBreaksTheFleetIsSkipped(t *testing.T) {
 	if _, err := pods.Create(ctx, newPod("llm", "c", "10.0.0.3", label(DefaultModelLabel, "m")), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	want("b clashes, c joins", "a c")
+	want("b clashes, c joins", "a/both c/both")
 	if err := pods.Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	want("a deleted: b is valid now", "b c")
+	want("a deleted: b is valid now", "b/both c/both")
 	if n := logs.Count(`pod skipped`); n != 1 || logs.Count(`adapter`) != 1 {
 		t.Fatalf("the clash logged %d times:\n%s", n, logs.String())
 	}
@@ -315,5 +282,29 @@ func TestAPIOutageIsLogged(t *testing.T) {
 	a.result(stopped, logs.Logger(), refused) // stopping: not an outage
 	if a.failures != 0 {
 		t.Errorf("a failure while stopping was counted")
+	}
+}
+
+// followPods runs a source over client's pods in namespace llm, selector
+// app=vllm, named after the pods, and returns its log and want, which
+// waits for the next update and compares it as name/role words.
+func followPods(t *testing.T, client *fake.Clientset) (*discoverytest.LogSink, func(step, w string)) {
+	t.Helper()
+	logs := new(discoverytest.LogSink)
+	src, err := New(client, Config{Namespace: "llm", Selector: "app=vllm", Port: 8000, NameFromPod: true,
+		Debounce: 5 * time.Millisecond, Logger: logs.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates := discoverytest.Run(t, src)
+	return logs, func(step, w string) {
+		t.Helper()
+		var got []string
+		for _, e := range discoverytest.Next(t, updates) {
+			got = append(got, e.Name+"/"+e.Role.String())
+		}
+		if g := strings.Join(got, " "); g != w {
+			t.Fatalf("%s: got %q, want %q", step, g, w)
+		}
 	}
 }
