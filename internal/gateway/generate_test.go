@@ -98,7 +98,8 @@ func TestGenerate(t *testing.T) {
 	}{
 		{`{"sampling_params":{"max_new_tokens":2}}`, 400, "text or input_ids"},
 		{`{"text":"hi","sampling_params":{"max_new_tokens":0}}`, 400, "sampling_params.max_new_tokens must be at least 1"},
-		{`{"text":"hi","lora_path":"nope"}`, 404, "nope"},
+		{`{"text":"hi","lora_path":"nope"}`, 404, `(lora_path) does not exist.","type":"NotFoundError","param":"lora_path"`},
+		{`{"text":"hi","sampling_params":{"n":0}}`, 400, `"param":"sampling_params.n"`},
 	} {
 		if r := post(t, url+"/generate", tc.body, nil); r.status != tc.status || !strings.Contains(r.body, tc.says) {
 			t.Errorf("%s: %d %s", tc.body, r.status, r.body)

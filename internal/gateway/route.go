@@ -222,11 +222,11 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 
 // setOutput reads rt's output limit (outN, outLimited) and sequences.
 func (rt *routed) setOutput() error {
-	limName := "max_tokens"
+	limName, nName := "max_tokens", "n"
 	rt.outN = defaultOutputTokens
 	if rt.api == apiGenerate {
 		// SGLang's default max_new_tokens bounds the output as a sent one.
-		rt.outN, rt.outLimited, limName = openai.GenerateDefaultMaxNewTokens, true, "sampling_params.max_new_tokens"
+		rt.outN, rt.outLimited, limName, nName = openai.GenerateDefaultMaxNewTokens, true, "sampling_params.max_new_tokens", "sampling_params.n"
 	}
 	if lim := rt.req.OutputLimit(rt.api.chat()); lim != nil {
 		if *lim < 1 {
@@ -237,7 +237,7 @@ func (rt *routed) setOutput() error {
 	rt.seqs = 1
 	if n := rt.req.N; n != nil {
 		if *n < 1 {
-			return openai.BadRequest("n must be at least 1, got %d", *n).WithParam("n")
+			return openai.BadRequest("%s must be at least 1, got %d", nName, *n).WithParam(nName)
 		}
 		rt.seqs = int(min(*n, maxSequences))
 	}
@@ -440,6 +440,9 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	mf := g.models[rt.model]
 	g.mu.RUnlock()
 	if mf == nil {
+		if rt.api == apiGenerate { // /generate names an adapter by lora_path
+			return nil, openai.NotFound("The LoRA adapter `%s` (lora_path) does not exist.", rt.req.Model).WithParam("lora_path")
+		}
 		return nil, openai.NotFound("The model `%s` does not exist.", rt.req.Model).WithParam("model")
 	}
 	fs, err := g.fleetFor(mf, rt, exclude, g.clock())

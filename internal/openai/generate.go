@@ -35,12 +35,17 @@ func ParseGenerate(body []byte) (*Request, error) {
 		ids = nil
 	}
 	switch {
+	case text == nil && ids == nil && find(r.members, "input_embeds") != nil:
+		return nil, BadRequest("input_embeds is not supported: kvgate routes by the prompt's tokens; send text or input_ids").WithParam("input_embeds")
 	case text == nil && ids == nil:
 		return nil, BadRequest("text or input_ids is required").WithParam("text")
 	case text != nil && ids != nil:
 		return nil, BadRequest("give text or input_ids, not both").WithParam("input_ids")
 	case text != nil:
 		v := body[text.v0:text.v1]
+		if v[0] == '[' && len(bytes.TrimSpace(v[1:len(v)-1])) == 0 {
+			return nil, BadRequest("text must not be empty").WithParam("text")
+		}
 		if v[0] != '"' && v[0] != '[' || v[0] == '[' && !listOfStrings(v) {
 			return nil, BadRequest("text must be a string or a list of strings").WithParam("text")
 		}
@@ -53,6 +58,11 @@ func ParseGenerate(body []byte) (*Request, error) {
 			return nil, BadRequest("input_ids must be a list of token ids or a list of lists of them").WithParam("input_ids")
 		}
 		if r.Prompt, err = parsePrompt(v); err != nil {
+			// parsePrompt's message lists a prompt's shapes, strings among
+			// them: input_ids takes token ids alone.
+			if e, ok := err.(*Error); ok && strings.Contains(e.Message, promptShapes) {
+				return nil, BadRequest("input_ids must be a list of token ids or a list of lists of them").WithParam("input_ids")
+			}
 			return nil, renamed(err, "prompt", "input_ids")
 		}
 	}

@@ -40,6 +40,10 @@ func TestParseGenerate(t *testing.T) {
 		{body: `{"text":"a","sampling_params":{"max_new_tokens":"many"}}`, errParam: "sampling_params.max_new_tokens"},
 		{body: `{"text":"a","sampling_params":{"max_new_tokens":1e400}}`, errParam: "sampling_params.max_new_tokens"},
 		{body: `{"text":"a","lora_path":[1]}`, errParam: "lora_path"},
+		// Messages in /generate's terms (walkthrough, 2026-12-04).
+		{body: `{"text":[]}`, errParam: "text", errText: "text must not be empty"},
+		{body: `{"input_ids":[[1,2],3]}`, errParam: "input_ids", errText: "input_ids must be a list of token ids or a list of lists of them"},
+		{body: `{"input_embeds":[[0.1,0.2]]}`, errParam: "input_embeds", errText: "not supported"},
 		{body: `{"text":"a","lora_path":""}`, errParam: "lora_path"},
 		{body: `{"text":"a"} x`, errText: "invalid JSON"},
 	} {
