@@ -192,6 +192,9 @@ func TestErrors(t *testing.T) {
 		{"kv params bad block ids", "/v1/completions", `{"prompt":"x","kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"p","remote_host":"h","remote_port":1,"remote_block_ids":"x"}}`, 400, "remote_block_ids"},
 		{"kv params both", "/v1/completions", `{"prompt":"x","kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":true}}`, 400, "both"},
 		{"tokenize bad", "/tokenize", `{"prompt":5}`, 400, "prompt must be"},
+		// What vLLM's request models refuse (read in its source, 2026-12-04).
+		{"stream_options without stream", "/v1/completions", `{"prompt":"x","max_tokens":1,"stream_options":{"include_usage":true}}`, 400, "Stream options can only be defined when `stream=True`."},
+		{"top_logprobs without logprobs", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":1,"top_logprobs":2}`, 400, "`logprobs` must be set to true"},
 		// Issue 14 items 3 and 13: client numbers, token ids, strict JSON.
 		{"max_tokens 2^63-1", "/v1/completions", `{"prompt":"x","max_tokens":9223372036854775807}`, 400, "maximum context length is 100 tokens. However, you requested 9223372036854775807 tokens"},
 		{"max_completion_tokens 2^63-1", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":9223372036854775807}`, 400, "maximum context length"},

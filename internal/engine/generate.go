@@ -41,6 +41,23 @@ func (e *Engine) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 	e.serveGeneration(w, r, apiChat)
 }
 
+// vllmChecks refuses what vLLM's request models refuse beyond the
+// shared parsing (which a gateway in front of other engines must not):
+// stream_options without stream, and a chat's top_logprobs without
+// logprobs true.
+func vllmChecks(req *openai.Request, a api) error {
+	if a != apiCompletions && a != apiChat {
+		return nil
+	}
+	if req.Field("stream_options") != nil && !req.Stream {
+		return openai.BadRequest("Stream options can only be defined when `stream=True`.").WithParam("stream_options")
+	}
+	if a == apiChat && req.Field("top_logprobs") != nil && string(req.Field("logprobs")) != "true" {
+		return openai.BadRequest("when using `top_logprobs`, `logprobs` must be set to true.").WithParam("top_logprobs")
+	}
+	return nil
+}
+
 // completionsDefaultMaxTokens is vLLM's max_tokens of a completion that
 // gives none.
 const completionsDefaultMaxTokens = 16
@@ -167,6 +184,9 @@ func (e *Engine) parseGeneration(body []byte, a api) (*openai.Request, []uint32,
 	}
 	req, err := parse(body)
 	if err != nil {
+		return nil, nil, 0, err
+	}
+	if err := vllmChecks(req, a); err != nil {
 		return nil, nil, 0, err
 	}
 	if a == apiResponses {

@@ -123,9 +123,11 @@ type Gateway struct {
 	// estimateWarned are the models warned of by warnEstimated (under
 	// setMu).
 	estimateWarned map[string]bool
-	mu             sync.RWMutex
-	members        map[string]*member
-	models         map[string]*modelFleet
+	// urlWarned are the URLs warned of by warnSharedURL (under setMu).
+	urlWarned map[string]bool
+	mu        sync.RWMutex
+	members   map[string]*member
+	models    map[string]*modelFleet
 	// adapters maps each LoRA adapter an endpoint declares or its engine
 	// lists to its base model, whose fleet serves it (adaptersOf).
 	adapters map[string]string
@@ -418,10 +420,35 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 	}
 	g.refresh()
 	g.warnEstimated(eps)
+	g.warnSharedURL(eps)
 	if subErr != nil {
 		return fmt.Errorf("kv events: %w", subErr)
 	}
 	return nil
+}
+
+// warnSharedURL warns, once per URL (under setMu), of endpoints under
+// different names at one engine's URL (data-parallel ranks aside, which
+// share their engine's API): its load would be counted as several
+// engines'.
+func (g *Gateway) warnSharedURL(eps []fleet.Endpoint) {
+	names := map[string][]string{}
+	for _, e := range eps {
+		if u := strings.TrimRight(e.URL, "/"); u != "" && !e.Ranked() {
+			names[u] = append(names[u], e.Name)
+		}
+	}
+	for u, ns := range names {
+		if len(ns) < 2 || g.urlWarned[u] {
+			continue
+		}
+		if g.urlWarned == nil {
+			g.urlWarned = map[string]bool{}
+		}
+		g.urlWarned[u] = true
+		g.log.Warn("endpoints: several endpoints at one URL: one engine's load is counted as several engines' (use dp_size for data-parallel ranks behind one API)",
+			"url", u, "endpoints", ns)
+	}
 }
 
 // warnEstimated warns, once per model (under setMu), of a model whose

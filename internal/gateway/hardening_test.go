@@ -503,3 +503,25 @@ func TestNewURLDropsTheBlocks(t *testing.T) {
 		t.Errorf("after e's new URL: e holds %d blocks (want 0), f %d (want 4)", e, f)
 	}
 }
+
+// TestWarnsOfSharedURL: two endpoint names at one engine's URL are warned
+// of once (one engine's load counted as two; a walkthrough met it in
+// silence); data-parallel ranks, which share their engine's API, are not.
+func TestWarnsOfSharedURL(t *testing.T) {
+	var buf bytes.Buffer
+	eps := []fleet.Endpoint{
+		{Name: "a", URL: "http://127.0.0.1:1", Model: testModel},
+		{Name: "b", URL: "http://127.0.0.1:1/", Model: testModel},
+		{Name: "r", URL: "http://127.0.0.1:2", Model: testModel, DPSize: 2},
+	}
+	g, err := New(Config{Endpoints: eps}, Options{Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetEndpoints(eps); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(buf.String(), "several endpoints at one URL"); n != 1 || strings.Contains(buf.String(), "127.0.0.1:2") {
+		t.Errorf("%d warnings:\n%s", n, buf.String())
+	}
+}

@@ -164,6 +164,15 @@ func (r *Request) NoSpecialTokens() bool {
 	return string(r.value("add_special_tokens")) == "false"
 }
 
+// Field is the raw JSON value of the body's top-level key (nil: absent
+// or null).
+func (r *Request) Field(key string) []byte {
+	if v := r.value(key); v != nil && !isNull(v) {
+		return v
+	}
+	return nil
+}
+
 // value is the raw value of the body's top-level key (nil: absent).
 func (r *Request) value(key string) []byte {
 	if m := find(r.members, key); m != nil {
