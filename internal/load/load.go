@@ -246,8 +246,9 @@ type Fleet struct {
 	// stepSlack is the step slack (stepslack.go; seconds) as of
 	// lastToken, the latest first token heard.
 	stepSlack, lastToken float64
-	// slackHalfLife is StepSlackHalfLife (tests set +Inf: no aging).
-	slackHalfLife float64
+	// slackHalfLife is StepSlackHalfLife (tests set +Inf: no aging);
+	// maxStep the longest full step of the endpoints' (Set).
+	slackHalfLife, maxStep float64
 	// slack, when set, is told of prefill ends that leave slack sooner
 	// than predicted (WakeOnSlack).
 	slack chan<- struct{}
@@ -335,6 +336,10 @@ func (f *Fleet) Set(infos []Info) {
 		}
 	}
 	f.eps, f.byName = next, byName
+	f.maxStep = 0
+	for _, e := range next {
+		f.maxStep = max(f.maxStep, e.fullStep())
+	}
 }
 
 // SetBatchingEngines says the engines batch concurrent prefills (vLLM,
@@ -452,9 +457,10 @@ func (f *Fleet) Snapshot(now float64, promptTokens int, keys []uint64, pc Prefix
 	dst.Endpoints = dst.Endpoints[:len(eps)]
 	dst.Now = now
 	dst.MeanPrefill = f.meanPrefill
+	slack := f.slackAt(now)
 	for i, e := range eps {
 		e.catchUp(now)
-		e.fill(now, &dst.Endpoints[i], f.slackAt(now))
+		e.fill(now, &dst.Endpoints[i], slack)
 	}
 	predicted := f.pred != nil
 	f.mu.Unlock()

@@ -80,11 +80,7 @@ func (f *Fleet) slackAt(now float64) float64 {
 	if f.stepSlack <= 0 || f.slackHalfLife <= 0 {
 		return f.stepSlack
 	}
-	step := 0.0
-	for _, e := range f.eps {
-		step = max(step, e.fullStep())
-	}
-	if idle := now - f.lastToken - step; idle > 0 {
+	if idle := now - f.lastToken - f.maxStep; idle > 0 {
 		return f.stepSlack * math.Exp2(-idle/f.slackHalfLife)
 	}
 	return f.stepSlack
