@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -523,5 +524,21 @@ func TestWarnsOfSharedURL(t *testing.T) {
 	}
 	if n := strings.Count(buf.String(), "several endpoints at one URL"); n != 1 || strings.Contains(buf.String(), "127.0.0.1:2") {
 		t.Errorf("%d warnings:\n%s", n, buf.String())
+	}
+}
+
+// TestAppliedConfig: what runs after a reload is the running config with
+// the new file's reloadable fields, by restartFields' rule: classes and
+// early_reject from the new file, policy and hold.max_requests kept.
+func TestAppliedConfig(t *testing.T) {
+	on, off := true, false
+	run := &Config{Policy: "kvgate", EarlyReject: &on, Classes: []Class{{Name: "a"}}, Hold: HoldConfig{MaxRequests: 10, Min: 1}}
+	next := &Config{Policy: "round-robin", EarlyReject: &off, Classes: []Class{{Name: "b"}}, Hold: HoldConfig{MaxRequests: 20, Min: 2}}
+	got := applied(run, next)
+	if got.Policy != "kvgate" || *got.EarlyReject || got.Classes[0].Name != "b" || got.Hold.MaxRequests != 10 || got.Hold.Min != 2 {
+		t.Errorf("applied: %+v", got)
+	}
+	if r := restartFields(run, next); !slices.Equal(r, []string{"policy", "hold.max_requests"}) {
+		t.Errorf("restart fields %v", r)
 	}
 }

@@ -41,15 +41,7 @@ func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 	g.classes.Store(newClassSet(&next))
 	g.sched.Store(next.scheduler(g.sched.Load().Policy))
 	restart := restartFields(&g.cfg, &next)
-	// What runs now: the running config with the reloadable fields of
-	// next (GET /admin/config).
-	run := *g.running.Load()
-	run.EarlyReject, run.SLOTTFT, run.SLOTPOT = next.EarlyReject, next.SLOTTFT, next.SLOTPOT
-	run.Classes, run.DefaultClass, run.ClassHeader = next.Classes, next.DefaultClass, next.ClassHeader
-	maxReq, touchPrio := run.Hold.MaxRequests, run.Hold.TouchPriority
-	run.Hold = next.Hold
-	run.Hold.MaxRequests, run.Hold.TouchPriority = maxReq, touchPrio
-	g.running.Store(&run)
+	g.running.Store(applied(g.running.Load(), &next))
 	g.met.reloads.WithLabelValues("applied").Inc()
 	g.met.lastReload.SetToCurrentTime()
 	return restart, nil
@@ -97,6 +89,30 @@ func reloadable(name string) bool {
 	return false
 }
 
+// applied is what runs after a reload of next over run (GET
+// /admin/config): run with next's reloadable fields, by the same rule as
+// restartFields (reloadable, the hold's max_requests and touch_priority
+// kept).
+func applied(run, next *Config) *Config {
+	out := *run
+	ov, nv := reflect.ValueOf(&out).Elem(), reflect.ValueOf(next).Elem()
+	for i := range ov.NumField() {
+		if reloadable(yamlName(ov.Type().Field(i))) {
+			ov.Field(i).Set(nv.Field(i))
+		}
+	}
+	out.Hold.MaxRequests, out.Hold.TouchPriority = run.Hold.MaxRequests, run.Hold.TouchPriority
+	return &out
+}
+
+// yamlName is a Config field's key in the file.
+func yamlName(f reflect.StructField) string {
+	if name, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); name != "" {
+		return name
+	}
+	return f.Name
+}
+
 // restartFields names the fields of next that differ from cur and that a
 // reload does not apply: every top-level field but the reloadable ones
 // (compared whole, by reflection, so that a field added to Config is never
@@ -106,11 +122,7 @@ func restartFields(cur, next *Config) []string {
 	cv, nv := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
 	t := cv.Type()
 	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
-		if name == "" {
-			name = t.Field(i).Name
-		}
-		if !reloadable(name) && !reflect.DeepEqual(cv.Field(i).Interface(), nv.Field(i).Interface()) {
+		if name := yamlName(t.Field(i)); !reloadable(name) && !reflect.DeepEqual(cv.Field(i).Interface(), nv.Field(i).Interface()) {
 			out = append(out, name)
 		}
 	}
