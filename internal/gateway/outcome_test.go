@@ -61,7 +61,8 @@ func outcomesSince(t *testing.T, g *Gateway, before map[string]int) map[string]i
 }
 
 // fakeTokenizer is an engine's POST /tokenize whose answer the prompt
-// chooses: one containing "tok-fail" gets 500; "tok-silent" no answer
+// chooses: one containing "tok-fail" gets 500; "tok-long" the 400 of a
+// vLLM whose /tokenize checks max_model_len; "tok-silent" no answer
 // until the caller gives up; "tok-hold" no answer until release is
 // closed. Those two tell arrived first. Anything else is tokenized.
 type fakeTokenizer struct {
@@ -83,6 +84,11 @@ func newFakeTokenizer(t *testing.T) *fakeTokenizer {
 		switch {
 		case strings.Contains(req.Prompt, "tok-fail"):
 			http.Error(w, "tokenizer on fire", http.StatusInternalServerError)
+			return
+		case strings.Contains(req.Prompt, "tok-long"):
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"This model's maximum context length is 2048 tokens. However, your request has 4301 input tokens. Please reduce the length of the input prompt.","type":"BadRequestError","param":"max_model_len","code":400}}`)
 			return
 		case strings.Contains(req.Prompt, "tok-silent"), strings.Contains(req.Prompt, "tok-hold"):
 			select {
@@ -165,6 +171,7 @@ func TestOutcomeBeforeRouting(t *testing.T) {
 		short   bool // on the gateway with a short tokenize timeout
 		status  int
 		outcome string
+		says    string // in the answer's body
 	}{
 		{name: "served", body: completion("hello", false, 2), status: 200, outcome: "ok"},
 		{name: "malformed JSON", body: `{"model":`, status: 400, outcome: "bad_request"},
@@ -175,6 +182,10 @@ func TestOutcomeBeforeRouting(t *testing.T) {
 		{name: "too large", body: completion(strings.Repeat("x", 5000), false, 1), status: 413, outcome: "bad_request"},
 		{name: "not POST", method: http.MethodPut, body: completion("a", false, 1), status: 405, outcome: "bad_request"},
 		{name: "tokenizer fails", body: completion("tok-fail", false, 1), status: 502, outcome: "tokenizer_error"},
+		// The engine's refusal of the prompt is the client's 400, with
+		// the engine's message and param (before: a 502, the gateway's).
+		{name: "tokenizer refuses the prompt", body: completion("tok-long", false, 1), status: 400, outcome: "bad_request",
+			says: `"message":"This model's maximum context length is 2048 tokens. However, your request has 4301 input tokens. Please reduce the length of the input prompt.","type":"BadRequestError","param":"max_model_len"`},
 		{name: "tokenizer unreachable", body: `{"model":"gw-unreachable","prompt":"a"}`, status: 502, outcome: "tokenizer_error"},
 		{name: "tokenizer times out", body: completion("tok-silent", false, 1), short: true, status: 504, outcome: "tokenizer_error"},
 	} {
@@ -204,6 +215,9 @@ func TestOutcomeBeforeRouting(t *testing.T) {
 			}
 			if tc.status != 200 && !strings.Contains(string(b), fmt.Sprintf(`"code":%d`, tc.status)) {
 				t.Errorf("not an OpenAI error body with its code: %s", b)
+			}
+			if !strings.Contains(string(b), tc.says) {
+				t.Errorf("answer %s does not say %s", b, tc.says)
 			}
 			// The outcome is counted before the answer is written.
 			if got, want := outcomesSince(t, g, before), map[string]int{tc.outcome: 1}; !maps.Equal(got, want) {

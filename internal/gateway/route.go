@@ -286,8 +286,13 @@ func (e *tokenizerError) Error() string   { return e.resp.Error() }
 func (e *tokenizerError) Unwrap() []error { return []error{e.resp, e.cause} }
 
 // tokenizerFailed is the error of a tokenization of model that failed
-// with err under tctx, the request's ctx bounded by timeout.
+// with err under tctx, the request's ctx bounded by timeout. An engine's
+// 400 to the tokenization is the client's: its answer is relayed as a 400
+// (a prompt beyond max_model_len, which vLLM itself would refuse so).
 func tokenizerFailed(ctx, tctx context.Context, model string, timeout time.Duration, err error) error {
+	if se, ok := tokens.PromptRefused(err); ok {
+		return openai.EngineError(http.StatusBadRequest, "", []byte(se.Body))
+	}
 	resp := openai.Errorf(http.StatusBadGateway, "tokenizer for model %q: %v", model, err)
 	if ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
 		resp = openai.Errorf(http.StatusGatewayTimeout, "tokenizer for model %q: no answer within %v: %v", model, timeout, err)

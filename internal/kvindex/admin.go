@@ -274,6 +274,9 @@ func (a *Admin) keysOf(w http.ResponseWriter, r *http.Request) (req lookupReques
 			ids, err = tk.ChatAs(r.Context(), msgs, opts)
 		}
 		if err != nil {
+			if se, ok := tokens.PromptRefused(err); ok {
+				return req, 0, nil, release, openai.EngineError(http.StatusBadRequest, "tokenize: ", []byte(se.Body))
+			}
 			if e := openai.AsError(err); e.Status == http.StatusGatewayTimeout {
 				return req, 0, nil, release, openai.Errorf(http.StatusGatewayTimeout, "tokenize: %v", err)
 			}

@@ -306,13 +306,34 @@ func TestAdminLookupAsTheEngineTokenizes(t *testing.T) {
 	}
 }
 
+// TestAdminLookupPromptRefused: a prompt the engine's /tokenize refuses
+// (vLLM versions whose /tokenize checks max_model_len) is the caller's
+// 400 with the engine's message and param, not the index's 502.
+func TestAdminLookupPromptRefused(t *testing.T) {
+	set := tokenizeEngine(t, func(body []byte) int { return -1 })
+	x := New(Config{BlockSize: 4})
+	mustAdd(t, x, "127.0.0.1:8001", "m")
+	srv := httptest.NewServer((&Admin{Index: x, Tokens: set}).Handler())
+	defer srv.Close()
+	code, eb := postBody(t, srv.URL+"/admin/kv/lookup", `{"model":"m","prompt":"a very long prompt"}`)
+	if code != 400 || !strings.Contains(eb.Error.Message, "maximum context length is 2048 tokens") || eb.Error.Param == nil || *eb.Error.Param != "max_model_len" {
+		t.Errorf("%d %+v", code, eb.Error)
+	}
+}
+
 // tokenizeEngine is a tokenizer set over a stand-in engine whose /tokenize
-// answers count(body) tokens.
+// answers count(body) tokens, or when count is negative refuses the
+// prompt as a vLLM that checks max_model_len does.
 func tokenizeEngine(t *testing.T, count func(body []byte) int) *tokens.Set {
 	t.Helper()
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		n := count(body)
+		if n < 0 {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"This model's maximum context length is 2048 tokens. However, your request has 4301 input tokens.","type":"BadRequestError","param":"max_model_len","code":400}}`)
+			return
+		}
 		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": make([]int, n), "count": n})
 	}))
 	t.Cleanup(engine.Close)

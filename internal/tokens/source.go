@@ -118,11 +118,29 @@ func (s *EngineSource) TokenizePrompt(ctx context.Context, text string, special 
 type StatusError struct {
 	URL  string
 	Code int
-	Body string // its first 200 bytes
+	Body string // its first maxErrorBody bytes
 }
 
+// maxErrorBody bounds the part of a /tokenize error answer kept: enough
+// for vLLM's error object with its message (a context-length refusal
+// names both lengths), which a refusal of the prompt relays.
+const maxErrorBody = 4 << 10
+
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("tokens: tokenize at %s: status %d: %s", e.URL, e.Code, e.Body)
+	return fmt.Sprintf("tokens: tokenize at %s: status %d: %.200s", e.URL, e.Code, e.Body)
+}
+
+// PromptRefused returns the engine's answer when err is its 400 to a
+// /tokenize: the engine refused the prompt itself, as vLLM versions whose
+// /tokenize checks max_model_len refuse one longer than it (with the
+// message and param its completions API would give). A gateway tells the
+// client so, as the engine would, rather than call it its own failure.
+func PromptRefused(err error) (*StatusError, bool) {
+	var se *StatusError
+	if errors.As(err, &se) && se.Code == http.StatusBadRequest {
+		return se, true
+	}
+	return nil, false
 }
 
 // refused reports whether the engine refused the request's form (rather
@@ -251,7 +269,7 @@ func (s *EngineSource) postTo(ctx context.Context, base string, body []byte) ([]
 		return nil, fmt.Errorf("tokens: read tokenize response: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, &StatusError{URL: url, Code: resp.StatusCode, Body: string(data[:min(len(data), 200)])}
+		return nil, &StatusError{URL: url, Code: resp.StatusCode, Body: string(data[:min(len(data), maxErrorBody)])}
 	}
 	var out tokenizeResponse
 	if err := json.Unmarshal(data, &out); err != nil {
