@@ -89,6 +89,10 @@ func TestMessages(t *testing.T) {
 		{"/v1/messages", `{"model":"` + testModel + `","max_tokens":0,"messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request_error"},
 		{"/v1/messages", `{"model":"nope","max_tokens":3,"messages":[{"role":"user","content":"x"}]}`, 404, "not_found_error"},
 		{"/v1/messages", `{"model":"` + testModel + `","max_tokens":3,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]}`, 400, "invalid_request_error"},
+		// An image a tool returned, refused as any image (it was dropped,
+		// and the request served).
+		{"/v1/messages", `{"model":"` + testModel + `","max_tokens":3,"messages":[{"role":"user","content":"read it"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Read","input":{}}]},` +
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}}]}]}]}`, 400, "invalid_request_error"},
 		{"/v1/messages/count_tokens", `{"model":"nope","messages":[]}`, 404, "not_found_error"},
 	} {
 		r := post(t, url+bad.path, bad.body, nil)

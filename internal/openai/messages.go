@@ -305,12 +305,22 @@ func convertMessage(out []Message, m anthropicMessage) ([]Message, error) {
 			}
 			calls = append(calls, call)
 		case "tool_result":
-			text, err := toolResultText(b, param)
+			text, images, err := toolResultText(b, param)
 			if err != nil {
 				return nil, err
 			}
 			if m.role == "user" {
 				out = append(out, toolMessage(b.ToolUseID, text))
+				if images > 0 {
+					// vLLM sends a result's images as a user message of
+					// image parts after it; refused as any image is
+					// (text only), where they were dropped unsaid.
+					parts := make([]ContentPart, images)
+					for i := range parts {
+						parts[i].Type = "image_url"
+					}
+					out = append(out, objectMessage("user", Content{Parts: parts}, "", nil, true))
+				}
 			} else {
 				content.Parts = append(content.Parts, ContentPart{Type: "text", Text: "Tool result: " + text})
 			}
@@ -392,19 +402,22 @@ func appendJSON(b []byte, v any) ([]byte, error) {
 
 // toolResultText is a tool_result's content as text (folded into, when
 // inline system text was): a string, or its text blocks joined by
-// newlines.
-func toolResultText(b messagesBlock, param string) (string, error) {
+// newlines; and how many image blocks it holds.
+func toolResultText(b messagesBlock, param string) (text string, images int, err error) {
 	c, err := toolResultContent(b, param)
 	if err != nil || c.blocks == nil {
-		return c.text, err
+		return c.text, 0, err
 	}
 	var texts []string
 	for _, bl := range c.blocks {
-		if bl.Type == "text" {
+		switch bl.Type {
+		case "text":
 			texts = append(texts, bl.Text)
+		case "image":
+			images++
 		}
 	}
-	return strings.Join(texts, "\n"), nil
+	return strings.Join(texts, "\n"), images, nil
 }
 
 // toolResultContent is a tool_result's content: folded, or read from

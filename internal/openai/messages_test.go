@@ -62,6 +62,12 @@ func TestParseMessages(t *testing.T) {
 		{"image kept as a part, Claude Code's roles", `{"model":"m","max_tokens":5,"messages":[
 			{"role":"ctx","content":[{"type":"image","source":{"type":"url","url":"u"}},{"type":"text","text":"what?"}]},{"role":"msg","content":"x"}]}`,
 			`{"role":"user","content":[{"type":"image_url","text":""},{"type":"text","text":"what?"}]}` + "\n" + `{"role":"user","content":"x"}`},
+		// vLLM's conversion: a user message of the images after the
+		// result's tool message (they were dropped, so a screenshot a
+		// tool returned was served unrefused and keyed as nothing).
+		{"a tool result's images follow it as a user message", `{"model":"m","max_tokens":5,"messages":[
+			{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"shot"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}},{"type":"image","source":{"type":"url","url":"u"}}]}]}]}`,
+			`{"role":"tool","tool_call_id":"t1","content":"shot"}` + "\n" + `{"role":"user","content":[{"type":"image_url","text":""},{"type":"image_url","text":""}]}`},
 		{"an empty assistant message stays, without content; a string's is kept", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[]},{"role":"assistant","content":""}]}`,
 			`{"role":"user","content":"q"}` + "\n" + `{"role":"assistant"}` + "\n" + `{"role":"assistant","content":""}`},
 	}
