@@ -240,7 +240,8 @@ func satAdd(a, b int64) int64 {
 // checks that prompt and output fit the model and the KV cache. Client
 // numbers are compared, never added: max_tokens may be 2^63-1. With
 // capOnly max_tokens is only a cap on the natural length (the Messages
-// API requires it: Claude Code sends 32 000), unless ignore_eos (which
+// API requires it: Claude Code sends 32 000), though one that must fit
+// beside the prompt as every max_tokens must, unless ignore_eos (which
 // vLLM's Messages API does not read; kvgate bench sends it); otherwise
 // the answer runs to it, which lets a benchmark set output lengths.
 func (e *Engine) outputLength(req *openai.Request, chat bool, toks []uint32, remoteDecode, capOnly bool) (maxTokens int64, natural bool, err error) {
@@ -258,8 +259,11 @@ func (e *Engine) outputLength(req *openai.Request, chat bool, toks []uint32, rem
 			return 0, false, openai.BadRequest("max_tokens must be at least 1, got %d", *mt).WithParam("max_tokens")
 		}
 		maxTokens = *mt
-		if n := int64(naturalLength(toks)); capOnly && !req.IgnoreEOS && n <= maxTokens {
-			maxTokens, natural = min(n, room), true
+		// A cap still has to fit: vLLM's Messages API is its chat, whose
+		// max_tokens beyond the room left by the prompt is a 400 (it
+		// was served here, the cap cut to the room).
+		if n := int64(naturalLength(toks)); capOnly && !req.IgnoreEOS && n <= maxTokens && maxTokens <= room {
+			maxTokens, natural = n, true
 		}
 		if req.MinTokens != nil && *req.MinTokens > maxTokens {
 			return 0, false, openai.BadRequest("min_tokens (%d) must be less than or equal to max_tokens (%d)", *req.MinTokens, maxTokens).WithParam("min_tokens")

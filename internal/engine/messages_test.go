@@ -74,6 +74,13 @@ func TestMessages(t *testing.T) {
 	if err := json.Unmarshal(raw, &m); err != nil || m.StopReason == nil || *m.StopReason != "end_turn" {
 		t.Fatalf("natural end: %s", raw)
 	}
+	// A max_tokens beyond the room the prompt leaves is the chat's 400
+	// (vLLM's Messages API is its chat); it was served, a cap cut to fit.
+	body["max_tokens"] = e.cfg.MaxModelLen
+	if resp, raw = postJSON(t, e.URL()+"/v1/messages", body); resp.StatusCode != 400 || !strings.Contains(string(raw), "maximum context length") ||
+		!strings.Contains(string(raw), `"invalid_request_error"`) {
+		t.Fatalf("max_tokens of the whole context: %d %s", resp.StatusCode, raw)
+	}
 	pd := startEngine(t, func(c *Config) { c.Role = fleet.RolePrefill })
 	if resp, raw = postJSON(t, pd.URL()+"/v1/messages", body); resp.StatusCode != 400 || !strings.Contains(string(raw), "aggregated only") {
 		t.Fatalf("a prefill engine: %d %s", resp.StatusCode, raw)
