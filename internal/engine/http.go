@@ -16,6 +16,7 @@ func (e *Engine) routes() *http.ServeMux {
 	mux.HandleFunc("POST /generate", e.handleGenerate)
 	mux.HandleFunc("POST /v1/responses", e.handleResponses)
 	mux.HandleFunc("GET /v1/responses/{id}", e.handleGetResponse)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", e.handleCancelResponse)
 	mux.HandleFunc("POST /v1/messages", e.handleMessages)
 	mux.HandleFunc("POST /v1/messages/count_tokens", e.handleCountTokens)
 	mux.HandleFunc("GET /v1/models", e.handleModels)

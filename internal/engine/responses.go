@@ -75,6 +75,19 @@ func (e *Engine) handleGetResponse(w http.ResponseWriter, r *http.Request) {
 	w.Write(s.object)
 }
 
+// handleCancelResponse is POST /v1/responses/{id}/cancel. The engine
+// serves no background response, so a kept one is always finished:
+// vLLM's 400 for it ("Cannot cancel a synchronous response."), and its
+// 404 for one it does not keep.
+func (e *Engine) handleCancelResponse(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if e.responses.get(id) == nil || !e.cfg.ResponsesStore {
+		openai.WriteError(w, openai.NotFound("Response with id '%s' not found.", id))
+		return
+	}
+	openai.WriteError(w, openai.BadRequest("Cannot cancel a synchronous response."))
+}
+
 // continueResponse puts the conversation of req's previous response, if
 // it names one, before its input (after its instructions): the engine
 // that kept it serves it; any other answers 404, as vLLM does.

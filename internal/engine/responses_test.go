@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -86,6 +87,22 @@ func TestResponses(t *testing.T) {
 	}
 	if code, _ := getBody(t, e.URL()+"/v1/responses/resp_nope"); code != 404 {
 		t.Fatalf("GET of an unknown id: %d", code)
+	}
+	// Cancel, as vLLM answers it for a response that is not background.
+	for _, c := range []struct {
+		id   string
+		code int
+		says string
+	}{{o2.ID, 400, "Cannot cancel a synchronous response."}, {"resp_nope", 404, "not found"}} {
+		resp, err := http.Post(e.URL()+"/v1/responses/"+c.id+"/cancel", "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.code || !strings.Contains(string(body), c.says) {
+			t.Errorf("cancel %s: %d %s", c.id, resp.StatusCode, body)
+		}
 	}
 	off := startEngine(t)
 	if status, _, raw := postResponse(t, off, map[string]any{"model": model, "input": "x", "previous_response_id": o.ID}); status != 404 {
