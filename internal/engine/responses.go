@@ -112,18 +112,54 @@ func (e *Engine) continueResponse(req *openai.Request) error {
 
 // responseObject is a response as the Responses API writes it.
 type responseObject struct {
-	ID                 string              `json:"id"`
-	Object             string              `json:"object"`
-	CreatedAt          int64               `json:"created_at"`
-	Model              string              `json:"model"`
-	Status             string              `json:"status"`
-	IncompleteDetails  *incompleteDetails  `json:"incomplete_details"`
-	Instructions       *string             `json:"instructions"`
-	MaxOutputTokens    *int64              `json:"max_output_tokens"`
-	PreviousResponseID *string             `json:"previous_response_id"`
-	Output             []responseItem      `json:"output"`
-	Usage              *responseUsage      `json:"usage"`
-	Metadata           map[string]struct{} `json:"metadata"`
+	ID                 string             `json:"id"`
+	Object             string             `json:"object"`
+	CreatedAt          int64              `json:"created_at"`
+	Model              string             `json:"model"`
+	Status             string             `json:"status"`
+	IncompleteDetails  *incompleteDetails `json:"incomplete_details"`
+	Instructions       *string            `json:"instructions"`
+	MaxOutputTokens    *int64             `json:"max_output_tokens"`
+	PreviousResponseID *string            `json:"previous_response_id"`
+	Output             []responseItem     `json:"output"`
+	Usage              *responseUsage     `json:"usage"`
+	requestEcho
+}
+
+// requestEcho is what a response repeats of its request, as vLLM's
+// (ResponsesResponse.from_request) and OpenAI's do: each member as the
+// client sent it, or its default when absent or null.
+type requestEcho struct {
+	Metadata          json.RawMessage `json:"metadata"`
+	Temperature       json.RawMessage `json:"temperature"`
+	TopP              json.RawMessage `json:"top_p"`
+	Tools             json.RawMessage `json:"tools"`
+	ToolChoice        json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls json.RawMessage `json:"parallel_tool_calls"`
+	Text              json.RawMessage `json:"text"`
+	Reasoning         json.RawMessage `json:"reasoning"`
+	Truncation        json.RawMessage `json:"truncation"`
+	Background        json.RawMessage `json:"background"`
+	User              json.RawMessage `json:"user"`
+}
+
+// echoOf is the echo of a Responses request's body (parsed before, so
+// one JSON object).
+func echoOf(body []byte) requestEcho {
+	var in map[string]json.RawMessage
+	_ = json.Unmarshal(body, &in)
+	pick := func(key, def string) json.RawMessage {
+		if v, ok := in[key]; ok && string(v) != "null" {
+			return v
+		}
+		return json.RawMessage(def)
+	}
+	return requestEcho{
+		Metadata: pick("metadata", "{}"), Temperature: pick("temperature", "1.0"), TopP: pick("top_p", "1.0"),
+		Tools: pick("tools", "[]"), ToolChoice: pick("tool_choice", `"auto"`), ParallelToolCalls: pick("parallel_tool_calls", "true"),
+		Text: pick("text", `{"format":{"type":"text"}}`), Reasoning: pick("reasoning", "null"), Truncation: pick("truncation", `"disabled"`),
+		Background: pick("background", "false"), User: pick("user", "null"),
+	}
 }
 
 type incompleteDetails struct {
@@ -163,6 +199,7 @@ type responsesState struct {
 	itemID string
 	seq    int // the next event's sequence_number
 	store  bool
+	echo   requestEcho
 }
 
 func newResponsesState(req *openai.Request, id string, store bool) *responsesState {
@@ -171,7 +208,7 @@ func newResponsesState(req *openai.Request, id string, store bool) *responsesSta
 		k = 1
 	}
 	return &responsesState{req: req, conv: req.Messages[k:], itemID: "msg_" + strings.TrimPrefix(id, "resp_"),
-		store: store && (req.Store == nil || *req.Store)}
+		store: store && (req.Store == nil || *req.Store), echo: echoOf(req.Raw)}
 }
 
 // object is the response with out's answer (done: complete or cut at
@@ -179,7 +216,7 @@ func newResponsesState(req *openai.Request, id string, store bool) *responsesSta
 func (s *responder) object(out requestOutput, text string) *responseObject {
 	rs := s.responses
 	o := &responseObject{ID: s.id, Object: "response", CreatedAt: s.created, Model: s.model, Status: "in_progress",
-		MaxOutputTokens: rs.req.MaxTokens, Output: []responseItem{}, Metadata: map[string]struct{}{}}
+		MaxOutputTokens: rs.req.MaxTokens, Output: []responseItem{}, requestEcho: rs.echo}
 	if rs.req.Instructions != "" {
 		o.Instructions = &rs.req.Instructions
 	}

@@ -156,3 +156,43 @@ func TestResponsesStream(t *testing.T) {
 		t.Fatalf("unstreamed %q, streamed %q: %s", whole.text(), deltas, raw)
 	}
 }
+
+// TestResponsesEchoTheRequest: a response repeats its request's
+// metadata, sampling and tool settings as vLLM's and OpenAI's do, or
+// their defaults (a walkthrough found metadata always {} and the rest
+// absent).
+func TestResponsesEchoTheRequest(t *testing.T) {
+	e := startEngine(t)
+	read := func(raw string) map[string]any {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(raw), &m); err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		return m
+	}
+	tools := []map[string]any{{"type": "function", "name": "f", "parameters": map[string]any{"type": "object"}}}
+	status, _, raw := postResponse(t, e, map[string]any{"model": e.cfg.Model, "input": "hi", "max_output_tokens": 3,
+		"metadata": map[string]string{"k": "v"}, "temperature": 0.2, "tools": tools, "tool_choice": "required", "user": "u1"})
+	if status != 200 {
+		t.Fatalf("%d %s", status, raw)
+	}
+	m := read(raw)
+	if md, _ := m["metadata"].(map[string]any); md["k"] != "v" || m["temperature"] != 0.2 || m["tool_choice"] != "required" || m["user"] != "u1" {
+		t.Errorf("not echoed: %s", raw)
+	}
+	if ts, _ := m["tools"].([]any); len(ts) != 1 {
+		t.Errorf("tools not echoed: %s", raw)
+	}
+	status, _, raw = postResponse(t, e, map[string]any{"model": e.cfg.Model, "input": "hi", "max_output_tokens": 3, "metadata": nil})
+	if status != 200 {
+		t.Fatalf("%d %s", status, raw)
+	}
+	m = read(raw)
+	if md, ok := m["metadata"].(map[string]any); !ok || len(md) != 0 || m["temperature"] != 1.0 || m["tool_choice"] != "auto" || m["parallel_tool_calls"] != true ||
+		m["truncation"] != "disabled" || m["background"] != false {
+		t.Errorf("defaults: %s", raw)
+	}
+	if ts, ok := m["tools"].([]any); !ok || len(ts) != 0 {
+		t.Errorf("tools default: %s", raw)
+	}
+}
