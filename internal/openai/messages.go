@@ -100,6 +100,9 @@ func parseMessagesBody(body []byte, generates bool, mode func(model string) Inli
 		}
 	}
 	switch {
+	case r.Model == "":
+		// vLLM's Messages request requires it (a chat's may omit it).
+		return nil, BadRequest("model is required").WithParam("model")
 	case list == nil:
 		return nil, BadRequest("messages is required").WithParam("messages")
 	case r.MaxTokens == nil && generates:

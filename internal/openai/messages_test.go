@@ -139,6 +139,9 @@ func TestParseMessagesRejects(t *testing.T) {
 		`{"model":"m","max_tokens":5,"system":5,"messages":[{"role":"user","content":"q"}]}`,
 		`{"model":"m","max_tokens":5,"system":[{"type":"text","text":""}],"messages":[{"role":"user","content":[]}]}`,
 		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}],"messages":[]}`,
+		// vLLM's Messages request requires the model (served until 2026-12-04).
+		`{"max_tokens":5,"messages":[{"role":"user","content":"q"}]}`,
+		`{"model":null,"max_tokens":5,"messages":[{"role":"user","content":"q"}]}`,
 	} {
 		r, err := ParseMessages([]byte(bad))
 		var e *Error
