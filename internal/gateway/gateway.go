@@ -496,7 +496,16 @@ func (g *Gateway) refresh() {
 	g.adapters = g.adaptersOf()
 	for _, m := range g.members {
 		in := g.health == nil || g.health.Available(m.ep.Name)
-		if m.setOut(!in) && m.ep.Events == "" && m.ep.Replay != "" {
+		switch back := m.setOut(!in); {
+		case back && m.ep.Events == "" && g.cfg.BindEvents == "":
+			// Back from out, with no KV events: it may have restarted
+			// with an empty cache, and nothing would say so; what
+			// kvgate's own routing put in the index for it is dropped
+			// (kept until 2026-12-04: a restarted engine was claimed to
+			// hold its old prompts, predicted at 2.5 ms for 131, and the
+			// predictor learned it 20× slow from the misses).
+			g.idx.ClearEndpoint(m.kvID)
+		case back && m.ep.Events == "" && m.ep.Replay != "":
 			// Back from out, in central mode: it may have restarted,
 			// and it says nothing until its next batch (Resync).
 			go g.sub.Resync(m.ep.Name)
