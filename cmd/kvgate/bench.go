@@ -188,14 +188,21 @@ func benchClient(f *benchFlags, stderr io.Writer) (*bench.Client, error) {
 // outputsWritable checks, before a run, that the output files' folders
 // exist, so that a mistyped path does not cost a finished run.
 func outputsWritable(f *benchFlags) error {
-	for _, o := range []struct{ flag, path string }{{"--csv", f.csvPath}, {"--html", f.htmlPath}} {
-		if o.path == "" {
-			continue
-		}
-		dir := filepath.Dir(o.path)
-		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-			return fmt.Errorf("%s %s: no folder %s to write it in", o.flag, o.path, dir)
-		}
+	if err := outputWritable("--csv", f.csvPath); err != nil {
+		return err
+	}
+	return outputWritable("--html", f.htmlPath)
+}
+
+// outputWritable checks that the folder of the output file path given
+// by flag exists ("": no output).
+func outputWritable(flag, path string) error {
+	if path == "" {
+		return nil
+	}
+	dir := filepath.Dir(path)
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return fmt.Errorf("%s %s: no folder %s to write it in", flag, path, dir)
 	}
 	return nil
 }

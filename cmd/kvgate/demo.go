@@ -60,6 +60,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if f.format != "table" && f.format != "json" {
 		return fmt.Errorf("--format %q: table or json", f.format)
 	}
+	if err := outputWritable("--report", f.report); err != nil {
+		return err
+	}
 	cfg := demo.Config{
 		TimeScale: f.timeScale,
 		Chat: bench.ChatConfig{Systems: 20, Sessions: 400, SystemTokens: 2048, TurnTokens: f.turnTokens, OutputTokens: f.outputTokens,
@@ -113,10 +116,13 @@ func demoOutput(f *demoFlags, results []demo.Result, took time.Duration, stdout 
 	for i, r := range results {
 		runs[i] = bench.RunResult{Summary: r.Summary, Records: r.Records}
 	}
-	if f.report != "" {
-		if err := writeReport(f.report, "kvgate demo", runs); err != nil {
-			return err
+	// The results first, the report after: a report that cannot be
+	// written costs it alone, not the minutes of the run's table.
+	report := func() error {
+		if f.report == "" {
+			return nil
 		}
+		return writeReport(f.report, "kvgate demo", runs)
 	}
 	if f.format == "json" {
 		type row struct {
@@ -151,7 +157,10 @@ func demoOutput(f *demoFlags, results []demo.Result, took time.Duration, stdout 
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(out)
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
+		return report()
 	}
 	ss := make([]bench.Summary, len(results))
 	for i, r := range results {
@@ -161,11 +170,13 @@ func demoOutput(f *demoFlags, results []demo.Result, took time.Duration, stdout 
 		return err
 	}
 	lagWarning(stdout, f.timeScale, results)
-	fmt.Fprintf(stdout, "\nTook %.0f s of wall time. ", took.Seconds())
-	if f.report != "" {
-		fmt.Fprintf(stdout, "Report with plots: %s", f.report)
+	fmt.Fprintf(stdout, "\nTook %.0f s of wall time.\n", took.Seconds())
+	if err := report(); err != nil {
+		return err
 	}
-	fmt.Fprintln(stdout)
+	if f.report != "" {
+		fmt.Fprintf(stdout, "Report with plots: %s\n", f.report)
+	}
 	return nil
 }
 

@@ -48,6 +48,12 @@ func TestDemoShortRun(t *testing.T) {
 	if err != nil || strings.Count(string(html), "<svg") < 3 {
 		t.Fatalf("report: %v, %d plots", err, strings.Count(string(html), "<svg"))
 	}
+	// A report in no folder is refused before the run (it was found
+	// after it, and the run's table was not printed).
+	missing := filepath.Join(t.TempDir(), "none", "demo.html")
+	if out, errOut, code := runCmd(t, "demo", "--report", missing); code == 0 || !strings.Contains(errOut, "no folder") || out != "" {
+		t.Errorf("--report in no folder: exit %d: %s %s", code, out, errOut)
+	}
 	if _, errOut, code := runCmd(t, "demo", "--runs", "9"); code == 0 || !strings.Contains(errOut, "--runs") {
 		t.Errorf("bad --runs accepted: %s", errOut)
 	}
