@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sort"
 	"syscall"
 
@@ -32,7 +33,39 @@ func commands() map[string]command {
 		"demo":    {"the built-in comparison: an emulated fleet behind kvgate, several policies, one table and an HTML report", runDemo},
 		"bench":   {"send a workload to an OpenAI-compatible server and report latencies, attainment and goodput", runBench},
 		"plan":    {"size the prefill/decode split per load phase and simulate a planned day", runPlan},
+		"version": {"print kvgate's version (module version, commit, Go)", runVersion},
 	}
+}
+
+// runVersion prints the build's version: the module's (a tagged `go
+// install` gives its tag; a checkout "(devel)"), its commit and time as
+// Go recorded them, and the Go toolchain.
+func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvgate version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := parseFlags(fs, flagrange.New(fs), args); err != nil {
+		return err
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return errors.New("no build information in this binary")
+	}
+	v := "kvgate " + bi.Main.Version
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	if rev := settings["vcs.revision"]; rev != "" {
+		v += " " + rev[:min(len(rev), 12)]
+		if settings["vcs.modified"] == "true" {
+			v += "+modified"
+		}
+		if t := settings["vcs.time"]; t != "" {
+			v += " " + t
+		}
+	}
+	fmt.Fprintln(stdout, v, bi.GoVersion)
+	return nil
 }
 
 func usage(w io.Writer) {
@@ -65,6 +98,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case args[0] == "-h" || args[0] == "--help" || args[0] == "help":
 		usage(stdout)
 		return 0
+	case args[0] == "--version" || args[0] == "-version":
+		args = []string{"version"}
 	}
 	cmd, ok := commands()[args[0]]
 	if !ok {
@@ -74,24 +109,50 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+	err := cmd.run(ctx, args[1:], stdout, stderr)
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		// A usage error exits 2, as Go's flag package and git do; one
+		// the flag package told already (above its usage) is not
+		// told again.
+		if !ue.told {
+			fmt.Fprintf(stderr, "kvgate %s: %v\n", args[0], err)
 		}
-		fmt.Fprintf(stderr, "kvgate %s: %v\n", args[0], err)
-		return 1
+		return 2
 	}
-	return 0
+	fmt.Fprintf(stderr, "kvgate %s: %v\n", args[0], err)
+	return 1
 }
 
+// usageError is a command line the command cannot run: an unknown flag,
+// a bad value, an unexpected argument. told: the flag package printed it.
+type usageError struct {
+	err  error
+	told bool
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
 // parseFlags parses a command's flags, refuses positional arguments and
-// checks every ranged number.
+// checks every ranged number; what it refuses is a usageError.
 func parseFlags(fs *flag.FlagSet, fl *flagrange.Flags, args []string) error {
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err: err, told: true}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return &usageError{err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
-	return fl.Check()
+	if err := fl.Check(); err != nil {
+		return &usageError{err: err}
+	}
+	return nil
 }

@@ -242,13 +242,7 @@ type simOutput struct {
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f simFlags
 	fs, fl := newSimFlagSet(&f, stderr)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if err := fl.Check(); err != nil {
+	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
 	longPromptDefaults(fs, &f)

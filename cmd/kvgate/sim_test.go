@@ -43,6 +43,26 @@ func TestHelpListsCommands(t *testing.T) {
 	if _, errOut, code := runCmd(t, "help", "sim"); code != 0 || !strings.Contains(errOut, "-policies") {
 		t.Errorf("help sim: exit %d, %.200q", code, errOut)
 	}
+	for _, v := range []string{"version", "--version"} {
+		if out, errOut, code := runCmd(t, v); code != 0 || !strings.HasPrefix(out, "kvgate ") || !strings.Contains(out, "go1.") {
+			t.Errorf("%s: exit %d, %q %q", v, code, out, errOut)
+		}
+	}
+	// A command line the command cannot run exits 2, told once (it
+	// exited 1, as a failed run does, and an unknown flag was told above
+	// and below its usage).
+	for _, c := range []struct {
+		args []string
+		told string
+	}{
+		{[]string{"serve", "--bogus"}, "-bogus"}, {[]string{"serve", "extra"}, `"extra"`},
+		{[]string{"demo", "--rate", "0"}, "must be in"}, {[]string{"sim", "--seeds", "x"}, `"x"`},
+	} {
+		_, errOut, code := runCmd(t, c.args...)
+		if n := strings.Count(errOut, c.told); code != 2 || n != 1 {
+			t.Errorf("%v: exit %d (want 2), told %d times: %.300q", c.args, code, n, errOut)
+		}
+	}
 }
 
 // TestSimJSONShape runs a small chat simulation and checks the JSON the
