@@ -52,7 +52,7 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 	})
 	fs.StringVar(&f.label, "label", "", "name of the run in reports (default: the URL)")
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed of the workload and arrivals")
-	fs.BoolVar(&f.noStream, "no-stream", false, "send chat and completion requests unstreamed: an answer's arrival is its first token (TTFT = end-to-end), no TPOT")
+	fs.BoolVar(&f.noStream, "no-stream", false, "send chat, completion and messages requests unstreamed (not --api responses): an answer's arrival is its first token (TTFT = end-to-end), no TPOT")
 	f.rate, f.duration, f.traceScale, f.timeScale, f.sloTTFT = 10, 60, 1, 1, 2
 	f.sessions, f.systems, f.systemTokens, f.turnTokens, f.outputTokens = 400, 20, 2048, 300, 64
 	flagrange.Var(fl, &f.rate, "rate", flagrange.Range[float64]{Min: 0.001, Max: 1e6, Unit: "req/s"}, "open-loop arrival rate")

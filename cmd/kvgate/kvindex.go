@@ -117,7 +117,7 @@ func newKVIndexFlagSet(o *kvindexOptions, stderr io.Writer) (*flag.FlagSet, *fla
 	flagrange.Var(fl, &o.maxMsg, "zmq-max-msg-bytes", flagrange.Range[int64]{Min: 1 << 10, Max: 1 << 30, Unit: "bytes"}, "largest ZMQ message accepted from an engine")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 	httpserve.AddFlags(fl, &o.http)
-	flagrange.Var(fl, &o.maxRouted, "max-routed-endpoints", flagrange.Range[int]{Min: 0, Max: kvindex.MaxEndpoints, Unit: "endpoints"}, "most endpoints registered for POST /admin/kv/routed to add one")
+	flagrange.Var(fl, &o.maxRouted, "max-routed-endpoints", flagrange.Range[int]{Zero: "built-in, 1024", Min: 1, Max: kvindex.MaxEndpoints, Unit: "endpoints"}, "most endpoints registered for POST /admin/kv/routed to add one")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate kvindex [flags]\n\nRuns the KV-event subscriber, the global prefix index and its admin API\n(POST /admin/kv/lookup, POST /admin/kv/routed, GET /admin/kv/stats).\n\nFlags:")
 		fs.PrintDefaults()
