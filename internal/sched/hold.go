@@ -667,7 +667,7 @@ func (sc *Scheduler) release(in *Request, s *Snapshot, overdue bool, l lending) 
 	best := -1
 	switch {
 	case overdue && sc.EarlyReject:
-		d.Reason = fmt.Sprintf("predicted TTFT misses SLO %.3fs even on an idle endpoint, and the fleet did not lend it one before its deadline (it lends one while no request was rejected for the load lately and at least half its prefill endpoints are idle, another kept for arrivals)", req.SLO.TTFT)
+		d.Reason = fmt.Sprintf("%s, and the fleet did not lend it one before its deadline (it lends one while no request was rejected for the load lately and at least half its prefill endpoints are idle, another kept for arrivals)", idleMiss(&req, s))
 		return d, true
 	case overdue:
 		best = sc.pickOverdue(&req, s)
@@ -918,9 +918,26 @@ func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
 	d.PredictedTTFT = minTTFT
 	d.Reason = fmt.Sprintf("held: predicted TTFT %.3fs misses SLO %.3fs on every endpoint; released on slack or at +%.1fs", minTTFT, req.SLO.TTFT, wait)
 	if sc.EarlyReject {
-		d.Reason = fmt.Sprintf("held: predicted TTFT misses SLO %.3fs even on an idle endpoint; served on an idle endpoint of a quiet fleet or rejected at +%.1fs", req.SLO.TTFT, wait)
+		d.Reason = fmt.Sprintf("held: %s; served on an idle endpoint of a quiet fleet or rejected at +%.1fs", idleMiss(req, cand), wait)
 	}
 	return true
+}
+
+// idleMiss says by how much req misses its TTFT SLO even on the best
+// idle endpoint of s: the pessimistic TTFT admission judges it by, and
+// the predicted one beside it (the rejection named no number, and said
+// "predicted" where only the pessimistic one missed).
+func idleMiss(req *Request, s *Snapshot) string {
+	pess, pred := math.Inf(1), math.Inf(1)
+	for i := range s.Endpoints {
+		if e := &s.Endpoints[i]; e.Role.CanPrefill() && e.PrefillSpeed > 0 {
+			pess, pred = min(pess, aloneTTFT(req, e)), min(pred, computeSeconds(req, e))
+		}
+	}
+	if math.IsInf(pess, 1) {
+		return fmt.Sprintf("TTFT misses SLO %.3fs even on an idle endpoint", req.SLO.TTFT)
+	}
+	return fmt.Sprintf("TTFT even on an idle endpoint %.3fs (pessimistic; predicted %.3fs) misses SLO %.3fs", pess, pred, req.SLO.TTFT)
 }
 
 // fitsSomewhere reports whether req's predicted TTFT fits its SLO on a

@@ -173,6 +173,10 @@ func TestHoldWithEarlyRejection(t *testing.T) {
 	if d.Admit || !d.Hold || d.HoldUntil != 102 || RejectedForLoad(&long, &busy, &d) {
 		t.Fatalf("a request that misses alone: %+v, want held until 102 (arrival + 1 SLO)", d)
 	}
+	// Its reason gives the numbers it was judged by (it gave none).
+	if want := "TTFT even on an idle endpoint 5.000s (pessimistic; predicted 5.000s) misses SLO 2.000s"; !strings.Contains(d.Reason, want) {
+		t.Errorf("reason %q, want it to say %q", d.Reason, want)
+	}
 	// A prefix cached somewhere that makes it fit alone: not held.
 	busy.Endpoints[2].CachedTokens = 4000
 	if d := sc.Decide(&long, &busy); d.Hold || !RejectedForLoad(&long, &busy, &d) {
