@@ -3,6 +3,7 @@ package predict
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -151,5 +152,39 @@ func TestMarginOwnStartsAtMostThePrior(t *testing.T) {
 	}
 	if g := margin(fast); g > 1.5+1e-9 {
 		t.Errorf("fast endpoint after %d samples: margin %.3f, want at most the prior 1.5", 16, g)
+	}
+}
+
+// TestUnlikeEndpointsLeaveTheirPool: two endpoints of one configured
+// speed whose engines do 3 000 and 2 000 tokens/s (a drift the config
+// did not follow) are each predicted by their own fit once it predicts
+// them better than the pool does; before, the own fit's noise, which
+// counted its misses while it learned from the configured prior, kept
+// both pooled (a walkthrough: both at 2 656 tokens/s after 101 and 36
+// samples, the slower predicted 25 % fast). Alike endpoints stay pooled
+// (TestShrinkPredictsAlikeEndpointsAlike).
+func TestUnlikeEndpointsLeaveTheirPool(t *testing.T) {
+	for seed := range uint64(3) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		l, err := NewLearned(LiveOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		speed := map[string]float64{"fast": 3000, "slow": 2000}
+		for i := range 140 {
+			name := "fast"
+			if i%4 == 3 {
+				name = "slow"
+			}
+			x := Features{Uncached: 800 + rng.IntN(400)}
+			y := (0.005 + float64(x.Uncached)/speed[name]) * (1 + 0.01*rng.NormFloat64())
+			l.Model(name, 20000).Observe(Observation{X: x, Compute: y})
+		}
+		for name, sp := range speed {
+			want := 0.005 + 1000/sp
+			if got := l.Model(name, 20000).Prefill(Features{Uncached: 1000}).Seconds; math.Abs(got-want)/want > 0.1 {
+				t.Errorf("seed %d: %s (%.0f tokens/s) predicted %.3f s for 1 000 tokens, want %.3f", seed, name, sp, got, want)
+			}
+		}
 	}
 }
