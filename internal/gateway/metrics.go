@@ -151,7 +151,7 @@ var (
 	descUncached  = prometheus.NewDesc("kvgate_endpoint_inflight_uncached_tokens", "Uncached prompt tokens routed to the endpoint and not yet past their prefill.", []string{"endpoint", "model"}, nil)
 	descWait      = prometheus.NewDesc("kvgate_endpoint_predicted_queue_seconds", "Predicted prefill queue wait.", []string{"endpoint", "model"}, nil)
 	descSpeed     = prometheus.NewDesc("kvgate_endpoint_learned_prefill_speed", "Prefill speed (tokens/s) the endpoint's predictor expects for a 2048-token uncached prompt.", []string{"endpoint", "model"}, nil)
-	descPredErr   = prometheus.NewDesc("kvgate_endpoint_ttft_prediction_error", "Recent absolute percentage error of the endpoint's predicted TTFT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
+	descPredErr   = prometheus.NewDesc("kvgate_endpoint_ttft_prediction_error", "Recent absolute percentage error of the endpoint's predicted TTFT (exponentially weighted over its observed first tokens, so unchanged while it gets none; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
 	descTPOT      = prometheus.NewDesc("kvgate_endpoint_learned_tpot_seconds", "TPOT (seconds per output token) the endpoint's learned model predicts for one more stream now.", []string{"endpoint", "model"}, nil)
 	descTPOTErr   = prometheus.NewDesc("kvgate_endpoint_tpot_prediction_error", "Recent absolute percentage error of the endpoint's predicted TPOT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
 	descEligible  = prometheus.NewDesc("kvgate_endpoint_eligible", "1 while requests may be routed to the endpoint (listed, healthy, not ejected), else 0.", []string{"endpoint", "model"}, nil)
