@@ -156,7 +156,7 @@ var (
 	descTPOTErr   = prometheus.NewDesc("kvgate_endpoint_tpot_prediction_error", "Recent absolute percentage error of the endpoint's predicted TPOT (exponentially weighted; 0.1 is 10%).", []string{"endpoint", "model"}, nil)
 	descEligible  = prometheus.NewDesc("kvgate_endpoint_eligible", "1 while requests may be routed to the endpoint (listed, healthy, not ejected), else 0.", []string{"endpoint", "model"}, nil)
 	descHealthy   = prometheus.NewDesc("kvgate_endpoint_healthy", "1 while the endpoint's active health checks pass (with hysteresis), else 0; absent without health checks.", []string{"endpoint", "model"}, nil)
-	descEjections = prometheus.NewDesc("kvgate_endpoint_ejections", "Passive ejections of the endpoint in its current run of failures (0 once it serves again).", []string{"endpoint", "model"}, nil)
+	descEjections = prometheus.NewDesc("kvgate_endpoint_ejections", "Passive ejections of the endpoint in its current run of failures (0 once it has stayed in for health.eject_max since the last one ended).", []string{"endpoint", "model"}, nil)
 	descLag       = prometheus.NewDesc("kvgate_kv_events_last_seq", "Last KV-event sequence number applied per engine.", []string{"endpoint", "model"}, nil)
 	descGaps      = prometheus.NewDesc("kvgate_kv_events_gaps_total", "KV-event sequence gaps per engine.", []string{"endpoint", "model"}, nil)
 	descStepSlack = prometheus.NewDesc("kvgate_step_slack_seconds", "On engines that prefill in steps (engine_step_tokens): how much later than predicted the first tokens of requests routed near their SLO come (the 0.9 quantile), which admission adds to the pessimistic TTFT of a request that would queue (docs/predictor.md).", []string{"model"}, nil)

@@ -43,7 +43,9 @@ type State struct {
 	// PassiveFailures counts the proxy's consecutive failure reports.
 	PassiveFailures int `json:"passive_failures"`
 	// Ejections is the number of ejections in the current run (it drives
-	// the cool-down); EjectedUntil is when the last one ends.
+	// the cool-down; a run ends once the endpoint has stayed in for
+	// EjectMax since its last ejection ended); EjectedUntil is when the
+	// last one ends.
 	Ejections    int       `json:"ejections"`
 	EjectedUntil time.Time `json:"ejected_until,omitzero"`
 	// Metrics is the last successful scrape (nil: none yet), MetricsAge
@@ -337,7 +339,7 @@ func (p *Prober) State(name string) (State, bool) {
 	if t == nil {
 		return State{}, false
 	}
-	return t.state(p.cfg.Clock.Now()), true
+	return t.state(p.cfg.Clock.Now(), p.cfg.EjectMax), true
 }
 
 // States returns every endpoint's state, sorted by name.
@@ -351,21 +353,27 @@ func (p *Prober) States() []State {
 	now := p.cfg.Clock.Now()
 	out := make([]State, len(ts))
 	for i, t := range ts {
-		out[i] = t.state(now)
+		out[i] = t.state(now, p.cfg.EjectMax)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Endpoint.Name < out[j].Endpoint.Name })
 	return out
 }
 
-func (t *target) state(now time.Time) State {
+func (t *target) state(now time.Time, ejectMax time.Duration) State {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	ejections := t.ejections
+	if !t.ejectedUntil.IsZero() && now.Sub(t.ejectedUntil) >= ejectMax {
+		// The run is forgiven (eject), though the count is reset only
+		// at the next ejection: it stayed 1 for good after one blip.
+		ejections = 0
+	}
 	s := State{
 		Endpoint: t.ep, Available: t.available(now), Healthy: t.healthy,
 		Probes: t.probes, LastProbe: t.lastProbe,
 		ConsecutiveFailures: t.fails, ConsecutiveSuccesses: t.succs,
 		LastError: t.lastErr, LastErrorAt: t.lastErrAt,
-		PassiveFailures: t.passive, Ejections: t.ejections, EjectedUntil: t.ejectedUntil,
+		PassiveFailures: t.passive, Ejections: ejections, EjectedUntil: t.ejectedUntil,
 		MetricsError: t.metricsErr,
 		Adapters:     t.adapters, ModelsError: t.modelsErr,
 	}

@@ -285,8 +285,19 @@ func TestPassiveEjection(t *testing.T) {
 	for _, d := range []time.Duration{1, 2, 4, 4} {
 		ejectFor(d * time.Second)
 	}
-	// Staying in for EjectMax forgives the run.
-	clk.Advance(4 * time.Second)
+	// Staying in for EjectMax forgives the run, which the state shows
+	// then (it showed the run's count until the next ejection).
+	if s, _ := p.State("a"); s.Ejections != 4 {
+		t.Fatalf("in the run: %d ejections, want 4", s.Ejections)
+	}
+	clk.Advance(4*time.Second - time.Millisecond)
+	if s, _ := p.State("a"); s.Ejections != 4 {
+		t.Fatalf("before eject_max in: %d ejections, want 4", s.Ejections)
+	}
+	clk.Advance(time.Millisecond)
+	if s, _ := p.State("a"); s.Ejections != 0 {
+		t.Fatalf("eject_max in: %d ejections, want 0", s.Ejections)
+	}
 	ejectFor(time.Second)
 
 	// A success ends a failure run.
