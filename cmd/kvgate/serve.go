@@ -69,7 +69,7 @@ func newServeFlagSet(f *serveFlags, c *gateway.Config, early *bool, stepTokens *
 	fs.StringVar(&f.k8s.PortName, "k8s-port-name", "", "discovery: the pods' container port name of the HTTP API (or --k8s-port)")
 	fs.StringVar(&f.k8s.Model, "k8s-model", "", "discovery: model of pods without the kvgate.io/model label or annotation")
 	fs.StringVar(&f.k8s.Kubeconfig, "kubeconfig", "", "discovery: kubeconfig file (default: in-cluster)")
-	fs.BoolVar(&c.NoHealthChecks, "no-health-checks", false, "do not probe /health and /metrics of the endpoints")
+	fs.BoolVar(&c.NoHealthChecks, "no-health-checks", false, "do not probe the endpoints' /health, /v1/models and /metrics (every endpoint is taken as healthy; one whose requests fail is still ejected for a while)")
 	fs.StringVar(&c.FairnessHeader, "fairness-header", gateway.DefaultFairnessHeader, "the header naming a request's tenant: with early rejection, when a tenant's request is rejected for the load, for a second tenants with more prompt tokens in flight are admitted only while they leave the room it lacked; without, held requests are served by tenant in turn (docs/serve.md, \"Tenants\")")
 	fs.BoolVar(&c.NoStreamUpstream, "no-stream-upstream", false, "send a chat, completion, Responses or Messages request the client did not stream to its engine as sent; by default the engine streams it and the gateway answers whole, so that its first token and TPOT are observed (docs/serve.md, \"Whole answers from streams\")")
 	fs.BoolVar(&c.NoFairness, "no-fairness", false, "treat tenants alike: keep no room for tenants turned away from tenants with more in flight (early rejection), and hold requests in arrival order, not by tenant in turn (without)")
@@ -133,15 +133,17 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	var prober *health.Prober
-	if !sc.NoHealthChecks {
-		hc := sc.Health
-		hc.Logger = log
-		if prober, err = health.New(hc); err != nil {
-			return fmt.Errorf("health: %w", err)
-		}
-		defer prober.Close()
+	// The prober also ejects endpoints whose requests fail (passive
+	// ejection), which --no-health-checks keeps: without it every
+	// request went to a dead endpoint first, while the metrics called it
+	// eligible.
+	hc := sc.Health
+	hc.Logger, hc.NoProbes = log, sc.NoHealthChecks
+	prober, err := health.New(hc)
+	if err != nil {
+		return fmt.Errorf("health: %w", err)
 	}
+	defer prober.Close()
 	rec, err := newPlannerRecorder(sc.Planner)
 	if err != nil {
 		return err

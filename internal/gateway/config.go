@@ -100,8 +100,9 @@ type Config struct {
 	// Health configures the active checks, passive ejection and /metrics
 	// scraping of every endpoint (internal/health; kvgate serve runs it).
 	Health health.Config `yaml:"health"`
-	// NoHealthChecks turns the prober off: every endpoint is taken as
-	// healthy and no engine metrics are read.
+	// NoHealthChecks turns the prober's active checks off: every
+	// endpoint is taken as healthy (but for passive ejection, which stays)
+	// and no engine metrics are read.
 	NoHealthChecks bool `yaml:"no_health_checks"`
 	// MaxInflight bounds requests being proxied at once; beyond it the
 	// gateway answers 429 at once.

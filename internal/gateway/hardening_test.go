@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -600,5 +601,44 @@ func TestBackFromOutDropsApproximateBlocks(t *testing.T) {
 	g.refresh()
 	if e, f := blocks("e"), blocks("f"); e != 0 || f != 4 {
 		t.Errorf("back from out: e holds %d blocks (want 0), f %d (want 4)", e, f)
+	}
+}
+
+// TestNoProbesStillEjects: with the active checks off (kvgate serve
+// --no-health-checks) an endpoint whose requests fail is still ejected,
+// and the metrics say so, where every request went to it first for good
+// (round-robin: 14 of 14 first tried there, the endpoint "eligible").
+func TestNoProbesStillEjects(t *testing.T) {
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	pr, err := health.New(health.Config{NoProbes: true, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	eps := []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), {Name: "dead", URL: dead, Model: testModel}}
+	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", NoHealthChecks: true}, Options{Health: pr})
+	for i := range 10 {
+		if r := post(t, url+"/v1/completions", completion(fmt.Sprintf("q %d", i), false, 2), nil); r.status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+	}
+	m := get(t, admin+"/metrics")
+	if !strings.Contains(m, `kvgate_endpoint_eligible{endpoint="dead",model="`+testModel+`"} 0`) || strings.Contains(m, "kvgate_endpoint_healthy{") {
+		t.Errorf("dead not ejected, or a healthy gauge without checks:\n%s", grepLines(m, "kvgate_endpoint_"))
+	}
+	var retries int
+	for _, line := range strings.Split(m, "\n") {
+		if v, ok := strings.CutPrefix(line, "kvgate_retries_total "); ok {
+			retries, _ = strconv.Atoi(v)
+		}
+	}
+	if retries > health.DefaultEjectAfter {
+		t.Errorf("%d retries: the dead endpoint kept being tried", retries)
 	}
 }

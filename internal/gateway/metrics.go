@@ -173,7 +173,9 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range c.g.endpointStates() {
 		ch <- prometheus.MustNewConstMetric(descEligible, prometheus.GaugeValue, bool01(st.Eligible), st.Name, st.Model)
 		if h := st.Health; h != nil {
-			ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, bool01(h.Healthy), st.Name, st.Model)
+			if c.g.health.Probing() {
+				ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, bool01(h.Healthy), st.Name, st.Model)
+			}
 			ch <- prometheus.MustNewConstMetric(descEjections, prometheus.GaugeValue, float64(h.Ejections), st.Name, st.Model)
 		}
 		ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(st.Load.InflightRequests), st.Name, st.Model)

@@ -60,6 +60,11 @@ type Config struct {
 	// failure is more likely the gateway's or the network's).
 	MaxEjectedPercent int `yaml:"max_ejected_percent"`
 
+	// NoProbes turns the active checks off (no /health, /v1/models or
+	// /metrics requests: every endpoint is healthy) and keeps passive
+	// ejection: kvgate serve's --no-health-checks.
+	NoProbes bool `yaml:"-"`
+
 	// Clock is the time source; nil: SystemClock.
 	Clock Clock `yaml:"-"`
 	// Logger; nil: slog.Default().

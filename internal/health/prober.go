@@ -174,6 +174,9 @@ func (p *Prober) start(ep fleet.Endpoint) *target {
 		t.healthy, t.lastErr = false, "no url to probe"
 		return t
 	}
+	if p.cfg.NoProbes {
+		return t // healthy, and ejected only by failures
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.cancel, t.done = cancel, make(chan struct{})
 	p.wg.Add(1)
@@ -385,6 +388,10 @@ func (t *target) state(now time.Time, ejectMax time.Duration) State {
 	}
 	return s
 }
+
+// Probing reports whether the prober runs active checks (Config.NoProbes
+// off).
+func (p *Prober) Probing() bool { return !p.cfg.NoProbes }
 
 // ReportSuccess records a request that name served: its passive failure
 // run ends.
