@@ -192,7 +192,7 @@ func TestLoneFailedEngineAnswers(t *testing.T) {
 		r.header.Get("Retry-After") != "7" {
 		t.Fatalf("%d %v %s", r.status, r.header, r.body)
 	}
-	if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="upstream_error"`) || strings.Contains(m, `outcome="unavailable"`) {
+	if m := get(t, admin+"/metrics"); !counted(m, "upstream_error") || counted(m, "unavailable") {
 		t.Errorf("not counted as an upstream error:\n%s", m)
 	}
 }
@@ -325,7 +325,7 @@ func TestHalfAFleet(t *testing.T) {
 			if r.status != 503 || r.header.Get("Retry-After") == "" || r.header.Get("X-Should-Retry") == "false" || !strings.Contains(r.body, "cannot be served now") {
 				t.Errorf("prefill only, early rejection %v: %d %v %s", early, r.status, r.header, r.body)
 			}
-			if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="unavailable"`) {
+			if m := get(t, admin+"/metrics"); !counted(m, "unavailable") {
 				t.Error("prefill only: not counted unavailable")
 			}
 			if resp.StatusCode != 503 || len(bodies) != 0 {
@@ -640,5 +640,37 @@ func TestNoProbesStillEjects(t *testing.T) {
 	}
 	if retries > health.DefaultEjectAfter {
 		t.Errorf("%d retries: the dead endpoint kept being tried", retries)
+	}
+}
+
+// TestMetricsFromTheStart: the request series of every outcome, class and
+// the policy are exported at 0 before any request (rate() lost the first
+// event), the classes' TTFT targets are bucket bounds of the TTFT
+// histogram (2 s fell inside 1.28–2.56), and an answer within its target
+// counts in kvgate_ttft_slo_met_total (attainment could not be read).
+func TestMetricsFromTheStart(t *testing.T) {
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	classes := []Class{{Name: "interactive", Priority: 2, TTFT: 1.5}, {Name: "batch", Priority: 0}}
+	_, url, admin := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth)}, Policy: "kvgate", Classes: classes}, Options{})
+	m := get(t, admin+"/metrics")
+	for _, want := range []string{
+		`kvgate_requests_total{class="interactive",outcome="ok",policy="kvgate"} 0`,
+		`kvgate_requests_total{class="batch",outcome="upstream_error",policy="kvgate"} 0`,
+		`kvgate_requests_total{class="",outcome="tokenizer_error",policy="kvgate"} 0`,
+		`kvgate_rejections_total{class="interactive"} 0`,
+		`kvgate_ttft_seconds_bucket{class="interactive",le="1.5"} 0`,
+		`kvgate_ttft_slo_met_total{class="interactive"} 0`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("before any request, no %s", want)
+		}
+	}
+	hdr := map[string]string{"X-Kvgate-Class": "interactive"}
+	if r := post(t, url+"/v1/completions", completion("hello there", true, 2), hdr); r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	m = get(t, admin+"/metrics")
+	if !strings.Contains(m, `kvgate_ttft_slo_met_total{class="interactive"} 1`) || !strings.Contains(m, `kvgate_requests_total{class="interactive",outcome="ok",policy="kvgate"} 1`) {
+		t.Errorf("after one answer in time:\n%s", grepLines(m, "interactive"))
 	}
 }

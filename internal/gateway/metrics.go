@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"net/http"
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"net/http"
 
 	"github.com/kvgate/kvgate/internal/sched"
 )
@@ -12,9 +14,12 @@ import (
 // metrics are kvgate's own Prometheus metrics, on a registry of the
 // gateway's (no global state).
 type metrics struct {
-	reg          *prometheus.Registry
-	requests     *prometheus.CounterVec
-	rejections   *prometheus.CounterVec
+	reg        *prometheus.Registry
+	requests   *prometheus.CounterVec
+	rejections *prometheus.CounterVec
+	// sloMet counts the answers kvgate_ttft_seconds observes that met
+	// their class's TTFT target.
+	sloMet       *prometheus.CounterVec
 	decision     prometheus.Histogram
 	ttft         *prometheus.HistogramVec
 	promptTokens prometheus.Counter
@@ -47,20 +52,36 @@ type metrics struct {
 	lastReload prometheus.Gauge
 }
 
+// ttftBuckets are the TTFT histogram's bounds: 5 ms doubling to 164 s,
+// and every class's TTFT target (which fell inside a bucket: 2 s between
+// 1.28 and 2.56, so whether answers met it could not be read).
+func ttftBuckets(classes []Class) []float64 {
+	b := prometheus.ExponentialBuckets(0.005, 2, 16)
+	for _, cl := range classes {
+		if cl.TTFT > 0 && !slices.Contains(b, cl.TTFT) {
+			b = append(b, cl.TTFT)
+		}
+	}
+	slices.Sort(b)
+	return b
+}
+
 func newMetrics(g *Gateway) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_requests_total",
-			Help: "Requests by outcome (ok, rejected, bad_request, unavailable, engine_refused, upstream_error, tokenizer_error, broken_stream, client_gone, overloaded, hold_full, internal_error; docs/serve.md), SLO class and policy."},
+			Help: "Requests by outcome (ok, rejected, yielded, bad_request, unavailable, engine_refused, upstream_error, tokenizer_error, broken_stream, client_gone, overloaded, hold_full, internal_error; docs/serve.md), SLO class and policy."},
 			[]string{"outcome", "class", "policy"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_rejections_total",
-			Help: "Requests rejected before any compute (429), by SLO class."}, []string{"class"}),
+			Help: "Requests rejected (429) by admission before any compute, or as yielded investments after some, by SLO class."}, []string{"class"}),
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvgate_decision_seconds",
 			Help:    "Time to decide one request (snapshot, policy, admission).",
 			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 20)}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvgate_ttft_seconds",
-			Help:    "Time to first byte of answers the engine streamed (answered whole from a stream too) as the gateway sees it, by SLO class.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"class"}),
+			Help:    "Time to first byte of answers the engine streamed (answered whole from a stream too) as the gateway sees it, by SLO class; the classes' TTFT targets at the start are bucket bounds.",
+			Buckets: ttftBuckets(g.cfg.Classes)}, []string{"class"}),
+		sloMet: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_ttft_slo_met_total",
+			Help: "Answers whose first byte came within their class's TTFT target (its ttft plus ttft_per_1k_tokens for the prompt; any, for a class without one), counted where kvgate_ttft_seconds is; over kvgate_requests_total of the class it is the TTFT attainment, every other outcome a miss."}, []string{"class"}),
 		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_prompt_tokens_total",
 			Help: "Prompt tokens of routed requests."}),
 		hitTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_prefix_hit_tokens_total",
@@ -115,6 +136,19 @@ func newMetrics(g *Gateway) *metrics {
 	for _, kind := range []string{"short", "idle"} {
 		m.loadRejections.WithLabelValues(kind) // exported from the start, at 0
 	}
+	// The request series of the classes and policy at the start, at 0, so
+	// that rate() and increase() see their first event (they were absent
+	// until it came). A failure before a class is known counts class "".
+	for _, cl := range append([]Class{{}}, g.cfg.Classes...) {
+		for _, o := range allOutcomes {
+			m.requests.WithLabelValues(o, cl.Name, g.cfg.Policy)
+		}
+		if cl.Name != "" {
+			m.rejections.WithLabelValues(cl.Name)
+			m.ttft.WithLabelValues(cl.Name)
+			m.sloMet.WithLabelValues(cl.Name)
+		}
+	}
 	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_config_reloads_total",
 		Help: "Config reloads (SIGHUP) by result: applied, or refused (the running config kept; GET /admin/config shows what runs)."}, []string{"result"})
 	m.reloads.WithLabelValues("applied")
@@ -124,7 +158,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.lastReload.SetToCurrentTime()
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
-	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.promptTokens, m.hitTokens, m.retries, m.migrations, m.whole, m.fairRejections,
+	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.sloMet, m.promptTokens, m.hitTokens, m.retries, m.migrations, m.whole, m.fairRejections,
 		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, m.passthrough, heldNow,
 		m.reloads, m.lastReload,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

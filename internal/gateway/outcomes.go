@@ -17,3 +17,7 @@ const (
 	outcomeClientGone     = "client_gone"
 	outcomeInternalError  = "internal_error"
 )
+
+// allOutcomes lists the outcomes, for the series exported from the start.
+var allOutcomes = []string{outcomeOK, outcomeRejected, outcomeYielded, outcomeBadRequest, outcomeTokenizerError, outcomeOverloaded,
+	outcomeUnavailable, outcomeHoldFull, outcomeEngineRefused, outcomeUpstreamError, outcomeBrokenStream, outcomeClientGone, outcomeInternalError}

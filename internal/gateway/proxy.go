@@ -1189,7 +1189,11 @@ func (r *relayed) first(at time.Time) {
 	r.firstAt = at
 	r.h.firstByte()
 	if r.resp.StatusCode == http.StatusOK && r.rt.req.Stream && !r.rt.continued {
-		r.g.met.ttft.WithLabelValues(r.rt.class.Name).Observe(r.firstAt.Sub(r.rt.arrival).Seconds())
+		ttft := r.firstAt.Sub(r.rt.arrival).Seconds()
+		r.g.met.ttft.WithLabelValues(r.rt.class.Name).Observe(ttft)
+		if target := r.rt.class.slo(r.rt.promptN).TTFT; target <= 0 || ttft <= target {
+			r.g.met.sloMet.WithLabelValues(r.rt.class.Name).Inc()
+		}
 	}
 }
 

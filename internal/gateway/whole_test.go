@@ -217,7 +217,7 @@ func TestWholeAnswerNowhereToRetry(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.body), &e); r.status != 502 || err != nil || !strings.Contains(e.Error.Message, "stream broken") {
 			t.Fatalf("%s: want a 502 saying why: %d %s", fail, r.status, r.body)
 		}
-		if m := get(t, admin+"/metrics"); !strings.Contains(m, `outcome="broken_stream"`) {
+		if m := get(t, admin+"/metrics"); !counted(m, "broken_stream") {
 			t.Errorf("%s: not counted a broken stream", fail)
 		}
 	}
