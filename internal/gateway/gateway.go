@@ -496,7 +496,14 @@ func (g *Gateway) refresh() {
 	g.adapters = g.adaptersOf()
 	for _, m := range g.members {
 		in := g.health == nil || g.health.Available(m.ep.Name)
-		switch back := m.setOut(!in); {
+		back := m.setOut(!in)
+		if mf := g.models[m.ep.Model]; back && mf != nil {
+			// Back from out: it may have restarted as another engine
+			// (another GPU, another speed); what the predictor learned
+			// of it starts again from its pool.
+			mf.load.Forget(m.ep.Name)
+		}
+		switch {
 		case back && m.ep.Events == "" && g.cfg.BindEvents == "":
 			// Back from out, with no KV events: it may have restarted
 			// with an empty cache, and nothing would say so; what

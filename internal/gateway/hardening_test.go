@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -672,5 +674,55 @@ func TestMetricsFromTheStart(t *testing.T) {
 	m = get(t, admin+"/metrics")
 	if !strings.Contains(m, `kvgate_ttft_slo_met_total{class="interactive"} 1`) || !strings.Contains(m, `kvgate_requests_total{class="interactive",outcome="ok",policy="kvgate"} 1`) {
 		t.Errorf("after one answer in time:\n%s", grepLines(m, "interactive"))
+	}
+}
+
+// TestBackFromOutForgetsTheSpeed: an endpoint the health checks bring back
+// from out may have restarted as another engine: what the predictor
+// learned of it starts again (one restarted 4× faster kept its old speed
+// and was left idle).
+func TestBackFromOutForgetsTheSpeed(t *testing.T) {
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	target, _ := url.Parse(e1.URL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var down atomic.Bool
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() && r.URL.Path == "/health" {
+			http.Error(w, "restarting", http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	defer front.Close()
+	pr, err := health.New(health.Config{Interval: 10 * time.Millisecond, Timeout: time.Second, NoMetrics: true, NoModels: true, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	ep := fleet.Endpoint{Name: "e", URL: front.URL, Model: testModel, PrefillSpeed: 20000 * 50}
+	g, gw, admin := startGateway(t, Config{Endpoints: []fleet.Endpoint{ep}}, Options{Health: pr})
+	waitFor(t, func() bool { return pr.Available("e") })
+	samples := func() int {
+		for _, st := range adminEndpoints(t, admin) {
+			if st.Name == "e" && st.Predictor != nil {
+				return st.Predictor.Samples
+			}
+		}
+		return -1
+	}
+	for i := range 6 {
+		if r := post(t, gw+"/v1/completions", completion(fmt.Sprintf("story %d %s", i, strings.Repeat("w ", 200)), true, 2), nil); r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+	}
+	waitFor(t, func() bool { return samples() > 0 })
+	down.Store(true)
+	waitFor(t, func() bool { return !pr.Available("e") })
+	g.refresh()
+	down.Store(false)
+	waitFor(t, func() bool { return pr.Available("e") })
+	g.refresh()
+	if n := samples(); n != 0 {
+		t.Errorf("back from out: %d samples of its own kept, want 0", n)
 	}
 }

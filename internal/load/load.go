@@ -368,6 +368,22 @@ func (f *Fleet) SetPredictor(p predict.Predictor) {
 	}
 }
 
+// Forget makes the predictor, if it can (a Forget(name) method: the
+// learned one), start the named endpoint's models again, and gives the
+// endpoint, if in the fleet, its new ones.
+func (f *Fleet) Forget(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fp, ok := f.pred.(interface{ Forget(name string) })
+	if !ok {
+		return
+	}
+	fp.Forget(name)
+	if e := f.byName[name]; e != nil {
+		f.setModels(e)
+	}
+}
+
 // setModels gives e its models from the fleet's predictor.
 func (f *Fleet) setModels(e *Endpoint) {
 	e.model, e.dmodel = nil, nil

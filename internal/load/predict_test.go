@@ -258,3 +258,30 @@ func TestTouchesTrainNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestForgetStartsAnEndpointAgain: Forget drops what the learned
+// predictor knows of one endpoint (an engine that may have restarted as
+// another), which its pool then predicts; the others keep theirs.
+func TestForgetStartsAnEndpointAgain(t *testing.T) {
+	p, err := predict.NewLearned(predict.LiveOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := New([]Info{{Name: "a", PrefillSpeed: 20000}, {Name: "b", PrefillSpeed: 20000}}, false)
+	f.SetPredictor(p)
+	for _, name := range []string{"a", "b"} {
+		m := p.Model(name, 20000)
+		for i := range 40 {
+			x := predict.Features{Uncached: 1000 + 10*i}
+			m.Observe(predict.Observation{X: x, Compute: float64(x.Uncached) / 5000})
+		}
+	}
+	f.Forget("a")
+	if st, _ := f.PredictorStats("a"); st.Samples != 0 {
+		t.Errorf("a after Forget: %d samples of its own, want 0", st.Samples)
+	}
+	if st, _ := f.PredictorStats("b"); st.Samples != 40 {
+		t.Errorf("b: %d samples, want its 40 kept", st.Samples)
+	}
+	f.Forget("nope") // unknown: nothing
+}

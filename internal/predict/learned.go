@@ -144,6 +144,17 @@ func (l *Learned) Model(name string, speed float64) Model {
 	return m
 }
 
+// Forget drops what the endpoint called name learned of itself (its own
+// prefill and TPOT fits and errors): the next Model or DecodeModel starts
+// it again, predicted by its pool until it has data of its own. For an
+// endpoint that may have restarted as another engine (the health checks
+// took it out and brought it back): one restarted 4× faster kept its old
+// speed, and the faster engine was left idle.
+func (l *Learned) Forget(name string) {
+	delete(l.models, name)
+	delete(l.decode, name)
+}
+
 // learnedPool is what the endpoints configured at one speed share: the
 // fit that predicts those without data of their own, and the error
 // statistics whose margin they use meanwhile.
