@@ -726,3 +726,42 @@ func TestBackFromOutForgetsTheSpeed(t *testing.T) {
 		t.Errorf("back from out: %d samples of its own kept, want 0", n)
 	}
 }
+
+// TestEngineThatLostItsCacheIsNotClaimed: an engine without KV events that
+// answers a prompt the index claimed cached with none cached (a restart
+// too quick for the health checks; here its cache reset) loses its
+// approximate entries: the next prompt routed there before is no longer
+// claimed cached (every request after such a restart was claimed, and
+// predicted in 3 ms for 130).
+func TestEngineThatLostItsCacheIsNotClaimed(t *testing.T) {
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	ep := endpointOf(e1, fleet.RoleBoth)
+	ep.Events, ep.Replay = "", ""
+	_, gw, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{ep}, NoHealthChecks: true}, Options{})
+	claimed := func(prompt string, stream bool) int {
+		t.Helper()
+		r := post(t, gw+"/v1/completions", completion(prompt, stream, 2), nil)
+		if r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+		n, _ := strconv.Atoi(r.header.Get("X-Kvgate-Cached-Tokens"))
+		return n
+	}
+	a, b := prefix("a")+" question a", prefix("b")+" question b"
+	claimed(a, false)
+	claimed(b, false)
+	if n := claimed(b, true); n == 0 {
+		t.Fatal("a prompt routed before not claimed cached")
+	}
+	resp, err := http.Post(e1.URL()+"/reset_prefix_cache", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if n := claimed(a, false); n == 0 {
+		t.Fatal("the index should still claim a (nothing told it yet)")
+	}
+	if n := claimed(b, false); n != 0 {
+		t.Errorf("after the engine answered a with nothing cached, b still claimed %d cached tokens", n)
+	}
+}

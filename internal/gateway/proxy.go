@@ -603,8 +603,41 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		return target.ep.Name, err
 	}
 	defer resp.Body.Close()
-	return g.answer(w, resp, rt, target, lf, fl, &got, start)
+	return g.answer(w, resp, rt, target, lf, fl, &got, start, g.staleCheck(p, rt))
 }
+
+// staleCheck is the check of an aggregated answer's cached count against
+// the approximate entries it was routed by (nil: none to make): the
+// prefill endpoint has no KV events, and the index claimed at least
+// staleBlocks blocks of the prompt there. An engine that found none of
+// them cached has lost what kvgate's routing recorded of it (a restart
+// too quick for the health checks: every request after it was claimed
+// cached, predicted in 3 ms for 130, and the predictor learned the
+// engine 20× slow from the misses): its approximate entries are dropped
+// (this prompt's kept: the engine holds it now) and its learned speed
+// forgotten.
+func (g *Gateway) staleCheck(p *plan, rt *routed) func(n int) {
+	m := p.prefill
+	if p.decode != nil || m.ep.Events != "" || g.cfg.BindEvents != "" || p.dec.CachedTokens < staleBlocks*g.cfg.BlockSize {
+		return nil
+	}
+	claimed := p.dec.CachedTokens
+	return func(n int) {
+		if n > 0 || m.removed.Load() {
+			return
+		}
+		g.log.Info("the engine found none of the prompt cached where kvgate's routing had it: it may have restarted; its approximate index entries are dropped and its learned speed forgotten",
+			"endpoint", m.ep.Name, "claimed_tokens", claimed)
+		g.idx.ClearEndpoint(m.kvID)
+		g.routed(m, rt.prep.Keys)
+		p.mf.load.Forget(m.ep.Name)
+	}
+}
+
+// staleBlocks is the fewest blocks claimed cached whose absence says an
+// engine lost its cache (a conversation evicted whole is likelier with
+// fewer).
+const staleBlocks = 4
 
 // disaggregatedRefusal is why rt cannot run on p's disaggregated
 // endpoints (nil: it can): vLLM's and SGLang's P/D flows run completions,
@@ -673,13 +706,16 @@ func (g *Gateway) prefillFirst(ctx context.Context, h http.Header, r *http.Reque
 
 // answer relays target's response resp to the client and feeds the
 // flight's first token and TPOT back to the load accounting lf.
-func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed, target *member, lf *load.Fleet, fl *load.Flight, got *reached, start func() bool) (string, error) {
+func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed, target *member, lf *load.Fleet, fl *load.Flight, got *reached, start func() bool, cached func(int)) (string, error) {
 	// An engine that refuses the request (vLLM's 400 for a prompt longer
 	// than the model's context, say) answers at once: relayed as is, but
 	// its first byte is no prefill and must not train the predictor.
 	refused := resp.StatusCode >= 400
 	hooks := g.feedback(rt, lf, fl, got, refused)
 	hooks.start = start
+	if !refused {
+		hooks.cached = cached
+	}
 	tpot, err := g.relay(w, resp, rt, target, hooks)
 	if err == nil && refused {
 		return "", &engineRefused{endpoint: target.ep.Name, status: resp.StatusCode}
@@ -702,6 +738,9 @@ type relayHooks struct {
 	firstByte func()
 	probe     func(tpot float64)
 	start     func() bool
+	// cached, when set, is called at the answer's end with the prompt
+	// tokens its engine reported cached, if it reported them.
+	cached func(n int)
 }
 
 // feedback is the relay's feedback to the load accounting lf for the
@@ -1060,6 +1099,9 @@ type relayed struct {
 	// theirs. Either may be nil.
 	end   *streamEnd
 	usage *openai.AnswerUsage
+	// cached reads the answer for its engine's cached count (nil: not
+	// asked, relayHooks.cached).
+	cached *openai.AnswerUsage
 	// rid reads a Responses API answer for its id (nil: another API's),
 	// learned once read.
 	rid     *responseID
@@ -1109,6 +1151,9 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 	}
 	if ok && rt.api == apiResponses {
 		r.rid = &responseID{}
+	}
+	if ok && h.cached != nil {
+		r.cached = openai.CachedTokensUsage()
 	}
 	r.hold = ok && r.end != nil && r.end.named != 0
 	return r
@@ -1166,6 +1211,9 @@ func (r *relayed) chunk(p []byte) error {
 	if r.usage != nil {
 		r.usage.Scan(p)
 	}
+	if r.cached != nil {
+		r.cached.Scan(p)
+	}
 	if r.rid != nil && !r.learned {
 		if r.rid.scan(p); r.rid.id != "" {
 			r.g.learnResponse(r.rt, r.m, r.rid.id)
@@ -1222,6 +1270,11 @@ func (r *relayed) broke(err error) error {
 
 // finish records the whole answer and returns a stream's TPOT.
 func (r *relayed) finish() float64 {
+	if r.cached != nil {
+		if n, ok := r.cached.Count(); ok {
+			r.h.cached(n)
+		}
+	}
 	t := r.tokens()
 	if t > 0 && r.rt.outputs != nil {
 		r.rt.outputs.observe(t)

@@ -23,6 +23,12 @@ const completionKey = `"completion_tokens"`
 // or message_delta event's).
 func OutputTokensUsage() *AnswerUsage { return &AnswerUsage{key: `"output_tokens"`} }
 
+// CachedTokensUsage reads an answer for the prompt tokens its engine
+// found cached (usage.prompt_tokens_details.cached_tokens, or a Responses
+// answer's input_tokens_details.cached_tokens; the last one a stream
+// sends). vLLM reports it with --enable-prompt-tokens-details.
+func CachedTokensUsage() *AnswerUsage { return &AnswerUsage{key: `"cached_tokens"`} }
+
 // answerCarry is the bytes kept between reads: a key, spaces and a
 // count split between two reads are whole in the next window.
 const answerCarry = 64
