@@ -289,14 +289,16 @@ func convertMessage(out []Message, m anthropicMessage) ([]Message, error) {
 	var content Content
 	var reasoning strings.Builder
 	var calls []messagesToolCall
-	for _, b := range c.blocks {
+	for j, b := range c.blocks {
 		switch b.Type {
 		case "text":
 			if b.Text != "" {
 				content.Parts = append(content.Parts, ContentPart{Type: "text", Text: b.Text})
 			}
 		case "image":
-			content.Parts = append(content.Parts, ContentPart{Type: "image_url"})
+			// Refused here, in the client's terms (it was refused once
+			// converted, as messages[k+1]'s "image_url" part).
+			return nil, imageRefused(fmt.Sprintf("%s.content[%d]", param, j))
 		case "thinking":
 			if b.Thinking != nil {
 				reasoning.WriteString(*b.Thinking)
@@ -308,22 +310,18 @@ func convertMessage(out []Message, m anthropicMessage) ([]Message, error) {
 			}
 			calls = append(calls, call)
 		case "tool_result":
-			text, images, err := toolResultText(b, param)
+			text, image, err := toolResultText(b, param)
 			if err != nil {
 				return nil, err
 			}
+			if image >= 0 {
+				// vLLM sends a result's images as a user message of
+				// image parts after it; refused as any image is (text
+				// only), where they were dropped unsaid.
+				return nil, imageRefused(fmt.Sprintf("%s.content[%d].content[%d]", param, j, image))
+			}
 			if m.role == "user" {
 				out = append(out, toolMessage(b.ToolUseID, text))
-				if images > 0 {
-					// vLLM sends a result's images as a user message of
-					// image parts after it; refused as any image is
-					// (text only), where they were dropped unsaid.
-					parts := make([]ContentPart, images)
-					for i := range parts {
-						parts[i].Type = "image_url"
-					}
-					out = append(out, objectMessage("user", Content{Parts: parts}, "", nil, true))
-				}
 			} else {
 				content.Parts = append(content.Parts, ContentPart{Type: "text", Text: "Tool result: " + text})
 			}
@@ -405,22 +403,29 @@ func appendJSON(b []byte, v any) ([]byte, error) {
 
 // toolResultText is a tool_result's content as text (folded into, when
 // inline system text was): a string, or its text blocks joined by
-// newlines; and how many image blocks it holds.
-func toolResultText(b messagesBlock, param string) (text string, images int, err error) {
+// newlines; and the index of its first image block (-1: none).
+func toolResultText(b messagesBlock, param string) (text string, image int, err error) {
 	c, err := toolResultContent(b, param)
 	if err != nil || c.blocks == nil {
-		return c.text, 0, err
+		return c.text, -1, err
 	}
 	var texts []string
-	for _, bl := range c.blocks {
-		switch bl.Type {
-		case "text":
+	image = -1
+	for i, bl := range c.blocks {
+		switch {
+		case bl.Type == "text":
 			texts = append(texts, bl.Text)
-		case "image":
-			images++
+		case bl.Type == "image" && image < 0:
+			image = i
 		}
 	}
-	return strings.Join(texts, "\n"), images, nil
+	return strings.Join(texts, "\n"), image, nil
+}
+
+// imageRefused is the refusal of the image block at param: kvgate's
+// tokenizers count text only (docs/serve.md, "The Messages API").
+func imageRefused(param string) *Error {
+	return BadRequest("%s: image blocks are not supported: kvgate's tokenizers count text only", param).WithParam("messages")
 }
 
 // toolResultContent is a tool_result's content: folded, or read from

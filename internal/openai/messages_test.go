@@ -59,15 +59,9 @@ func TestParseMessages(t *testing.T) {
 		{"an assistant's tool result is text", `{"model":"m","max_tokens":5,"messages":[
 			{"role":"assistant","content":[{"type":"tool_result","content":"r"}]},{"role":"user","content":"q"}]}`,
 			`{"role":"assistant","content":"Tool result: r"}` + "\n" + `{"role":"user","content":"q"}`},
-		{"image kept as a part, Claude Code's roles", `{"model":"m","max_tokens":5,"messages":[
-			{"role":"ctx","content":[{"type":"image","source":{"type":"url","url":"u"}},{"type":"text","text":"what?"}]},{"role":"msg","content":"x"}]}`,
-			`{"role":"user","content":[{"type":"image_url","text":""},{"type":"text","text":"what?"}]}` + "\n" + `{"role":"user","content":"x"}`},
-		// vLLM's conversion: a user message of the images after the
-		// result's tool message (they were dropped, so a screenshot a
-		// tool returned was served unrefused and keyed as nothing).
-		{"a tool result's images follow it as a user message", `{"model":"m","max_tokens":5,"messages":[
-			{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"shot"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}},{"type":"image","source":{"type":"url","url":"u"}}]}]}]}`,
-			`{"role":"tool","tool_call_id":"t1","content":"shot"}` + "\n" + `{"role":"user","content":[{"type":"image_url","text":""},{"type":"image_url","text":""}]}`},
+		{"Claude Code's roles", `{"model":"m","max_tokens":5,"messages":[
+			{"role":"ctx","content":[{"type":"text","text":"see"},{"type":"text","text":"what?"}]},{"role":"msg","content":"x"}]}`,
+			`{"role":"user","content":[{"type":"text","text":"see"},{"type":"text","text":"what?"}]}` + "\n" + `{"role":"user","content":"x"}`},
 		{"an empty assistant message stays, without content; a string's is kept", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[]},{"role":"assistant","content":""}]}`,
 			`{"role":"user","content":"q"}` + "\n" + `{"role":"assistant"}` + "\n" + `{"role":"assistant","content":""}`},
 	}
@@ -118,6 +112,26 @@ func TestParseMessagesTools(t *testing.T) {
 	}
 	if r, err := ParseMessages([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}],"tools":[]}`)); err != nil || r.Tools != nil {
 		t.Fatalf("no tools: %v %s", err, r.Tools)
+	}
+}
+
+// TestMessagesImagesRefused: an image block, at the top or inside a
+// tool_result (a screenshot a tool returned: vLLM makes it a user message
+// of image parts after the tool's), is refused in the client's terms:
+// its own message and block, "image" (it was refused once converted, as
+// the next chat message's "image_url" part, and a tool result's was
+// dropped unsaid).
+func TestMessagesImagesRefused(t *testing.T) {
+	for _, c := range []struct{ body, param string }{
+		{`{"model":"m","max_tokens":5,"system":"s","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},
+			{"role":"user","content":[{"type":"text","text":"look"},{"type":"image","source":{"type":"url","url":"u"}}]}]}`, "messages[2].content[1]"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1",
+			"content":[{"type":"text","text":"shot"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}}]}]}]}`, "messages[0].content[0].content[1]"},
+	} {
+		_, err := ParseMessages([]byte(c.body))
+		if e := AsError(err); err == nil || e.Status != http.StatusBadRequest || !strings.HasPrefix(e.Message, c.param+": image blocks are not supported") {
+			t.Errorf("want a 400 at %s: %v", c.param, err)
+		}
 	}
 }
 
