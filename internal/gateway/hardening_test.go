@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/health"
+	"github.com/kvgate/kvgate/internal/sched"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -763,5 +765,23 @@ func TestEngineThatLostItsCacheIsNotClaimed(t *testing.T) {
 	}
 	if n := claimed(b, false); n != 0 {
 		t.Errorf("after the engine answered a with nothing cached, b still claimed %d cached tokens", n)
+	}
+}
+
+// TestExplainKeptOnTheHolder: a choice kept on its prefix's holder beyond
+// the conversation balance (its cost +Inf there) is explained by the copy,
+// not as "cost +Inf vs next best" (a walkthrough read it as the worst
+// endpoint chosen).
+func TestExplainKeptOnTheHolder(t *testing.T) {
+	g := &Gateway{policy: "kvgate"}
+	s := &sched.Snapshot{Endpoints: []sched.Endpoint{{Name: "e1"}, {Name: "e2"}}}
+	d := &sched.Decision{Admit: true, Prefill: 0, CachedTokens: 16, PredictedTTFT: 0.005, Costs: []float64{math.Inf(1), 0.013}, CopyTokens: 16, CopyTo: 1}
+	got := g.explain(s, d, 18)
+	if strings.Contains(got, "Inf") || !strings.Contains(got, "kept on its prefix's holder, its first 16 tokens copied to e2") {
+		t.Errorf("%q", got)
+	}
+	d.Costs[0], d.CopyTokens = 0.01, 0
+	if got := g.explain(s, d, 18); !strings.Contains(got, "cost 0.01 vs next best e2 0.013") {
+		t.Errorf("%q", got)
 	}
 }

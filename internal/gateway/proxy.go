@@ -359,7 +359,7 @@ func (g *Gateway) ended(w *clientWriter, r *http.Request, rt *routed, err error,
 			// it: the connection ends without the answer's end, as a
 			// proxy ends it, so that the client reads a broken answer
 			// (an incomplete body), not a short one.
-			g.log.Warn("stream broken after the client had part of it; its answer ends incomplete", "id", rt.id, "err", err)
+			g.log.Warn("stream broken after the client had part of it; its answer ends incomplete", "id", rt.id, "endpoint", w.Header().Get(hdrDecode), "err", err)
 			panic(http.ErrAbortHandler)
 		}
 	}

@@ -682,7 +682,10 @@ func (g *Gateway) explain(s *sched.Snapshot, d *sched.Decision, promptN int) str
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %s cached %d of %d tokens, predicted TTFT %.0f ms", g.policy, s.Endpoints[d.Prefill].Name,
 		d.CachedTokens, promptN, d.PredictedTTFT*1000)
-	if d.Costs != nil {
+	// A choice kept on its prefix's holder beyond the conversation
+	// balance has its cost at +Inf there (the copy clause says why):
+	// "cost +Inf vs next best" read as the worst endpoint chosen.
+	if d.Costs != nil && !math.IsInf(d.Costs[d.Prefill], 1) {
 		second, sc := -1, math.Inf(1)
 		for i, c := range d.Costs {
 			if i != d.Prefill && !math.IsNaN(c) && c < sc {
