@@ -159,6 +159,9 @@ type member struct {
 	// declare (health.Prober.Adapters), kept current by refresh.
 	found   atomic.Pointer[[]string]
 	removed atomic.Bool // left the fleet; its index id may be reused
+	// reportsCached: its engine reported a cached count in an answer's
+	// usage (vLLM's --enable-prompt-tokens-details; staleCheck).
+	reportsCached atomic.Bool
 	// gone ends when the health checks take the member out (a new one
 	// is made when they bring it back): the requests waiting for its
 	// first byte are sent elsewhere (idle.go).

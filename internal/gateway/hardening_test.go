@@ -6,6 +6,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -736,35 +737,48 @@ func TestBackFromOutForgetsTheSpeed(t *testing.T) {
 // claimed cached (every request after such a restart was claimed, and
 // predicted in 3 ms for 130).
 func TestEngineThatLostItsCacheIsNotClaimed(t *testing.T) {
-	e1 := startEngine(t, fleet.RoleBoth, nil)
-	ep := endpointOf(e1, fleet.RoleBoth)
-	ep.Events, ep.Replay = "", ""
-	_, gw, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{ep}, NoHealthChecks: true}, Options{})
-	claimed := func(prompt string, stream bool) int {
-		t.Helper()
-		r := post(t, gw+"/v1/completions", completion(prompt, stream, 2), nil)
-		if r.status != 200 {
-			t.Fatalf("%d %s", r.status, r.body)
-		}
-		n, _ := strconv.Atoi(r.header.Get("X-Kvgate-Cached-Tokens"))
-		return n
-	}
-	a, b := prefix("a")+" question a", prefix("b")+" question b"
-	claimed(a, false)
-	claimed(b, false)
-	if n := claimed(b, true); n == 0 {
-		t.Fatal("a prompt routed before not claimed cached")
-	}
-	resp, err := http.Post(e1.URL()+"/reset_prefix_cache", "application/json", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if n := claimed(a, false); n == 0 {
-		t.Fatal("the index should still claim a (nothing told it yet)")
-	}
-	if n := claimed(b, false); n != 0 {
-		t.Errorf("after the engine answered a with nothing cached, b still claimed %d cached tokens", n)
+	for _, api := range []string{"completions", "chat"} {
+		t.Run(api, func(t *testing.T) {
+			e1 := startEngine(t, fleet.RoleBoth, nil)
+			ep := endpointOf(e1, fleet.RoleBoth)
+			ep.Events, ep.Replay = "", ""
+			_, gw, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{ep}, NoHealthChecks: true}, Options{})
+			claimed := func(prompt string, stream bool) int {
+				t.Helper()
+				path, body := "/v1/completions", completion(prompt, stream, 2)
+				if api == "chat" {
+					b, _ := json.Marshal(map[string]any{"model": testModel, "messages": []map[string]string{{"role": "user", "content": prompt}},
+						"max_tokens": 2, "stream": stream, "stream_options": map[string]bool{"include_usage": stream}})
+					path, body = "/v1/chat/completions", string(b)
+					if !stream {
+						body = strings.Replace(body, `,"stream_options":{"include_usage":false}`, "", 1)
+					}
+				}
+				r := post(t, gw+path, body, nil)
+				if r.status != 200 {
+					t.Fatalf("%d %s", r.status, r.body)
+				}
+				n, _ := strconv.Atoi(r.header.Get("X-Kvgate-Cached-Tokens"))
+				return n
+			}
+			a, b := prefix("a")+" question a", prefix("b")+" question b"
+			claimed(a, false)
+			claimed(b, false)
+			if n := claimed(b, true); n == 0 {
+				t.Fatal("a prompt routed before not claimed cached")
+			}
+			resp, err := http.Post(e1.URL()+"/reset_prefix_cache", "application/json", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if n := claimed(a, false); n == 0 {
+				t.Fatal("the index should still claim a (nothing told it yet)")
+			}
+			if n := claimed(b, false); n != 0 {
+				t.Errorf("after the engine answered a with nothing cached, b still claimed %d cached tokens", n)
+			}
+		})
 	}
 }
 

@@ -32,7 +32,7 @@ import (
 var errStreamIdle = errors.New("the engine's answer was silent longer than --stream-idle-timeout")
 
 // errEngineOut: the health checks took the engine out before it answered.
-var errEngineOut = errors.New("the health checks took the engine out before it answered")
+var errEngineOut = errors.New("the engine was taken out (its health checks failed, or its requests did) before it answered")
 
 // attemptWatch cancels an attempt's upstream context when one of its
 // engines goes out before the answer's first bytes, or when the answer

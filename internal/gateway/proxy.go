@@ -616,14 +616,23 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 // engine 20× slow from the misses): its approximate entries are dropped
 // (this prompt's kept: the engine holds it now) and its learned speed
 // forgotten.
-func (g *Gateway) staleCheck(p *plan, rt *routed) func(n int) {
+func (g *Gateway) staleCheck(p *plan, rt *routed) func(n int, reported, usage bool) {
 	m := p.prefill
-	if p.decode != nil || m.ep.Events != "" || g.cfg.BindEvents != "" || p.dec.CachedTokens < staleBlocks*g.cfg.BlockSize {
+	if p.decode != nil || m.ep.Events != "" || g.cfg.BindEvents != "" {
 		return nil
 	}
 	claimed := p.dec.CachedTokens
-	return func(n int) {
-		if n > 0 || m.removed.Load() {
+	return func(n int, reported, usage bool) {
+		if reported {
+			m.reportsCached.Store(true)
+		} else if usage && m.reportsCached.Load() {
+			// vLLM's chat leaves prompt_tokens_details out when it
+			// found nothing cached: from an engine that reports them,
+			// a usage without them is 0 (the check never fired on
+			// chat traffic).
+			reported, n = true, 0
+		}
+		if !reported || n > 0 || claimed < staleBlocks*g.cfg.BlockSize || m.removed.Load() {
 			return
 		}
 		g.log.Info("the engine found none of the prompt cached where kvgate's routing had it: it may have restarted; its approximate index entries are dropped and its learned speed forgotten",
@@ -706,7 +715,7 @@ func (g *Gateway) prefillFirst(ctx context.Context, h http.Header, r *http.Reque
 
 // answer relays target's response resp to the client and feeds the
 // flight's first token and TPOT back to the load accounting lf.
-func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed, target *member, lf *load.Fleet, fl *load.Flight, got *reached, start func() bool, cached func(int)) (string, error) {
+func (g *Gateway) answer(w http.ResponseWriter, resp *http.Response, rt *routed, target *member, lf *load.Fleet, fl *load.Flight, got *reached, start func() bool, cached func(int, bool, bool)) (string, error) {
 	// An engine that refuses the request (vLLM's 400 for a prompt longer
 	// than the model's context, say) answers at once: relayed as is, but
 	// its first byte is no prefill and must not train the predictor.
@@ -739,8 +748,9 @@ type relayHooks struct {
 	probe     func(tpot float64)
 	start     func() bool
 	// cached, when set, is called at the answer's end with the prompt
-	// tokens its engine reported cached, if it reported them.
-	cached func(n int)
+	// tokens its engine reported cached (reported: it did), and whether
+	// the answer had a chat or completion usage (prompt_tokens).
+	cached func(n int, reported, usage bool)
 }
 
 // feedback is the relay's feedback to the load accounting lf for the
@@ -1099,9 +1109,9 @@ type relayed struct {
 	// theirs. Either may be nil.
 	end   *streamEnd
 	usage *openai.AnswerUsage
-	// cached reads the answer for its engine's cached count (nil: not
-	// asked, relayHooks.cached).
-	cached *openai.AnswerUsage
+	// cached reads the answer for its engine's cached count, and prompt
+	// for its prompt tokens (nil: not asked, relayHooks.cached).
+	cached, prompt *openai.AnswerUsage
 	// rid reads a Responses API answer for its id (nil: another API's),
 	// learned once read.
 	rid     *responseID
@@ -1153,7 +1163,7 @@ func (g *Gateway) newRelayed(w http.ResponseWriter, resp *http.Response, rt *rou
 		r.rid = &responseID{}
 	}
 	if ok && h.cached != nil {
-		r.cached = openai.CachedTokensUsage()
+		r.cached, r.prompt = openai.CachedTokensUsage(), openai.PromptTokensUsage()
 	}
 	r.hold = ok && r.end != nil && r.end.named != 0
 	return r
@@ -1213,6 +1223,7 @@ func (r *relayed) chunk(p []byte) error {
 	}
 	if r.cached != nil {
 		r.cached.Scan(p)
+		r.prompt.Scan(p)
 	}
 	if r.rid != nil && !r.learned {
 		if r.rid.scan(p); r.rid.id != "" {
@@ -1236,7 +1247,8 @@ func (r *relayed) chunk(p []byte) error {
 func (r *relayed) first(at time.Time) {
 	r.firstAt = at
 	r.h.firstByte()
-	if r.resp.StatusCode == http.StatusOK && r.rt.req.Stream && !r.rt.continued {
+	if r.resp.StatusCode == http.StatusOK && r.rt.req.Stream && !r.rt.continued && !r.rt.ttftSeen {
+		r.rt.ttftSeen = true
 		ttft := r.firstAt.Sub(r.rt.arrival).Seconds()
 		r.g.met.ttft.WithLabelValues(r.rt.class.Name).Observe(ttft)
 		if target := r.rt.class.slo(r.rt.promptN).TTFT; target <= 0 || ttft <= target {
@@ -1271,9 +1283,9 @@ func (r *relayed) broke(err error) error {
 // finish records the whole answer and returns a stream's TPOT.
 func (r *relayed) finish() float64 {
 	if r.cached != nil {
-		if n, ok := r.cached.Count(); ok {
-			r.h.cached(n)
-		}
+		n, ok := r.cached.Count()
+		_, usage := r.prompt.Count()
+		r.h.cached(n, ok, usage)
 	}
 	t := r.tokens()
 	if t > 0 && r.rt.outputs != nil {

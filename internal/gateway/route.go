@@ -97,6 +97,9 @@ type routed struct {
 	// continued: a migrated stream's continuation (migrate.go), whose
 	// first token is not the client's.
 	continued bool
+	// ttftSeen: its TTFT is in the metrics (an attempt broken before the
+	// client had a byte, then sent again, counted it twice).
+	ttftSeen bool
 	// whole: the client did not stream, the engine does; the gateway
 	// answers whole (whole.go). nil: the answer goes as it comes.
 	whole *wholeAnswer

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -194,6 +195,25 @@ func TestWholeAnswerEngineFails(t *testing.T) {
 			m := get(t, admin+"/metrics")
 			if retried := strings.Contains(m, "kvgate_retries_total 1"); retried != c.retried {
 				t.Errorf("retried: %v, want %v", retried, c.retried)
+			}
+			// One request, one TTFT at most, retried or not (a retry after
+			// bytes had come counted it twice).
+			var ttfts, requests float64
+			for _, line := range strings.Split(m, "\n") {
+				f := strings.Fields(line)
+				if len(f) != 2 {
+					continue
+				}
+				v, _ := strconv.ParseFloat(f[1], 64)
+				switch {
+				case strings.HasPrefix(f[0], "kvgate_ttft_seconds_count{"):
+					ttfts += v
+				case strings.HasPrefix(f[0], "kvgate_requests_total{"):
+					requests += v
+				}
+			}
+			if ttfts > requests {
+				t.Errorf("%v TTFTs counted for %v requests", ttfts, requests)
 			}
 			body := b.body(t, 0)
 			if opts, _ := body["stream_options"].(map[string]any); body["stream"] != true || opts["include_usage"] != true {

@@ -29,6 +29,10 @@ func OutputTokensUsage() *AnswerUsage { return &AnswerUsage{key: `"output_tokens
 // sends). vLLM reports it with --enable-prompt-tokens-details.
 func CachedTokensUsage() *AnswerUsage { return &AnswerUsage{key: `"cached_tokens"`} }
 
+// PromptTokensUsage reads a chat or completion answer for its prompt
+// tokens (usage.prompt_tokens): whether it had a usage at all.
+func PromptTokensUsage() *AnswerUsage { return &AnswerUsage{key: `"prompt_tokens"`} }
+
 // answerCarry is the bytes kept between reads: a key, spaces and a
 // count split between two reads are whole in the next window.
 const answerCarry = 64
