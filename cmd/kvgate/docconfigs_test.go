@@ -43,3 +43,23 @@ func TestDocumentedServeConfigs(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineAPIKeyFromTheEnvironment: KVGATE_ENGINE_API_KEY gives the
+// engines' key when the config does not (as VLLM_API_KEY gives vLLM's),
+// and a key that cannot go in a header is refused at the start.
+func TestEngineAPIKeyFromTheEnvironment(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvgate.yaml")
+	if err := os.WriteFile(path, []byte("endpoints: [{url: \"http://127.0.0.1:1\", model: m}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KVGATE_ENGINE_API_KEY", "sk-env")
+	f := serveFlags{config: path, set: map[string]bool{}}
+	sc, err := f.load(gateway.Config{})
+	if err != nil || sc.EngineAPIKey != "sk-env" {
+		t.Fatalf("%v, key %q", err, sc.EngineAPIKey)
+	}
+	t.Setenv("KVGATE_ENGINE_API_KEY", "bad\nkey")
+	if _, err := f.load(gateway.Config{}); err == nil || !strings.Contains(err.Error(), "engine_api_key") {
+		t.Fatalf("a key with a newline: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -58,6 +59,7 @@ func newEngineFlagSet(cfg *engine.Config, ef *engineFlags, stderr io.Writer) (*f
 	flagrange.Var(fl, &cfg.MaxModelLen, "max-model-len", lim.MaxModelLen, "maximum prompt + output tokens of a request")
 	fs.BoolVar(&cfg.BOS, "bos", cfg.BOS, "start a text prompt (completions, /generate, /tokenize's prompt form) with a BOS token unless the request says add_special_tokens: false, as a Llama-family tokenizer does in vLLM and SGLang (a chat's template writes its own)")
 	fs.StringVar(&ef.inlineSystem, "anthropic-inline-system", "preserve", "where the Messages API puts system messages inside messages, as vLLM's flag of that name: preserve (in place) or fold (into the user turn beside them; auto is preserve here, whose template renders them); hoist (into the system prompt) is vLLM's first way, before it kept them in place")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "require \"Authorization: Bearer KEY\" on /v1 requests, as vLLM's --api-key (default: VLLM_API_KEY); /health, /metrics and /tokenize stay open")
 	fs.BoolVar(&cfg.ResponsesStore, "responses-store", false, "keep Responses API answers in memory (the newest 4096), as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1: previous_response_id and GET /v1/responses/{id} find them")
 	flagrange.Var(fl, &cfg.StreamInterval, "stream-interval", lim.StreamInterval, "stream output in chunks of this many tokens (vLLM's --stream-interval)")
 	flagrange.Var(fl, &cfg.TimeScale, "time-scale", lim.TimeScale, "run this many times faster than real time (modelled durations are divided by it)")
@@ -91,6 +93,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	fs.Visit(func(f *flag.Flag) { cfg.KVEventsTopicSet = cfg.KVEventsTopicSet || f.Name == "kv-events-topic" })
+	if cfg.APIKey == "" {
+		cfg.APIKey = os.Getenv("VLLM_API_KEY") // read after the flags: -h does not show it
+	}
 	var err error
 	if cfg.Role, err = fleet.ParseRole(ef.role); err != nil || ef.role == "" { // "" is not a role here
 		return fmt.Errorf("role must be both, prefill or decode, got %q", ef.role)

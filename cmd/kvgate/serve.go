@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/discovery"
+	"github.com/kvgate/kvgate/internal/engineauth"
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/gateway"
@@ -138,7 +139,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// request went to a dead endpoint first, while the metrics called it
 	// eligible.
 	hc := sc.Health
-	hc.Logger, hc.NoProbes = log, sc.NoHealthChecks
+	hc.Logger, hc.NoProbes, hc.APIKey = log, sc.NoHealthChecks, sc.EngineAPIKey
 	prober, err := health.New(hc)
 	if err != nil {
 		return fmt.Errorf("health: %w", err)
@@ -262,6 +263,9 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 		c.Endpoints = append(c.Endpoints, e)
 	}
 	c.Tokenizers = append(c.Tokenizers, f.toks...)
+	if c.EngineAPIKey == "" {
+		c.EngineAPIKey = os.Getenv(engineauth.EnvVar) // as vLLM reads VLLM_API_KEY
+	}
 	if len(c.Endpoints) == 0 && !sc.Discovery.any() {
 		return sc, errors.New("no endpoints: give --engine (repeatable), --endpoints-file, --k8s-selector, or endpoints:/discovery: in --config")
 	}

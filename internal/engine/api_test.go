@@ -498,3 +498,43 @@ func TestPromptTokensDetails(t *testing.T) {
 		}
 	}
 }
+
+// TestAPIKey: with an API key the engine requires it on /v1 requests as
+// vLLM's --api-key does (401 {"error":"Unauthorized"}), and leaves
+// /health, /metrics and /tokenize open.
+func TestAPIKey(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.APIKey = "sk-test" })
+	do := func(method, path, auth, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, e.URL()+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	completion := `{"model":"` + e.cfg.Model + `","prompt":"hi","max_tokens":2}`
+	for _, c := range []struct {
+		method, path, auth, body string
+		code                     int
+	}{
+		{"POST", "/v1/completions", "", completion, 401},
+		{"POST", "/v1/completions", "Bearer wrong", completion, 401},
+		{"POST", "/v1/completions", "Bearer sk-test", completion, 200},
+		{"GET", "/v1/models", "", "", 401},
+		{"GET", "/health", "", "", 200},
+		{"GET", "/metrics", "", "", 200},
+		{"POST", "/tokenize", "", `{"model":"` + e.cfg.Model + `","prompt":"hi"}`, 200},
+	} {
+		code, body := do(c.method, c.path, c.auth, c.body)
+		if code != c.code || (code == 401 && body != "{\"error\":\"Unauthorized\"}\n") {
+			t.Errorf("%s %s auth %q: %d %s, want %d", c.method, c.path, c.auth, code, body, c.code)
+		}
+	}
+}

@@ -59,6 +59,11 @@ type Config struct {
 	// its previous_response_id, GET /v1/responses/{id} returns it.
 	// Without it store is ignored, as vLLM ignores it by default.
 	ResponsesStore bool
+	// APIKey, when set, is required on every /v1 request as
+	// "Authorization: Bearer KEY" (else 401 {"error": "Unauthorized"}), as
+	// vLLM's --api-key (or VLLM_API_KEY) requires it; /health, /metrics,
+	// /tokenize and the rest stay open, as vLLM's do.
+	APIKey string
 	// InlineSystem is where a Messages request's system messages inside
 	// messages go (vLLM's --anthropic-inline-system: preserve or fold;
 	// hoist, as vLLM placed them first); "" is preserve.

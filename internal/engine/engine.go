@@ -24,7 +24,7 @@ type Engine struct {
 	log     *slog.Logger
 	metrics *metrics
 	sched   *scheduler
-	mux     *http.ServeMux
+	mux     http.Handler
 	bodies  *httpserve.BodyLimiter
 	client  *http.Client
 	reqSeq  atomic.Uint64
@@ -81,7 +81,7 @@ func New(cfg Config) (*Engine, error) {
 	e.sched = newScheduler(cfg, e.log, e.metrics, nil)
 	e.sched.onHold = e.holdResponse
 	e.sched.onTransfer = e.transferDone
-	e.mux = e.routes()
+	e.mux = e.authenticated(e.routes())
 	return e, nil
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/openai"
@@ -34,6 +35,22 @@ func (e *Engine) routes() *http.ServeMux {
 		openai.WriteError(w, openai.NotFound("no route for %s %s", r.Method, r.URL.Path))
 	})
 	return mux
+}
+
+// authenticated is h requiring the API key on /v1 paths when one is set
+// (vLLM's AuthenticationMiddleware).
+func (e *Engine) authenticated(h http.Handler) http.Handler {
+	if e.cfg.APIKey == "" {
+		return h
+	}
+	want := "Bearer " + e.cfg.APIKey
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1") && r.Header.Get("Authorization") != want {
+			openai.WriteJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // handleModels lists the base model and, as vLLM does, each LoRA adapter

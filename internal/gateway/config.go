@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/engineauth"
 	"github.com/kvgate/kvgate/internal/replicasync"
 	"github.com/kvgate/kvgate/internal/yamlstrict"
 
@@ -100,6 +101,11 @@ type Config struct {
 	// Health configures the active checks, passive ejection and /metrics
 	// scraping of every endpoint (internal/health; kvgate serve runs it).
 	Health health.Config `yaml:"health"`
+	// EngineAPIKey, when set, is sent as "Authorization: Bearer KEY" on
+	// every request to an engine (its clients' requests too: vLLM's and
+	// SGLang's --api-key); kvgate serve also reads it from
+	// KVGATE_ENGINE_API_KEY. GET /admin/config does not show it.
+	EngineAPIKey string `yaml:"engine_api_key"`
 	// NoHealthChecks turns the prober's active checks off: every
 	// endpoint is taken as healthy (but for passive ejection, which stays)
 	// and no engine metrics are read.
@@ -422,6 +428,11 @@ func (c *Config) Validate() error {
 		add(fmt.Errorf("policy: %w", err))
 	}
 	add(c.Sync.Validate())
+	if c.EngineAPIKey != "" {
+		if err := engineauth.Check(c.EngineAPIKey); err != nil {
+			add(fmt.Errorf("engine_api_key (%s): %w", engineauth.EnvVar, err))
+		}
+	}
 	if _, err := sched.ParseHoldMode(c.Hold.Mode); err != nil {
 		add(fmt.Errorf("hold.mode (--hold) %w", err))
 	}

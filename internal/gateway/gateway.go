@@ -28,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/internal/engineauth"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/httpserve"
@@ -247,7 +248,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, err
 	}
 	var g *Gateway
-	toks, err := newTokenizers(cfg.Tokenizers, func(model, configured string) ([]string, bool) { return g.tokenizerEngines(model, configured) })
+	toks, err := newTokenizers(cfg.Tokenizers, cfg.EngineAPIKey, func(model, configured string) ([]string, bool) { return g.tokenizerEngines(model, configured) })
 	if err != nil {
 		return nil, err
 	}
@@ -269,6 +270,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if g.client.Transport == nil {
 		g.client.Transport = newTransport(cfg.ConnectTimeout)
 	}
+	// Every request kvgate sends an engine carries the engines' key, if
+	// they need one: its own (touches, prefix copies) as the clients'.
+	g.client.Transport = engineauth.Transport(g.client.Transport, cfg.EngineAPIKey)
 	if cfg.Sync.Enabled() {
 		sc := cfg.Sync
 		sc.BlockSize = cfg.BlockSize
@@ -294,7 +298,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 // newTokenizers builds the models' tokenizers from their specs; a
 // source=engine tokenizer asks the model's other engines through engines
 // (the gateway's, set once it exists).
-func newTokenizers(specs []string, engines tokens.EngineFallback) (*tokens.Set, error) {
+func newTokenizers(specs []string, key string, engines tokens.EngineFallback) (*tokens.Set, error) {
 	var parsed []tokens.Spec
 	for _, s := range specs {
 		sp, err := tokens.ParseSpec(s)
@@ -303,7 +307,7 @@ func newTokenizers(specs []string, engines tokens.EngineFallback) (*tokens.Set, 
 		}
 		parsed = append(parsed, sp)
 	}
-	return tokens.NewSet(parsed, tokens.NewCache(0), &http.Client{Timeout: 30 * time.Second}, engines)
+	return tokens.NewSet(parsed, tokens.NewCache(0), &http.Client{Timeout: 30 * time.Second, Transport: engineauth.Transport(nil, key)}, engines)
 }
 
 // newTransport is tuned for many concurrent streams to a few engines.

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/sched"
@@ -797,5 +798,44 @@ func TestExplainKeptOnTheHolder(t *testing.T) {
 	d.Costs[0], d.CopyTokens = 0.01, 0
 	if got := g.explain(s, d, 18); !strings.Contains(got, "cost 0.01 vs next best e2 0.013") {
 		t.Errorf("%q", got)
+	}
+}
+
+// TestEngineAPIKey: engines run with an API key (vLLM's --api-key) are
+// sent it on every request kvgate makes, its clients' (which carry none)
+// and its own (the probes' /v1/models); GET /admin/config says it is set,
+// not what it is. Without it, the clients' requests got the engines' 401
+// and the probes' adapter listing failed.
+func TestEngineAPIKey(t *testing.T) {
+	e1 := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.APIKey = "sk-engines" })
+	for _, key := range []string{"", "sk-engines"} {
+		t.Run("key="+key, func(t *testing.T) {
+			pr, err := health.New(health.Config{Interval: 10 * time.Millisecond, Timeout: time.Second, APIKey: key, Logger: quiet()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pr.Close()
+			_, gw, admin := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth)}, EngineAPIKey: key}, Options{Health: pr})
+			want := 200
+			if key == "" {
+				want = 401
+			}
+			if r := post(t, gw+"/v1/completions", completion("hello", false, 2), nil); r.status != want {
+				t.Fatalf("%d %s, want %d", r.status, r.body, want)
+			}
+			waitFor(t, func() bool {
+				st, _ := pr.State(e1.Addr())
+				return st.Probes >= 6 // the fifth lists /v1/models
+			})
+			st, _ := pr.State(e1.Addr())
+			if listed := st.ModelsError == ""; listed != (key != "") {
+				t.Errorf("models listing error %q with key %q", st.ModelsError, key)
+			}
+			if key != "" {
+				if c := get(t, admin+"/admin/config"); strings.Contains(c, key) || !strings.Contains(c, "engine_api_key: <set>") {
+					t.Errorf("/admin/config shows the key, or not that it is set:\n%s", c)
+				}
+			}
+		})
 	}
 }

@@ -66,6 +66,9 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, _ *http.Request) {
 	g.mu.RUnlock()
 	sort.Slice(run.Endpoints, func(i, j int) bool { return run.Endpoints[i].Name < run.Endpoints[j].Name })
 	run.Health = run.Health.WithDefaults()
+	if run.EngineAPIKey != "" {
+		run.EngineAPIKey = "<set>" // a secret: that it is set, not what
+	}
 	out, err := yaml.Marshal(&run)
 	if err != nil {
 		openai.WriteError(w, openai.Errorf(http.StatusInternalServerError, "config: %v", err))

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/engineauth"
 	"github.com/kvgate/kvgate/internal/enginemetrics"
 )
 
@@ -60,6 +61,10 @@ type Config struct {
 	// failure is more likely the gateway's or the network's).
 	MaxEjectedPercent int `yaml:"max_ejected_percent"`
 
+	// APIKey, when set, authenticates the probes ("Authorization:
+	// Bearer KEY"): an engine run with --api-key refuses /v1/models
+	// without it.
+	APIKey string `yaml:"-"`
 	// NoProbes turns the active checks off (no /health, /v1/models or
 	// /metrics requests: every endpoint is healthy) and keeps passive
 	// ejection: kvgate serve's --no-health-checks.
@@ -144,7 +149,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("health: health_path %q must start with /", c.HealthPath)
 	}
 	if c.Client == nil {
-		c.Client = &http.Client{}
+		c.Client = &http.Client{Transport: engineauth.Transport(nil, c.APIKey)}
 	}
 	if c.Scraper == nil {
 		c.Scraper = &enginemetrics.Scraper{Client: c.Client, Timeout: c.Timeout}
