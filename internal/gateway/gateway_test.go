@@ -177,7 +177,7 @@ func TestAggregatedStreamingAndAffinity(t *testing.T) {
 		t.Fatalf("models: %+v", models)
 	}
 	metrics := get(t, admin+"/metrics")
-	for _, m := range []string{`kvgate_requests_total{class="standard",outcome="ok",policy="kvgate"} 6`, "kvgate_decision_seconds_bucket", "kvgate_prefix_hit_tokens_total", "kvgate_endpoint_inflight_requests"} {
+	for _, m := range []string{`kvgate_requests_total{class="standard",model="gw-model",outcome="ok",policy="kvgate"} 6`, "kvgate_decision_seconds_bucket", "kvgate_prefix_hit_tokens_total", "kvgate_endpoint_inflight_requests"} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("/metrics lacks %s", m)
 		}

@@ -660,12 +660,12 @@ func TestMetricsFromTheStart(t *testing.T) {
 	_, url, admin := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth)}, Policy: "kvgate", Classes: classes}, Options{})
 	m := get(t, admin+"/metrics")
 	for _, want := range []string{
-		`kvgate_requests_total{class="interactive",outcome="ok",policy="kvgate"} 0`,
-		`kvgate_requests_total{class="batch",outcome="upstream_error",policy="kvgate"} 0`,
-		`kvgate_requests_total{class="",outcome="tokenizer_error",policy="kvgate"} 0`,
+		`kvgate_requests_total{class="interactive",model="gw-model",outcome="ok",policy="kvgate"} 0`,
+		`kvgate_requests_total{class="batch",model="gw-model",outcome="upstream_error",policy="kvgate"} 0`,
+		`kvgate_requests_total{class="",model="",outcome="tokenizer_error",policy="kvgate"} 0`,
 		`kvgate_rejections_total{class="interactive"} 0`,
-		`kvgate_ttft_seconds_bucket{class="interactive",le="1.5"} 0`,
-		`kvgate_ttft_slo_met_total{class="interactive"} 0`,
+		`kvgate_ttft_seconds_bucket{class="interactive",model="gw-model",le="1.5"} 0`,
+		`kvgate_ttft_slo_met_total{class="interactive",model="gw-model"} 0`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("before any request, no %s", want)
@@ -675,8 +675,16 @@ func TestMetricsFromTheStart(t *testing.T) {
 	if r := post(t, url+"/v1/completions", completion("hello there", true, 2), hdr); r.status != 200 {
 		t.Fatalf("%d %s", r.status, r.body)
 	}
+	// A model the fleet does not serve is counted under model "": a
+	// client's names make no series.
+	if r := post(t, url+"/v1/completions", `{"model":"nope-7","prompt":"a"}`, nil); r.status != 404 {
+		t.Fatalf("unknown model: %d", r.status)
+	}
 	m = get(t, admin+"/metrics")
-	if !strings.Contains(m, `kvgate_ttft_slo_met_total{class="interactive"} 1`) || !strings.Contains(m, `kvgate_requests_total{class="interactive",outcome="ok",policy="kvgate"} 1`) {
+	if strings.Contains(m, "nope-7") || !strings.Contains(m, `model="",outcome="bad_request",policy="kvgate"} 1`) {
+		t.Errorf("the unknown model's request:\n%s", grepLines(m, "bad_request"))
+	}
+	if !strings.Contains(m, `kvgate_ttft_slo_met_total{class="interactive",model="gw-model"} 1`) || !strings.Contains(m, `kvgate_requests_total{class="interactive",model="gw-model",outcome="ok",policy="kvgate"} 1`) {
 		t.Errorf("after one answer in time:\n%s", grepLines(m, "interactive"))
 	}
 }

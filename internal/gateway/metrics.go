@@ -70,8 +70,8 @@ func newMetrics(g *Gateway) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_requests_total",
-			Help: "Requests by outcome (ok, rejected, yielded, bad_request, unavailable, engine_refused, upstream_error, tokenizer_error, broken_stream, client_gone, overloaded, hold_full, internal_error; docs/serve.md), SLO class and policy."},
-			[]string{"outcome", "class", "policy"}),
+			Help: "Requests by outcome (ok, rejected, yielded, bad_request, unavailable, engine_refused, upstream_error, tokenizer_error, broken_stream, client_gone, overloaded, hold_full, internal_error; docs/serve.md), model (\"\" before one the fleet serves is known), SLO class and policy."},
+			[]string{"outcome", "model", "class", "policy"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_rejections_total",
 			Help: "Requests rejected (429) by admission before any compute, or as yielded investments after some, by SLO class."}, []string{"class"}),
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvgate_decision_seconds",
@@ -79,9 +79,9 @@ func newMetrics(g *Gateway) *metrics {
 			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 20)}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvgate_ttft_seconds",
 			Help:    "Time to first byte of answers the engine streamed (answered whole from a stream too) as the gateway sees it, by SLO class; the classes' TTFT targets at the start are bucket bounds.",
-			Buckets: ttftBuckets(g.cfg.Classes)}, []string{"class"}),
+			Buckets: ttftBuckets(g.cfg.Classes)}, []string{"model", "class"}),
 		sloMet: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_ttft_slo_met_total",
-			Help: "Answers whose first byte came within their class's TTFT target (its ttft plus ttft_per_1k_tokens for the prompt; any, for a class without one), counted where kvgate_ttft_seconds is; over kvgate_requests_total of the class it is the TTFT attainment, every other outcome a miss."}, []string{"class"}),
+			Help: "Answers whose first byte came within their class's TTFT target (its ttft plus ttft_per_1k_tokens for the prompt; any, for a class without one), counted where kvgate_ttft_seconds is; over kvgate_requests_total of the class it is the TTFT attainment, every other outcome a miss."}, []string{"model", "class"}),
 		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_prompt_tokens_total",
 			Help: "Prompt tokens of routed requests."}),
 		hitTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_prefix_hit_tokens_total",
@@ -139,15 +139,25 @@ func newMetrics(g *Gateway) *metrics {
 	// The request series of the classes and policy at the start, at 0, so
 	// that rate() and increase() see their first event (they were absent
 	// until it came). A failure before a class is known counts class "".
-	for _, cl := range append([]Class{{}}, g.cfg.Classes...) {
-		for _, o := range allOutcomes {
-			m.requests.WithLabelValues(o, cl.Name, g.cfg.Policy)
+	models := []string{""}
+	for _, e := range g.cfg.Endpoints {
+		if !slices.Contains(models, e.Model) {
+			models = append(models, e.Model)
 		}
-		if cl.Name != "" {
-			m.rejections.WithLabelValues(cl.Name)
-			m.ttft.WithLabelValues(cl.Name)
-			m.sloMet.WithLabelValues(cl.Name)
+	}
+	for _, model := range models {
+		for _, cl := range append([]Class{{}}, g.cfg.Classes...) {
+			for _, o := range allOutcomes {
+				m.requests.WithLabelValues(o, model, cl.Name, g.cfg.Policy)
+			}
+			if cl.Name != "" && model != "" {
+				m.ttft.WithLabelValues(model, cl.Name)
+				m.sloMet.WithLabelValues(model, cl.Name)
+			}
 		}
+	}
+	for _, cl := range g.cfg.Classes {
+		m.rejections.WithLabelValues(cl.Name)
 	}
 	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_config_reloads_total",
 		Help: "Config reloads (SIGHUP) by result: applied, or refused (the running config kept; GET /admin/config shows what runs)."}, []string{"result"})
@@ -169,8 +179,24 @@ func newMetrics(g *Gateway) *metrics {
 	return m
 }
 
-func (m *metrics) outcome(outcome, class, policy string) {
-	m.requests.WithLabelValues(outcome, class, policy).Inc()
+func (m *metrics) outcome(outcome, model, class, policy string) {
+	m.requests.WithLabelValues(outcome, model, class, policy).Inc()
+}
+
+// modelLabel is rt's model as a metric label: "" until a model the
+// fleet serves is known (a client's own name for one would let it make
+// series without bound).
+func (g *Gateway) modelLabel(rt *routed) string {
+	if rt == nil || rt.model == "" {
+		return ""
+	}
+	g.mu.RLock()
+	_, ok := g.models[rt.model]
+	g.mu.RUnlock()
+	if !ok {
+		return ""
+	}
+	return rt.model
 }
 
 func (m *metrics) handler() http.Handler {

@@ -85,7 +85,7 @@ func copyRequestHeaders(dst, src http.Header) {
 func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, api apiKind) {
 	if n := g.inflight.Add(1); n > int64(g.cfg.MaxInflight) {
 		g.inflight.Add(-1)
-		g.met.outcome(outcomeOverloaded, "", g.policy)
+		g.met.outcome(outcomeOverloaded, "", "", g.policy)
 		openai.WriteError(w, openai.TooManyRequests(time.Second, "kvgate: more than %d requests in flight", g.cfg.MaxInflight))
 		return
 	}
@@ -99,7 +99,7 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, api apiKind) {
 		if rt != nil {
 			w.Header().Set("X-Request-Id", rt.id)
 		}
-		g.met.outcome(preOutcome(r.Context(), err), "", g.policy)
+		g.met.outcome(preOutcome(r.Context(), err), g.modelLabel(rt), "", g.policy)
 		openai.WriteError(w, err)
 		return
 	}
@@ -131,7 +131,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			// the request): the client hears the engine's failure, not
 			// a 503 of the retry's (the engine's own error answer, when
 			// its stream carried one).
-			g.met.outcome(outcomeOf(r.Context(), failure), rt.class.Name, g.policy)
+			g.met.outcome(outcomeOf(r.Context(), failure), g.modelLabel(rt), rt.class.Name, g.policy)
 			if engineErrorAnswer(rt, cw, failure) {
 				return
 			}
@@ -139,7 +139,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			return
 		}
 		if err != nil {
-			g.met.outcome(decideOutcome(err), rt.class.Name, g.policy)
+			g.met.outcome(decideOutcome(err), g.modelLabel(rt), rt.class.Name, g.policy)
 			openai.WriteError(w, err)
 			return
 		}
@@ -194,13 +194,13 @@ func (g *Gateway) holdAndAdmit(w http.ResponseWriter, r *http.Request, rt *route
 	if p.dec.Hold {
 		var err error
 		if p, err = g.hold(r.Context(), rt, p); err != nil {
-			g.met.outcome(holdOutcome(r.Context(), err), rt.class.Name, g.policy)
+			g.met.outcome(holdOutcome(r.Context(), err), g.modelLabel(rt), rt.class.Name, g.policy)
 			openai.WriteError(w, err)
 			return nil, false
 		}
 	}
 	if err := g.admit(rt, p); err != nil {
-		g.met.outcome(outcomeRejected, rt.class.Name, g.policy)
+		g.met.outcome(outcomeRejected, g.modelLabel(rt), rt.class.Name, g.policy)
 		g.met.rejections.WithLabelValues(rt.class.Name).Inc()
 		openai.WriteError(w, err)
 		return nil, false
@@ -322,26 +322,26 @@ func (g *Gateway) ended(w *clientWriter, r *http.Request, rt *routed, err error,
 	var refused *engineRefused
 	switch {
 	case err == nil:
-		g.met.outcome(outcomeOK, rt.class.Name, g.policy)
+		g.met.outcome(outcomeOK, g.modelLabel(rt), rt.class.Name, g.policy)
 	case errors.Is(err, errYielded):
 		// An investment stopped for a request that can meet its SLO:
 		// the 429 early rejection would have sent at once, but after
 		// compute: its own outcome, not rejected's "before any compute"
 		// (kvgate_hold_yielded_total counts it too).
-		g.met.outcome(outcomeYielded, rt.class.Name, g.policy)
+		g.met.outcome(outcomeYielded, g.modelLabel(rt), rt.class.Name, g.policy)
 		dropRoutingHeaders(w.Header())
 		e := openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it misses its SLO even alone; served late on an idle engine, it gave the engine up to a request that can meet its SLO", rt.class.Name)
 		e.NoRetry = true // as rejectErr's
 		openai.WriteError(w, e)
 	case errors.As(err, &refused):
-		g.met.outcome(outcomeEngineRefused, rt.class.Name, g.policy) // its answer is the client's already
+		g.met.outcome(outcomeEngineRefused, g.modelLabel(rt), rt.class.Name, g.policy) // its answer is the client's already
 	case !last:
 		return false
 	case !errors.Is(err, errStreamBroken):
-		g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
+		g.met.outcome(outcomeOf(r.Context(), err), g.modelLabel(rt), rt.class.Name, g.policy)
 		openai.WriteError(w, clientError(err))
 	default:
-		g.met.outcome(outcomeOf(r.Context(), err), rt.class.Name, g.policy)
+		g.met.outcome(outcomeOf(r.Context(), err), g.modelLabel(rt), rt.class.Name, g.policy)
 		if engineErrorAnswer(rt, w, err) {
 			return true
 		}
@@ -1250,9 +1250,9 @@ func (r *relayed) first(at time.Time) {
 	if r.resp.StatusCode == http.StatusOK && r.rt.req.Stream && !r.rt.continued && !r.rt.ttftSeen {
 		r.rt.ttftSeen = true
 		ttft := r.firstAt.Sub(r.rt.arrival).Seconds()
-		r.g.met.ttft.WithLabelValues(r.rt.class.Name).Observe(ttft)
+		r.g.met.ttft.WithLabelValues(r.rt.model, r.rt.class.Name).Observe(ttft)
 		if target := r.rt.class.slo(r.rt.promptN).TTFT; target <= 0 || ttft <= target {
-			r.g.met.sloMet.WithLabelValues(r.rt.class.Name).Inc()
+			r.g.met.sloMet.WithLabelValues(r.rt.model, r.rt.class.Name).Inc()
 		}
 	}
 }

@@ -163,7 +163,7 @@ func checkFirstTokenEvent(t *testing.T, path, body string, before [][2]string, t
 	if tp, want := adminEndpoints(t, admin)[0].TPOT, 0.09/19; tp < want*0.99 || tp > want*1.01 {
 		t.Errorf("TPOT %v, want %v (20 tokens in 90 ms)", tp, want)
 	}
-	if !strings.Contains(m, `kvgate_requests_total{class="standard",outcome="ok"`) {
+	if !strings.Contains(m, `kvgate_requests_total{class="standard",model="gw-model",outcome="ok"`) {
 		t.Errorf("not counted ok:\n%s", grepLines(m, "kvgate_requests_total"))
 	}
 }

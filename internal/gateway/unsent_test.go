@@ -83,7 +83,7 @@ func TestBrokenBeforeTheClientHadAByte(t *testing.T) {
 				t.Errorf("Content-Type %q", got)
 			}
 			m := get(t, admin+"/metrics")
-			if !strings.Contains(m, "kvgate_retries_total 1") || !strings.Contains(m, `kvgate_requests_total{class="standard",outcome="ok"`) {
+			if !strings.Contains(m, "kvgate_retries_total 1") || !strings.Contains(m, `kvgate_requests_total{class="standard",model="gw-model",outcome="ok"`) {
 				t.Errorf("want one retry and an ok outcome:\n%s", grepLines(m, "kvgate_re"))
 			}
 		})
