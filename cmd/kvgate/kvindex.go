@@ -274,6 +274,7 @@ func runKVIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	toks.SetLogger(log)
 	logEngines(log, toks, engines, o.bindEvents != "")
 	idx := kvindex.New(kvindex.Config{BlockSize: o.blockSize, ApproxTTL: o.approxTTL, MaxKeys: o.maxKeys})
 	sub, err := kvevents.New(kvevents.Config{

@@ -252,6 +252,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
+	toks.SetLogger(o.Logger)
 	g = &Gateway{
 		cfg: cfg, log: o.Logger, now: o.Now, health: o.Health, traffic: o.Traffic, holdGrace: o.HoldGrace, respHolders: newResponseHolders(),
 		holdPoll: o.HoldPoll, tokenizeTimeout: o.TokenizeTimeout, policy: cfg.Policy,

@@ -24,7 +24,7 @@ type ChatTemplate struct {
 // NewChatTemplate compiles a Jinja chat template. specials are the
 // template's special-token variables (e.g. "bos_token": "<|begin_of_text|>").
 func NewChatTemplate(src string, specials map[string]string) (*ChatTemplate, error) {
-	t, err := jinja.Compile(src)
+	t, err := jinja.Compile(useTojson(src))
 	if err != nil {
 		return nil, fmt.Errorf("tokens: chat template: %w", err)
 	}
@@ -73,6 +73,7 @@ func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, err
 		})
 		if m.Role == "assistant" {
 			setReasoning(d, reasoning, reasoningContent)
+			parseToolArguments(d)
 		}
 		list[i] = d
 	}
@@ -98,11 +99,47 @@ func (c *ChatTemplate) RenderChat(msgs []Message, opts ChatOptions) (string, err
 	}
 	vars["messages"] = jinja.NewList(list)
 	vars["add_generation_prompt"] = jinja.NewBool(opts.Mode == ChatGenerate)
+	vars[tojsonFilterVar] = pyTojsonFilter // after the kwargs: none replaces it
 	out, err := c.tmpl.RenderValues(vars)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", errRender, err)
 	}
 	return out, nil
+}
+
+// pyTojsonFilter is the tojson filter the templates get (tojson.go).
+var pyTojsonFilter = jinja.NewCallable("tojson", pyTojson)
+
+// parseToolArguments makes each tool call's function arguments of the
+// assistant message d an object, as vLLM does before the template runs
+// (chat_utils._postprocess_messages: a JSON string parsed, none or ""
+// an empty object); a string that is not JSON is left as it is. Templates
+// write them with tojson: kept a string, the client's JSON was quoted
+// where vLLM's was an object (Qwen 2.5, Llama 3.2), and every later turn
+// of a tool conversation was keyed apart from the engine's blocks.
+func parseToolArguments(d jinja.Value) {
+	calls, ok := d.AsDict().Get("tool_calls")
+	if !ok || !calls.IsList() {
+		return
+	}
+	for _, c := range calls.AsList().Items {
+		if !c.IsDict() {
+			continue
+		}
+		fn, ok := c.AsDict().Get("function")
+		if !ok || !fn.IsDict() {
+			continue
+		}
+		args, ok := fn.AsDict().Get("arguments")
+		switch {
+		case !ok || args.IsNone() || args.IsString() && args.AsString() == "":
+			fn.AsDict().Set("arguments", jinja.NewDict())
+		case args.IsString():
+			if v, err := jsonValue([]byte(args.AsString())); err == nil {
+				fn.AsDict().Set("arguments", v)
+			}
+		}
+	}
 }
 
 // setReasoning gives an assistant message's reasoning to the template

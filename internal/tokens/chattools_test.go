@@ -24,7 +24,7 @@ const toolsTemplate = `{%- if tools %}
 {%- if not (tools and loop.first and message.role == 'system') %}
 {{- '<|im_start|>' + message.role + '\n' + message.content }}
 {%- for tc in message.tool_calls or [] %}
-{{- '\n<tool_call>\n{"name": "' + tc.function.name + '", "arguments": ' + tc.function.arguments + '}\n</tool_call>' }}
+{{- '\n<tool_call>\n{"name": "' + tc.function.name + '", "arguments": ' }}{{- tc.function.arguments | tojson }}{{- '}\n</tool_call>' }}
 {%- endfor %}
 {{- '<|im_end|>\n' }}
 {%- endif %}

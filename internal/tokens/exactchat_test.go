@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -252,6 +253,10 @@ func TestExactChatDefaultAndFallback(t *testing.T) {
 	}))
 	defer promptOnly.Close()
 	tk := NewTokenizer(&EngineSource{BaseURL: promptOnly.URL, Model: "m"}, tmpl, NewCache(0), true, "m")
+	// Its warning goes to the logger given (the default one ignored
+	// kvgate serve's --log-level and format).
+	var logged bytes.Buffer
+	tk.log = slog.New(slog.NewTextHandler(&logged, nil))
 	for range 3 {
 		ids, err := tk.Chat(ctx, conv)
 		if err != nil || !reflect.DeepEqual(ids, bytesOf(tmpl.Render(conv))) {
@@ -260,6 +265,9 @@ func TestExactChatDefaultAndFallback(t *testing.T) {
 	}
 	if refused.Load() != 2 {
 		t.Errorf("engine asked %d times for a conversation it refuses, want twice (the first and a plain one)", refused.Load())
+	}
+	if !strings.Contains(logged.String(), "level=WARN msg=\"tokens: the engine refused a conversation") {
+		t.Errorf("the warning not on the tokenizer's logger: %q", logged.String())
 	}
 	// A failure that is not a refusal is an error, not a fallback.
 	srv.Close()

@@ -190,7 +190,11 @@ type component struct {
 	Invert   bool   `json:"invert"`
 	// ByteLevel
 	AddPrefixSpace bool `json:"add_prefix_space"`
-	UseRegex       bool `json:"use_regex"`
+	// UseRegex is nil when absent: true, as Hugging Face's tokenizers
+	// defaults it (serde default_true); files written before the key
+	// existed (GPT-2-era tokenizer.json) lack it, and read as false they
+	// lost the GPT-2 word split (134 of 468 texts matched the reference).
+	UseRegex *bool `json:"use_regex"`
 	// TemplateProcessing
 	Single []struct {
 		SpecialToken *struct {
@@ -283,7 +287,7 @@ func parsePreTokenizer(raw json.RawMessage, byteLevel *bool) (pipeline, error) {
 		if c.AddPrefixSpace {
 			pl = append(pl, prefixSpace{})
 		}
-		if c.UseRegex {
+		if c.UseRegex == nil || *c.UseRegex {
 			sp, err := newRegexSplit(gpt2Pattern)
 			if err != nil {
 				return nil, err

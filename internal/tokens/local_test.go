@@ -583,3 +583,29 @@ func TestLocalConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestByteLevelUseRegexDefault: a ByteLevel pre-tokenizer without a
+// use_regex key splits as GPT-2 does, as Hugging Face's tokenizers
+// defaults the key to true; false turns the split off (it was read as
+// false when absent: GPT-2-era files lost their word split).
+func TestByteLevelUseRegexDefault(t *testing.T) {
+	for _, c := range []struct {
+		raw  string
+		want []string
+	}{
+		{`{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true}`, []string{"a", "\n\n", " b"}},
+		{`{"type":"ByteLevel","add_prefix_space":false,"use_regex":true}`, []string{"a", "\n\n", " b"}},
+		{`{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}`, []string{"a\n\n b"}},
+	} {
+		var byteLevel bool
+		pl, err := parsePreTokenizer(json.RawMessage(c.raw), &byteLevel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		pl.run("a\n\n b", func(p string) { got = append(got, p) })
+		if !byteLevel || !slices.Equal(got, c.want) {
+			t.Errorf("%s: %q, want %q", c.raw, got, c.want)
+		}
+	}
+}

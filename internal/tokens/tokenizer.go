@@ -24,6 +24,7 @@ import (
 // Tokenizer turns one model's requests into token ids: a Source, a chat
 // Template and a cache of tokenized segments. Safe for concurrent use.
 type Tokenizer struct {
+	log   *slog.Logger // nil: slog.Default() (Set.SetLogger)
 	src   Source
 	tmpl  Template
 	exact bool // chat via the engine's own template (MessagesSource)
@@ -188,9 +189,9 @@ func (t *Tokenizer) chatAs(ctx context.Context, msgs []Message, opts ChatOptions
 			// This conversation's own refusal (a template that refuses
 			// its roles' order, tools the engine cannot read): it is
 			// rendered with tmpl, and the engine answers it as it will.
-			slog.Debug("tokens: the engine refused one conversation at /tokenize; rendering it with the configured template", "err", err)
+			t.logger().Debug("tokens: the engine refused one conversation at /tokenize; rendering it with the configured template", "err", err)
 		case !t.noMessages.Swap(true):
-			slog.Warn("tokens: the engine refused a conversation at /tokenize; rendering chats with the configured template from now on (set exact_chat=false to choose this)",
+			t.logger().Warn("tokens: the engine refused a conversation at /tokenize; rendering chats with the configured template from now on (set exact_chat=false to choose this)",
 				"template", t.tmpl.Name, "err", err)
 		}
 	}
@@ -533,6 +534,26 @@ type Set struct {
 	byModel map[string]*Tokenizer
 	def     *Tokenizer
 	cache   *Cache
+}
+
+// logger is the tokenizer's logger.
+func (t *Tokenizer) logger() *slog.Logger {
+	if t.log == nil {
+		return slog.Default()
+	}
+	return t.log
+}
+
+// SetLogger gives every tokenizer of s its logger (the default one
+// otherwise, which a command's --log-level did not reach). Call it before
+// the set is used.
+func (s *Set) SetLogger(l *slog.Logger) {
+	for _, t := range s.byModel {
+		t.log = l
+	}
+	if s.def != nil {
+		s.def.log = l
+	}
 }
 
 // NewSet builds tokenizers from specs sharing one cache. Without a default
