@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/engine/kvpub"
+	"github.com/kvgate/kvgate/internal/engineauth"
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
@@ -95,6 +96,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.Visit(func(f *flag.Flag) { cfg.KVEventsTopicSet = cfg.KVEventsTopicSet || f.Name == "kv-events-topic" })
 	if cfg.APIKey == "" {
 		cfg.APIKey = os.Getenv("VLLM_API_KEY") // read after the flags: -h does not show it
+	}
+	if cfg.APIKey != "" {
+		if err := engineauth.Check(cfg.APIKey); err != nil {
+			return &usageError{err: fmt.Errorf("--api-key (or VLLM_API_KEY): %w", err)}
+		}
 	}
 	var err error
 	if cfg.Role, err = fleet.ParseRole(ef.role); err != nil || ef.role == "" { // "" is not a role here

@@ -97,6 +97,7 @@ func newServeFlagSet(f *serveFlags, c *gateway.Config, early *bool, stepTokens *
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvgate serve [flags]\n\nRuns the gateway: an OpenAI-compatible proxy that routes each request to the\nprefill and decode engines predicted to serve it fastest, rejecting early what\ncannot meet its SLO. Endpoints come from --engine flags or --config.\n\nFlags:")
 		fs.PrintDefaults()
+		fmt.Fprintln(stderr, "\nEnvironment:\n  KVGATE_ENGINE_API_KEY\n    \tthe engines' API key (vLLM's --api-key), sent on every request to them; or engine_api_key in --config (docs/serve.md, \"Engines\")")
 	}
 	return fs, fl
 }

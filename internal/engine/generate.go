@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -86,6 +88,11 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 	if (a == apiResponses || a == apiMessages) && role != fleet.RoleBoth {
 		return nil, nil, openai.BadRequest("the emulator serves %s aggregated only (vLLM's P/D flow runs completions); this engine's role is %s", r.URL.Path, role)
 	}
+	if a == apiResponses {
+		if err := checkMetadata(req.Raw); err != nil {
+			return nil, nil, err
+		}
+	}
 	kv, err := kvTransferFor(req, role)
 	if err != nil {
 		return nil, nil, err
@@ -112,7 +119,12 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 	}
 	rq := e.newRequest(r, req, chat, toks, maxTokens)
 	if a == apiResponses {
-		rq.id = "resp_" + strings.TrimPrefix(rq.id, "chatcmpl-")
+		// vLLM's is resp_ and a random UUID, whatever X-Request-Id says:
+		// a stored response is fetched, continued and cancelled by its id
+		// alone, so an id from the header (the gateway's are sequential)
+		// let one client read another's, and two with one header share
+		// one.
+		rq.id = "resp_" + randomHex(16)
 	}
 	rq.setCacheKey(lora, req.Model, req.CacheSalt)
 	rq.priority = prio
@@ -663,4 +675,12 @@ func (s *responder) full(out requestOutput) any {
 		Choices: []openai.CompletionChoice{{Text: s.text(out.generated), FinishReason: out.finishReason}},
 		Usage:   s.usage(out), KVTransferParams: out.kvParams,
 	}
+}
+
+// randomHex is n random bytes in hex (crypto/rand: an id that must not be
+// guessed).
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -141,6 +142,41 @@ type requestEcho struct {
 	Truncation        json.RawMessage `json:"truncation"`
 	Background        json.RawMessage `json:"background"`
 	User              json.RawMessage `json:"user"`
+}
+
+// Metadata bounds (OpenAI's: 16 pairs, keys of at most 64 characters,
+// values of at most 512).
+const (
+	maxMetadataPairs = 16
+	maxMetadataKey   = 64
+	maxMetadataValue = 512
+)
+
+// checkMetadata refuses a Responses request's metadata that is not an
+// object of strings (vLLM's type: a dict of strings) or is beyond
+// OpenAI's bounds: the answer echoes it, and a stored one keeps it (a
+// 1 MB metadata was echoed whole, and 30 kept ones took 150 MB).
+func checkMetadata(body []byte) error {
+	var in struct {
+		Metadata json.RawMessage `json:"metadata"`
+	}
+	_ = json.Unmarshal(body, &in)
+	if len(in.Metadata) == 0 || string(in.Metadata) == "null" {
+		return nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal(in.Metadata, &m); err != nil {
+		return openai.BadRequest("metadata must be an object of strings").WithParam("metadata")
+	}
+	if len(m) > maxMetadataPairs {
+		return openai.BadRequest("metadata has %d pairs; at most %d", len(m), maxMetadataPairs).WithParam("metadata")
+	}
+	for k, v := range m {
+		if n, nv := utf8.RuneCountInString(k), utf8.RuneCountInString(v); n > maxMetadataKey || nv > maxMetadataValue {
+			return openai.BadRequest("metadata keys are at most %d characters and values at most %d", maxMetadataKey, maxMetadataValue).WithParam("metadata")
+		}
+	}
+	return nil
 }
 
 // echoOf is the echo of a Responses request's body (parsed before, so

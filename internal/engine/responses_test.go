@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -194,5 +195,53 @@ func TestResponsesEchoTheRequest(t *testing.T) {
 	}
 	if ts, ok := m["tools"].([]any); !ok || len(ts) != 0 {
 		t.Errorf("tools default: %s", raw)
+	}
+}
+
+// TestResponseIDsAreRandom: a response's id is random, as vLLM's
+// (resp_ and a UUID), not the request's X-Request-Id: stored responses
+// are read, continued and cancelled by id alone (a walkthrough read
+// another client's by the next sequential id, and two requests with one
+// header shared an id).
+func TestResponseIDsAreRandom(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.ResponsesStore = true })
+	ids := map[string]bool{}
+	for range 2 {
+		_, raw := postJSON(t, e.URL()+"/v1/responses", map[string]any{"model": e.cfg.Model, "input": "hi", "max_output_tokens": 2}, "X-Request-Id", "dup")
+		var o respObject
+		if err := json.Unmarshal(raw, &o); err != nil || !strings.HasPrefix(o.ID, "resp_") || strings.Contains(o.ID, "dup") || len(o.ID) < 5+32 {
+			t.Fatalf("id %q (%v): %s", o.ID, err, raw)
+		}
+		ids[o.ID] = true
+	}
+	if len(ids) != 2 {
+		t.Errorf("two responses, ids %v", ids)
+	}
+}
+
+// TestResponsesMetadataBounded: metadata that is not an object of strings,
+// or beyond OpenAI's bounds, is a 400 (it was echoed, and kept, whatever
+// its size).
+func TestResponsesMetadataBounded(t *testing.T) {
+	e := startEngine(t)
+	big := map[string]string{}
+	for i := range 17 {
+		big[fmt.Sprint("k", i)] = "v"
+	}
+	for _, c := range []struct {
+		name string
+		md   any
+		code int
+	}{
+		{"ok", map[string]string{"owner": "me"}, 200},
+		{"a string", "notanobject", 400},
+		{"nested", map[string]any{"a": map[string]any{"b": 1}}, 400},
+		{"17 pairs", big, 400},
+		{"a long value", map[string]string{"k": strings.Repeat("v", 513)}, 400},
+	} {
+		status, _, raw := postResponse(t, e, map[string]any{"model": e.cfg.Model, "input": "hi", "max_output_tokens": 2, "metadata": c.md})
+		if status != c.code || (c.code == 400 && !strings.Contains(raw, `"param":"metadata"`)) {
+			t.Errorf("%s: %d %s, want %d", c.name, status, raw, c.code)
+		}
 	}
 }

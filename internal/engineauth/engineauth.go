@@ -19,6 +19,9 @@ func Check(key string) error {
 	switch {
 	case strings.TrimSpace(key) == "":
 		return errors.New("engine API key is empty")
+	case strings.TrimSpace(key) != key:
+		// A header's value is read trimmed: such a key never matches.
+		return errors.New("engine API key begins or ends with a space")
 	case len(key) > 4096:
 		return errors.New("engine API key is longer than 4096 bytes")
 	case strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 || r == 0x7f }):
@@ -46,8 +49,13 @@ type bearer struct {
 }
 
 // RoundTrip implements http.RoundTripper; the request is cloned, as the
-// interface requires of a RoundTripper that changes it.
+// interface requires of a RoundTripper that changes it. A redirect to
+// another host is sent without the key (it went wherever an engine
+// redirected; Go's client drops a caller's Authorization there too).
 func (b *bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	if prev := r.Response; prev != nil && prev.Request != nil && prev.Request.URL.Host != r.URL.Host {
+		return b.base.RoundTrip(r)
+	}
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", b.value)
 	return b.base.RoundTrip(r)

@@ -39,12 +39,44 @@ func TestTransport(t *testing.T) {
 }
 
 func TestCheck(t *testing.T) {
-	for _, bad := range []string{"", "  ", "a\nb", strings.Repeat("k", 4097)} {
+	for _, bad := range []string{"", "  ", "a\nb", " sk", "sk ", strings.Repeat("k", 4097)} {
 		if Check(bad) == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}
 	if err := Check("sk-abc"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestRedirectElsewhereHasNoKey: the key follows a redirect on the same
+// host, not one to another (it was sent wherever an engine redirected).
+func TestRedirectElsewhereHasNoKey(t *testing.T) {
+	got := map[string]string{}
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got["other"] = r.Header.Get("Authorization")
+	}))
+	defer other.Close()
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/away":
+			http.Redirect(w, r, other.URL+"/x", http.StatusTemporaryRedirect)
+		case "/here":
+			http.Redirect(w, r, "/final", http.StatusTemporaryRedirect)
+		default:
+			got["final"] = r.Header.Get("Authorization")
+		}
+	}))
+	defer engine.Close()
+	c := &http.Client{Transport: Transport(nil, "k1")}
+	for _, p := range []string{"/away", "/here"} {
+		resp, err := c.Get(engine.URL + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if got["other"] != "" || got["final"] != "Bearer k1" {
+		t.Errorf("another host got %q, the same host %q", got["other"], got["final"])
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -818,7 +819,8 @@ func TestEngineAPIKey(t *testing.T) {
 	e1 := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.APIKey = "sk-engines" })
 	for _, key := range []string{"", "sk-engines"} {
 		t.Run("key="+key, func(t *testing.T) {
-			pr, err := health.New(health.Config{Interval: 10 * time.Millisecond, Timeout: time.Second, APIKey: key, Logger: quiet()})
+			var logged syncBuffer
+			pr, err := health.New(health.Config{Interval: 10 * time.Millisecond, Timeout: time.Second, APIKey: key, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -833,11 +835,15 @@ func TestEngineAPIKey(t *testing.T) {
 			}
 			waitFor(t, func() bool {
 				st, _ := pr.State(e1.Addr())
-				return st.Probes >= 6 // the fifth lists /v1/models
+				return st.Probes >= 12 // every fifth lists /v1/models
 			})
 			st, _ := pr.State(e1.Addr())
 			if listed := st.ModelsError == ""; listed != (key != "") {
 				t.Errorf("models listing error %q with key %q", st.ModelsError, key)
+			}
+			// Without the key it is told, once (it was a silent outage).
+			if n := strings.Count(logged.String(), "refuses kvgate's requests without an API key"); n != map[bool]int{true: 1, false: 0}[key == ""] {
+				t.Errorf("told %d times with key %q:\n%s", n, key, logged.String())
 			}
 			if key != "" {
 				if c := get(t, admin+"/admin/config"); strings.Contains(c, key) || !strings.Contains(c, "engine_api_key: <set>") {
@@ -846,4 +852,23 @@ func TestEngineAPIKey(t *testing.T) {
 			}
 		})
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing from other
+// goroutines while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -57,7 +58,11 @@ func (p *Prober) listAdapters(ctx context.Context, base, model string) (modelLis
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		return modelList{}, fmt.Errorf("GET /v1/models: status %s", resp.Status)
+		err := fmt.Errorf("GET /v1/models: status %s", resp.Status)
+		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+			err = &unauthorizedError{err}
+		}
+		return modelList{}, err
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBody+1))
 	if err != nil {
@@ -158,9 +163,18 @@ func (p *Prober) probeModels(ctx context.Context, t *target, ep fleet.Endpoint) 
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err != nil {
+		var ue *unauthorizedError
+		if errors.As(err, &ue) && !t.warnedAuth {
+			// Told once: the clients' requests get the engine's 401 too,
+			// while the endpoint looks healthy (/health is open).
+			t.warnedAuth = true
+			p.cfg.Logger.Warn("health: the engine refuses kvgate's requests without an API key (its --api-key): set engine_api_key or KVGATE_ENGINE_API_KEY to the engines' key",
+				"endpoint", ep.Name, "err", err)
+		}
 		t.modelsErr = err.Error()
 		return
 	}
+	t.warnedAuth = false
 	if list.missing != "" && list.missing != t.modelsErr {
 		p.cfg.Logger.Warn("health: the engine does not list the endpoint's model", "endpoint", ep.Name, "listing", list.missing)
 	}
@@ -217,3 +231,8 @@ func (p *Prober) ForgetAdapter(name, adapter string) bool {
 	t.adapters = slices.Delete(slices.Clone(t.adapters), i, i+1)
 	return true
 }
+
+// unauthorizedError is an engine's 401 or 403 to kvgate's own request.
+type unauthorizedError struct{ error }
+
+func (e *unauthorizedError) Unwrap() error { return e.error }

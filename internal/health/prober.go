@@ -86,6 +86,7 @@ type target struct {
 	roots       map[string]string // the adapters' roots listed (parseModels)
 	hasAdapters bool
 	modelsErr   string
+	warnedAuth  bool // the engine's 401 to the listing was told (models.go)
 	// maxModelLen is the model's max_model_len it listed last (0: none).
 	maxModelLen int
 }
