@@ -260,6 +260,12 @@ func parseNormalizer(raw json.RawMessage) (func(string) string, error) {
 			return s
 		}, nil
 	}
+	if c.Type == "Replace" || c.Type == "Prepend" {
+		// SentencePiece's "▁" for spaces: Llama 2, Gemma, Mistral's
+		// first tokenizers and others. The message said only that the
+		// normalizer was unknown.
+		return nil, fmt.Errorf("tokens: normalizer %q is SentencePiece's space handling (Llama 2, Gemma, Mistral v1 and their kin): source=local reads byte-level BPE tokenizers only; use source=engine for this model", c.Type)
+	}
 	return nil, fmt.Errorf("tokens: normalizer %q is not supported (NFC, NFD, NFKC, NFKD, Sequence)", c.Type)
 }
 

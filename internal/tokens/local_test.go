@@ -609,3 +609,19 @@ func TestByteLevelUseRegexDefault(t *testing.T) {
 		}
 	}
 }
+
+// TestSentencePieceRefusedClearly: a SentencePiece-style tokenizer
+// (Llama 2, Gemma: the Replace and Prepend normalizers) is refused saying
+// what it is and what to use instead (the message named only the
+// normalizer).
+func TestSentencePieceRefusedClearly(t *testing.T) {
+	for _, raw := range []string{
+		`{"type":"Sequence","normalizers":[{"type":"Prepend","prepend":"▁"},{"type":"Replace","pattern":{"String":" "},"content":"▁"}]}`,
+		`{"type":"Replace","pattern":{"String":" "},"content":"▁"}`,
+	} {
+		_, err := parseNormalizer(json.RawMessage(raw))
+		if err == nil || !strings.Contains(err.Error(), "SentencePiece") || !strings.Contains(err.Error(), "source=engine") {
+			t.Errorf("%s: %v", raw, err)
+		}
+	}
+}
