@@ -62,3 +62,16 @@ func TestToolArgumentsParsed(t *testing.T) {
 		t.Errorf("got %s, want %s", got, want)
 	}
 }
+
+// TestTojsonInMacro: the filter reaches a macro's body too (templates
+// render tools in macros).
+func TestTojsonInMacro(t *testing.T) {
+	tm, err := NewChatTemplate(`{%- macro show(x) %}{{ x | tojson(indent=1) }}{%- endmacro %}{%- for m in messages %}{{ show([m.content, 1.0]) }}{%- endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := tm.Render([]Message{TextMessage("user", "a<b")}, false)
+	if want := "[\n \"a<b\",\n 1.0\n]"; err != nil || out != want {
+		t.Errorf("%q %v, want %q", out, err, want)
+	}
+}
