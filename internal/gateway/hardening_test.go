@@ -747,12 +747,20 @@ func TestBackFromOutForgetsTheSpeed(t *testing.T) {
 // claimed cached (every request after such a restart was claimed, and
 // predicted in 3 ms for 130).
 func TestEngineThatLostItsCacheIsNotClaimed(t *testing.T) {
-	for _, api := range []string{"completions", "chat"} {
+	for _, api := range []string{"completions", "chat", "pd"} {
 		t.Run(api, func(t *testing.T) {
-			e1 := startEngine(t, fleet.RoleBoth, nil)
-			ep := endpointOf(e1, fleet.RoleBoth)
+			role := fleet.RoleBoth
+			if api == "pd" { // its prefill leg's count (it was not read)
+				role = fleet.RolePrefill
+			}
+			e1 := startEngine(t, role, nil)
+			ep := endpointOf(e1, role)
 			ep.Events, ep.Replay = "", ""
-			_, gw, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{ep}, NoHealthChecks: true}, Options{})
+			eps := []fleet.Endpoint{ep}
+			if api == "pd" {
+				eps = append(eps, endpointOf(startEngine(t, fleet.RoleDecode, nil), fleet.RoleDecode))
+			}
+			_, gw, _ := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true}, Options{})
 			claimed := func(prompt string, stream bool) int {
 				t.Helper()
 				path, body := "/v1/completions", completion(prompt, stream, 2)

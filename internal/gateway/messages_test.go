@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -128,10 +129,16 @@ func TestMessagesRejectedEarly(t *testing.T) {
 func TestMessagesOnDisaggregatedFleet(t *testing.T) {
 	p, d := startEngine(t, fleet.RolePrefill, nil), startEngine(t, fleet.RoleDecode, nil)
 	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(p, fleet.RolePrefill), endpointOf(d, fleet.RoleDecode)}, NoHealthChecks: true}
-	_, url, _ := startGateway(t, cfg, Options{})
+	g, url, admin := startGateway(t, cfg, Options{})
 	r := post(t, url+"/v1/messages", messagesBody("s", "x", 2, false), nil)
 	if r.status != 400 || anthropicError(r.body) != "invalid_request_error" || !strings.Contains(r.body, "/v1/messages runs on aggregated endpoints") {
 		t.Fatalf("%d %s", r.status, r.body)
+	}
+	// The client's error, refused before it was routed: nothing counted
+	// but its outcome (it was upstream_error, its tokens in the hit rate).
+	m := get(t, admin+"/metrics")
+	if got := outcomes(t, g); !maps.Equal(got, map[string]int{"bad_request": 1}) || !strings.Contains(m, "kvgate_prompt_tokens_total 0") {
+		t.Errorf("counted %v:\n%s", got, grepLines(m, "kvgate_prompt_tokens_total"))
 	}
 }
 

@@ -143,6 +143,17 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 			openai.WriteError(w, err)
 			return
 		}
+		if p.decode != nil {
+			// An API a disaggregated model does not serve is the
+			// client's 400, before anything is routed, held, copied or
+			// counted (it was refused after, counted upstream_error,
+			// its tokens in the hit rate and sent to the peers).
+			if err := disaggregatedRefusal(rt, p); err != nil {
+				g.met.outcome(outcomeBadRequest, g.modelLabel(rt), rt.class.Name, g.policy)
+				openai.WriteError(w, err)
+				return
+			}
+		}
 		if failure == nil {
 			var ok bool
 			if p, ok = g.holdAndAdmit(w, r, rt, p); !ok {
@@ -323,6 +334,9 @@ func (g *Gateway) ended(w *clientWriter, r *http.Request, rt *routed, err error,
 	switch {
 	case err == nil:
 		g.met.outcome(outcomeOK, g.modelLabel(rt), rt.class.Name, g.policy)
+		if rt.ttftMet {
+			g.met.sloMet.WithLabelValues(rt.model, rt.class.Name).Inc()
+		}
 	case errors.Is(err, errYielded):
 		// An investment stopped for a request that can meet its SLO:
 		// the 429 early rejection would have sent at once, but after
@@ -603,12 +617,17 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		return target.ep.Name, err
 	}
 	defer resp.Body.Close()
-	return g.answer(w, resp, rt, target, lf, fl, &got, start, g.staleCheck(p, rt))
+	var check func(int, bool, bool)
+	if p.decode == nil { // a decode answer's cached count is its own, after the transfer
+		check = g.staleCheck(p, rt)
+	}
+	return g.answer(w, resp, rt, target, lf, fl, &got, start, check)
 }
 
-// staleCheck is the check of an aggregated answer's cached count against
-// the approximate entries it was routed by (nil: none to make): the
-// prefill endpoint has no KV events, and the index claimed at least
+// staleCheck is the check of the prefill engine's cached count (an
+// aggregated answer's, or a P/D prefill leg's) against the approximate
+// entries it was routed by (nil: none to make): the prefill endpoint has
+// no KV events, and the index claimed at least
 // staleBlocks blocks of the prompt there. An engine that found none of
 // them cached has lost what kvgate's routing recorded of it (a restart
 // too quick for the health checks: every request after it was claimed
@@ -618,7 +637,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 // forgotten.
 func (g *Gateway) staleCheck(p *plan, rt *routed) func(n int, reported, usage bool) {
 	m := p.prefill
-	if p.decode != nil || m.ep.Events != "" || g.cfg.BindEvents != "" {
+	if m.ep.Events != "" || g.cfg.BindEvents != "" {
 		return nil
 	}
 	claimed := p.dec.CachedTokens
@@ -704,6 +723,12 @@ func (g *Gateway) prefillFirst(ctx context.Context, h http.Header, r *http.Reque
 	got.prefill = true
 	if cached >= 0 {
 		h.Set(hdrPrefillCached, strconv.Itoa(cached))
+	}
+	if check := g.staleCheck(p, rt); check != nil {
+		// The prefill engine's count: a quick restart of a P/D prefill
+		// engine without events went unnoticed, as an aggregated one's
+		// did.
+		check(max(cached, 0), cached >= 0, true)
 	}
 	p.mf.load.FirstToken(fl, g.clock()) // the prefill leg's answer: an observed prefill
 	body, err := rt.req.DecodeBody(params)
@@ -1251,9 +1276,10 @@ func (r *relayed) first(at time.Time) {
 		r.rt.ttftSeen = true
 		ttft := r.firstAt.Sub(r.rt.arrival).Seconds()
 		r.g.met.ttft.WithLabelValues(r.rt.model, r.rt.class.Name).Observe(ttft)
-		if target := r.rt.class.slo(r.rt.promptN).TTFT; target <= 0 || ttft <= target {
-			r.g.met.sloMet.WithLabelValues(r.rt.model, r.rt.class.Name).Inc()
-		}
+		// Counted met once the answer is served whole (ended): a
+		// stream broken after its first byte was counted met.
+		target := r.rt.class.slo(r.rt.promptN).TTFT
+		r.rt.ttftMet = target <= 0 || ttft <= target
 	}
 }
 

@@ -98,8 +98,9 @@ type routed struct {
 	// first token is not the client's.
 	continued bool
 	// ttftSeen: its TTFT is in the metrics (an attempt broken before the
-	// client had a byte, then sent again, counted it twice).
-	ttftSeen bool
+	// client had a byte, then sent again, counted it twice); ttftMet: it
+	// met the class's target (counted once the answer is served).
+	ttftSeen, ttftMet bool
 	// whole: the client did not stream, the engine does; the gateway
 	// answers whole (whole.go). nil: the answer goes as it comes.
 	whole *wholeAnswer

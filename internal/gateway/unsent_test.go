@@ -130,6 +130,13 @@ func TestBrokenAloneIsAnError(t *testing.T) {
 			if !counted(m, want) || counted(m, "ok") || !strings.Contains(m, "kvgate_retries_total 0") {
 				t.Errorf("want %s, not ok, and no retry counted:\n%s", want, grepLines(m, "kvgate_re"))
 			}
+			// A failed answer meets no SLO (a stream broken after its
+			// first byte was counted met).
+			for _, line := range strings.Split(m, "\n") {
+				if strings.HasPrefix(line, "kvgate_ttft_slo_met_total{") && !strings.HasSuffix(line, " 0") {
+					t.Errorf("counted met: %s", line)
+				}
+			}
 		})
 	}
 }
