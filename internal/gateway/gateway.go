@@ -163,6 +163,9 @@ type member struct {
 	// reportsCached: its engine reported a cached count in an answer's
 	// usage (vLLM's --enable-prompt-tokens-details; staleCheck).
 	reportsCached atomic.Bool
+	// staleAnswers counts its answers in a row that found none of a
+	// claimed prompt cached (staleCheck).
+	staleAnswers atomic.Int32
 	// gone ends when the health checks take the member out (a new one
 	// is made when they bring it back): the requests waiting for its
 	// first byte are sent elsewhere (idle.go).

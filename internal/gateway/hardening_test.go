@@ -779,10 +779,11 @@ func TestEngineThatLostItsCacheIsNotClaimed(t *testing.T) {
 				n, _ := strconv.Atoi(r.header.Get("X-Kvgate-Cached-Tokens"))
 				return n
 			}
-			a, b := prefix("a")+" question a", prefix("b")+" question b"
+			a, b, c := prefix("a")+" question a", prefix("b")+" question b", prefix("c")+" question c"
 			claimed(a, false)
 			claimed(b, false)
-			if n := claimed(b, true); n == 0 {
+			claimed(c, false)
+			if n := claimed(c, true); n == 0 {
 				t.Fatal("a prompt routed before not claimed cached")
 			}
 			resp, err := http.Post(e1.URL()+"/reset_prefix_cache", "application/json", nil)
@@ -790,11 +791,15 @@ func TestEngineThatLostItsCacheIsNotClaimed(t *testing.T) {
 				t.Fatal(err)
 			}
 			resp.Body.Close()
-			if n := claimed(a, false); n == 0 {
-				t.Fatal("the index should still claim a (nothing told it yet)")
+			// One miss may be a conversation evicted whole; two in a row
+			// say the engine lost its cache.
+			for _, p := range []string{a, b} {
+				if n := claimed(p, false); n == 0 {
+					t.Fatal("the index should still claim it (nothing told it yet)")
+				}
 			}
-			if n := claimed(b, false); n != 0 {
-				t.Errorf("after the engine answered a with nothing cached, b still claimed %d cached tokens", n)
+			if n := claimed(c, false); n != 0 {
+				t.Errorf("after the engine answered two claimed prompts with nothing cached, c still claimed %d cached tokens", n)
 			}
 		})
 	}

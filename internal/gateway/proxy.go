@@ -651,9 +651,20 @@ func (g *Gateway) staleCheck(p *plan, rt *routed) func(n int, reported, usage bo
 			// chat traffic).
 			reported, n = true, 0
 		}
-		if !reported || n > 0 || claimed < staleBlocks*g.cfg.BlockSize || m.removed.Load() {
+		if !reported || claimed < staleBlocks*g.cfg.BlockSize || m.removed.Load() {
 			return
 		}
+		if n > 0 {
+			m.staleAnswers.Store(0)
+			return
+		}
+		// Two in a row, no hit between: a conversation evicted whole
+		// (the approximate entries cannot see evictions) misses once; a
+		// restarted engine misses every claim.
+		if m.staleAnswers.Add(1) < staleAnswers {
+			return
+		}
+		m.staleAnswers.Store(0)
 		g.log.Info("the engine found none of the prompt cached where kvgate's routing had it: it may have restarted; its approximate index entries are dropped and its learned speed forgotten",
 			"endpoint", m.ep.Name, "claimed_tokens", claimed)
 		g.idx.ClearEndpoint(m.kvID)
@@ -664,8 +675,11 @@ func (g *Gateway) staleCheck(p *plan, rt *routed) func(n int, reported, usage bo
 
 // staleBlocks is the fewest blocks claimed cached whose absence says an
 // engine lost its cache (a conversation evicted whole is likelier with
-// fewer).
-const staleBlocks = 4
+// fewer), and staleAnswers how many such answers in a row say it.
+const (
+	staleBlocks  = 4
+	staleAnswers = 2
+)
 
 // disaggregatedRefusal is why rt cannot run on p's disaggregated
 // endpoints (nil: it can): vLLM's and SGLang's P/D flows run completions,

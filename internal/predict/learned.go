@@ -184,8 +184,9 @@ const cmpWeight = 0.1
 // endpoint worse than its own on its recent samples: 0 while the pool's
 // squared log error is within four times the own one's (endpoints alike
 // but for noise; at twice, alike engines in the simulator's steps came
-// apart, kvgate −0.09 points on chat at 70 req/s), 1 from eight times on. Shrinking by the own fit's noise
-// alone kept unlike endpoints pooled: the noise counts the own fit's
+// apart, kvgate −0.09 points on chat at 70 req/s), 1 from eight times
+// on. Shrinking by the own fit's noise alone kept unlike endpoints
+// pooled: the noise counts the own fit's
 // misses while it learned from the configured prior, so in front of two
 // engines of one configured speed doing 3 000 and 2 000 tokens/s, both
 // were predicted at 2 656 after 101 and 36 samples, one 25 % off
