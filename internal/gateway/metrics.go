@@ -17,8 +17,8 @@ type metrics struct {
 	reg        *prometheus.Registry
 	requests   *prometheus.CounterVec
 	rejections *prometheus.CounterVec
-	// sloMet counts the answers kvgate_ttft_seconds observes that met
-	// their class's TTFT target.
+	// sloMet counts the served answers kvgate_ttft_seconds observes that
+	// met their class's TTFT target.
 	sloMet       *prometheus.CounterVec
 	decision     prometheus.Histogram
 	ttft         *prometheus.HistogramVec
@@ -81,7 +81,7 @@ func newMetrics(g *Gateway) *metrics {
 			Help:    "Time to first byte of answers the engine streamed (answered whole from a stream too) as the gateway sees it, by SLO class; the classes' TTFT targets at the start are bucket bounds.",
 			Buckets: ttftBuckets(g.cfg.Classes)}, []string{"model", "class"}),
 		sloMet: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_ttft_slo_met_total",
-			Help: "Answers whose first byte came within their class's TTFT target (its ttft plus ttft_per_1k_tokens for the prompt; any, for a class without one), counted where kvgate_ttft_seconds is; over kvgate_requests_total of the class it is the TTFT attainment, every other outcome a miss."}, []string{"model", "class"}),
+			Help: "Served answers (outcome ok) whose first byte came within their class's TTFT target (its ttft plus ttft_per_1k_tokens for the prompt; any, for a class without one), of those kvgate_ttft_seconds observes; over kvgate_requests_total of the class it is the TTFT attainment, every other outcome a miss."}, []string{"model", "class"}),
 		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_prompt_tokens_total",
 			Help: "Prompt tokens of routed requests."}),
 		hitTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_prefix_hit_tokens_total",
