@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/engineauth"
 	"github.com/kvgate/kvgate/internal/flagrange"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/httpserve"
@@ -217,7 +218,15 @@ func tokenizerSet(specs []string) (*tokens.Set, *tokens.Cache, error) {
 		parsed = append(parsed, sp)
 	}
 	cache := tokens.NewCache(0)
-	toks, err := tokens.NewSet(parsed, cache, &http.Client{Timeout: 30 * time.Second}, nil)
+	// The engines' key, as kvgate serve sends it (an engine with an API
+	// key, SGLang's, may refuse /tokenize without it).
+	key := os.Getenv(engineauth.EnvVar)
+	if key != "" {
+		if err := engineauth.Check(key); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", engineauth.EnvVar, err)
+		}
+	}
+	toks, err := tokens.NewSet(parsed, cache, &http.Client{Timeout: 30 * time.Second, Transport: engineauth.Transport(nil, key)}, nil)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -196,5 +198,32 @@ func TestKVIndexBadFlags(t *testing.T) {
 				t.Errorf("error %q does not mention %q", msg, tc.want)
 			}
 		})
+	}
+}
+
+// TestKVIndexSendsTheEnginesKey: kvindex's source=engine tokenizer sends
+// KVGATE_ENGINE_API_KEY as kvgate serve does (an engine with a key may
+// refuse /tokenize without it), and refuses a key that cannot be sent.
+func TestKVIndexSendsTheEnginesKey(t *testing.T) {
+	var got atomic.Value
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("Authorization"))
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": []int{1, 2, 3}, "count": 3})
+	}))
+	defer engine.Close()
+	t.Setenv("KVGATE_ENGINE_API_KEY", "sk-idx")
+	toks, _, err := tokenizerSet([]string{"model=m,source=engine,url=" + engine.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := toks.For("m").PromptAs(context.Background(), "hello", false); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := got.Load().(string); a != "Bearer sk-idx" {
+		t.Errorf("the engine got Authorization %q", a)
+	}
+	t.Setenv("KVGATE_ENGINE_API_KEY", "sk idx\n")
+	if _, _, err := tokenizerSet(nil); err == nil || strings.Contains(err.Error(), "sk idx") {
+		t.Errorf("a bad key: %v", err)
 	}
 }
