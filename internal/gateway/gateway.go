@@ -166,6 +166,8 @@ type member struct {
 	// staleAnswers counts its answers in a row that found none of a
 	// claimed prompt cached (staleCheck).
 	staleAnswers atomic.Int32
+	// ejected: it is out by a passive ejection (refresh).
+	ejected atomic.Bool
 	// gone ends when the health checks take the member out (a new one
 	// is made when they bring it back): the requests waiting for its
 	// first byte are sent elsewhere (idle.go).
@@ -190,8 +192,8 @@ func (m *member) goneContext() context.Context {
 
 // setOut records whether the health checks have m out, ending its gone
 // context when they take it out, and reports whether they just brought
-// it back.
-func (m *member) setOut(out bool) (back bool) {
+// it back, or just took it out (left).
+func (m *member) setOut(out bool) (back, left bool) {
 	m.goneMu.Lock()
 	defer m.goneMu.Unlock()
 	switch {
@@ -200,12 +202,13 @@ func (m *member) setOut(out bool) (back bool) {
 		if m.cancelGone != nil {
 			m.cancelGone()
 		}
+		left = true
 	default:
 		m.gone, m.cancelGone = nil, nil // made anew when asked
 		back = true
 	}
 	m.isOut = out
-	return back
+	return back, left
 }
 
 // modelFleet is the endpoints serving one model that may take traffic now,
@@ -507,7 +510,16 @@ func (g *Gateway) refresh() {
 	g.adapters = g.adaptersOf()
 	for _, m := range g.members {
 		in := g.health == nil || g.health.Available(m.ep.Name)
-		back := m.setOut(!in)
+		back, left := m.setOut(!in)
+		if left && g.health != nil {
+			// Out with its checks passing: a passive ejection, whose
+			// end nothing else tells (the checks log their own).
+			st, ok := g.health.State(m.ep.Name)
+			m.ejected.Store(ok && st.Healthy)
+		}
+		if back && m.ejected.Swap(false) {
+			g.log.Info("endpoint back from its passive ejection: routed again", "endpoint", m.ep.Name)
+		}
 		if mf := g.models[m.ep.Model]; back && mf != nil {
 			// Back from out: it may have restarted as another engine
 			// (another GPU, another speed); what the predictor learned

@@ -650,6 +650,40 @@ func TestNoProbesStillEjects(t *testing.T) {
 	}
 }
 
+// TestPassiveEjectionEndIsTold: the end of a passive ejection is logged
+// (nothing told it: the active checks log their own recoveries).
+func TestPassiveEjectionEndIsTold(t *testing.T) {
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	pr, err := health.New(health.Config{NoProbes: true, EjectBase: 50 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	var logged syncBuffer
+	eps := []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), {Name: "dead", URL: dead, Model: testModel}}
+	_, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", NoHealthChecks: true},
+		Options{Health: pr, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	for i := 0; !pr.Available("dead") || i < 4; i++ {
+		if i > 50 {
+			t.Fatal("the dead endpoint never ejected")
+		}
+		post(t, url+"/v1/completions", completion(fmt.Sprintf("q %d", i), false, 2), nil)
+		if !pr.Available("dead") {
+			break
+		}
+	}
+	waitFor(t, func() bool { return strings.Contains(logged.String(), "endpoint back from its passive ejection") })
+	if !strings.Contains(logged.String(), "endpoint=dead") {
+		t.Errorf("not named:\n%s", logged.String())
+	}
+}
+
 // TestMetricsFromTheStart: the request series of every outcome, class and
 // the policy are exported at 0 before any request (rate() lost the first
 // event), the classes' TTFT targets are bucket bounds of the TTFT

@@ -162,10 +162,10 @@ func TestMemberOutAndBack(t *testing.T) {
 	var m member
 	first := m.goneContext().Done()
 	for _, step := range []struct {
-		out, back bool
-	}{{false, false}, {true, false}, {true, false}, {false, true}, {false, false}} {
-		if back := m.setOut(step.out); back != step.back {
-			t.Fatalf("setOut(%v): back %v, want %v", step.out, back, step.back)
+		out, back, left bool
+	}{{false, false, false}, {true, false, true}, {true, false, false}, {false, true, false}, {false, false, false}} {
+		if back, left := m.setOut(step.out); back != step.back || left != step.left {
+			t.Fatalf("setOut(%v): back %v, left %v, want %v, %v", step.out, back, left, step.back, step.left)
 		}
 	}
 	select {
