@@ -88,8 +88,9 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 	if (a == apiResponses || a == apiMessages) && role != fleet.RoleBoth {
 		return nil, nil, openai.BadRequest("the emulator serves %s aggregated only (vLLM's P/D flow runs completions); this engine's role is %s", r.URL.Path, role)
 	}
+	var echo requestEcho
 	if a == apiResponses {
-		if err := checkMetadata(req.Raw); err != nil {
+		if echo, err = echoOf(req.Raw); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -118,6 +119,7 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 		return nil, nil, err
 	}
 	rq := e.newRequest(r, req, chat, toks, maxTokens)
+	rq.echo = echo
 	if a == apiResponses {
 		// vLLM's is resp_ and a random UUID, whatever X-Request-Id says:
 		// a stored response is fetched, continued and cancelled by its id
@@ -363,7 +365,7 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, a api) 
 	resp := newResponder(name, rq, a, req)
 	resp.details = e.cfg.PromptTokensDetails
 	if a == apiResponses {
-		resp.responses = newResponsesState(req, rq.id, e.cfg.ResponsesStore)
+		resp.responses = newResponsesState(req, rq.id, e.cfg.ResponsesStore, rq.echo)
 	}
 	if req.Stream {
 		switch {

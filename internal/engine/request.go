@@ -19,6 +19,7 @@ const (
 // handler under mu.
 type request struct {
 	id        string
+	echo      requestEcho // a Responses API request's echo (responses.go)
 	arrival   time.Time
 	tokens    []uint32 // prompt followed by the outputs so far
 	promptLen int

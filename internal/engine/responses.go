@@ -152,38 +152,17 @@ const (
 	maxMetadataValue = 512
 )
 
-// checkMetadata refuses a Responses request's metadata that is not an
-// object of strings (vLLM's type: a dict of strings) or is beyond
-// OpenAI's bounds: the answer echoes it, and a stored one keeps it (a
-// 1 MB metadata was echoed whole, and 30 kept ones took 150 MB).
-func checkMetadata(body []byte) error {
-	var in struct {
-		Metadata json.RawMessage `json:"metadata"`
-	}
-	_ = json.Unmarshal(body, &in)
-	if len(in.Metadata) == 0 || string(in.Metadata) == "null" {
-		return nil
-	}
-	var m map[string]string
-	if err := json.Unmarshal(in.Metadata, &m); err != nil {
-		return openai.BadRequest("metadata must be an object of strings").WithParam("metadata")
-	}
-	if len(m) > maxMetadataPairs {
-		return openai.BadRequest("metadata has %d pairs; at most %d", len(m), maxMetadataPairs).WithParam("metadata")
-	}
-	for k, v := range m {
-		if n, nv := utf8.RuneCountInString(k), utf8.RuneCountInString(v); n > maxMetadataKey || nv > maxMetadataValue {
-			return openai.BadRequest("metadata keys are at most %d characters and values at most %d", maxMetadataKey, maxMetadataValue).WithParam("metadata")
-		}
-	}
-	return nil
-}
-
 // echoOf is the echo of a Responses request's body (parsed before, so
-// one JSON object).
-func echoOf(body []byte) requestEcho {
+// one JSON object), read once. Its metadata must be an object of strings
+// (vLLM's type: a dict of strings) within OpenAI's bounds, else a 400:
+// the answer echoes it, and a stored one keeps it (a 1 MB metadata was
+// echoed whole, and 30 kept ones took 150 MB).
+func echoOf(body []byte) (requestEcho, error) {
 	var in map[string]json.RawMessage
 	_ = json.Unmarshal(body, &in)
+	if err := checkMetadata(in["metadata"]); err != nil {
+		return requestEcho{}, err
+	}
 	pick := func(key, def string) json.RawMessage {
 		if v, ok := in[key]; ok && string(v) != "null" {
 			return v
@@ -195,7 +174,27 @@ func echoOf(body []byte) requestEcho {
 		Tools: pick("tools", "[]"), ToolChoice: pick("tool_choice", `"auto"`), ParallelToolCalls: pick("parallel_tool_calls", "true"),
 		Text: pick("text", `{"format":{"type":"text"}}`), Reasoning: pick("reasoning", "null"), Truncation: pick("truncation", `"disabled"`),
 		Background: pick("background", "false"), User: pick("user", "null"),
+	}, nil
+}
+
+// checkMetadata checks a request's metadata member (echoOf).
+func checkMetadata(raw json.RawMessage) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
 	}
+	var m map[string]string
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return openai.BadRequest("metadata must be an object of strings").WithParam("metadata")
+	}
+	if len(m) > maxMetadataPairs {
+		return openai.BadRequest("metadata has %d pairs; at most %d", len(m), maxMetadataPairs).WithParam("metadata")
+	}
+	for k, v := range m {
+		if n, nv := utf8.RuneCountInString(k), utf8.RuneCountInString(v); n > maxMetadataKey || nv > maxMetadataValue {
+			return openai.BadRequest("metadata keys are at most %d characters and values at most %d", maxMetadataKey, maxMetadataValue).WithParam("metadata")
+		}
+	}
+	return nil
 }
 
 type incompleteDetails struct {
@@ -238,13 +237,13 @@ type responsesState struct {
 	echo   requestEcho
 }
 
-func newResponsesState(req *openai.Request, id string, store bool) *responsesState {
+func newResponsesState(req *openai.Request, id string, store bool, echo requestEcho) *responsesState {
 	k := 0
 	if req.Instructions != "" {
 		k = 1
 	}
 	return &responsesState{req: req, conv: req.Messages[k:], itemID: "msg_" + strings.TrimPrefix(id, "resp_"),
-		store: store && (req.Store == nil || *req.Store), echo: echoOf(req.Raw)}
+		store: store && (req.Store == nil || *req.Store), echo: echo}
 }
 
 // object is the response with out's answer (done: complete or cut at

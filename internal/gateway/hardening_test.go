@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -160,12 +159,7 @@ func TestFailedEngineIs502(t *testing.T) {
 		http.Error(w, "engine on fire", http.StatusInternalServerError)
 	}))
 	t.Cleanup(fivexx.Close)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := "http://" + ln.Addr().String()
-	ln.Close()
+	refused := refusedURL(t)
 	// Two endpoints, so that the retry goes to the other one and fails
 	// too.
 	cfg := Config{Endpoints: []fleet.Endpoint{{Name: "fivexx", URL: fivexx.URL, Model: testModel}, {Name: "refused", URL: refused, Model: testModel}}}
@@ -616,20 +610,7 @@ func TestBackFromOutDropsApproximateBlocks(t *testing.T) {
 // and the metrics say so, where every request went to it first for good
 // (round-robin: 14 of 14 first tried there, the endpoint "eligible").
 func TestNoProbesStillEjects(t *testing.T) {
-	e1 := startEngine(t, fleet.RoleBoth, nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
-	pr, err := health.New(health.Config{NoProbes: true, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	eps := []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), {Name: "dead", URL: dead, Model: testModel}}
-	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", NoHealthChecks: true}, Options{Health: pr})
+	_, url, admin := deadBesideLive(t, health.Config{NoProbes: true, Logger: quiet()}, quiet())
 	for i := range 10 {
 		if r := post(t, url+"/v1/completions", completion(fmt.Sprintf("q %d", i), false, 2), nil); r.status != 200 {
 			t.Fatalf("request %d: %d %s", i, r.status, r.body)
@@ -653,35 +634,35 @@ func TestNoProbesStillEjects(t *testing.T) {
 // TestPassiveEjectionEndIsTold: the end of a passive ejection is logged
 // (nothing told it: the active checks log their own recoveries).
 func TestPassiveEjectionEndIsTold(t *testing.T) {
-	e1 := startEngine(t, fleet.RoleBoth, nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
-	pr, err := health.New(health.Config{NoProbes: true, EjectBase: 50 * time.Millisecond, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
 	var logged syncBuffer
-	eps := []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), {Name: "dead", URL: dead, Model: testModel}}
-	_, url, _ := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", NoHealthChecks: true},
-		Options{Health: pr, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
-	for i := 0; !pr.Available("dead") || i < 4; i++ {
+	pr, url, _ := deadBesideLive(t, health.Config{NoProbes: true, EjectBase: 50 * time.Millisecond, Logger: quiet()},
+		slog.New(slog.NewTextHandler(&logged, nil)))
+	for i := 0; pr.Available("dead"); i++ { // until its failures eject it
 		if i > 50 {
 			t.Fatal("the dead endpoint never ejected")
 		}
 		post(t, url+"/v1/completions", completion(fmt.Sprintf("q %d", i), false, 2), nil)
-		if !pr.Available("dead") {
-			break
-		}
 	}
 	waitFor(t, func() bool { return strings.Contains(logged.String(), "endpoint back from its passive ejection") })
 	if !strings.Contains(logged.String(), "endpoint=dead") {
 		t.Errorf("not named:\n%s", logged.String())
 	}
+}
+
+// deadBesideLive is a round-robin gateway over a live engine and an
+// endpoint "dead" that refuses connections, with the prober hc and its
+// own logger log; it returns the prober and the gateway's URLs.
+func deadBesideLive(t *testing.T, hc health.Config, log *slog.Logger) (*health.Prober, string, string) {
+	t.Helper()
+	e1 := startEngine(t, fleet.RoleBoth, nil)
+	pr, err := health.New(hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pr.Close)
+	eps := []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth), {Name: "dead", URL: refusedURL(t), Model: testModel}}
+	_, url, admin := startGateway(t, Config{Endpoints: eps, Policy: "round-robin", NoHealthChecks: true}, Options{Health: pr, Logger: log})
+	return pr, url, admin
 }
 
 // TestMetricsFromTheStart: the request series of every outcome, class and

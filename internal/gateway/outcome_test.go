@@ -138,12 +138,7 @@ func tokGateway(t *testing.T, tk *fakeTokenizer, o Options, mut func(*Config)) (
 // unknown model unavailable.)
 func TestOutcomeBeforeRouting(t *testing.T) {
 	tk := newFakeTokenizer(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := "http://" + ln.Addr().String()
-	ln.Close()
+	refused := refusedURL(t)
 	mut := func(c *Config) {
 		c.HTTP = httpserve.Config{MaxBodyBytes: 4096}
 		c.Tokenizers = append(c.Tokenizers, "model=gw-unreachable,source=engine,url="+refused)
@@ -406,4 +401,16 @@ func counted(m, outcome string) bool {
 		}
 	}
 	return false
+}
+
+// refusedURL is the URL of a loopback port nothing listens on: a
+// connection there is refused at once.
+func refusedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return "http://" + ln.Addr().String()
 }

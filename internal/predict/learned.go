@@ -262,7 +262,8 @@ func (m *learnedModel) seconds(x Features) float64 {
 }
 
 func (m *learnedModel) Observe(o Observation) {
-	if fit := m.active(); !fit.nonNeg || !fit.fixedBound(fit.windowFeatures(o)) {
+	f, _ := m.own.window(o.X, o.Also) // the regressors do not depend on the fit
+	if fit := m.active(); !fit.nonNeg || !fit.fixedBound(f) {
 		// A sample of the fixed cost (rls.fixedBound) is left out of
 		// the margin and the error too: its ratio measures a step's
 		// jitter, not the compute of a prompt the margin stretches.
@@ -274,27 +275,26 @@ func (m *learnedModel) Observe(o Observation) {
 	if !finitePos(o.Compute) || o.X.Uncached < 0 {
 		return
 	}
-	m.compare(o)
+	m.compare(f, o.Compute)
 	m.own.updatePrefill(o.X, o.Also, o.Compute)
 	m.pool.updatePrefill(o.X, o.Also, o.Compute)
 }
 
-// compare scores the own and the pool's fits on sample o before they
-// learn from it (fitsApart), once the own fit has the samples to predict
-// (Options.MinSamples).
-func (m *learnedModel) compare(o Observation) {
+// compare scores the own and the pool's fits on a sample, regressors f
+// that took compute seconds, before they learn from it (fitsApart), once
+// the own fit has the samples to predict (Options.MinSamples).
+func (m *learnedModel) compare(f [nFeat]float64, compute float64) {
 	if m.own.n < m.min {
 		// Before the own fit predicts, both fits mostly measure the
 		// configured prior they start from.
 		return
 	}
 	sq := func(r *rls) float64 {
-		f, _ := r.window(o.X, o.Also)
 		p := r.dot(f)
 		if !(p > 0) {
 			return 1.5 * 1.5
 		}
-		e := min(max(math.Log(o.Compute/p), -1.5), 1.5)
+		e := min(max(math.Log(compute/p), -1.5), 1.5)
 		return e * e
 	}
 	m.ownSq += cmpWeight * (sq(m.own) - m.ownSq)
@@ -506,12 +506,6 @@ func (r *rls) window(x Features, also []Features) (f [nFeat]float64, scale float
 		scale += r.scale(a)
 	}
 	return f, scale
-}
-
-// windowFeatures is o's regressors (window).
-func (r *rls) windowFeatures(o Observation) [nFeat]float64 {
-	f, _ := r.window(o.X, o.Also)
-	return f
 }
 
 // fixedBound reports whether a sample of regressors f is the fixed
