@@ -100,7 +100,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.spread, "spread", sl.spread, "heterogeneous: how many times faster the fast half of the instances is than the slow half")
 	flagrange.Var(fl, &f.noise, "noise", sl.noise, "heterogeneous: lognormal sigma of each prefill's time")
 	flagrange.Var(fl, &f.driftFactor, "drift-factor", sl.driftFactor, "heterogeneous: instance p0 runs at this times its speed from mid-run on (1: no drift)")
-	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents, long-prompts (ignored with --trace)")
+	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents, long-prompts, agent-sessions (ignored with --trace)")
 	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-format JSON-lines trace (512-token hash blocks) instead of a generated workload")
 	fs.StringVar(&f.writeTrace, "write-trace", "", "also write the first workload simulated (the first seed at the first rate; with --scenario sweep, the first shape at its rate) to this file as a Mooncake-format trace, for kvgate bench --workload trace to replay against live engines (--block-size must divide 512)")
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
@@ -113,22 +113,22 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.holdSlack, "hold-slack", sl.holdSlack, "a held request is released early onto an idle instance or one where its predicted TTFT is within this many SLOs")
 	fs.BoolVar(&f.holdTouch, "hold-touch", false, "without early rejection, keep the cached prefixes of requests held longer than the fleet's cache turnover warm with one-token requests, within half of each instance's cache (experimental: the simulator gains, a live replay lost; docs/policies.md)")
 	flagrange.Var(fl, &f.holdQuiet, "hold-quiet", sl.holdQuiet, "with early rejection, a held request is served on an idle instance (of a fleet at least half idle) once no request has been rejected for the load for this many SLOs (earlier, by the share of them that has passed, while most such late answers were followed by their conversation's next turn; never while fewer than a quarter were); it gives the instance up to an arrival that would otherwise be rejected for the load")
-	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents, %d for long-prompts)", wl.Rate, maxRates, longPromptRate))
+	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents, %d for long-prompts, %d for agent-sessions)", wl.Rate, maxRates, longPromptRate, agentSessionRate))
 	fs.StringVar(&f.loads, "loads", "", fmt.Sprintf("instead of --rates: comma-separated loads, each %s, at most %d: multiples of the fleet's prefill capacity on the workload (instances × prefill speed / mean uncached tokens per request under cache-only routing, measured on each seed's workload first)", sl.load, maxRates))
 	flagrange.Var(fl, &f.instances, "instances", sl.instances, "prefill instances")
 	flagrange.Var(fl, &f.decodeInstances, "decode-instances", sl.decodeInstances, "decode instances (0: prefill only, TTFT measured at the end of prefill, as the baseline chapter)")
 	flagrange.Var(fl, &f.decodeKVTokens, "decode-kv-tokens", sl.decodeKVTokens, "KV capacity of each decode instance in tokens")
 	flagrange.Var(fl, &f.engineSteps, "engine-steps", sl.engineSteps, "prefill instances run chunked prefill in steps of this many tokens (vLLM's --max-num-batched-tokens; kvgate engine's default is 8192): a prompt's last chunk shares its step with the next queued prompt's first chunk, whose compute delays its first token; the router is told the budget and, outside --scenario heterogeneous (whose --predictors and --observe stay), predicts as kvgate serve does (the learned predictor with the gateway's fit, from busy windows) unless --predictors or --observe say; not with --decode-instances")
-	lp := workload.LongPrompts(longPromptRate)
-	flagrange.Var(fl, &f.systems, "systems", wl.Systems, "chat: system prompts")
-	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, fmt.Sprintf("chat: conversations; long-prompts: conversation slots (default %d)", lp.Sessions))
-	flagrange.Var(fl, &f.systemTokens, "system-tokens", wl.SystemTokens, "chat: tokens per system prompt")
-	flagrange.Var(fl, &f.turnTokens, "turn-tokens", wl.TurnTokens, fmt.Sprintf("chat: tokens appended per turn; long-prompts: their mean (default %d)", lp.TurnTokens))
-	flagrange.Var(fl, &f.outputTokens, "output-tokens", wl.OutputTokens, fmt.Sprintf("chat: output tokens per request; long-prompts: their mean (default %d)", lp.OutputTokens))
+	lp, as := workload.LongPrompts(longPromptRate), workload.AgentSessions(agentSessionRate)
+	flagrange.Var(fl, &f.systems, "systems", wl.Systems, fmt.Sprintf("chat: system prompts; agent-sessions: shared system prompts (default %d)", as.Systems))
+	flagrange.Var(fl, &f.sessions, "sessions", wl.Sessions, fmt.Sprintf("chat: conversations; long-prompts: conversation slots (default %d); agent-sessions: session slots (default %d)", lp.Sessions, as.Sessions))
+	flagrange.Var(fl, &f.systemTokens, "system-tokens", wl.SystemTokens, fmt.Sprintf("chat: tokens per system prompt; agent-sessions: the same (default %d)", as.SystemTokens))
+	flagrange.Var(fl, &f.turnTokens, "turn-tokens", wl.TurnTokens, fmt.Sprintf("chat: tokens appended per turn; long-prompts: their mean (default %d); agent-sessions: the mean of a step's (default %d)", lp.TurnTokens, as.TurnTokens))
+	flagrange.Var(fl, &f.outputTokens, "output-tokens", wl.OutputTokens, fmt.Sprintf("chat: output tokens per request; long-prompts and agent-sessions: their mean (default %d, %d)", lp.OutputTokens, as.OutputTokens))
 	f.promptMedian, f.promptSigma, f.contextTokens, f.turns = lp.PromptMedian, lp.PromptSigma, lp.ContextTokens, lp.Turns
 	flagrange.Var(fl, &f.promptMedian, "prompt-median", wl.PromptMedian, "long-prompts: median first prompt of a conversation")
 	flagrange.Var(fl, &f.promptSigma, "prompt-sigma", wl.PromptSigma, "long-prompts: lognormal sigma of the first prompt")
-	flagrange.Var(fl, &f.contextTokens, "context-tokens", wl.ContextTokens, "long-prompts: context window; first prompts are drawn below it, a conversation that would outgrow it ends")
+	flagrange.Var(fl, &f.contextTokens, "context-tokens", wl.ContextTokens, fmt.Sprintf("long-prompts: context window; first prompts are drawn below it, a conversation that would outgrow it ends; agent-sessions: the same for a session (default %d)", as.ContextTokens))
 	flagrange.Var(fl, &f.turns, "turns", wl.Turns, "long-prompts: mean turns per conversation")
 	flagrange.Var(fl, &f.duration, "duration", wl.Duration, "seconds of arrivals")
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed (workload and policies; any uint64)")
@@ -245,7 +245,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
-	longPromptDefaults(fs, &f)
+	workloadDefaults(fs, &f)
 	predictors, err := simScenario(fs, &f)
 	if err != nil {
 		return err
@@ -401,19 +401,28 @@ func sweepFlags(fs *flag.FlagSet, f *simFlags) error {
 	return nil
 }
 
-// longPromptDefaults gives the long-prompt workload its own defaults for
+// workloadDefaults gives the long-prompt and agent-session workloads their own defaults for
 // the flags it shares with chat, unless they were set.
-func longPromptDefaults(fs *flag.FlagSet, f *simFlags) {
-	if f.workloadName != "long-prompts" {
-		return
-	}
-	lp := workload.LongPrompts(longPromptRate)
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	for name, p := range map[string]struct {
+func workloadDefaults(fs *flag.FlagSet, f *simFlags) {
+	type intDefault struct {
 		dst *int
 		v   int
-	}{"sessions": {&f.sessions, lp.Sessions}, "turn-tokens": {&f.turnTokens, lp.TurnTokens}, "output-tokens": {&f.outputTokens, lp.OutputTokens}} {
+	}
+	var defaults map[string]intDefault
+	switch f.workloadName {
+	case "long-prompts":
+		lp := workload.LongPrompts(longPromptRate)
+		defaults = map[string]intDefault{"sessions": {&f.sessions, lp.Sessions}, "turn-tokens": {&f.turnTokens, lp.TurnTokens},
+			"output-tokens": {&f.outputTokens, lp.OutputTokens}}
+	case "agent-sessions":
+		as := workload.AgentSessions(agentSessionRate)
+		defaults = map[string]intDefault{"sessions": {&f.sessions, as.Sessions}, "systems": {&f.systems, as.Systems},
+			"system-tokens": {&f.systemTokens, as.SystemTokens}, "turn-tokens": {&f.turnTokens, as.TurnTokens},
+			"context-tokens": {&f.contextTokens, as.ContextTokens}, "output-tokens": {&f.outputTokens, as.OutputTokens}}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	for name, p := range defaults {
 		if !set[name] {
 			*p.dst = p.v
 		}
@@ -531,13 +540,24 @@ func flagGenerator(f *simFlags, seed uint64) (generator, []float64, error) {
 		at := func(rate float64) workload.LongPromptConfig { c := c; c.Rate = rate; return c }
 		return generator{validate: func(r float64) error { return at(r).Validate() },
 			gen: func(r float64) (*workload.Trace, error) { return workload.LongPrompt(at(r)) }}, []float64{longPromptRate}, nil
+	case "agent-sessions":
+		c := workload.AgentSessionConfig{Duration: f.duration, Sessions: f.sessions, Systems: f.systems, SystemTokens: f.systemTokens,
+			TurnTokens: f.turnTokens, ContextTokens: f.contextTokens, OutputTokens: f.outputTokens, BlockSize: f.blockSize, Seed: seed}
+		at := func(rate float64) workload.AgentSessionConfig { c := c; c.Rate = rate; return c }
+		return generator{validate: func(r float64) error { return at(r).Validate() },
+			gen: func(r float64) (*workload.Trace, error) { return workload.AgentSession(at(r)) }}, []float64{agentSessionRate}, nil
 	}
-	return generator{}, nil, fmt.Errorf("unknown workload %q (chat, long-documents, agents, long-prompts)", f.workloadName)
+	return generator{}, nil, fmt.Errorf("unknown workload %q (chat, long-documents, agents, long-prompts, agent-sessions)", f.workloadName)
 }
 
 // longPromptRate is the long-prompt workload's default rate: about its
 // prefill capacity on the default fleet (docs/sim.md).
 const longPromptRate = 17
+
+// agentSessionRate is the agent-session workload's default rate: about its
+// prefill capacity on the default fleet (8.7–10.4 req/s on seeds 0–2,
+// docs/sim.md).
+const agentSessionRate = 10
 
 // traceSpecs lists the workloads the flags ask for and checks each
 // generator's parameters and expected size before anything runs. With
@@ -844,9 +864,10 @@ func unusedFlags(fs *flag.FlagSet, f *simFlags) error {
 // workloadFlagReaders are the generated workloads that read each workload
 // flag (nil: every one).
 var workloadFlagReaders = map[string][]string{
-	"systems": {"chat"}, "system-tokens": {"chat"},
-	"sessions": {"chat", "long-prompts"}, "turn-tokens": {"chat", "long-prompts"}, "output-tokens": {"chat", "long-prompts"},
-	"prompt-median": {"long-prompts"}, "prompt-sigma": {"long-prompts"}, "context-tokens": {"long-prompts"}, "turns": {"long-prompts"},
+	"systems": {"chat", "agent-sessions"}, "system-tokens": {"chat", "agent-sessions"},
+	"sessions": {"chat", "long-prompts", "agent-sessions"}, "turn-tokens": {"chat", "long-prompts", "agent-sessions"},
+	"output-tokens": {"chat", "long-prompts", "agent-sessions"}, "context-tokens": {"long-prompts", "agent-sessions"},
+	"prompt-median": {"long-prompts"}, "prompt-sigma": {"long-prompts"}, "turns": {"long-prompts"},
 }
 
 // heteroOnly rejects the heterogeneous scenario's flags given without it

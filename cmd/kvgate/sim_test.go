@@ -134,6 +134,8 @@ func TestSimDecodeAndWorkloads(t *testing.T) {
 	for _, args := range [][]string{
 		{"--workload", "long-documents", "--rates", "2"},
 		{"--workload", "agents", "--rates", "5"},
+		{"--workload", "agent-sessions", "--rates", "5"},
+		{"--workload", "agent-sessions", "--loads", "0.5", "--sessions", "4", "--systems", "1", "--system-tokens", "2000", "--turn-tokens", "500", "--context-tokens", "8000"},
 		{"--decode-instances", "2", "--slo-tpot", "0.05", "--rates", "10"},
 	} {
 		a := append([]string{"sim", "--duration", "5", "--policies", "kvgate", "--early-reject", "off", "--format", "json"}, args...)
@@ -211,8 +213,10 @@ func TestSimBadInput(t *testing.T) {
 		{[]string{"--trace", "/nonexistent/trace.jsonl"}, "no such file"},
 		// Flags nothing reads were ignored in silence (walkthrough,
 		// 2026-12-04).
-		{[]string{"--workload", "agents", "--systems", "3"}, "--systems: not read by --workload agents (only by chat)"},
+		{[]string{"--workload", "agents", "--systems", "3"}, "--systems: not read by --workload agents (only by chat, agent-sessions)"},
 		{[]string{"--workload", "chat", "--prompt-median", "5000"}, "--prompt-median: not read by --workload chat"},
+		{[]string{"--workload", "agent-sessions", "--turns", "3"}, "--turns: not read by --workload agent-sessions"},
+		{[]string{"--workload", "agent-sessions", "--context-tokens", "13000"}, "do not fit --context-tokens 13000"},
 		{[]string{"--trace", "t.jsonl", "--turn-tokens", "5"}, "--turn-tokens: not read with --trace"},
 		{[]string{"--approx-ttl", "5"}, "--approx-ttl: the router's own entries count only with --event-lag"},
 		{[]string{"--rates", "40,,70"}, "--rates: an empty entry"},
