@@ -123,6 +123,8 @@ func TestKVIndexServes(t *testing.T) {
 		allow        string
 	}{
 		{http.MethodGet, "/health", 200, ""},
+		{http.MethodHead, "/health", 200, ""},
+		{http.MethodPost, "/health", 405, "GET, HEAD"},
 		{http.MethodGet, "/metrics", 404, ""},
 		{http.MethodGet, "/admin/kv/lookup", 405, "POST"},
 		{http.MethodPost, "/admin/kv/stats", 405, "GET"},

@@ -263,9 +263,13 @@ func SplitRankName(name string) (string, int) {
 // set, with ranks SUBs at its port + 0 … ranks-1), a data-parallel rank
 // without events= that central mode cannot hear: vLLM's and SGLang's
 // ranks dial bind's port + their rank, so an engine of more ranks than
-// are bound would lose the others' events.
+// are bound would lose the others' events. More than one rank port
+// without bind binds nothing, and is refused rather than ignored.
 func CheckCentralMode(bind string, ranks int, eps []Endpoint) error {
 	if bind == "" {
+		if ranks > 1 {
+			return fmt.Errorf("bind_events_ranks (--bind-events-ranks) %d without bind_events (--bind-events) binds nothing: it is central mode's", ranks)
+		}
 		return nil
 	}
 	for _, e := range eps {

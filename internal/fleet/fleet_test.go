@@ -158,6 +158,7 @@ func TestCheckCentralMode(t *testing.T) {
 		ok         bool
 	}{
 		{"ranks, per-engine mode", "", 1, ranks, true},
+		{"rank ports without central mode", "", 2, plain, false},
 		{"ranks without events, central mode, one port", "tcp://0.0.0.0:5557", 1, ranks, false},
 		{"ranks without events, central mode, a port a rank", "tcp://0.0.0.0:5557", 2, ranks, true},
 		{"ranks with events, central mode", "tcp://0.0.0.0:5557", 1, withEvents, true},

@@ -94,6 +94,10 @@ func heldBit(group int, t kvindex.Tier) uint64 {
 func (m *mapper) reset() {
 	m.nodes.reset()
 	m.sink.ClearEndpoint(m.ep)
+	// map_blocks says so at once: a restart found at a reconnection
+	// applies no batch, and the count stayed the old engine's until the
+	// next one (walkthrough, 2026-12-04).
+	m.st.mapSize.Store(int64(m.nodes.len()))
 }
 
 // apply applies one decoded batch.

@@ -104,3 +104,29 @@ func TestCentralResync(t *testing.T) {
 	}
 	sub.Resync("no such engine") // a no-op
 }
+
+// TestRestartAtConnectionEmptiesTheMap: a restarted engine found at a
+// reconnection, whose buffer is still empty, applies no batch; map_blocks
+// said the old engine's count until its next batch (walkthrough,
+// 2026-12-04).
+func TestRestartAtConnectionEmptiesTheMap(t *testing.T) {
+	idx := kvindex.New(kvindex.Config{BlockSize: 16})
+	sub, err := New(Config{Engines: []EngineConfig{{Name: "e", Model: "m", Events: "tcp://127.0.0.1:1", Replay: "tcp://127.0.0.1:2"}}, Logger: quietLogger()}, idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := sub.streams[0]
+	a := seqTokens(64, 1)
+	engine := &bufferReplayer{batches: [][]byte{pStored(t, a, 100, nil)}}
+	st.rep = engine
+	ctx := context.Background()
+	st.onConnect(ctx)
+	if got := statsOf(sub, "e").MapBlocks; got != 4 {
+		t.Fatalf("warm: map_blocks %d, want 4", got)
+	}
+	engine.batches = nil // restarted, nothing sent yet
+	st.onConnect(ctx)
+	if s := statsOf(sub, "e"); s.Restarts != 1 || s.MapBlocks != 0 || lookup(idx, a) > 0 {
+		t.Fatalf("restarted: restarts %d, map_blocks %d, a %d; want 1, 0, 0", s.Restarts, s.MapBlocks, lookup(idx, a))
+	}
+}

@@ -87,11 +87,27 @@ func (a *Admin) Handler() http.Handler {
 	mux.HandleFunc("/admin/kv/lookup", a.lookup)
 	mux.HandleFunc("/admin/kv/routed", a.routed)
 	mux.HandleFunc("/admin/kv/stats", a.stats)
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		// Not "GET /health": the catch-all below took every other method
+		// of it as a 404.
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			openai.WriteError(w, methodNotAllowed(w, "GET, HEAD"))
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, openai.NotFound("the KV index serves POST /admin/kv/lookup, POST /admin/kv/routed, GET /admin/kv/stats and GET /health; not %s %s", r.Method, r.URL.Path))
 	})
 	return mux
+}
+
+// adapterOf is Adapter's answer for name (false without adapters).
+func (a *Admin) adapterOf(name string) (string, bool) {
+	if a.Adapter == nil {
+		return "", false
+	}
+	return a.Adapter(name)
 }
 
 // methodNotAllowed answers a request of another method than allow's.
@@ -233,8 +249,8 @@ func (a *Admin) keysOf(w http.ResponseWriter, r *http.Request) (req lookupReques
 	switch {
 	case req.Model == "":
 		return req, 0, nil, release, openai.BadRequest(`"model" is required`).WithParam("model")
-	case len(req.Model) > maxNameBytes || len(req.Endpoint) > maxNameBytes:
-		return req, 0, nil, release, openai.BadRequest("model and endpoint names are limited to %d bytes", maxNameBytes)
+	case len(req.Model) > maxNameBytes || len(req.Endpoint) > maxNameBytes || len(req.LoRA) > maxNameBytes:
+		return req, 0, nil, release, openai.BadRequest("model, lora and endpoint names are limited to %d bytes", maxNameBytes)
 	}
 	if req.LoRA == "" && a.Adapter != nil && len(a.Index.Endpoints(req.Model)) == 0 {
 		// A LoRA adapter named as the model, as vLLM's clients name it:
@@ -295,6 +311,11 @@ func (a *Admin) lookup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(a.Index.Endpoints(req.Model)) == 0 {
+		if base, ok := a.adapterOf(req.Model); ok {
+			// An adapter named as the model beside a "lora" of its own.
+			openai.WriteError(w, openai.NotFound("%q is a LoRA adapter of model %q: give it as the model alone, or \"model\": %q with \"lora\": %q", req.Model, base, base, req.Model).WithParam("model"))
+			return
+		}
 		openai.WriteError(w, openai.NotFound("no endpoint serves model %q", req.Model).WithParam("model"))
 		return
 	}

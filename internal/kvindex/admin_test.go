@@ -304,6 +304,17 @@ func TestAdminLookupAsTheEngineTokenizes(t *testing.T) {
 	if resp.StatusCode != 200 || len(out.Endpoints) != 1 || out.Endpoints[0].MatchedTokens != 8 {
 		t.Errorf("the adapter named as the model: %d %+v", resp.StatusCode, out)
 	}
+	// An adapter as the model beside a lora of its own was "no endpoint
+	// serves model"; a lora name had no length limit (walkthrough,
+	// 2026-12-04).
+	code, eb = postBody(t, srv.URL+"/admin/kv/lookup", `{"model":"ad1","lora":"ad2","token_ids":[1]}`)
+	if code != 404 || !strings.Contains(eb.Error.Message, `"ad1" is a LoRA adapter of model "m"`) {
+		t.Errorf("an adapter as the model with a lora: %d %+v", code, eb.Error)
+	}
+	code, eb = postBody(t, srv.URL+"/admin/kv/lookup", `{"model":"m","lora":"`+strings.Repeat("a", 1100)+`","token_ids":[1]}`)
+	if code != 400 || !strings.Contains(eb.Error.Message, "limited to 1024 bytes") {
+		t.Errorf("a 1100-byte lora name: %d %+v", code, eb.Error)
+	}
 }
 
 // TestAdminLookupPromptRefused: a prompt the engine's /tokenize refuses

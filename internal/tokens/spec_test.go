@@ -18,6 +18,13 @@ func TestSpecChecks(t *testing.T) {
 		{"model=m,source=engine,url=http://", "not an engine's address"},
 		{"model=m,source=engine,url=http://127.0.0.1:8001", ""},
 		{"model=m,source=engine,url=https://engine.example/v1x", ""},
+		// The OpenAI base URL was taken, and every lookup was a 404 at
+		// …/v1/tokenize (walkthrough, 2026-12-04).
+		{"model=m,source=engine,url=http://127.0.0.1:8001/v1", "not its OpenAI base URL"},
+		{"model=m,source=engine,url=http://127.0.0.1:8001/v1/", "not its OpenAI base URL"},
+		{"model=m,source=engine,url=http://proxy:80/engines/a/v1", "not its OpenAI base URL"},
+		{"model=m,source=engine,url=http://proxy:80/engines/a", ""},
+		{"model=m,source=engine,url=http://127.0.0.1:8001?x=1", "not its OpenAI base URL"},
 		{"bytes_per_token=0", "want 1 to 1024"},
 		{"bytes_per_token=4096", "want 1 to 1024"},
 		{"bytes_per_token=3", ""},

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -606,6 +607,12 @@ func CheckSpec(sp Spec, withEngines bool) error {
 		}
 		if u, err := url.Parse(sp.URL); sp.URL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
 			return fmt.Errorf("tokens: model %q: url=%q is not an engine's address: want http://HOST:PORT", sp.Model, sp.URL)
+		} else if sp.URL != "" && (strings.HasSuffix(strings.TrimRight(u.Path, "/"), "/v1") || u.RawQuery != "" || u.Fragment != "") {
+			// An OpenAI base URL (…/v1) is what clients are given; vLLM
+			// serves /tokenize at its root, so …/v1/tokenize was a 404 on
+			// every lookup, taken for the engine refusing chats. (A path
+			// prefix of a proxy in front of the engine is kept.)
+			return fmt.Errorf("tokens: model %q: url=%q: give the engine's address, http://HOST:PORT, not its OpenAI base URL (vLLM serves /tokenize at its root, not under /v1)", sp.Model, sp.URL)
 		}
 	case "local":
 		if sp.File == "" {
