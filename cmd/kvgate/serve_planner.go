@@ -166,7 +166,7 @@ func newPlannerLoop(pc *plannerConfig, rec *planner.Recorder, g *gateway.Gateway
 		Interval: pc.Interval, Capacity: fleetCapacity{pc: pc, u: u, prefillSpeed: prefillSpeed}, Learn: pc.Learn,
 		Cooldown: pc.Cooldown, Warmup: pc.Warmup, Logger: log})
 	if err != nil {
-		return nil, fmt.Errorf("planner: %w", err)
+		return nil, err // it says "planner: " (it said it twice)
 	}
 	var act planner.Actuator
 	name := pc.Actuator

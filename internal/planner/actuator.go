@@ -2,6 +2,7 @@ package planner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -89,7 +90,7 @@ func (a *DryRun) Switch(_ context.Context, name string, to fleet.Role) error {
 	a.switches++
 	a.Logger.Info("planner dry run: would switch", "instance", name, "to", to)
 	if a.Source != nil {
-		return nil
+		return errNotMoved
 	}
 	for i := range a.virtual {
 		if a.virtual[i].Name == name {
@@ -99,6 +100,10 @@ func (a *DryRun) Switch(_ context.Context, name string, to fleet.Role) error {
 	}
 	return fmt.Errorf("dry run: no instance %q", name)
 }
+
+// errNotMoved is a dry run's answer over a real fleet: the switch was
+// logged, nothing moved (Loop counts it neither moved nor failed).
+var errNotMoved = errors.New("dry run: not switched")
 
 // Switches is how many switches the dry run was asked for.
 func (a *DryRun) Switches() int {

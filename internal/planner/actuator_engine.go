@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -55,6 +56,10 @@ type EngineActuator struct {
 	eps []fleet.Endpoint // roles as last serving
 	// moving: engines switching, by name, to their target role.
 	moving map[string]fleet.Role
+	// unreachable: engines whose role status could not be read last time.
+	unreachable map[string]struct{}
+	// failed: switches found undone since TakeFailures last ran.
+	failed int
 }
 
 // maxRoleBody caps an engine's /admin/role answer.
@@ -85,7 +90,8 @@ func NewEngineActuator(eps []fleet.Endpoint, o EngineOptions) (*EngineActuator, 
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	return &EngineActuator{o: o, log: o.Logger, rc: roleClient{o.Client}, eps: eps, moving: map[string]fleet.Role{}}, nil
+	return &EngineActuator{o: o, log: o.Logger, rc: roleClient{o.Client}, eps: eps, moving: map[string]fleet.Role{},
+		unreachable: map[string]struct{}{}}, nil
 }
 
 // roleStatus is an engine's GET /admin/role answer.
@@ -162,7 +168,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // Instances implements Actuator: it asks every engine for its role, and an
 // engine that finished its switch goes back into the router in its new
-// role.
+// role. An engine that does not answer is left out (the planner plans the
+// engines it can reach; one dead engine froze every decision); an engine
+// serving a role other than the router's is given that role (switched by
+// someone else, or its switch undone by a restart), and one switching on
+// someone else's word is out of the router until it serves, as the
+// planner's own switches are.
 func (a *EngineActuator) Instances(ctx context.Context) ([]Instance, error) {
 	a.mu.Lock()
 	if a.o.Fleet != nil {
@@ -170,55 +181,143 @@ func (a *EngineActuator) Instances(ctx context.Context) ([]Instance, error) {
 	}
 	eps := append([]fleet.Endpoint(nil), a.eps...)
 	a.mu.Unlock()
-	out := make([]Instance, len(eps))
-	done := map[string]fleet.Role{}
-	for i, e := range eps {
+	out := make([]Instance, 0, len(eps))
+	var ch roleChanges
+	var errs []error
+	for _, e := range eps {
 		st, err := a.rc.status(ctx, e.Name, e.URL)
-		if err != nil {
-			return nil, err
-		}
-		role, err := fleet.ParseRole(st.Role)
-		if err != nil {
-			return nil, fmt.Errorf("engine %s: %w", e.Name, err)
-		}
-		out[i] = Instance{Name: e.Name, Role: e.Role, Load: float64(st.InFlight)}
-		a.mu.Lock()
-		target, moving := a.moving[e.Name]
-		a.mu.Unlock()
-		switch {
-		case moving && st.State == "serving" && role == target:
-			done[e.Name] = target
-			out[i].Role = target
-		case moving:
-			out[i].Switching, out[i].Target = true, target
-		case st.State != "serving":
-			// Switched by someone else: report it, leave it alone.
-			out[i].Switching = true
-			if t, err := fleet.ParseRole(st.TargetRole); err == nil {
-				out[i].Target = t
+		var role fleet.Role
+		if err == nil {
+			if role, err = fleet.ParseRole(st.Role); err != nil {
+				err = fmt.Errorf("engine %s: %w", e.Name, err)
 			}
-		default:
-			out[i].Role = role
 		}
+		a.noteReach(e.Name, err)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, a.instance(e, st, role, &ch))
 	}
-	if len(done) > 0 {
-		a.mu.Lock()
-		for i := range a.eps {
-			if r, ok := done[a.eps[i].Name]; ok {
-				a.eps[i].Role = r
-				delete(a.moving, a.eps[i].Name)
-			}
-		}
-		err := a.publishLocked()
-		a.mu.Unlock()
-		for name, r := range done {
-			a.log.Info("planner: engine serves in its new role", "engine", name, "role", r)
-		}
-		if err != nil {
-			return nil, err
-		}
+	if len(out) == 0 && len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if err := a.apply(&ch); err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// roleChanges are what one Instances found to change in the router.
+type roleChanges struct {
+	// done: switches finished in their target role; undone: switches
+	// whose engine serves another role (killed and restarted in its old
+	// one, or refused after the planner's request was taken); adopted:
+	// engines serving a role the router does not have them in; started:
+	// engines switching on someone else's word, by their target.
+	done, undone, adopted, started map[string]fleet.Role
+}
+
+func (c *roleChanges) note(m *map[string]fleet.Role, name string, r fleet.Role) {
+	if *m == nil {
+		*m = map[string]fleet.Role{}
+	}
+	(*m)[name] = r
+}
+
+// instance is engine e's Instance from its role status st (serving role),
+// noting in ch what the router must be told.
+func (a *EngineActuator) instance(e fleet.Endpoint, st roleStatus, role fleet.Role, ch *roleChanges) Instance {
+	in := Instance{Name: e.Name, Role: e.Role, Load: float64(st.InFlight)}
+	a.mu.Lock()
+	target, moving := a.moving[e.Name]
+	a.mu.Unlock()
+	serving := st.State == "serving"
+	switch {
+	case moving && serving && role == target:
+		ch.note(&ch.done, e.Name, target)
+		in.Role = target
+	case moving && serving:
+		ch.note(&ch.undone, e.Name, role)
+		in.Role = role
+	case moving:
+		in.Switching, in.Target = true, target
+	case !serving:
+		in.Switching = true
+		if t, err := fleet.ParseRole(st.TargetRole); err == nil && (t == fleet.RolePrefill || t == fleet.RoleDecode) {
+			in.Target = t
+			ch.note(&ch.started, e.Name, t)
+		}
+	case role != e.Role:
+		ch.note(&ch.adopted, e.Name, role)
+		in.Role = role
+	}
+	return in
+}
+
+// apply records ch in the actuator's roles and tells the router.
+func (a *EngineActuator) apply(ch *roleChanges) error {
+	if len(ch.done)+len(ch.undone)+len(ch.adopted)+len(ch.started) == 0 {
+		return nil
+	}
+	a.mu.Lock()
+	for i := range a.eps {
+		name := a.eps[i].Name
+		for _, m := range []map[string]fleet.Role{ch.done, ch.undone, ch.adopted} {
+			if r, ok := m[name]; ok {
+				a.eps[i].Role = r
+				delete(a.moving, name)
+			}
+		}
+		if r, ok := ch.started[name]; ok {
+			a.moving[name] = r
+		}
+	}
+	a.failed += len(ch.undone)
+	err := a.publishLocked()
+	a.mu.Unlock()
+	for name, r := range ch.done {
+		a.log.Info("planner: engine serves in its new role", "engine", name, "role", r)
+	}
+	for name, r := range ch.undone {
+		a.log.Warn("planner: engine serves its old role, not the one it was switching to (restarted?); back in routing as it serves", "engine", name, "role", r)
+	}
+	for name, r := range ch.adopted {
+		a.log.Warn("planner: engine serves a role the router did not have it in (switched by someone else); routing it as it serves", "engine", name, "role", r)
+	}
+	for name, r := range ch.started {
+		a.log.Warn("planner: engine is switching on someone else's word; out of routing until it serves", "engine", name, "to", r)
+	}
+	return err
+}
+
+// noteReach logs an engine's role status becoming unreadable (it is left
+// out of the plan meanwhile) and readable again, once each.
+func (a *EngineActuator) noteReach(name string, err error) {
+	a.mu.Lock()
+	_, was := a.unreachable[name]
+	if err != nil {
+		a.unreachable[name] = struct{}{}
+	} else {
+		delete(a.unreachable, name)
+	}
+	a.mu.Unlock()
+	switch {
+	case err != nil && !was:
+		a.log.Warn("planner: engine's role cannot be read; planning without it", "engine", name, "err", err)
+	case err == nil && was:
+		a.log.Info("planner: engine's role can be read again", "engine", name)
+	}
+}
+
+// TakeFailures returns how many switches Instances found undone since the
+// last call (Loop counts them with the switches refused).
+func (a *EngineActuator) TakeFailures() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.failed
+	a.failed = 0
+	return n
 }
 
 // follow is the engines to manage when the fleet lists now: the ones
@@ -243,6 +342,7 @@ func (a *EngineActuator) follow(now []fleet.Endpoint) []fleet.Endpoint {
 	}
 	for name := range known { // gone from the fleet: no longer switching
 		delete(a.moving, name)
+		delete(a.unreachable, name)
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -220,6 +221,135 @@ func TestEngineActuatorRestoresOnFailure(t *testing.T) {
 	}
 }
 
+// scriptedEngine answers /admin/role with the status its test sets, and
+// takes a POST as a switch started (warming up to the role asked).
+type scriptedEngine struct {
+	mu sync.Mutex
+	st string // GET /admin/role's body
+}
+
+func (e *scriptedEngine) set(st string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.st = st
+}
+
+func (e *scriptedEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if r.Method == http.MethodPost {
+		var body struct{ Role string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		e.st = `{"role":"decode","state":"warming_up","target_role":"` + body.Role + `"}`
+		w.WriteHeader(http.StatusAccepted)
+		return
+	}
+	io.WriteString(w, e.st)
+}
+
+// TestEngineActuatorWhatTheEnginesSay (walkthrough, 2026-12-04): an engine
+// that does not answer is planned without (one dead engine failed every
+// step); a switch whose engine comes back serving its old role (killed
+// mid-switch and restarted) ends, failed, with the engine back in routing
+// (it stayed "switching" for ever, out of routing); an engine switched by
+// someone else is routed in the role it serves (the router kept the old
+// one and clients got 400s), and out of routing while it switches.
+func TestEngineActuatorWhatTheEnginesSay(t *testing.T) {
+	se := &scriptedEngine{st: `{"role":"decode","state":"serving"}`}
+	srv := httptest.NewServer(se)
+	defer srv.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	rl := &routerLog{}
+	a, err := NewEngineActuator([]fleet.Endpoint{
+		{Name: "e", URL: srv.URL, Model: testModel, Role: fleet.RoleDecode},
+		{Name: "dead", URL: dead.URL, Model: testModel, Role: fleet.RolePrefill},
+	}, EngineOptions{Router: rl, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := a.Instances(context.Background())
+	if err != nil || len(inst) != 1 || inst[0].Name != "e" {
+		t.Fatalf("a dead engine beside a live one: %+v, %v; want e alone", inst, err)
+	}
+	routed := func() map[string]fleet.Role {
+		m := map[string]fleet.Role{}
+		for _, e := range rl.last() {
+			m[e.Name] = e.Role
+		}
+		return m
+	}
+
+	if err := a.Switch(context.Background(), "e", fleet.RolePrefill); err != nil {
+		t.Fatal(err)
+	}
+	if in := instance(t, a, "e"); !in.Switching || in.Target != fleet.RolePrefill {
+		t.Fatalf("switching: %+v", in)
+	}
+	se.set(`{"role":"decode","state":"serving"}`) // restarted in its old role
+	if in := instance(t, a, "e"); in.Switching || in.Role != fleet.RoleDecode {
+		t.Fatalf("back in its old role: %+v", in)
+	}
+	if r, ok := routed()["e"]; !ok || r != fleet.RoleDecode || a.TakeFailures() != 1 || a.TakeFailures() != 0 {
+		t.Fatalf("undone switch: routed %v, want e as decode and one failure taken once", routed())
+	}
+
+	se.set(`{"role":"prefill","state":"serving"}`) // switched by someone else
+	if in := instance(t, a, "e"); in.Role != fleet.RolePrefill {
+		t.Fatalf("switched by someone else: %+v", in)
+	}
+	if r := routed()["e"]; r != fleet.RolePrefill {
+		t.Fatalf("routed %v, want e as prefill", routed())
+	}
+	se.set(`{"role":"prefill","state":"draining","target_role":"decode"}`)
+	if in := instance(t, a, "e"); !in.Switching || in.Target != fleet.RoleDecode {
+		t.Fatalf("switching on someone else's word: %+v", in)
+	}
+	if _, ok := routed()["e"]; ok {
+		t.Fatalf("routed %v while it switches", routed())
+	}
+	se.set(`{"role":"decode","state":"serving"}`)
+	if in := instance(t, a, "e"); in.Switching || routed()["e"] != fleet.RoleDecode || a.TakeFailures() != 0 {
+		t.Fatalf("after someone else's switch: %+v, routed %v", in, routed())
+	}
+
+	a2, err := NewEngineActuator([]fleet.Endpoint{{Name: "dead", URL: dead.URL, Model: testModel, Role: fleet.RolePrefill}}, EngineOptions{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a2.Instances(context.Background()); err == nil {
+		t.Error("no engine answered, and no error")
+	}
+	// Such a step is counted (nothing but the status's error said so).
+	p, err := New(Config{Total: 2, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &shapeSource{shape: func(float64) Shape { return SeedPhases()[0].Shape }, rng: rand.New(rand.NewPCG(1, 1))}
+	l, err := NewLoop(LoopConfig{Planner: p, Source: src, Actuator: a2, Name: "engine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Step(context.Background()); err == nil || l.Status().StepErrors != 1 {
+		t.Errorf("a step with no engine: %v, %d step errors", err, l.Status().StepErrors)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewCollector(l))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "kvgate_planner_step_errors_total" {
+			found = mf.GetMetric()[0].GetCounter().GetValue() == 1
+		}
+	}
+	if !found {
+		t.Error("kvgate_planner_step_errors_total is not 1")
+	}
+}
+
 // TestKubeActuatorRelabelsPods: the pod's role label becomes "switching"
 // with the target in an annotation, the engine switches, and the label
 // then says its new role.
@@ -320,11 +450,45 @@ func TestDryRun(t *testing.T) {
 	// Over a real fleet it never switches.
 	src := newFakeFleet(1, 1, 10)
 	over := NewDryRun(src, nil, quiet())
-	if err := over.Switch(context.Background(), "e01", fleet.RolePrefill); err != nil || src.switches != 0 {
+	if err := over.Switch(context.Background(), "e01", fleet.RolePrefill); !errors.Is(err, errNotMoved) || src.switches != 0 {
 		t.Fatalf("dry run switched the real fleet: %v %d", err, src.switches)
 	}
 	if d.Switches() != 2 || over.Switches() != 1 {
 		t.Errorf("counts %d %d", d.Switches(), over.Switches())
+	}
+}
+
+// TestDryRunLoopMovesNothing: a dry run over a real fleet decides switches
+// but counts none moved (kvgate_planner_switched_instances_total climbed
+// while nothing moved: walkthrough, 2026-12-04), and none failed; the
+// status's lists are [] before the first step, not null.
+func TestDryRunLoopMovesNothing(t *testing.T) {
+	phases := SeedPhases()
+	f := newFakeFleet(5, 19, 40)
+	src := &shapeSource{shape: func(t float64) Shape {
+		if t < 300 {
+			return phases[0].Shape
+		}
+		return phases[1].Shape
+	}, rng: rand.New(rand.NewPCG(1, 1))}
+	p, err := New(Config{Total: 24, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLoop(LoopConfig{Planner: p, Source: src, Actuator: NewDryRun(f, nil, quiet()), Name: "dry-run", Clock: func() float64 { return f.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := json.Marshal(l.Status()); !strings.Contains(string(b), `"instances":[]`) || !strings.Contains(string(b), `"switches":[]`) {
+		t.Errorf("a fresh status: %s", b)
+	}
+	for f.now = 30; f.now <= 900; f.now += 30 {
+		if _, err := l.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := l.Status(); st.Changes == 0 || st.Switched != 0 || st.Failed != 0 || f.switches != 0 {
+		t.Fatalf("dry run: %d changes, %d switched, %d failed, the fleet switched %d; want changes, 0, 0, 0", st.Changes, st.Switched, st.Failed, f.switches)
 	}
 }
 

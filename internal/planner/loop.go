@@ -58,8 +58,9 @@ type Status struct {
 	// TargetPrefill and TargetDecode are the split the planner wants.
 	TargetPrefill int `json:"target_prefill"`
 	TargetDecode  int `json:"target_decode"`
-	// Changes counts switch decisions, Switched the instances they moved,
-	// Failed the switches the actuator refused.
+	// Changes counts switch decisions, Switched the instances they moved
+	// (a dry run over a real fleet moves none), Failed the switches the
+	// actuator refused or found undone (an engine back in its old role).
 	Changes  int `json:"changes"`
 	Switched int `json:"switched"`
 	Failed   int `json:"failed"`
@@ -69,8 +70,11 @@ type Status struct {
 	// instances (the newest History of them), each with its reason.
 	Last     *Decision  `json:"last,omitempty"`
 	Switches []Decision `json:"switches"`
-	// Error is the last step's failure, if it failed.
-	Error string `json:"error,omitempty"`
+	// StepErrors counts steps that made no decision (the fleet or the
+	// window could not be read); Error is the last step's failure, if it
+	// failed.
+	StepErrors int    `json:"step_errors"`
+	Error      string `json:"error,omitempty"`
 }
 
 // NewLoop checks the wiring.
@@ -101,6 +105,9 @@ func (l *Loop) Step(ctx context.Context) (Decision, error) {
 		l.fail(err)
 		return Decision{}, fmt.Errorf("planner: fleet: %w", err)
 	}
+	if f, ok := l.cfg.Actuator.(failureTaker); ok {
+		l.undone(f.TakeFailures())
+	}
 	recent := 0.0
 	if w := l.cfg.Planner.cfg.WhatIf; w != nil {
 		recent = w.Warmup + l.cfg.Window
@@ -119,7 +126,9 @@ func (l *Loop) Step(ctx context.Context) (Decision, error) {
 			to    fleet.Role
 		}{{d.ToPrefill, fleet.RolePrefill}, {d.ToDecode, fleet.RoleDecode}} {
 			for _, n := range mv.names {
-				if err := l.cfg.Actuator.Switch(ctx, n, mv.to); err != nil {
+				if err := l.cfg.Actuator.Switch(ctx, n, mv.to); errors.Is(err, errNotMoved) {
+					continue
+				} else if err != nil {
 					errs = append(errs, err)
 					continue
 				}
@@ -135,9 +144,24 @@ func (l *Loop) Step(ctx context.Context) (Decision, error) {
 	return d, nil
 }
 
+// failureTaker is an actuator that finds switches undone after they
+// started (EngineActuator: an engine restarted in its old role).
+type failureTaker interface{ TakeFailures() int }
+
+// undone counts n switches found undone as failed.
+func (l *Loop) undone(n int) {
+	if n == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.status.Failed += n
+}
+
 func (l *Loop) fail(err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.status.StepErrors++
 	l.status.Error = err.Error()
 }
 
@@ -170,8 +194,8 @@ func (l *Loop) Status() Status {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.status
-	s.Instances = append([]Instance(nil), s.Instances...)
-	s.Switches = append([]Decision(nil), s.Switches...)
+	s.Instances = append([]Instance{}, s.Instances...) // [] before the first step, not null
+	s.Switches = append([]Decision{}, s.Switches...)
 	s.Actions = make(map[string]int, len(l.status.Actions))
 	for k, v := range l.status.Actions {
 		s.Actions[k] = v

@@ -17,13 +17,14 @@ var (
 	descCapacity  = prometheus.NewDesc("kvgate_planner_capacity_tokens_per_second", "Estimated capacity of one instance, by role.", []string{"role"}, nil)
 	descChanges   = prometheus.NewDesc("kvgate_planner_changes_total", "Split changes the planner started.", nil, nil)
 	descSwitched  = prometheus.NewDesc("kvgate_planner_switched_instances_total", "Instances the planner moved between roles.", nil, nil)
-	descFailed    = prometheus.NewDesc("kvgate_planner_failed_switches_total", "Switches the actuator refused.", nil, nil)
+	descFailed    = prometheus.NewDesc("kvgate_planner_failed_switches_total", "Switches the actuator refused, or found undone (an engine back in its old role).", nil, nil)
+	descStepErrs  = prometheus.NewDesc("kvgate_planner_step_errors_total", "Planning steps that made no decision: the fleet or the window could not be read.", nil, nil)
 	descDecisions = prometheus.NewDesc("kvgate_planner_decisions_total", "Planning steps by action (switch, hold, wait).", []string{"action"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInstances, descTarget, descUtil, descLoad, descCapacity, descChanges, descSwitched, descFailed, descDecisions} {
+	for _, d := range []*prometheus.Desc{descInstances, descTarget, descUtil, descLoad, descCapacity, descChanges, descSwitched, descFailed, descStepErrs, descDecisions} {
 		ch <- d
 	}
 }
@@ -66,6 +67,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descChanges, float64(s.Changes))
 	counter(descSwitched, float64(s.Switched))
 	counter(descFailed, float64(s.Failed))
+	counter(descStepErrs, float64(s.StepErrors))
 	for _, a := range []string{ActionSwitch, ActionHold, ActionWait} {
 		counter(descDecisions, float64(s.Actions[a]), a)
 	}
