@@ -23,7 +23,7 @@ import (
 type benchFlags struct {
 	url, model, workload, trace, api, arrivals, rates, format, csvPath, htmlPath, label         string
 	headers                                                                                     []string
-	rate, duration, traceScale, timeScale, sloTTFT, sloTPOT                                     float64
+	rate, duration, traceScale, timeScale, sloTTFT, sloTPOT, timeout                            float64
 	concurrency, requests, sessions, systems, systemTokens, turnTokens, outputTokens, maxOutput int
 	seed                                                                                        uint64
 	noStream                                                                                    bool
@@ -38,8 +38,8 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 	fs.StringVar(&f.workload, "workload", "chat", "chat (the baseline chapter's multi-turn chat, as text) or trace (--trace)")
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSON-lines trace to replay (each 512-token hash id becomes the same text everywhere)")
 	fs.StringVar(&f.api, "api", "completions", "completions, chat, responses (the Responses API: the chat workload's system prompt as instructions, its turns as input items) or messages (Anthropic's Messages API: the system prompt as its system; vLLM reports no cache hits there, SGLang does)")
-	fs.StringVar(&f.arrivals, "arrivals", "poisson", "open-loop arrivals: poisson, constant, or trace (the trace's timestamps)")
-	fs.StringVar(&f.rates, "rates", "", "a rate ladder: comma-separated rates, one run each (overrides --rate)")
+	fs.StringVar(&f.arrivals, "arrivals", "poisson", "open-loop arrivals: poisson, constant, or trace (--workload trace: the trace's timestamps, not with --rate or --rates)")
+	fs.StringVar(&f.rates, "rates", "", "a rate ladder: comma-separated rates, one run each (overrides --rate); each rung draws its own workload (rung k: --seed + k; a trace's prompts marked as rung k's), so that no rung finds an earlier one's prompts cached")
 	fs.StringVar(&f.format, "format", "table", "table or json")
 	fs.StringVar(&f.csvPath, "csv", "", "write one line per request to this file")
 	fs.StringVar(&f.htmlPath, "html", "", "write an HTML report with plots to this file")
@@ -51,9 +51,13 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 		return nil
 	})
 	fs.StringVar(&f.label, "label", "", "name of the run in reports (default: the URL)")
-	fs.Uint64Var(&f.seed, "seed", 0, "random seed of the workload and arrivals")
-	fs.BoolVar(&f.noStream, "no-stream", false, "send chat, completion and messages requests unstreamed (not --api responses): an answer's arrival is its first token (TTFT = end-to-end), no TPOT")
-	f.rate, f.duration, f.traceScale, f.timeScale, f.sloTTFT = 10, 60, 1, 1, 2
+	fs.Uint64Var(&f.seed, "seed", 0, "random seed of the workload and arrivals (a --rates ladder's rung k uses seed+k)")
+	fs.BoolVar(&f.noStream, "no-stream", false, "send chat, completion and messages requests unstreamed (not --api responses, not with --slo-tpot): an answer's arrival is its first token (TTFT = end-to-end), no TPOT nor inter-token latency")
+	// A request's timeout is only there to end a stream that stopped
+	// without ending (without one bench waited for it forever): an hour of
+	// the server's time lets a 32 768-token reasoning answer stream at 100
+	// ms a token, a loaded server's pace. vLLM's benchmark waits 6 h.
+	f.rate, f.duration, f.traceScale, f.timeScale, f.sloTTFT, f.timeout = 10, 60, 1, 1, 2, 3600
 	f.sessions, f.systems, f.systemTokens, f.turnTokens, f.outputTokens = 400, 20, 2048, 300, 64
 	flagrange.Var(fl, &f.rate, "rate", flagrange.Range[float64]{Min: 0.001, Max: 1e6, Unit: "req/s"}, "open-loop arrival rate")
 	flagrange.Var(fl, &f.duration, "duration", flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds"}, "chat: seconds of arrivals (in the server's time: see --time-scale)")
@@ -62,7 +66,8 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) (*flag.FlagSet, *flagrange
 	flagrange.Var(fl, &f.traceScale, "trace-time-scale", flagrange.Range[float64]{Min: 1e-6, Max: 1e6}, "multiply trace timestamps by this (0.25 = four times the rate)")
 	flagrange.Var(fl, &f.timeScale, "time-scale", flagrange.Range[float64]{Min: 1e-3, Max: 1e6}, "the server runs this many times faster than real time (kvgate engine --time-scale): arrivals are compressed and latencies reported in its time")
 	flagrange.Var(fl, &f.sloTTFT, "slo-ttft", flagrange.Range[float64]{Min: 1e-4, Max: 86400, Unit: "seconds", Zero: "none"}, "TTFT target for attainment and goodput")
-	flagrange.Var(fl, &f.sloTPOT, "slo-tpot", flagrange.Range[float64]{Min: 1e-5, Max: 3600, Unit: "seconds", Zero: "none"}, "TPOT target for attainment and goodput")
+	flagrange.Var(fl, &f.sloTPOT, "slo-tpot", flagrange.Range[float64]{Min: 1e-5, Max: 3600, Unit: "seconds", Zero: "none"}, "TPOT target for attainment and goodput (not with --no-stream)")
+	flagrange.Var(fl, &f.timeout, "timeout", flagrange.Range[float64]{Min: 0.001, Max: 86400, Unit: "seconds"}, "cut a request whose answer has not ended this long after its sending (in the server's time); its outcome is timeout")
 	flagrange.Var(fl, &f.sessions, "sessions", flagrange.Range[int]{Min: 1, Max: 1 << 20}, "chat: conversations")
 	flagrange.Var(fl, &f.systems, "systems", flagrange.Range[int]{Min: 1, Max: 1 << 16}, "chat: system prompts")
 	flagrange.Var(fl, &f.systemTokens, "system-tokens", flagrange.Range[int]{Min: 0, Max: 1 << 20}, "chat: words per system prompt")
@@ -77,21 +82,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var f benchFlags
 	fs, fl := newBenchFlagSet(&f, stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: kvgate bench --url URL --model M [flags]\n\nSends a workload to an OpenAI-compatible server and measures every streamed\nanswer (TTFT, inter-token latency, TPOT, end-to-end); prints percentiles, SLO\nattainment and goodput, and writes CSV and an HTML report on request.\n\nFlags:")
+		fmt.Fprintln(stderr, "Usage: kvgate bench --url URL --model M [flags]\n\nSends a workload to an OpenAI-compatible server and measures every streamed\nanswer (TTFT, inter-token latency, TPOT, end-to-end; in an open loop from when\neach request was due); prints percentiles, SLO attainment and goodput, and\nwrites CSV and an HTML report on request.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, fl, args); err != nil {
 		return err
 	}
-	if f.url == "" || f.model == "" {
-		return fmt.Errorf("--url and --model are required")
-	}
-	arrivalsSet := false
-	fs.Visit(func(fl *flag.Flag) { arrivalsSet = arrivalsSet || fl.Name == "arrivals" || fl.Name == "rate" })
-	if f.concurrency > 0 && arrivalsSet {
-		// A closed loop sends each request when one ends: it has no
-		// arrivals (they were ignored in silence).
-		return fmt.Errorf("--arrivals and --rate: open-loop settings, not with --concurrency (a closed loop sends a request as one ends)")
+	if err := benchCheck(&f, fs); err != nil {
+		return err
 	}
 	rates, err := benchRates(&f)
 	if err != nil {
@@ -101,43 +99,97 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	runs, err := benchLadder(ctx, client, &f, rates, stderr)
+	if err != nil {
+		return err
+	}
+	if err := benchOutput(&f, runs, stdout); err != nil {
+		return err
+	}
+	return benchVerdict(runs)
+}
+
+// benchCheck refuses flags that contradict each other, which were
+// otherwise ignored in silence.
+func benchCheck(f *benchFlags, fs *flag.FlagSet) error {
+	if f.url == "" || f.model == "" {
+		return fmt.Errorf("--url and --model are required")
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if f.concurrency > 0 && (set["arrivals"] || set["rate"]) {
+		// A closed loop sends each request when one ends: it has no
+		// arrivals (they were ignored in silence).
+		return fmt.Errorf("--arrivals and --rate: open-loop settings, not with --concurrency (a closed loop sends a request as one ends)")
+	}
+	switch {
+	case f.noStream && f.sloTPOT > 0:
+		// An unstreamed answer has no TPOT: the target was met by every
+		// answer, whatever its pace.
+		return &usageError{err: errors.New("--slo-tpot: an unstreamed answer (--no-stream) has no TPOT to meet it")}
+	case f.arrivals == "trace" && f.workload != "trace":
+		// The chat workload has no trace timestamps: it was sent as
+		// Poisson arrivals, and its JSON had no rate.
+		return &usageError{err: fmt.Errorf("--arrivals trace: the trace's timestamps, for --workload trace only (--workload %s: poisson or constant)", f.workload)}
+	case f.arrivals == "trace" && (set["rate"] || set["rates"]):
+		// The trace's timestamps are its arrivals: every rung of a
+		// ladder was the same run.
+		return &usageError{err: errors.New("--rate and --rates: not with --arrivals trace (the trace's timestamps are its arrivals; --trace-time-scale changes its rate)")}
+	}
+	return nil
+}
+
+// benchLadder runs the workload at each rate, rung k drawn with seed + k
+// (benchItems), and stops after the run during which ctx ended, marked
+// interrupted.
+func benchLadder(ctx context.Context, client *bench.Client, f *benchFlags, rates []float64, stderr io.Writer) ([]bench.RunResult, error) {
 	label := f.label
 	if label == "" {
 		label = f.url
 	}
 	var runs []bench.RunResult
-	for _, rate := range rates {
-		items, err := benchItems(&f, rate)
+	for k, rate := range rates {
+		items, err := benchItems(f, rate, k)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if len(items) == 0 {
-			return fmt.Errorf("the workload at %g req/s for --duration %g s has no request (Poisson arrivals drew none within it): give a longer --duration or a higher rate", rate, f.duration)
+			return nil, fmt.Errorf("the workload at %g req/s for --duration %g s has no request (Poisson arrivals drew none within it): give a longer --duration or a higher rate", rate, f.duration)
 		}
 		name := label
 		if len(rates) > 1 {
 			name = fmt.Sprintf("%s @%g", label, rate)
 		}
-		rr, err := benchRun(ctx, client, items, &f, name, stderr)
+		rr, err := benchRun(ctx, client, items, f, name, stderr)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if f.concurrency == 0 && f.arrivals != "trace" {
 			rr.Summary.Rate = rate
 		}
+		rr.Summary.Interrupted = ctx.Err() != nil
 		runs = append(runs, rr)
 		reportFailures(stderr, rr)
 		if ctx.Err() != nil {
 			break
 		}
 	}
-	if err := benchOutput(&f, runs, stdout); err != nil {
-		return err
-	}
+	return runs, nil
+}
+
+// benchVerdict is bench's exit: an error when no request of any run
+// succeeded, interrupted or not (an interrupted run exited 0 whatever it
+// had served).
+func benchVerdict(runs []bench.RunResult) error {
+	interrupted := false
 	for _, r := range runs {
-		if r.Summary.Outcomes["ok"] > 0 || ctx.Err() != nil {
+		if r.Summary.Outcomes["ok"] > 0 {
 			return nil
 		}
+		interrupted = interrupted || r.Summary.Interrupted
+	}
+	if interrupted {
+		return fmt.Errorf("interrupted, and no request succeeded (the first error of each kind is above; --csv has every request's)")
 	}
 	return fmt.Errorf("no request succeeded (the first error of each kind is above; --csv has every request's)")
 }
@@ -171,7 +223,9 @@ func benchClient(f *benchFlags, stderr io.Writer) (*bench.Client, error) {
 		return nil, fmt.Errorf("--arrivals %q: poisson, constant or trace", f.arrivals)
 	}
 	client := &bench.Client{URL: urls[0], More: urls[1:], Model: f.model, TimeScale: f.timeScale, Responses: f.api == "responses", Messages: f.api == "messages",
-		Whole: f.noStream, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}}}
+		Whole: f.noStream, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096}},
+		// --timeout is in the server's time, the client's in wall time.
+		Timeout: max(time.Duration(f.timeout/f.timeScale*float64(time.Second)), 1)}
 	for _, h := range f.headers {
 		k, v, ok := strings.Cut(h, ":")
 		if !ok || strings.TrimSpace(k) == "" {
@@ -252,9 +306,16 @@ func benchRates(f *benchFlags) ([]float64, error) {
 	return out, nil
 }
 
-func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
+// benchItems draws rung k of the workload at rate (k = 0 for a single
+// run): with seed + k, so that each rung of a ladder sends its own
+// prompts and sessions (every rung drawn with the seed resent the first's
+// prompts, which found the cache the first had warmed: three rungs at one
+// rate hit 52 %, 83 % and 78 %); a trace's prompts, the trace's at every
+// rung, are marked as rung k's (bench.MarkRung).
+func benchItems(f *benchFlags, rate float64, k int) ([]bench.Item, error) {
 	var items []bench.Item
 	var err error
+	seed := f.seed + uint64(k)
 	switch f.workload {
 	case "chat":
 		count := 0
@@ -262,7 +323,7 @@ func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
 			count = f.requests // a closed loop sends --requests, not rate × duration
 		}
 		items, err = bench.Chat(bench.ChatConfig{Systems: f.systems, Sessions: f.sessions, SystemTokens: f.systemTokens,
-			TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, Seed: f.seed, AsChat: f.api != "completions",
+			TurnTokens: f.turnTokens, OutputTokens: f.outputTokens, Rate: rate, Duration: f.duration, Seed: seed, AsChat: f.api != "completions",
 			Count: count, Constant: f.arrivals == "constant"})
 	case "trace":
 		if f.trace == "" {
@@ -274,6 +335,7 @@ func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
 		}
 		defer fh.Close()
 		items, err = bench.MooncakeTrace(fh, f.traceScale, f.maxOutput)
+		bench.MarkRung(items, k)
 		for i := range items {
 			items[i].Chat = f.api != "completions"
 		}
@@ -298,7 +360,7 @@ func benchItems(f *benchFlags, rate float64) ([]bench.Item, error) {
 		// Chat's arrivals are its own, at the rate within --duration:
 		// drawn again here, the count and the span no longer matched (a
 		// walkthrough's 4 s run sent its last request at 6.5 s).
-		if err := bench.Schedule(items, f.arrivals, rate, f.seed); err != nil {
+		if err := bench.Schedule(items, f.arrivals, rate, seed); err != nil {
 			return nil, err
 		}
 	}

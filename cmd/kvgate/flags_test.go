@@ -320,7 +320,7 @@ func TestBenchAsUsersMeetIt(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "does not exist") || !strings.Contains(errOut, "no request succeeded") {
 		t.Fatalf("every request failed: exit %d: %s", code, errOut)
 	}
-	if fields := strings.Fields(strings.Split(strings.TrimSpace(out), "\n")[1]); len(fields) < 10 || fields[6] != "-" || fields[8] != "-" {
+	if fields := strings.Fields(strings.Split(strings.TrimSpace(out), "\n")[1]); len(fields) < 10 || fields[7] != "-" || fields[9] != "-" {
 		t.Fatalf("latencies of no answer: %q", out)
 	}
 }

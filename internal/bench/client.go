@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -22,12 +23,23 @@ type Record struct {
 	Index   int     `json:"index"`
 	Session int     `json:"session"`
 	Sent    float64 `json:"sent"` // seconds from the run's start (scaled)
+	// Late is how long after it was due the request was sent (seconds,
+	// scaled): in an open loop the in-flight bound's wait, or a generator
+	// behind its schedule; 0 in a closed loop. TTFT and E2E count from
+	// when it was due (Sent − Late), so that a server slow enough to fill
+	// the bound is not measured by the requests it kept waiting.
+	Late float64 `json:"late"`
 	// Status is the HTTP status (0: no answer).
 	Status int `json:"status"`
 	// Outcome: ok, rejected (429), client_error (other 4xx),
-	// server_error (5xx), transport (no answer, broken stream).
-	Outcome      string  `json:"outcome"`
-	Error        string  `json:"error,omitempty"`
+	// server_error (5xx), transport (no answer, broken stream), timeout
+	// (cut by Client.Timeout).
+	Outcome string `json:"outcome"`
+	Error   string `json:"error,omitempty"`
+	// Unstreamed: the answer came whole (Client.Whole): TTFT is its
+	// arrival and it has no TPOT nor inter-token latency (TPOT, MeanITL
+	// and MaxITL are 0, and no summary counts them).
+	Unstreamed   bool    `json:"unstreamed,omitempty"`
 	TTFT         float64 `json:"ttft"`
 	E2E          float64 `json:"e2e"`
 	TPOT         float64 `json:"tpot"`
@@ -59,6 +71,9 @@ type Record struct {
 	// Beside CachedTokens, the engine's own count, it shows where the
 	// gateway's view of the caches was wrong.
 	PredictedCached int `json:"predicted_cached"`
+	// gaps counts the answer's gaps between chunks by bucket (itl.go),
+	// for the run's inter-token latency percentiles.
+	gaps []gapCount
 }
 
 // Client sends requests to one server.
@@ -81,7 +96,15 @@ type Client struct {
 	// Whole sends chat and completion requests unstreamed: the answer's
 	// arrival is its first token (TTFT = E2E), and there is no TPOT.
 	Whole bool
+	// Timeout bounds each request, in wall time, from its sending to its
+	// answer's end (0: none): one that takes longer (a stream that stopped
+	// sending and never ended) is cut and its outcome is "timeout".
+	Timeout time.Duration
 }
+
+// errTimeout is the cause of a request's context when Client.Timeout cut
+// it.
+var errTimeout = errors.New("bench: request timeout")
 
 // maxAnswerBytes bounds what is read of one answer.
 const maxAnswerBytes = 64 << 20
@@ -174,16 +197,54 @@ func (c *Client) messagesBody(it *Item) ([]byte, string) {
 }
 
 // Do sends one request (streamed, with usage, unless Whole) and measures
-// it.
+// it from its sending.
 func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Record {
-	body, path := c.body(it)
+	return c.do(ctx, it, idx, start, time.Time{})
+}
+
+// do is Do for an item due at due (zero: now): its latencies count from
+// when it was due if it is sent later, as its user would have waited.
+func (c *Client) do(ctx context.Context, it *Item, idx int, start, due time.Time) Record {
 	rec := Record{Index: idx, Session: it.Session, PredictedTTFT: -1, Held: -1, PredictedCached: -1}
 	sent := time.Now()
+	from := sent
+	if !due.IsZero() && due.Before(sent) {
+		from = due
+		rec.Late = sent.Sub(due).Seconds() * c.scale()
+	}
 	rec.Sent = sent.Sub(start).Seconds() * c.scale()
+	if c.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, c.Timeout, errTimeout)
+		defer cancel()
+	}
+	if err := c.exchange(ctx, it, idx, from, &rec); err != nil {
+		rec.Outcome, rec.Error = "transport", err.Error()
+		switch {
+		case errors.Is(context.Cause(ctx), errTimeout):
+			rec.Outcome = "timeout"
+			// In the server's time, as the timeout was given (to the
+			// millisecond: the wall-time conversion leaves nanoseconds).
+			rec.Error = fmt.Sprintf("timed out: no whole answer within %g s", math.Round(c.Timeout.Seconds()*c.scale()*1e3)/1e3)
+		case errors.As(err, new(serverError)):
+			rec.Outcome = "server_error"
+		}
+		return rec
+	}
+	if rec.Outcome == "" {
+		rec.Outcome = "ok"
+	}
+	return rec
+}
+
+// exchange sends the request and reads its answer into rec, its latencies
+// counted from from. An answer other than 200 sets rec's outcome; an error
+// is a failure to send or to read the answer.
+func (c *Client) exchange(ctx context.Context, it *Item, idx int, from time.Time, rec *Record) error {
+	body, path := c.body(it)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.base(idx), "/")+path, bytes.NewReader(body))
 	if err != nil {
-		rec.Outcome, rec.Error = "transport", err.Error()
-		return rec
+		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for k, vs := range c.Header {
@@ -191,8 +252,7 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		rec.Outcome, rec.Error = "transport", err.Error()
-		return rec
+		return err
 	}
 	defer resp.Body.Close()
 	rec.Status = resp.StatusCode
@@ -211,34 +271,32 @@ func (c *Client) Do(ctx context.Context, it *Item, idx int, start time.Time) Rec
 		default:
 			rec.Outcome = "client_error"
 		}
-		return rec
+		return nil
 	}
-	read := c.readStream
-	switch {
-	case path == "/v1/responses":
-		read = c.readResponsesStream
-	case path == "/v1/messages" && c.Whole:
-		read = c.readWholeMessage
-	case path == "/v1/messages":
-		read = c.readMessagesStream
-	case c.Whole:
-		read = c.readWhole
-	}
-	if ct := resp.Header.Get("Content-Type"); !c.Whole && strings.HasPrefix(ct, "application/json") {
-		read = wholeToStream
-	}
-	if err := read(resp.Body, sent, &rec); err != nil {
-		rec.Outcome, rec.Error = "transport", err.Error()
-		if errors.As(err, new(serverError)) {
-			rec.Outcome = "server_error"
-		}
-		return rec
+	if err := c.reader(path, resp.Header.Get("Content-Type"))(resp.Body, from, rec); err != nil {
+		return err
 	}
 	if n, err := strconv.Atoi(resp.Header.Get("X-Kvgate-Prefill-Cached-Tokens")); err == nil && n >= 0 {
 		rec.CachedTokens = min(n, max(rec.PromptTokens, 0))
 	}
-	rec.Outcome = "ok"
-	return rec
+	return nil
+}
+
+// reader is how an answer of content type ct from path is read.
+func (c *Client) reader(path, ct string) func(io.Reader, time.Time, *Record) error {
+	switch {
+	case !c.Whole && strings.HasPrefix(ct, "application/json"):
+		return wholeToStream
+	case path == "/v1/responses":
+		return c.readResponsesStream
+	case path == "/v1/messages" && c.Whole:
+		return c.readWholeMessage
+	case path == "/v1/messages":
+		return c.readMessagesStream
+	case c.Whole:
+		return c.readWhole
+	}
+	return c.readStream
 }
 
 // serverError is an answer that began (200) and then said the server
@@ -312,6 +370,12 @@ type chunk struct {
 		Text  string `json:"text"`
 		Delta struct {
 			Content string `json:"content"`
+			// A reasoning model's reasoning, which vLLM's reasoning
+			// parsers stream apart from the content (reasoning_content;
+			// reasoning in newer vLLM): generated tokens, timed as the
+			// content's, as vLLM's benchmark times them.
+			ReasoningContent looseText `json:"reasoning_content"`
+			Reasoning        looseText `json:"reasoning"`
 		} `json:"delta"`
 	} `json:"choices"`
 	Usage *struct {
@@ -323,6 +387,30 @@ type chunk struct {
 	} `json:"usage"`
 }
 
+// output reports whether the chunk carries generated output: text,
+// content or reasoning.
+func (ch *chunk) output() bool {
+	for _, c := range ch.Choices {
+		if c.Text != "" || c.Delta.Content != "" || c.Delta.ReasoningContent != "" || c.Delta.Reasoning != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// looseText is a field read as text when it is a JSON string and as none
+// otherwise, so that a server whose field of that name is something else
+// (an object, an array) does not fail the stream.
+type looseText string
+
+func (t *looseText) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		*t = looseText(s)
+	}
+	return nil
+}
+
 // takeUsage records the chunk's usage (not nil) in rec.
 func (ch *chunk) takeUsage(rec *Record) {
 	rec.PromptTokens, rec.OutputTokens, rec.CachedTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens, -1
@@ -332,22 +420,27 @@ func (ch *chunk) takeUsage(rec *Record) {
 }
 
 // arrivals times a stream's token events: the first is the first token,
-// every later one a token arrival.
+// every later one a token arrival. Gaps are in reported seconds (× scale).
 type arrivals struct {
+	scale          float64
 	first, last    time.Time
 	tokens, gaps   int
 	sumGap, maxGap float64
+	tally          gapTally
 }
+
+func (c *Client) newArrivals() *arrivals { return &arrivals{scale: c.scale(), tally: gapTally{}} }
 
 func (a *arrivals) token() {
 	now := time.Now()
 	if a.first.IsZero() {
 		a.first = now
 	} else {
-		g := now.Sub(a.last).Seconds()
+		g := now.Sub(a.last).Seconds() * a.scale
 		a.sumGap += g
 		a.maxGap = max(a.maxGap, g)
 		a.gaps++
+		a.tally.add(g)
 	}
 	a.last = now
 	a.tokens++
@@ -355,9 +448,9 @@ func (a *arrivals) token() {
 
 // record finishes rec with the stream's latencies (its output tokens the
 // usage's, else its token events).
-func (a *arrivals) record(c *Client, sent time.Time, rec *Record) error {
+func (a *arrivals) record(sent time.Time, rec *Record) error {
 	end := time.Now()
-	s := c.scale()
+	s := a.scale
 	rec.E2E = end.Sub(sent).Seconds() * s
 	if a.first.IsZero() {
 		return errors.New("no token in the answer")
@@ -367,7 +460,8 @@ func (a *arrivals) record(c *Client, sent time.Time, rec *Record) error {
 		rec.OutputTokens = a.tokens
 	}
 	if a.gaps > 0 {
-		rec.MeanITL, rec.MaxITL = a.sumGap/float64(a.gaps)*s, a.maxGap*s
+		rec.MeanITL, rec.MaxITL = a.sumGap/float64(a.gaps), a.maxGap
+		rec.gaps = a.tally.counts()
 	}
 	if rec.OutputTokens > 1 {
 		rec.TPOT = a.last.Sub(a.first).Seconds() * s / float64(rec.OutputTokens-1)
@@ -429,14 +523,14 @@ func (c *Client) readResponsesStream(r io.Reader, sent time.Time, rec *Record) e
 // ended the stream, whose last event is named last.
 func (c *Client) readEvents(r io.Reader, sent time.Time, rec *Record, last string, event func(data []byte, a *arrivals) (bool, error)) error {
 	sc := sseScanner(r)
-	var a arrivals
+	a := c.newArrivals()
 	done := false
 	for sc.Scan() {
 		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
 		if !ok {
 			continue
 		}
-		end, err := event(bytes.TrimSpace(data), &a)
+		end, err := event(bytes.TrimSpace(data), a)
 		if err != nil {
 			return err
 		}
@@ -448,7 +542,7 @@ func (c *Client) readEvents(r io.Reader, sent time.Time, rec *Record, last strin
 	if !done {
 		return fmt.Errorf("stream ended without %s", last)
 	}
-	return a.record(c, sent, rec)
+	return a.record(sent, rec)
 }
 
 // readWhole reads an unstreamed answer: it comes whole, so its arrival
@@ -470,15 +564,16 @@ func (c *Client) readWhole(r io.Reader, sent time.Time, rec *Record) error {
 	}
 	ch.takeUsage(rec)
 	rec.E2E = time.Since(sent).Seconds() * c.scale()
-	rec.TTFT = rec.E2E
+	rec.TTFT, rec.Unstreamed = rec.E2E, true
 	return nil
 }
 
-// readStream reads SSE events: the first event with text is the first
-// token; every later one with text is a token arrival.
+// readStream reads SSE events: the first event with generated output
+// (text, or a reasoning model's reasoning: chunk.output) is the first
+// token; every later one is a token arrival.
 func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 	sc := sseScanner(r)
-	var a arrivals
+	a := c.newArrivals()
 	done := false
 	for sc.Scan() {
 		line := sc.Bytes()
@@ -501,13 +596,7 @@ func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 		if ch.Usage != nil {
 			ch.takeUsage(rec)
 		}
-		text := false
-		for _, c := range ch.Choices {
-			if c.Text != "" || c.Delta.Content != "" {
-				text = true
-			}
-		}
-		if text {
+		if ch.output() {
 			a.token()
 		}
 	}
@@ -517,7 +606,7 @@ func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 	if !done {
 		return errors.New("stream ended without [DONE]")
 	}
-	return a.record(c, sent, rec)
+	return a.record(sent, rec)
 }
 
 // messagesUsage is a Messages API usage. vLLM counts the whole prompt as
@@ -545,21 +634,25 @@ func (u *messagesUsage) take(rec *Record) {
 }
 
 // readMessagesStream reads a Messages API stream: each content_block_delta
-// with text is a token arrival, message_delta its usage, message_stop its
+// with text or thinking (an extended-thinking model's reasoning, generated
+// tokens too) is a token arrival, message_delta its usage, message_stop its
 // end; an error event fails it.
 func (c *Client) readMessagesStream(r io.Reader, sent time.Time, rec *Record) error {
 	return c.readEvents(r, sent, rec, "message_stop", func(data []byte, a *arrivals) (bool, error) {
 		var ev struct {
-			Type  string                `json:"type"`
-			Delta struct{ Text string } `json:"delta"`
-			Usage *messagesUsage        `json:"usage"`
+			Type  string `json:"type"`
+			Delta struct {
+				Text     string `json:"text"`
+				Thinking string `json:"thinking"`
+			} `json:"delta"`
+			Usage *messagesUsage `json:"usage"`
 		}
 		if err := json.Unmarshal(data, &ev); err != nil {
 			return false, fmt.Errorf("bad SSE event: %v", err)
 		}
 		switch ev.Type {
 		case "content_block_delta":
-			if ev.Delta.Text != "" {
+			if ev.Delta.Text != "" || ev.Delta.Thinking != "" {
 				a.token()
 			}
 		case "message_delta":
@@ -591,6 +684,6 @@ func (c *Client) readWholeMessage(r io.Reader, sent time.Time, rec *Record) erro
 	}
 	m.Usage.take(rec)
 	rec.E2E = time.Since(sent).Seconds() * c.scale()
-	rec.TTFT = rec.E2E
+	rec.TTFT, rec.Unstreamed = rec.E2E, true
 	return nil
 }

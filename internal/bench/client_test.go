@@ -269,3 +269,86 @@ func TestMessagesUsage(t *testing.T) {
 		t.Fatalf("hit rate %v, want 0.3 (the record without a count is 0 cached)", s.HitRate)
 	}
 }
+
+// TestReasoningIsOutput: a reasoning model's reasoning is generated
+// output, as vLLM's benchmark counts it: its first chunk is the first
+// token and each chunk a token arrival, in a chat stream's
+// reasoning_content (vLLM's reasoning parsers) or reasoning (newer vLLM)
+// and a Messages stream's thinking_delta. They were skipped: TTFT was
+// taken at the first content, after the whole reasoning, and the
+// reasoning's tokens had no arrival. A reasoning field that is not text
+// (another server's object) is no token and no failure.
+func TestReasoningIsOutput(t *testing.T) {
+	chat := func(field string) []string {
+		return []string{`{"choices":[{"delta":{"role":"assistant"}}]}`,
+			`{"choices":[{"delta":{"` + field + `":"hmm"}}]}`, `{"choices":[{"delta":{"` + field + `":" so"}}]}`,
+			"pause", `{"choices":[{"delta":{"content":"yes","reasoning":{"summary":[]}}}]}`, `{"choices":[{"delta":{"content":"!"}}]}`, "[DONE]"}
+	}
+	messages := []string{`{"type":"message_start","message":{"id":"m","content":[],"usage":{"input_tokens":1,"output_tokens":0}}}`,
+		`{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}`,
+		`{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}`,
+		`{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":" so"}}`,
+		`{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"x"}}`,
+		"pause", `{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"yes"}}`,
+		`{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"!"}}`,
+		`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":1,"output_tokens":4}}`, `{"type":"message_stop"}`}
+	const pause = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		events   []string
+		messages bool
+	}{
+		{"reasoning_content", chat("reasoning_content"), false},
+		{"reasoning", chat("reasoning"), false},
+		{"thinking_delta", messages, true},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, ev := range tc.events {
+				if ev == "pause" {
+					w.(http.Flusher).Flush()
+					time.Sleep(pause)
+					continue
+				}
+				fmt.Fprintf(w, "data: %s\n\n", ev)
+			}
+		}))
+		c := &Client{URL: srv.URL, Model: "m", HTTP: srv.Client(), Messages: tc.messages}
+		rec := c.Do(context.Background(), &Item{Chat: true, Prompt: "hi", MaxTokens: 4}, 0, time.Now())
+		srv.Close()
+		if rec.Outcome != "ok" || rec.OutputTokens != 4 || rec.TTFT > pause.Seconds()/2 || rec.MaxITL < pause.Seconds()*0.9 || rec.TPOT < pause.Seconds()/3*0.9 {
+			t.Errorf("%s: %s %s: %d tokens, TTFT %.3f s, max ITL %.3f s, TPOT %.3f s; want 4, the first reasoning chunk's, the pause, a third of it",
+				tc.name, rec.Outcome, rec.Error, rec.OutputTokens, rec.TTFT, rec.MaxITL, rec.TPOT)
+		}
+	}
+}
+
+// TestTimeoutCutsHungStream: a stream that sends a few tokens and then
+// nothing, without ending, is cut by the client's timeout (its outcome
+// timeout, its error saying so); bench waited for it forever.
+func TestTimeoutCutsHungStream(t *testing.T) {
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	defer srv.Close()
+	defer close(stop)
+	// In the server's time, as every latency: 0.1 s of wall time at 4×.
+	c := &Client{URL: srv.URL, Model: "m", HTTP: srv.Client(), TimeScale: 4, Timeout: 100 * time.Millisecond}
+	done := make(chan Record)
+	go func() { done <- c.Do(context.Background(), &Item{Prompt: "hi", MaxTokens: 9}, 0, time.Now()) }()
+	select {
+	case rec := <-done:
+		if rec.Outcome != "timeout" || !strings.Contains(rec.Error, "timed out") || !strings.Contains(rec.Error, "0.4 s") {
+			t.Errorf("%s: %q", rec.Outcome, rec.Error)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hung stream was not cut in 10 s")
+	}
+}

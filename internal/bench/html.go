@@ -130,7 +130,8 @@ func throughput(recs []Record, duration float64) ([]float64, []float64) {
 		if r.Outcome != "ok" {
 			continue
 		}
-		b := int((r.Sent + r.E2E) / w)
+		// E2E counts from when the request was due, Late before Sent.
+		b := int((r.Sent - r.Late + r.E2E) / w)
 		if b >= 0 && b < bins {
 			counts[b]++
 		}
@@ -169,7 +170,9 @@ func WriteHTML(w io.Writer, title string, runs []RunResult) error {
 		name := r.Summary.Label
 		x, y := cdf(r.values(func(x *Record) (float64, bool) { return x.TTFT, x.Outcome == "ok" }))
 		ttft.Series = append(ttft.Series, series{name, c, x, y})
-		x, y = cdf(r.values(func(x *Record) (float64, bool) { return x.TPOT, x.Outcome == "ok" && x.OutputTokens > 1 }))
+		x, y = cdf(r.values(func(x *Record) (float64, bool) {
+			return x.TPOT, x.Outcome == "ok" && x.OutputTokens > 1 && !x.Unstreamed
+		}))
 		tpot.Series = append(tpot.Series, series{name, c, x, y})
 		x, y = throughput(r.Records, r.Summary.Duration)
 		thr.Series = append(thr.Series, series{name, c, x, y})

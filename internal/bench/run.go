@@ -16,7 +16,10 @@ type Mode struct {
 	Concurrency int
 	// MaxInflight bounds open-loop requests in flight (default 4096); an
 	// item due while the bound is reached waits, and its lateness is part
-	// of its latencies (a full generator is the server's problem too).
+	// of its latencies (a full generator is the server's problem too):
+	// they count from when it was due (Record.Late is the wait), not from
+	// when it was sent, which would leave out the time the slowest
+	// answers made the next requests wait (coordinated omission).
 	MaxInflight int
 }
 
@@ -25,6 +28,8 @@ type Progress func(done, total int)
 
 // Run sends items and returns one Record per item, in item order. It
 // stops sending when ctx ends; unsent items are recorded as "not_sent".
+// A closed loop's latencies count from each request's sending, an open
+// loop's from when it was due (Mode.MaxInflight).
 func Run(ctx context.Context, c *Client, items []Item, m Mode, progress Progress) ([]Record, time.Duration, error) {
 	if m.Concurrency < 0 || m.Concurrency > 100000 {
 		return nil, 0, fmt.Errorf("bench: concurrency must be in [0, 100000], got %d", m.Concurrency)
@@ -45,29 +50,43 @@ func Run(ctx context.Context, c *Client, items []Item, m Mode, progress Progress
 		}
 	}
 	start := time.Now()
-	var wg sync.WaitGroup
 	if m.Concurrency > 0 {
-		var next atomic.Int64
-		for w := 0; w < m.Concurrency; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := int(next.Add(1) - 1)
-					if i >= len(items) || ctx.Err() != nil {
-						return
-					}
-					finish(i, c.Do(ctx, &items[i], i, start))
-				}
-			}()
-		}
-		wg.Wait()
-		return recs, time.Since(start), nil
+		closedLoop(ctx, c, items, m.Concurrency, start, finish)
+	} else {
+		openLoop(ctx, c, items, m.MaxInflight, start, finish)
 	}
-	sem := make(chan struct{}, m.MaxInflight)
+	return recs, time.Since(start), nil
+}
+
+// closedLoop sends items from workers, each sending its next item when
+// the previous answer ends, until the items or ctx end.
+func closedLoop(ctx context.Context, c *Client, items []Item, workers int, start time.Time, finish func(int, Record)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(items) || ctx.Err() != nil {
+					return
+				}
+				finish(i, c.Do(ctx, &items[i], i, start))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// openLoop sends each item at its At (scaled), at most inflight at once,
+// until the items or ctx end.
+func openLoop(ctx context.Context, c *Client, items []Item, inflight int, start time.Time, finish func(int, Record)) {
+	sem := make(chan struct{}, inflight)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-loop:
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for i := range items {
 		due := start.Add(time.Duration(items[i].At / c.scale() * float64(time.Second)))
 		if d := time.Until(due); d > 0 {
@@ -75,21 +94,19 @@ loop:
 			select {
 			case <-timer.C:
 			case <-ctx.Done():
-				break loop
+				return
 			}
 		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
-			break loop
+			return
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			finish(i, c.Do(ctx, &items[i], i, start))
+			finish(i, c.do(ctx, &items[i], i, start, due))
 		}()
 	}
-	wg.Wait()
-	return recs, time.Since(start), nil
 }

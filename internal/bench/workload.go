@@ -287,6 +287,22 @@ func MooncakeTrace(r io.Reader, timeScale float64, maxOutput int) ([]Item, error
 	return items, nil
 }
 
+// MarkRung makes items, a trace's requests, rung k of a rate ladder: for
+// k > 0 each prompt's first word gets the rung's mark ("k3" before it, no
+// word more), so that no prompt of one rung starts as one of another's and
+// a server's cache warmed by an earlier rung does not serve a later one,
+// while the prompts of one rung share the prefixes they shared. Rung 0
+// (and a single run) is left as it is.
+func MarkRung(items []Item, k int) {
+	if k <= 0 {
+		return
+	}
+	mark := "k" + strconv.Itoa(k)
+	for i := range items {
+		items[i].Prompt = mark + items[i].Prompt
+	}
+}
+
 // Schedule gives items arrival times: "poisson" or "constant" at rate
 // requests per second (the items' own times are replaced; a trace's
 // requests sent at another rate than their timestamps'; Chat times its
