@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -100,7 +101,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.spread, "spread", sl.spread, "heterogeneous: how many times faster the fast half of the instances is than the slow half")
 	flagrange.Var(fl, &f.noise, "noise", sl.noise, "heterogeneous: lognormal sigma of each prefill's time")
 	flagrange.Var(fl, &f.driftFactor, "drift-factor", sl.driftFactor, "heterogeneous: instance p0 runs at this times its speed from mid-run on (1: no drift)")
-	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents, long-prompts, agent-sessions (ignored with --trace)")
+	fs.StringVar(&f.workloadName, "workload", f.workloadName, "workload: chat, long-documents, agents, long-prompts, agent-sessions (not with --trace)")
 	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-format JSON-lines trace (512-token hash blocks) instead of a generated workload")
 	fs.StringVar(&f.writeTrace, "write-trace", "", "also write the first workload simulated (the first seed at the first rate; with --scenario sweep, the first shape at its rate) to this file as a Mooncake-format trace, for kvgate bench --workload trace to replay against live engines (--block-size must divide 512)")
 	flagrange.Var(fl, &f.timeScale, "time-scale", wl.TimeScale, "multiply trace arrival times by this (0.5 = twice the rate)")
@@ -194,8 +195,11 @@ func simCacheBlocks(f *simFlags) (int, error) {
 }
 
 func parsePolicies(s string) ([]string, error) {
-	if s == "all" || s == "" {
+	if s == "all" {
 		return sched.Names(), nil
+	}
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("--policies: no policy given (all, or a comma-separated list)")
 	}
 	known := map[string]bool{}
 	for _, n := range sched.Names() {
@@ -206,6 +210,10 @@ func parsePolicies(s string) ([]string, error) {
 		p = strings.TrimSpace(p)
 		if !known[p] {
 			return nil, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(sched.Names(), ", "))
+		}
+		if slices.Contains(out, p) {
+			// Run twice, it would count twice in the sweep's ranking.
+			return nil, fmt.Errorf("--policies: %s given twice", p)
 		}
 		out = append(out, p)
 	}
@@ -455,15 +463,22 @@ func writeFirstTrace(path string, specs []traceSpec) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.Create(path)
+	// Written beside path and renamed over it once whole: a refusal (a
+	// block size that does not divide 512) or a failure midway left an
+	// existing file empty or cut.
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return fmt.Errorf("--write-trace: %w", err)
 	}
-	if err := workload.WriteMooncake(f, tr); err != nil {
-		f.Close()
-		return fmt.Errorf("--write-trace %s: %w", path, err)
+	err = workload.WriteMooncake(f, tr)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if err := f.Close(); err != nil {
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
 		return fmt.Errorf("--write-trace %s: %w", path, err)
 	}
 	return nil
@@ -803,7 +818,7 @@ func printTable(w io.Writer, rs []sim.Result) error {
 			late = fmt.Sprintf("%.2fs", r.LateTTFTP50)
 		}
 		ttft := [3]string{"-", "-", "-"} // of no request served: unknown, not 0
-		if r.Rejected+r.Unserved < 1 {
+		if r.Served > 0 {
 			ttft = [3]string{fmt.Sprintf("%.2fs", r.TTFTP50), fmt.Sprintf("%.2fs", r.TTFTP99), fmt.Sprintf("%.2fs", r.TTFTMax)}
 		}
 		line := fmt.Sprintf("%d\t%g\t%s\t%s\t%d\t%.1f%%\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t",
@@ -818,7 +833,9 @@ func printTable(w io.Writer, rs []sim.Result) error {
 		if r.Predictor != "" {
 			line += fmt.Sprintf("%.1f%%\t%.1f%%\t%s\t%s\t", 100*r.TTFTMdAPE, 100*r.TTFTAPEP90, seconds(r.DriftRecovery), seconds(r.StaleRouting))
 		}
-		if withTPOT {
+		if withTPOT && r.Served == 0 {
+			line += "-\t-\t"
+		} else if withTPOT {
 			line += fmt.Sprintf("%.1fms\t%.1fms\t", 1000*r.TPOTP50, 1000*r.TPOTP99)
 		}
 		if tpotErr {
@@ -843,6 +860,15 @@ func unusedFlags(fs *flag.FlagSet, f *simFlags) error {
 		return fmt.Errorf("--slo-tpot needs --decode-instances (without decode instances no TPOT is simulated)")
 	case set["approx-ttl"] && f.approxTTL > 0 && f.eventLag == 0 && f.eventsAt != "prefill":
 		return fmt.Errorf("--approx-ttl: the router's own entries count only with --event-lag or --events-at prefill (the router hears every block at once otherwise)")
+	case set["decode-kv-tokens"] && f.decodeInstances == 0:
+		return fmt.Errorf("--decode-kv-tokens needs --decode-instances (it is the decode instances' KV capacity)")
+	case f.trace != "" && set["seeds"] && f.seeds > 1:
+		return fmt.Errorf("--seeds: a trace is replayed once, as recorded (seeds draw generated workloads)")
+	case set["rates"] && strings.TrimSpace(f.rates) == "", set["loads"] && strings.TrimSpace(f.loads) == "":
+		return fmt.Errorf("--rates or --loads given empty: give values, or leave the flag out for the workload's default")
+	}
+	if err := unusedHoldFlags(set, f); err != nil {
+		return err
 	}
 	if f.scenario == "sweep" {
 		return nil // sweepFlags checked its own
@@ -857,6 +883,24 @@ func unusedFlags(fs *flag.FlagSet, f *simFlags) error {
 		case readers != nil && !slices.Contains(readers, f.workloadName):
 			return fmt.Errorf("--%s: not read by --workload %s (only by %s)", name, f.workloadName, strings.Join(readers, ", "))
 		}
+	}
+	return nil
+}
+
+// unusedHoldFlags refuses the hold's settings where no run reads them:
+// with --hold off, --hold-quiet without a run with early rejection, and
+// --hold-touch without one without it.
+func unusedHoldFlags(set map[string]bool, f *simFlags) error {
+	for _, name := range []string{"hold-min", "hold-backlog", "hold-max", "hold-slack", "hold-quiet", "hold-touch"} {
+		if set[name] && f.hold == "off" {
+			return fmt.Errorf("--%s: not read with --hold off", name)
+		}
+	}
+	switch {
+	case set["hold-quiet"] && f.earlyReject == "off":
+		return fmt.Errorf("--hold-quiet: read only with early rejection, and --early-reject is off")
+	case set["hold-touch"] && f.holdTouch && f.earlyReject == "on":
+		return fmt.Errorf("--hold-touch: read only without early rejection, and --early-reject is on")
 	}
 	return nil
 }

@@ -112,9 +112,12 @@ type Result struct {
 	Load     float64 `json:"load,omitempty"`
 	Capacity float64 `json:"capacity,omitempty"`
 	Requests int     `json:"requests"`
-	HitRate  float64 `json:"hit_rate"`
-	TTFTP50  float64 `json:"ttft_p50"`
-	TTFTP99  float64 `json:"ttft_p99"`
+	// Served counts the requests served: with none, the latencies below
+	// are unknown (0 here, "-" in kvgate sim's table).
+	Served  int     `json:"served"`
+	HitRate float64 `json:"hit_rate"`
+	TTFTP50 float64 `json:"ttft_p50"`
+	TTFTP99 float64 `json:"ttft_p99"`
 	// TTFTMax is the longest TTFT of a served request: next to
 	// attainment without rejection it shows how late the misses are.
 	TTFTMax float64 `json:"ttft_max"`
@@ -590,6 +593,7 @@ func (r *run) summarise() Result {
 // setTTFTs sets the TTFT measures from the served requests' TTFTs and
 // those of the ones that missed their TTFT SLO (both sorted in place).
 func (res *Result) setTTFTs(ttfts, late []float64) {
+	res.Served = len(ttfts)
 	res.TTFTP50, res.TTFTP99 = percentiles(ttfts)
 	if len(ttfts) > 0 {
 		res.TTFTMax = ttfts[len(ttfts)-1] // sorted by percentiles

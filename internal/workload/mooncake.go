@@ -85,7 +85,7 @@ func ScanMooncake(r io.Reader, fn func(MooncakeRecord) error) error {
 		if want := (*m.InputLength + MooncakeBlockTokens - 1) / MooncakeBlockTokens; len(m.HashIDs) != want {
 			// A line without its ids, or with too few, would be simulated
 			// as a prompt sharing nothing (or a long one as one block).
-			return fmt.Errorf("mooncake trace line %d: %d hash ids for input_length %d: want one a 512-token block, %d", line, len(m.HashIDs), *m.InputLength, want)
+			return fmt.Errorf("mooncake trace line %d: %d hash ids for input_length %d: want %d, one per 512-token block", line, len(m.HashIDs), *m.InputLength, want)
 		}
 		n, last = n+1, *m.Timestamp
 		if err := fn(MooncakeRecord{Line: line, TimestampMs: *m.Timestamp, InputLength: *m.InputLength, OutputLength: *m.OutputLength, HashIDs: m.HashIDs}); err != nil {
@@ -144,6 +144,10 @@ func ReadMooncake(r io.Reader, timeScale float64) (*Trace, error) {
 			keys[i] = mooncakeKey(m.HashIDs[i])
 		}
 		at := (m.TimestampMs - first) / 1000 * timeScale
+		if at > MaxTraceSpan {
+			return fmt.Errorf("mooncake trace line %d: arrives %.4g s after the first (time scale %g), more than %g s: the simulated clock would lose its precision (at 1e16 s a float's step is 2 s); use a smaller --time-scale",
+				m.Line, at, timeScale, float64(MaxTraceSpan))
+		}
 		tr.Requests = append(tr.Requests, Request{Arrival: at, PromptTokens: m.InputLength, OutputTokens: m.OutputLength, Keys: keys, Session: -1})
 		return nil
 	})
@@ -158,6 +162,11 @@ func ReadMooncake(r io.Reader, timeScale float64) (*Trace, error) {
 	}
 	return tr, nil
 }
+
+// MaxTraceSpan bounds a replayed trace's span in (scaled) seconds, about
+// 32 years: a float64's step there is 0.1 µs, finer than any latency
+// simulated (the timestamp and time-scale ranges alone allow 1e19 s).
+const MaxTraceSpan = 1e9
 
 // minTraceSpan is the shortest Duration of a trace whose arrivals are not
 // all at one instant: arrivals closer than that (or a time scale that makes

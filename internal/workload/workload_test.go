@@ -100,9 +100,9 @@ func TestReadMooncake(t *testing.T) {
 		// One id a 512-token block, as Mooncake's traces have: a line
 		// without them, or short of them, was simulated as sharing
 		// nothing (a walkthrough, 2026-12-04).
-		{"no ids", `{"timestamp": 1, "input_length": 3, "output_length": 3}`, "line 1: 0 hash ids for input_length 3: want one a 512-token block, 1"},
-		{"too few ids", `{"timestamp": 1, "input_length": 2000, "output_length": 3, "hash_ids": [0]}`, "1 hash ids for input_length 2000: want one a 512-token block, 4"},
-		{"too many ids", `{"timestamp": 1, "input_length": 100, "output_length": 3, "hash_ids": [0, 1, 2, 3, 4, 5]}`, "want one a 512-token block, 1"},
+		{"no ids", `{"timestamp": 1, "input_length": 3, "output_length": 3}`, "line 1: 0 hash ids for input_length 3: want 1, one per 512-token block"},
+		{"too few ids", `{"timestamp": 1, "input_length": 2000, "output_length": 3, "hash_ids": [0]}`, "1 hash ids for input_length 2000: want 4, one per 512-token block"},
+		{"too many ids", `{"timestamp": 1, "input_length": 100, "output_length": 3, "hash_ids": [0, 1, 2, 3, 4, 5]}`, "want 1, one per 512-token block"},
 		{"fractional length", `{"timestamp": 1, "input_length": 100.7, "output_length": 3, "hash_ids": [0]}`, "input_length: 100.7 is not an integer in range"},
 		{"empty", "", "no requests"},
 	}
@@ -227,6 +227,16 @@ func TestMooncakeCaps(t *testing.T) {
 		if _, err := ReadMooncake(strings.NewReader(ok), scale); err == nil || !strings.Contains(err.Error(), "time scale must be in [1e-06, 1e+06]") {
 			t.Errorf("time scale %v: got %v", scale, err)
 		}
+	}
+	// The largest timestamp at the largest time scale, 1e16 s: the
+	// simulated clock's step there is 2 s (a TTFT of 0 was reported;
+	// walkthrough, 2026-12-04).
+	far := ok + `{"timestamp": 1e13, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}`
+	if _, err := ReadMooncake(strings.NewReader(far), 1e6); err == nil || !strings.Contains(err.Error(), "line 2: arrives 1e+16 s after the first") {
+		t.Errorf("a span of 1e16 s: %v", err)
+	}
+	if _, err := ReadMooncake(strings.NewReader(far), 1e-4); err != nil {
+		t.Errorf("a span of 1e6 s: %v", err)
 	}
 	// Arrivals 1e-300 ms apart at the smallest time scale: the duration is
 	// floored so that the rate stays finite.
