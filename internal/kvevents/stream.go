@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -107,6 +108,11 @@ type stream struct {
 	// centralRank is 1 + the data-parallel rank whose central SUB feeds
 	// the stream (0: none yet): one goroutine a stream.
 	centralRank atomic.Int32
+	// feeder is the connection whose frames feed the stream in central
+	// mode (its rank's goroutine only): another is refused while it is
+	// connected (Subscriber.fedBy).
+	feeder      net.Addr
+	refusedFrom string // the connection last refused (logged once)
 	// lastFrame is when the last frame came (unix ns; central mode's
 	// engines registered from topics: evictSilentWire).
 	lastFrame atomic.Int64

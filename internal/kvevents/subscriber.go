@@ -196,7 +196,7 @@ type Subscriber struct {
 	central        atomic.Pointer[zmtp.Sub] // the bound SUB (rank 0's), for Stats
 	wireMu         sync.Mutex               // serialises registering engines from topics
 	fromWire       int                      // engines registered from topics (under wireMu)
-	centralRefused atomic.Int64             // frames of topics past MaxCentralEngines
+	centralRefused atomic.Int64             // frames of topics past MaxCentralEngines, or of a second feeder
 	// centralUnidentified counts central-mode frames whose topic does not
 	// name an engine and whose connection matches no single engine.
 	centralUnidentified atomic.Int64
@@ -567,10 +567,32 @@ func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub, rank int) {
 			s.centralBad(err)
 			continue
 		}
-		if st != nil {
+		if st != nil && s.fedBy(sock, st, from) {
 			st.onFrames(ctx, f)
 		}
 	}
+}
+
+// fedBy reports whether the frames of connection from may feed st: the
+// first connection to send its frames does, and another only once that
+// one is gone (an engine that restarted dials again). Two connections at
+// once publishing as one endpoint (two engines whose topics name it, or
+// a second engine on its host) mixed their blocks in its map and took
+// each other's sequence numbers for restarts; the second is refused,
+// counted in CentralRefused and logged once while the first feeds it.
+func (s *Subscriber) fedBy(sock *zmtp.Sub, st *stream, from net.Addr) bool {
+	switch {
+	case from == nil || st.feeder == nil || st.feeder.String() == from.String():
+	case sock.Connected(st.feeder):
+		if n := s.centralRefused.Add(1); st.refusedFrom != from.String() {
+			st.refusedFrom = from.String()
+			s.log.Error("kv events: a second connection publishes as an endpoint another connection feeds; its frames are refused (two engines whose topics name one endpoint, or two engines on one host?)",
+				"endpoint", st.cfg.Name, "feeding", st.feeder.String(), "refused", from.String(), "refused_frames", n)
+		}
+		return false
+	}
+	st.feeder, st.refusedFrom = from, ""
+	return true
 }
 
 // peerCache is the central goroutine's memory of which stream a
@@ -876,7 +898,8 @@ func (s *Subscriber) Resync(name string) {
 func (s *Subscriber) CentralMalformed() int64 { return s.centralMalformed.malformed.Load() }
 
 // CentralRefused is the number of central-mode frames refused because
-// their topic would register an engine past MaxCentralEngines.
+// their topic would register an engine past MaxCentralEngines, or because
+// another connection feeds the endpoint they name (fedBy).
 func (s *Subscriber) CentralRefused() int64 { return s.centralRefused.Load() }
 
 // CentralUnidentified is the number of central-mode frames refused because

@@ -265,3 +265,40 @@ func TestCentralDataParallelRanks(t *testing.T) {
 		t.Error("rank ports past 65535 accepted")
 	}
 }
+
+// TestCentralOneFeederAtATime: two publishers whose topic names one
+// endpoint (two engines given one topic) had their blocks mixed into its
+// map and took each other's sequence numbers for restarts (walkthrough,
+// 2026-12-04). The second connection is refused, counted and logged once
+// while the first is connected; once the first has gone (an engine that
+// restarted dials again), the next connection feeds the endpoint.
+func TestCentralOneFeederAtATime(t *testing.T) {
+	logs := &lockedBuf{}
+	bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	sub, idx := runSub(t, Config{BindEvents: bind, Engines: []EngineConfig{{Name: "10.0.0.5:8000", Model: "m"}},
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	const topic = "kv@10.0.0.5:8000@m"
+	first := startPub(t, bind, "", topic, true, false)
+	a, b, c := seqTokens(64, 51), seqTokens(64, 52), seqTokens(64, 53)
+	eventually(t, "the first publisher's blocks", func() bool {
+		first.publish(pStored(t, a, 1, nil), false)
+		return lookup(idx, a) == 4
+	})
+	second := startPub(t, bind, "", topic, true, false)
+	eventually(t, "the second publisher refused", func() bool {
+		second.publish(pStored(t, b, 100, nil), false)
+		return sub.CentralRefused() >= 3
+	})
+	if lookup(idx, b) > 0 || statsOf(sub, "10.0.0.5:8000").Restarts != 0 {
+		t.Errorf("the second publisher's blocks: %d matched, %d restarts; want none", lookup(idx, b), statsOf(sub, "10.0.0.5:8000").Restarts)
+	}
+	if n := strings.Count(logs.String(), "a second connection publishes as an endpoint"); n != 1 {
+		t.Errorf("%d refusal logs, want 1:\n%s", n, logs.String())
+	}
+	first.close()
+	eventually(t, "the second publisher feeding once the first is gone", func() bool {
+		second.publish(pStored(t, c, 200, nil), false)
+		return lookupMax(idx, c) == 4
+	})
+	second.close()
+}

@@ -442,6 +442,21 @@ func (s *socket) recv(ctx context.Context) ([][]byte, net.Addr, error) {
 	}
 }
 
+// connected reports whether an established connection's remote address
+// is remote.
+func (s *socket) connected(remote net.Addr) bool {
+	if remote == nil {
+		return false
+	}
+	want := remote.String()
+	for _, c := range *s.ready.Load() {
+		if c.remote.String() == want {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *socket) stats() Stats {
 	st := Stats{
 		Connects: s.st.connects.Load(), Refused: s.st.refused.Load(), HandshakeFailures: s.st.handshake.Load(),

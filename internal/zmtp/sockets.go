@@ -113,6 +113,10 @@ func (b *Sub) Recv(ctx context.Context) ([][]byte, error) {
 // from; ports of dialing peers are ephemeral, their IP is not).
 func (b *Sub) RecvFrom(ctx context.Context) ([][]byte, net.Addr, error) { return b.s.recv(ctx) }
 
+// Connected reports whether a peer at remote (an address RecvFrom gave)
+// is connected now.
+func (b *Sub) Connected(remote net.Addr) bool { return b.s.connected(remote) }
+
 // Addr is the first bound address, or nil.
 func (b *Sub) Addr() net.Addr { return b.s.addr() }
 
