@@ -376,6 +376,9 @@ type chunk struct {
 			// content's, as vLLM's benchmark times them.
 			ReasoningContent looseText `json:"reasoning_content"`
 			Reasoning        looseText `json:"reasoning"`
+			// A tool call's name and arguments, streamed in pieces:
+			// generated tokens too.
+			ToolCalls []json.RawMessage `json:"tool_calls"`
 		} `json:"delta"`
 	} `json:"choices"`
 	Usage *struct {
@@ -388,10 +391,10 @@ type chunk struct {
 }
 
 // output reports whether the chunk carries generated output: text,
-// content or reasoning.
+// content, reasoning or a tool call.
 func (ch *chunk) output() bool {
 	for _, c := range ch.Choices {
-		if c.Text != "" || c.Delta.Content != "" || c.Delta.ReasoningContent != "" || c.Delta.Reasoning != "" {
+		if c.Text != "" || c.Delta.Content != "" || c.Delta.ReasoningContent != "" || c.Delta.Reasoning != "" || len(c.Delta.ToolCalls) > 0 {
 			return true
 		}
 	}

@@ -301,6 +301,12 @@ func TestReasoningIsOutput(t *testing.T) {
 		{"reasoning_content", chat("reasoning_content"), false},
 		{"reasoning", chat("reasoning"), false},
 		{"thinking_delta", messages, true},
+		// A tool call streamed in pieces is output as well.
+		{"tool_calls", []string{`{"choices":[{"delta":{"role":"assistant"}}]}`,
+			`{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","type":"function","function":{"name":"f","arguments":""}}]}}]}`,
+			`{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\""}}]}}]}`,
+			"pause", `{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}}]}`,
+			`{"choices":[{"delta":{"content":"!"}}]}`, "[DONE]"}, false},
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
