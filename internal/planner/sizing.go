@@ -243,6 +243,9 @@ func SizePhases(phases []Phase, c Capacity, total, fixedP, fixedD int) []PhaseSi
 	for i, ph := range phases {
 		lp, ld := ph.PrefillLoad(), ph.DecodeLoad()
 		p, d := Need(lp, ld, c)
+		// A fleet keeps one instance of each role, as the planner does
+		// (its minimums): a phase without traffic read "needs 0P0D".
+		p, d = max(p, 1), max(d, 1)
 		up, ud := Utilisation(lp, ld, fixedP, fixedD, c)
 		out[i] = PhaseSizing{Name: ph.Name, Prefill: p, Decode: d, Fits: p <= total-d, FixedPrefillLoad: up, FixedDecodeLoad: ud}
 	}

@@ -34,6 +34,12 @@ func TestSeedTable(t *testing.T) {
 	if !small[0].Fits || small[1].Fits {
 		t.Errorf("fits at 22: %+v", small)
 	}
+	// A phase without traffic needs the planner's minimum, 1P1D (it
+	// read 0P0D; walkthrough, 2026-12-04).
+	idle := SizePhases([]Phase{{Name: "night", Shape: Shape{Rate: 0, ISL: 1000, OSL: 100}}}, SeedCapacity(), 24, 12, 12)
+	if idle[0].Prefill != 1 || idle[0].Decode != 1 || !idle[0].Fits {
+		t.Errorf("no traffic: %+v, want 1P1D", idle[0])
+	}
 }
 
 // TestLoadsAreThePythonValues: the agents phase's prefill load is
