@@ -1,9 +1,11 @@
 package kvindex
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"sort"
 	"strings"
 	"unicode"
@@ -117,9 +119,9 @@ func methodNotAllowed(w http.ResponseWriter, allow string) error {
 }
 
 type lookupRequest struct {
-	Model    string    `json:"model"`
-	TokenIDs *tokenIDs `json:"token_ids"`
-	Prompt   *string   `json:"prompt"`
+	Model    string     `json:"model"`
+	TokenIDs *tokenIDs  `json:"token_ids"`
+	Prompt   *onePrompt `json:"prompt"`
 	// AddSpecialTokens: the prompt with the tokenizer's special tokens
 	// (absent: true, as an engine tokenizes a completion's prompt). Read
 	// as vLLM reads a boolean (openai.ParseOptBool).
@@ -135,6 +137,47 @@ type lookupRequest struct {
 	ContinueFinalMessage json.RawMessage   `json:"continue_final_message"`
 	LoRA                 string            `json:"lora"`
 	Endpoint             string            `json:"endpoint"` // routed only
+}
+
+// onePrompt is a lookup's text prompt: a string, or a list of one string
+// as vLLM's completions take a batch of prompts (a lookup reads one).
+type onePrompt string
+
+func (p *onePrompt) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*p = onePrompt(s)
+		return nil
+	}
+	var list []string
+	if err := json.Unmarshal(b, &list); err == nil {
+		if len(list) != 1 {
+			return openai.BadRequest("prompt: a lookup reads one prompt, got a list of %d", len(list)).WithParam("prompt")
+		}
+		*p = onePrompt(list[0])
+		return nil
+	}
+	return &json.UnmarshalTypeError{Value: jsonKindOf(b), Type: reflect.TypeOf("")} // json names the field
+}
+
+// jsonKindOf names the JSON value b starts with, as encoding/json's type
+// errors do.
+func jsonKindOf(b []byte) string {
+	switch t := bytes.TrimLeft(b, " \t\r\n"); {
+	case len(t) == 0:
+		return "value"
+	case t[0] == '"':
+		return "string"
+	case t[0] == '[':
+		return "array"
+	case t[0] == '{':
+		return "object"
+	case t[0] == 't' || t[0] == 'f':
+		return "bool"
+	case t[0] == 'n':
+		return "null"
+	}
+	return "number"
 }
 
 // specialTokens reports whether a prompt is tokenized with the
@@ -281,7 +324,7 @@ func (a *Admin) keysOf(w http.ResponseWriter, r *http.Request) (req lookupReques
 			if serr != nil {
 				return req, 0, nil, release, serr
 			}
-			ids, err = tk.PromptAs(r.Context(), *req.Prompt, special)
+			ids, err = tk.PromptAs(r.Context(), string(*req.Prompt), special)
 		} else {
 			msgs, opts, cerr := req.chat()
 			if cerr != nil {

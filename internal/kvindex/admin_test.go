@@ -293,6 +293,14 @@ func TestAdminLookupAsTheEngineTokenizes(t *testing.T) {
 	if code != 400 || eb.Error.Message != "prompt must be a string, not a number" || eb.Error.Param == nil || *eb.Error.Param != "prompt" {
 		t.Errorf("a number as the prompt: %d %+v", code, eb.Error)
 	}
+	// A list of one string, as vLLM's completions take it, is that string
+	// (it was refused); a list of two is refused (walkthrough, 2026-12-04).
+	if code, eb := postBody(t, srv.URL+"/admin/kv/lookup", `{"model":"m","prompt":["text"]}`); code != 200 {
+		t.Errorf("a list of one prompt: %d %+v", code, eb.Error)
+	}
+	if code, eb := postBody(t, srv.URL+"/admin/kv/lookup", `{"model":"m","prompt":["a","b"]}`); code != 400 || !strings.Contains(eb.Error.Message, "one prompt, got a list of 2") {
+		t.Errorf("a list of two prompts: %d %+v", code, eb.Error)
+	}
 
 	resp, err := http.Post(srv.URL+"/admin/kv/lookup", "application/json", strings.NewReader(`{"model":"ad1","token_ids":[1,2,3,4,5,6,7,8,9]}`))
 	if err != nil {
