@@ -107,6 +107,15 @@ func (e *Engine) buildRequest(r *http.Request, body []byte, a api, role fleet.Ro
 		n := min(completionsDefaultMaxTokens, max(int64(e.cfg.MaxModelLen)-int64(len(toks)), 1))
 		req.MaxTokens = &n
 	}
+	if lim := req.OutputLimit(chat); a == apiGenerate && lim != nil && *lim <= 0 {
+		// SGLang's own words and field; 0 (prefill only) is SGLang's but
+		// not emulated (docs/engine.md, "Not emulated").
+		const name = "sampling_params.max_new_tokens"
+		if *lim < 0 {
+			return nil, nil, openai.BadRequest("max_new_tokens must be at least 0, got %d", *lim).WithParam(name)
+		}
+		return nil, nil, openai.BadRequest("max_new_tokens 0 (a prefill-only request) is not emulated: kvgate engine answers at least one token").WithParam(name)
+	}
 	maxTokens, natural, err := e.outputLength(req, chat, toks, remoteDecode, a == apiMessages)
 	if err != nil {
 		return nil, nil, err

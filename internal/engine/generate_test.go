@@ -78,6 +78,18 @@ func TestGenerateAPI(t *testing.T) {
 			t.Errorf("%v: %d %s", tc.body, resp.StatusCode, b)
 		}
 	}
+	// SGLang's field and words for max_new_tokens (they were vLLM's
+	// max_tokens'), and 0, SGLang's prefill-only request, said to be
+	// beyond the emulator.
+	for _, tc := range []struct {
+		n    int
+		says string
+	}{{-1, "max_new_tokens must be at least 0, got -1"}, {0, "(a prefill-only request) is not emulated"}} {
+		resp, b := postJSON(t, e.URL()+"/generate", map[string]any{"text": "hi", "sampling_params": map[string]any{"max_new_tokens": tc.n}})
+		if resp.StatusCode != 400 || !strings.Contains(string(b), tc.says) || !strings.Contains(string(b), `"param":"sampling_params.max_new_tokens"`) {
+			t.Errorf("max_new_tokens %d: %d %s", tc.n, resp.StatusCode, b)
+		}
+	}
 	p := startEngine(t, func(c *Config) { c.Role = fleet.RolePrefill })
 	if resp, b := postJSON(t, p.URL()+"/generate", map[string]any{"text": "hi"}); resp.StatusCode != 400 || !strings.Contains(string(b), "aggregated only") {
 		t.Errorf("prefill role: %d %s", resp.StatusCode, b)

@@ -97,7 +97,11 @@ func TestGenerate(t *testing.T) {
 		says   string
 	}{
 		{`{"sampling_params":{"max_new_tokens":2}}`, 400, "text or input_ids"},
-		{`{"text":"hi","sampling_params":{"max_new_tokens":0}}`, 400, "sampling_params.max_new_tokens must be at least 1"},
+		{`{"text":"hi","sampling_params":{"max_new_tokens":-1}}`, 400, "sampling_params.max_new_tokens must be at least 0, got -1"},
+		// 0 is SGLang's prefill-only request: the gateway passes it on
+		// (it refused it as vLLM refuses max_tokens 0; walkthrough,
+		// 2026-12-04).
+		{`{"text":"hi","sampling_params":{"max_new_tokens":0}}`, 200, `"text":"decoded"`},
 		{`{"text":"hi","lora_path":"nope"}`, 404, `(lora_path) does not exist.","type":"NotFoundError","param":"lora_path"`},
 		{`{"text":"hi","sampling_params":{"n":0}}`, 400, `"param":"sampling_params.n"`},
 	} {

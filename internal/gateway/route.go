@@ -226,15 +226,18 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 
 // setOutput reads rt's output limit (outN, outLimited) and sequences.
 func (rt *routed) setOutput() error {
-	limName, nName := "max_tokens", "n"
+	limName, nName, least := "max_tokens", "n", int64(1)
 	rt.outN = defaultOutputTokens
 	if rt.api == apiGenerate {
-		// SGLang's default max_new_tokens bounds the output as a sent one.
-		rt.outN, rt.outLimited, limName, nName = openai.GenerateDefaultMaxNewTokens, true, "sampling_params.max_new_tokens", "sampling_params.n"
+		// SGLang's default max_new_tokens bounds the output as a sent one;
+		// SGLang takes 0 (a prefill-only request: scoring, prompt
+		// logprobs, warming a cache), which was refused here as vLLM
+		// refuses a max_tokens of 0.
+		rt.outN, rt.outLimited, limName, nName, least = openai.GenerateDefaultMaxNewTokens, true, "sampling_params.max_new_tokens", "sampling_params.n", 0
 	}
 	if lim := rt.req.OutputLimit(rt.api.chat()); lim != nil {
-		if *lim < 1 {
-			return openai.BadRequest("%s must be at least 1, got %d", limName, *lim).WithParam(limName)
+		if *lim < least {
+			return openai.BadRequest("%s must be at least %d, got %d", limName, least, *lim).WithParam(limName)
 		}
 		rt.outN, rt.outLimited = int(min(*lim, maxOutputTokens)), true
 	}
