@@ -512,10 +512,14 @@ func (e *Engine) sseStream(w http.ResponseWriter, r *http.Request, rq *request, 
 
 // responder formats the answers of one request.
 type responder struct {
-	chat         bool
-	generate     bool   // SGLang's /generate
-	sofar        []byte // /generate: the text streamed so far
-	includeUsage bool
+	chat     bool
+	generate bool // SGLang's /generate
+	// generateBatch: /generate's prompt was a list (of one): answered
+	// with a list; maxNew is its max_new_tokens, finish_reason's length.
+	generateBatch bool
+	maxNew        int64
+	sofar         []byte // /generate: the text streamed so far
+	includeUsage  bool
 	// continuous: every event carries the usage so far
 	// (continuous_usage_stats).
 	continuous bool
@@ -533,6 +537,16 @@ type responder struct {
 func newResponder(model string, rq *request, a api, req *openai.Request) *responder {
 	chat := a == apiChat
 	s := &responder{chat: chat, generate: a == apiGenerate, id: rq.id, model: model, created: time.Now().Unix(), rq: rq}
+	if s.generate {
+		// SGLang answers a list of prompts, one included, with a list,
+		// and names an answer by the request's rid when it gives one.
+		s.generateBatch = req.Prompt.Kind == openai.PromptTexts || req.Prompt.Kind == openai.PromptTokenLists
+		var rid string
+		if json.Unmarshal(req.Field("rid"), &rid) == nil && rid != "" {
+			s.id = rid
+		}
+		s.maxNew = int64(rq.maxTokens)
+	}
 	s.includeUsage, s.continuous = req.UsageEvents()
 	obj := "text_completion"
 	if chat {
@@ -639,14 +653,19 @@ type generateMeta struct {
 	FinishReason     *finishReason `json:"finish_reason"`
 }
 
+// finishReason is SGLang's: a length stop says the length it stopped at.
 type finishReason struct {
-	Type string `json:"type"`
+	Type   string `json:"type"`
+	Length int64  `json:"length,omitempty"`
 }
 
 func (s *responder) generateMeta(n int, reason string, out requestOutput) generateMeta {
 	m := generateMeta{ID: s.id, PromptTokens: s.rq.promptLen, CompletionTokens: n, CachedTokens: out.cachedTokens}
 	if reason != "" {
 		m.FinishReason = &finishReason{Type: reason}
+		if reason == "length" {
+			m.FinishReason.Length = s.maxNew
+		}
 	}
 	return m
 }
@@ -669,7 +688,11 @@ func (s *responder) generateChunk(b []byte, from, to int, reason string, out req
 // full is the non-streaming answer.
 func (s *responder) full(out requestOutput) any {
 	if s.generate {
-		return generateAnswer{Text: s.text(out.generated), MetaInfo: s.generateMeta(out.generated, out.finishReason, out)}
+		a := generateAnswer{Text: s.text(out.generated), MetaInfo: s.generateMeta(out.generated, out.finishReason, out)}
+		if s.generateBatch {
+			return []generateAnswer{a}
+		}
+		return a
 	}
 	if s.chat {
 		return openai.ChatCompletion{

@@ -78,6 +78,24 @@ func TestGenerateAPI(t *testing.T) {
 			t.Errorf("%v: %d %s", tc.body, resp.StatusCode, b)
 		}
 	}
+	// A list of one prompt is answered with a list of one answer, as
+	// SGLang answers any list; the rid names the answer, and a length
+	// stop says its length (walkthrough, 2026-12-04).
+	resp, b := postJSON(t, e.URL()+"/generate", map[string]any{"text": []string{"hi there"}, "rid": "myrid1", "sampling_params": map[string]any{"max_new_tokens": 3}})
+	var list []struct {
+		MetaInfo struct {
+			ID           string `json:"id"`
+			FinishReason struct {
+				Type   string `json:"type"`
+				Length int    `json:"length"`
+			} `json:"finish_reason"`
+		} `json:"meta_info"`
+	}
+	if err := json.Unmarshal(b, &list); resp.StatusCode != 200 || err != nil || len(list) != 1 || list[0].MetaInfo.ID != "myrid1" {
+		t.Errorf("a batch of one: %d %s (%v)", resp.StatusCode, b, err)
+	} else if fr := list[0].MetaInfo.FinishReason; fr.Type != "length" || fr.Length != 3 {
+		t.Errorf("a length stop: %+v, want length 3", fr)
+	}
 	// SGLang's field and words for max_new_tokens (they were vLLM's
 	// max_tokens'), and 0, SGLang's prefill-only request, said to be
 	// beyond the emulator.
