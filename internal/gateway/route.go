@@ -524,6 +524,7 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	if rt.lora != "" && !g.cfg.NoLoRASlots {
 		members, eps = g.keepLoRASlots(rt.lora, members, eps, &fs.snap)
 	}
+	members, eps = g.keepContextFits(rt, members, eps, &fs.snap)
 	if len(fs.snap.Endpoints) == 0 {
 		return nil, noHealthyEndpoint(rt.req.Model)
 	}
@@ -634,6 +635,43 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 		p.reason = d.Reason + "; " + p.reason // released from the hold queue
 	}
 	return p
+}
+
+// keepContextFits keeps the endpoints whose context (the max_model_len
+// their engine listed) holds rt: its prompt and the output it allows
+// (vLLM refuses prompt + max_tokens beyond max_model_len, and a prompt
+// that fills it when max_tokens is absent). In a fleet of engines of
+// different context lengths a long request went wherever routing chose
+// and about half got the shorter engines' 400. Engines that listed none
+// are kept; when none fits, or those that fit cannot serve the request
+// (a prefill engine without a decode one that fits), every endpoint is,
+// and the engine's own 400 says why.
+func (g *Gateway) keepContextFits(rt *routed, members []*member, eps []*load.Endpoint, s *sched.Snapshot) ([]*member, []*load.Endpoint) {
+	if g.health == nil {
+		return members, eps
+	}
+	need := int64(rt.promptN) + 1
+	if rt.outLimited {
+		need = int64(rt.promptN) + int64(rt.outN)
+	}
+	fits := make([]bool, len(members))
+	var fitting []*member
+	for i, m := range members {
+		l, ok := g.health.MaxModelLen(m.ep.Name)
+		if fits[i] = !ok || need <= int64(l); fits[i] {
+			fitting = append(fitting, m)
+		}
+	}
+	if len(fitting) == len(members) || len(fitting) == 0 {
+		return members, eps
+	}
+	g.mu.RLock()
+	_, why := g.servable(rt.model, fitting)
+	g.mu.RUnlock()
+	if why != "" {
+		return members, eps
+	}
+	return keepEndpoints(members, eps, s, func(i int, _ *member) bool { return fits[i] })
 }
 
 // keepEndpoints keeps in a snapshot the endpoints whose member (i-th in

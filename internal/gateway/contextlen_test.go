@@ -1,0 +1,59 @@
+package gateway
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/health"
+)
+
+// TestContextLengthsApart: in a fleet whose engines have different
+// max_model_len, a request only the longer ones hold goes to them (about
+// half went to the shorter engine and got its 400: walkthrough,
+// 2026-12-04); one no engine holds still reaches an engine, whose 400
+// says why.
+func TestContextLengthsApart(t *testing.T) {
+	small := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.MaxModelLen = 4096 })
+	big := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.MaxModelLen = 8192 })
+	pr, err := health.New(health.Config{Interval: 20 * time.Millisecond, Timeout: time.Second, NoMetrics: true, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	_, gw, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(small, fleet.RoleBoth), endpointOf(big, fleet.RoleBoth)},
+		Policy: "round-robin"}, Options{Health: pr})
+	waitFor(t, func() bool {
+		_, a := pr.MaxModelLen(small.Addr())
+		_, b := pr.MaxModelLen(big.Addr())
+		return a && b
+	})
+	body := func(n, maxTokens int) string {
+		ids := make([]int, n)
+		for i := range ids {
+			ids[i] = 100 + i%1000
+		}
+		b, _ := json.Marshal(map[string]any{"model": testModel, "prompt": ids, "max_tokens": maxTokens})
+		return string(b)
+	}
+	for i := range 6 {
+		r := post(t, gw+"/v1/completions", body(5000, 2), nil)
+		if r.status != 200 || r.header.Get(hdrPrefill) != big.Addr() {
+			t.Fatalf("request %d of 5 002 tokens: %d on %s: %s", i, r.status, r.header.Get(hdrPrefill), r.body)
+		}
+	}
+	// Short requests still go to both (round-robin).
+	seen := map[string]bool{}
+	for range 4 {
+		r := post(t, gw+"/v1/completions", body(100, 2), nil)
+		seen[r.header.Get(hdrPrefill)] = r.status == 200
+	}
+	if !seen[small.Addr()] || !seen[big.Addr()] {
+		t.Errorf("short requests served on %v, want both engines", seen)
+	}
+	if r := post(t, gw+"/v1/completions", body(9000, 2), nil); r.status != 400 {
+		t.Errorf("a request no engine holds: %d %s, want an engine's 400", r.status, r.body)
+	}
+}
