@@ -538,3 +538,24 @@ func TestAPIKey(t *testing.T) {
 		}
 	}
 }
+
+// TestVLLMChecksTestTruth: vLLM's request checks read the raw body for
+// Python's truth, so what they let through is served here too (an empty
+// stream_options, top_logprobs 0 beside logprobs false, a logprobs of 1
+// were 400s; walkthrough with the openai SDK, 2026-12-04).
+func TestVLLMChecksTestTruth(t *testing.T) {
+	e := startEngine(t)
+	chat := `"messages":[{"role":"user","content":"x"}],"max_tokens":1`
+	for _, body := range []string{
+		`{` + chat + `,"logprobs":false,"top_logprobs":0}`,
+		`{` + chat + `,"logprobs":1,"top_logprobs":2}`,
+		`{` + chat + `,"logprobs":"true","top_logprobs":2}`,
+		`{` + chat + `,"stream_options":{}}`,
+		`{` + chat + `,"stream_options":null}`,
+	} {
+		resp, b := postJSON(t, e.URL()+"/v1/chat/completions", json.RawMessage(body))
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s, want 200 as vLLM answers", body, resp.StatusCode, b)
+		}
+	}
+}

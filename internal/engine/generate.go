@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -51,13 +52,40 @@ func vllmChecks(req *openai.Request, a api) error {
 	if a != apiCompletions && a != apiChat {
 		return nil
 	}
-	if req.Field("stream_options") != nil && !req.Stream {
+	// vLLM's checks run on the raw body and test values for Python's
+	// truth (data.get(...)): an empty stream_options, a top_logprobs of 0,
+	// a logprobs of 1 pass them (they were refused here).
+	if pyTruthy(req.Field("stream_options")) && !req.Stream {
 		return openai.BadRequest("Stream options can only be defined when `stream=True`.").WithParam("stream_options")
 	}
-	if a == apiChat && req.Field("top_logprobs") != nil && string(req.Field("logprobs")) != "true" {
-		return openai.BadRequest("when using `top_logprobs`, `logprobs` must be set to true.").WithParam("top_logprobs")
+	if a == apiChat {
+		var top float64
+		if json.Unmarshal(req.Field("top_logprobs"), &top) == nil && top > 0 && !pyTruthy(req.Field("logprobs")) {
+			return openai.BadRequest("when using `top_logprobs`, `logprobs` must be set to true.").WithParam("top_logprobs")
+		}
 	}
 	return nil
+}
+
+// pyTruthy is Python's truth of a JSON value (absent: false): null,
+// false, 0, "", [] and {} are false.
+func pyTruthy(v []byte) bool {
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 {
+		return false
+	}
+	switch string(v) {
+	case "null", "false", `""`:
+		return false
+	}
+	switch v[0] {
+	case '[', '{':
+		return len(bytes.TrimSpace(v[1:len(v)-1])) > 0
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		var f float64
+		return json.Unmarshal(v, &f) != nil || f != 0
+	}
+	return true
 }
 
 // completionsDefaultMaxTokens is vLLM's max_tokens of a completion that
