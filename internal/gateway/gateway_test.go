@@ -176,6 +176,34 @@ func TestAggregatedStreamingAndAffinity(t *testing.T) {
 	if len(models.Data) != 1 || models.Data[0].ID != testModel {
 		t.Fatalf("models: %+v", models)
 	}
+	// One model's card (OpenAI's and SGLang's retrieve), and the 405s of
+	// a wrong method with their Allow (a forwarded path's was the
+	// catch-all's 404; walkthrough with the openai SDK, 2026-12-04).
+	var card struct{ ID, Object string }
+	getJSON(t, url+"/v1/models/"+testModel, &card)
+	if card.ID != testModel || card.Object != "model" {
+		t.Errorf("GET /v1/models/%s: %+v", testModel, card)
+	}
+	for _, c := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{http.MethodGet, "/v1/models/nope", 404, ""},
+		{http.MethodGet, "/v1/chat/completions", 405, "POST"},
+		{http.MethodGet, "/tokenize", 405, "POST"},
+		{http.MethodPut, "/v1/embeddings", 405, "POST"},
+	} {
+		req, _ := http.NewRequest(c.method, url+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.status || resp.Header.Get("Allow") != c.allow {
+			t.Errorf("%s %s: %d, Allow %q; want %d, %q", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), c.status, c.allow)
+		}
+	}
 	metrics := get(t, admin+"/metrics")
 	for _, m := range []string{`kvgate_requests_total{class="standard",model="gw-model",outcome="ok",policy="kvgate"} 6`, "kvgate_decision_seconds_bucket", "kvgate_prefix_hit_tokens_total", "kvgate_endpoint_inflight_requests"} {
 		if !strings.Contains(metrics, m) {

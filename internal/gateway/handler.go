@@ -32,6 +32,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("/generate", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, apiGenerate) })
 	for _, p := range passthroughPaths {
 		mux.HandleFunc("POST "+p, g.handlePassthrough)
+		mux.HandleFunc(p, postOnly) // another method: 405 (it was the catch-all's 404)
 	}
 	mux.HandleFunc("/v1/responses", func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, apiResponses) })
 	mux.HandleFunc("GET /v1/responses/{id}", g.handleResponseByID)
@@ -39,10 +40,11 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("/v1/messages", func(w http.ResponseWriter, r *http.Request) { g.handle(openai.MessagesErrors(w), r, apiMessages) })
 	mux.HandleFunc("POST /v1/messages/count_tokens", func(w http.ResponseWriter, r *http.Request) { g.handlePassthrough(openai.MessagesErrors(w), r) })
 	mux.HandleFunc("GET /v1/models", g.handleModels)
+	mux.HandleFunc("GET /v1/models/{id...}", g.handleModel)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /ready", g.handleReady)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		openai.WriteError(w, openai.NotFound("kvgate routes /v1/completions, /v1/chat/completions, /v1/responses, /v1/messages and SGLang's /generate, forwards POST %s and /v1/messages/count_tokens, and serves /v1/models, /health and /ready; not %s %s",
+		openai.WriteError(w, openai.NotFound("kvgate routes /v1/completions, /v1/chat/completions, /v1/responses, /v1/messages and SGLang's /generate, forwards POST %s and /v1/messages/count_tokens, and serves /v1/models, /v1/models/{id}, /health and /ready; not %s %s",
 			strings.Join(passthroughPaths, ", "), r.Method, r.URL.Path))
 	})
 	return mux
@@ -72,34 +74,63 @@ func (g *Gateway) AdminHandler() http.Handler {
 	return mux
 }
 
-func (g *Gateway) handleModels(w http.ResponseWriter, _ *http.Request) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-		// Root is a base model's name, an adapter's root as its engines
-		// list it (vLLM's: its path; absent until one did).
-		Root   string  `json:"root,omitempty"`
-		Parent *string `json:"parent"` // a LoRA adapter's base model; null for a base model, as vLLM lists them
-		// MaxModelLen is the least its engines listed (absent until one
-		// did).
-		MaxModelLen int `json:"max_model_len,omitempty"`
-	}
-	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
+// modelCard is a model as /v1/models lists it, vLLM's card.
+type modelCard struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	// Root is a base model's name, an adapter's root as its engines
+	// list it (vLLM's: its path; absent until one did).
+	Root   string  `json:"root,omitempty"`
+	Parent *string `json:"parent"` // a LoRA adapter's base model; null for a base model, as vLLM lists them
+	// MaxModelLen is the least its engines listed (absent until one
+	// did).
+	MaxModelLen int `json:"max_model_len,omitempty"`
+}
+
+// modelCards are the cards of the models the fleet serves.
+func (g *Gateway) modelCards() []modelCard {
+	out := []modelCard{}
 	for _, m := range g.Models() {
-		card := model{ID: m.ID, Object: "model", Created: g.start.Unix(), OwnedBy: "kvgate", MaxModelLen: m.MaxModelLen}
+		card := modelCard{ID: m.ID, Object: "model", Created: g.start.Unix(), OwnedBy: "kvgate", MaxModelLen: m.MaxModelLen}
 		if m.Parent != "" {
 			card.Parent, card.Root = &m.Parent, m.Root
 		} else {
 			card.Root = m.ID
 		}
-		out.Data = append(out.Data, card)
+		out = append(out, card)
 	}
-	openai.WriteJSON(w, http.StatusOK, out)
+	return out
+}
+
+// handleModels lists the models the fleet serves, as vLLM's /v1/models
+// does.
+func (g *Gateway) handleModels(w http.ResponseWriter, _ *http.Request) {
+	openai.WriteJSON(w, http.StatusOK, struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{Object: "list", Data: g.modelCards()})
+}
+
+// postOnly answers a method other than POST on a forwarded path.
+func postOnly(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Allow", http.MethodPost)
+	openai.WriteError(w, openai.Errorf(http.StatusMethodNotAllowed, "use POST"))
+}
+
+// handleModel is one model's card (GET /v1/models/{id}, OpenAI's and
+// SGLang's retrieve; a name with slashes, as Hugging Face names are,
+// included), or OpenAI's 404.
+func (g *Gateway) handleModel(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	for _, card := range g.modelCards() {
+		if card.ID == id {
+			openai.WriteJSON(w, http.StatusOK, card)
+			return
+		}
+	}
+	openai.WriteError(w, openai.NotFound("The model `%s` does not exist.", id).WithParam("model"))
 }
 
 // handleReady is 200 when every model has at least one endpoint that can

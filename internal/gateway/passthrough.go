@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"mime"
@@ -30,6 +29,10 @@ const (
 // elsewhere when the first cannot be reached or answers 5xx. They count
 // towards max_inflight with the routed requests.
 func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
+	// The answer carries its id, as a routed one does (and the engine is
+	// sent it): the SDKs' request id was null on forwarded answers.
+	id := g.requestID(r)
+	w.Header().Set("X-Request-Id", id)
 	if n := g.inflight.Add(1); n > int64(g.cfg.MaxInflight) {
 		g.inflight.Add(-1)
 		g.met.passthrough.WithLabelValues(passRefused).Inc()
@@ -69,7 +72,7 @@ func (g *Gateway) handlePassthrough(w http.ResponseWriter, r *http.Request) {
 			openai.WriteError(w, err)
 			return
 		}
-		if g.forward(ctx, w, r, m, body, contentType, attempt == 1 || others == 0) {
+		if g.forward(ctx, w, r, m, body, id, contentType, attempt == 1 || others == 0) {
 			return
 		}
 		tried = m
@@ -92,8 +95,10 @@ func (g *Gateway) passthroughModel(r *http.Request, body []byte) (model, content
 		var req struct {
 			Model *string `json:"model"`
 		}
-		if err := json.Unmarshal(body, &req); err != nil {
-			return "", "", openai.BadRequest("the body is not a JSON object: %v", err)
+		// The routed APIs' words ("model must be a string, not a
+		// number", param model): encoding/json's named a Go struct.
+		if err := openai.DecodeObject(body, &req); err != nil {
+			return "", "", err
 		}
 		if req.Model != nil {
 			model = *req.Model
@@ -203,10 +208,10 @@ func (g *Gateway) passthroughTarget(model string, avoid *member) (best *member, 
 // bounded by --upstream-timeout) and relays the answer; false, with
 // nothing written, when m could not be reached, or answered 5xx and this
 // is not the last attempt (the caller may retry elsewhere).
-func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, m *member, body []byte, contentType string, last bool) bool {
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, m *member, body []byte, id, contentType string, last bool) bool {
 	m.passing.Add(1)
 	defer m.passing.Add(-1)
-	resp, err := g.post(ctx, r, m, r.URL.RequestURI(), body, "", contentType)
+	resp, err := g.post(ctx, r, m, r.URL.RequestURI(), body, id, contentType)
 	if err != nil {
 		switch {
 		case r.Context().Err() != nil:

@@ -74,6 +74,18 @@ func TestPassthrough(t *testing.T) {
 	if got.path != "/v1/embeddings?x=1" || got.body != body {
 		t.Fatalf("forwarded %+v", got)
 	}
+	// A forwarded answer carries its request id, as a routed one does
+	// (walkthrough with the openai SDK, 2026-12-04).
+	if id := r.header.Get("X-Request-Id"); id == "" {
+		t.Error("a forwarded answer without X-Request-Id")
+	}
+	if r := post(t, url+"/v1/embeddings", body, map[string]string{"X-Request-Id": "mine-1"}); r.header.Get("X-Request-Id") != "mine-1" {
+		t.Errorf("the client's request id: %q", r.header.Get("X-Request-Id"))
+	}
+	select { // that request's hit
+	case <-hitsA:
+	case <-hitsB:
+	}
 	// One request at a time: none is busier, each takes its turn.
 	seen := map[string]int{}
 	for range 4 {
@@ -110,7 +122,10 @@ func TestPassthrough(t *testing.T) {
 	}{
 		{"/v1/embeddings", `{"model":"nope","input":"x"}`, 404, "does not exist"},
 		{"/v1/embeddings", `{"input":"x"}`, 400, "model is required: kvgate serves 3 models"},
-		{"/v1/embeddings", `not json`, 400, "not a JSON object"},
+		{"/v1/embeddings", `not json`, 400, "request body must be a JSON object"},
+		// The routed APIs' words, not encoding/json's Go struct
+		// (walkthrough, 2026-12-04).
+		{"/v1/embeddings", `{"model":123,"input":"x"}`, 400, `"message":"model must be a string, not a number","type":"BadRequestError","param":"model"`},
 		{"/v1/responses/resp_unknown/cancel", `{}`, 404, "kvgate routed no answer of that id"},
 		{"/v1/other", `{}`, 404, "forwards POST /v1/embeddings"},
 	} {
@@ -118,7 +133,7 @@ func TestPassthrough(t *testing.T) {
 			t.Errorf("%s %s: %d %s", tt.path, tt.body, r.status, r.body)
 		}
 	}
-	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_passthrough_requests_total{outcome="ok"} 8`) || !strings.Contains(m, `kvgate_passthrough_requests_total{outcome="refused"} 3`) {
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `kvgate_passthrough_requests_total{outcome="ok"} 9`) || !strings.Contains(m, `kvgate_passthrough_requests_total{outcome="refused"} 4`) {
 		t.Errorf("passthrough metrics:\n%s", grepLines(m, "kvgate_passthrough"))
 	}
 }

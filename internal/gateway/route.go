@@ -156,6 +156,7 @@ func (p *plan) answering() *member {
 // request has been turned into block keys.
 func (g *Gateway) parse(w http.ResponseWriter, r *http.Request, api apiKind) (rt *routed, release func(), err error) {
 	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
 		return nil, nil, openai.Errorf(http.StatusMethodNotAllowed, "use POST")
 	}
 	body, release, err := g.bodies.Read(w, r)
@@ -210,10 +211,7 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 		rt.pin = g.respHolders.holder(req.PreviousResponseID)
 	}
 	rt.model, rt.lora = g.resolve(model)
-	rt.id = r.Header.Get("X-Request-Id")
-	if rt.id == "" || len(rt.id) > 128 {
-		rt.id = fmt.Sprintf("kvgate-%x-%d", g.start.UnixNano(), g.reqSeq.Add(1))
-	}
+	rt.id = g.requestID(r)
 	if rt.class, err = g.classOf(r); err != nil {
 		return nil, err
 	}
@@ -222,6 +220,15 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 		return nil, err
 	}
 	return rt, nil
+}
+
+// requestID is the client's X-Request-Id (up to 128 bytes), else one of
+// kvgate's.
+func (g *Gateway) requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 {
+		return id
+	}
+	return fmt.Sprintf("kvgate-%x-%d", g.start.UnixNano(), g.reqSeq.Add(1))
 }
 
 // setOutput reads rt's output limit (outN, outLimited) and sequences.
