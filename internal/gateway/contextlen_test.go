@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,5 +56,18 @@ func TestContextLengthsApart(t *testing.T) {
 	}
 	if r := post(t, gw+"/v1/completions", body(9000, 2), nil); r.status != 400 {
 		t.Errorf("a request no engine holds: %d %s, want an engine's 400", r.status, r.body)
+	}
+}
+
+// TestMultimodalRefusedSayingWhy: an image part is refused by the gateway
+// with a message that says the limit is kvgate's, not the model's (it
+// read "(text only)"; walkthrough with the openai SDK, 2026-12-04).
+func TestMultimodalRefusedSayingWhy(t *testing.T) {
+	e := startEngine(t, fleet.RoleBoth, nil)
+	_, gw, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e, fleet.RoleBoth)}}, Options{})
+	body := `{"model":"` + testModel + `","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`
+	r := post(t, gw+"/v1/chat/completions", body, nil)
+	if r.status != 400 || !strings.Contains(r.body, `content part type \"image_url\" is not supported: kvgate counts a prompt's tokens`) || !strings.Contains(r.body, "messages[0]") {
+		t.Errorf("an image part: %d %s", r.status, r.body)
 	}
 }

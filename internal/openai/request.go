@@ -201,7 +201,7 @@ func (c Content) Text() (string, error) {
 	var b strings.Builder
 	for i, p := range c.Parts {
 		if p.Type != "text" && p.Type != "" {
-			return "", fmt.Errorf("content part type %q is not supported (text only)", p.Type)
+			return "", fmt.Errorf("content part type %q is not supported: kvgate counts a prompt's tokens, and so routes it, from its text only (images, audio and video are not routed; docs/serve.md)", p.Type)
 		}
 		if i > 0 {
 			b.WriteByte('\n')
