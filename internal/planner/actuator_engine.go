@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -56,8 +57,11 @@ type EngineActuator struct {
 	eps []fleet.Endpoint // roles as last serving
 	// moving: engines switching, by name, to their target role.
 	moving map[string]fleet.Role
-	// unreachable: engines whose role status could not be read last time.
-	unreachable map[string]struct{}
+	// unreachable: engines whose role status could not be read, by the
+	// reads in a row that failed.
+	unreachable map[string]int
+	// foreign: engines switching on someone else's word, by target.
+	foreign map[string]fleet.Role
 	// failed: switches found undone since TakeFailures last ran.
 	failed int
 }
@@ -91,7 +95,7 @@ func NewEngineActuator(eps []fleet.Endpoint, o EngineOptions) (*EngineActuator, 
 		o.Logger = slog.Default()
 	}
 	return &EngineActuator{o: o, log: o.Logger, rc: roleClient{o.Client}, eps: eps, moving: map[string]fleet.Role{},
-		unreachable: map[string]struct{}{}}, nil
+		unreachable: map[string]int{}, foreign: map[string]fleet.Role{}}, nil
 }
 
 // roleStatus is an engine's GET /admin/role answer.
@@ -168,12 +172,15 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // Instances implements Actuator: it asks every engine for its role, and an
 // engine that finished its switch goes back into the router in its new
-// role. An engine that does not answer is left out (the planner plans the
-// engines it can reach; one dead engine froze every decision); an engine
-// serving a role other than the router's is given that role (switched by
-// someone else, or its switch undone by a restart), and one switching on
-// someone else's word is out of the router until it serves, as the
-// planner's own switches are.
+// role. An engine whose role cannot be read (no answer, an error, an
+// answer it cannot understand) stays in the plan in the role it last
+// served for unreadableGrace reads (a blip of its admin port made the
+// planner move another engine to stand in for it), then is left out (the
+// planner plans the engines it can reach; one dead engine froze every
+// decision). An engine serving a role other than the router's is given
+// that role (switched by someone else, or its switch undone by a
+// restart), and one switching on someone else's word is out of the
+// router until it serves, as the planner's own switches are.
 func (a *EngineActuator) Instances(ctx context.Context) ([]Instance, error) {
 	a.mu.Lock()
 	if a.o.Fleet != nil {
@@ -185,16 +192,13 @@ func (a *EngineActuator) Instances(ctx context.Context) ([]Instance, error) {
 	var ch roleChanges
 	var errs []error
 	for _, e := range eps {
-		st, err := a.rc.status(ctx, e.Name, e.URL)
-		var role fleet.Role
-		if err == nil {
-			if role, err = fleet.ParseRole(st.Role); err != nil {
-				err = fmt.Errorf("engine %s: %w", e.Name, err)
-			}
-		}
-		a.noteReach(e.Name, err)
-		if err != nil {
+		st, role, err := a.roleOf(ctx, e)
+		if a.noteReach(e.Name, err) {
 			errs = append(errs, err)
+			continue
+		}
+		if err != nil { // within its grace: as it last served
+			out = append(out, a.lastKnown(e))
 			continue
 		}
 		out = append(out, a.instance(e, st, role, &ch))
@@ -208,13 +212,53 @@ func (a *EngineActuator) Instances(ctx context.Context) ([]Instance, error) {
 	return out, nil
 }
 
+// roleOf reads engine e's role status: an error when it cannot be read or
+// says neither a role it serves nor, while it is not serving, the role it
+// is switching to (an engine "ready" without a target was taken for a
+// switch in flight for ever, and froze every decision).
+func (a *EngineActuator) roleOf(ctx context.Context, e fleet.Endpoint) (roleStatus, fleet.Role, error) {
+	st, err := a.rc.status(ctx, e.Name, e.URL)
+	if err != nil {
+		return st, 0, err
+	}
+	role, err := fleet.ParseRole(st.Role)
+	if err != nil {
+		return st, 0, fmt.Errorf("engine %s: GET /admin/role: %w", e.Name, err)
+	}
+	if st.State != "serving" {
+		if t, err := fleet.ParseRole(st.TargetRole); err != nil || (t != fleet.RolePrefill && t != fleet.RoleDecode) {
+			return st, 0, fmt.Errorf("engine %s: GET /admin/role: state %q without a prefill or decode target_role (%q)", e.Name, st.State, st.TargetRole)
+		}
+	}
+	return st, role, nil
+}
+
+// lastKnown is engine e as the actuator last knew it: serving its role,
+// or switching to its target.
+func (a *EngineActuator) lastKnown(e fleet.Endpoint) Instance {
+	in := Instance{Name: e.Name, Role: e.Role}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if t, ok := a.moving[e.Name]; ok {
+		in.Switching, in.Target = true, t
+	} else if t, ok := a.foreign[e.Name]; ok {
+		in.Switching, in.Target = true, t
+	}
+	return in
+}
+
+// unreadableGrace is how many reads in a row an engine's role may fail
+// before it is left out of the plan.
+const unreadableGrace = 3
+
 // roleChanges are what one Instances found to change in the router.
 type roleChanges struct {
-	// done: switches finished in their target role; undone: switches
-	// whose engine serves another role (killed and restarted in its old
-	// one, or refused after the planner's request was taken); adopted:
-	// engines serving a role the router does not have them in; started:
-	// engines switching on someone else's word, by their target.
+	// done: the planner's switches finished in their target role;
+	// undone: its switches whose engine serves another role (killed and
+	// restarted in its old one, or refused after the planner's request
+	// was taken); adopted: engines serving a role the router does not
+	// have them in (someone else's switch, finished); started: engines
+	// switching on someone else's word, by their target.
 	done, undone, adopted, started map[string]fleet.Role
 }
 
@@ -243,71 +287,96 @@ func (a *EngineActuator) instance(e fleet.Endpoint, st roleStatus, role fleet.Ro
 	case moving:
 		in.Switching, in.Target = true, target
 	case !serving:
-		in.Switching = true
-		if t, err := fleet.ParseRole(st.TargetRole); err == nil && (t == fleet.RolePrefill || t == fleet.RoleDecode) {
-			in.Target = t
-			ch.note(&ch.started, e.Name, t)
-		}
-	case role != e.Role:
+		t, _ := fleet.ParseRole(st.TargetRole) // roleOf checked it
+		in.Switching, in.Target = true, t
+		ch.note(&ch.started, e.Name, t)
+	case role != e.Role || a.isForeign(e.Name):
 		ch.note(&ch.adopted, e.Name, role)
 		in.Role = role
 	}
 	return in
 }
 
-// apply records ch in the actuator's roles and tells the router.
+// isForeign reports whether name was switching on someone else's word.
+func (a *EngineActuator) isForeign(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.foreign[name]
+	return ok
+}
+
+// apply records ch in the actuator's roles and tells the router. A change
+// already made (a switch's end found by its watch and by Instances both)
+// is neither made nor logged again.
 func (a *EngineActuator) apply(ch *roleChanges) error {
 	if len(ch.done)+len(ch.undone)+len(ch.adopted)+len(ch.started) == 0 {
 		return nil
 	}
+	var eff roleChanges // the changes that change something
 	a.mu.Lock()
 	for i := range a.eps {
 		name := a.eps[i].Name
-		for _, m := range []map[string]fleet.Role{ch.done, ch.undone, ch.adopted} {
-			if r, ok := m[name]; ok {
+		_, moving := a.moving[name]
+		fr, foreign := a.foreign[name]
+		for _, c := range []struct {
+			from map[string]fleet.Role
+			to   *map[string]fleet.Role
+		}{{ch.done, &eff.done}, {ch.undone, &eff.undone}, {ch.adopted, &eff.adopted}} {
+			if r, ok := c.from[name]; ok && (moving || foreign || a.eps[i].Role != r) {
+				eff.note(c.to, name, r)
 				a.eps[i].Role = r
 				delete(a.moving, name)
+				delete(a.foreign, name)
 			}
 		}
-		if r, ok := ch.started[name]; ok {
-			a.moving[name] = r
+		if r, ok := ch.started[name]; ok && (!foreign || fr != r) {
+			eff.note(&eff.started, name, r)
+			a.foreign[name] = r
 		}
 	}
-	a.failed += len(ch.undone)
-	err := a.publishLocked()
+	a.failed += len(eff.undone)
+	var err error
+	if len(eff.done)+len(eff.undone)+len(eff.adopted)+len(eff.started) > 0 {
+		err = a.publishLocked()
+	}
 	a.mu.Unlock()
-	for name, r := range ch.done {
+	for name, r := range eff.done {
 		a.log.Info("planner: engine serves in its new role", "engine", name, "role", r)
 	}
-	for name, r := range ch.undone {
+	for name, r := range eff.undone {
 		a.log.Warn("planner: engine serves its old role, not the one it was switching to (restarted?); back in routing as it serves", "engine", name, "role", r)
 	}
-	for name, r := range ch.adopted {
+	for name, r := range eff.adopted {
 		a.log.Warn("planner: engine serves a role the router did not have it in (switched by someone else); routing it as it serves", "engine", name, "role", r)
 	}
-	for name, r := range ch.started {
+	for name, r := range eff.started {
 		a.log.Warn("planner: engine is switching on someone else's word; out of routing until it serves", "engine", name, "to", r)
 	}
 	return err
 }
 
-// noteReach logs an engine's role status becoming unreadable (it is left
-// out of the plan meanwhile) and readable again, once each.
-func (a *EngineActuator) noteReach(name string, err error) {
+// noteReach counts an engine's failed role reads in a row and reports
+// whether it is to be left out of the plan (past unreadableGrace); its
+// becoming unreadable and readable again are logged once each.
+func (a *EngineActuator) noteReach(name string, err error) (leaveOut bool) {
 	a.mu.Lock()
-	_, was := a.unreachable[name]
+	n, was := a.unreachable[name]
 	if err != nil {
-		a.unreachable[name] = struct{}{}
+		n++
+		a.unreachable[name] = n
 	} else {
 		delete(a.unreachable, name)
 	}
 	a.mu.Unlock()
 	switch {
 	case err != nil && !was:
-		a.log.Warn("planner: engine's role cannot be read; planning without it", "engine", name, "err", err)
+		a.log.Warn("planner: engine's role cannot be read; planned as it last served until it has failed "+strconv.Itoa(unreadableGrace)+" reads in a row, then without it", "engine", name, "err", err)
+	case err != nil && n == unreadableGrace+1:
+		a.log.Warn("planner: engine's role still cannot be read; planning without it", "engine", name, "err", err)
 	case err == nil && was:
 		a.log.Info("planner: engine's role can be read again", "engine", name)
 	}
+	return err != nil && n > unreadableGrace
 }
 
 // TakeFailures returns how many switches Instances found undone since the
@@ -343,18 +412,21 @@ func (a *EngineActuator) follow(now []fleet.Endpoint) []fleet.Endpoint {
 	for name := range known { // gone from the fleet: no longer switching
 		delete(a.moving, name)
 		delete(a.unreachable, name)
+		delete(a.foreign, name)
 	}
 	return out
 }
 
-// publishLocked gives the router the engines that are not switching.
+// publishLocked gives the router the engines that are not switching, on
+// the planner's word or someone else's.
 func (a *EngineActuator) publishLocked() error {
 	if a.o.Router == nil {
 		return nil
 	}
 	eps := make([]fleet.Endpoint, 0, len(a.eps))
 	for _, e := range a.eps {
-		if _, moving := a.moving[e.Name]; !moving {
+		_, moving := a.moving[e.Name]
+		if _, foreign := a.foreign[e.Name]; !moving && !foreign {
 			eps = append(eps, e)
 		}
 	}
@@ -406,5 +478,46 @@ func (a *EngineActuator) Switch(ctx context.Context, name string, to fleet.Role)
 		return err
 	}
 	a.log.Info("planner: engine switching", "engine", name, "from", e.Role, "to", to)
+	go a.watch(ctx, e, to)
 	return nil
+}
+
+// watchEvery and watchFor bound how often and how long a switch is
+// watched for its end (Instances, each planner step, decides otherwise).
+const (
+	watchEvery = 250 * time.Millisecond
+	watchFor   = 10 * time.Minute
+)
+
+// watch asks engine e for its role until it serves to, and then puts it
+// back into the router at once: it sat idle until the next planner step
+// (an interval, 30 s by default: a walkthrough's clients got 503s while
+// the only decode engine waited so). It stops when the switch is no
+// longer in flight (Instances settled it), when ctx ends, or after
+// watchFor.
+func (a *EngineActuator) watch(ctx context.Context, e fleet.Endpoint, to fleet.Role) {
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	deadline := time.Now().Add(watchFor)
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		target, moving := a.moving[e.Name]
+		a.mu.Unlock()
+		if !moving || target != to {
+			return
+		}
+		st, role, err := a.roleOf(ctx, e)
+		if err == nil && st.State == "serving" && role == to {
+			ch := roleChanges{done: map[string]fleet.Role{e.Name: to}}
+			if err := a.apply(&ch); err != nil {
+				a.log.Warn("planner: engine serves in its new role, but the router refused it", "engine", e.Name, "err", err)
+			}
+			return
+		}
+	}
 }

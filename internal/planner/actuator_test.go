@@ -268,9 +268,18 @@ func TestEngineActuatorWhatTheEnginesSay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst, err := a.Instances(context.Background())
-	if err != nil || len(inst) != 1 || inst[0].Name != "e" {
-		t.Fatalf("a dead engine beside a live one: %+v, %v; want e alone", inst, err)
+	// A dead engine is planned as it last served for unreadableGrace
+	// reads (a blip of its admin port made the planner move another
+	// engine to stand in for it), then left out.
+	for read := 1; read <= unreadableGrace+1; read++ {
+		inst, err := a.Instances(context.Background())
+		want := 2
+		if read > unreadableGrace {
+			want = 1
+		}
+		if err != nil || len(inst) != want || inst[0].Name != "e" || want == 2 && (inst[1].Role != fleet.RolePrefill || inst[1].Switching) {
+			t.Fatalf("read %d of a dead engine beside a live one: %+v, %v; want %d instances", read, inst, err, want)
+		}
 	}
 	routed := func() map[string]fleet.Role {
 		m := map[string]fleet.Role{}
@@ -312,10 +321,31 @@ func TestEngineActuatorWhatTheEnginesSay(t *testing.T) {
 	if in := instance(t, a, "e"); in.Switching || routed()["e"] != fleet.RoleDecode || a.TakeFailures() != 0 {
 		t.Fatalf("after someone else's switch: %+v, routed %v", in, routed())
 	}
+	// Two quick switches by hand, the second seen before the first was:
+	// no failure of the planner's (one was counted).
+	se.set(`{"role":"decode","state":"warming_up","target_role":"prefill"}`)
+	instance(t, a, "e")
+	se.set(`{"role":"prefill","state":"draining","target_role":"decode"}`)
+	instance(t, a, "e")
+	se.set(`{"role":"decode","state":"serving"}`)
+	if in := instance(t, a, "e"); in.Switching || routed()["e"] != fleet.RoleDecode || a.TakeFailures() != 0 {
+		t.Fatalf("after two switches by hand: %+v, routed %v, want decode and no failure", in, routed())
+	}
+	// A state it cannot understand (no target) is an unreadable role, not
+	// a switch in flight for ever (it froze every decision).
+	se.set(`{"role":"prefill","state":"ready"}`)
+	if in := instance(t, a, "e"); in.Switching || in.Role != fleet.RoleDecode {
+		t.Fatalf("a state without a target: %+v, want e as it last served", in)
+	}
 
 	a2, err := NewEngineActuator([]fleet.Endpoint{{Name: "dead", URL: dead.URL, Model: testModel, Role: fleet.RolePrefill}}, EngineOptions{Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for range unreadableGrace {
+		if inst, err := a2.Instances(context.Background()); err != nil || len(inst) != 1 {
+			t.Fatalf("within its grace: %+v, %v", inst, err)
+		}
 	}
 	if _, err := a2.Instances(context.Background()); err == nil {
 		t.Error("no engine answered, and no error")
@@ -347,6 +377,84 @@ func TestEngineActuatorWhatTheEnginesSay(t *testing.T) {
 	}
 	if !found {
 		t.Error("kvgate_planner_step_errors_total is not 1")
+	}
+}
+
+// TestEngineActuatorWatchesTheSwitch: an engine that finishes its switch
+// is back in the router at once, not at the next planner step (an
+// interval later: the only decode engine sat idle and clients got 503s;
+// walkthrough, 2026-12-04).
+func TestEngineActuatorWatchesTheSwitch(t *testing.T) {
+	se := &scriptedEngine{st: `{"role":"decode","state":"serving"}`}
+	srv := httptest.NewServer(se)
+	defer srv.Close()
+	rl := &routerLog{}
+	a, err := NewEngineActuator([]fleet.Endpoint{{Name: "e", URL: srv.URL, Model: testModel, Role: fleet.RoleDecode}}, EngineOptions{Router: rl, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := a.Switch(ctx, "e", fleet.RolePrefill); err != nil {
+		t.Fatal(err)
+	}
+	if eps := rl.last(); len(eps) != 0 {
+		t.Fatalf("routed while switching: %+v", eps)
+	}
+	se.set(`{"role":"prefill","state":"serving"}`)
+	waitUntil(t, "the switched engine back in the router", func() bool {
+		eps := rl.last()
+		return len(eps) == 1 && eps[0].Role == fleet.RolePrefill
+	})
+	if in := instance(t, a, "e"); in.Switching || in.Role != fleet.RolePrefill || a.TakeFailures() != 0 {
+		t.Errorf("after the switch: %+v", in)
+	}
+}
+
+// TestLoopReadsTheFleetAtStart: a restarted gateway's planner routed its
+// engines in their configured roles for its first interval (a decode
+// engine configured as prefill got prefill legs, one warning each); the
+// loop reads the fleet at once, so the engine is routed as it serves
+// before the first decision. A step that cannot read the fleet shows no
+// fleet, not the last one read; an undone switch is not counted moved
+// (walkthrough, 2026-12-04).
+func TestLoopReadsTheFleetAtStart(t *testing.T) {
+	se := &scriptedEngine{st: `{"role":"decode","state":"serving"}`}
+	srv := httptest.NewServer(se)
+	defer srv.Close()
+	rl := &routerLog{}
+	a, err := NewEngineActuator([]fleet.Endpoint{{Name: "e", URL: srv.URL, Model: testModel, Role: fleet.RolePrefill}}, EngineOptions{Router: rl, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{Total: 2, Interval: 3600, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &shapeSource{shape: func(float64) Shape { return SeedPhases()[0].Shape }, rng: rand.New(rand.NewPCG(1, 1))}
+	l, err := NewLoop(LoopConfig{Planner: p, Source: src, Actuator: a, Name: "engine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	waitUntil(t, "the engine routed as it serves", func() bool {
+		eps := rl.last()
+		return len(eps) == 1 && eps[0].Role == fleet.RoleDecode
+	})
+	if st := l.Status(); st.Decode != 1 || len(st.Instances) != 1 {
+		t.Errorf("status before the first step: %+v", st)
+	}
+	cancel()
+	<-done
+	l.fail(errors.New("no engine"))
+	l.mu.Lock()
+	l.status.Switched = 1
+	l.mu.Unlock()
+	l.undone(1)
+	if st := l.Status(); len(st.Instances) != 0 || st.Decode != 0 || st.Switched != 0 || st.Failed != 1 {
+		t.Errorf("after a failed step and an undone switch: %+v", st)
 	}
 }
 

@@ -148,7 +148,7 @@ func (l *Loop) Step(ctx context.Context) (Decision, error) {
 // started (EngineActuator: an engine restarted in its old role).
 type failureTaker interface{ TakeFailures() int }
 
-// undone counts n switches found undone as failed.
+// undone counts n switches found undone as failed, and not as moved.
 func (l *Loop) undone(n int) {
 	if n == 0 {
 		return
@@ -156,13 +156,18 @@ func (l *Loop) undone(n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.status.Failed += n
+	l.status.Switched = max(l.status.Switched-n, 0)
 }
 
+// fail records a step that made no decision: the fleet it showed is not
+// known any more (it kept showing the last one read).
 func (l *Loop) fail(err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.status.StepErrors++
 	l.status.Error = err.Error()
+	l.status.Instances = []Instance{}
+	l.status.Prefill, l.status.Decode, l.status.Switching = 0, 0, 0
 }
 
 func (l *Loop) record(d Decision, inst []Instance, moved, failed int, err error) {
@@ -207,20 +212,38 @@ func (l *Loop) Status() Status {
 	return s
 }
 
-// Run steps every planner interval until ctx ends. A failed step is logged
-// and the loop goes on.
+// Run steps every planner interval until ctx ends. It reads the fleet at
+// once (the engine actuator then routes engines in the roles they serve:
+// a restarted gateway routed them in the configured ones for its first
+// interval), and decides from the first interval on. A failed step is
+// logged when its error is not the last step's (not every step: an
+// unreadable fleet warned every interval for ever), and the loop goes on.
 func (l *Loop) Run(ctx context.Context) error {
+	if inst, err := l.cfg.Actuator.Instances(ctx); err == nil {
+		l.mu.Lock()
+		l.status.Instances = inst
+		l.status.Prefill, l.status.Decode, l.status.Switching = counts(inst)
+		l.mu.Unlock()
+	}
 	iv := time.Duration(l.cfg.Planner.cfg.Interval * float64(time.Second))
 	t := time.NewTicker(iv)
 	defer t.Stop()
+	last := ""
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		if _, err := l.Step(ctx); err != nil && ctx.Err() == nil {
-			l.log.Warn("planner step failed", "err", err)
+		_, err := l.Step(ctx)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil && err.Error() != last:
+			l.log.Warn("planner step failed (logged again when its error changes)", "err", err)
+			last = err.Error()
+		case err == nil && last != "":
+			l.log.Info("planner steps again")
+			last = ""
 		}
 	}
 }

@@ -516,9 +516,9 @@ func (p *Planner) switchTo(d Decision, obs *Observation, inst []Instance, source
 	}
 	d.TargetPrefill, d.TargetDecode = q, total-q
 	d.Action = ActionSwitch
-	d.Reason = fmt.Sprintf("%s: %dP%dD → %dP%dD: load prefill %.0f tok/s, decode %.0f tok/s (capacity %.0f / %.0f per instance); utilisation now %.0f%% / %.0f%%, after %.0f%% / %.0f%%; predicted attainment +%.1f points; moving %d %s→%s instance(s) takes ~%.0fs (drain + warm-up)",
-		source, d.Prefill, d.Decode, q, total-q, lp, ld, c.Prefill, c.Decode, 100*d.PrefillUtil, 100*d.DecodeUtil,
-		100*util(lp, q, c.Prefill), 100*util(ld, total-q, c.Decode), 100*d.Gain, chosen, from, to, d.SwitchSeconds)
+	d.Reason = fmt.Sprintf("%s: %dP%dD → %dP%dD: load prefill %.0f tok/s, decode %.0f tok/s (capacity %.0f / %.0f per instance); utilisation now %s / %s, after %s / %s; predicted attainment +%.1f points; moving %d %s→%s instance(s) takes ~%.0fs (drain + warm-up)",
+		source, d.Prefill, d.Decode, q, total-q, lp, ld, c.Prefill, c.Decode, utilText(d.PrefillUtil, d.Prefill), utilText(d.DecodeUtil, d.Decode),
+		utilText(util(lp, q, c.Prefill), q), utilText(util(ld, total-q, c.Decode), total-q), 100*d.Gain, chosen, from, to, d.SwitchSeconds)
 	p.coolUntil = obs.Now + p.cfg.Cooldown
 	p.log.Info("planner: switch", "at", d.At, "to_prefill", d.ToPrefill, "to_decode", d.ToDecode, "reason", d.Reason)
 	return d
@@ -588,6 +588,15 @@ func (p *Planner) switchSeconds(obs *Observation, dir int) float64 {
 		return p.cfg.Warmup + 1.5*s.OSL*obs.MeanTPOT
 	}
 	return p.cfg.Warmup + obs.MeanTTFT
+}
+
+// utilText is a utilisation in percent, or "no instances" for a side
+// with none (it read 100000000000%).
+func utilText(u float64, n int) string {
+	if n <= 0 {
+		return "no instances"
+	}
+	return fmt.Sprintf("%.0f%%", 100*u)
 }
 
 // pickInstances names the k serving instances of role with the least load
