@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/kvgate/kvgate/internal/engineauth"
 	"github.com/kvgate/kvgate/internal/replicasync"
@@ -37,8 +38,8 @@ type Config struct {
 	// (configured prefill speeds; the observed mean TPOT per endpoint).
 	Predictor   string  `yaml:"predictor"`
 	EarlyReject *bool   `yaml:"early_reject"`
-	SLOTTFT     float64 `yaml:"slo_ttft"` // seconds; the default class's TTFT target
-	SLOTPOT     float64 `yaml:"slo_tpot"` // seconds; the default class's TPOT target
+	SLOTTFT     float64 `yaml:"slo_ttft,omitempty"` // seconds; the default class's TTFT target
+	SLOTPOT     float64 `yaml:"slo_tpot,omitempty"` // seconds; the default class's TPOT target
 	// Classes are SLO classes chosen per request by the ClassHeader
 	// header; without one a request gets DefaultClass.
 	Classes      []Class `yaml:"classes"`
@@ -480,8 +481,10 @@ func (c *Config) Validate() error {
 func (c *Config) validateClasses() error {
 	seen := map[string]bool{}
 	for i, cl := range c.Classes {
-		if cl.Name == "" || len(cl.Name) > 64 || strings.ContainsAny(cl.Name, " \t\r\n,") {
-			return fmt.Errorf("classes[%d].name %q must be 1-64 characters without spaces or commas", i, cl.Name)
+		if cl.Name == "" || len(cl.Name) > 64 || strings.ContainsAny(cl.Name, " ,") || strings.ContainsFunc(cl.Name, unicode.IsControl) {
+			// A control character cannot be sent in a header (Go's server
+			// answers 400), and went into the metrics' class label.
+			return fmt.Errorf("classes[%d].name %q must be 1-64 characters without spaces, commas or control characters", i, cl.Name)
 		}
 		if seen[cl.Name] {
 			return fmt.Errorf("classes[%d].name %q is used twice", i, cl.Name)

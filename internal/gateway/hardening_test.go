@@ -673,7 +673,8 @@ func deadBesideLive(t *testing.T, hc health.Config, log *slog.Logger) (*health.P
 func TestMetricsFromTheStart(t *testing.T) {
 	e1 := startEngine(t, fleet.RoleBoth, nil)
 	classes := []Class{{Name: "interactive", Priority: 2, TTFT: 1.5}, {Name: "batch", Priority: 0}}
-	_, url, admin := startGateway(t, Config{Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth)}, Policy: "kvgate", Classes: classes}, Options{})
+	base := Config{Endpoints: []fleet.Endpoint{endpointOf(e1, fleet.RoleBoth)}, Policy: "kvgate", Classes: classes}
+	g, url, admin := startGateway(t, base, Options{})
 	m := get(t, admin+"/metrics")
 	for _, want := range []string{
 		`kvgate_requests_total{class="interactive",model="gw-model",outcome="ok",policy="kvgate"} 0`,
@@ -702,6 +703,24 @@ func TestMetricsFromTheStart(t *testing.T) {
 	}
 	if !strings.Contains(m, `kvgate_ttft_slo_met_total{class="interactive",model="gw-model"} 1`) || !strings.Contains(m, `kvgate_requests_total{class="interactive",model="gw-model",outcome="ok",policy="kvgate"} 1`) {
 		t.Errorf("after one answer in time:\n%s", grepLines(m, "interactive"))
+	}
+	// A class a reload adds is exported at 0 too (it was not until its
+	// first request; walkthrough, 2026-12-04).
+	next := base
+	next.Classes = append(slices.Clone(classes), Class{Name: "premium", Priority: 3, TTFT: 0.3})
+	next.DefaultClass = "batch"
+	if _, err := g.Reload(next); err != nil {
+		t.Fatal(err)
+	}
+	m = get(t, admin+"/metrics")
+	for _, want := range []string{
+		`kvgate_requests_total{class="premium",model="gw-model",outcome="rejected",policy="kvgate"} 0`,
+		`kvgate_rejections_total{class="premium"} 0`,
+		`kvgate_ttft_slo_met_total{class="premium",model="gw-model"} 0`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("after the reload, no %s", want)
+		}
 	}
 }
 

@@ -66,6 +66,33 @@ func ttftBuckets(classes []Class) []float64 {
 	return b
 }
 
+// exportClasses makes the request series of c's models and classes at 0,
+// so that rate() and increase() see their first event; at the start, and
+// at each reload applied (a class a reload added had none until its first
+// request). A failure before a class is known counts class "".
+func (m *metrics) exportClasses(c *Config) {
+	models := []string{""}
+	for _, e := range c.Endpoints {
+		if !slices.Contains(models, e.Model) {
+			models = append(models, e.Model)
+		}
+	}
+	for _, model := range models {
+		for _, cl := range append([]Class{{}}, c.Classes...) {
+			for _, o := range allOutcomes {
+				m.requests.WithLabelValues(o, model, cl.Name, c.Policy)
+			}
+			if cl.Name != "" && model != "" {
+				m.ttft.WithLabelValues(model, cl.Name)
+				m.sloMet.WithLabelValues(model, cl.Name)
+			}
+		}
+	}
+	for _, cl := range c.Classes {
+		m.rejections.WithLabelValues(cl.Name)
+	}
+}
+
 func newMetrics(g *Gateway) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
@@ -136,29 +163,7 @@ func newMetrics(g *Gateway) *metrics {
 	for _, kind := range []string{"short", "idle"} {
 		m.loadRejections.WithLabelValues(kind) // exported from the start, at 0
 	}
-	// The request series of the classes and policy at the start, at 0, so
-	// that rate() and increase() see their first event (they were absent
-	// until it came). A failure before a class is known counts class "".
-	models := []string{""}
-	for _, e := range g.cfg.Endpoints {
-		if !slices.Contains(models, e.Model) {
-			models = append(models, e.Model)
-		}
-	}
-	for _, model := range models {
-		for _, cl := range append([]Class{{}}, g.cfg.Classes...) {
-			for _, o := range allOutcomes {
-				m.requests.WithLabelValues(o, model, cl.Name, g.cfg.Policy)
-			}
-			if cl.Name != "" && model != "" {
-				m.ttft.WithLabelValues(model, cl.Name)
-				m.sloMet.WithLabelValues(model, cl.Name)
-			}
-		}
-	}
-	for _, cl := range g.cfg.Classes {
-		m.rejections.WithLabelValues(cl.Name)
-	}
+	m.exportClasses(&g.cfg)
 	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_config_reloads_total",
 		Help: "Config reloads (SIGHUP) by result: applied, or refused (the running config kept; GET /admin/config shows what runs)."}, []string{"result"})
 	m.reloads.WithLabelValues("applied")

@@ -39,6 +39,9 @@ func (g *Gateway) Reload(next Config) (needRestart []string, err error) {
 		return nil, err
 	}
 	g.classes.Store(newClassSet(&next))
+	exported := next
+	exported.Policy = g.cfg.Policy // the running one: a new policy needs a restart
+	g.met.exportClasses(&exported)
 	g.sched.Store(next.scheduler(g.sched.Load().Policy))
 	restart := restartFields(&g.cfg, &next)
 	g.running.Store(applied(g.running.Load(), &next))
@@ -66,6 +69,15 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, _ *http.Request) {
 	g.mu.RUnlock()
 	sort.Slice(run.Endpoints, func(i, j int) bool { return run.Endpoints[i].Name < run.Endpoints[j].Name })
 	run.Health = run.Health.WithDefaults()
+	// The file's way: slo_ttft and slo_tpot when the classes are theirs
+	// (the default class Defaults made), classes alone otherwise. Both
+	// were shown, which a start refuses (a dump saved and loaded again
+	// failed; walkthrough, 2026-12-04).
+	if derived := []Class{{Name: "standard", Priority: 1, TTFT: run.SLOTTFT, TPOT: run.SLOTPOT}}; reflect.DeepEqual(run.Classes, derived) && run.DefaultClass == "standard" {
+		run.Classes, run.DefaultClass = nil, ""
+	} else {
+		run.SLOTTFT, run.SLOTPOT = 0, 0
+	}
 	if run.EngineAPIKey != "" {
 		run.EngineAPIKey = "<set>" // a secret: that it is set, not what
 	}

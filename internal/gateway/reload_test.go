@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -51,5 +53,45 @@ func TestReloadNamesWhatItDoesNotApply(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("%s: needs a restart %v, want %v", tc.name, got, want)
 		}
+	}
+}
+
+// TestConfigDumpLoads: GET /admin/config is a file a start takes again
+// (it showed slo_ttft beside classes, which a start refuses: walkthrough,
+// 2026-12-04), with the classes running; a class name with a control
+// character is refused.
+func TestConfigDumpLoads(t *testing.T) {
+	_, _, eps := twoAggregated(t)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"classes", Config{Endpoints: eps, NoHealthChecks: true, DefaultClass: "b",
+			Classes: []Class{{Name: "a", Priority: 2, TTFT: 0.5}, {Name: "b", TTFT: 4}}}},
+		{"slo_ttft", Config{Endpoints: eps, NoHealthChecks: true, SLOTTFT: 3}},
+		{"defaults", Config{Endpoints: eps, NoHealthChecks: true}},
+	} {
+		g, _, admin := startGateway(t, tc.cfg, Options{})
+		dump := get(t, admin+"/admin/config")
+		c, err := ParseConfig([]byte(dump))
+		if err == nil {
+			err = c.CheckClassTargets()
+		}
+		if err == nil {
+			c.Defaults()
+			err = c.Validate()
+		}
+		if err != nil {
+			t.Errorf("%s: the dump does not load: %v\n%s", tc.name, err, dump)
+			continue
+		}
+		if run := g.running.Load(); !reflect.DeepEqual(c.Classes, run.Classes) || c.DefaultClass != run.DefaultClass {
+			t.Errorf("%s: the dump's classes %+v (%s), running %+v (%s)", tc.name, c.Classes, c.DefaultClass, run.Classes, run.DefaultClass)
+		}
+	}
+	bad := Config{Endpoints: eps, NoHealthChecks: true, DefaultClass: "a\x01b", Classes: []Class{{Name: "a\x01b", TTFT: 1}}}
+	bad.Defaults()
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "control characters") {
+		t.Errorf("a class name with a control character: %v", err)
 	}
 }
