@@ -893,13 +893,10 @@ func orDefault(v, d float64) float64 {
 	return v
 }
 
-// hold marks d as held when no candidate's predicted TTFT fits the SLO
-// (with early rejection: not even with an empty queue): its deadline and
-// the compute it adds to the backlog.
-func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
-	if req.SLO.TTFT <= 0 || len(cand.Endpoints) == 0 || sc.fitsSomewhere(req, cand) {
-		return false
-	}
+// hold marks d as held, req fitting its SLO nowhere (fitsSomewhere; with
+// early rejection: not even with an empty queue): its deadline and the
+// compute it adds to the backlog.
+func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) {
 	minTTFT, minCompute := math.Inf(1), math.Inf(1)
 	for i := range cand.Endpoints {
 		e := &cand.Endpoints[i]
@@ -920,7 +917,35 @@ func (sc *Scheduler) hold(req *Request, cand *Snapshot, d *Decision) bool {
 	if sc.EarlyReject {
 		d.Reason = fmt.Sprintf("held: %s; served on an idle endpoint of a quiet fleet or rejected at +%.1fs", idleMiss(req, cand), wait)
 	}
-	return true
+}
+
+// keepWarm is the candidate a request that fits its SLO nowhere is served
+// on at once instead of being held, without early rejection (-1: none):
+// one that holds at least half its prompt cached, where its TTFT is
+// least, when computed whole the prompt would miss the SLO even on that
+// endpoint idle. Such a request's cache is what keeps its conversation
+// servable at all: held, it waits while other conversations evict it,
+// and then it and every later turn of its conversation miss (coding-agent
+// sessions grown to tens of thousands of tokens: 23 % held and all late
+// at 0.7× load; docs/policies.md, "Lost requests kept warm"). A request
+// whose whole prompt fits the SLO loses little with its cache and is held
+// as before: served at once it would push requests that can still make
+// their SLO past it.
+func (sc *Scheduler) keepWarm(req *Request, cand *Snapshot) int {
+	if sc.EarlyReject {
+		return -1
+	}
+	best, bt := -1, math.Inf(1)
+	for i := range cand.Endpoints {
+		e := &cand.Endpoints[i]
+		if e.PrefillSpeed <= 0 || 2*Uncached(req, e) > req.PromptTokens || float64(req.PromptTokens)/e.PrefillSpeed <= req.SLO.TTFT {
+			continue
+		}
+		if t := PredictTTFT(req, e); t < bt {
+			best, bt = i, t
+		}
+	}
+	return best
 }
 
 // idleMiss says by how much req misses its TTFT SLO even on the best

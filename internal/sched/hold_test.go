@@ -868,3 +868,47 @@ func TestHoldFairTenants(t *testing.T) {
 		t.Fatalf("%d tenants tracked (counted %d), want at most %d and the shared turns", n, f.tenants, maxFairTenants)
 	}
 }
+
+// TestDecideKeepsLostRequestsWarm: without early rejection, a request
+// that fits its SLO nowhere but holds at least half its prompt cached
+// somewhere, and whose whole prompt would miss the SLO even on an idle
+// endpoint, is served at once where it is cached (its TTFT least among
+// such endpoints) instead of held: held, its cache is evicted and its
+// conversation's later turns miss too. A request whose whole prompt fits
+// the SLO, or one cached less than half, is held as before; with early
+// rejection nothing changes.
+func TestDecideKeepsLostRequestsWarm(t *testing.T) {
+	pol, _ := New("kvgate", Options{})
+	sc := &Scheduler{Policy: pol, Hold: true, DefaultSLO: SLO{TTFT: 2}}
+	snap := Snapshot{Now: 100, Endpoints: []Endpoint{
+		{Name: "cold", Role: fleet.RoleBoth, PrefillSpeed: 20000, QueueWait: 0.5},
+		{Name: "warm-busy", Role: fleet.RoleBoth, PrefillSpeed: 20000, QueueWait: 6, CachedTokens: 50000},
+		{Name: "warm", Role: fleet.RoleBoth, PrefillSpeed: 20000, QueueWait: 2.5, CachedTokens: 40000},
+	}}
+	long := Request{Arrival: 100, PromptTokens: 60000} // 3 s whole: misses alone
+	d := sc.Decide(&long, &snap)
+	if !d.Admit || d.Hold || d.Prefill != 2 {
+		t.Fatalf("a lost request cached on two endpoints: %+v, want served at once on warm (index 2)", d)
+	}
+	// Cached less than half everywhere: held.
+	less := snap
+	less.Endpoints = append([]Endpoint(nil), snap.Endpoints...)
+	less.Endpoints[1].CachedTokens, less.Endpoints[2].CachedTokens = 20000, 29000
+	if d := sc.Decide(&long, &less); !d.Hold {
+		t.Errorf("cached less than half: %+v, want held", d)
+	}
+	// A prompt that fits the SLO whole (1.5 s) is held: its cache is cheap
+	// to lose.
+	short := Request{Arrival: 100, PromptTokens: 30000}
+	shortSnap := snap
+	shortSnap.Endpoints = append([]Endpoint(nil), snap.Endpoints...)
+	shortSnap.Endpoints[0].QueueWait = 3
+	shortSnap.Endpoints[2].CachedTokens = 20000
+	if d := sc.Decide(&short, &shortSnap); !d.Hold {
+		t.Errorf("a short lost request: %+v, want held", d)
+	}
+	sc.EarlyReject = true
+	if d := sc.Decide(&long, &snap); d.Admit {
+		t.Errorf("with early rejection: %+v, want not admitted", d)
+	}
+}

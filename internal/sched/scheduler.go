@@ -102,10 +102,16 @@ func (sc *Scheduler) decide(in *Request, s *Snapshot) Decision {
 	defer sc.scratch.Put(v)
 	cand := prefillCandidates(s, v)
 	d := Decision{Prefill: -1, Decode: -1, SLO: req.SLO}
-	if sc.Hold && sc.hold(&req, cand, &d) {
-		return d
+	p, copyTo, copyTokens := -1, 0, 0
+	if sc.Hold && req.SLO.TTFT > 0 && len(cand.Endpoints) > 0 && !sc.fitsSomewhere(&req, cand) {
+		if p = sc.keepWarm(&req, cand); p < 0 {
+			sc.hold(&req, cand, &d)
+			return d
+		}
 	}
-	p, copyTo, copyTokens := pickCopying(sc.Policy, &req, cand)
+	if p < 0 {
+		p, copyTo, copyTokens = pickCopying(sc.Policy, &req, cand)
+	}
 	if p >= 0 && cand.Endpoints[p].Role == fleet.RolePrefill && !decodes(s) {
 		// A prefill-only endpoint with nothing to decode what it prefills
 		// (a fleet whose roles are changing): the endpoints that serve a
