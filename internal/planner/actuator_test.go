@@ -566,13 +566,11 @@ func TestDryRun(t *testing.T) {
 	}
 }
 
-// TestDryRunLoopMovesNothing: a dry run over a real fleet decides switches
-// but counts none moved (kvgate_planner_switched_instances_total climbed
-// while nothing moved: walkthrough, 2026-12-04), and none failed; the
-// status's lists are [] before the first step, not null.
-func TestDryRunLoopMovesNothing(t *testing.T) {
+// stepChangeLoop is a loop over act for 24 instances whose load changes
+// from the seed's first phase to its second at 300 s, on f's clock.
+func stepChangeLoop(t *testing.T, f *fakeFleet, act Actuator, name string) *Loop {
+	t.Helper()
 	phases := SeedPhases()
-	f := newFakeFleet(5, 19, 40)
 	src := &shapeSource{shape: func(t float64) Shape {
 		if t < 300 {
 			return phases[0].Shape
@@ -583,10 +581,20 @@ func TestDryRunLoopMovesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := NewLoop(LoopConfig{Planner: p, Source: src, Actuator: NewDryRun(f, nil, quiet()), Name: "dry-run", Clock: func() float64 { return f.now }})
+	l, err := NewLoop(LoopConfig{Planner: p, Source: src, Actuator: act, Name: name, Clock: func() float64 { return f.now }})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// TestDryRunLoopMovesNothing: a dry run over a real fleet decides switches
+// but counts none moved (kvgate_planner_switched_instances_total climbed
+// while nothing moved: walkthrough, 2026-12-04), and none failed; the
+// status's lists are [] before the first step, not null.
+func TestDryRunLoopMovesNothing(t *testing.T) {
+	f := newFakeFleet(5, 19, 40)
+	l := stepChangeLoop(t, f, NewDryRun(f, nil, quiet()), "dry-run")
 	if b, _ := json.Marshal(l.Status()); !strings.Contains(string(b), `"instances":[]`) || !strings.Contains(string(b), `"switches":[]`) {
 		t.Errorf("a fresh status: %s", b)
 	}
@@ -603,22 +611,8 @@ func TestDryRunLoopMovesNothing(t *testing.T) {
 // TestLoopStatusHandlerAndMetrics runs a loop through a step change and
 // checks what /admin/planner and /metrics would show.
 func TestLoopStatusHandlerAndMetrics(t *testing.T) {
-	phases := SeedPhases()
 	f := newFakeFleet(5, 19, 40)
-	src := &shapeSource{shape: func(t float64) Shape {
-		if t < 300 {
-			return phases[0].Shape
-		}
-		return phases[1].Shape
-	}, rng: rand.New(rand.NewPCG(1, 1))}
-	p, err := New(Config{Total: 24, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := NewLoop(LoopConfig{Planner: p, Source: src, Actuator: f, Name: "fake", Clock: func() float64 { return f.now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := stepChangeLoop(t, f, f, "fake")
 	for f.now = 30; f.now <= 900; f.now += 30 {
 		if _, err := l.Step(context.Background()); err != nil {
 			t.Fatal(err)
