@@ -33,7 +33,8 @@ type Record struct {
 	Status int `json:"status"`
 	// Outcome: ok, rejected (429), client_error (other 4xx),
 	// server_error (5xx), transport (no answer, broken stream), timeout
-	// (cut by Client.Timeout).
+	// (cut by Client.Timeout), interrupted (in flight when the run was
+	// stopped).
 	Outcome string `json:"outcome"`
 	Error   string `json:"error,omitempty"`
 	// Unstreamed: the answer came whole (Client.Whole): TTFT is its
@@ -213,6 +214,7 @@ func (c *Client) do(ctx context.Context, it *Item, idx int, start, due time.Time
 		rec.Late = sent.Sub(due).Seconds() * c.scale()
 	}
 	rec.Sent = sent.Sub(start).Seconds() * c.scale()
+	run := ctx
 	if c.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, c.Timeout, errTimeout)
@@ -221,6 +223,10 @@ func (c *Client) do(ctx context.Context, it *Item, idx int, start, due time.Time
 	if err := c.exchange(ctx, it, idx, from, &rec); err != nil {
 		rec.Outcome, rec.Error = "transport", err.Error()
 		switch {
+		case run.Err() != nil:
+			// The run was stopped (Ctrl-C) while it was in flight: no
+			// failure of the server's (it was counted transport).
+			rec.Outcome, rec.Error = "interrupted", "the run was stopped while the request was in flight"
 		case errors.Is(context.Cause(ctx), errTimeout):
 			rec.Outcome = "timeout"
 			// In the server's time, as the timeout was given (to the
@@ -617,16 +623,22 @@ func (c *Client) readStream(r io.Reader, sent time.Time, rec *Record) error {
 // input what was not read from the cache, which cache_read_input_tokens
 // (and cache_creation_input_tokens) count apart.
 type messagesUsage struct {
-	InputTokens   int  `json:"input_tokens"`
+	InputTokens   *int `json:"input_tokens"`
 	OutputTokens  int  `json:"output_tokens"`
 	CacheRead     *int `json:"cache_read_input_tokens"`
 	CacheCreation *int `json:"cache_creation_input_tokens"`
 }
 
-// take records the usage in rec: its prompt the three counts' sum and
-// its cache hits the reads, when reported (else -1: unknown).
+// take records the usage in rec: its output tokens, and, when it reports
+// its input (Anthropic's API reports it in message_start, vLLM's in
+// message_delta too), its prompt the three counts' sum and its cache hits
+// the reads, when reported (else -1: unknown).
 func (u *messagesUsage) take(rec *Record) {
-	rec.PromptTokens, rec.OutputTokens, rec.CachedTokens = u.InputTokens, u.OutputTokens, -1
+	rec.OutputTokens = u.OutputTokens
+	if u.InputTokens == nil {
+		return
+	}
+	rec.PromptTokens, rec.CachedTokens = *u.InputTokens, -1
 	if u.CacheRead != nil {
 		rec.CachedTokens = max(*u.CacheRead, 0)
 		rec.PromptTokens += rec.CachedTokens
@@ -641,13 +653,18 @@ func (u *messagesUsage) take(rec *Record) {
 // tokens too) is a token arrival, message_delta its usage, message_stop its
 // end; an error event fails it.
 func (c *Client) readMessagesStream(r io.Reader, sent time.Time, rec *Record) error {
+	rec.CachedTokens = -1 // unknown until a usage says (take)
 	return c.readEvents(r, sent, rec, "message_stop", func(data []byte, a *arrivals) (bool, error) {
 		var ev struct {
 			Type  string `json:"type"`
 			Delta struct {
-				Text     string `json:"text"`
-				Thinking string `json:"thinking"`
+				Text        string `json:"text"`
+				Thinking    string `json:"thinking"`
+				PartialJSON string `json:"partial_json"` // a tool call's input, in pieces
 			} `json:"delta"`
+			Message struct {
+				Usage *messagesUsage `json:"usage"`
+			} `json:"message"`
 			Usage *messagesUsage `json:"usage"`
 		}
 		if err := json.Unmarshal(data, &ev); err != nil {
@@ -655,8 +672,12 @@ func (c *Client) readMessagesStream(r io.Reader, sent time.Time, rec *Record) er
 		}
 		switch ev.Type {
 		case "content_block_delta":
-			if ev.Delta.Text != "" || ev.Delta.Thinking != "" {
+			if ev.Delta.Text != "" || ev.Delta.Thinking != "" || ev.Delta.PartialJSON != "" {
 				a.token()
+			}
+		case "message_start":
+			if ev.Message.Usage != nil {
+				ev.Message.Usage.take(rec)
 			}
 		case "message_delta":
 			if ev.Usage != nil {
@@ -674,6 +695,7 @@ func (c *Client) readMessagesStream(r io.Reader, sent time.Time, rec *Record) er
 // readWholeMessage reads an unstreamed message: its arrival is its first
 // token for the client.
 func (c *Client) readWholeMessage(r io.Reader, sent time.Time, rec *Record) error {
+	rec.CachedTokens = -1 // unknown until its usage says (take)
 	b, err := io.ReadAll(io.LimitReader(r, maxAnswerBytes))
 	if err != nil {
 		return err

@@ -307,6 +307,17 @@ func TestReasoningIsOutput(t *testing.T) {
 			`{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\""}}]}}]}`,
 			"pause", `{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}}]}`,
 			`{"choices":[{"delta":{"content":"!"}}]}`, "[DONE]"}, false},
+		// The Messages API's tool call (input_json_delta), and its input
+		// tokens in message_start alone, as Anthropic's API reports them
+		// (a retest walkthrough, 2026-12-04: neither was read).
+		{"input_json_delta", []string{`{"type":"message_start","message":{"id":"m","content":[],"usage":{"input_tokens":10,"output_tokens":1}}}`,
+			`{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}`,
+			`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`,
+			`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"a\""}}`,
+			`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":":"}}`,
+			"pause", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"1"}}`,
+			`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"}"}}`,
+			`{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":4}}`, `{"type":"message_stop"}`}, true},
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -322,6 +333,9 @@ func TestReasoningIsOutput(t *testing.T) {
 		c := &Client{URL: srv.URL, Model: "m", HTTP: srv.Client(), Messages: tc.messages}
 		rec := c.Do(context.Background(), &Item{Chat: true, Prompt: "hi", MaxTokens: 4}, 0, time.Now())
 		srv.Close()
+		if tc.name == "input_json_delta" && rec.PromptTokens != 10 {
+			t.Errorf("%s: %d prompt tokens, want message_start's 10", tc.name, rec.PromptTokens)
+		}
 		if rec.Outcome != "ok" || rec.OutputTokens != 4 || rec.TTFT > pause.Seconds()/2 || rec.MaxITL < pause.Seconds()*0.9 || rec.TPOT < pause.Seconds()/3*0.9 {
 			t.Errorf("%s: %s %s: %d tokens, TTFT %.3f s, max ITL %.3f s, TPOT %.3f s; want 4, the first reasoning chunk's, the pause, a third of it",
 				tc.name, rec.Outcome, rec.Error, rec.OutputTokens, rec.TTFT, rec.MaxITL, rec.TPOT)

@@ -176,7 +176,9 @@ func WriteHTML(w io.Writer, title string, runs []RunResult) error {
 		tpot.Series = append(tpot.Series, series{name, c, x, y})
 		x, y = throughput(r.Records, r.Summary.Duration)
 		thr.Series = append(thr.Series, series{name, c, x, y})
-		if r.Summary.Rate > 0 {
+		if r.Summary.Rate > 0 && !r.Summary.Interrupted {
+			// An interrupted rung is not comparable (its cut requests are
+			// misses): it drew a cliff in the ladder.
 			base := strings.TrimSuffix(name, fmt.Sprintf(" @%g", r.Summary.Rate))
 			s := byLabel[base]
 			if s == nil {

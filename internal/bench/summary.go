@@ -40,7 +40,7 @@ func (p Percentiles) MarshalJSON() ([]byte, error) {
 
 // Outcomes is every outcome a request can have, each counted in
 // Summary.Outcomes (0 included).
-var Outcomes = []string{"ok", "rejected", "client_error", "server_error", "transport", "timeout", "not_sent"}
+var Outcomes = []string{"ok", "rejected", "client_error", "server_error", "transport", "timeout", "interrupted", "not_sent"}
 
 // Summary is a run's result.
 type Summary struct {
@@ -176,14 +176,15 @@ func hitRate(ok []*Record) float64 {
 }
 
 // WriteTable writes summaries as an aligned table: errors are the
-// requests that failed (neither served, rejected nor unsent), unsent those
-// a stopped run never sent; then a line for each interrupted run.
+// requests that failed (neither served, rejected, unsent nor cut by the
+// run's stop), unsent those a stopped run never sent; then a line for each
+// interrupted run.
 func WriteTable(w io.Writer, ss []Summary) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "run\trequests\tok\trejected\terrors\tunsent\thit\tTTFT p50\tTTFT p99\tTPOT p50\tTPOT p99\tattain\tgoodput\ttok/s\t")
 	for _, s := range ss {
 		unsent := s.Outcomes["not_sent"]
-		errs := s.Requests - s.Outcomes["ok"] - s.Outcomes["rejected"] - unsent
+		errs := s.Requests - s.Outcomes["ok"] - s.Outcomes["rejected"] - unsent - s.Outcomes["interrupted"]
 		hit := fmt.Sprintf("%.1f%%", 100*s.HitRate)
 		if s.HitRate < 0 {
 			hit = "-"
@@ -201,8 +202,8 @@ func WriteTable(w io.Writer, ss []Summary) error {
 	}
 	for _, s := range ss {
 		if s.Interrupted {
-			fmt.Fprintf(w, "%s: interrupted after %.1f s: its numbers are those of the part that ran (%d requests not sent)\n",
-				s.Label, s.Duration, s.Outcomes["not_sent"])
+			fmt.Fprintf(w, "%s: interrupted after %.1f s: its numbers are those of the part that ran (%d requests not sent, %d cut in flight; both count as misses)\n",
+				s.Label, s.Duration, s.Outcomes["not_sent"], s.Outcomes["interrupted"])
 		}
 	}
 	return nil
@@ -216,6 +217,15 @@ func cell(p Percentiles, v float64, f string) string {
 	return fmt.Sprintf(f, v)
 }
 
+// orUnknown is x as the CSV writes a float, or -1 when unknown (an
+// unstreamed answer's TPOT and gaps: they were written as 0).
+func orUnknown(x float64, unknown bool) string {
+	if unknown {
+		return "-1"
+	}
+	return strconv.FormatFloat(x, 'f', 6, 64)
+}
+
 // WriteCSV writes one line per request.
 func WriteCSV(w io.Writer, runs []RunResult) error {
 	cw := csv.NewWriter(w)
@@ -225,7 +235,7 @@ func WriteCSV(w io.Writer, runs []RunResult) error {
 	for _, run := range runs {
 		for _, r := range run.Records {
 			_ = cw.Write([]string{run.Summary.Label, strconv.Itoa(r.Index), strconv.Itoa(r.Session), f(r.Sent), strconv.Itoa(r.Status), r.Outcome,
-				f(r.TTFT), f(r.TPOT), f(r.MeanITL), f(r.MaxITL), f(r.E2E), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CachedTokens),
+				f(r.TTFT), orUnknown(r.TPOT, r.Unstreamed), orUnknown(r.MeanITL, r.Unstreamed), orUnknown(r.MaxITL, r.Unstreamed), f(r.E2E), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CachedTokens),
 				strconv.Itoa(r.OutputTokens), r.Endpoint, f(r.PredictedTTFT), f(r.Held), strconv.Itoa(r.PredictedCached), f(r.Late), r.Error})
 		}
 	}

@@ -147,6 +147,15 @@ func TestUnstreamedHasNoTPOT(t *testing.T) {
 	if f := strings.Fields(strings.Split(table.String(), "\n")[1]); len(f) < 11 || f[9] != "-" || f[10] != "-" || f[7] == "-" {
 		t.Errorf("table: %q", table.String())
 	}
+	// The CSV says unknown (-1) where it wrote a measured-looking 0 (a
+	// retest walkthrough, 2026-12-04).
+	var csvOut strings.Builder
+	if err := WriteCSV(&csvOut, []RunResult{{Summary: s, Records: recs}}); err != nil {
+		t.Fatal(err)
+	}
+	if row := strings.Split(strings.Split(csvOut.String(), "\n")[1], ","); len(row) < 10 || row[7] != "-1" || row[8] != "-1" || row[9] != "-1" {
+		t.Errorf("csv: %q", csvOut.String())
+	}
 }
 
 // TestTableUnsentApart: the table's errors are the requests that failed;
