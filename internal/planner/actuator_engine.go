@@ -226,8 +226,8 @@ func (a *EngineActuator) roleOf(ctx context.Context, e fleet.Endpoint) (roleStat
 		return st, 0, fmt.Errorf("engine %s: GET /admin/role: %w", e.Name, err)
 	}
 	if st.State != "serving" {
-		if t, err := fleet.ParseRole(st.TargetRole); err != nil || (t != fleet.RolePrefill && t != fleet.RoleDecode) {
-			return st, 0, fmt.Errorf("engine %s: GET /admin/role: state %q without a prefill or decode target_role (%q)", e.Name, st.State, st.TargetRole)
+		if _, err := fleet.ParseRole(st.TargetRole); err != nil || st.TargetRole == "" { // "" parses as both
+			return st, 0, fmt.Errorf("engine %s: GET /admin/role: state %q without a target_role (%q)", e.Name, st.State, st.TargetRole)
 		}
 	}
 	return st, role, nil
