@@ -32,6 +32,12 @@ type modelList struct {
 	// path), for those that list one.
 	roots       map[string]string
 	maxModelLen int
+	// metricsModel is the name the engine's metrics carry for the
+	// endpoint's model when that is not the model itself: vLLM labels
+	// every series with the first of its served names
+	// (--served-model-name a b), and lists each name as a base model of
+	// one root, in that order ("": the model's own).
+	metricsModel string
 	// missing says that a listing does not name the endpoint's model
 	// ("": it does, or lists nothing).
 	missing string
@@ -74,17 +80,46 @@ func (p *Prober) listAdapters(ctx context.Context, base, model string) (modelLis
 	return parseModels(body, model)
 }
 
+// modelCard is one model of an OpenAI model list.
+type modelCard struct {
+	ID          string  `json:"id"`
+	Root        string  `json:"root"`
+	Parent      *string `json:"parent"`
+	MaxModelLen float64 `json:"max_model_len"`
+}
+
+// maxMetricsModelLen bounds the metrics' model name taken from a listing.
+const maxMetricsModelLen = 1024
+
+// firstName is the first base model listed with model's root, when that
+// is another name than model (""): the name vLLM's metrics carry.
+func firstName(cards []modelCard, model string) string {
+	root := ""
+	for _, c := range cards {
+		if c.ID == model && c.Parent == nil {
+			root = c.Root
+		}
+	}
+	if root == "" {
+		return ""
+	}
+	for _, c := range cards {
+		if c.Parent == nil && c.Root == root {
+			if c.ID == model || len(c.ID) > maxMetricsModelLen {
+				return ""
+			}
+			return c.ID
+		}
+	}
+	return ""
+}
+
 // parseModels reads an OpenAI model list: the ids whose parent is model,
 // each once, and model's own max_model_len (one out of range is not
 // taken).
 func parseModels(body []byte, model string) (modelList, error) {
 	var list struct {
-		Data []struct {
-			ID          string  `json:"id"`
-			Root        string  `json:"root"`
-			Parent      *string `json:"parent"`
-			MaxModelLen float64 `json:"max_model_len"`
-		} `json:"data"`
+		Data []modelCard `json:"data"`
 	}
 	if err := json.Unmarshal(body, &list); err != nil {
 		return modelList{}, fmt.Errorf("GET /v1/models: %w", err)
@@ -112,6 +147,7 @@ func parseModels(body []byte, model string) (modelList, error) {
 			out.roots[m.ID] = m.Root
 		}
 	}
+	out.metricsModel = firstName(list.Data, model)
 	if !listed {
 		ids := make([]string, 0, min(len(list.Data), 4))
 		for _, m := range list.Data[:min(len(list.Data), 4)] {
@@ -197,6 +233,7 @@ func (p *Prober) probeModels(ctx context.Context, t *target, ep fleet.Endpoint) 
 		problem = cmp.Or(problem, msg)
 	}
 	t.adapters, t.roots, t.hasAdapters, t.modelsErr = list.adapters, list.roots, true, problem
+	t.metricsModel = list.metricsModel
 	if list.maxModelLen > 0 {
 		t.maxModelLen = list.maxModelLen
 	}

@@ -13,6 +13,7 @@
 package health
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -89,6 +90,9 @@ type target struct {
 	warnedAuth  bool // the engine's 401 to the listing was told (models.go)
 	// maxModelLen is the model's max_model_len it listed last (0: none).
 	maxModelLen int
+	// metricsModel: the name the engine's metrics carry for the model,
+	// when another (modelList.metricsModel).
+	metricsModel string
 }
 
 // Prober runs the checks. Its methods are safe for concurrent use.
@@ -244,7 +248,10 @@ func (p *Prober) probe(ctx context.Context, t *target) {
 	if ep.Ranked() {
 		rank = ep.DPRank
 	}
-	m, merr := p.cfg.Scraper.ScrapeRank(ctx, ep.URL, ep.Model, rank)
+	t.mu.Lock()
+	model := cmp.Or(t.metricsModel, ep.Model)
+	t.mu.Unlock()
+	m, merr := p.cfg.Scraper.ScrapeRank(ctx, ep.URL, model, rank)
 	if ctx.Err() != nil {
 		return
 	}

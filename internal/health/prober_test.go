@@ -526,3 +526,32 @@ func TestAdaptersListed(t *testing.T) {
 		t.Fatalf("adapter roots %v", l.roots)
 	}
 }
+
+// TestMetricsOfASecondServedName: vLLM labels every metric with the first
+// of its served names (--served-model-name a b) and lists each name as a
+// base model of one root; an endpoint declared under the second name lost
+// its running, waiting and KV usage without a word (walkthrough,
+// 2026-12-04). The scrape reads the first name's series.
+func TestMetricsOfASecondServedName(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/models":
+			io.WriteString(w, `{"object":"list","data":[{"id":"a","root":"/models/x","parent":null},{"id":"b","root":"/models/x","parent":null}]}`)
+		case "/metrics":
+			io.WriteString(w, "vllm:num_requests_running{model_name=\"a\",engine=\"0\"} 3\n"+
+				"vllm:num_requests_waiting{model_name=\"a\",engine=\"0\"} 7\n"+
+				"vllm:kv_cache_usage_perc{model_name=\"a\",engine=\"0\"} 0.9\n"+
+				"vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n")
+		default:
+			w.WriteHeader(http.StatusOK)
+		}
+	}))
+	defer srv.Close()
+	p := newTestProber(t, Config{Clock: newFakeClock(), Interval: time.Second})
+	p.Set([]fleet.Endpoint{{Name: "eb", URL: srv.URL, Model: "b"}})
+	waitFor(t, "first scrape", func() bool { _, ok := p.Metrics("eb"); return ok })
+	m, _ := p.Metrics("eb")
+	if m.Running != 3 || m.Waiting != 7 || m.KVUsage != 0.9 || m.NumGPUBlocks != 1000 {
+		t.Errorf("an endpoint of the second served name: %+v, want running 3, waiting 7, usage 0.9", m)
+	}
+}
