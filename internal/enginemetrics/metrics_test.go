@@ -93,6 +93,26 @@ sglang:token_usage{dp_rank="1",model_name="m"} 0.25
 	}
 }
 
+// TestParseAPIServerProcesses: vLLM with several API server processes
+// exports a gauge once a process (label pid, prometheus_client's
+// multiprocess mode): views of one engine, de-duplicated, not averaged
+// as ranks (walkthrough, 2026-12-04: 0.8 and a stale 0.0 read 0.4).
+func TestParseAPIServerProcesses(t *testing.T) {
+	raw := `
+vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="101"} 0.8
+vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="102"} 0
+vllm:num_requests_running{engine="0",model_name="m",pid="101"} 3
+vllm:num_requests_running{engine="0",model_name="m",pid="102"} 0
+`
+	m, err := Parse(strings.NewReader(raw), "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.KVUsage != 0.8 || m.Running != 3 {
+		t.Errorf("two API server processes: usage %v, running %d; want 0.8, 3", m.KVUsage, m.Running)
+	}
+}
+
 // TestParseRank: one rank of a data-parallel vLLM engine is its own
 // engine="R" series; series without the label (lora_requests_info) stay;
 // a rank the engine does not have reads as nothing of it.

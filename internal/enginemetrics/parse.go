@@ -113,11 +113,15 @@ type parser struct {
 }
 
 // replicaLabels mark series that are views of one scheduler (tensor,
-// pipeline and expert parallel ranks report the same queue): within one
-// group they are de-duplicated (max), not summed.
+// pipeline and expert parallel ranks report the same queue; and the API
+// server processes of a vLLM run with --api-server-count, whose gauges
+// prometheus_client's multiprocess mode exports one a pid, a process that
+// got no stats keeping a stale one): within one group they are
+// de-duplicated (max), not summed. (pid was taken for a rank: a usage of
+// 0.8 and a stale 0.0 read 0.4.)
 func isReplicaLabel(name string) bool {
 	switch name {
-	case "tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank":
+	case "tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank", "pid":
 		return true
 	}
 	return false
