@@ -287,6 +287,14 @@ const maxConfigBytes = 4 << 20
 // file (a FIFO blocked the start for ever, /dev/zero ran out of memory),
 // read no further than the bound (a 100 MB file was read whole first).
 func readConfig(path string) ([]byte, error) {
+	// Checked before it is opened too: opening a FIFO blocks until a
+	// writer comes (the check after the open never ran, and the start hung
+	// deaf to SIGTERM; walkthrough, 2026-12-04).
+	if st, err := os.Stat(path); err != nil {
+		return nil, err
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, err

@@ -107,6 +107,10 @@ func TestServeBadInput(t *testing.T) {
 	os.WriteFile(classesSLO, []byte("slo_ttft: 1\nclasses: [{name: standard, priority: 1, ttft: 2}]\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
 	badHeader := filepath.Join(dir, "header.yaml")
 	os.WriteFile(badHeader, []byte("class_header: bad header\nendpoints:\n  - {url: 'http://h:1', model: m}\n"), 0o644)
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -126,7 +130,8 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"--engine", "url=http://h:1,model=m", "--engine-step-tokens", "-1"}, "--engine-step-tokens must be"},
 		{[]string{"--config", badSteps}, "engine_step_tokens (--engine-step-tokens) must be"},
 		{[]string{"--config", filepath.Join(dir, "missing.yaml")}, "no such file"},
-		{[]string{"--config", dir}, "is not a regular file"}, // a FIFO blocked for ever
+		{[]string{"--config", dir}, "is not a regular file"},
+		{[]string{"--config", fifo}, "is not a regular file"}, // opened first, a FIFO blocked for ever
 		{[]string{"--engine", "url=http://h:1,model=m", "--listen", "nonsense"}, "listen (--listen): address nonsense: missing port"},
 		// Targets beside classes were ignored in silence; header names
 		// that cannot be sent were accepted (walkthrough of 2026-12-04).

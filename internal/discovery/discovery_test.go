@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -253,6 +254,52 @@ func TestFileStartErrors(t *testing.T) {
 	if _, _, err := LoadFile(big); err == nil || !strings.Contains(err.Error(), "larger than") {
 		t.Errorf("big file: %v", err)
 	}
+	// A FIFO is refused at once: opened, it blocked until a writer came,
+	// and froze discovery for good (walkthrough, 2026-12-04).
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Skip("no FIFO here:", err)
+	}
+	done := make(chan error, 1)
+	go func() { _, _, err := LoadFile(fifo); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("a FIFO: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("LoadFile blocked on a FIFO")
+	}
+}
+
+// TestFileChangesBesideNoise: writes to another file in the directory do
+// not hold a change of the endpoint file back (a log written every 20 ms
+// beside it delayed a change by 39 s: walkthrough, 2026-12-04).
+func TestFileChangesBesideNoise(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "endpoints.yaml")
+	writeFile(t, path, endpointsYAML("a"))
+	updates := discoverytest.Run(t, newFileSource(t, path, &discoverytest.LogSink{}))
+	wantNames(t, updates, "a")
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		noise := filepath.Join(dir, "noise.log")
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+				f, err := os.OpenFile(noise, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+				if err == nil {
+					f.WriteString("x\n")
+					f.Close()
+				}
+			}
+		}
+	}()
+	writeFile(t, path, endpointsYAML("a", "b"))
+	wantNames(t, updates, "a,b")
 }
 
 func TestMain(m *testing.M) {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -78,6 +79,13 @@ func NewFile(cfg FileConfig) (*File, error) {
 // error (a half-written file reads as empty); a file saying
 // "endpoints: []" is an empty list.
 func LoadFile(path string) ([]fleet.Endpoint, []byte, error) {
+	// A regular file (through links) before it is opened: opening a FIFO
+	// blocks until a writer comes, which froze discovery for good.
+	if st, err := os.Stat(path); err != nil {
+		return nil, nil, err
+	} else if !st.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s: not a regular file (%v)", path, st.Mode().Type())
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, err
@@ -133,6 +141,16 @@ func (f *File) Run(ctx context.Context, update func([]fleet.Endpoint)) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	// The file is read debounce after the last change, but no later than
+	// maxWait after the first unread one: a log written every 20 ms beside
+	// it held a change back as long as it ran (39 s in a walkthrough).
+	var pending time.Time
+	arm := func() {
+		if pending.IsZero() {
+			pending = time.Now()
+		}
+		timer.Reset(min(f.debounce, max(f.maxWait()-time.Since(pending), 0)))
+	}
 	var lastErr string
 	for {
 		select {
@@ -145,15 +163,18 @@ func (f *File) Run(ctx context.Context, update func([]fleet.Endpoint)) error {
 			if ev.Name == dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
 				f.log.Error("discovery: the endpoint file's directory is gone; keeping the last list and no longer watching", "dir", dir)
 			}
-			timer.Reset(f.debounce)
+			if wt.relevant(ev.Name, f.path) {
+				arm()
+			}
 		case err, ok := <-w.Errors:
 			if !ok {
 				return fmt.Errorf("discovery: watcher of %s closed", dir)
 			}
 			// An overflow may have hidden a change: read again.
 			f.log.Warn("discovery: watch error; reading the file again", "err", err)
-			timer.Reset(f.debounce)
+			arm()
 		case <-timer.C:
+			pending = time.Time{}
 			wt.follow(f.path)
 			eps, data, err := LoadFile(f.path)
 			switch {
@@ -174,6 +195,23 @@ func (f *File) Run(ctx context.Context, update func([]fleet.Endpoint)) error {
 			}
 		}
 	}
+}
+
+// maxWait bounds how long changes keep coming before the file is read
+// anyway: 10 debounces.
+func (f *File) maxWait() time.Duration { return 10 * f.debounce }
+
+// relevant reports whether an event on name may change the file at path:
+// the file itself, the file it links to, the directory, or a name of a
+// Kubernetes ConfigMap mount's swap (..data, ..2026_12_04…); another
+// file's in the directory is not (a log beside it held changes back).
+func (t *watchTarget) relevant(name, path string) bool {
+	base := filepath.Base(name)
+	if name == t.dir || name == t.extra || base == filepath.Base(path) || strings.HasPrefix(base, "..") {
+		return true
+	}
+	real, err := filepath.EvalSymlinks(path)
+	return err == nil && base == filepath.Base(real)
 }
 
 // watchTarget also watches the directory a symlinked file really lives

@@ -416,11 +416,15 @@ func (g *Gateway) SetEndpoints(eps []fleet.Endpoint) error {
 			}
 			next[e.Name] = &member{kvID: id, ep: e}
 		case !m.ep.Equal(e):
-			if m.ep.URL != e.URL {
+			if m.ep.URL != e.URL || m.ep.Events != e.Events {
 				// Another engine under the same name (a pod recreated
 				// with a new IP): none of the blocks indexed are its
 				// (they were kept until 2026-12-04, and routing claimed
-				// them). Its stream restarted above (Addr changed).
+				// them). Its stream restarted above (Addr changed). So
+				// with its events: another socket's stream starts again,
+				// and without one nothing would ever remove the blocks
+				// the old stream indexed (they stayed claimed, frozen,
+				// and drew the traffic: a walkthrough, 2026-12-04).
 				g.idx.ClearEndpoint(m.kvID)
 			}
 			next[e.Name] = &member{kvID: m.kvID, ep: e}

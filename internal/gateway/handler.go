@@ -200,7 +200,7 @@ func (g *Gateway) endpointStates() []EndpointState {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	now := g.clock()
-	var out []EndpointState
+	out := []EndpointState{} // [] with none, not null
 	seen := map[string]bool{}
 	for _, mf := range g.models {
 		var snap sched.Snapshot

@@ -505,6 +505,16 @@ func TestNewURLDropsTheBlocks(t *testing.T) {
 	if e, f := blocks("e"), blocks("f"); e != 0 || f != 4 {
 		t.Errorf("after e's new URL: e holds %d blocks (want 0), f %d (want 4)", e, f)
 	}
+	// Its events socket changed (here: given one): another stream says
+	// what it holds; its blocks of before go (removing the socket kept
+	// them claimed for ever: walkthrough, 2026-12-04).
+	eps[1].Events = "tcp://127.0.0.1:9"
+	if err := g.SetEndpoints(eps); err != nil {
+		t.Fatal(err)
+	}
+	if f := blocks("f"); f > 0 {
+		t.Errorf("after f's events changed: f holds %d blocks, want 0", f)
+	}
 }
 
 // TestWarnsOfSharedURL: two endpoint names at one engine's URL are warned
