@@ -380,19 +380,27 @@ func TestEngineActuatorWhatTheEnginesSay(t *testing.T) {
 	}
 }
 
+// scriptedFleet is an actuator over one scripted engine "e", serving
+// decode, configured in role, and the log of what it tells its router.
+func scriptedFleet(t *testing.T, role fleet.Role) (*scriptedEngine, *routerLog, *EngineActuator) {
+	t.Helper()
+	se := &scriptedEngine{st: `{"role":"decode","state":"serving"}`}
+	srv := httptest.NewServer(se)
+	t.Cleanup(srv.Close)
+	rl := &routerLog{}
+	a, err := NewEngineActuator([]fleet.Endpoint{{Name: "e", URL: srv.URL, Model: testModel, Role: role}}, EngineOptions{Router: rl, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return se, rl, a
+}
+
 // TestEngineActuatorWatchesTheSwitch: an engine that finishes its switch
 // is back in the router at once, not at the next planner step (an
 // interval later: the only decode engine sat idle and clients got 503s;
 // walkthrough, 2026-12-04).
 func TestEngineActuatorWatchesTheSwitch(t *testing.T) {
-	se := &scriptedEngine{st: `{"role":"decode","state":"serving"}`}
-	srv := httptest.NewServer(se)
-	defer srv.Close()
-	rl := &routerLog{}
-	a, err := NewEngineActuator([]fleet.Endpoint{{Name: "e", URL: srv.URL, Model: testModel, Role: fleet.RoleDecode}}, EngineOptions{Router: rl, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	se, rl, a := scriptedFleet(t, fleet.RoleDecode)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if err := a.Switch(ctx, "e", fleet.RolePrefill); err != nil {
@@ -419,14 +427,7 @@ func TestEngineActuatorWatchesTheSwitch(t *testing.T) {
 // fleet, not the last one read; an undone switch is not counted moved
 // (walkthrough, 2026-12-04).
 func TestLoopReadsTheFleetAtStart(t *testing.T) {
-	se := &scriptedEngine{st: `{"role":"decode","state":"serving"}`}
-	srv := httptest.NewServer(se)
-	defer srv.Close()
-	rl := &routerLog{}
-	a, err := NewEngineActuator([]fleet.Endpoint{{Name: "e", URL: srv.URL, Model: testModel, Role: fleet.RolePrefill}}, EngineOptions{Router: rl, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, rl, a := scriptedFleet(t, fleet.RolePrefill)
 	p, err := New(Config{Total: 2, Interval: 3600, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
