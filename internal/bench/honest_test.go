@@ -104,8 +104,8 @@ func TestChatArrivalsWithinDuration(t *testing.T) {
 					t.Fatalf("constant %v, seed %d: arrival %d at %.2f s", constant, seed, i, it.At)
 				}
 			}
-			if constant && (len(items) != 19 || items[1].At-items[0].At != 0.2) {
-				t.Errorf("constant: %d requests, first gap %v; want 19, 0.2 s", len(items), items[1].At-items[0].At)
+			if constant && (len(items) != 20 || items[0].At != 0 || items[1].At-items[0].At != 0.2) {
+				t.Errorf("constant: %d requests, the first at %v, first gap %v; want 20, at 0, 0.2 s", len(items), items[0].At, items[1].At-items[0].At)
 			}
 		}
 	}

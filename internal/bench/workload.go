@@ -102,10 +102,14 @@ func Chat(c ChatConfig) ([]Item, error) {
 		more = func(float64) bool { return len(items) < c.Count }
 	}
 	gap := func() float64 { return rng.ExpFloat64() / c.Rate }
+	first := gap
 	if c.Constant {
-		gap = func() float64 { return 1 / c.Rate }
+		// The first at 0, as a trace's constant arrivals and vLLM's
+		// benchmark start: rate × duration requests (one fewer, from
+		// 1/rate on, until 2026-12-04).
+		gap, first = func() float64 { return 1 / c.Rate }, func() float64 { return 0 }
 	}
-	for t := gap(); more(t); t += gap() {
+	for t := first(); more(t); t += gap() {
 		s := rng.IntN(c.Sessions)
 		cv := &convs[s]
 		if cv.words+c.TurnTokens > maxItemTokens {
