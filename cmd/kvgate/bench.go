@@ -120,9 +120,12 @@ func benchCheck(f *benchFlags, fs *flag.FlagSet) error {
 	if f.concurrency > 0 && (set["arrivals"] || set["rate"]) {
 		// A closed loop sends each request when one ends: it has no
 		// arrivals (they were ignored in silence).
-		return fmt.Errorf("--arrivals and --rate: open-loop settings, not with --concurrency (a closed loop sends a request as one ends)")
+		return &usageError{err: errors.New("--arrivals and --rate: open-loop settings, not with --concurrency (a closed loop sends a request as one ends)")}
 	}
 	switch {
+	case f.noStream && f.api == "responses":
+		// A usage error as the others (it exited 1 after the setup).
+		return &usageError{err: errors.New("--no-stream: chat, completions and messages only, not --api responses")}
 	case f.noStream && f.sloTPOT > 0:
 		// An unstreamed answer has no TPOT: the target was met by every
 		// answer, whatever its pace.
@@ -349,9 +352,6 @@ func benchItems(f *benchFlags, rate float64, k int) ([]bench.Item, error) {
 	case "completions", "chat", "responses", "messages":
 	default:
 		return nil, fmt.Errorf("--api %q: completions, chat, responses or messages", f.api)
-	}
-	if f.noStream && f.api == "responses" {
-		return nil, fmt.Errorf("--no-stream: chat, completions and messages only, not --api responses")
 	}
 	if f.requests > 0 && len(items) > f.requests {
 		items = items[:f.requests]

@@ -146,6 +146,9 @@ func TestBenchRefusesContradictions(t *testing.T) {
 		{[]string{"--workload", "trace", "--trace", "t.jsonl", "--arrivals", "trace", "--rate", "3"}, "--rate and --rates: not with --arrivals trace"},
 		{[]string{"--timeout", "0"}, "--timeout must be in [0.001, 86400] seconds"},
 		{[]string{"--timeout", "1e6"}, "--timeout must be in [0.001, 86400] seconds"},
+		// Usage errors as the others (they exited 1; a retest, 2026-12-04).
+		{[]string{"--no-stream", "--api", "responses"}, "--no-stream: chat, completions and messages only"},
+		{[]string{"--concurrency", "2", "--rate", "3"}, "not with --concurrency"},
 	} {
 		if _, errOut, code := runCmd(t, append(base, tc.args...)...); code != 2 || !strings.Contains(errOut, tc.msg) {
 			t.Errorf("%v: exit %d: %s; want 2 naming %q", tc.args, code, errOut, tc.msg)
