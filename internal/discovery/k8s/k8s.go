@@ -44,8 +44,13 @@ const (
 	BootstrapPortAnnotation = "kvgate.io/bootstrap-port"
 	// LoRAAnnotation lists the LoRA adapters a pod serves besides its
 	// model, comma-separated (fleet.Endpoint.LoRA).
-	LoRAAnnotation  = "kvgate.io/lora"
-	DefaultDebounce = 100 * time.Millisecond
+	LoRAAnnotation = "kvgate.io/lora"
+	// ReplayAnnotation is a pod's KV-event replay port (vLLM's
+	// replay_endpoint): replay=tcp://POD_IP:PORT beside its events, so a
+	// gateway started in front of warm pods indexes what they hold (it
+	// indexed nothing of it: a walkthrough, 2026-12-04).
+	ReplayAnnotation = "kvgate.io/replay-port"
+	DefaultDebounce  = 100 * time.Millisecond
 )
 
 // Config selects pods and says how to read an endpoint from one.
@@ -408,6 +413,16 @@ func (s *Source) endpoint(pod *corev1.Pod) (ep fleet.Endpoint, serving bool, err
 	}
 	if events != 0 {
 		ep.Events = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(events))
+	}
+	if v, ok := pod.Annotations[ReplayAnnotation]; ok {
+		p, err := strconv.Atoi(v)
+		switch {
+		case err != nil || p < 1 || p > 65535:
+			return ep, true, fmt.Errorf("annotation %s=%q is not a port number", ReplayAnnotation, v)
+		case events == 0:
+			return ep, true, fmt.Errorf("annotation %s: a replay port without a KV-event port (%s)", ReplayAnnotation, s.cfg.EventsAnnotation)
+		}
+		ep.Replay = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(p))
 	}
 	for _, a := range []struct {
 		key string

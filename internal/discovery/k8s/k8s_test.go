@@ -94,6 +94,12 @@ func TestEndpointFromPod(t *testing.T) {
 			want: fleet.Endpoint{Name: "10.0.0.5:8000", URL: "http://10.0.0.5:8000", Model: "m", LoRA: []string{"sql", "chat"}}},
 		{name: "an empty adapter name", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(LoRAAnnotation, "sql,,chat")), serving: true, err: "an adapter's name must be"},
 		{name: "no named events port", cfg: func(c *Config) { c.EventsPortName = "zmq" }, pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m")), serving: true, err: `"zmq" (events)`},
+		// A replay port, so that a gateway started in front of warm pods
+		// indexes what they hold (walkthrough, 2026-12-04).
+		{name: "replay port", pod: newPod("ns", "p", "10.0.0.6", label(DefaultModelLabel, "m"), annotation(DefaultEventsAnnotation, "5557"), annotation(ReplayAnnotation, "5558")), serving: true,
+			want: fleet.Endpoint{Name: "10.0.0.6:8000", URL: "http://10.0.0.6:8000", Model: "m", Events: "tcp://10.0.0.6:5557", Replay: "tcp://10.0.0.6:5558"}},
+		{name: "bad replay port", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(DefaultEventsAnnotation, "5557"), annotation(ReplayAnnotation, "x")), serving: true, err: "kvgate.io/replay-port=\"x\" is not a port number"},
+		{name: "replay without events", pod: newPod("ns", "p", "10.0.0.1", label(DefaultModelLabel, "m"), annotation(ReplayAnnotation, "5558")), serving: true, err: "a replay port without a KV-event port"},
 	}
 	for _, tt := range tests {
 		cfg := base
