@@ -306,3 +306,54 @@ func TestMain(m *testing.M) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	os.Exit(m.Run())
 }
+
+// TestFileDirectoryReplaced: the endpoint file's directory removed and
+// made again, or a release symlink swapped to another directory, is
+// watched again: one change was applied, then every later one was lost
+// (walkthrough, 2026-12-04).
+func TestFileDirectoryReplaced(t *testing.T) {
+	root := t.TempDir()
+	sub := filepath.Join(root, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(sub, "endpoints.yaml")
+	writeFile(t, path, endpointsYAML("a"))
+	updates := discoverytest.Run(t, newFileSource(t, path, &discoverytest.LogSink{}))
+	wantNames(t, updates, "a")
+	if err := os.RemoveAll(sub); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, path, endpointsYAML("b"))
+	wantNames(t, updates, "b")
+	writeFile(t, path, endpointsYAML("b", "c")) // an edit after: was lost
+	wantNames(t, updates, "b,c")
+
+	// current -> rel1, swapped to rel2 as a release tool does.
+	for _, rel := range []string{"rel1", "rel2"} {
+		if err := os.Mkdir(filepath.Join(root, rel), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, filepath.Join(root, "rel1", "eps.yaml"), endpointsYAML("r1"))
+	writeFile(t, filepath.Join(root, "rel2", "eps.yaml"), endpointsYAML("r2"))
+	current := filepath.Join(root, "current")
+	if err := os.Symlink("rel1", current); err != nil {
+		t.Fatal(err)
+	}
+	updates2 := discoverytest.Run(t, newFileSource(t, filepath.Join(current, "eps.yaml"), &discoverytest.LogSink{}))
+	wantNames(t, updates2, "r1")
+	tmp := filepath.Join(root, "current.tmp")
+	if err := os.Symlink("rel2", tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, current); err != nil {
+		t.Fatal(err)
+	}
+	wantNames(t, updates2, "r2")
+	writeFile(t, filepath.Join(root, "rel2", "eps.yaml"), endpointsYAML("r2", "r3"))
+	wantNames(t, updates2, "r2,r3")
+}

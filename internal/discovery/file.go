@@ -128,6 +128,14 @@ func (f *File) Run(ctx context.Context, update func([]fleet.Endpoint)) error {
 	if err := w.Add(dir); err != nil {
 		return fmt.Errorf("discovery: watch %s: %w", dir, err)
 	}
+	// Its parent too, so that a directory replaced (removed and made
+	// again, or a release symlink swapped to another) is watched again:
+	// the watch stayed on the old one, and every change after was lost.
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := w.Add(parent); err != nil {
+			f.log.Warn("discovery: cannot watch the endpoint file's parent directory; a replaced directory will not be followed", "dir", parent, "err", err)
+		}
+	}
 	// Watch first, then read: a change in between is not lost.
 	wt := watchTarget{w: w, dir: dir, log: f.log}
 	wt.follow(f.path)
@@ -160,8 +168,16 @@ func (f *File) Run(ctx context.Context, update func([]fleet.Endpoint)) error {
 			if !ok {
 				return fmt.Errorf("discovery: watcher of %s closed", dir)
 			}
-			if ev.Name == dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				f.log.Error("discovery: the endpoint file's directory is gone; keeping the last list and no longer watching", "dir", dir)
+			switch {
+			case ev.Name == dir && ev.Has(fsnotify.Remove|fsnotify.Rename):
+				f.log.Warn("discovery: the endpoint file's directory is gone; keeping the last list until it is back", "dir", dir)
+			case ev.Name == dir && ev.Has(fsnotify.Create):
+				// Made again, or a symlink swapped to another directory:
+				// watch what it is now.
+				_ = w.Remove(dir)
+				if err := w.Add(dir); err != nil {
+					f.log.Warn("discovery: cannot watch the endpoint file's directory again", "dir", dir, "err", err)
+				}
 			}
 			if wt.relevant(ev.Name, f.path) {
 				arm()
