@@ -11,30 +11,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the command's goroutines and the
-// test reading it at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 var adminLine = regexp.MustCompile(`admin on http://(\S+),`)
 
@@ -45,7 +27,7 @@ var adminLine = regexp.MustCompile(`admin on http://(\S+),`)
 func TestKVIndexServes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr lockedBuffer
+	var stdout, stderr syncbuf.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- runKVIndex(ctx, []string{
@@ -191,7 +173,7 @@ func TestKVIndexBadFlags(t *testing.T) {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			var stdout, stderr lockedBuffer
+			var stdout, stderr syncbuf.Buffer
 			err := runKVIndex(ctx, tc.args, &stdout, &stderr)
 			if err == nil {
 				t.Fatalf("no error; stdout %q", stdout.String())

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // routedRoles is the gateway's endpoints and their roles, as
@@ -104,7 +105,7 @@ func TestFleetUnionLeavesOutClashes(t *testing.T) {
 		return fleet.Endpoint{Name: name, URL: "http://127.0.0.1:1", Model: "m"}
 	}
 	static := []fleet.Endpoint{ep("e1")}
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	g, err := gateway.New(gateway.Config{Endpoints: static, NoHealthChecks: true}, gateway.Options{Logger: log})
 	if err != nil {

@@ -20,7 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
-// syncBuffer is an io.Writer safe to read while the command writes.
+// lineWriter passes what the command writes to a channel, a line at a
+// time (a line the channel has no room for is dropped).
 type lineWriter struct{ lines chan string }
 
 func (w *lineWriter) Write(p []byte) (int, error) {

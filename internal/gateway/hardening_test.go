@@ -18,7 +18,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/health"
 	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -644,7 +644,7 @@ func TestNoProbesStillEjects(t *testing.T) {
 // TestPassiveEjectionEndIsTold: the end of a passive ejection is logged
 // (nothing told it: the active checks log their own recoveries).
 func TestPassiveEjectionEndIsTold(t *testing.T) {
-	var logged syncBuffer
+	var logged syncbuf.Buffer
 	pr, url, _ := deadBesideLive(t, health.Config{NoProbes: true, EjectBase: 50 * time.Millisecond, Logger: quiet()},
 		slog.New(slog.NewTextHandler(&logged, nil)))
 	for i := 0; pr.Available("dead"); i++ { // until its failures eject it
@@ -887,7 +887,7 @@ func TestEngineAPIKey(t *testing.T) {
 	e1 := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.APIKey = "sk-engines" })
 	for _, key := range []string{"", "sk-engines"} {
 		t.Run("key="+key, func(t *testing.T) {
-			var logged syncBuffer
+			var logged syncbuf.Buffer
 			pr, err := health.New(health.Config{Interval: 10 * time.Millisecond, Timeout: time.Second, APIKey: key, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 			if err != nil {
 				t.Fatal(err)
@@ -920,23 +920,4 @@ func TestEngineAPIKey(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger writing from other
-// goroutines while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

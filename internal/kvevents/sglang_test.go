@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/internal/tokens"
 )
 
@@ -125,7 +126,7 @@ func TestSGLangEvents(t *testing.T) {
 	for _, page := range []int{1, 16, 64} {
 		t.Run("page"+strconv.Itoa(page), func(t *testing.T) {
 			idx := kvindex.New(kvindex.Config{BlockSize: 16})
-			logs := &lockedBuf{}
+			logs := &syncbuf.Buffer{}
 			sub, err := New(Config{Engines: []EngineConfig{{Name: "sg:30000", Model: "m"}}, Logger: slog.New(slog.NewTextHandler(logs, nil))}, idx)
 			if err != nil {
 				t.Fatal(err)

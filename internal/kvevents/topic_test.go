@@ -1,34 +1,15 @@
 package kvevents
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/kvindex"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
-
-// lockedBuf is a log destination safe for the subscriber's goroutines.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestCentralEmptyTopic: vLLM's default topic is "". In central mode such
 // a publisher is identified by its connection when exactly one configured
@@ -50,7 +31,7 @@ func TestCentralEmptyTopic(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			logs := &lockedBuf{}
+			logs := &syncbuf.Buffer{}
 			bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 			sub, idx := runSub(t, Config{BindEvents: bind, Engines: tc.engines, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 			pub := startPub(t, bind, "", "", true, false)
@@ -273,7 +254,7 @@ func TestCentralDataParallelRanks(t *testing.T) {
 // while the first is connected; once the first has gone (an engine that
 // restarted dials again), the next connection feeds the endpoint.
 func TestCentralOneFeederAtATime(t *testing.T) {
-	logs := &lockedBuf{}
+	logs := &syncbuf.Buffer{}
 	bind := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	sub, idx := runSub(t, Config{BindEvents: bind, Engines: []EngineConfig{{Name: "10.0.0.5:8000", Model: "m"}},
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
