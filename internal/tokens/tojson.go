@@ -98,40 +98,18 @@ func (d *pyDumper) dump(b *strings.Builder, v jinja.Value, depth int) error {
 		pyString(b, v.AsString())
 	case v.IsList():
 		items := v.AsList().Items
-		if len(items) == 0 {
-			b.WriteString("[]")
-			return nil
-		}
-		b.WriteByte('[')
-		for i, it := range items {
-			d.separate(b, i, depth+1)
-			if err := d.dump(b, it, depth+1); err != nil {
-				return err
-			}
-		}
-		d.close(b, depth)
-		b.WriteByte(']')
+		return d.container(b, '[', ']', len(items), depth, func(i int) error { return d.dump(b, items[i], depth+1) })
 	case v.IsDict():
 		dict := v.AsDict()
 		keys := dict.Keys
 		if d.sortKeys {
 			keys = slices.Sorted(slices.Values(keys))
 		}
-		if len(keys) == 0 {
-			b.WriteString("{}")
-			return nil
-		}
-		b.WriteByte('{')
-		for i, k := range keys {
-			d.separate(b, i, depth+1)
-			pyString(b, k)
+		return d.container(b, '{', '}', len(keys), depth, func(i int) error {
+			pyString(b, keys[i])
 			b.WriteString(d.key)
-			if err := d.dump(b, dict.Data[k], depth+1); err != nil {
-				return err
-			}
-		}
-		d.close(b, depth)
-		b.WriteByte('}')
+			return d.dump(b, dict.Data[keys[i]], depth+1)
+		})
 	default:
 		pyString(b, v.String())
 	}
@@ -139,6 +117,25 @@ func (d *pyDumper) dump(b *strings.Builder, v jinja.Value, depth int) error {
 }
 
 // separate starts the i-th member of a container at depth.
+// container writes a list or dict of n items between open and close, as
+// json.dumps lays them out (empty: the two alone), item writing the i-th.
+func (d *pyDumper) container(b *strings.Builder, open, close byte, n, depth int, item func(i int) error) error {
+	b.WriteByte(open)
+	if n == 0 {
+		b.WriteByte(close)
+		return nil
+	}
+	for i := range n {
+		d.separate(b, i, depth+1)
+		if err := item(i); err != nil {
+			return err
+		}
+	}
+	d.close(b, depth)
+	b.WriteByte(close)
+	return nil
+}
+
 func (d *pyDumper) separate(b *strings.Builder, i, depth int) {
 	if i > 0 {
 		b.WriteString(d.item)
