@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"runtime"
 	"sync"
 	"testing"
@@ -532,4 +533,31 @@ func BenchmarkMemoryPerEntry(b *testing.B) {
 		b.Run(fmt.Sprintf("holders=%d", holders), func(b *testing.B) { benchMemory(b, holders, false) })
 		b.Run(fmt.Sprintf("holders=%d/naive", holders), func(b *testing.B) { benchMemory(b, holders, true) })
 	}
+}
+
+// BenchmarkFeederCheck: central mode checks each frame's connection
+// against its endpoint's feeder (Subscriber.fedBy). By the address value
+// the connection's frames share, against formatting both addresses, as
+// the first version of the check did, in the same run.
+func BenchmarkFeederCheck(b *testing.B) {
+	feeder := net.Addr(&net.TCPAddr{IP: net.IPv4(10, 0, 0, 5), Port: 43512})
+	from := feeder
+	b.Run("value", func(b *testing.B) {
+		n := 0
+		for range b.N {
+			if from == feeder {
+				n++
+			}
+		}
+		_ = n
+	})
+	b.Run("strings", func(b *testing.B) {
+		n := 0
+		for range b.N {
+			if feeder.String() == from.String() {
+				n++
+			}
+		}
+		_ = n
+	})
 }

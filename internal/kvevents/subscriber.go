@@ -582,7 +582,9 @@ func (s *Subscriber) runCentral(ctx context.Context, sock *zmtp.Sub, rank int) {
 // counted in CentralRefused and logged once while the first feeds it.
 func (s *Subscriber) fedBy(sock *zmtp.Sub, st *stream, from net.Addr) bool {
 	switch {
-	case from == nil || st.feeder == nil || st.feeder.String() == from.String():
+	// A connection's frames carry one address value (zmtp's), so the
+	// feeder's are known without formatting two strings a frame.
+	case from == nil || st.feeder == nil || from == st.feeder:
 	case sock.Connected(st.feeder):
 		if n := s.centralRefused.Add(1); st.refusedFrom != from.String() {
 			st.refusedFrom = from.String()
