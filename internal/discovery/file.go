@@ -223,11 +223,7 @@ func (f *File) maxWait() time.Duration { return 10 * f.debounce }
 // file's in the directory is not (a log beside it held changes back).
 func (t *watchTarget) relevant(name, path string) bool {
 	base := filepath.Base(name)
-	if name == t.dir || name == t.extra || base == filepath.Base(path) || strings.HasPrefix(base, "..") {
-		return true
-	}
-	real, err := filepath.EvalSymlinks(path)
-	return err == nil && base == filepath.Base(real)
+	return name == t.dir || name == t.extra || base == filepath.Base(path) || base == t.realBase || strings.HasPrefix(base, "..")
 }
 
 // watchTarget also watches the directory a symlinked file really lives
@@ -236,7 +232,11 @@ type watchTarget struct {
 	w     *fsnotify.Watcher
 	dir   string
 	extra string
-	log   *slog.Logger
+	// realBase is the name of the file the path links to, as last
+	// followed (relevant reads it: resolving the link at each event cost
+	// a lookup for every write of every file beside it).
+	realBase string
+	log      *slog.Logger
 }
 
 func (t *watchTarget) follow(path string) {
@@ -244,6 +244,7 @@ func (t *watchTarget) follow(path string) {
 	if err != nil {
 		return
 	}
+	t.realBase = filepath.Base(real)
 	rdir := filepath.Dir(real)
 	if rdir == t.dir || rdir == t.extra {
 		return
