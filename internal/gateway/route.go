@@ -661,16 +661,26 @@ func (g *Gateway) keepContextFits(rt *routed, members []*member, eps []*load.End
 	if rt.outLimited {
 		need = int64(rt.promptN) + int64(rt.outN)
 	}
-	fits := make([]bool, len(members))
-	var fitting []*member
-	for i, m := range members {
+	fits := func(m *member) bool {
 		l, ok := g.health.MaxModelLen(m.ep.Name)
-		if fits[i] = !ok || need <= int64(l); fits[i] {
-			fitting = append(fitting, m)
+		return !ok || need <= int64(l)
+	}
+	// Most fleets' engines all hold most requests: counted first, nothing
+	// is allocated then.
+	n := 0
+	for _, m := range members {
+		if fits(m) {
+			n++
 		}
 	}
-	if len(fitting) == len(members) || len(fitting) == 0 {
+	if n == len(members) || n == 0 {
 		return members, eps
+	}
+	fitting := make([]*member, 0, n)
+	for _, m := range members {
+		if fits(m) {
+			fitting = append(fitting, m)
+		}
 	}
 	g.mu.RLock()
 	_, why := g.servable(rt.model, fitting)
@@ -678,7 +688,7 @@ func (g *Gateway) keepContextFits(rt *routed, members []*member, eps []*load.End
 	if why != "" {
 		return members, eps
 	}
-	return keepEndpoints(members, eps, s, func(i int, _ *member) bool { return fits[i] })
+	return keepEndpoints(members, eps, s, func(_ int, m *member) bool { return fits(m) })
 }
 
 // keepEndpoints keeps in a snapshot the endpoints whose member (i-th in
