@@ -41,6 +41,7 @@ package load
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -1014,6 +1015,31 @@ func (f *Fleet) prefillDone(fl *Flight, at float64) {
 	}
 }
 
+// dropQueued takes out of e's queue the compute of fl, a flight behind
+// the head whose request ended before its prefill did (its client gone,
+// the engine's error): an engine drops a request it has not run (vLLM
+// and SGLang abort a request whose client disconnected), so every prefill
+// queued behind it ends that much sooner. What of it was predicted to
+// have run by at stays. The head's end moves the queue itself
+// (prefillDone). Until 2026-12-05 such a flight left the queue but its
+// compute stayed in it until the endpoint went idle: under overload with
+// clients that time out, the waits predicted grew past the engine's.
+func (e *Endpoint) dropQueued(fl *Flight, at float64) {
+	if e.head >= len(e.queue) || e.queue[e.head] == fl {
+		return
+	}
+	i := slices.Index(e.queue[e.head+1:], fl)
+	left := min(fl.compute, fl.done-at)
+	if i < 0 || !(left > 0) { // NaN-safe
+		return
+	}
+	for _, q := range e.queue[e.head+1+i+1:] {
+		q.done -= left
+		q.lastStart -= left
+	}
+	e.busy -= left
+}
+
 // catchUp moves e's queue later when its head runs late at now (under
 // the lock): the head's prefill was predicted to end at its due time
 // (its predicted end less what catchUp moved it, e.late), and no first
@@ -1130,6 +1156,9 @@ func (f *Fleet) finish(fl *Flight, at float64) {
 		return
 	}
 	f.unobserved(fl)
+	if !fl.prefilled {
+		fl.prefill.dropQueued(fl, at)
+	}
 	f.prefillDone(fl, at)
 	fl.finished = true
 	if f.observed(fl) {

@@ -386,3 +386,56 @@ func TestCachedPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestEndedBeforePrefillLeavesQueue: a request that ends before its
+// prefill (its client gone, an engine error) takes out of its endpoint's
+// queue the compute it was predicted to still need, whether it was the
+// head or queued behind it; an observed first token out of order moves
+// nothing (the engine did compute it).
+func TestEndedBeforePrefillLeavesQueue(t *testing.T) {
+	// Three prefills of 1 s each routed at 0 on one endpoint: predicted
+	// to end at 1, 2 and 3; each case ends one of them at 0.5.
+	cases := []struct {
+		name     string
+		flight   int
+		finish   bool // Finish (client gone) rather than FirstToken
+		wait     float64
+		lastEnds float64 // the third's predicted end (the second's when the third ended)
+	}{
+		{"head, client gone", 0, true, 2, 2.5}, // it ran 0.5 s: the rest starts at once
+		{"behind the head, client gone", 1, true, 1.5, 2},
+		{"last, client gone", 2, true, 1.5, 2},
+		{"behind the head, first token", 1, false, 2.5, 3},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := New([]Info{{Name: "a", PrefillSpeed: 1000}}, false)
+			_, eps := snap(f, 0, 1000, nil)
+			var fls []*Flight
+			for range 3 {
+				fls = append(fls, f.Route(eps[0], 0, Work{Uncached: 1000, PrefillSeconds: 1}))
+			}
+			if c.finish {
+				f.Finish(fls[c.flight], 0.5)
+			} else {
+				f.FirstToken(fls[c.flight], 0.5)
+			}
+			s, _ := snap(f, 0.5, 1000, nil)
+			if got := s.Endpoints[0].QueueWait; math.Abs(got-c.wait) > 1e-9 {
+				t.Errorf("queue wait %v, want %v", got, c.wait)
+			}
+			last := fls[2]
+			if c.flight == 2 {
+				last = fls[1]
+			}
+			if got := f.PredictedPrefillEnd(last); math.Abs(got-c.lastEnds) > 1e-9 {
+				t.Errorf("last prefill predicted to end at %v, want %v", got, c.lastEnds)
+			}
+			// Ending it again moves nothing.
+			f.Finish(fls[c.flight], 0.6)
+			if s, _ := snap(f, 0.5, 1000, nil); math.Abs(s.Endpoints[0].QueueWait-c.wait) > 1e-9 {
+				t.Errorf("a second Finish moved the queue: wait %v", s.Endpoints[0].QueueWait)
+			}
+		})
+	}
+}
