@@ -274,47 +274,96 @@ func TestPrefillDecodeTwoLegs(t *testing.T) {
 // (here llm-d-inference-sim's placeholders, captured from it: string
 // block ids, no remote_request_id, which an earlier gateway refused with
 // a 502), and an answer that does not ask for a remote prefill is a 502
-// that reaches no decode engine.
+// that reaches no decode engine. A prefill that stopped at its first
+// token has no params by design (vLLM's NixlConnector keeps KV only for
+// a request stopped at its length): the decode engine computes the
+// prompt, as vLLM's own proxy has it (this was a 502 with two prefill
+// endpoints, walkthrough 2026-12-05). A prefill's 4xx is the client's,
+// at once: no other prefill is tried.
 func TestPrefillParamsPassThrough(t *testing.T) {
 	const llmdSim = `{"do_remote_decode":false,"do_remote_prefill":true,"remote_engine_id":"DUMMY_ID","remote_block_ids":["DUMMY_ID"],"remote_host":"DUMMY","remote_port":1234,"tp_size":1}`
-	var answer atomic.Value
-	pre := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	type answer struct {
+		status         int
+		params, finish string
+	}
+	var ans atomic.Value
+	var prefills atomic.Int32
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		fmt.Fprintf(w, `{"id":"cmpl-1","object":"text_completion","kv_transfer_params":%s,"choices":[{"index":0,"text":"a","finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`, answer.Load())
-	}))
-	t.Cleanup(pre.Close)
+		prefills.Add(1)
+		a := ans.Load().(answer)
+		if a.status != 200 {
+			w.WriteHeader(a.status)
+			fmt.Fprint(w, `{"error":{"message":"prefill says no","type":"BadRequestError"}}`)
+			return
+		}
+		fmt.Fprintf(w, `{"id":"cmpl-1","object":"text_completion","kv_transfer_params":%s,"choices":[{"index":0,"text":"a","finish_reason":%q}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`, a.params, a.finish)
+	})
+	pre1, pre2 := httptest.NewServer(handler), httptest.NewServer(handler)
+	t.Cleanup(pre1.Close)
+	t.Cleanup(pre2.Close)
 	dec := &capture{}
 	cfg := Config{Endpoints: []fleet.Endpoint{
-		{Name: "p", URL: pre.URL, Model: testModel, Role: fleet.RolePrefill},
+		{Name: "p1", URL: pre1.URL, Model: testModel, Role: fleet.RolePrefill},
+		{Name: "p2", URL: pre2.URL, Model: testModel, Role: fleet.RolePrefill},
 		{Name: "d", URL: dec.server(t).URL, Model: testModel, Role: fleet.RoleDecode},
 	}}
 	_, url, _ := startGateway(t, cfg, Options{})
 	for _, tt := range []struct {
-		params string
-		status int
+		answer
+		status   int
+		prefills int32  // 0: any
+		leg2     string // what leg 2 carries ("": the params verbatim)
 	}{
-		{llmdSim, 200},
-		{`{"do_remote_prefill":true,"remote_engine_id":"p","remote_block_ids":[4,5],"remote_host":"10.0.0.2","remote_port":5600,"remote_handshake_port":6000}`, 200},
-		{`{"do_remote_decode":true,"do_remote_prefill":false}`, 502},
-		{`"DUMMY"`, 502},
+		{answer{200, llmdSim, "length"}, 200, 1, ""},
+		{answer{200, `{"do_remote_prefill":true,"remote_engine_id":"p","remote_block_ids":[4,5],"remote_host":"10.0.0.2","remote_port":5600,"remote_handshake_port":6000}`, "length"}, 200, 1, ""},
+		{answer{200, `{"do_remote_decode":true,"do_remote_prefill":false}`, "length"}, 502, 0, ""},
+		{answer{200, `"DUMMY"`, "length"}, 502, 0, ""},
+		{answer{200, "null", "length"}, 502, 0, ""}, // no KV connector
+		{answer{200, "null", "stop"}, 200, 1, "none"},
+		{answer{400, "", ""}, 400, 1, ""},
 	} {
-		answer.Store(tt.params)
+		ans.Store(tt.answer)
+		prefills.Store(0)
 		dec.mu.Lock()
 		before := len(dec.bodies)
 		dec.mu.Unlock()
 		r := post(t, url+"/v1/completions", completion("hello there", false, 4), nil)
 		if r.status != tt.status {
-			t.Fatalf("%s: %d %s", tt.params, r.status, r.body)
+			t.Fatalf("%+v: %d %s", tt.answer, r.status, r.body)
+		}
+		if n := prefills.Load(); tt.prefills > 0 && n != tt.prefills {
+			t.Errorf("%+v: %d prefill legs, want %d", tt.answer, n, tt.prefills)
 		}
 		dec.mu.Lock()
 		sent := dec.bodies[before:]
 		dec.mu.Unlock()
 		switch {
 		case tt.status != 200 && len(sent) != 0:
-			t.Errorf("%s: the decode engine was sent %s", tt.params, sent)
-		case tt.status == 200 && (len(sent) != 1 || !strings.Contains(sent[0], `"kv_transfer_params":`+tt.params)):
-			t.Errorf("%s: leg 2 was %q, want the params verbatim", tt.params, sent)
+			t.Errorf("%+v: the decode engine was sent %s", tt.answer, sent)
+		case tt.status == 200 && len(sent) != 1:
+			t.Errorf("%+v: leg 2 sent %d times", tt.answer, len(sent))
+		case tt.status == 200 && tt.leg2 == "" && !strings.Contains(sent[0], `"kv_transfer_params":`+tt.params):
+			t.Errorf("%+v: leg 2 was %q, want the params verbatim", tt.answer, sent)
+		case tt.status == 200 && tt.leg2 == "none" && (strings.Contains(sent[0], "kv_transfer_params") || !strings.Contains(sent[0], `"max_tokens":4`)):
+			t.Errorf("%+v: leg 2 was %q, want the client's body without params", tt.answer, sent)
 		}
+	}
+	// A batch of prompts: vLLM's prefill would answer with the first
+	// prompt's params alone, so the decode engine computes the batch.
+	ans.Store(answer{200, llmdSim, "length"})
+	prefills.Store(0)
+	dec.mu.Lock()
+	before := len(dec.bodies)
+	dec.mu.Unlock()
+	batch := `{"model":"` + testModel + `","prompt":["a b c","d e f"],"max_tokens":4}`
+	r := post(t, url+"/v1/completions", batch, nil)
+	dec.mu.Lock()
+	sent := dec.bodies[before:]
+	dec.mu.Unlock()
+	if r.status != 200 || prefills.Load() != 0 || len(sent) != 1 || !strings.Contains(sent[0], `"prompt":["a b c","d e f"]`) || strings.Contains(sent[0], "kv_transfer_params") || r.header.Get(hdrPrefill) != "d" ||
+		!strings.Contains(r.header.Get(hdrReason), "batch of 2 prompts") {
+		t.Errorf("batch: %d, %d prefill legs, decode sent %q, prefill %q, reason %q", r.status, prefills.Load(), sent, r.header.Get(hdrPrefill), r.header.Get(hdrReason))
 	}
 }
 

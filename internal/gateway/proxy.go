@@ -731,6 +731,9 @@ func (g *Gateway) announce(h http.Header, rt *routed, p *plan) {
 // with the error. The prefill's answer is its observed end.
 func (g *Gateway) prefillFirst(ctx context.Context, h http.Header, r *http.Request, rt *routed, p *plan, fl *load.Flight, got *reached) ([]byte, string, error) {
 	params, cached, err := g.prefillLeg(ctx, r, rt, p)
+	if oe := (*openai.Error)(nil); errors.As(err, &oe) && oe.Status >= 400 && oe.Status < 500 {
+		return nil, "", err // the engine refused the request itself: another would too
+	}
 	if err != nil {
 		return nil, p.prefill.ep.Name, err
 	}
@@ -745,6 +748,13 @@ func (g *Gateway) prefillFirst(ctx context.Context, h http.Header, r *http.Reque
 		check(max(cached, 0), cached >= 0, true)
 	}
 	p.mf.load.FirstToken(fl, g.clock()) // the prefill leg's answer: an observed prefill
+	if params == nil {
+		// Its first token ended it (a stop): the prefill kept no KV for
+		// a remote decode, and the decode engine computes the prompt, as
+		// vLLM's own P/D proxy has it do. Until 2026-12-05 this was a
+		// 502 (with two prefill endpoints) or a retry on the decode alone.
+		return rt.req.StripRoutingParams(), "", nil
+	}
 	body, err := rt.req.DecodeBody(params)
 	if err != nil {
 		return nil, "", openai.Errorf(http.StatusBadGateway, "prefill endpoint %s: %v", p.prefill.ep.Name, err)
@@ -996,15 +1006,20 @@ func (g *Gateway) reportFailure(m *member, err error) {
 }
 
 // prefillLeg runs leg 1 on the prefill endpoint and returns the
-// kv_transfer_params its answer carries for leg 2, and the prompt tokens
-// its usage reports cached (-1: not reported).
+// kv_transfer_params its answer carries for leg 2 (nil: the answer ended
+// at its first token, for a reason of its own, and kept no KV for a
+// remote decode), and the prompt tokens its usage reports cached (-1: not
+// reported).
 func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p *plan) (params []byte, cached int, err error) {
 	data, err := g.prefillAnswer(ctx, r, rt, p.prefill, rt.req.PrefillBody())
 	if err != nil {
 		return nil, -1, err
 	}
 	params, err = openai.ResponseKVTransferParams(data)
-	if err != nil || params == nil {
+	if err == nil && params == nil && !openai.ResponseEndedAtFirstToken(data) {
+		err = errors.New("no kv_transfer_params")
+	}
+	if err != nil {
 		return nil, -1, openai.Errorf(http.StatusBadGateway, "prefill endpoint %s answered without kv_transfer_params (is it running with a KV connector?)", p.prefill.ep.Name)
 	}
 	cached = -1

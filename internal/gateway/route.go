@@ -83,7 +83,11 @@ type routed struct {
 	outputs    *outputLengths
 	// seqs is how many sequences it samples (OpenAI's n, at least 1,
 	// times the prompts of a batch): its stream interleaves their events.
-	seqs    int
+	seqs int
+	// batch is how many prompts an engine batches it into, for the
+	// P/D flows (0: one, not a batch): a completion's or /generate's
+	// prompts given as a list, a chat's n above 1 (batchOf).
+	batch   int
 	arrival time.Time
 	// opens: a chat request without an assistant message (it starts a
 	// conversation; sched.Request.OpensConversation).
@@ -427,6 +431,7 @@ func (g *Gateway) prepare(ctx context.Context, rt *routed) error {
 		// stream's.
 		rt.seqs = min(max(rt.seqs, 1)*k, maxSequences)
 	}
+	rt.batch = batchOf(req)
 	// From here on the counts, the keys and the raw body are all a request
 	// needs: let the parsed prompt go, so that once its large-body slot is
 	// released a request holds about its body, not 3 times it (16 Mi token
@@ -615,12 +620,16 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 	if d.Prefill >= 0 {
 		p.prefill, p.pEP = fs.members[d.Prefill], fs.eps[d.Prefill]
 	}
-	local := false
+	local, batch := false, false
 	if d.Decode >= 0 {
 		p.decode, p.dEP = fs.members[d.Decode], fs.eps[d.Decode]
-		if g.cfg.LocalPrefillTokens > 0 && rt.promptN-fs.snap.Endpoints[d.Decode].CachedTokens <= g.cfg.LocalPrefillTokens {
-			// Conditional disaggregation: the decode endpoint computes
-			// the short uncached part itself.
+		// vLLM's P/D flow carries one prompt's KV: its prefill answers a
+		// batch of prompts with the first one's kv_transfer_params, which
+		// would send every prompt of the batch to read that one's blocks.
+		batch = rt.batch > 1 && rt.api != apiChat && p.prefill != nil && p.prefill.ep.BootstrapPort == 0
+		if batch || g.cfg.LocalPrefillTokens > 0 && rt.promptN-fs.snap.Endpoints[d.Decode].CachedTokens <= g.cfg.LocalPrefillTokens {
+			// Conditional disaggregation (or a batch): the decode
+			// endpoint computes the short uncached part itself.
 			p.prefill, p.pEP, p.decode, p.dEP = p.decode, p.dEP, nil, nil
 			p.dec.CachedTokens = fs.snap.Endpoints[d.Decode].CachedTokens
 			local = true
@@ -634,7 +643,10 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 	if fs.decodeAlone {
 		p.reason = "no prefill endpoint is up: decode endpoints serve requests alone; " + p.reason
 	}
-	if local {
+	switch {
+	case batch:
+		p.reason = fmt.Sprintf("decode endpoint %s computes the batch of %d prompts itself: vLLM's P/D flow carries one prompt's KV", p.prefill.ep.Name, rt.batch)
+	case local:
 		p.reason = fmt.Sprintf("decode endpoint %s computes the prompt itself: it holds %d of its %d tokens, the rest within local_prefill_tokens %d",
 			p.prefill.ep.Name, p.dec.CachedTokens, rt.promptN, g.cfg.LocalPrefillTokens)
 	}
@@ -784,3 +796,19 @@ func (g *Gateway) rejectErr(rt *routed, reason string, predicted float64) *opena
 }
 
 func fmtMillis(s float64) string { return strconv.FormatFloat(s*1000, 'f', 1, 64) }
+
+// batchOf is how many prompts SGLang's router counts req as a batch of,
+// for its P/D bootstrap fields (0: not a batch): a completion's prompt
+// given as a list, /generate's text or input_ids given as lists of
+// prompts (SGLang's mini_lb counts both; its Rust router input_ids), a
+// chat's n above 1.
+func batchOf(req *openai.Request) int {
+	switch req.Prompt.Kind {
+	case openai.PromptTexts, openai.PromptTokenLists:
+		return min(req.Prompt.Len(), maxSequences)
+	}
+	if len(req.Messages) > 0 && req.N != nil && *req.N > 1 {
+		return int(min(*req.N, maxSequences))
+	}
+	return 0
+}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/load"
@@ -27,7 +28,7 @@ import (
 // returns the endpoint to retry without (as proxy does) and the error.
 func (g *Gateway) proxySGLang(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *routed, p *plan, fl *load.Flight, got *reached) (string, error) {
 	lf := p.mf.load
-	body := rt.req.BootstrapBody(hostOf(p.prefill.ep.URL), p.prefill.ep.BootstrapPort, bootstrapRoom(rand.Uint64(), p.prefill.ep))
+	body := bootstrapBody(rt, p.prefill.ep)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	prefilled := make(chan error, 1)
@@ -100,10 +101,32 @@ func bootstrapRoom(r uint64, ep fleet.Endpoint) uint64 {
 	return r
 }
 
-// hostOf is a URL's host without its port (SGLang's bootstrap_host).
-func hostOf(u string) string {
-	if p, err := url.Parse(u); err == nil {
-		return p.Hostname()
+// bootstrapBody is the body of both legs of SGLang's P/D protocol for rt
+// on prefill endpoint ep: scalar bootstrap fields, or for a batch
+// (rt.batch) lists of them, a room each, as SGLang's router sends them.
+func bootstrapBody(rt *routed, ep fleet.Endpoint) []byte {
+	host := hostOf(ep.URL)
+	if rt.batch == 0 {
+		return rt.req.BootstrapBody(host, ep.BootstrapPort, bootstrapRoom(rand.Uint64(), ep))
 	}
-	return ""
+	rooms := make([]uint64, rt.batch)
+	for i := range rooms {
+		rooms[i] = bootstrapRoom(rand.Uint64(), ep)
+	}
+	return rt.req.BootstrapBatchBody(host, ep.BootstrapPort, rooms)
+}
+
+// hostOf is a URL's host without its port (SGLang's bootstrap_host); an
+// IPv6 address keeps its brackets, since SGLang's decode engine joins it
+// to the port as host:port (SGLang's routers bracket it too).
+func hostOf(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return ""
+	}
+	h := p.Hostname()
+	if strings.Contains(h, ":") {
+		return "[" + h + "]"
+	}
+	return h
 }

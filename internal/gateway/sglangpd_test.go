@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // sglangPair stands for an SGLang prefill and decode engine pair: each
@@ -196,6 +197,141 @@ func TestBootstrapRoomNamesTheRank(t *testing.T) {
 		}
 		if room := bootstrapRoom(r, fleet.Endpoint{}); room > math.MaxInt64 || room != r&math.MaxInt64 {
 			t.Errorf("random %d, no ranks: room %d", r, room)
+		}
+	}
+}
+
+// TestSGLangBatchBootstrap: a batch goes to SGLang's P/D flow with its
+// bootstrap fields as lists, one element a prompt and a room each, as
+// SGLang's router sends them (its Rust router for a completion's prompt
+// list and a chat's n, mini_lb for /generate's lists); a single prompt
+// keeps scalars. Each room names the prefill's rank.
+func TestSGLangBatchBootstrap(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []map[string]any // the prefill leg's, then the decode leg's
+	prefilled := make(chan struct{}, 1)
+	leg := func(decode bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			var body map[string]any
+			b, _ := io.ReadAll(r.Body)
+			_ = json.Unmarshal(b, &body)
+			if decode {
+				// As SGLang's decode engine: its answer waits for the
+				// prefill (the KV comes from there).
+				select {
+				case <-prefilled:
+				case <-time.After(5 * time.Second):
+				}
+			}
+			mu.Lock()
+			bodies = append(bodies, body)
+			mu.Unlock()
+			if !decode {
+				prefilled <- struct{}{}
+			}
+			fmt.Fprint(w, `{"id":"x","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"length"}]}`)
+		}
+	}
+	pre, dec := httptest.NewServer(leg(false)), httptest.NewServer(leg(true))
+	t.Cleanup(pre.Close)
+	t.Cleanup(dec.Close)
+	cfg := Config{Endpoints: []fleet.Endpoint{
+		{Name: "p", URL: pre.URL, Model: testModel, Role: fleet.RolePrefill, BootstrapPort: 8998},
+		{Name: "d", URL: dec.URL, Model: testModel, Role: fleet.RoleDecode},
+	}}
+	_, url, _ := startGateway(t, cfg, Options{})
+	for _, c := range []struct {
+		path, body string
+		n          int // 0: scalars
+	}{
+		{"/v1/completions", `{"model":"` + testModel + `","prompt":"one prompt","max_tokens":2}`, 0},
+		{"/v1/completions", `{"model":"` + testModel + `","prompt":["first prompt","second prompt"],"max_tokens":2}`, 2},
+		{"/v1/completions", `{"model":"` + testModel + `","prompt":[[1,2,3],[4,5,6],[7,8,9]],"max_tokens":2}`, 3},
+		{"/v1/completions", `{"model":"` + testModel + `","prompt":[1,2,3],"max_tokens":2}`, 0},
+		{"/v1/chat/completions", `{"model":"` + testModel + `","messages":[{"role":"user","content":"hi"}],"n":3,"max_tokens":2}`, 3},
+		{"/v1/chat/completions", `{"model":"` + testModel + `","messages":[{"role":"user","content":"hi"}],"n":1,"max_tokens":2}`, 0},
+		{"/generate", `{"model":"` + testModel + `","input_ids":[[1,2],[3,4]],"sampling_params":{"max_new_tokens":2}}`, 2},
+		{"/generate", `{"model":"` + testModel + `","text":["a","b","c","d"],"sampling_params":{"max_new_tokens":2}}`, 4},
+		{"/generate", `{"model":"` + testModel + `","text":"a","sampling_params":{"max_new_tokens":2}}`, 0},
+	} {
+		mu.Lock()
+		bodies = bodies[:0]
+		mu.Unlock()
+		if r := post(t, url+c.path, c.body, nil); r.status != 200 {
+			t.Fatalf("%s %s: %d %s", c.path, c.body, r.status, r.body)
+		}
+		mu.Lock()
+		got := append([]map[string]any(nil), bodies...)
+		mu.Unlock()
+		if len(got) != 2 {
+			t.Fatalf("%s: %d legs", c.body, len(got))
+		}
+		b := got[0]
+		if c.n == 0 {
+			if _, ok := b["bootstrap_room"].(float64); !ok || b["bootstrap_host"] != "127.0.0.1" || b["bootstrap_port"] != float64(8998) {
+				t.Errorf("%s: want scalar fields, got %v %v %v", c.body, b["bootstrap_host"], b["bootstrap_port"], b["bootstrap_room"])
+			}
+			continue
+		}
+		hosts, _ := b["bootstrap_host"].([]any)
+		ports, _ := b["bootstrap_port"].([]any)
+		rooms, _ := b["bootstrap_room"].([]any)
+		if len(hosts) != c.n || len(ports) != c.n || len(rooms) != c.n {
+			t.Errorf("%s: want lists of %d, got %v %v %v", c.body, c.n, b["bootstrap_host"], b["bootstrap_port"], b["bootstrap_room"])
+			continue
+		}
+		seen := map[float64]bool{}
+		for i := range c.n {
+			room, _ := rooms[i].(float64)
+			if hosts[i] != "127.0.0.1" || ports[i] != float64(8998) || room >= math.Exp2(63) || seen[room] {
+				t.Errorf("%s: element %d: %v %v %v", c.body, i, hosts[i], ports[i], rooms[i])
+			}
+			seen[room] = true
+		}
+		pj, _ := json.Marshal(got[0])
+		dj, _ := json.Marshal(got[1])
+		if string(pj) != string(dj) {
+			t.Errorf("%s: the legs differ:\n %s\n %s", c.body, pj, dj)
+		}
+	}
+	// A batch on a rank of a data-parallel prefill engine: every room
+	// names that rank.
+	eps, err := fleet.Validate([]fleet.Endpoint{{Name: "p", URL: "http://h:1", Model: "m", Role: fleet.RolePrefill, DPSize: 4, BootstrapPort: 8998}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range eps {
+		var b struct {
+			Rooms []uint64 `json:"bootstrap_room"`
+		}
+		req, err := openai.ParseRequest([]byte(`{"model":"m","prompt":["a","b","c","d","e"]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(bootstrapBody(&routed{req: req, batch: 5}, ep), &b); err != nil || len(b.Rooms) != 5 {
+			t.Fatalf("rank %d: %v %v", ep.DPRank, b.Rooms, err)
+		}
+		for _, room := range b.Rooms {
+			if room > math.MaxInt64 || room%4 != uint64(ep.DPRank) {
+				t.Errorf("rank %d: room %d", ep.DPRank, room)
+			}
+		}
+	}
+}
+
+// TestBootstrapHost: bootstrap_host is the prefill URL's host; an IPv6
+// address keeps its brackets (SGLang's decode engine joins host:port).
+func TestBootstrapHost(t *testing.T) {
+	for _, c := range []struct{ url, want string }{
+		{"http://10.0.0.5:30000", "10.0.0.5"},
+		{"http://prefill-0.svc.cluster.local:30000", "prefill-0.svc.cluster.local"},
+		{"http://[::1]:30000", "[::1]"},
+		{"http://[fd00::5]:30000/v1", "[fd00::5]"},
+		{"http://[fe80::1%25eth0]:30000", "[fe80::1%eth0]"},
+		{"::not a url", ""},
+	} {
+		if got := hostOf(c.url); got != c.want {
+			t.Errorf("%s: %q, want %q", c.url, got, c.want)
 		}
 	}
 }

@@ -219,6 +219,33 @@ func (r *Request) BootstrapBody(host string, port int, room uint64) []byte {
 	)
 }
 
+// BootstrapBatchBody is BootstrapBody for a batch (SGLang's router's
+// batch: a completion's prompt given as a list, /generate's text or
+// input_ids lists of prompts, a chat's n > 1): bootstrap_host,
+// bootstrap_port and bootstrap_room are lists, one element a prompt, the
+// rooms given (one each; each below 2^63). SGLang's own routers send
+// batches so (its Rust router for the OpenAI APIs, mini_lb for
+// /generate); an SGLang whose engine takes only scalars for a batch
+// expands the room to room + i, which on a prefill engine of several
+// data-parallel ranks points the batch's prompts at other ranks.
+func (r *Request) BootstrapBatchBody(host string, port int, rooms []uint64) []byte {
+	n := len(rooms)
+	hosts, ports := make([]string, n), make([]int, n)
+	rs := make([]int64, n)
+	for i, room := range rooms {
+		hosts[i], ports[i], rs[i] = host, port, int64(room&math.MaxInt64)
+	}
+	h, _ := json.Marshal(hosts)
+	pl, _ := json.Marshal(ports)
+	rl, _ := json.Marshal(rs)
+	return r.Rewrite(
+		Edit{Key: "kv_transfer_params"},
+		Edit{Key: "bootstrap_host", Value: h},
+		Edit{Key: "bootstrap_port", Value: pl},
+		Edit{Key: "bootstrap_room", Value: rl},
+	)
+}
+
 // PrefillBody is the body of leg 1, to the prefill engine (DESIGN.md,
 // NixlConnector): the client's body with stream=false, stream_options
 // removed, max_tokens=1 (and max_completion_tokens=1 when present),
@@ -318,6 +345,31 @@ func ResponseKVTransferParams(body []byte) (json.RawMessage, error) {
 		return nil, nil
 	}
 	return json.RawMessage(body[m.v0:m.v1]), nil
+}
+
+// ResponseEndedAtFirstToken reports whether a prefill leg's answer (vLLM,
+// max_tokens 1) ended for a reason of its own: every choice finished,
+// none for its length ("stop": the first token was a stop token or
+// completed a stop string). vLLM's NixlConnector keeps a prompt's KV for a
+// remote decode only when its request stopped at max_tokens, and answers
+// such a prefill with kv_transfer_params null; vLLM's own P/D proxy then
+// sends the decode leg without them and the decode engine computes the
+// prompt. Without a connector every answer stops at its length.
+func ResponseEndedAtFirstToken(body []byte) bool {
+	var r struct {
+		Choices []struct {
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(body, &r) != nil || len(r.Choices) == 0 {
+		return false
+	}
+	for _, c := range r.Choices {
+		if c.FinishReason == nil || *c.FinishReason == "" || *c.FinishReason == "length" {
+			return false
+		}
+	}
+	return true
 }
 
 // ResponseCachedTokens returns the prompt tokens a non-streamed answer's

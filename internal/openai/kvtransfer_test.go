@@ -258,3 +258,29 @@ func TestVLLMLegsStripBootstrap(t *testing.T) {
 		}
 	}
 }
+
+// TestResponseEndedAtFirstToken: a prefill answer ended for a reason of
+// its own only when every choice finished and none for its length.
+func TestResponseEndedAtFirstToken(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want bool
+	}{
+		{`{"choices":[{"text":"","finish_reason":"stop"}]}`, true},
+		{`{"choices":[{"message":{"content":""},"finish_reason":"stop","stop_reason":"\n"}]}`, true},
+		{`{"choices":[{"finish_reason":"stop"},{"finish_reason":"stop"}]}`, true},
+		{`{"choices":[{"finish_reason":"length"}]}`, false},
+		{`{"choices":[{"finish_reason":"stop"},{"finish_reason":"length"}]}`, false},
+		{`{"choices":[{"finish_reason":null}]}`, false},
+		{`{"choices":[{"finish_reason":""}]}`, false},
+		{`{"choices":[{}]}`, false},
+		{`{"choices":[]}`, false},
+		{`{}`, false},
+		{`not json`, false},
+		{`{"choices":[{"finish_reason":7}]}`, false},
+	} {
+		if got := ResponseEndedAtFirstToken([]byte(c.body)); got != c.want {
+			t.Errorf("%s: %v, want %v", c.body, got, c.want)
+		}
+	}
+}
