@@ -36,6 +36,7 @@ type simFlags struct {
 	holdMin, holdBacklog, holdMax, holdSlack, holdQuiet                     float64
 	seed                                                                    uint64
 	holdTouch                                                               bool
+	displace                                                                string
 }
 
 // simLimits are the ranges of kvgate sim's own numeric flags; the workload
@@ -112,6 +113,7 @@ func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Fla
 	flagrange.Var(fl, &f.holdBacklog, "hold-backlog", sl.holdBacklog, "a held request's deadline: this times the fleet's backlog at its arrival (mean queue wait + held compute per instance)")
 	flagrange.Var(fl, &f.holdMax, "hold-max", sl.holdMax, "a held request's deadline is at most this long after its arrival")
 	flagrange.Var(fl, &f.holdSlack, "hold-slack", sl.holdSlack, "a held request is released early onto an idle instance or one where its predicted TTFT is within this many SLOs")
+	fs.StringVar(&f.displace, "displace", "policy", "with early rejection, a request rejected for the load takes the place of a queued request that has not started its prefill and would compute more, whose client gets the 429 instead (docs/policies.md, \"Displacement\"): policy (the policies meant to: kvgate), on (every policy) or off; only on the default engines (not with --engine-steps, --scenario heterogeneous, --event-lag, --events-at prefill or --decode-instances, where no run displaces)")
 	fs.BoolVar(&f.holdTouch, "hold-touch", false, "without early rejection, keep the cached prefixes of requests held longer than the fleet's cache turnover warm with one-token requests, within half of each instance's cache (experimental: the simulator gains, a live replay lost; docs/policies.md)")
 	flagrange.Var(fl, &f.holdQuiet, "hold-quiet", sl.holdQuiet, "with early rejection, a held request is served on an idle instance (of a fleet at least half idle) once no request has been rejected for the load for this many SLOs (earlier, by the share of them that has passed, while most such late answers were followed by their conversation's next turn; never while fewer than a quarter were); it gives the instance up to an arrival that would otherwise be rejected for the load")
 	fs.StringVar(&f.rates, "rates", "", fmt.Sprintf("comma-separated arrival rates, each %s, at most %d (default: 40,70 for chat, the phase's rate for long-documents and agents, %d for long-prompts, %d for agent-sessions)", wl.Rate, maxRates, longPromptRate, agentSessionRate))
@@ -239,8 +241,9 @@ type simJob struct {
 // is checked by runSim).
 func (f *simFlags) holdSettings() sched.HoldSettings {
 	mode, _ := sched.ParseHoldMode(f.hold)
+	displace, _ := sched.ParseHoldMode(f.displace)
 	return sched.HoldSettings{Mode: mode, Min: f.holdMin, Backlog: f.holdBacklog, Max: f.holdMax, Slack: f.holdSlack, Quiet: f.holdQuiet,
-		Touch: f.holdTouch}
+		Touch: f.holdTouch, Displace: displace}
 }
 
 type simOutput struct {
@@ -341,6 +344,9 @@ func parseSimChoices(f *simFlags) (simChoices, error) {
 	if _, err := sched.ParseHoldMode(f.hold); err != nil {
 		return c, fmt.Errorf("--hold %w", err)
 	}
+	if _, err := sched.ParseHoldMode(f.displace); err != nil {
+		return c, fmt.Errorf("--displace %w", err)
+	}
 	var err error
 	if c.policies, err = parsePolicies(f.policies); err != nil {
 		return c, err
@@ -396,7 +402,7 @@ func simConfig(fs *flag.FlagSet, f *simFlags, eviction sim.Eviction) (sim.Config
 // shapes set the fleet, the workload, the SLO and the rate.
 func sweepFlags(fs *flag.FlagSet, f *simFlags) error {
 	allowed := map[string]bool{"scenario": true, "seed": true, "seeds": true, "policies": true, "early-reject": true,
-		"format": true, "prefill-speed": true, "block-size": true, "write-trace": true, "hold-touch": true}
+		"format": true, "prefill-speed": true, "block-size": true, "write-trace": true, "hold-touch": true, "displace": true}
 	var bad []string
 	fs.Visit(func(fl *flag.Flag) {
 		if !allowed[fl.Name] {
@@ -404,7 +410,7 @@ func sweepFlags(fs *flag.FlagSet, f *simFlags) error {
 		}
 	})
 	if len(bad) > 0 {
-		return fmt.Errorf("--scenario sweep draws its shapes itself: %s not allowed (use --seed, --seeds, --policies, --early-reject, --hold-touch, --format, --prefill-speed, --block-size, --write-trace)", strings.Join(bad, ", "))
+		return fmt.Errorf("--scenario sweep draws its shapes itself: %s not allowed (use --seed, --seeds, --policies, --early-reject, --hold-touch, --displace, --format, --prefill-speed, --block-size, --write-trace)", strings.Join(bad, ", "))
 	}
 	return nil
 }
@@ -756,6 +762,7 @@ func roundResult(r sim.Result) sim.Result {
 	r.Unserved = round(r.Unserved, 4)
 	r.Held = round(r.Held, 4)
 	r.Yielded = round(r.Yielded, 4)
+	r.Displaced = round(r.Displaced, 4)
 	r.Touches, r.TouchTokens = round(r.Touches, 4), round(r.TouchTokens, 2)
 	r.Copies, r.CopyTokens = round(r.Copies, 4), round(r.CopyTokens, 2)
 	r.Goodput = round(r.Goodput, 2)
@@ -901,6 +908,8 @@ func unusedHoldFlags(set map[string]bool, f *simFlags) error {
 		return fmt.Errorf("--hold-quiet: read only with early rejection, and --early-reject is off")
 	case set["hold-touch"] && f.holdTouch && f.earlyReject == "on":
 		return fmt.Errorf("--hold-touch: read only without early rejection, and --early-reject is on")
+	case set["displace"] && f.displace != "off" && f.earlyReject == "off":
+		return fmt.Errorf("--displace: read only with early rejection, and --early-reject is off")
 	}
 	return nil
 }

@@ -105,6 +105,10 @@ type HoldSettings struct {
 	Min, Backlog, Max, Slack, Quiet float64
 	// Touch: Scheduler.HoldTouch.
 	Touch bool
+	// Displace says which policies displace (Scheduler.Displace, with
+	// early rejection only): the policies meant to hold (HoldByPolicy:
+	// kvgate's), every policy (HoldAlways) or none (HoldNever).
+	Displace HoldMode
 }
 
 // Scheduler returns the scheduler of pol, with early rejection or not, that
@@ -113,7 +117,8 @@ func (h HoldSettings) Scheduler(pol Policy, earlyReject bool) *Scheduler {
 	return &Scheduler{Policy: pol, EarlyReject: earlyReject,
 		Hold:    h.Mode == HoldAlways || (h.Mode == HoldByPolicy && HoldsLost(pol)),
 		HoldMin: h.Min, HoldBacklog: h.Backlog, HoldMax: h.Max, HoldSlack: h.Slack, HoldQuiet: h.Quiet,
-		HoldTouch: h.Touch}
+		HoldTouch: h.Touch,
+		Displace:  earlyReject && (h.Displace == HoldAlways || (h.Displace == HoldByPolicy && HoldsLost(pol)))}
 }
 
 // ErrHoldFull is returned by HoldQueue.Push when the queue is at its cap.

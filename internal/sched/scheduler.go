@@ -55,6 +55,10 @@ type Scheduler struct {
 	// HoldTouch turns on TouchHeld: held requests' cached prefixes are
 	// kept warm (touch.go; experimental, off by default).
 	HoldTouch bool
+	// Displace, with EarlyReject, lets a request rejected for the load
+	// take the place of a queued request that has not started and would
+	// compute more (DisplaceFor; the caller runs it).
+	Displace bool
 
 	scratch sync.Pool // *view
 }

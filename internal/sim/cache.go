@@ -13,7 +13,8 @@ type lru struct {
 	idx        map[uint64]int32
 	key        []uint64
 	prev, next []int32
-	head, tail int32 // head is the most recently used; -1 when empty
+	head, tail int32   // head is the most recently used; -1 when empty
+	free       []int32 // slots emptied by remove
 }
 
 func newLRU(capacity int) *lru {
@@ -62,7 +63,11 @@ func (c *lru) touch(k uint64) (evicted uint64, ok bool) {
 		return 0, false
 	}
 	var s int32
-	if len(c.key) < c.cap {
+	if n := len(c.free); n > 0 {
+		s = c.free[n-1]
+		c.free = c.free[:n-1]
+		c.key[s] = k
+	} else if len(c.key) < c.cap {
 		s = int32(len(c.key))
 		c.key, c.prev, c.next = append(c.key, k), append(c.prev, -1), append(c.next, -1)
 	} else {
@@ -75,6 +80,19 @@ func (c *lru) touch(k uint64) (evicted uint64, ok bool) {
 	c.idx[k] = s
 	c.pushFront(s)
 	return evicted, ok
+}
+
+// remove takes k out of the cache, if it holds it; its slot is the next
+// one filled.
+func (c *lru) remove(k uint64) bool {
+	s, ok := c.idx[k]
+	if !ok {
+		return false
+	}
+	c.unlink(s)
+	delete(c.idx, k)
+	c.free = append(c.free, s)
+	return true
 }
 
 func (c *lru) has(k uint64) bool {
@@ -206,5 +224,33 @@ func (f *fleetCache) insert(i int, keys []uint64) {
 			}
 		}
 		f.holders[k] |= bit
+	}
+}
+
+// missing returns the keys instance i does not hold (those an insert of
+// keys would add).
+func (f *fleetCache) missing(i int, keys []uint64) []uint64 {
+	var out []uint64
+	for _, k := range keys {
+		if !f.inst[i].has(k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// remove takes keys out of instance i's cache (a request displaced before
+// its prefill: sched.Scheduler.Displace).
+func (f *fleetCache) remove(i int, keys []uint64) {
+	bit := uint64(1) << uint(i)
+	for _, k := range keys {
+		if !f.inst[i].remove(k) || f.holders == nil {
+			continue
+		}
+		if m := f.holders[k] &^ bit; m == 0 {
+			delete(f.holders, k)
+		} else {
+			f.holders[k] = m
+		}
 	}
 }

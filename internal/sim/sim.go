@@ -140,6 +140,11 @@ type Result struct {
 	// rejected for the load (sched.Scheduler.YieldFor); they count as
 	// rejected.
 	Yielded float64 `json:"yielded,omitempty"`
+	// Displaced is the share of requests rejected after they were
+	// admitted, before their prefill started, for a request rejected for
+	// the load that then fit in their place, computing less
+	// (sched.Scheduler.DisplaceFor); they count as rejected.
+	Displaced float64 `json:"displaced,omitempty"`
 	// Touches is the number of touches per request: one-token requests
 	// that kept held requests' cached prefixes warm
 	// (sched.Scheduler.TouchHeld), engine work the requests' figures
@@ -249,6 +254,11 @@ type run struct {
 	// balance (sched.Decision.CopyTokens), copyComputed the prompt
 	// tokens they computed.
 	copies, copyComputed int
+	// queued are, per prefill instance, the requests dispatched and not
+	// started (sched.Scheduler.Displace: displace.go); displaced counts
+	// those displaced.
+	queued    [][]queuedReq
+	displaced int
 }
 
 func newRun(cfg Config, tr *workload.Trace, sc *sched.Scheduler) (*run, error) {
@@ -351,7 +361,7 @@ func (r *run) step(ri int) error {
 		OutputTokens: q.OutputTokens, SLO: r.cfg.SLO, OpensConversation: r.opens[ri], CanCopy: true}
 	r.hold.NoteArrival(t, q.Keys)
 	d := r.sc.Decide(&req, &r.snap)
-	if r.yieldFor(ri, &req, &d) {
+	if r.yieldFor(ri, &req, &d) || r.displaceFor(ri, &req, &d) {
 		r.snapshot(ri)
 		d = r.sc.Decide(&req, &r.snap)
 	}
@@ -454,7 +464,14 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 	if tracked {
 		r.investing = append(r.investing, investment{ri: ri, ep: i, fl: fl, start: max(t, r.snap.Endpoints[i].FreeAt), end: done, hitBlocks: hitBlocks})
 	} else {
+		var added []uint64
+		if r.displaces() {
+			added = r.cache.missing(i, q.Keys)
+		}
 		r.cache.insert(i, q.Keys)
+		if r.displaces() {
+			r.noteQueued(ri, i, t, fl, hit, added)
+		}
 	}
 	if d.CopyTokens > 0 {
 		r.copyPrefix(ri, d.CopyTo, d.CopyTokens)
@@ -575,6 +592,7 @@ func (r *run) summarise() Result {
 		res.Unserved = float64(unserved+r.hold.Len()) / float64(total)
 		res.Held = float64(r.held) / float64(total)
 		res.Yielded = float64(r.yields) / float64(total)
+		res.Displaced = float64(r.displaced) / float64(total)
 		res.Touches = float64(r.touches) / float64(total)
 		res.Copies = float64(r.copies) / float64(total)
 	}

@@ -65,6 +65,17 @@ func TestLRU(t *testing.T) {
 	if !c.has(1) || !c.has(4) || !c.has(5) || c.has(2) || c.len() != 3 {
 		t.Fatal("wrong contents")
 	}
+	// A removed block's slot is the next one filled: no eviction until
+	// the cache is full again.
+	if !c.remove(4) || c.remove(4) || c.has(4) || c.len() != 2 {
+		t.Fatal("remove")
+	}
+	if _, ev := c.touch(6); ev || !c.has(6) || !c.has(1) || !c.has(5) || c.len() != 3 {
+		t.Fatal("a freed slot was not reused")
+	}
+	if k, ev := c.touch(7); !ev || k != 1 {
+		t.Fatalf("want 1 evicted, got %d %v", k, ev)
+	}
 	zero := newLRU(0)
 	if _, ev := zero.touch(1); ev || zero.has(1) {
 		t.Fatal("a zero-capacity cache holds nothing")
@@ -104,6 +115,11 @@ func maskMatchesWalk(t *testing.T, order Eviction) {
 		inst := rng.IntN(5)
 		masked.insert(inst, keys)
 		walked.insert(inst, keys)
+		if rng.IntN(4) == 0 { // a displaced request's blocks taken out
+			gone := keys[rng.IntN(len(keys)):]
+			masked.remove(inst, gone)
+			walked.remove(inst, gone)
+		}
 	}
 }
 
