@@ -57,6 +57,7 @@ func newServeFlagSet(f *serveFlags, c *gateway.Config, early *bool, stepTokens *
 	fs.StringVar(&c.Policy, "policy", "kvgate", "routing policy: "+strings.Join(sched.Names(), ", "))
 	fs.StringVar(&c.Predictor, "predictor", gateway.PredictorLearned, "latency predictor: learned (online, from observed first tokens and TPOTs) or analytic (configured prefill speeds, observed mean TPOT)")
 	fs.BoolVar(early, "early-reject", true, "reject (429) requests predicted to miss their SLO before any compute")
+	fs.StringVar(&c.Displace, "displace", gateway.HoldPolicy, "with early rejection, a request rejected for the load takes the place of a queued request that has not started its prefill and would compute more: that one's upstream request is aborted and its client gets the 429 (docs/policies.md, \"Displacement\"): policy (the policies meant to: kvgate), on or off")
 	fs.StringVar(&c.Hold.Mode, "hold", gateway.HoldPolicy, "hold at the router requests that fit nowhere until an endpoint has slack or their deadline (with early rejection: those that miss their SLO even on an idle endpoint, served on an idle endpoint of a quiet fleet, which they give up to a request that would otherwise be rejected, or rejected at their deadline; docs/policies.md): policy (the policies meant to: kvgate), on or off")
 	fs.StringVar(&c.BindEvents, "bind-events", "", "central KV events: bind a SUB here (e.g. tcp://0.0.0.0:5557) for engines that dial")
 	fs.StringVar(&c.Sync.Bind, "sync-bind", "", "several gateway replicas: publish this replica's requests in flight on a ZMQ PUB here (e.g. tcp://0.0.0.0:5600) for the other replicas (docs/serve.md, \"Several gateway replicas\")")
@@ -226,6 +227,7 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 		"listen": func() { c.Listen = flags.Listen }, "admin": func() { c.Admin = flags.Admin },
 		"policy": func() { c.Policy = flags.Policy }, "slo-ttft": func() { c.SLOTTFT = flags.SLOTTFT },
 		"predictor": func() { c.Predictor = flags.Predictor }, "hold": func() { c.Hold.Mode = flags.Hold.Mode },
+		"displace": func() { c.Displace = flags.Displace },
 		"slo-tpot": func() { c.SLOTPOT = flags.SLOTPOT }, "early-reject": func() { c.EarlyReject = flags.EarlyReject },
 		"bind-events": func() { c.BindEvents = flags.BindEvents }, "bind-events-ranks": func() { c.BindEventsRanks = flags.BindEventsRanks }, "block-size": func() { c.BlockSize = flags.BlockSize },
 		"prefill-speed": func() { c.PrefillSpeed = flags.PrefillSpeed }, "engine-step-tokens": func() { c.EngineStepTokens = flags.EngineStepTokens }, "local-prefill-tokens": func() { c.LocalPrefillTokens = flags.LocalPrefillTokens },

@@ -36,10 +36,15 @@ type Config struct {
 	// "learned" (default: learned online from observed first tokens and
 	// stream TPOTs, starting from the configured speeds) or "analytic"
 	// (configured prefill speeds; the observed mean TPOT per endpoint).
-	Predictor   string  `yaml:"predictor"`
-	EarlyReject *bool   `yaml:"early_reject"`
-	SLOTTFT     float64 `yaml:"slo_ttft,omitempty"` // seconds; the default class's TTFT target
-	SLOTPOT     float64 `yaml:"slo_tpot,omitempty"` // seconds; the default class's TPOT target
+	Predictor   string `yaml:"predictor"`
+	EarlyReject *bool  `yaml:"early_reject"`
+	// Displace, with early rejection: a request rejected for the load
+	// takes the place of a queued request that has not started its
+	// prefill and would compute more (sched.Scheduler.DisplaceFor):
+	// policy (the policies meant to: kvgate; the default), on or off.
+	Displace string  `yaml:"displace"`
+	SLOTTFT  float64 `yaml:"slo_ttft,omitempty"` // seconds; the default class's TTFT target
+	SLOTPOT  float64 `yaml:"slo_tpot,omitempty"` // seconds; the default class's TPOT target
 	// Classes are SLO classes chosen per request by the ClassHeader
 	// header; without one a request gets DefaultClass.
 	Classes      []Class `yaml:"classes"`
@@ -175,8 +180,9 @@ const (
 func (c *Config) scheduler(pol sched.Policy) *sched.Scheduler {
 	h := c.Hold
 	mode, _ := sched.ParseHoldMode(h.Mode) // checked by Validate
+	displace, _ := sched.ParseHoldMode(c.Displace)
 	sc := sched.HoldSettings{Mode: mode, Min: h.Min, Backlog: h.Backlog, Max: h.Max.Seconds(), Slack: h.Slack, Quiet: h.Quiet,
-		Touch: h.Touch}.
+		Touch: h.Touch, Displace: displace}.
 		Scheduler(pol, *c.EarlyReject)
 	sc.Explain = true
 	return sc
@@ -321,6 +327,9 @@ func (c *Config) Defaults() {
 	if c.Hold.Mode == "" {
 		c.Hold.Mode = HoldPolicy
 	}
+	if c.Displace == "" {
+		c.Displace = HoldPolicy
+	}
 	if c.Hold.MaxRequests == 0 {
 		c.Hold.MaxRequests = 4096
 	}
@@ -436,6 +445,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := sched.ParseHoldMode(c.Hold.Mode); err != nil {
 		add(fmt.Errorf("hold.mode (--hold) %w", err))
+	}
+	if _, err := sched.ParseHoldMode(c.Displace); err != nil {
+		add(fmt.Errorf("displace (--displace) %w", err))
 	}
 	if _, err := newPredictor(c.Predictor); err != nil {
 		add(fmt.Errorf("predictor (--predictor): %w", err))

@@ -221,6 +221,9 @@ type modelFleet struct {
 	hold    *holdQueue       // requests held at the router (hold.go)
 	// investing are the hold's investments in progress (invest.go).
 	investing investments
+	// queued are its aggregated requests not yet answered, which a
+	// request rejected for the load may displace (displace.go).
+	queued investments
 	// prefixRequests counts its prefix requests in flight: the hold's touches
 	// (touch.go) and copies ahead of the conversation balance (copy.go).
 	prefixRequests atomic.Int64

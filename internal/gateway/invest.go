@@ -27,6 +27,8 @@ type investment struct {
 	flight *load.Flight
 	cancel func(error)
 	keys   []uint64 // its prompt's block keys, routed to m
+	// priority is its class's (a queued request: displace.go).
+	priority int
 }
 
 // investments are one model fleet's investments in progress.

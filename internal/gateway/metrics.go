@@ -35,6 +35,7 @@ type metrics struct {
 	held           prometheus.Counter
 	holdSeconds    prometheus.Histogram
 	yielded        prometheus.Counter
+	displaced      prometheus.Counter
 	touches        *prometheus.CounterVec
 	touchTokens    *prometheus.CounterVec
 	copies         *prometheus.CounterVec
@@ -97,10 +98,10 @@ func newMetrics(g *Gateway) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_requests_total",
-			Help: "Requests by outcome (ok, rejected, yielded, bad_request, unavailable, engine_refused, upstream_error, tokenizer_error, broken_stream, client_gone, overloaded, hold_full, internal_error; docs/serve.md), model (\"\" before one the fleet serves is known), SLO class and policy."},
+			Help: "Requests by outcome (ok, rejected, yielded, displaced, bad_request, unavailable, engine_refused, upstream_error, tokenizer_error, broken_stream, client_gone, overloaded, hold_full, internal_error; docs/serve.md), model (\"\" before one the fleet serves is known), SLO class and policy."},
 			[]string{"outcome", "model", "class", "policy"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_rejections_total",
-			Help: "Requests rejected (429) by admission before any compute, or as yielded investments after some, by SLO class."}, []string{"class"}),
+			Help: "Requests rejected (429) by admission before any compute (at once, or displaced from an engine's queue before their prefill), or as yielded investments after some, by SLO class."}, []string{"class"}),
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvgate_decision_seconds",
 			Help:    "Time to decide one request (snapshot, policy, admission).",
 			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 20)}),
@@ -128,6 +129,8 @@ func newMetrics(g *Gateway) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)}),
 		yielded: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_hold_yielded_total",
 			Help: "Requests served late as the hold's investments that gave their engine up to a request that would have been rejected for the load (their clients got 429)."}),
+		displaced: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_displaced_total",
+			Help: "Requests displaced from an engine's queue before their prefill by a request of less compute that was rejected for the load (their clients got 429; docs/policies.md, Displacement)."}),
 		touches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_hold_touches_total",
 			Help: "One-token requests that kept held requests' cached prefixes warm (docs/policies.md), by outcome: done, failed, skipped (too many in flight), not_engine_ids (the prompt's token ids are the estimating tokenizer's, which find nothing cached: not sent)."},
 			[]string{"outcome"}),
@@ -174,7 +177,7 @@ func newMetrics(g *Gateway) *metrics {
 	heldNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_held_requests",
 		Help: "Requests held at the router now."}, func() float64 { return float64(g.heldNow()) })
 	m.reg.MustRegister(m.requests, m.rejections, m.decision, m.ttft, m.sloMet, m.promptTokens, m.hitTokens, m.retries, m.migrations, m.whole, m.fairRejections,
-		m.held, m.holdSeconds, m.yielded, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, m.passthrough, heldNow,
+		m.held, m.holdSeconds, m.yielded, m.displaced, m.touches, m.touchTokens, m.copies, m.copyTokens, m.loadRejections, m.passthrough, heldNow,
 		m.reloads, m.lastReload,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&fleetCollector{g: g})

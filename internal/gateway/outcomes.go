@@ -6,6 +6,7 @@ const (
 	outcomeOK             = "ok"
 	outcomeRejected       = "rejected"
 	outcomeYielded        = "yielded"
+	outcomeDisplaced      = "displaced"
 	outcomeBadRequest     = "bad_request"
 	outcomeTokenizerError = "tokenizer_error"
 	outcomeOverloaded     = "overloaded"
@@ -19,5 +20,5 @@ const (
 )
 
 // allOutcomes lists the outcomes, for the series exported from the start.
-var allOutcomes = []string{outcomeOK, outcomeRejected, outcomeYielded, outcomeBadRequest, outcomeTokenizerError, outcomeOverloaded,
+var allOutcomes = []string{outcomeOK, outcomeRejected, outcomeYielded, outcomeDisplaced, outcomeBadRequest, outcomeTokenizerError, outcomeOverloaded,
 	outcomeUnavailable, outcomeHoldFull, outcomeEngineRefused, outcomeUpstreamError, outcomeBrokenStream, outcomeClientGone, outcomeInternalError}

@@ -347,6 +347,16 @@ func (g *Gateway) ended(w *clientWriter, r *http.Request, rt *routed, err error,
 		e := openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it misses its SLO even alone; served late on an idle engine, it gave the engine up to a request that can meet its SLO", rt.class.Name)
 		e.NoRetry = true // as rejectErr's
 		openai.WriteError(w, e)
+	case errors.Is(err, errDisplaced):
+		// Displaced from its engine's queue before its prefill by a
+		// request of less compute: early rejection's 429, no compute
+		// spent, after a wait in the queue.
+		g.met.outcome(outcomeDisplaced, g.modelLabel(rt), rt.class.Name, g.policy)
+		g.met.rejections.WithLabelValues(rt.class.Name).Inc()
+		dropRoutingHeaders(w.Header())
+		e := openai.TooManyRequests(time.Second, "kvgate: request rejected (class %s): it was queued to miss no target, but a request of less compute took its place before its prefill started, to serve both it and those still to come (it would have been rejected otherwise)", rt.class.Name)
+		e.NoRetry = true // as rejectErr's
+		openai.WriteError(w, e)
 	case errors.As(err, &refused):
 		g.met.outcome(outcomeEngineRefused, g.modelLabel(rt), rt.class.Name, g.policy) // its answer is the client's already
 	case !last:
@@ -582,6 +592,13 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 		ctx = ictx
 		start = func() bool { return p.mf.investing.remove(inv) }
 	}
+	displaceable := false
+	if start == nil {
+		var unqueue func()
+		ctx, start, unqueue = g.queue(ctx, rt, p, fl)
+		defer unqueue()
+		displaceable = start != nil
+	}
 	if p.decode != nil {
 		if err := disaggregatedRefusal(rt, p); err != nil {
 			dropRoutingHeaders(w.Header())
@@ -611,8 +628,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	}
 	resp, err := g.send(ctx, r, target, rt, body)
 	if err != nil {
-		if errors.Is(context.Cause(ctx), errYielded) {
-			return "", errYielded
+		if c := context.Cause(ctx); errors.Is(c, errYielded) || errors.Is(c, errDisplaced) {
+			return "", c
 		}
 		return target.ep.Name, err
 	}
@@ -621,7 +638,13 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	if p.decode == nil { // a decode answer's cached count is its own, after the transfer
 		check = g.staleCheck(p, rt)
 	}
-	return g.answer(w, resp, rt, target, lf, fl, &got, start, check)
+	avoid, err := g.answer(w, resp, rt, target, lf, fl, &got, start, check)
+	if displaceable && errors.Is(err, errYielded) {
+		// Its start hook found it taken out of the queued requests:
+		// displaced (displaceFor takes it out before it cancels it).
+		err = errDisplaced
+	}
+	return avoid, err
 }
 
 // staleCheck is the check of the prefill engine's cached count (an

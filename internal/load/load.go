@@ -877,6 +877,21 @@ func (f *Fleet) PredictedPrefillEnd(fl *Flight) float64 {
 	return fl.done
 }
 
+// Queued returns when the flight's prefill is predicted to start (FIFO:
+// its predicted end less its compute; on an endpoint that prefills in
+// steps, a step earlier, since its first chunk may share the step that
+// ends the prefill ahead) and its predicted compute, and whether it has
+// started: its prefill ended (ok false), or it is the endpoint's head.
+func (f *Fleet) Queued(fl *Flight) (start, compute float64, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := fl.prefill
+	if fl.prefilled || fl.touch || e.head >= len(e.queue) || e.queue[e.head] == fl {
+		return 0, 0, false
+	}
+	return fl.done - fl.compute - e.fullStep(), fl.compute, true
+}
+
 // PrefillDone records that the flight's prefill ended at time at (its
 // first token, or the prefill leg's response). Calling it again, or after
 // Finish, does nothing.

@@ -439,3 +439,31 @@ func TestEndedBeforePrefillLeavesQueue(t *testing.T) {
 		})
 	}
 }
+
+// TestQueued: a flight behind its endpoint's head is queued from its
+// predicted start (a step earlier on an endpoint that prefills in steps:
+// its first chunk may share the step ahead) for its compute; the head,
+// and a flight whose prefill ended, are not.
+func TestQueued(t *testing.T) {
+	for _, c := range []struct {
+		steps int
+		start float64
+	}{{0, 1}, {500, 0.5}} {
+		f := New([]Info{{Name: "a", PrefillSpeed: 1000, StepTokens: c.steps}}, false)
+		_, eps := snap(f, 0, 1000, nil)
+		var fls []*Flight
+		for range 3 {
+			fls = append(fls, f.Route(eps[0], 0, Work{Uncached: 1000, PrefillSeconds: 1}))
+		}
+		if _, _, ok := f.Queued(fls[0]); ok {
+			t.Errorf("steps %d: the head is queued", c.steps)
+		}
+		if start, compute, ok := f.Queued(fls[1]); !ok || math.Abs(start-c.start) > 1e-9 || compute != 1 {
+			t.Errorf("steps %d: second flight %v %v %v, want start %v, compute 1", c.steps, start, compute, ok, c.start)
+		}
+		f.FirstToken(fls[2], 0.5)
+		if _, _, ok := f.Queued(fls[2]); ok {
+			t.Errorf("steps %d: a flight whose prefill ended is queued", c.steps)
+		}
+	}
+}

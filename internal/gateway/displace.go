@@ -1,0 +1,88 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+
+	"github.com/kvgate/kvgate/internal/load"
+	"github.com/kvgate/kvgate/internal/sched"
+)
+
+// Displacement (sched.Scheduler.DisplaceFor, docs/policies.md): with early
+// rejection, a request rejected for the load takes the place of a request
+// queued on an engine that has not started its prefill and would compute
+// more. That one's upstream request is aborted (vLLM and SGLang drop a
+// waiting request whose client disconnected) and its client gets the 429
+// early rejection would have given it, with no compute spent; its answer's
+// headers are held back until its first byte (relay), so that the 429 can
+// still be sent. Aggregated requests only: a disaggregated one's prefill
+// leg is answered whole, and its decode leg holds KV by then.
+
+// errDisplaced: a queued request gave its place up.
+var errDisplaced = errors.New("kvgate: displaced from the engine's queue before its prefill by a request of less compute")
+
+// queue enters rt's attempt on p (aggregated) in its fleet's displaceable
+// requests, when the scheduler displaces. It returns the attempt's
+// context and the relay's start hook (nil: not entered), and the function
+// that takes it out, to be deferred.
+func (g *Gateway) queue(ctx context.Context, rt *routed, p *plan, fl *load.Flight) (context.Context, func() bool, func()) {
+	if p.decode != nil || p.invests || !g.sched.Load().Displace {
+		return ctx, nil, func() {}
+	}
+	qctx, cancel := context.WithCancelCause(ctx)
+	q := &investment{m: p.prefill, flight: fl, cancel: cancel, keys: rt.prep.Keys, priority: rt.class.Priority}
+	p.mf.queued.add(q)
+	return qctx, func() bool { return p.mf.queued.remove(q) }, func() {
+		p.mf.queued.remove(q)
+		cancel(nil)
+	}
+}
+
+// displaceFor displaces, for req which the scheduler rejected for the load
+// on fs's snapshot, the queued request sched.Scheduler.DisplaceFor picks:
+// it aborts its upstream request and ends its flight now, so that the
+// next snapshot shows its engine's queue without it. It reports whether
+// it displaced one.
+func (g *Gateway) displaceFor(fs *fleetView, req *sched.Request) bool {
+	sc := g.sched.Load()
+	if !sc.Displace {
+		return false
+	}
+	v := &fs.mf.queued
+	v.mu.Lock()
+	if len(v.set) == 0 {
+		v.mu.Unlock()
+		return false
+	}
+	index := make(map[*member]int, len(fs.members))
+	for i, m := range fs.members {
+		index[m] = i
+	}
+	var cands []*investment
+	var qs []sched.Queued
+	for c := range v.set {
+		i, ok := index[c.m]
+		if !ok {
+			continue
+		}
+		start, compute, ok := fs.mf.load.Queued(c.flight)
+		if !ok {
+			continue
+		}
+		cands = append(cands, c)
+		qs = append(qs, sched.Queued{Endpoint: i, Compute: compute, Start: start, Priority: c.priority})
+	}
+	k := sc.DisplaceFor(req, &fs.snap, qs)
+	if k < 0 {
+		v.mu.Unlock()
+		return false
+	}
+	q := cands[k]
+	delete(v.set, q)
+	v.mu.Unlock()
+	q.cancel(errDisplaced)
+	g.unrouted(q.m, q.keys)
+	fs.mf.load.Finish(q.flight, g.clock())
+	g.met.displaced.Inc()
+	return true
+}

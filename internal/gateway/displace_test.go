@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// displaceRig runs a gateway with early rejection over one upstream (1 000
+// prompt tokens/s, the analytic predictor's first margin of 1.5, a 2 s
+// TTFT SLO, engines that prefill whole
+// prompts) on a clock that stands still; displace is its --displace.
+func displaceRig(t *testing.T, displace string) *holdRig {
+	seen, inUpstream := &atomic.Int64{}, make(chan struct{}, 4)
+	up := holdUpstream(t, seen, inUpstream)
+	clock := &atomic.Int64{}
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	on, steps := true, 0
+	cfg := Config{
+		Endpoints:        []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}},
+		Classes:          []Class{{Name: "standard", Priority: 1, TTFT: 2}},
+		EarlyReject:      &on,
+		Predictor:        PredictorAnalytic,
+		EngineStepTokens: &steps,
+		Displace:         displace,
+	}
+	g, url, admin := startGateway(t, cfg, Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	return &holdRig{url: url, admin: admin, clock: clock, seen: seen, inUpstream: inUpstream, g: g}
+}
+
+// TestDisplacement: A (500 tokens, 0.5 s) runs; B (800 tokens) queues
+// behind it (pessimistic 0.75 + 1.2 s: the margin stretches the queue
+// too) and its engine sends its stream's headers at once, as vLLM does;
+// C (400 tokens) would be 1.95 + 0.6 s, misses, fits alone, computes
+// less than B, and takes B's place: B's upstream request is
+// aborted and its client gets 429, nothing of the 200 its engine began;
+// C is served. The same when B's engine has sent nothing yet (an answer
+// not streamed). With displacement off, C is rejected and B keeps its
+// place.
+func TestDisplacement(t *testing.T) {
+	for _, c := range []struct{ displace, bHold string }{{HoldPolicy, "headers"}, {HoldPolicy, "1"}, {HoldOff, "headers"}} {
+		displace := c.displace
+		t.Run(displace+"/"+c.bHold, func(t *testing.T) {
+			rig := displaceRig(t, displace)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			occupyWith(t, ctx, rig.url, 7, 500, rig.inUpstream) // A
+			gotB := make(chan result, 1)
+			go func() { // B, until its answer or the test's end
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rig.url+"/v1/completions", strings.NewReader(tokenPrompt(8, 800, true)))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Hold", c.bHold)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					gotB <- result{}
+					return
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				gotB <- result{resp.StatusCode, resp.Header, string(b)}
+			}()
+			select {
+			case <-rig.inUpstream:
+			case b := <-gotB:
+				t.Fatalf("B never reached the upstream: %d %v %s", b.status, b.header, b.body)
+			case <-time.After(30 * time.Second):
+				t.Fatal("B never reached the upstream")
+			}
+			c := post(t, rig.url+"/v1/completions", tokenPrompt(9, 400, false), nil)
+			m := get(t, rig.admin+"/metrics")
+			if displace == HoldOff {
+				if c.status != 429 || !strings.Contains(c.body, "rejected") {
+					t.Fatalf("C without displacement: %d %s, want 429", c.status, c.body)
+				}
+				if counted(m, "displaced") || !strings.Contains(m, "kvgate_displaced_total 0") {
+					t.Error("displaced with --displace off")
+				}
+				cancel() // A's and B's clients go
+				return
+			}
+			if c.status != 200 {
+				t.Fatalf("C: %d %s, want it served in B's place", c.status, c.body)
+			}
+			b := awaitResult(t, gotB)
+			if b.status != 429 || !strings.Contains(b.body, "took its place") || b.header.Get("X-Should-Retry") != "false" || b.header.Get("Retry-After") == "" {
+				t.Fatalf("B: %d %v %s, want the displaced 429", b.status, b.header, b.body)
+			}
+			for k := range b.header {
+				if strings.HasPrefix(strings.ToLower(k), "x-kvgate-") {
+					t.Errorf("B's 429 carries %s: %q", k, b.header.Get(k))
+				}
+			}
+			m = get(t, rig.admin+"/metrics")
+			if !strings.Contains(m, "kvgate_displaced_total 1") || !counted(m, "displaced") || !strings.Contains(m, `kvgate_rejections_total{class="standard"} 1`) {
+				t.Error("kvgate_displaced_total is not 1, or B is not outcome displaced, or not counted a rejection")
+			}
+		})
+	}
+}
