@@ -140,7 +140,7 @@ func (l *Learned) Model(name string, speed float64) Model {
 			min: l.o.MinSamples, shrink: l.o.Shrink}
 		l.models[name] = m
 	}
-	m.pool = pool.fit
+	m.pool, m.peers = pool.fit, l.models
 	return m
 }
 
@@ -169,6 +169,10 @@ type learnedModel struct {
 	err       pooledErr
 	min       int
 	shrink    float64 // Options.Shrink
+	// peers are the predictor's models (Learned.models): those of this
+	// one's pool with fits of their own bound what the pool predicts for
+	// it (peerBounded).
+	peers map[string]*learnedModel
 	// ownSq and poolSq are the own and the pool's fits' recent squared
 	// log errors on this endpoint's samples (weight cmpWeight), over
 	// compared of them (fitsApart).
@@ -248,7 +252,10 @@ func (m *learnedModel) Prefill(x Features) Estimate {
 func (m *learnedModel) seconds(x Features) float64 {
 	fit := m.active()
 	own := fit.predict(x)
-	if m.shrink <= 0 || fit == m.pool || m.pool.n <= m.own.n {
+	if fit == m.pool {
+		return m.peerBounded(x, own)
+	}
+	if m.shrink <= 0 || m.pool.n <= m.own.n {
 		return own
 	}
 	pool := m.pool.predict(x)
@@ -261,15 +268,56 @@ func (m *learnedModel) seconds(x Features) float64 {
 	return pool * math.Exp(w*d)
 }
 
+// peerBounded is s, the pool's prediction of x for this endpoint (it
+// has not the samples of its own to predict), never faster than the
+// fastest of the pool's endpoints with fits of their own predicts x: a
+// live pool's fit trains on every endpoint of one configured speed,
+// whatever each really does, and on samples from engines of unlike
+// speeds (fixed-cost-heavy short turns above all) its terms trade
+// against each other and its change detection trips as the samples
+// alternate; on synthetic traffic of that kind its speed for a fresh
+// 2 048-token prompt wandered between 2 700 and 100 000 tokens/s where
+// its endpoints did 5 000 and 20 000. An endpoint back from out was
+// then predicted at 49 555 tokens/s where its pool-mates were learned
+// at 3 249–14 195 and the configured speed was 20 000, and took every
+// fresh prompt (TestRestartedEndpointWithinItsPool). Bounded on that
+// side only: an endpoint predicted slower than its pool-mates is one the
+// router tries with care, and bounding that side too cost the simulator
+// with engines that prefill in steps 0.4–1.9 points of attainment
+// without rejection (long prompts 1.5× and 3×) where this costs nothing.
+// Without such endpoints (a pool all new, or all forgotten), and for
+// the simulator's free fits, s as it is.
+func (m *learnedModel) peerBounded(x Features, s float64) float64 {
+	if !m.pool.nonNeg {
+		return s
+	}
+	lo := math.Inf(1)
+	for _, p := range m.peers {
+		if p == m || p.pool != m.pool || p.own.n < p.min {
+			continue
+		}
+		lo = min(lo, p.seconds(x)) // its own fit: never back here
+	}
+	if math.IsInf(lo, 1) {
+		return s
+	}
+	return max(s, lo)
+}
+
 func (m *learnedModel) Observe(o Observation) {
 	f, _ := m.own.window(o.X, o.Also) // the regressors do not depend on the fit
-	if fit := m.active(); !fit.nonNeg || !fit.fixedBound(f) {
+	if fit := m.active(); !fit.nonNeg || !fit.fixedBound(f) || !m.own.fixedBound(f) {
 		// A sample of the fixed cost (rls.fixedBound) is left out of
 		// the margin and the error too: its ratio measures a step's
 		// jitter, not the compute of a prompt the margin stretches.
 		// Behind a bench repeating its prompts the margin rose to
 		// 2.2–2.8 and an idle fleet turned away a fresh 17 000-token
-		// prompt it serves in 0.88 s (pessimistic 2.23 s).
+		// prompt it serves in 0.88 s (pessimistic 2.23 s). Only when
+		// the endpoint's own fit agrees: the pool's terms are other
+		// engines', and a pool fit gone to its linear floor took a
+		// fresh 2 048-token prompt for a fixed-cost one, so an
+		// endpoint back from out missed by 95 % with its error at 0
+		// (TestRestartedEndpointWithinItsPool).
 		m.err.observe(o)
 	}
 	if !finitePos(o.Compute) || o.X.Uncached < 0 {
