@@ -593,6 +593,7 @@ func (s *Subscriber) fedBy(sock *zmtp.Sub, st *stream, from net.Addr) bool {
 		}
 		return false
 	}
+	st.newFeeder = st.newFeeder || (from != nil && st.feeder != nil && from != st.feeder)
 	st.feeder, st.refusedFrom = from, ""
 	return true
 }
