@@ -76,3 +76,33 @@ func TestDisplaceSettings(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDisplaceFor64: what a request rejected for the load costs more
+// with displacement: the choice among 256 queued requests (4 an
+// endpoint) on a 64-endpoint fleet (the caller then decides again),
+// against one decision of kvgate's and of llm-d's token-aware policy in
+// the same run.
+func BenchmarkDisplaceFor64(b *testing.B) {
+	r, s := benchFleet(64)
+	sc := Scheduler{Policy: mustNew(&testing.T{}, "kvgate", Options{}), EarlyReject: true, Displace: true}
+	q := make([]Queued, 256)
+	for k := range q {
+		q[k] = Queued{Endpoint: k % 64, Compute: 0.05 * float64(1+k%7), Start: s.Now + 0.1*float64(1+k%5)}
+	}
+	b.Run("decision", func(b *testing.B) {
+		for b.Loop() {
+			sc.Decide(r, s)
+		}
+	})
+	b.Run("llmd-token-aware", func(b *testing.B) {
+		lsc := Scheduler{Policy: mustNew(&testing.T{}, "llmd-token-aware", Options{}), EarlyReject: true}
+		for b.Loop() {
+			lsc.Decide(r, s)
+		}
+	})
+	b.Run("displace-for", func(b *testing.B) {
+		for b.Loop() {
+			sc.DisplaceFor(r, s, q)
+		}
+	})
+}
