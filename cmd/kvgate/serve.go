@@ -79,6 +79,7 @@ func newServeFlagSet(f *serveFlags, c *gateway.Config, early *bool, stepTokens *
 	flagrange.Var(fl, &f.k8s.Port, "k8s-port", flagrange.Range[int]{Min: 1, Max: 65535, Zero: "use --k8s-port-name"}, "discovery: the pods' HTTP port")
 	lim := gateway.ConfigLimits()
 	c.SLOTTFT, c.BlockSize, c.PrefillSpeed, c.MaxInflight, c.ConnectTimeout, c.BindEventsRanks = 2, tokens.DefaultBlockSize, 20000, 10000, 2*time.Second, 1
+	c.ShutdownGrace = 30 * time.Second
 	flagrange.Var(fl, &c.SLOTTFT, "slo-ttft", lim.SLOTTFT, "TTFT SLO (seconds) of the one class there is without classes: in --config (with classes:, an error: give each class its ttft)")
 	flagrange.Var(fl, &c.SLOTPOT, "slo-tpot", lim.SLO, "TPOT SLO (seconds) of the one class there is without classes: in --config (with classes:, an error: give each class its tpot)")
 	flagrange.Var(fl, &c.BlockSize, "block-size", lim.BlockSize, "router block size")
@@ -88,6 +89,7 @@ func newServeFlagSet(f *serveFlags, c *gateway.Config, early *bool, stepTokens *
 	flagrange.Var(fl, &c.MaxInflight, "max-inflight", lim.MaxInflight, "requests proxied at once; more get 429")
 	flagrange.Var(fl, &c.UpstreamTimeout, "upstream-timeout", lim.UpstreamTimeout, "bound on a whole proxied request, from its first send to an engine: its retry and migrations share it (time held at the router is not counted)")
 	flagrange.Var(fl, &c.ConnectTimeout, "connect-timeout", lim.ConnectTimeout, "bound on connecting to an engine")
+	flagrange.Var(fl, &c.ShutdownGrace, "shutdown-grace", lim.ShutdownGrace, "at SIGTERM or SIGINT, how long the requests in flight have to finish (no new connection is accepted meanwhile; a second signal cuts them)")
 	flagrange.Var(fl, &c.StreamIdleTimeout, "stream-idle-timeout", lim.StreamIdleTimeout, "bound on an engine's silence once its answer's first bytes came: longer, the attempt is broken (continued elsewhere with --migration-limit; an answer assembled whole is sent again) and the engine reported to health")
 	flagrange.Var(fl, &c.MigrationLimit, "migration-limit", lim.MigrationLimit, "times a stream whose engine fails after it began is continued on another engine, the text so far sent back as the answer's start (docs/serve.md, \"Migration\")")
 	flagrange.Var(fl, &c.BindEventsRanks, "bind-events-ranks", lim.BindEventsRanks, "central KV events: bind this many SUBs, at --bind-events' port + 0 … N-1, for data-parallel engines (dp_size) whose rank R dials the port + R")
@@ -240,6 +242,7 @@ func (f *serveFlags) load(flags gateway.Config) (serveConfig, error) {
 		"no-fairness":        func() { c.NoFairness = flags.NoFairness },
 		"no-stream-upstream": func() { c.NoStreamUpstream = flags.NoStreamUpstream },
 		"upstream-timeout":   func() { c.UpstreamTimeout = flags.UpstreamTimeout }, "connect-timeout": func() { c.ConnectTimeout = flags.ConnectTimeout },
+		"shutdown-grace":      func() { c.ShutdownGrace = flags.ShutdownGrace },
 		"stream-idle-timeout": func() { c.StreamIdleTimeout = flags.StreamIdleTimeout },
 		"migration-limit":     func() { c.MigrationLimit = flags.MigrationLimit },
 	}
@@ -352,16 +355,19 @@ func serveGateway(ctx context.Context, g *gateway.Gateway, sc serveConfig, srcs 
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	// The gateway's own loops (release, sync, KV events, discovery) run
+	// on until the requests in flight have drained (drain); the planner
+	// stops at the signal.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	errc := make(chan error, 4)
-	go func() { errc <- g.Run(ctx) }()
+	go func() { errc <- g.Run(runCtx) }()
 	if f.loop != nil {
 		go func() { _ = f.loop.Run(ctx) }()
 	}
 	if len(srcs) > 0 {
 		go func() {
-			if err := runDiscovery(ctx, srcs, u); err != nil {
+			if err := runDiscovery(runCtx, srcs, u); err != nil {
 				errc <- err // its sources name themselves (discovery:, k8s:)
 			}
 		}()
@@ -387,15 +393,44 @@ loop:
 			reload(g, sc, u, f, flags, log)
 		}
 	}
+	drain(srv, cfg.ShutdownGrace, log)
 	cancel()
-	sctx, done := context.WithTimeout(context.Background(), 5*time.Second)
+	sctx, done := context.WithTimeout(context.Background(), time.Second)
 	defer done()
-	_ = srv.Shutdown(sctx)
-	_ = adm.Shutdown(sctx)
+	_ = adm.Shutdown(sctx) // the admin API (metrics) answered during the drain
 	if errors.Is(runErr, http.ErrServerClosed) {
 		runErr = nil
 	}
 	return runErr
+}
+
+// drain stops srv accepting connections and waits, at most grace, for
+// the requests in flight to finish (streams to their end); a second
+// SIGTERM or SIGINT, or the grace's end, cuts the rest. Until 2026-12-05
+// the gateway's loops stopped at the signal and streams were cut after
+// 5 s (a walkthrough's 1 000-token stream ended without its [DONE]).
+func drain(srv *httpserve.Server, grace time.Duration, log *slog.Logger) {
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	sctx, done := context.WithTimeout(context.Background(), grace)
+	defer done()
+	shut := make(chan error, 1)
+	go func() { shut <- srv.Shutdown(sctx) }()
+	log.Info("kvgate serve: stopping: no new connections; the requests in flight have until the grace ends", "grace", grace)
+	select {
+	case err := <-shut:
+		if err == nil {
+			log.Info("kvgate serve: drained")
+			return
+		}
+		log.Warn("kvgate serve: the grace ended with requests in flight; they are cut", "grace", grace)
+	case <-again:
+		log.Warn("kvgate serve: second signal: the requests in flight are cut")
+		done()
+		<-shut
+	}
+	_ = srv.Close()
 }
 
 func reload(g *gateway.Gateway, running serveConfig, u *fleetUnion, f *serveFlags, flags gateway.Config, log *slog.Logger) {

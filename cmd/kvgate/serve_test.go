@@ -460,3 +460,50 @@ func TestK8sFlagsOverFileFields(t *testing.T) {
 		t.Fatal("no flag changed the file's section")
 	}
 }
+
+// TestServeDrainsAtSignal: at the signal (the context's end) kvgate serve
+// accepts no new connection, and a stream in flight runs to its end
+// within --shutdown-grace (it was cut after 5 s, the gateway's loops
+// stopped at once: walkthrough, 2026-12-05); past the grace it is cut.
+func TestServeDrainsAtSignal(t *testing.T) {
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 12 { // 6 s: longer than the 5 s the drain was
+			fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\"%d\"}]}\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(500 * time.Millisecond)
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(slow.Close)
+	for _, c := range []struct {
+		grace string
+		whole bool
+	}{{"30s", true}, {"200ms", false}} {
+		t.Run(c.grace, func(t *testing.T) {
+			url, _, stop := startServe(t, "--engine", "name=e,url="+slow.URL+",model=m", "--no-health-checks", "--shutdown-grace", c.grace)
+			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x","stream":true}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			first, err := bufio.NewReader(resp.Body).ReadString('\n')
+			if err != nil || !strings.HasPrefix(first, "data: ") {
+				t.Fatalf("first line %q, %v", first, err)
+			}
+			stopped := make(chan struct{})
+			go func() { stop(); close(stopped) }()
+			time.Sleep(100 * time.Millisecond)
+			if r, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`)); err == nil {
+				r.Body.Close()
+				t.Error("a new connection was accepted after the signal")
+			}
+			rest, _ := io.ReadAll(resp.Body)
+			if got := strings.Contains(string(rest), "data: [DONE]"); got != c.whole {
+				t.Errorf("stream ended whole %v, want %v: %q", got, c.whole, rest)
+			}
+			<-stopped
+		})
+	}
+}

@@ -91,6 +91,12 @@ type Config struct {
 	HTTP            httpserve.Config `yaml:"http"`
 	UpstreamTimeout time.Duration    `yaml:"upstream_timeout"` // whole request; 0: none
 	ConnectTimeout  time.Duration    `yaml:"connect_timeout"`
+	// ShutdownGrace bounds the drain at SIGTERM or SIGINT: no new
+	// connection is accepted, and the requests in flight (streams
+	// included) have this long to finish while the gateway keeps
+	// routing, syncing and hearing KV events for them (default 30 s;
+	// set it below the pod's terminationGracePeriodSeconds).
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 	// StreamIdleTimeout bounds the silence of an engine's answer once its
 	// first bytes came (idle.go): longer, the attempt is broken (its
 	// stream migrated with MigrationLimit); 0, the default: none.
@@ -215,6 +221,7 @@ type Limits struct {
 	LocalPrefillTokens flagrange.Range[int]
 	EngineStepTokens   flagrange.Range[int]
 	UpstreamTimeout    flagrange.Range[time.Duration]
+	ShutdownGrace      flagrange.Range[time.Duration]
 	ConnectTimeout     flagrange.Range[time.Duration]
 	StreamIdleTimeout  flagrange.Range[time.Duration]
 	// SLOTTFT is slo_ttft's range: 0 is the default target, 2 s (a
@@ -244,6 +251,7 @@ func ConfigLimits() Limits {
 		EngineStepTokens:   flagrange.Range[int]{Min: 1, Max: 1 << 24, Unit: "tokens", Zero: "unknown"},
 		UpstreamTimeout:    flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "none"},
 		ConnectTimeout:     flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour},
+		ShutdownGrace:      flagrange.Range[time.Duration]{Min: time.Millisecond, Max: time.Hour},
 		StreamIdleTimeout:  flagrange.Range[time.Duration]{Min: time.Millisecond, Max: 24 * time.Hour, Zero: "none"},
 		MigrationLimit:     flagrange.Range[int]{Min: 1, Max: maxMigrations, Unit: "migrations", Zero: "never"},
 		HoldMin:            flagrange.Range[float64]{Min: 0.01, Max: 1000, Unit: "SLOs", Zero: "default"},
@@ -317,6 +325,9 @@ func (c *Config) Defaults() {
 	c.HTTP = c.HTTP.WithDefaults()
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 2 * time.Second
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 30 * time.Second
 	}
 	if c.MaxInflight == 0 {
 		c.MaxInflight = 10000
@@ -413,6 +424,7 @@ func (c *Config) Validate() error {
 		l.EngineStepTokens.Check("engine_step_tokens (--engine-step-tokens)", c.engineStepTokens()),
 		l.UpstreamTimeout.Check("upstream_timeout (--upstream-timeout)", c.UpstreamTimeout),
 		l.ConnectTimeout.Check("connect_timeout (--connect-timeout)", c.ConnectTimeout),
+		l.ShutdownGrace.Check("shutdown_grace (--shutdown-grace)", c.ShutdownGrace),
 		l.StreamIdleTimeout.Check("stream_idle_timeout (--stream-idle-timeout)", c.StreamIdleTimeout),
 		l.MigrationLimit.Check("migration_limit (--migration-limit)", c.MigrationLimit),
 		l.HoldMin.Check("hold.min_slos", c.Hold.Min),
