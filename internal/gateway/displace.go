@@ -48,41 +48,12 @@ func (g *Gateway) displaceFor(fs *fleetView, req *sched.Request) bool {
 	if !sc.Displace {
 		return false
 	}
-	v := &fs.mf.queued
-	v.mu.Lock()
-	if len(v.set) == 0 {
-		v.mu.Unlock()
-		return false
-	}
-	index := make(map[*member]int, len(fs.members))
-	for i, m := range fs.members {
-		index[m] = i
-	}
-	var cands []*investment
 	var qs []sched.Queued
-	for c := range v.set {
-		i, ok := index[c.m]
-		if !ok {
-			continue
-		}
+	return g.stopPicked(fs, &fs.mf.queued, errDisplaced, g.met.displaced, func(c *investment, i int) bool {
 		start, compute, ok := fs.mf.load.Queued(c.flight)
-		if !ok {
-			continue
+		if ok {
+			qs = append(qs, sched.Queued{Endpoint: i, Compute: compute, Start: start, Priority: c.priority})
 		}
-		cands = append(cands, c)
-		qs = append(qs, sched.Queued{Endpoint: i, Compute: compute, Start: start, Priority: c.priority})
-	}
-	k := sc.DisplaceFor(req, &fs.snap, qs)
-	if k < 0 {
-		v.mu.Unlock()
-		return false
-	}
-	q := cands[k]
-	delete(v.set, q)
-	v.mu.Unlock()
-	q.cancel(errDisplaced)
-	g.unrouted(q.m, q.keys)
-	fs.mf.load.Finish(q.flight, g.clock())
-	g.met.displaced.Inc()
-	return true
+		return ok
+	}, func() int { return sc.DisplaceFor(req, &fs.snap, qs) })
 }

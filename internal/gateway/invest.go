@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/load"
 	"github.com/kvgate/kvgate/internal/sched"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Investments (sched.Decision.Invests, docs/policies.md): with early
@@ -61,7 +62,22 @@ func (v *investments) remove(in *investment) bool {
 // its upstream request and ends its flight now, so that the next snapshot
 // shows its engine free. It reports whether it stopped one.
 func (g *Gateway) stopFor(fs *fleetView, req *sched.Request) bool {
-	v := &fs.mf.investing
+	var in []sched.Investing
+	return g.stopPicked(fs, &fs.mf.investing, errYielded, g.met.yielded, func(c *investment, i int) bool {
+		in = append(in, sched.Investing{Endpoint: i, Remaining: fs.mf.load.PredictedPrefillEnd(c.flight) - fs.snap.Now})
+		return true
+	}, func() int { return g.sched.Load().YieldFor(req, &fs.snap, in) })
+}
+
+// stopPicked stops the entry of v that pick chooses (-1: none) among
+// those on fs's members for which add, told the entry and its endpoint's
+// index in the snapshot, reports true (having noted it for pick): it
+// takes it out of v, cancels its attempt with cause (its proxy answers
+// its client), ends its flight now, so that the next snapshot shows its
+// engine without it, and counts it in stopped. It reports whether it
+// stopped one.
+func (g *Gateway) stopPicked(fs *fleetView, v *investments, cause error, stopped prometheus.Counter,
+	add func(c *investment, endpoint int) bool, pick func() int) bool {
 	v.mu.Lock()
 	if len(v.set) == 0 {
 		v.mu.Unlock()
@@ -72,16 +88,12 @@ func (g *Gateway) stopFor(fs *fleetView, req *sched.Request) bool {
 		index[m] = i
 	}
 	var cands []*investment
-	var in []sched.Investing
 	for c := range v.set {
-		i, ok := index[c.m]
-		if !ok {
-			continue
+		if i, ok := index[c.m]; ok && add(c, i) {
+			cands = append(cands, c)
 		}
-		cands = append(cands, c)
-		in = append(in, sched.Investing{Endpoint: i, Remaining: fs.mf.load.PredictedPrefillEnd(c.flight) - fs.snap.Now})
 	}
-	k := g.sched.Load().YieldFor(req, &fs.snap, in)
+	k := pick()
 	if k < 0 {
 		v.mu.Unlock()
 		return false
@@ -89,12 +101,13 @@ func (g *Gateway) stopFor(fs *fleetView, req *sched.Request) bool {
 	stop := cands[k]
 	delete(v.set, stop)
 	v.mu.Unlock()
-	stop.cancel(errYielded)
+	stop.cancel(cause)
 	// Its engine keeps only the blocks it computed, which its KV events
-	// report: withdrawn now, not when its proxy returns, since req is
-	// decided again at once and would find the whole prompt claimed.
+	// report: withdrawn now, not when its proxy returns, since the
+	// request it stopped for is decided again at once and would find the
+	// whole prompt claimed.
 	g.unrouted(stop.m, stop.keys)
 	fs.mf.load.Finish(stop.flight, g.clock())
-	g.met.yielded.Inc()
+	stopped.Inc()
 	return true
 }
