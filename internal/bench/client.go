@@ -268,6 +268,10 @@ func (c *Client) exchange(ctx context.Context, it *Item, idx int, from time.Time
 	rec.PredictedCached = countHeader(resp.Header.Get("X-Kvgate-Cached-Tokens"))
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		// How long its client waited for the refusal (a 429 may come
+		// after a wait at the router, or in an engine's queue): E2E, no
+		// TTFT. It was 0 until 2026-12-05.
+		rec.E2E = time.Since(from).Seconds() * c.scale()
 		rec.Error = strings.TrimSpace(string(msg))
 		switch {
 		case resp.StatusCode == http.StatusTooManyRequests:

@@ -372,3 +372,20 @@ func TestTimeoutCutsHungStream(t *testing.T) {
 		t.Fatal("the hung stream was not cut in 10 s")
 	}
 }
+
+// TestRejectionWaitRecorded: a 429 that comes after a wait (kvgate's
+// held or displaced requests) records that wait as its E2E, in the
+// server's time; it was 0.
+func TestRejectionWaitRecorded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(150 * time.Millisecond)
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprint(w, `{"error":{"message":"rejected"}}`)
+	}))
+	defer srv.Close()
+	c := &Client{URL: srv.URL, Model: "m", HTTP: srv.Client(), TimeScale: 2}
+	rec := c.Do(context.Background(), &Item{Prompt: "hi", MaxTokens: 1}, 0, time.Now())
+	if rec.Outcome != "rejected" || rec.TTFT != 0 || rec.E2E < 0.3 || rec.E2E > 5 {
+		t.Errorf("%s: TTFT %v, E2E %v; want rejected, no TTFT, at least 0.3 s (150 ms at a time scale of 2)", rec.Outcome, rec.TTFT, rec.E2E)
+	}
+}

@@ -69,6 +69,10 @@ type Summary struct {
 	TPOT         Percentiles    `json:"tpot"`
 	ITL          Percentiles    `json:"itl"`
 	E2E          Percentiles    `json:"e2e"`
+	// RejectedWait is how long the rejected (429) requests waited for
+	// their answer, from when they were due: an early rejection is an
+	// answer at once, or after a wait at the router or in a queue.
+	RejectedWait Percentiles `json:"rejected_wait"`
 }
 
 // pct is xs's percentiles as numpy's percentile computes them, as vLLM's
@@ -112,10 +116,14 @@ func Summarize(label string, recs []Record, duration float64, slo SLO) Summary {
 		s.Outcomes[o] = 0
 	}
 	var ok []*Record
+	var waits []float64
 	good, out := 0, 0
 	for i := range recs {
 		r := &recs[i]
 		s.Outcomes[r.Outcome]++
+		if r.Outcome == "rejected" {
+			waits = append(waits, r.E2E)
+		}
 		if r.Outcome != "ok" {
 			continue
 		}
@@ -127,6 +135,7 @@ func Summarize(label string, recs []Record, duration float64, slo SLO) Summary {
 		}
 	}
 	s.TTFT, s.TPOT, s.ITL, s.E2E = latencies(ok)
+	s.RejectedWait = pct(waits)
 	if len(recs) > 0 {
 		s.Attainment = float64(good) / float64(len(recs))
 		s.Rejected = float64(s.Outcomes["rejected"]) / float64(len(recs))
@@ -201,6 +210,10 @@ func WriteTable(w io.Writer, ss []Summary) error {
 		return err
 	}
 	for _, s := range ss {
+		if rw := s.RejectedWait; rw.N > 0 {
+			fmt.Fprintf(w, "%s: its %d rejections (429) were answered %.3f s after they were due at the median, %.3f s at p99 (at most %.3f s)\n",
+				s.Label, rw.N, rw.P50, rw.P99, rw.Max)
+		}
 		if s.Interrupted {
 			fmt.Fprintf(w, "%s: interrupted after %.1f s: its numbers are those of the part that ran (%d requests not sent, %d cut in flight; both count as misses)\n",
 				s.Label, s.Duration, s.Outcomes["not_sent"], s.Outcomes["interrupted"])

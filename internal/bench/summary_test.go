@@ -175,7 +175,26 @@ func TestTableUnsentApart(t *testing.T) {
 	if head[4] != "errors" || head[5] != "unsent" || row[1] != "7" || row[4] != "2" || row[5] != "3" {
 		t.Errorf("table:\n%s", table.String())
 	}
-	if !strings.Contains(lines[2], "r: interrupted") || !strings.Contains(lines[2], "3 requests not sent") {
+	if !strings.Contains(table.String(), "r: interrupted") || !strings.Contains(table.String(), "3 requests not sent") {
 		t.Errorf("no interruption line:\n%s", table.String())
+	}
+}
+
+// TestRejectedWait: how long the rejected requests waited for their 429
+// is summarized and told under the table (an early rejection may come
+// after a wait at the router: kvgate's held requests get theirs at their
+// deadline; a displaced one after its wait in a queue).
+func TestRejectedWait(t *testing.T) {
+	recs := []Record{{Outcome: "ok", TTFT: 1, E2E: 1}, {Outcome: "rejected", E2E: 0.002}, {Outcome: "rejected", E2E: 2.0}, {Outcome: "transport", E2E: 9}}
+	s := Summarize("r", recs, 1, SLO{})
+	if w := s.RejectedWait; w.N != 2 || math.Abs(w.P50-1.001) > 1e-9 || w.Max != 2 {
+		t.Errorf("rejected wait %+v, want 2 of them, p50 1.001 s, max 2 s", w)
+	}
+	var table strings.Builder
+	if err := WriteTable(&table, []Summary{s}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "r: its 2 rejections (429) were answered 1.001 s after they were due at the median") {
+		t.Errorf("no rejected-wait line:\n%s", table.String())
 	}
 }
