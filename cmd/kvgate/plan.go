@@ -30,6 +30,10 @@ type planFlags struct {
 func newPlanFlagSet(f *planFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Flags) {
 	fs := flag.NewFlagSet("kvgate plan", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: kvgate plan [flags]\n\nSizes the prefill and decode instances (xPyD) a load's phases need against\na fixed split (--scenario seed-phases, the default), or runs the planner\nover a simulated day against fixed splits and oracles (--scenario\nsimulated-day) (docs/planner.md).\n\nFlags:")
+		fs.PrintDefaults()
+	}
 	fl := flagrange.New(fs)
 	sl, dl := planner.SizingLimits(), planner.DayLimits()
 	day := planner.DefaultDay()

@@ -88,6 +88,10 @@ const (
 func newSimFlagSet(f *simFlags, stderr io.Writer) (*flag.FlagSet, *flagrange.Flags) {
 	fs := flag.NewFlagSet("kvgate sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: kvgate sim [flags]\n\nSimulates a fleet of prefill (and decode) instances under a workload and\nruns routing policies on it, with and without early rejection: the same\nscheduling code as kvgate serve, in simulated time (docs/sim.md).\n\nFlags:")
+		fs.PrintDefaults()
+	}
 	fl := flagrange.New(fs)
 	wl, pm, sl := workload.ParamLimits(), perfmodel.ModelLimits(), simRanges()
 	*f = simFlags{workloadName: "chat", timeScale: 1, policies: "all", earlyReject: "both", instances: 8,
