@@ -175,6 +175,24 @@ type HoldConfig struct {
 	MaxRequests int `yaml:"max_requests"`
 }
 
+// withDefaults is h with the scheduler's defaults in place of the
+// zeros that ask for them (what runs: GET /admin/config).
+func (h HoldConfig) withDefaults() HoldConfig {
+	or := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	or(&h.Min, sched.DefaultHoldMin)
+	or(&h.Backlog, sched.DefaultHoldBacklog)
+	or(&h.Slack, sched.DefaultHoldSlack)
+	or(&h.Quiet, sched.DefaultHoldQuiet)
+	if h.Max == 0 {
+		h.Max = time.Duration(sched.DefaultHoldMax * float64(time.Second))
+	}
+	return h
+}
+
 // Hold modes.
 const (
 	HoldPolicy = "policy"

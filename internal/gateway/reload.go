@@ -69,6 +69,10 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, _ *http.Request) {
 	g.mu.RUnlock()
 	sort.Slice(run.Endpoints, func(i, j int) bool { return run.Endpoints[i].Name < run.Endpoints[j].Name })
 	run.Health = run.Health.WithDefaults()
+	run.Hold = run.Hold.withDefaults()
+	if run.Sync.Bind != "" && run.Sync.Heartbeat == 0 {
+		run.Sync.Heartbeat = time.Second // replicasync's default
+	}
 	// The file's way: slo_ttft and slo_tpot when the classes are theirs
 	// (the default class Defaults made), classes alone otherwise. Both
 	// were shown, which a start refuses (a dump saved and loaded again
@@ -88,8 +92,8 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/yaml")
 	fmt.Fprintf(w, "# the configuration running (kvgate serve), as of %s: the file's fields a reload applies\n"+
-		"# (docs/serve.md, \"Configuration\") as last reloaded, the others as at the start; endpoints:\n"+
-		"# the fleet listed now. 0 in hold: and sync: is the documented default.\n",
+		"# (docs/serve.md, \"Configuration\") as last reloaded, the others as at the start, defaults\n"+
+		"# filled in; endpoints: the fleet listed now.\n",
 		g.now().UTC().Format(time.RFC3339))
 	_, _ = w.Write(out)
 }

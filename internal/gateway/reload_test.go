@@ -88,6 +88,11 @@ func TestConfigDumpLoads(t *testing.T) {
 		if run := g.running.Load(); !reflect.DeepEqual(c.Classes, run.Classes) || c.DefaultClass != run.DefaultClass {
 			t.Errorf("%s: the dump's classes %+v (%s), running %+v (%s)", tc.name, c.Classes, c.DefaultClass, run.Classes, run.DefaultClass)
 		}
+		// The hold's defaults are shown as they run, not as the zeros
+		// that ask for them (walkthrough, 2026-12-05).
+		if h := c.Hold; h.Min != 1 || h.Backlog != 1 || h.Slack != 0.5 || h.Quiet != 30 || h.Max != 10*time.Minute || c.ShutdownGrace != 30*time.Second {
+			t.Errorf("%s: the dump's hold %+v, shutdown grace %v: want the defaults", tc.name, h, c.ShutdownGrace)
+		}
 	}
 	bad := Config{Endpoints: eps, NoHealthChecks: true, DefaultClass: "a\x01b", Classes: []Class{{Name: "a\x01b", TTFT: 1}}}
 	bad.Defaults()

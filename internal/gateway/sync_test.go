@@ -242,3 +242,14 @@ func TestReplicaSyncResponses(t *testing.T) {
 		t.Fatalf("b, GET: %s", g)
 	}
 }
+
+// TestSyncConfigShowsHeartbeat: GET /admin/config shows the heartbeat a
+// replica publishes at, its default included (it showed 0s: walkthrough,
+// 2026-12-05).
+func TestSyncConfigShowsHeartbeat(t *testing.T) {
+	_, _, eps := twoAggregated(t)
+	_, _, admin := startGateway(t, Config{Endpoints: eps, NoHealthChecks: true, Sync: replicasync.Config{Bind: "tcp://127.0.0.1:0"}}, Options{})
+	if c := get(t, admin+"/admin/config"); !strings.Contains(c, "heartbeat: 1s") {
+		t.Errorf("/admin/config does not show the 1 s heartbeat:\n%s", c)
+	}
+}
