@@ -99,6 +99,8 @@ type Gateway struct {
 	// respHolders: which endpoint made each Responses API answer
 	// (responses.go).
 	respHolders *responseHolders
+	// respMisses: the response ids no engine kept lately (respfind.go).
+	respMisses responseMisses
 	// holdGrace, holdPoll: Options.HoldGrace, Options.HoldPoll.
 	holdGrace, holdPoll time.Duration
 	// tokenizeTimeout: Options.TokenizeTimeout.

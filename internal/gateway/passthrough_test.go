@@ -126,7 +126,7 @@ func TestPassthrough(t *testing.T) {
 		// The routed APIs' words, not encoding/json's Go struct
 		// (walkthrough, 2026-12-04).
 		{"/v1/embeddings", `{"model":123,"input":"x"}`, 400, `"message":"model must be a string, not a number","type":"BadRequestError","param":"model"`},
-		{"/v1/responses/resp_unknown/cancel", `{}`, 404, "kvgate routed no answer of that id"},
+		{"/v1/responses/resp_unknown/cancel", `{}`, 404, "kvgate routed no answer of that id, and none of its engines keeps one"},
 		{"/v1/other", `{}`, 404, "forwards POST /v1/embeddings"},
 	} {
 		if r := post(t, url+tt.path, tt.body, nil); r.status != tt.status || !strings.Contains(r.body, tt.msg) {

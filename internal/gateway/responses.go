@@ -118,11 +118,11 @@ func (r *responseID) scan(p []byte) {
 // /v1/responses/{id}/cancel on the endpoint that made the response.
 func (g *Gateway) handleResponseByID(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	name := g.respHolders.holder(id)
+	name := g.holderOf(r.Context(), id)
 	m := g.memberNamed(name)
 	switch {
 	case name == "":
-		openai.WriteError(w, openai.NotFound("Response with id '%s' not found: kvgate routed no answer of that id (made before this gateway started, or through a replica it does not sync with)", id))
+		openai.WriteError(w, openai.NotFound("Response with id '%s' not found: kvgate routed no answer of that id, and none of its engines keeps one", id))
 		return
 	case m == nil:
 		openai.WriteError(w, openai.Unavailable(5*time.Second, "Response with id '%s' is kept by endpoint %s, which is not available", id, name))

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -227,5 +228,54 @@ func TestResponseHoldersBounded(t *testing.T) {
 	h.learn(strings.Repeat("x", maxResponseID+1), "e")
 	if h.holder(strings.Repeat("x", maxResponseID+1)) != "" {
 		t.Fatal("an id beyond maxResponseID kept")
+	}
+}
+
+// TestResponsesFoundByAsking: a gateway that did not route an answer (it
+// started after it: a replica of a rolling restart) finds the engine that
+// keeps it by asking (GET /v1/responses/{id}), and sends its GET and the
+// requests continuing it there; it was a 404, and a continuation went
+// where routing sent it. An id no engine keeps is a 404, and is not asked
+// for again for a while.
+func TestResponsesFoundByAsking(t *testing.T) {
+	store := func(c *engine.Config) { c.ResponsesStore = true }
+	a, b := startEngine(t, fleet.RoleBoth, store), startEngine(t, fleet.RoleBoth, store)
+	cfg := Config{Endpoints: []fleet.Endpoint{endpointOf(a, fleet.RoleBoth), endpointOf(b, fleet.RoleBoth)}, Policy: "round-robin", NoHealthChecks: true}
+	_, before, _ := startGateway(t, cfg, Options{})
+	var ids []string
+	homes := map[string]string{}
+	for i := range 2 { // round-robin: one on each engine
+		r := post(t, before+"/v1/responses", fmt.Sprintf(`{"model":%q,"input":"hello %d","max_output_tokens":2}`, testModel, i), nil)
+		var o struct{ ID string }
+		if r.status != 200 || json.Unmarshal([]byte(r.body), &o) != nil {
+			t.Fatalf("answer %d: %d %s", i, r.status, r.body)
+		}
+		ids, homes[o.ID] = append(ids, o.ID), r.header.Get(hdrPrefill)
+	}
+	g, after, _ := startGateway(t, cfg, Options{})
+	for _, id := range ids {
+		resp, err := http.Get(after + "/v1/responses/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get(hdrPrefill) != homes[id] || !strings.Contains(string(body), id) {
+			t.Errorf("GET %s through a gateway that did not route it: %d from %s, want 200 from %s", id, resp.StatusCode, resp.Header.Get(hdrPrefill), homes[id])
+		}
+		for i := range 2 {
+			r := post(t, after+"/v1/responses", fmt.Sprintf(`{"model":%q,"input":"more %d","previous_response_id":%q,"max_output_tokens":2}`, testModel, i, id), nil)
+			if r.status != 200 || r.header.Get(hdrPrefill) != homes[id] {
+				t.Errorf("continuing %s: %d from %s, want 200 from %s: %s", id, r.status, r.header.Get(hdrPrefill), homes[id], r.body)
+			}
+		}
+	}
+	for range 2 {
+		if r := post(t, after+"/v1/responses", `{"model":"`+testModel+`","input":"x","previous_response_id":"resp_unknown"}`, nil); r.status != 404 {
+			t.Fatalf("an id no engine keeps: %d %s", r.status, r.body)
+		}
+	}
+	if g.respMisses.ask("resp_unknown", g.now()) {
+		t.Error("an id no engine kept would be asked for again at once")
 	}
 }

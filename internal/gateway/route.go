@@ -212,7 +212,7 @@ func (g *Gateway) parseBody(r *http.Request, body []byte, api apiKind) (*routed,
 	}
 	rt := &routed{path: r.URL.Path, api: api, req: req, arrival: g.now()}
 	if req.PreviousResponseID != "" {
-		rt.pin = g.respHolders.holder(req.PreviousResponseID)
+		rt.pin = g.holderOf(r.Context(), req.PreviousResponseID)
 	}
 	rt.model, rt.lora = g.resolve(model)
 	rt.id = g.requestID(r)
