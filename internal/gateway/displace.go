@@ -30,7 +30,7 @@ func (g *Gateway) queue(ctx context.Context, rt *routed, p *plan, fl *load.Fligh
 		return ctx, nil, func() {}
 	}
 	qctx, cancel := context.WithCancelCause(ctx)
-	q := &investment{m: p.prefill, flight: fl, cancel: cancel, keys: rt.prep.Keys, priority: rt.class.Priority}
+	q := &investment{m: p.prefill, flight: fl, cancel: cancel, keys: rt.prep.Keys, priority: rt.class.Priority, tenant: rt.tenant}
 	p.mf.queued.add(q)
 	return qctx, func() bool { return p.mf.queued.remove(q) }, func() {
 		p.mf.queued.remove(q)
@@ -43,13 +43,20 @@ func (g *Gateway) queue(ctx context.Context, rt *routed, p *plan, fl *load.Fligh
 // it aborts its upstream request and ends its flight now, so that the
 // next snapshot shows its engine's queue without it. It reports whether
 // it displaced one.
-func (g *Gateway) displaceFor(fs *fleetView, req *sched.Request) bool {
+//
+// Between tenants (Config.FairnessHeader; unless NoFairness) it takes the
+// place of another tenant's request only while that tenant holds at least as many prompt
+// tokens in flight as rt's would with rt (fairShare.mayDisplace).
+func (g *Gateway) displaceFor(fs *fleetView, rt *routed, req *sched.Request) bool {
 	sc := g.sched.Load()
 	if !sc.Displace {
 		return false
 	}
 	var qs []sched.Queued
 	return g.stopPicked(fs, &fs.mf.queued, errDisplaced, g.met.displaced, func(c *investment, i int) bool {
+		if !g.cfg.NoFairness && !g.fair.mayDisplace(rt.model, c.tenant, rt.tenant, max(rt.promptN-fs.snap.Endpoints[i].CachedTokens, 0)) {
+			return false
+		}
 		start, compute, ok := fs.mf.load.Queued(c.flight)
 		if ok {
 			qs = append(qs, sched.Queued{Endpoint: i, Compute: compute, Start: start, Priority: c.priority})

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -99,6 +100,72 @@ func TestDisplacement(t *testing.T) {
 			m = get(t, rig.admin+"/metrics")
 			if !strings.Contains(m, "kvgate_displaced_total 1") || !counted(m, "displaced") || !strings.Contains(m, `kvgate_rejections_total{class="standard"} 1`) {
 				t.Error("kvgate_displaced_total is not 1, or B is not outcome displaced, or not counted a rejection")
+			}
+		})
+	}
+}
+
+// TestDisplacementBetweenTenants: the same three requests as
+// TestDisplacement, A and C of tenant s, B of tenant b (llm-d's fairness
+// header). C of 250 tokens takes B's place: b holds 800 tokens in flight,
+// s would hold 750 with C. C of 400 does not: s would hold 900, more than
+// b, and displacing b's request would favour the tenant already served
+// more; C is rejected and B keeps its place.
+func TestDisplacementBetweenTenants(t *testing.T) {
+	for _, c := range []struct {
+		tokens    int
+		displaced bool
+	}{{250, true}, {400, false}} {
+		t.Run(fmt.Sprint(c.tokens), func(t *testing.T) {
+			rig := displaceRig(t, HoldPolicy)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			tenant := func(req *http.Request, name string) { req.Header.Set(DefaultFairnessHeader, name) }
+			send := func(id, tokens int, name, hold string, got chan<- result) {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rig.url+"/v1/completions", strings.NewReader(tokenPrompt(id, tokens, false)))
+				req.Header.Set("Content-Type", "application/json")
+				tenant(req, name)
+				if hold != "" {
+					req.Header.Set("X-Hold", hold)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					got <- result{}
+					return
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				got <- result{resp.StatusCode, resp.Header, string(b)}
+			}
+			gotA, gotB, gotC := make(chan result, 1), make(chan result, 1), make(chan result, 1)
+			for _, r := range []struct {
+				id, tokens int
+				name       string
+				got        chan result
+			}{{7, 500, "s", gotA}, {8, 800, "b", gotB}} {
+				go send(r.id, r.tokens, r.name, "1", r.got)
+				select {
+				case <-rig.inUpstream:
+				case x := <-r.got:
+					t.Fatalf("request %d never reached the upstream: %d %s", r.id, x.status, x.body)
+				case <-time.After(30 * time.Second):
+					t.Fatalf("request %d never reached the upstream", r.id)
+				}
+			}
+			go send(9, c.tokens, "s", "", gotC)
+			r := awaitResult(t, gotC)
+			m := get(t, rig.admin+"/metrics")
+			if c.displaced {
+				if r.status != 200 || !strings.Contains(m, "kvgate_displaced_total 1") {
+					t.Fatalf("C of %d tokens: %d %s, want served in B's place", c.tokens, r.status, r.body)
+				}
+				if b := awaitResult(t, gotB); b.status != 429 || !strings.Contains(b.body, "took its place") {
+					t.Fatalf("B: %d %s, want the displaced 429", b.status, b.body)
+				}
+				return
+			}
+			if r.status != 429 || !strings.Contains(m, "kvgate_displaced_total 0") {
+				t.Fatalf("C of %d tokens: %d %s, want rejected, B kept", c.tokens, r.status, r.body)
 			}
 		})
 	}

@@ -97,6 +97,33 @@ func (f *fairShare) forget(k tenantKey, s *tenantState) {
 	}
 }
 
+// mayDisplace reports whether a request of model's tenant taker, tokens
+// uncached, may take the place of a queued request of tenant victim
+// (displace.go): the same tenant, or one holding at least as many
+// prompt tokens in flight as taker would with this request. A tenant
+// whose prompts are long is then not displaced by another's short ones
+// once it holds less than that one: displacement serves more requests,
+// never by starving a tenant.
+func (f *fairShare) mayDisplace(model, victim, taker string, tokens int) bool {
+	if victim == taker {
+		return true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, t := f.resolve(tenantKey{model, victim}), f.resolve(tenantKey{model, taker})
+	if v == t {
+		return true
+	}
+	var hv, ht int64
+	if s := f.tenants[v]; s != nil {
+		hv = s.inflight
+	}
+	if s := f.tenants[t]; s != nil {
+		ht = s.inflight
+	}
+	return hv >= ht+int64(max(tokens, 0))
+}
+
 // deny records that a request of model's tenant, of priority prio, was
 // rejected for the load at clock time now, missing its SLO by miss
 // seconds.

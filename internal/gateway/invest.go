@@ -28,8 +28,10 @@ type investment struct {
 	flight *load.Flight
 	cancel func(error)
 	keys   []uint64 // its prompt's block keys, routed to m
-	// priority is its class's (a queued request: displace.go).
+	// priority is its class's and tenant its tenant (a queued
+	// request: displace.go).
 	priority int
+	tenant   string
 }
 
 // investments are one model fleet's investments in progress.

@@ -478,7 +478,7 @@ func (g *Gateway) decide(rt *routed, exclude string) (*plan, error) {
 	mf.hold.q.NoteArrival(fs.snap.Now, rt.prep.Keys)
 	start := time.Now()
 	d := g.sched.Load().Decide(&sreq, &fs.snap)
-	if !d.Admit && !d.Hold && sched.RejectedForPrefill(&sreq, &fs.snap, &d) && (g.stopFor(fs, &sreq) || g.displaceFor(fs, &sreq)) {
+	if !d.Admit && !d.Hold && sched.RejectedForPrefill(&sreq, &fs.snap, &d) && (g.stopFor(fs, &sreq) || g.displaceFor(fs, rt, &sreq)) {
 		// An investment gave its engine up, or a queued request its
 		// place: decide on the fleet as it is now.
 		if fs, err = g.fleetFor(mf, rt, exclude, g.clock()); err != nil {
