@@ -100,7 +100,8 @@ type Gateway struct {
 	// (responses.go).
 	respHolders *responseHolders
 	// respMisses: the response ids no engine kept lately (respfind.go).
-	respMisses responseMisses
+	respMisses  responseMisses
+	respLookups lookupBudget
 	// holdGrace, holdPoll: Options.HoldGrace, Options.HoldPoll.
 	holdGrace, holdPoll time.Duration
 	// tokenizeTimeout: Options.TokenizeTimeout.

@@ -32,7 +32,37 @@ const (
 	responseMissMemory = 30 * time.Second
 	// maxResponseMisses bounds the ids remembered as kept nowhere.
 	maxResponseMisses = 4096
+	// responseLookupRate and responseLookupBurst bound the ids asked for
+	// (each asks every engine): a client sending a new unknown id with
+	// every request fans out at most this much; beyond it an unknown id
+	// is routed as unknown, as before the asking.
+	responseLookupRate  = 50.0 // ids a second
+	responseLookupBurst = 100.0
 )
+
+// lookupBudget is a token bucket of response lookups.
+type lookupBudget struct {
+	mu     sync.Mutex
+	tokens float64
+	at     time.Time
+}
+
+// take reports whether a lookup may be made at now, taking its token.
+func (b *lookupBudget) take(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.at.IsZero() {
+		b.tokens = responseLookupBurst
+	} else if d := now.Sub(b.at).Seconds(); d > 0 {
+		b.tokens = min(responseLookupBurst, b.tokens+d*responseLookupRate)
+	}
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
 
 // responseMisses remembers the ids no engine kept, for a while.
 type responseMisses struct {
@@ -83,7 +113,7 @@ func (g *Gateway) holderOf(ctx context.Context, id string) string {
 	if name := g.respHolders.holder(id); name != "" {
 		return name
 	}
-	if id == "" || len(id) > maxResponseID || !g.respMisses.ask(id, g.now()) {
+	if id == "" || len(id) > maxResponseID || !g.respMisses.ask(id, g.now()) || !g.respLookups.take(g.now()) {
 		return ""
 	}
 	ms := g.responseKeepers()

@@ -1,0 +1,48 @@
+package gateway
+
+import (
+	"testing"
+	"time"
+)
+
+// TestLookupBudget: the response ids asked for are bounded (each asks
+// every engine): a burst of 100, then 50 a second.
+func TestLookupBudget(t *testing.T) {
+	var b lookupBudget
+	t0 := time.Unix(1000, 0)
+	for i := range 100 {
+		if !b.take(t0) {
+			t.Fatalf("lookup %d of the burst refused", i)
+		}
+	}
+	if b.take(t0) {
+		t.Fatal("a lookup past the burst was allowed")
+	}
+	n := 0
+	for b.take(t0.Add(time.Second)) {
+		n++
+	}
+	if n != 50 {
+		t.Errorf("%d lookups a second later, want 50", n)
+	}
+}
+
+// TestResponseMissesBounded: the ids remembered as kept nowhere stay
+// within their bound, the aged going first.
+func TestResponseMissesBounded(t *testing.T) {
+	var m responseMisses
+	t0 := time.Unix(1000, 0)
+	for i := range maxResponseMisses + 10 {
+		m.miss(string(rune('a'+i%26))+time.Duration(i).String(), t0)
+	}
+	if len(m.at) > maxResponseMisses {
+		t.Fatalf("%d misses kept, bound %d", len(m.at), maxResponseMisses)
+	}
+	if m.ask("fresh", t0) != true {
+		t.Error("an id never missed is not asked for")
+	}
+	m.miss("x", t0)
+	if m.ask("x", t0.Add(time.Second)) || !m.ask("x", t0.Add(responseMissMemory)) {
+		t.Error("a miss is not remembered for responseMissMemory, or remembered longer")
+	}
+}
