@@ -374,6 +374,12 @@ func serveGateway(ctx context.Context, g *gateway.Gateway, sc serveConfig, srcs 
 	}
 	go func() { errc <- fmt.Errorf("serve: %w", srv.Serve(ln)) }()
 	go func() { errc <- fmt.Errorf("admin: %w", adm.Serve(aln)) }()
+	if err := awaitSyncBound(g, cfg, errc); err != nil {
+		cancel()
+		_ = srv.Close()
+		_ = adm.Close()
+		return err
+	}
 	eps := fmt.Sprintf("%d endpoint(s)", len(cfg.Endpoints))
 	if len(srcs) > 0 { // the discovered ones come later (GET /admin/endpoints)
 		eps = fmt.Sprintf("%d configured endpoint(s) and %d discovery source(s)", len(cfg.Endpoints), len(srcs))
@@ -402,6 +408,26 @@ loop:
 		runErr = nil
 	}
 	return runErr
+}
+
+// awaitSyncBound waits, at most 5 s, for the replica sync's PUB to be
+// bound when the config binds one, so that a bind that fails is told
+// before the ready line, not after it (a walkthrough's script waited for
+// the line and the gateway then exited); an error of the gateway's loops
+// meanwhile is returned.
+func awaitSyncBound(g *gateway.Gateway, cfg gateway.Config, errc <-chan error) error {
+	if cfg.Sync.Bind == "" {
+		return nil
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for g.SyncAddr() == "" && time.Now().Before(deadline) {
+		select {
+		case err := <-errc:
+			return err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // drain stops srv accepting connections and waits, at most grace, for

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -505,5 +506,21 @@ func TestServeDrainsAtSignal(t *testing.T) {
 			}
 			<-stopped
 		})
+	}
+}
+
+// TestServeSyncBindFailsBeforeReady: a --sync-bind address in use is an
+// error before the ready line (it was printed first, and the gateway then
+// exited: a script waiting for the line took it for started).
+func TestServeSyncBindFailsBeforeReady(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	out, errOut, code := runCmd(t, "serve", "--engine", "url="+upstream(t)+",model=m", "--no-health-checks",
+		"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--sync-bind", "tcp://"+ln.Addr().String())
+	if code == 0 || strings.Contains(out, "OpenAI API on") || !strings.Contains(errOut, "sync.bind") {
+		t.Errorf("exit %d, stdout %q, stderr %q: want an error about sync.bind and no ready line", code, out, errOut)
 	}
 }
