@@ -45,8 +45,9 @@ func (g *Gateway) queue(ctx context.Context, rt *routed, p *plan, fl *load.Fligh
 // it displaced one.
 //
 // Between tenants (Config.FairnessHeader; unless NoFairness) it takes the
-// place of another tenant's request only while that tenant holds at least as many prompt
-// tokens in flight as rt's would with rt (fairShare.mayDisplace).
+// place of another tenant's request only while that tenant holds at least
+// as many prompt tokens in flight as rt's would with rt
+// (fairShare.mayDisplace).
 func (g *Gateway) displaceFor(fs *fleetView, rt *routed, req *sched.Request) bool {
 	sc := g.sched.Load()
 	if !sc.Displace {

@@ -25,7 +25,7 @@ func newClassSet(c *Config) *classSet {
 }
 
 // Reload applies a new configuration: endpoints, the SLO classes (and the
-// default class's targets), early rejection and the hold's parameters
+// default class's targets), early rejection, displacement and the hold's parameters
 // (but max_requests and touch_priority) take effect at once; every other
 // field that changed needs a restart, is reported (restartFields) and
 // keeps its running value. A config that does not validate changes
@@ -102,7 +102,7 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, _ *http.Request) {
 // YAML name.
 func reloadable(name string) bool {
 	switch name {
-	case "endpoints", "early_reject", "slo_ttft", "slo_tpot", "classes", "default_class", "class_header", "hold":
+	case "endpoints", "early_reject", "displace", "slo_ttft", "slo_tpot", "classes", "default_class", "class_header", "hold":
 		return true
 	}
 	return false

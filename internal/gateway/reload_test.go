@@ -29,6 +29,7 @@ func TestReloadNamesWhatItDoesNotApply(t *testing.T) {
 			c.EarlyReject = &no
 			c.SLOTTFT, c.Classes = 3, []Class{{Name: "batch", TTFT: 30}}
 			c.Hold.Slack = 0.25
+			c.Displace = HoldOff // a scheduler setting, applied with it (it was named, and applied anyway)
 		}, nil},
 		{"request-time settings", func(c *Config) {
 			c.LocalPrefillTokens, c.MigrationLimit, c.UpstreamTimeout = 100, 1, time.Second
@@ -52,6 +53,9 @@ func TestReloadNamesWhatItDoesNotApply(t *testing.T) {
 		slices.Sort(want)
 		if !slices.Equal(got, want) {
 			t.Errorf("%s: needs a restart %v, want %v", tc.name, got, want)
+		}
+		if tc.name == "applied" && (g.sched.Load().Displace || g.running.Load().Displace != HoldOff) {
+			t.Errorf("displace off not applied (scheduler %v, running %q)", g.sched.Load().Displace, g.running.Load().Displace)
 		}
 	}
 }
