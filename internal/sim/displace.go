@@ -9,12 +9,10 @@ import (
 // has not started (sched.Scheduler.Displace): what displacing it takes
 // back.
 type queuedReq struct {
-	ri      int
-	fl      *load.Flight
-	start   float64 // its prefill's predicted start and compute
-	compute float64
-	hit     int      // prompt tokens it found cached
-	added   []uint64 // the blocks its dispatch entered in the cache
+	ri    int
+	fl    *load.Flight
+	hit   int      // prompt tokens it found cached
+	added []uint64 // the blocks its dispatch entered in the cache
 }
 
 // displaces reports whether the run displaces: the scheduler asks it, on
@@ -31,15 +29,13 @@ func (r *run) displaces() bool {
 // later. (The blocks its dispatch evicted stay evicted if it is
 // displaced: the simulator does not know them.)
 func (r *run) noteQueued(ri, i int, t float64, fl *load.Flight, hit int, added []uint64) {
-	end := r.load.PredictedPrefillEnd(fl)
-	compute := r.cfg.Model.PrefillTime(r.tr.Requests[ri].PromptTokens - hit)
-	if !(end-compute > t) {
+	if start, _, ok := r.load.Queued(fl); !ok || !(start > t) {
 		return
 	}
 	if r.queued == nil {
 		r.queued = make([][]queuedReq, r.n)
 	}
-	r.queued[i] = append(r.queued[i], queuedReq{ri: ri, fl: fl, start: end - compute, compute: compute, hit: hit, added: added})
+	r.queued[i] = append(r.queued[i], queuedReq{ri: ri, fl: fl, hit: hit, added: added})
 }
 
 // displaceFor takes back, for request ri which the scheduler rejected
@@ -55,18 +51,20 @@ func (r *run) displaceFor(ri int, req *sched.Request, d *sched.Decision) bool {
 	var cands []sched.Queued
 	var where [][2]int
 	for i := range r.queued {
+		// Predicted as the load accounting predicts them now: a
+		// displacement ahead moved them up.
 		keep := r.queued[i][:0]
 		for _, q := range r.queued[i] {
-			if q.start > now && r.admitted[q.ri] {
-				keep = append(keep, q)
+			start, compute, ok := r.load.Queued(q.fl)
+			if !ok || !(start > now) || !r.admitted[q.ri] {
+				continue
 			}
+			cands = append(cands, sched.Queued{Endpoint: i, Compute: compute, Start: start})
+			where = append(where, [2]int{i, len(keep)})
+			keep = append(keep, q)
 		}
 		clear(r.queued[i][len(keep):])
 		r.queued[i] = keep
-		for k, q := range keep {
-			cands = append(cands, sched.Queued{Endpoint: i, Compute: q.compute, Start: q.start})
-			where = append(where, [2]int{i, k})
-		}
 	}
 	k := r.sc.DisplaceFor(req, &r.snap, cands)
 	if k < 0 {
