@@ -22,11 +22,15 @@ import (
 var errDisplaced = errors.New("kvgate: displaced from the engine's queue before its prefill by a request of less compute")
 
 // queue enters rt's attempt on p (aggregated) in its fleet's displaceable
-// requests, when the scheduler displaces. It returns the attempt's
+// requests, when the scheduler displaces and the attempt was admitted
+// against a TTFT target: one without (a class with none, a retry or a
+// continuation of an admitted request) cannot be late, and Moore and
+// Hodgson's rule never drops it (a batch request was displaced and told
+// not to retry: walkthrough, 2026-12-05). It returns the attempt's
 // context and the relay's start hook (nil: not entered), and the function
 // that takes it out, to be deferred.
 func (g *Gateway) queue(ctx context.Context, rt *routed, p *plan, fl *load.Flight) (context.Context, func() bool, func()) {
-	if p.decode != nil || p.invests || !g.sched.Load().Displace {
+	if p.decode != nil || p.invests || !g.sched.Load().Displace || !(p.dec.SLO.TTFT > 0) {
 		return ctx, nil, func() {}
 	}
 	qctx, cancel := context.WithCancelCause(ctx)

@@ -25,7 +25,7 @@ func displaceRig(t *testing.T, displace string) *holdRig {
 	on, steps := true, 0
 	cfg := Config{
 		Endpoints:        []fleet.Endpoint{{Name: "up", URL: up.URL, Model: testModel, PrefillSpeed: 1000}},
-		Classes:          []Class{{Name: "standard", Priority: 1, TTFT: 2}},
+		Classes:          []Class{{Name: "standard", Priority: 1, TTFT: 2}, {Name: "batch"}},
 		EarlyReject:      &on,
 		Predictor:        PredictorAnalytic,
 		EngineStepTokens: &steps,
@@ -42,12 +42,15 @@ func displaceRig(t *testing.T, displace string) *holdRig {
 // less than B, and takes B's place: B's upstream request is
 // aborted and its client gets 429, nothing of the 200 its engine began;
 // C is served. The same when B's engine has sent nothing yet (an answer
-// not streamed). With displacement off, C is rejected and B keeps its
-// place.
+// not streamed). With displacement off, or B of a class without a TTFT
+// target (it cannot be late), C is rejected and B keeps its place.
 func TestDisplacement(t *testing.T) {
-	for _, c := range []struct{ displace, bHold string }{{HoldPolicy, "headers"}, {HoldPolicy, "1"}, {HoldOff, "headers"}} {
-		displace := c.displace
-		t.Run(displace+"/"+c.bHold, func(t *testing.T) {
+	for _, c := range []struct{ displace, bHold, bClass string }{
+		{HoldPolicy, "headers", ""}, {HoldPolicy, "1", ""}, {HoldOff, "headers", ""},
+		{HoldPolicy, "headers", "batch"}, // no TTFT target: never late, never displaced
+	} {
+		displace, bClass := c.displace, c.bClass
+		t.Run(displace+"/"+c.bHold+"/"+bClass, func(t *testing.T) {
 			rig := displaceRig(t, displace)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -57,6 +60,9 @@ func TestDisplacement(t *testing.T) {
 				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rig.url+"/v1/completions", strings.NewReader(tokenPrompt(8, 800, true)))
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("X-Hold", c.bHold)
+				if c.bClass != "" {
+					req.Header.Set("X-Kvgate-Class", c.bClass)
+				}
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					gotB <- result{}
@@ -75,7 +81,7 @@ func TestDisplacement(t *testing.T) {
 			}
 			c := post(t, rig.url+"/v1/completions", tokenPrompt(9, 400, false), nil)
 			m := get(t, rig.admin+"/metrics")
-			if displace == HoldOff {
+			if displace == HoldOff || bClass == "batch" {
 				if c.status != 429 || !strings.Contains(c.body, "rejected") {
 					t.Fatalf("C without displacement: %d %s, want 429", c.status, c.body)
 				}

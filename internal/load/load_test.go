@@ -466,4 +466,25 @@ func TestQueued(t *testing.T) {
 			t.Errorf("steps %d: a flight whose prefill ended is queued", c.steps)
 		}
 	}
+	// A step far longer than the prompts (8 192 tokens at 1 000 tokens/s):
+	// a prompt routed while the one ahead waits to start shares its step
+	// (started with it); one routed after that step began starts when the
+	// prompt ahead ends. A whole step was taken off every start, and every
+	// queued request counted as started (a walkthrough: nothing was ever
+	// displaced on a slow engine).
+	f := New([]Info{{Name: "a", PrefillSpeed: 1000, StepTokens: 8192}}, false)
+	_, eps := snap(f, 0, 1000, nil)
+	head := f.Route(eps[0], 0, Work{Uncached: 1000, PrefillSeconds: 1})
+	late := f.Route(eps[0], 0.5, Work{Uncached: 1000, PrefillSeconds: 1})
+	if start, _, ok := f.Queued(late); !ok || math.Abs(start-1) > 1e-9 {
+		t.Errorf("routed after the step ahead began: start %v (%v), want 1", start, ok)
+	}
+	f.FirstToken(head, 1)
+	f.FirstToken(late, 2)
+	_, eps = snap(f, 3, 1000, nil)
+	f.Route(eps[0], 3, Work{Uncached: 1000, PrefillSeconds: 1})
+	joins := f.Route(eps[0], 3, Work{Uncached: 1000, PrefillSeconds: 1})
+	if start, _, ok := f.Queued(joins); !ok || math.Abs(start-3) > 1e-9 {
+		t.Errorf("routed before the step ahead began: start %v (%v), want 3 (the step's)", start, ok)
+	}
 }
