@@ -56,22 +56,11 @@ func TestDisplacement(t *testing.T) {
 			defer cancel()
 			occupyWith(t, ctx, rig.url, 7, 500, rig.inUpstream) // A
 			gotB := make(chan result, 1)
-			go func() { // B, until its answer or the test's end
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rig.url+"/v1/completions", strings.NewReader(tokenPrompt(8, 800, true)))
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("X-Hold", c.bHold)
-				if c.bClass != "" {
-					req.Header.Set("X-Kvgate-Class", c.bClass)
-				}
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					gotB <- result{}
-					return
-				}
-				defer resp.Body.Close()
-				b, _ := io.ReadAll(resp.Body)
-				gotB <- result{resp.StatusCode, resp.Header, string(b)}
-			}()
+			hdr := map[string]string{"X-Hold": c.bHold}
+			if c.bClass != "" {
+				hdr["X-Kvgate-Class"] = c.bClass
+			}
+			go func() { gotB <- sendUntil(ctx, rig.url, tokenPrompt(8, 800, true), hdr) }() // B, until its answer or the test's end
 			select {
 			case <-rig.inUpstream:
 			case b := <-gotB:
@@ -126,22 +115,12 @@ func TestDisplacementBetweenTenants(t *testing.T) {
 			rig := displaceRig(t, HoldPolicy)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			tenant := func(req *http.Request, name string) { req.Header.Set(DefaultFairnessHeader, name) }
 			send := func(id, tokens int, name, hold string, got chan<- result) {
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rig.url+"/v1/completions", strings.NewReader(tokenPrompt(id, tokens, false)))
-				req.Header.Set("Content-Type", "application/json")
-				tenant(req, name)
+				hdr := map[string]string{DefaultFairnessHeader: name}
 				if hold != "" {
-					req.Header.Set("X-Hold", hold)
+					hdr["X-Hold"] = hold
 				}
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					got <- result{}
-					return
-				}
-				defer resp.Body.Close()
-				b, _ := io.ReadAll(resp.Body)
-				got <- result{resp.StatusCode, resp.Header, string(b)}
+				got <- sendUntil(ctx, rig.url, tokenPrompt(id, tokens, false), hdr)
 			}
 			gotA, gotB, gotC := make(chan result, 1), make(chan result, 1), make(chan result, 1)
 			for _, r := range []struct {
@@ -175,4 +154,21 @@ func TestDisplacementBetweenTenants(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sendUntil posts a completion body with headers hdr to url until its
+// answer or ctx's end (a zero result).
+func sendUntil(ctx context.Context, url, body string, hdr map[string]string) result {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return result{}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return result{resp.StatusCode, resp.Header, string(b)}
 }
