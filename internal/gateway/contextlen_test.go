@@ -14,8 +14,7 @@ import (
 // TestContextLengthsApart: in a fleet whose engines have different
 // max_model_len, a request only the longer ones hold goes to them (about
 // half went to the shorter engine and got its 400: walkthrough,
-// 2026-12-04); one no engine holds still reaches an engine, whose 400
-// says why.
+// 2026-12-04); one no engine holds gets the 400 vLLM would answer.
 func TestContextLengthsApart(t *testing.T) {
 	small := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.MaxModelLen = 4096 })
 	big := startEngine(t, fleet.RoleBoth, func(c *engine.Config) { c.MaxModelLen = 8192 })
@@ -54,8 +53,16 @@ func TestContextLengthsApart(t *testing.T) {
 	if !seen[small.Addr()] || !seen[big.Addr()] {
 		t.Errorf("short requests served on %v, want both engines", seen)
 	}
-	if r := post(t, gw+"/v1/completions", body(9000, 2), nil); r.status != 400 {
-		t.Errorf("a request no engine holds: %d %s, want an engine's 400", r.status, r.body)
+	// One no engine holds, counted in the engine's own ids (token ids
+	// here): the gateway answers vLLM's 400 and sends nothing (an engine
+	// capping its body below the gateway's reset such a request mid-send,
+	// a 502 that had engines ejected: attack replay, 2026-12-05).
+	r := post(t, gw+"/v1/completions", body(9000, 2), nil)
+	if r.status != 400 || !strings.Contains(r.body, "maximum context length is 8192 tokens. However, you requested 9002 tokens (9000 in the prompt, 2 in the completion)") {
+		t.Errorf("a request no engine holds: %d %s, want the gateway's 400", r.status, r.body)
+	}
+	if e := r.header.Get(hdrPrefill); e != "" {
+		t.Errorf("a request no engine holds was sent to %s", e)
 	}
 }
 

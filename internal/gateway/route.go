@@ -536,7 +536,10 @@ func (g *Gateway) fleetFor(mf *modelFleet, rt *routed, exclude string, now float
 	if rt.lora != "" && !g.cfg.NoLoRASlots {
 		members, eps = g.keepLoRASlots(rt.lora, members, eps, &fs.snap)
 	}
-	members, eps = g.keepContextFits(rt, members, eps, &fs.snap)
+	members, eps, err := g.keepContextFits(rt, members, eps, &fs.snap)
+	if err != nil {
+		return nil, err
+	}
 	if len(fs.snap.Endpoints) == 0 {
 		return nil, noHealthyEndpoint(rt.req.Model)
 	}
@@ -665,9 +668,9 @@ func (g *Gateway) planFor(rt *routed, fs *fleetView, sreq *sched.Request, d sche
 // are kept; when none fits, or those that fit cannot serve the request
 // (a prefill engine without a decode one that fits), every endpoint is,
 // and the engine's own 400 says why.
-func (g *Gateway) keepContextFits(rt *routed, members []*member, eps []*load.Endpoint, s *sched.Snapshot) ([]*member, []*load.Endpoint) {
+func (g *Gateway) keepContextFits(rt *routed, members []*member, eps []*load.Endpoint, s *sched.Snapshot) ([]*member, []*load.Endpoint, error) {
 	if g.health == nil {
-		return members, eps
+		return members, eps, nil
 	}
 	need := int64(rt.promptN) + 1
 	if rt.outLimited {
@@ -685,8 +688,11 @@ func (g *Gateway) keepContextFits(rt *routed, members []*member, eps []*load.End
 			n++
 		}
 	}
+	if n == 0 && rt.prep.EngineIDs {
+		return nil, nil, g.contextTooLong(rt, members)
+	}
 	if n == len(members) || n == 0 {
-		return members, eps
+		return members, eps, nil
 	}
 	fitting := make([]*member, 0, n)
 	for _, m := range members {
@@ -698,9 +704,31 @@ func (g *Gateway) keepContextFits(rt *routed, members []*member, eps []*load.End
 	_, why := g.servable(rt.model, fitting)
 	g.mu.RUnlock()
 	if why != "" {
-		return members, eps
+		return members, eps, nil
 	}
-	return keepEndpoints(members, eps, s, func(_ int, m *member) bool { return fits(m) })
+	ms, es := keepEndpoints(members, eps, s, func(_ int, m *member) bool { return fits(m) })
+	return ms, es, nil
+}
+
+// contextTooLong is the 400 vLLM answers a request longer than its
+// context, for rt, which no member's context holds, counted in the
+// engine's own tokens (rt.prep.EngineIDs): answered by the gateway, it
+// is not sent (until 2026-12-05 it was, and an engine that caps its body
+// below the gateway's reset the connection mid-send: the prompt of 16 Mi
+// token ids of the attack replay got 502 and had engines ejected).
+func (g *Gateway) contextTooLong(rt *routed, members []*member) error {
+	most := 0
+	for _, m := range members {
+		if l, ok := g.health.MaxModelLen(m.ep.Name); ok {
+			most = max(most, l)
+		}
+	}
+	out := 0
+	if rt.outLimited {
+		out = rt.outN
+	}
+	return openai.BadRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion). Please reduce the length of the prompt or completion.",
+		most, rt.promptN+out, rt.promptN, out)
 }
 
 // keepEndpoints keeps in a snapshot the endpoints whose member (i-th in
