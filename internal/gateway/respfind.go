@@ -166,7 +166,9 @@ func (g *Gateway) keeps(ctx context.Context, m *member, id string) string {
 	if err != nil {
 		return ""
 	}
-	resp, err := g.client.Do(req)
+	c := *g.client // its transport (and the engines' API key), not following redirects:
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := c.Do(req) // an engine redirecting an id of ".." is not asked twice
 	if err != nil {
 		return ""
 	}

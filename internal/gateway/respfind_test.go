@@ -1,8 +1,16 @@
 package gateway
 
 import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
 )
 
 // TestLookupBudget: the response ids asked for are bounded (each asks
@@ -44,5 +52,32 @@ func TestResponseMissesBounded(t *testing.T) {
 	m.miss("x", t0)
 	if m.ask("x", t0.Add(time.Second)) || !m.ask("x", t0.Add(responseMissMemory)) {
 		t.Error("a miss is not remembered for responseMissMemory, or remembered longer")
+	}
+}
+
+// TestLookupFollowsNoRedirect: asking an engine for an id is one request:
+// an engine that redirects it (FastAPI answers 307 to a path it
+// normalizes, as for an id of "..") is not asked again at the new place
+// (the retest counted two requests an engine).
+func TestLookupFollowsNoRedirect(t *testing.T) {
+	var gets atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			gets.Add(1)
+			if strings.HasPrefix(r.URL.Path, "/v1/responses/") {
+				http.Redirect(w, r, "/v1", http.StatusTemporaryRedirect)
+				return
+			}
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, `{"id":"resp_1","object":"response","output":[]}`)
+	}))
+	t.Cleanup(up.Close)
+	_, url, _ := startGateway(t, Config{Endpoints: []fleet.Endpoint{{Name: "e", URL: up.URL, Model: testModel}}, NoHealthChecks: true}, Options{})
+	post(t, url+"/v1/responses", `{"model":"`+testModel+`","input":"x","previous_response_id":".."}`, nil)
+	if n := gets.Load(); n != 1 {
+		t.Errorf("the engine was asked %d times for one id, want 1", n)
 	}
 }
