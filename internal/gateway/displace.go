@@ -34,7 +34,7 @@ func (g *Gateway) queue(ctx context.Context, rt *routed, p *plan, fl *load.Fligh
 		return ctx, nil, func() {}
 	}
 	qctx, cancel := context.WithCancelCause(ctx)
-	q := &investment{m: p.prefill, flight: fl, cancel: cancel, keys: rt.prep.Keys, priority: rt.class.Priority, tenant: rt.tenant}
+	q := &stoppable{m: p.prefill, flight: fl, cancel: cancel, keys: rt.prep.Keys, priority: rt.class.Priority, tenant: rt.tenant}
 	p.mf.queued.add(q)
 	return qctx, func() bool { return p.mf.queued.remove(q) }, func() {
 		p.mf.queued.remove(q)
@@ -58,7 +58,7 @@ func (g *Gateway) displaceFor(fs *fleetView, rt *routed, req *sched.Request) boo
 		return false
 	}
 	var qs []sched.Queued
-	return g.stopPicked(fs, &fs.mf.queued, errDisplaced, g.met.displaced, func(c *investment, i int) bool {
+	return g.stopPicked(fs, &fs.mf.queued, errDisplaced, g.met.displaced, func(c *stoppable, i int) bool {
 		if !g.cfg.NoFairness && !g.fair.mayDisplace(rt.model, c.tenant, rt.tenant, max(rt.promptN-fs.snap.Endpoints[i].CachedTokens, 0)) {
 			return false
 		}

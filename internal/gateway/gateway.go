@@ -223,10 +223,10 @@ type modelFleet struct {
 	matcher *kvindex.Matcher // the index, in members' order
 	hold    *holdQueue       // requests held at the router (hold.go)
 	// investing are the hold's investments in progress (invest.go).
-	investing investments
+	investing stoppables
 	// queued are its aggregated requests not yet answered, which a
 	// request rejected for the load may displace (displace.go).
-	queued investments
+	queued stoppables
 	// prefixRequests counts its prefix requests in flight: the hold's touches
 	// (touch.go) and copies ahead of the conversation balance (copy.go).
 	prefixRequests atomic.Int64

@@ -22,8 +22,9 @@ import (
 // errYielded: an investment stopped for a request that can meet its SLO.
 var errYielded = errors.New("kvgate: served late, the request gave its engine up to one that can meet its SLO")
 
-// investment is one investment in progress.
-type investment struct {
+// stoppable is an attempt in progress that may be stopped for another
+// request: an investment (stopFor) or a queued request (displace.go).
+type stoppable struct {
 	m      *member
 	flight *load.Flight
 	cancel func(error)
@@ -34,24 +35,24 @@ type investment struct {
 	tenant   string
 }
 
-// investments are one model fleet's investments in progress.
-type investments struct {
+// stoppables are one model fleet's stoppable attempts of one kind.
+type stoppables struct {
 	mu  sync.Mutex
-	set map[*investment]struct{}
+	set map[*stoppable]struct{}
 }
 
-func (v *investments) add(in *investment) {
+func (v *stoppables) add(in *stoppable) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.set == nil {
-		v.set = map[*investment]struct{}{}
+		v.set = map[*stoppable]struct{}{}
 	}
 	v.set[in] = struct{}{}
 }
 
 // remove takes in out of the set; false if it was not there (stopped, or
 // removed already).
-func (v *investments) remove(in *investment) bool {
+func (v *stoppables) remove(in *stoppable) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	_, ok := v.set[in]
@@ -65,7 +66,7 @@ func (v *investments) remove(in *investment) bool {
 // shows its engine free. It reports whether it stopped one.
 func (g *Gateway) stopFor(fs *fleetView, req *sched.Request) bool {
 	var in []sched.Investing
-	return g.stopPicked(fs, &fs.mf.investing, errYielded, g.met.yielded, func(c *investment, i int) bool {
+	return g.stopPicked(fs, &fs.mf.investing, errYielded, g.met.yielded, func(c *stoppable, i int) bool {
 		in = append(in, sched.Investing{Endpoint: i, Remaining: fs.mf.load.PredictedPrefillEnd(c.flight) - fs.snap.Now})
 		return true
 	}, func() int { return g.sched.Load().YieldFor(req, &fs.snap, in) })
@@ -78,8 +79,8 @@ func (g *Gateway) stopFor(fs *fleetView, req *sched.Request) bool {
 // its client), ends its flight now, so that the next snapshot shows its
 // engine without it, and counts it in stopped. It reports whether it
 // stopped one.
-func (g *Gateway) stopPicked(fs *fleetView, v *investments, cause error, stopped prometheus.Counter,
-	add func(c *investment, endpoint int) bool, pick func() int) bool {
+func (g *Gateway) stopPicked(fs *fleetView, v *stoppables, cause error, stopped prometheus.Counter,
+	add func(c *stoppable, endpoint int) bool, pick func() int) bool {
 	v.mu.Lock()
 	if len(v.set) == 0 {
 		v.mu.Unlock()
@@ -89,7 +90,7 @@ func (g *Gateway) stopPicked(fs *fleetView, v *investments, cause error, stopped
 	for i, m := range fs.members {
 		index[m] = i
 	}
-	var cands []*investment
+	var cands []*stoppable
 	for c := range v.set {
 		if i, ok := index[c.m]; ok && add(c, i) {
 			cands = append(cands, c)

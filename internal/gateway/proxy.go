@@ -586,7 +586,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, rt *routed, p *p
 	if p.invests && p.decode == nil {
 		ictx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
-		inv := &investment{m: p.prefill, flight: fl, cancel: cancel, keys: rt.prep.Keys}
+		inv := &stoppable{m: p.prefill, flight: fl, cancel: cancel, keys: rt.prep.Keys}
 		p.mf.investing.add(inv)
 		defer p.mf.investing.remove(inv)
 		ctx = ictx
