@@ -355,20 +355,7 @@ func (s *stream) warm(ctx context.Context) {
 // the live sequence. A replay that fails changes nothing (the next live
 // batch decides, as before).
 func (s *stream) resync(ctx context.Context) {
-	s.st.replays.Add(1)
-	last, hash := s.next-1, s.lastHash
-	decided, same := false, false
-	err := s.rep.request(ctx, last, func(seq uint64, payload []byte) bool {
-		if !decided {
-			decided, same = true, seq == last && xxhash.Sum64(payload) == hash
-			return same
-		}
-		if seq < s.next {
-			return true
-		}
-		s.replayed(seq, payload, false)
-		return !s.past
-	})
+	same, err := s.replayAfterLast(ctx, 0)
 	switch {
 	case err != nil:
 		s.st.replayFailures.Add(1)
@@ -376,7 +363,7 @@ func (s *stream) resync(ctx context.Context) {
 		return
 	case !same:
 		s.log.Warn("kv events: reconnected to an engine whose replay does not continue what was applied (restarted); dropping its blocks",
-			"endpoint", s.cfg.Name, "last_seq", last)
+			"endpoint", s.cfg.Name, "last_seq", s.next-1)
 		s.m.reset()
 		s.st.started.Store(false) // last_seq: null until the new engine's first batch
 		s.st.restarts.Add(1)      // once its blocks are gone, as above
@@ -385,6 +372,38 @@ func (s *stream) resync(ctx context.Context) {
 		return
 	}
 	s.dupWindow = true
+}
+
+// replayAfterLast asks the replay from the last batch applied: when its
+// first reply is that batch as applied (its payload's hash), the engine
+// is the same, and the batches after it are applied, those before until
+// only (0: all). It reports whether the engine is the same, and the
+// replay's error.
+func (s *stream) replayAfterLast(ctx context.Context, until uint64) (same bool, err error) {
+	s.st.replays.Add(1)
+	last, hash := s.next-1, s.lastHash
+	bounded := until != 0
+	budget := until - last + maxExtraReplies
+	if !bounded || budget < maxExtraReplies { // overflow
+		budget = endSeq
+	}
+	decided := false
+	err = s.rep.request(ctx, last, func(seq uint64, payload []byte) bool {
+		budget--
+		if !decided {
+			decided, same = true, seq == last && xxhash.Sum64(payload) == hash
+			return same && budget > 0
+		}
+		if bounded && seq >= until || budget == 0 {
+			return false
+		}
+		if seq < s.next {
+			return true // already applied
+		}
+		s.replayed(seq, payload, false)
+		return !s.past && (!bounded || s.next < until)
+	})
+	return same, err
 }
 
 // replayed applies a batch a replay brought and counts it; one past the
@@ -416,35 +435,14 @@ func (s *stream) recoverGap(ctx context.Context, until uint64) {
 		s.recover(ctx, 0, until, false)
 		return
 	}
-	s.st.replays.Add(1)
-	last, hash := s.next-1, s.lastHash
-	decided, same := false, false
-	budget := until - last + maxExtraReplies
-	if budget < maxExtraReplies { // overflow
-		budget = endSeq
-	}
-	err := s.rep.request(ctx, last, func(seq uint64, payload []byte) bool {
-		budget--
-		if !decided {
-			decided, same = true, seq == last && xxhash.Sum64(payload) == hash
-			return same && budget > 0
-		}
-		if seq >= until || budget == 0 {
-			return false
-		}
-		if seq < s.next {
-			return true // already applied
-		}
-		s.replayed(seq, payload, false)
-		return s.next < until
-	})
+	same, err := s.replayAfterLast(ctx, until)
 	switch {
 	case err != nil:
 		s.st.replayFailures.Add(1)
 		s.log.Warn("kv events: replay failed", "endpoint", s.cfg.Name, "replay", s.cfg.Replay, "err", err)
 	case !same:
 		s.log.Warn("kv events: sequence jumped ahead and the engine's replay does not continue what was applied (restarted); dropping its blocks",
-			"endpoint", s.cfg.Name, "last_seq", last, "seq", until)
+			"endpoint", s.cfg.Name, "last_seq", s.next-1, "seq", until)
 		s.m.reset()
 		s.st.restarts.Add(1) // once its blocks are gone, as above
 		s.next, s.past = 0, false
