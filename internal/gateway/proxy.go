@@ -1039,10 +1039,7 @@ func (g *Gateway) prefillLeg(ctx context.Context, r *http.Request, rt *routed, p
 		return nil, -1, err
 	}
 	params, err = openai.ResponseKVTransferParams(data)
-	if err == nil && params == nil && !openai.ResponseEndedAtFirstToken(data) {
-		err = errors.New("no kv_transfer_params")
-	}
-	if err != nil {
+	if err != nil || params == nil && !openai.ResponseEndedAtFirstToken(data) {
 		return nil, -1, openai.Errorf(http.StatusBadGateway, "prefill endpoint %s answered without kv_transfer_params (is it running with a KV connector?)", p.prefill.ep.Name)
 	}
 	cached = -1
