@@ -464,13 +464,12 @@ func (r *run) dispatch(ri int, t float64, d sched.Decision) error {
 	if tracked {
 		r.investing = append(r.investing, investment{ri: ri, ep: i, fl: fl, start: max(t, r.snap.Endpoints[i].FreeAt), end: done, hitBlocks: hitBlocks})
 	} else {
-		var added []uint64
 		if r.displaces() {
-			added = r.cache.missing(i, q.Keys)
-		}
-		r.cache.insert(i, q.Keys)
-		if r.displaces() {
+			added := r.cache.missing(i, q.Keys) // what a displacement takes back
+			r.cache.insert(i, q.Keys)
 			r.noteQueued(ri, i, t, fl, hit, added)
+		} else {
+			r.cache.insert(i, q.Keys)
 		}
 	}
 	if d.CopyTokens > 0 {
